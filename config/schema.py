@@ -1,0 +1,139 @@
+"""Pydantic schema of the policy file (YAML).
+
+Shape of a policy file::
+
+    listen: {host: 127.0.0.1, port: 8080}
+    max_body_bytes: 33554432            # bodies above this get a 413 (case B19)
+    backends:
+      local: {kind: local, base_url: http://127.0.0.1:8081/v1, model_path: null, spawn: true}
+      openai: {kind: openai, base_url: https://api.openai.com/v1, api_key: ${OPENAI_API_KEY}}
+    routes:
+      - {match: "claude-*", backend: anthropic}
+      - {match: "*", backend: local}
+    rewrite: {enabled: true, canonicalize_tools: true, hoist_volatile: true, ...}
+    ledger: {path: ~/.cache/prefixgate/ledger.sqlite, store_prompt_text: false}
+
+API keys are kept as the literal ``${ENV_VAR}`` template and resolved only when a request is sent
+(:func:`config.secrets.resolve_secret`), so a key never sits in a parsed policy object or a log.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+BackendKind = Literal["local", "openai_compat", "openai", "anthropic"]
+
+_ENV_TEMPLATE = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Listen(_Strict):
+    """Address the proxy listens on."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+
+
+class Backend(_Strict):
+    """One upstream.
+
+    ``kind``: ``local`` (our engine, spawned by ``prefixgate serve`` when ``spawn``),
+    ``openai_compat`` (vLLM, SGLang, llama.cpp, our engine run elsewhere), ``openai``,
+    ``anthropic``. ``api_key`` must be a ``${ENV_VAR}`` template, never a literal key.
+    """
+
+    kind: BackendKind
+    base_url: str
+    api_key: str | None = None
+    model_path: str | None = None
+    spawn: bool = False
+    device: str = "cpu"
+    timeout_s: float = Field(600.0, gt=0)
+
+    @field_validator("api_key")
+    @classmethod
+    def _key_is_env_template(cls, v: str | None) -> str | None:
+        if v is not None and not _ENV_TEMPLATE.match(v):
+            raise ValueError("api_key must be an environment reference like ${OPENAI_API_KEY}")
+        return v
+
+    @field_validator("base_url")
+    @classmethod
+    def _url_has_scheme(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("base_url must start with http:// or https://")
+        return v.rstrip("/")
+
+
+class Route(_Strict):
+    """Model-name glob (fnmatch, e.g. ``gpt-*``) mapped to a backend name."""
+
+    match: str
+    backend: str
+
+
+class RewriteSettings(_Strict):
+    """Switches for each rewrite pass; ``enabled: false`` turns the whole pipeline off."""
+
+    enabled: bool = True
+    canonicalize_tools: bool = True
+    tool_order: Literal["name", "first_seen"] = "name"
+    hoist_volatile: bool = True
+    hoist_target: Literal["end", "last_user"] = "end"
+    learn_volatility: bool = True
+    place_breakpoints: bool = True
+    breakpoint_ttl: Literal["5m", "1h"] = "5m"
+    openai_prompt_cache_key: bool = False
+    openai_prompt_cache_retention: str | None = None
+    tenant: str = "default"
+    prune_tools: bool = False
+    prune_tools_min_catalog: int = Field(30, ge=1)
+    pinned_tools: list[str] = Field(default_factory=list)
+    prune_history: bool = False
+    history_high_watermark_tokens: int = Field(6000, ge=1)
+    history_low_watermark_tokens: int = Field(3000, ge=1)
+    prune_rag: bool = False
+    rag_budget_tokens: int = Field(2000, ge=1)
+    rag_delimiters: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _watermarks_ordered(self) -> "RewriteSettings":
+        if self.history_low_watermark_tokens > self.history_high_watermark_tokens:
+            raise ValueError("history_low_watermark_tokens must not exceed the high watermark")
+        return self
+
+
+class LedgerSettings(_Strict):
+    """Where per-request records go. Prompt text is never stored unless ``store_prompt_text``."""
+
+    path: str = "~/.cache/prefixgate/ledger.sqlite"
+    redis_url: str | None = None
+    store_prompt_text: bool = False
+
+
+class Policy(_Strict):
+    """The whole policy file. Raises ``pydantic.ValidationError`` on bad input."""
+
+    listen: Listen = Field(default_factory=Listen)
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    backends: dict[str, Backend]
+    routes: list[Route]
+    rewrite: RewriteSettings = Field(default_factory=RewriteSettings)
+    ledger: LedgerSettings = Field(default_factory=LedgerSettings)
+
+    @model_validator(mode="after")
+    def _routes_name_backends(self) -> "Policy":
+        for i, r in enumerate(self.routes):
+            if r.backend not in self.backends:
+                raise ValueError(
+                    f"routes[{i}].backend {r.backend!r} is not one of {sorted(self.backends)}"
+                )
+        if not self.routes:
+            raise ValueError("routes must not be empty")
+        return self

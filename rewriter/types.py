@@ -1,0 +1,80 @@
+"""Shared types of the rewrite pipeline: :class:`Edit`, :class:`Context`, :class:`RewriteResult`.
+
+A pass is a pure function ``(Prompt, Context) -> (Prompt, list[Edit])``. It never does I/O: it
+reads session memory through ``Context.session`` (read-only) and proposes memory updates in its
+Edits' ``memory`` field; the proxy writes them back after the request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, Mapping
+
+from config.schema import RewriteSettings
+from rewriter.tokens import TokenCounter, count_tokens
+
+Api = Literal["openai", "anthropic"]
+
+
+@dataclass(frozen=True)
+class Edit:
+    """What one pass did (or why it did nothing).
+
+    ``pass_name``: e.g. ``"canonicalize_tools"``; ``applied``: False when the pass left the prompt
+    unchanged (``detail`` says why); ``region``: ``"tools" | "system" | "messages" | "params"``;
+    ``tokens_before`` / ``tokens_after``: tokens of the region touched (for pruning: removed =
+    before - after); ``memory``: session-memory updates for the proxy to write back.
+    """
+
+    pass_name: str
+    applied: bool
+    region: str
+    detail: str
+    tokens_before: int = 0
+    tokens_after: int = 0
+    memory: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def tokens_removed(self) -> int:
+        """Tokens the edit took out of the prompt (0 for moves and reorders)."""
+        return max(0, self.tokens_before - self.tokens_after)
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything a pass may read besides the prompt.
+
+    ``settings``: the policy's rewrite switches; ``model``: requested model id; ``provider``:
+    whose cache rules apply (``"anthropic" | "openai" | "radix"``); ``session``: read-only view of
+    this session's memory (JSON-like values); ``count_tokens``: text -> tokens.
+    """
+
+    settings: RewriteSettings
+    model: str = ""
+    provider: str = "radix"
+    session_id: str = ""
+    session: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    count_tokens: TokenCounter = count_tokens
+
+
+@dataclass
+class RewriteResult:
+    """Output of :func:`rewriter.rewrite_request`.
+
+    ``body``: the wire body to send upstream (same API as the input); ``edits``: every pass's
+    Edit in pipeline order; ``stable_prefix_hash``: hex sha256 of the rendered stable region
+    (tools + system) after rewriting, for prefix affinity and ``prompt_cache_key``.
+    """
+
+    body: dict[str, Any]
+    edits: list[Edit]
+    stable_prefix_hash: str = ""
+
+    def summary(self) -> str:
+        """Short text for headers and the ledger, e.g. ``"canonicalize_tools;hoist_volatile:2"``."""
+        applied = [e for e in self.edits if e.applied]
+        names: dict[str, int] = {}
+        for e in applied:
+            names[e.pass_name] = names.get(e.pass_name, 0) + 1
+        return ";".join(n if c == 1 else f"{n}:{c}" for n, c in names.items())
