@@ -1,0 +1,135 @@
+"""Prometheus metrics of the engine server (own registry, served at ``GET /metrics``).
+
+SGLang prints one log line per decode batch (``#running-req``, ``#token``, ``token usage``,
+``#queue-req``, ``gen throughput (token/s)``, cache hit rate); the same figures are exposed here
+as metrics, read from ``engine.stats()`` at scrape time, beside request-level histograms the
+server observes itself:
+
+==============================================  =======  ==========================================
+name                                            type     meaning (unit)
+==============================================  =======  ==========================================
+``engine_kv_slots_used``                        gauge    KV pool slots in use (tokens)
+``engine_kv_slots_total``                       gauge    KV pool capacity (tokens)
+``engine_kv_pool_usage_ratio``                  gauge    used / total (0..1)
+``engine_num_running_requests``                 gauge    requests in the running batch
+``engine_num_waiting_requests``                 gauge    requests queued for admission
+``engine_prefill_tokens_per_second``            gauge    recent prefill throughput (tokens/s)
+``engine_decode_tokens_per_second``             gauge    recent decode throughput (tokens/s)
+``engine_prompt_tokens_total``                  counter  prompt tokens admitted
+``engine_cache_hit_tokens_total``               counter  prompt tokens served from the radix cache
+``engine_generation_tokens_total``              counter  completion tokens returned (server side)
+``engine_requests_total{finish_reason}``        counter  finished requests
+``engine_time_to_first_token_seconds``          hist.    TTFT: request received -> first token (s)
+``engine_time_per_output_token_seconds``        hist.    TPOT: (last - first token) / (n - 1) (s)
+``engine_e2e_request_latency_seconds``          hist.    request received -> finished (s)
+==============================================  =======  ==========================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = ["CONTENT_TYPE", "EngineMetrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+E2E_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+_GAUGES = (
+    ("engine_kv_slots_used", "KV pool slots in use (tokens).", "kv_slots_used"),
+    ("engine_kv_slots_total", "KV pool capacity (tokens).", "kv_slots_total"),
+    ("engine_num_running_requests", "Requests in the running batch.", "num_running"),
+    ("engine_num_waiting_requests", "Requests waiting for admission.", "num_waiting"),
+    ("engine_prefill_tokens_per_second", "Recent prefill throughput (tokens/s).",
+     "prefill_tokens_per_s"),
+    ("engine_decode_tokens_per_second", "Recent decode throughput (tokens/s).",
+     "decode_tokens_per_s"),
+)
+_COUNTERS = (
+    ("engine_prompt_tokens", "Prompt tokens admitted.", "prompt_tokens_total"),
+    ("engine_cache_hit_tokens", "Prompt tokens served from the radix prefix cache.",
+     "cache_hit_tokens_total"),
+)
+
+
+class _StatsCollector(Collector):
+    """Reads ``stats()`` (the engine's dict) at each scrape and yields gauges / counters."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        for name, doc, key in _GAUGES:
+            if key in s:
+                yield GaugeMetricFamily(name, doc, value=float(s[key]))
+        total = float(s.get("kv_slots_total") or 0)
+        if total:
+            yield GaugeMetricFamily(
+                "engine_kv_pool_usage_ratio",
+                "KV pool usage: used / total slots (0..1).",
+                value=float(s.get("kv_slots_used", 0)) / total,
+            )
+        for name, doc, key in _COUNTERS:
+            if key in s:
+                yield CounterMetricFamily(name, doc, value=float(s[key]))
+
+
+class EngineMetrics:
+    """The server's metrics in a private ``CollectorRegistry`` (safe to build many per process).
+
+    ``stats`` is the engine's ``stats()`` method, polled only when ``/metrics`` is scraped.
+    """
+
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_StatsCollector(stats))
+        self.ttft = Histogram(
+            "engine_time_to_first_token_seconds", "Time to first token (s).",
+            buckets=TTFT_BUCKETS_S, registry=self.registry,
+        )
+        self.tpot = Histogram(
+            "engine_time_per_output_token_seconds", "Time per output token after the first (s).",
+            buckets=TPOT_BUCKETS_S, registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "engine_e2e_request_latency_seconds", "Request latency, received to finished (s).",
+            buckets=E2E_BUCKETS_S, registry=self.registry,
+        )
+        self.generation_tokens = Counter(
+            "engine_generation_tokens", "Completion tokens returned.", registry=self.registry
+        )
+        self.requests = Counter(
+            "engine_requests", "Finished requests by finish reason.", ["finish_reason"],
+            registry=self.registry,
+        )
+
+    def observe_request(
+        self,
+        *,
+        ttft_s: float | None,
+        tpot_s: float | None,
+        e2e_s: float,
+        completion_tokens: int,
+        finish_reason: str,
+    ) -> None:
+        """Record one finished request (times in seconds; None = no token was produced /
+        fewer than two tokens, so that figure is undefined)."""
+        if ttft_s is not None:
+            self.ttft.observe(ttft_s)
+        if tpot_s is not None:
+            self.tpot.observe(tpot_s)
+        self.e2e.observe(e2e_s)
+        self.generation_tokens.inc(completion_tokens)
+        self.requests.labels(finish_reason=finish_reason).inc()
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric (format 0.0.4)."""
+        return bytes(generate_latest(self.registry))
