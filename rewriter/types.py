@@ -56,6 +56,9 @@ class Context:
     session_id: str = ""
     session: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     count_tokens: TokenCounter = count_tokens
+    betas: tuple[str, ...] = ()
+    """Anthropic beta flags of the request (``anthropic-beta`` header, comma list split), read
+    by the breakpoint planner where a beta changes caching rules (case B20)."""
 
 
 @dataclass
@@ -72,9 +75,30 @@ class RewriteResult:
     stable_prefix_hash: str = ""
 
     def summary(self) -> str:
-        """Short text for headers and the ledger, e.g. ``"canonicalize_tools;hoist_volatile:2"``."""
-        applied = [e for e in self.edits if e.applied]
-        names: dict[str, int] = {}
-        for e in applied:
-            names[e.pass_name] = names.get(e.pass_name, 0) + 1
-        return ";".join(n if c == 1 else f"{n}:{c}" for n, c in names.items())
+        """Short ASCII text for headers (``x-prefixgate-edits``) and the ledger.
+
+        ``;``-separated items in pipeline order: ``name`` or ``name:count`` per applied pass,
+        ``-N`` appended when it removed N tokens (e.g. ``prune_tools:1-812``), ``!name`` for a
+        pass that was reverted or failed (fail-open), and ``none`` when nothing applied.
+        """
+        applied: dict[str, list[int]] = {}
+        failed: list[str] = []
+        for e in self.edits:
+            if e.applied:
+                c = applied.setdefault(e.pass_name, [0, 0])
+                c[0] += 1
+                c[1] += e.tokens_removed
+            elif e.detail.startswith(("pass failed", "output invalid")):
+                failed.append(e.pass_name)
+        items = []
+        for n, (count, removed) in applied.items():
+            item = n if count == 1 else f"{n}:{count}"
+            items.append(f"{item}-{removed}" if removed else item)
+        items.extend(f"!{n}" for n in failed if n not in applied)
+        text = ";".join(items) or "none"
+        return text.encode("ascii", "replace").decode()
+
+    @property
+    def tokens_removed(self) -> int:
+        """Tokens removed by all applied edits (pruning)."""
+        return sum(e.tokens_removed for e in self.edits if e.applied)
