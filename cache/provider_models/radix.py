@@ -1,0 +1,52 @@
+"""Radix prefix cache of a self-hosted engine (vLLM automatic prefix caching, SGLang
+RadixAttention, our ``local_engine``): longest token-prefix match, LRU eviction by capacity.
+
+Rules (sources: SGLang paper "Efficiently Programming LLMs using SGLang", RadixAttention §3;
+vLLM docs "Automatic Prefix Caching", https://docs.vllm.ai/en/latest/design/prefix_caching.html):
+
+* A request reuses the KV of the longest prefix already in the tree; the match is token-exact
+  (modelled per block with a partial first differing block) and rounded down to ``page_size``
+  (vLLM hashes full 16-token blocks; SGLang's page size is 1 by default).
+* At least one prompt token is always recomputed (the engine needs logits for the last position),
+  so ``cached <= prompt_tokens - 1``.
+* After the request the whole prompt stays in the tree; when the tree holds more than
+  ``capacity_tokens``, least-recently-used leaves are evicted (unlocked leaves only; the request
+  in flight is protected).
+* No TTL, no minimum length, no write premium: ``cache_write_tokens`` is always 0.
+
+Prompts are rendered like OpenAI Chat (tools, then messages); the API of the body is detected.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cache.prefix_blocks import TokenCounter, detect_api, flatten, memo_counter
+from cache.provider_models.base import CacheOutcome
+from cache.provider_models.block_trie import BlockTrie
+
+
+class RadixCacheModel:
+    """Engine prefix cache. ``capacity_tokens``: KV pool size in tokens; ``page_size``: tokens
+    per KV page (matches are rounded down to it)."""
+
+    provider = "radix"
+
+    def __init__(self, count_tokens: TokenCounter, capacity_tokens: int = 1_000_000,
+                 page_size: int = 1) -> None:
+        if capacity_tokens <= 0 or page_size <= 0:
+            raise ValueError("capacity_tokens and page_size must be positive")
+        self._count = memo_counter(count_tokens)
+        self.capacity_tokens = capacity_tokens
+        self.page_size = page_size
+        self.trie = BlockTrie()
+
+    def process(self, body: dict[str, Any], now_s: float) -> CacheOutcome:
+        """Account one request at ``now_s`` seconds; returns reads / uncached tokens."""
+        blocks = flatten(body, detect_api(body), self._count)
+        total = sum(b.tokens for b in blocks)
+        matched = self.trie.match(blocks, now_s).tokens
+        cached = (min(matched, max(0, total - 1)) // self.page_size) * self.page_size
+        self.trie.insert(blocks, now_s)
+        self.trie.evict_lru(self.capacity_tokens, protect=blocks)
+        return CacheOutcome(total, cached, 0, total - cached)

@@ -1,0 +1,42 @@
+"""Radix prefix-cache model (vLLM automatic prefix caching / SGLang RadixAttention rules)."""
+
+from __future__ import annotations
+
+from cache.provider_models import RadixCacheModel
+from tests.cache.helpers import wc, words
+
+
+def _body(*contents: str) -> dict:
+    return {"model": "local", "messages": [{"role": "user" if i % 2 == 0 else "assistant",
+                                            "content": c} for i, c in enumerate(contents)]}
+
+
+def test_longest_prefix_reuse_and_last_token_recomputed() -> None:
+    m = RadixCacheModel(wc)
+    a = words(100, "a")
+    assert m.process(_body(a), 0.0).cached_read_tokens == 0
+    again = m.process(_body(a), 1.0)
+    assert again.cached_read_tokens == again.input_tokens - 1  # the last token is recomputed
+    grown = m.process(_body(a, "reply", "more"), 2.0)
+    assert grown.cached_read_tokens == 103  # first message (100 words + 3 markup tokens)
+
+
+def test_page_size_rounds_matches_down() -> None:
+    m = RadixCacheModel(wc, page_size=16)
+    m.process(_body(words(100, "a")), 0.0)
+    out = m.process(_body(words(100, "a"), "x", "y"), 1.0)
+    assert out.cached_read_tokens == 96  # 103 matched -> 6 pages of 16
+
+
+def test_lru_eviction_keeps_capacity_and_evicts_oldest() -> None:
+    m = RadixCacheModel(wc, capacity_tokens=250)
+    a, b, c = (_body(words(100, t)) for t in "abc")
+    m.process(a, 0.0)
+    m.process(b, 1.0)
+    m.process(a, 2.0)               # a is now more recent than b
+    m.process(c, 3.0)               # over capacity: b (least recently used) goes
+    assert m.trie.total_tokens <= 250
+    assert m.trie.total_tokens == m.trie.stored_tokens()
+    assert m.process(a, 4.0).cached_read_tokens == 102
+    # b's block is gone: only the shared role markup at its start still matches
+    assert m.process(b, 5.0).cached_read_tokens < 10
