@@ -1,0 +1,66 @@
+"""Recognize spans that change on every request (clock times, dates, UUIDs, request ids,
+timestamps), so a prefix break can be blamed on them (case B03).
+
+Used by :mod:`cache.breaks` only for diagnosis; the rewriter has its own detector for moving
+such spans. ``mask`` replaces each span with a placeholder naming its kind, so two texts that
+differ only in volatile spans mask to the same string.
+"""
+
+from __future__ import annotations
+
+import re
+
+_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("uuid", re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
+                        r"[0-9a-fA-F]{12}\b")),
+    ("datetime", re.compile(
+        r"\b\d{4}-\d{2}-\d{2}[T ]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"
+        r"(?:\s?(?:[AaPp]\.?[Mm]\.?))?(?:\s?(?:UTC|GMT|[ECMP][SD]T))?")),
+    ("date", re.compile(r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}/\d{1,2}/\d{2,4}\b|"
+                        r"\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*,?\s+(?:\d{1,2}\s+)?"
+                        r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.?"
+                        r"(?:\s+\d{1,2})?(?:,?\s+\d{4})?")),
+    ("time", re.compile(r"\b\d{1,2}:\d{2}(?::\d{2})?(?:\s?[AaPp][Mm])?\b")),
+    ("unix_ts", re.compile(r"\b1[5-9]\d{8}(?:\d{3})?\b")),
+    ("hex_id", re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{16,}\b")),
+    ("request_id", re.compile(r"\b(?:req|request|trace|run|session)[-_][A-Za-z0-9]{6,}\b")),
+)
+
+
+def find_spans(text: str) -> list[tuple[int, int, str]]:
+    """Non-overlapping volatile spans ``[(start, end, kind)]`` in ``text``, in order.
+
+    Earlier patterns win on overlap (a datetime is not also reported as a date and a time).
+    """
+    taken: list[tuple[int, int, str]] = []
+    for kind, pat in _PATTERNS:
+        for m in pat.finditer(text):
+            s, e = m.span()
+            if e > s and all(e <= a or s >= b for a, b, _ in taken):
+                taken.append((s, e, kind))
+    return sorted(taken)
+
+
+def mask(text: str) -> str:
+    """``text`` with every volatile span replaced by ``⟨kind⟩``."""
+    out: list[str] = []
+    pos = 0
+    for s, e, kind in find_spans(text):
+        out.append(text[pos:s])
+        out.append(f"\u27e8{kind}\u27e9")
+        pos = e
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def kinds_in_diff(before: str, after: str) -> list[str]:
+    """Kinds of volatile spans whose text differs between two versions of a text that mask
+    equal; ``[]`` when the difference is not explained by volatile spans alone."""
+    if before == after or mask(before) != mask(after):
+        return []
+    a, b = find_spans(before), find_spans(after)
+    kinds: list[str] = []
+    for (s1, e1, k1), (s2, e2, _) in zip(a, b):
+        if before[s1:e1] != after[s2:e2] and k1 not in kinds:
+            kinds.append(k1)
+    return kinds
