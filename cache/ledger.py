@@ -1,0 +1,108 @@
+"""The savings ledger: one SQLite row per proxied request, never prompt text.
+
+A :class:`LedgerRow` is filled while the request runs and written once, atomically, when it ends
+— also when it ends in an error or a client disconnect (``status`` says which). The database is
+in WAL mode so ``prefixgate report`` can read while the proxy writes.
+
+Columns (units): ``ts`` unix seconds; ``ttft_ms`` / ``tpot_ms`` / ``total_ms`` milliseconds;
+token columns are tokens (NULL = the upstream did not report it); ``session`` is a sha256 prefix
+of the session id, never the id itself. ``cf_cached_tokens`` is the counterfactual: what the
+backend would have cached had the client's original body been sent (NULL when not estimated).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class LedgerRow:
+    """One request's record (see module docstring for units)."""
+
+    ts: float = field(default_factory=time.time)
+    endpoint: str = ""
+    route: str = ""
+    backend: str = ""
+    model: str = ""
+    stream: bool = False
+    rewrite: bool = False
+    status: str = "ok"            # ok | upstream_error | client_disconnect | bad_request | ...
+    http_status: int = 200
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    output_tokens: int | None = None
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    total_ms: float | None = None
+    edits: str = ""
+    tokens_pruned: int = 0
+    session: str = ""
+    cf_cached_tokens: int | None = None
+    error: str = ""
+
+
+def _column_type(tp: Any) -> str:
+    name = str(tp)
+    if "float" in name:
+        return "REAL"
+    if "int" in name or "bool" in name:
+        return "INTEGER"
+    return "TEXT"
+
+
+COLUMNS = [f.name for f in fields(LedgerRow)]
+
+
+class Ledger:
+    """SQLite ledger at ``path`` (``~`` expanded, parent made). Thread-safe: one connection,
+    one lock; each :meth:`write` is one transaction. ``":memory:"`` works for tests."""
+
+    def __init__(self, path: str | Path) -> None:
+        p = str(path)
+        if p != ":memory:":
+            fp = Path(p).expanduser()
+            fp.parent.mkdir(parents=True, exist_ok=True)
+            p = str(fp)
+        self.path = p
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(p, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        cols = ", ".join(f"{f.name} {_column_type(f.type)}" for f in fields(LedgerRow))
+        self._db.execute(f"CREATE TABLE IF NOT EXISTS requests (id INTEGER PRIMARY KEY, {cols})")
+        have = {r[1] for r in self._db.execute("PRAGMA table_info(requests)")}
+        for f in fields(LedgerRow):  # forward-compatible: add columns a newer version defines
+            if f.name not in have:
+                self._db.execute(f"ALTER TABLE requests ADD COLUMN {f.name} {_column_type(f.type)}")
+
+    def write(self, row: LedgerRow) -> int:
+        """Insert ``row`` in one transaction; return its id."""
+        values = asdict(row)
+        sql = (f"INSERT INTO requests ({', '.join(COLUMNS)}) "
+               f"VALUES ({', '.join('?' for _ in COLUMNS)})")
+        with self._lock:
+            cur = self._db.execute(sql, [values[c] for c in COLUMNS])
+            return int(cur.lastrowid or 0)
+
+    def rows(self, since_ts: float = 0.0) -> list[dict[str, Any]]:
+        """All rows with ``ts >= since_ts``, oldest first, as dicts keyed by column name."""
+        with self._lock:
+            cur = self._db.execute(
+                f"SELECT id, {', '.join(COLUMNS)} FROM requests WHERE ts >= ? ORDER BY id",
+                (since_ts,))
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, r)) for r in cur.fetchall()]
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._db.close()

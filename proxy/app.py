@@ -1,0 +1,256 @@
+"""The proxy's HTTP surface: :func:`build_app` returns the FastAPI app.
+
+A request's path, top to bottom in :func:`_proxy` — each step is a call into the module that owns
+it::
+
+    parse    proxy.wire        body read once under max_body_bytes, JSON checked  (400 / 413)
+    route    proxy.router      policy route -> backend, provider, upstream URL    (404 / 501)
+    passes   proxy.rewriting   session id, opt-out header, rewriter pipeline      (fail-open)
+    send     proxy.relay       allowlisted headers + backend key, shared client   (502 / 504)
+    relay    proxy.relay       SSE event by event, or the JSON body; TTFT / TPOT timed
+    record   cache.ledger      one row per request, metrics, session memory merged
+
+Endpoints: ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic; to an
+OpenAI-compatible backend through :mod:`proxy.bridge_anthropic`), ``GET /v1/models``,
+``GET /healthz``, ``GET /metrics``. Response headers: ``x-prefixgate-edits`` (the rewrite
+summary, or ``off``), ``x-prefixgate-tokens-pruned``, and on non-streamed answers
+``x-prefixgate-cached-tokens`` (a stream's headers leave before its usage is known).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+from fastapi import FastAPI, Request
+from starlette.responses import JSONResponse, Response
+
+from cache.ledger import Ledger, LedgerRow
+from cache.session import MemorySessionStore, RedisSessionStore, SessionStore
+from config.schema import Policy
+from proxy import bridge_anthropic as bridge
+from proxy import wire
+from proxy.errors import Api, ProxyError, api_for_path, error_response
+from proxy.headers import downstream_headers, upstream_headers
+from proxy.metrics import ProxyMetrics
+from proxy.relay import SSE_HEADERS, SSEResponse, Timing, Upstream, relay_events
+from proxy.rewriting import (RewriteFn, default_rewrite_fn, rewrite_wanted, run_rewrite,
+                             session_hash, session_id_for)
+from proxy.router import Target, pick_target
+from proxy.usage import AnthropicStreamWatcher, OpenAIStreamWatcher, Usage, usage_from_body
+from rewriter.types import Context
+
+log = logging.getLogger("prefixgate.proxy")
+
+
+@dataclass
+class ProxyState:
+    """Everything the handlers share: policy, ledger, session store, rewriter, client."""
+
+    policy: Policy
+    ledger: Ledger
+    sessions: SessionStore
+    rewrite_fn: RewriteFn | None
+    upstream: Upstream
+    metrics: ProxyMetrics
+
+    def record(self, row: LedgerRow) -> None:
+        """Write the row and count it; never raises (a ledger failure must not fail a request)."""
+        try:
+            self.ledger.write(row)
+            self.metrics.observe(row)
+        except Exception:
+            log.exception("ledger write failed")
+        log.info("%s %s backend=%s status=%s http=%s prompt=%s cached=%s ttft_ms=%s edits=%s",
+                 row.endpoint, row.model, row.backend, row.status, row.http_status,
+                 row.prompt_tokens, row.cached_tokens,
+                 None if row.ttft_ms is None else round(row.ttft_ms, 1), row.edits)
+
+
+def _finish(state: ProxyState, row: LedgerRow, timing: Timing, usage: Usage, status: str,
+            memory: dict[str, Any], session_id: str, deltas: int = 0) -> None:
+    """Fill the row's usage and timing, merge session memory, record. Called once."""
+    row.status = status
+    row.prompt_tokens, row.cached_tokens = usage.prompt_tokens, usage.cached_tokens
+    row.cache_write_tokens = usage.cache_write_tokens
+    row.output_tokens = usage.output_tokens if usage.output_tokens is not None else (
+        deltas if row.stream and deltas else None)
+    row.ttft_ms = timing.ttft_ms()
+    row.tpot_ms = timing.tpot_ms(row.output_tokens)
+    row.total_ms = timing.total_ms()
+    if memory:
+        try:
+            state.sessions.merge(session_id, memory)
+        except Exception:
+            log.exception("session memory merge failed")
+    state.record(row)
+
+
+async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
+    """Serve one model request end to end (see module docstring)."""
+    policy, timing = state.policy, Timing()
+    row = LedgerRow(endpoint=request.url.path)
+    try:
+        # 1. parse
+        raw = await wire.read_body(request, policy.max_body_bytes)
+        body = wire.parse_json(raw)
+        (wire.check_anthropic if api == "anthropic" else wire.check_openai)(body)
+        row.model, row.stream = body["model"], wire.is_stream(body)
+        # 2. route
+        target = pick_target(policy, row.model, api, can_translate=True)
+        row.route, row.backend = target.route, target.backend_name
+        # 3. passes
+        session_id = session_id_for(request.headers, body)
+        row.session = session_hash(session_id)
+        ctx = None
+        if rewrite_wanted(request.headers, policy.rewrite):
+            ctx = Context(settings=policy.rewrite, model=row.model, provider=target.provider,
+                          session_id=session_id, session=state.sessions.get(session_id))
+        rw = run_rewrite(state.rewrite_fn, body, raw, api, ctx)
+        row.rewrite, row.edits, row.tokens_pruned = ctx is not None, rw.summary, rw.pruned
+        up_raw = orjson.dumps(bridge.request_to_openai(rw.body)) if target.translate else rw.raw
+        # 4. send
+        headers = upstream_headers(request.headers.items(), target.backend, target.api_key())
+        resp = await state.upstream.send(target.url(), headers, up_raw, target.backend.timeout_s)
+    except ProxyError as exc:
+        row.status, row.http_status, row.error = type(exc).__name__, exc.status, exc.message[:200]
+        row.total_ms = timing.total_ms()
+        state.record(row)
+        return error_response(exc, api)
+
+    ours = {"x-prefixgate-edits": rw.summary, "x-prefixgate-tokens-pruned": str(rw.pruned)}
+    row.http_status = resp.status_code
+    if resp.status_code >= 400:  # the upstream's own error, passed through with its body
+        err = await resp.aread()
+        await resp.aclose()
+        if target.translate:
+            err = orjson.dumps(bridge.error_to_anthropic(err, resp.status_code))
+        row.error = f"upstream {resp.status_code}"
+        _finish(state, row, timing, Usage(), "upstream_error", {}, session_id)
+        return Response(err, status_code=resp.status_code, headers=ours,
+                        media_type=resp.headers.get("content-type", "application/json"))
+
+    # 5. relay
+    out_headers = {**downstream_headers(resp.headers), **ours}
+    if row.stream:
+        watcher = AnthropicStreamWatcher() if target.wire == "anthropic" else OpenAIStreamWatcher()
+        mapper = bridge.StreamMapper(row.model).map if target.translate else None
+
+        def on_end(status: str) -> None:
+            _finish(state, row, timing, watcher.usage, status, rw.memory, session_id,
+                    watcher.deltas)
+
+        return SSEResponse(relay_events(resp, watcher, timing, on_end, mapper),
+                           headers={**out_headers, **SSE_HEADERS})
+    try:
+        content = await resp.aread()
+    except httpx.HTTPError as e:
+        await resp.aclose()
+        row.error = type(e).__name__
+        _finish(state, row, timing, Usage(), "upstream_error", {}, session_id)
+        return error_response(ProxyError("upstream connection broke while reading the answer"),
+                              api)
+    await resp.aclose()
+    usage = usage_from_body(content, target.wire)
+    if target.translate:
+        content = orjson.dumps(bridge.response_to_anthropic(orjson.loads(content), row.model))
+    timing.end = timing.start + timing.total_ms() / 1e3
+    # 6. record
+    _finish(state, row, timing, usage, "ok", rw.memory, session_id)
+    if usage.cached_tokens is not None:
+        out_headers["x-prefixgate-cached-tokens"] = str(usage.cached_tokens)
+    return Response(content, status_code=resp.status_code, headers=out_headers,
+                    media_type=resp.headers.get("content-type", "application/json"))
+
+
+async def _list_models(state: ProxyState) -> dict[str, Any]:
+    """OpenAI ``{"object": "list", "data": [{"id", "object": "model", "owned_by"}]}``: the
+    models of local / OpenAI-compatible backends (asked live, 2 s timeout) plus every route glob
+    without wildcards."""
+    seen: dict[str, str] = {}
+    client = state.upstream.client
+    for name, b in state.policy.backends.items():
+        if b.kind not in ("local", "openai_compat") or client is None:
+            continue
+        try:
+            r = await client.get(b.base_url + "/models", timeout=2.0)
+            for m in r.json().get("data", []):
+                seen.setdefault(str(m.get("id")), name)
+        except (httpx.HTTPError, ValueError, AttributeError):
+            continue
+    for r in state.policy.routes:
+        if not any(c in r.match for c in "*?["):
+            seen.setdefault(r.match, r.backend)
+    return {"object": "list",
+            "data": [{"id": k, "object": "model", "created": 0, "owned_by": v}
+                     for k, v in seen.items()]}
+
+
+def build_app(policy: Policy, *, ledger: Ledger | None = None,
+              sessions: SessionStore | None = None, rewrite_fn: RewriteFn | None | str = "default",
+              transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
+    """The proxy app for ``policy``.
+
+    ``ledger``: default ``Ledger(policy.ledger.path)``; ``sessions``: default Redis when
+    ``policy.ledger.redis_url`` is set, else in-process LRU; ``rewrite_fn``: the rewrite
+    pipeline (default :func:`rewriter.pipeline.rewrite_request`; None = never rewrite);
+    ``transport``: httpx transport for the upstream client (tests).
+    """
+    if sessions is None:
+        url = policy.ledger.redis_url
+        sessions = RedisSessionStore(url) if url else MemorySessionStore()
+    state = ProxyState(
+        policy=policy,
+        ledger=ledger if ledger is not None else Ledger(policy.ledger.path),
+        sessions=sessions,
+        rewrite_fn=default_rewrite_fn() if rewrite_fn == "default" else rewrite_fn,  # type: ignore[arg-type]
+        upstream=Upstream(transport),
+        metrics=ProxyMetrics(),
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await state.upstream.start()
+        try:
+            yield
+        finally:
+            await state.upstream.close()
+
+    app = FastAPI(title="prefixgate", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.proxy = state
+
+    @app.exception_handler(ProxyError)
+    async def _on_proxy_error(request: Request, exc: ProxyError) -> Response:
+        return error_response(exc, api_for_path(request.url.path))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _proxy(state, request, "openai")
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        return await _proxy(state, request, "anthropic")
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse(await _list_models(state))
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok", "backends": sorted(policy.backends)})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+def route_for(policy: Policy, model: str, api: Api) -> Target:
+    """Where ``model`` would go for a client of ``api`` (for ``prefixgate report`` / tests)."""
+    return pick_target(policy, model, api, can_translate=True)

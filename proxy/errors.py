@@ -1,0 +1,141 @@
+"""Every error the proxy answers with, and the ONE place they become HTTP responses.
+
+Handlers raise a specific :class:`ProxyError` subclass; :func:`error_response` turns it into a
+body in the caller's API shape with the right status:
+
+- OpenAI (``/v1/chat/completions``, ``/v1/models``)::
+
+      {"error": {"message": str, "type": str, "param": str | None, "code": str | None}}
+
+- Anthropic (``/v1/messages``)::
+
+      {"type": "error", "error": {"type": str, "message": str}}
+
+Statuses follow the providers' own docs: malformed / invalid body 400, unknown model 404
+(``model_not_found``), body over ``policy.max_body_bytes`` 413 (case B19), a route whose backend
+cannot take this API 501, upstream unreachable 502, upstream too slow 504. An upstream's own 4xx
+/ 5xx is not a ProxyError: the relay passes its status and body through unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import orjson
+from starlette.responses import Response
+
+Api = Literal["openai", "anthropic"]
+
+# Anthropic's error "type" per HTTP status (docs.anthropic.com/en/api/errors).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    501: "invalid_request_error",
+    502: "api_error",
+    504: "api_error",
+}
+
+
+class ProxyError(Exception):
+    """Base class: ``status`` (HTTP), ``type`` (OpenAI error type), ``code``, ``param``."""
+
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+
+class InvalidJSON(ProxyError):
+    """The body is not parseable JSON (or not a JSON object)."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_json"
+
+
+class InvalidRequest(ProxyError):
+    """A required field is missing or has the wrong type; ``param`` names it."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_value"
+
+
+class ModelNotFound(ProxyError):
+    """No route of the policy matches the requested model."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class BodyTooLarge(ProxyError):
+    """The body is larger than ``policy.max_body_bytes`` (case B19)."""
+
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class NotSupported(ProxyError):
+    """The route's backend cannot serve this API (e.g. an OpenAI client to an Anthropic-only
+    backend, a translation the proxy does not implement)."""
+
+    status = 501
+    type = "invalid_request_error"
+    code = "unsupported_route"
+
+
+class UpstreamUnavailable(ProxyError):
+    """The backend could not be reached (connection refused, DNS, TLS)."""
+
+    status = 502
+    type = "server_error"
+    code = "upstream_unavailable"
+
+
+class UpstreamTimeout(ProxyError):
+    """The backend did not answer within its ``timeout_s``."""
+
+    status = 504
+    type = "server_error"
+    code = "upstream_timeout"
+
+
+class MissingBackendKey(ProxyError):
+    """The backend's ``${ENV}`` key is not set in the proxy's environment."""
+
+    status = 500
+    type = "server_error"
+    code = "backend_key_missing"
+
+
+def error_body(exc: ProxyError, api: Api) -> dict[str, Any]:
+    """The JSON error body for ``exc`` in ``api``'s shape (see module docstring)."""
+    if api == "anthropic":
+        kind = _ANTHROPIC_TYPES.get(exc.status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": exc.message}}
+    return {"error": {"message": exc.message, "type": exc.type, "param": exc.param,
+                      "code": exc.code}}
+
+
+def error_response(exc: ProxyError, api: Api, headers: dict[str, str] | None = None) -> Response:
+    """``exc`` as an HTTP response: status ``exc.status``, JSON body from :func:`error_body`."""
+    return Response(orjson.dumps(error_body(exc, api)), status_code=exc.status,
+                    media_type="application/json", headers=headers)
+
+
+def api_for_path(path: str) -> Api:
+    """Which error shape a request path expects: ``/v1/messages*`` -> anthropic, else openai."""
+    return "anthropic" if path.startswith("/v1/messages") else "openai"
