@@ -52,11 +52,13 @@ def make_tiny_model_dir(
     intermediate_size: int = 128,
     max_position_embeddings: int = 2048,
     tie_word_embeddings: bool = True,
+    extra_config: dict[str, object] | None = None,
 ) -> Path:
     """Write a tiny random-weight Llama + the SmolLM2 tokenizer into ``dst``; return ``dst``.
 
     Weights are drawn with a fixed seed (``TINY_SEED``), so two calls give identical models.
     The tokenizer files are copied from ``model_dir()``; the test is skipped if it is absent.
+    ``extra_config`` adds LlamaConfig fields (e.g. ``rope_parameters`` for llama3 scaling).
     Idempotent: an existing ``dst/config.json`` is reused.
     """
     import torch
@@ -80,11 +82,11 @@ def make_tiny_model_dir(
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=2,
+        initializer_range=0.2,  # wide enough that greedy decoding does not loop on one token
+        **(extra_config or {}),
     )
     torch.manual_seed(TINY_SEED)
     model = LlamaForCausalLM(cfg).to(torch.float32)
-    with torch.no_grad():  # larger logits spread than the default init: fewer greedy ties
-        model.model.embed_tokens.weight.normal_(0.0, 0.5)
     model.save_pretrained(dst)
     for name in TOKENIZER_FILES:
         if (src / name).exists():
