@@ -89,3 +89,9 @@ def min_cacheable_tokens(model: str) -> int:
         if m.startswith(prefix) and len(prefix) > len(best):
             best = prefix
     return MIN_CACHEABLE_TOKENS[best] if best else DEFAULT_MIN_CACHEABLE_TOKENS
+
+#: Anthropic beta that enabled ``"ttl": "1h"`` before it was generally available. The docs read
+#: on RULES_AS_OF list ``ttl: "1h"`` with no beta header, so it is not required; the breakpoint
+#: planner still reads the request's betas (case B20) and would fall back to 5m if it were.
+ANTHROPIC_TTL_1H_BETA = "extended-cache-ttl-2025-04-11"
+ANTHROPIC_TTL_1H_REQUIRES_BETA = False

@@ -84,6 +84,7 @@ class RewriteSettings(_Strict):
     enabled: bool = True
     canonicalize_tools: bool = True
     tool_order: Literal["name", "first_seen"] = "name"
+    tool_schema_sort_properties: bool = False
     hoist_volatile: bool = True
     hoist_target: Literal["end", "last_user"] = "end"
     learn_volatility: bool = True

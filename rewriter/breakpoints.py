@@ -1,0 +1,284 @@
+"""Pass: place cache breakpoints (Anthropic) / cache routing params (OpenAI).
+
+Anthropic rules (https://platform.claude.com/docs/en/build-with-claude/prompt-caching, read
+2026-11-29; constants in ``config/cache_rules.py``):
+
+* at most 4 ``cache_control`` breakpoints per request, a top-level ``cache_control``
+  (automatic caching) taking one slot; the client's own markers are never removed or moved;
+* the cache prefix runs tools -> system -> messages; at each breakpoint the API looks for a
+  cache hit at up to 20 block boundaries before it (the lookback window), so consecutive
+  breakpoints more than 20 blocks apart can miss an earlier write;
+* a prefix below the model's minimum cacheable length is silently not cached
+  (:func:`config.cache_rules.min_cacheable_tokens`), so no marker is placed there;
+* ``ttl: "1h"`` breakpoints must come before ``5m`` ones;
+* ``cache_control`` can sit on tools, system text blocks and message content blocks (text,
+  image, document, tool_use, tool_result, search_result), not on thinking blocks.
+
+Plan (priority order while the 4-slot budget lasts): ``M`` the newest stable block (the last
+block before the first volatile one — the hoisted note, or a clock still in the system prompt —
+so the next request of the session reads everything up to it); ``S`` end of system; the block the
+previous request of the session marked as ``M`` when it is more than 20 blocks back (a sure
+read, kept in ``Edit.memory["breakpoints"]``); ``T`` end of tools; then extra markers so no two
+breakpoints are more than 20 blocks apart. Never on or after a volatile block (case B03).
+
+OpenAI (https://developers.openai.com/api/docs/guides/prompt-caching): caching is automatic;
+when ``settings.openai_prompt_cache_key``, ``prompt_cache_key`` = ``"<tenant>-<first 16 hex of
+the stable-prefix hash>"`` (routes requests sharing a prefix to the same cache machines), and
+``prompt_cache_retention`` from policy. A client's own values are kept. Only for
+``ctx.provider == "openai"`` (other OpenAI-compatible servers may reject unknown fields).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, replace
+from typing import Any
+
+from config.cache_rules import (
+    ANTHROPIC_LOOKBACK_BLOCKS,
+    ANTHROPIC_MAX_BREAKPOINTS,
+    ANTHROPIC_TTL_1H_BETA,
+    ANTHROPIC_TTL_1H_REQUIRES_BETA,
+    min_cacheable_tokens,
+)
+from rewriter.ir import Block, Prompt, Tool, iter_blocks
+from rewriter.stable import stable_prefix_hash
+from rewriter.types import Context, Edit
+from rewriter.volatile_spans import find_spans
+
+NAME = "place_breakpoints"
+MEMORY_KEY = "breakpoints"
+MARKABLE = frozenset({"text", "image", "document", "tool_use", "tool_result", "search_result"})
+IMAGE_TOKENS_ESTIMATE = 1_000
+"""Tokens assumed for an image/document block (opaque: never decoded here)."""
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One cacheable block in prefix order: ``region``, message / block index, the node."""
+
+    region: str
+    mi: int
+    bi: int
+    node: Block | Tool
+
+    @property
+    def label(self) -> str:
+        """``tools[3]``, ``system[0]``, ``messages[5].1``."""
+        if self.region == "tools":
+            return f"tools[{self.bi}]"
+        if self.region == "system":
+            return f"system[{self.bi}]"
+        return f"messages[{self.mi}].{self.bi}"
+
+
+def _units(prompt: Prompt) -> list[Unit]:
+    return [Unit(r, mi, bi, n) for r, mi, bi, n in iter_blocks(prompt)]
+
+
+def _unit_text(u: Unit) -> str:
+    n = u.node
+    if isinstance(n, Tool):
+        return json.dumps(n.raw, ensure_ascii=False)
+    if n.is_text or n.type == "thinking":
+        return n.text
+    if n.type == "tool_result":
+        return n.result_text() or json.dumps(n.raw.get("content"), ensure_ascii=False)
+    if n.type == "tool_use":
+        return json.dumps(n.raw.get("input", n.raw.get("function")), ensure_ascii=False)
+    return ""
+
+
+def _unit_tokens(u: Unit, ctx: Context) -> int:
+    if isinstance(u.node, Block) and u.node.is_opaque:
+        return IMAGE_TOKENS_ESTIMATE
+    return ctx.count_tokens(_unit_text(u))
+
+
+def _unit_hash(u: Unit) -> str:
+    raw = u.node.raw
+    data = json.dumps({k: v for k, v in raw.items() if k != "cache_control"}, sort_keys=True)
+    return hashlib.sha256(f"{u.label}|{data}".encode()).hexdigest()[:16]
+
+
+def _markable(u: Unit) -> bool:
+    if isinstance(u.node, Tool):
+        return True
+    b = u.node
+    if b.type not in MARKABLE or b.volatile:
+        return False
+    return not (b.type == "text" and b.raw.get("text") == "")
+
+
+def _is_volatile(u: Unit) -> bool:
+    n = u.node
+    if isinstance(n, Block) and n.volatile:
+        return True
+    if u.region in ("tools", "system"):
+        text = n.description if isinstance(n, Tool) else n.text
+        return bool(find_spans(text))
+    return False
+
+
+def _markable_at_or_before(units: list[Unit], i: int, lo: int) -> int | None:
+    while i > lo:
+        if _markable(units[i]):
+            return i
+        i -= 1
+    return None
+
+
+def _ttl_plan(positions: list[int], client: dict[int, str], ours: set[int],
+              want: str) -> dict[int, str]:
+    """TTL per position (ours may be changed) so that no 1h marker follows a 5m one."""
+    out: dict[int, str] = {}
+    for p in positions:
+        if p not in ours:
+            out[p] = client[p]
+            continue
+        earlier_5m = any(client[q] == "5m" for q in client if q < p)
+        later_1h = any(client[q] == "1h" for q in client if q > p)
+        if earlier_5m and later_1h:
+            continue
+        out[p] = "5m" if earlier_5m else ("1h" if later_1h else want)
+    return out
+
+
+def _anthropic(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
+    units = _units(prompt)
+    if not units:
+        return prompt, [Edit(NAME, False, "messages", "nothing to cache")]
+    client: dict[int, str] = {}
+    for i, u in enumerate(units):
+        cc = u.node.cache_control
+        if cc is not None:
+            client[i] = str(cc.get("ttl", "5m"))
+    auto = isinstance(prompt.params.get("cache_control"), dict)
+    budget = ANTHROPIC_MAX_BREAKPOINTS - len(client) - (1 if auto else 0)
+    if budget <= 0:
+        return prompt, [Edit(NAME, False, "messages", f"client uses all "
+                             f"{ANTHROPIC_MAX_BREAKPOINTS} breakpoints: left as sent")]
+    limit = next((i for i, u in enumerate(units) if _is_volatile(u)), len(units))
+    cum: list[int] = []
+    total = 0
+    for u in units[:limit]:
+        total += _unit_tokens(u, ctx)
+        cum.append(total)
+    floor = min_cacheable_tokens(ctx.model or prompt.model)
+    notes: list[str] = []
+    if limit < len(units):
+        notes.append(f"volatile from {units[limit].label}")
+
+    def ok(i: int | None, what: str) -> int | None:
+        if i is None:
+            return None
+        if cum[i] < floor:
+            notes.append(f"{what} skipped: prefix {cum[i]} < {floor} tokens")
+            return None
+        return i
+
+    def last_in(region: str) -> int | None:
+        idx = [i for i in range(limit) if units[i].region == region]
+        return _markable_at_or_before(units, idx[-1], -1) if idx else None
+
+    last_msg = _markable_at_or_before(units, limit - 1, -1) if limit else None
+    m = ok(last_msg if last_msg is not None and units[last_msg].region == "messages" else None,
+           "M")
+    s = ok(last_in("system"), "S")
+    mem = ctx.session.get(MEMORY_KEY) or {}
+    prev = None
+    p_i = mem.get("last")
+    if isinstance(p_i, int) and m is not None and 0 <= p_i < m - ANTHROPIC_LOOKBACK_BLOCKS \
+            and _unit_hash(units[p_i]) == mem.get("hash") and _markable(units[p_i]):
+        prev = ok(p_i, "previous M")
+    t = ok(last_in("tools"), "T")
+    chosen: list[int] = []
+    for c in (m, s, prev, t):
+        if c is not None and c not in client and c not in chosen and len(chosen) < budget:
+            chosen.append(c)
+    while len(chosen) < budget:  # lookback spacing
+        marks = sorted(set(chosen) | {c for c in client if c < limit})
+        gaps = [(b - a, a, b) for a, b in zip(marks, marks[1:]) if b - a > ANTHROPIC_LOOKBACK_BLOCKS]
+        if not gaps:
+            break
+        _, a, b = max(gaps)
+        x = ok(_markable_at_or_before(units, b - ANTHROPIC_LOOKBACK_BLOCKS, a), "spacing")
+        if x is None or x in chosen:
+            break
+        chosen.append(x)
+    want = ctx.settings.breakpoint_ttl
+    if want == "1h" and ANTHROPIC_TTL_1H_REQUIRES_BETA and ANTHROPIC_TTL_1H_BETA not in ctx.betas:
+        notes.append(f"ttl 1h needs beta {ANTHROPIC_TTL_1H_BETA}: using 5m")
+        want = "5m"
+    ttls = _ttl_plan(sorted(set(chosen) | set(client)), client, set(chosen), want)
+    placed = sorted(p for p in chosen if p in ttls)
+    memory: dict[str, Any] = {}
+    if m is not None:
+        memory = {MEMORY_KEY: {"last": m, "hash": _unit_hash(units[m])}}
+    if not placed:
+        return prompt, [Edit(NAME, False, "messages", "no breakpoint placed: "
+                             + ("; ".join(notes) or "nothing eligible"), memory=memory)]
+    out = _apply(prompt, units, {p: ttls[p] for p in placed})
+    labels = ",".join(f"{units[p].label}" + ("(1h)" if ttls[p] == "1h" else "") for p in placed)
+    detail = f"placed {len(placed)} breakpoint(s) at {labels}; client kept {len(client)}"
+    if notes:
+        detail += "; " + "; ".join(notes)
+    cached = cum[placed[-1]]
+    return out, [Edit(NAME, True, "messages", detail, cached, cached, memory=memory)]
+
+
+def _marker(ttl: str) -> dict[str, Any]:
+    return {"type": "ephemeral", "ttl": "1h"} if ttl == "1h" else {"type": "ephemeral"}
+
+
+def _apply(prompt: Prompt, units: list[Unit], marks: dict[int, str]) -> Prompt:
+    tools = list(prompt.tools or ())
+    system = [list(m.blocks) for m in prompt.system]
+    msgs = [list(m.blocks) for m in prompt.messages]
+    for p, ttl in marks.items():
+        u = units[p]
+        if u.region == "tools":
+            tools[u.bi] = tools[u.bi].with_cache_control(_marker(ttl))
+        else:
+            target = system if u.region == "system" else msgs
+            target[u.mi][u.bi] = target[u.mi][u.bi].with_cache_control(_marker(ttl))
+    return replace(
+        prompt,
+        tools=tuple(tools) if prompt.tools is not None else None,
+        system=tuple(m.with_blocks(b) for m, b in zip(prompt.system, system)),
+        messages=tuple(m.with_blocks(b) for m, b in zip(prompt.messages, msgs)),
+    )
+
+
+def _openai(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
+    if ctx.provider != "openai":
+        return prompt, [Edit(NAME, False, "params", f"provider {ctx.provider!r}: automatic "
+                             "prefix caching, nothing to place")]
+    s = ctx.settings
+    done: list[str] = []
+    if s.openai_prompt_cache_key:
+        if "prompt_cache_key" in prompt.params:
+            done.append("client prompt_cache_key kept")
+        else:
+            key = f"{s.tenant}-{stable_prefix_hash(prompt)[:16]}"
+            prompt = prompt.with_param("prompt_cache_key", key)
+            done.append(f"prompt_cache_key={key}")
+    if s.openai_prompt_cache_retention:
+        if "prompt_cache_retention" in prompt.params:
+            done.append("client prompt_cache_retention kept")
+        else:
+            prompt = prompt.with_param("prompt_cache_retention", s.openai_prompt_cache_retention)
+            done.append(f"prompt_cache_retention={s.openai_prompt_cache_retention}")
+    applied = any("=" in d for d in done)
+    return prompt, [Edit(NAME, applied, "params", "; ".join(done) or "no cache params in policy")]
+
+
+def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
+    """Plan breakpoints (Anthropic, ``ctx.provider == "anthropic"``) or OpenAI cache params."""
+    if prompt.api == "openai":
+        return _openai(prompt, ctx)
+    if ctx.provider != "anthropic":
+        return prompt, [Edit(NAME, False, "messages", f"provider {ctx.provider!r} has no explicit "
+                             "breakpoints")]
+    return _anthropic(prompt, ctx)

@@ -1,0 +1,78 @@
+"""Detectors for volatile spans: text that changes between requests faster than a cache lives.
+
+A span is volatile when it would differ on the next request while the text around it stays:
+clock readings, request/session ids, UUIDs. Dates *without* a time of day are not flagged: they
+change once a day, far slower than the longest prompt-cache TTL (1 hour, Anthropic; OpenAI
+in-memory retention is minutes), so moving them would cost more than it saves. Learned
+volatility (spans seen changing between requests) is the job of ``hoist_volatile``.
+
+Patterns (each a named regex; the span is group ``v`` when present, else the whole match):
+
+* ``iso_datetime`` — ISO 8601 / RFC 3339 date-times, ``2024-05-15T15:00:00Z``,
+  ``2025-03-04 10:15``, ``2024-05-15 15:00:00 EST`` (optional fraction and zone).
+* ``rfc2822`` — ``Tue, 04 Mar 2025 10:15:00 +0000``.
+* ``long_datetime`` — ``March 4, 2025 at 10:15 AM``, ``4 March 2025 10:15``, ``03/04/2025 10:15``.
+* ``labelled_time`` — a bare ``10:15`` / ``10:15:07 pm`` after a word such as *time*, *now*,
+  *clock*, *current*, *as of*, *updated*.
+* ``epoch`` — 10- or 13-digit Unix time after *timestamp* / *epoch* / *unix time* / *ts*.
+* ``uuid`` — RFC 4122 textual UUIDs.
+* ``labelled_id`` — an id of ≥16 ``[A-Za-z0-9_-]`` characters with a digit, after a label such
+  as *request id*, *session_id*, *trace-id*, *correlation id*, *nonce*.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_TZ = r"(?:Z|[+-]\d{2}(?::?\d{2})?|UTC|GMT|EST|EDT|CST|CDT|MST|MDT|PST|PDT|CET|CEST|BST|IST|JST|AEST|AEDT)"
+_MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*\.?"
+_TIME = r"\d{1,2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:\s?[AaPp]\.?[Mm]\.?)?"
+
+DETECTORS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("iso_datetime", re.compile(
+        rf"\b\d{{4}}-\d{{2}}-\d{{2}}[T ]\d{{1,2}}:\d{{2}}(?::\d{{2}}(?:[.,]\d+)?)?(?:\s?{_TZ})?(?![\w:])")),
+    ("rfc2822", re.compile(
+        rf"\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun),?\s+\d{{1,2}}\s+{_MON}\s+\d{{4}}\s+{_TIME}"
+        rf"(?:\s+{_TZ})?(?![\w:])")),
+    ("long_datetime", re.compile(
+        rf"(?:\b{_MON}\s+\d{{1,2}}(?:st|nd|rd|th)?,?\s+\d{{4}}|\b\d{{1,2}}\s+{_MON}\s+\d{{4}}"
+        rf"|\b\d{{1,2}}/\d{{1,2}}/\d{{2,4}}),?\s+(?:at\s+)?{_TIME}(?:\s?{_TZ})?(?![\w:])")),
+    ("labelled_time", re.compile(
+        rf"(?i:\b(?:time|now|clock|current(?:ly)?|as of|updated|it is)\b)[^\n\d]{{0,20}}"
+        rf"(?P<v>{_TIME}(?:\s?{_TZ})?)(?![\w:])")),
+    ("epoch", re.compile(
+        r"(?i:\b(?:timestamp|epoch|unix time|ts)\b)\W{0,3}(?P<v>\d{10}(?:\d{3})?)\b")),
+    ("uuid", re.compile(
+        r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")),
+    ("labelled_id", re.compile(
+        r"(?i:\b(?:request|req|session|trace|span|correlation|conversation|run|nonce|message)"
+        r"[ _-]?(?:id)?\b)\W{1,3}(?P<v>(?=[A-Za-z0-9_-]*\d)(?=[A-Za-z0-9_-]*[A-Za-z])"
+        r"[A-Za-z0-9_-]{16,})")),
+)
+
+
+@dataclass(frozen=True)
+class Span:
+    """A volatile span ``text[start:end]`` found by detector ``kind``."""
+
+    kind: str
+    start: int
+    end: int
+
+
+def find_spans(text: str) -> list[Span]:
+    """Non-overlapping volatile spans in ``text``, sorted by start (earlier detectors win ties)."""
+    found: list[Span] = []
+    for kind, rx in DETECTORS:
+        for m in rx.finditer(text):
+            s, e = (m.span("v") if "v" in rx.groupindex else m.span())
+            if e > s:
+                found.append(Span(kind, s, e))
+    found.sort(key=lambda sp: (sp.start, -(sp.end - sp.start)))
+    out: list[Span] = []
+    for sp in found:
+        if out and sp.start < out[-1].end:
+            continue
+        out.append(sp)
+    return out
