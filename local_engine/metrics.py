@@ -17,6 +17,10 @@ name                                            type     meaning (unit)
 ``engine_decode_tokens_per_second``             gauge    recent decode throughput (tokens/s)
 ``engine_prompt_tokens_total``                  counter  prompt tokens admitted
 ``engine_cache_hit_tokens_total``               counter  prompt tokens served from the radix cache
+``engine_prefill_tokens_total``                 counter  prompt tokens computed (not cached)
+``engine_decode_tokens_total``                  counter  tokens computed by decode steps
+``engine_retractions_total``                    counter  requests preempted for KV space
+``engine_evicted_slots_total``                  counter  KV slots evicted from the radix cache
 ``engine_generation_tokens_total``              counter  completion tokens returned (server side)
 ``engine_requests_total{finish_reason}``        counter  finished requests
 ``engine_time_to_first_token_seconds``          hist.    TTFT: request received -> first token (s)
@@ -45,6 +49,8 @@ E2E_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 3
 _GAUGES = (
     ("engine_kv_slots_used", "KV pool slots in use (tokens).", "kv_slots_used"),
     ("engine_kv_slots_total", "KV pool capacity (tokens).", "kv_slots_total"),
+    ("engine_kv_slots_cached", "KV slots held by the radix prefix cache (tokens).",
+     "kv_slots_cached"),
     ("engine_num_running_requests", "Requests in the running batch.", "num_running"),
     ("engine_num_waiting_requests", "Requests waiting for admission.", "num_waiting"),
     ("engine_prefill_tokens_per_second", "Recent prefill throughput (tokens/s).",
@@ -56,6 +62,12 @@ _COUNTERS = (
     ("engine_prompt_tokens", "Prompt tokens admitted.", "prompt_tokens_total"),
     ("engine_cache_hit_tokens", "Prompt tokens served from the radix prefix cache.",
      "cache_hit_tokens_total"),
+    ("engine_prefill_tokens", "Prompt tokens computed by prefill (not cached).",
+     "prefill_tokens_total"),
+    ("engine_decode_tokens", "Tokens computed by decode steps.", "decode_tokens_total"),
+    ("engine_retractions", "Running requests preempted for lack of KV slots.",
+     "retractions_total"),
+    ("engine_evicted_slots", "KV slots evicted from the radix cache.", "evicted_slots_total"),
 )
 
 

@@ -1,0 +1,383 @@
+"""The engine's OpenAI-compatible HTTP server (FastAPI), same API as vLLM / SGLang.
+
+Routes::
+
+    POST /v1/chat/completions   chat (stream and non-stream, tools -> tool_calls)
+    POST /v1/completions        raw prompt (string or token ids)
+    GET  /v1/models             {"object": "list", "data": [{"id": <model>, ...}]}
+    GET  /health                {"status": "ok"}
+    GET  /metrics               Prometheus text (see metrics.py)
+
+A request's path: parse JSON -> validate (protocol.py) -> render + tokenize (chat.py) ->
+context check -> ``engine.generate`` -> answer JSON or SSE (``sse.py`` builds the bodies).
+Errors leave as OpenAI's ``{"error": {...}}`` with a 4xx (``ApiError``). A client that
+disconnects aborts its engine request, so its KV slots are freed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from local_engine.chat import encode_chat
+from local_engine.engine import Engine, PromptTooLong, RequestOutput, SamplingParams
+from local_engine.metrics import CONTENT_TYPE, EngineMetrics
+from local_engine.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_request,
+)
+from local_engine.sse import ChatChunks, CompletionChunks, usage_dict
+from local_engine.tool_calls import ToolCallStream, parse_tool_calls
+
+__all__ = ["build_app"]
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
+
+
+@dataclass
+class _Job:
+    """One admitted request: what goes to the engine and how the answer is shaped."""
+
+    kind: str  # "chat" | "completion"
+    prompt_ids: list[int]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    parse_tools: bool
+    extra_key: bytes | None
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+    received: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class _Timing:
+    """Token timestamps of one request (perf_counter seconds) for TTFT / TPOT."""
+
+    received: float
+    first: float | None = None
+    last: float | None = None
+
+    def tick(self) -> None:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        self.last = now
+
+
+def _context_error(limit: int, got: int, param: str) -> ApiError:
+    """OpenAI's ``context_length_exceeded`` 400 (wording as OpenAI's own answer)."""
+    what = "messages" if param == "messages" else "prompt"
+    return ApiError(
+        f"This model's maximum context length is {limit} tokens. However, your {what} "
+        f"resulted in {got} tokens.",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
+def _check_common(req: ChatCompletionRequest | CompletionRequest) -> None:
+    if req.n is not None and req.n != 1:
+        raise ApiError("This engine supports only n=1.", param="n", code="invalid_value")
+    if req.logprobs:
+        raise ApiError("logprobs are not supported by this engine.", param="logprobs",
+                       code="unsupported_parameter")
+
+
+def _sampling(
+    req: ChatCompletionRequest | CompletionRequest, prompt_len: int, max_context: int, param: str
+) -> SamplingParams:
+    """Request fields -> SamplingParams. ``max_tokens`` is clamped to the room left in the
+    context (absent = all of it); a prompt that leaves no room is a 400."""
+    room = max_context - prompt_len
+    if room < 1:
+        raise _context_error(max_context, prompt_len, param)
+    wanted = req.requested_max_tokens()
+    return SamplingParams(
+        max_tokens=room if wanted is None else min(wanted, room),
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=-1 if not req.top_k or req.top_k < 0 else req.top_k,
+        seed=req.seed,
+        stop=req.stop_list(),
+        stop_token_ids=list(req.stop_token_ids or []),
+        ignore_eos=req.ignore_eos,
+    )
+
+
+def _chat_job(engine: Engine, req: ChatCompletionRequest) -> _Job:
+    _check_common(req)
+    messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    prompt_ids = encode_chat(engine.tokenizer, messages, req.tools or None)
+    params = _sampling(req, len(prompt_ids), engine.max_context_len, "messages")
+    return _Job(
+        kind="chat",
+        prompt_ids=prompt_ids,
+        params=params,
+        stream=bool(req.stream),
+        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        parse_tools=bool(req.tools) and req.tool_choice != "none",
+        extra_key=req.cache_salt.encode() if req.cache_salt else None,
+    )
+
+
+def _completion_prompt_ids(engine: Engine, prompt: Any) -> list[int]:
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise ApiError("This engine serves one prompt per request.", param="prompt",
+                           code="invalid_value")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = list(engine.tokenizer.encode(prompt))
+    else:
+        ids = [int(t) for t in prompt]
+    if not ids:
+        raise ApiError("The prompt is empty.", param="prompt", code="invalid_value")
+    vocab = len(engine.tokenizer)
+    if any(t < 0 or t >= vocab for t in ids):
+        raise ApiError(f"Prompt token ids must lie in [0, {vocab}).", param="prompt",
+                       code="invalid_value")
+    return ids
+
+
+def _completion_job(engine: Engine, req: CompletionRequest) -> _Job:
+    _check_common(req)
+    if req.echo or req.suffix:
+        raise ApiError("echo and suffix are not supported by this engine.",
+                       param="echo" if req.echo else "suffix", code="unsupported_parameter")
+    prompt_ids = _completion_prompt_ids(engine, req.prompt)
+    params = _sampling(req, len(prompt_ids), engine.max_context_len, "prompt")
+    return _Job(
+        kind="completion",
+        prompt_ids=prompt_ids,
+        params=params,
+        stream=bool(req.stream),
+        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        parse_tools=False,
+        extra_key=req.cache_salt.encode() if req.cache_salt else None,
+    )
+
+
+class _Server:
+    """Route handlers bound to one engine and its metrics."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.metrics = EngineMetrics(engine.stats)
+
+    # ---- engine stream -------------------------------------------------------------------
+
+    async def _outputs(self, job: _Job, timing: _Timing) -> AsyncIterator[RequestOutput]:
+        """The engine's outputs for ``job``; records metrics when it finishes."""
+        last: RequestOutput | None = None
+        try:
+            async for out in self.engine.generate(
+                job.prompt_ids, job.params, extra_key=job.extra_key, request_id=job.request_id
+            ):
+                if out.new_token_ids:
+                    timing.tick()
+                last = out
+                yield out
+        except PromptTooLong:
+            param = "messages" if job.kind == "chat" else "prompt"
+            raise _context_error(self.engine.max_context_len, len(job.prompt_ids), param) from None
+        finally:
+            if last is None or not last.finished:
+                self.engine.abort(job.request_id)
+            self._observe(timing, last)
+
+    def _observe(self, timing: _Timing, last: RequestOutput | None) -> None:
+        n = last.completion_tokens if last else 0
+        ttft = timing.first - timing.received if timing.first is not None else None
+        tpot = None
+        if timing.first is not None and timing.last is not None and n > 1:
+            tpot = (timing.last - timing.first) / (n - 1)
+        reason = (last.finish_reason if last and last.finished else None) or "abort"
+        self.metrics.observe_request(
+            ttft_s=ttft, tpot_s=tpot, e2e_s=time.perf_counter() - timing.received,
+            completion_tokens=n, finish_reason=str(reason),
+        )
+
+    async def _watch_disconnect(self, request: Request, job: _Job) -> None:
+        """Abort the engine request as soon as the client goes away."""
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                self.engine.abort(job.request_id)
+                return
+
+    # ---- answers -------------------------------------------------------------------------
+
+    async def respond(self, request: Request, job: _Job) -> Response:
+        """Start ``job`` and wait for its first output, so that engine errors still become a
+        4xx; then answer JSON (non-stream) or an SSE stream of the rest."""
+        timing = _Timing(received=job.received)
+        watcher = asyncio.create_task(self._watch_disconnect(request, job))
+        outputs = self._outputs(job, timing)
+        try:
+            first = await anext(outputs)
+        except BaseException:
+            watcher.cancel()
+            await outputs.aclose()
+            raise
+        if job.stream:
+            return StreamingResponse(
+                self._stream(job, first, outputs, watcher),
+                media_type="text/event-stream",
+                headers=SSE_HEADERS,
+            )
+        text = [first.text_delta]
+        last = first
+        try:
+            async for out in outputs:
+                text.append(out.text_delta)
+                last = out
+        finally:
+            watcher.cancel()
+        return _json(self._final_body(job, "".join(text), last))
+
+    def _final_body(self, job: _Job, text: str, last: RequestOutput) -> dict[str, Any]:
+        model = self.engine.model_name
+        usage = usage_dict(last)
+        reason = last.finish_reason
+        if job.kind == "completion":
+            return CompletionChunks(job.request_id, job.created, model).full(text, reason, usage)
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if job.parse_tools:
+            parsed = parse_tool_calls(text)
+            if parsed.tool_calls:
+                message = {"role": "assistant", "content": parsed.content,
+                           "tool_calls": parsed.tool_calls}
+                reason = "tool_calls"
+        return ChatChunks(job.request_id, job.created, model).full(message, reason, usage)
+
+    async def _stream(
+        self,
+        job: _Job,
+        first: RequestOutput,
+        outputs: AsyncIterator[RequestOutput],
+        watcher: asyncio.Task[None],
+    ) -> AsyncIterator[bytes]:
+        model = self.engine.model_name
+        chunks: ChatChunks | CompletionChunks
+        if job.kind == "chat":
+            chunks = ChatChunks(job.request_id, job.created, model, job.include_usage)
+            yield chunks.role_chunk()
+        else:
+            chunks = CompletionChunks(job.request_id, job.created, model, job.include_usage)
+        tools = ToolCallStream() if job.parse_tools else None
+        last = first
+        try:
+            for event in self._events(tools, first.text_delta):
+                yield self._event_chunk(chunks, event)
+            async for out in outputs:
+                last = out
+                for event in self._events(tools, out.text_delta):
+                    yield self._event_chunk(chunks, event)
+            if tools is not None:
+                for event in tools.finish():
+                    yield self._event_chunk(chunks, event)
+        finally:
+            watcher.cancel()
+            await outputs.aclose()  # type: ignore[attr-defined]
+        reason = "tool_calls" if tools is not None and tools.num_calls else last.finish_reason
+        yield chunks.finish_chunk(reason)
+        if job.include_usage:
+            yield chunks.usage_chunk(usage_dict(last))
+        yield b"data: [DONE]\n\n"
+
+    @staticmethod
+    def _events(tools: ToolCallStream | None, delta: str) -> list[tuple[str, Any]]:
+        if tools is None:
+            return [("text", delta)] if delta else []
+        return tools.feed(delta)
+
+    @staticmethod
+    def _event_chunk(chunks: ChatChunks | CompletionChunks, event: tuple[str, Any]) -> bytes:
+        kind, value = event
+        if kind == "text":
+            return chunks.text_chunk(value)
+        assert isinstance(chunks, ChatChunks)
+        index, call = value
+        return chunks.tool_call_chunk(index, call)
+
+    # ---- routes --------------------------------------------------------------------------
+
+    async def chat(self, request: Request) -> Response:
+        req = parse_request(ChatCompletionRequest, await _json_body(request))
+        return await self.respond(request, _chat_job(self.engine, req))
+
+    async def completions(self, request: Request) -> Response:
+        req = parse_request(CompletionRequest, await _json_body(request))
+        return await self.respond(request, _completion_job(self.engine, req))
+
+    def models(self) -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [{
+                "id": self.engine.model_name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "prefixgate",
+                "max_model_len": self.engine.max_context_len,
+            }],
+        }
+
+
+async def _json_body(request: Request) -> Any:
+    """The decoded JSON body. Errors: ApiError(400, code ``invalid_json``)."""
+    raw = await request.body()
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise ApiError(
+            "We could not parse the JSON body of your request. (HINT: This likely means you "
+            "aren't using your HTTP library correctly.)",
+            code="invalid_json",
+        ) from None
+
+
+def _json(body: dict[str, Any], status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def build_app(engine: Engine) -> FastAPI:
+    """The FastAPI app serving ``engine`` (routes: module docstring). The engine's lifetime is
+    the caller's: the app never shuts it down."""
+    server = _Server(engine)
+    app = FastAPI(title="prefixgate local engine", docs_url=None, redoc_url=None)
+    app.state.server = server
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(404)
+    async def _not_found(request: Request, _: Exception) -> JSONResponse:
+        err = ApiError(f"Unknown route {request.method} {request.url.path}.", status=404,
+                       code="not_found")
+        return JSONResponse(err.body(), status_code=404)
+
+    app.add_api_route("/v1/chat/completions", server.chat, methods=["POST"])
+    app.add_api_route("/v1/completions", server.completions, methods=["POST"])
+    app.add_api_route("/v1/models", server.models, methods=["GET"])
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(server.metrics.render(), media_type=CONTENT_TYPE)
+
+    return app

@@ -1,0 +1,120 @@
+"""Raw HTTP behaviour: error shapes, SSE framing and headers, metrics, abort on disconnect."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+CHAT = "/v1/chat/completions"
+
+
+def _error(resp: httpx.Response) -> dict[str, Any]:
+    body = resp.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    return dict(body["error"])
+
+
+def test_health(base_url: str) -> None:
+    assert httpx.get(base_url + "/health").json() == {"status": "ok"}
+
+
+def test_invalid_json_is_openai_400(base_url: str) -> None:
+    resp = httpx.post(base_url + CHAT, content=b'{"messages": [', headers={"content-type": "application/json"})
+    assert resp.status_code == 400
+    assert _error(resp)["code"] == "invalid_json"
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"messages": "hi"}, "messages"),
+    ({"messages": [{"content": "hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
+    ({}, "messages"),
+    ([1, 2], None),
+])
+def test_wrong_types_are_openai_400_not_422(base_url: str, body: Any, param: str | None) -> None:
+    resp = httpx.post(base_url + CHAT, json=body)
+    assert resp.status_code == 400
+    err = _error(resp)
+    assert err["type"] == "invalid_request_error" and err["param"] == param
+
+
+def test_unknown_fields_are_tolerated(base_url: str) -> None:
+    body = {"model": "x", "messages": [{"role": "user", "content": "hi", "weird": 1}],
+            "max_tokens": 1, "parallel_tool_calls": False, "metadata": {"a": "b"}}
+    assert httpx.post(base_url + CHAT, json=body).status_code == 200
+
+
+def test_unknown_route_is_openai_404(base_url: str) -> None:
+    resp = httpx.post(base_url + "/v1/nope", json={})
+    assert resp.status_code == 404 and _error(resp)["code"] == "not_found"
+
+
+def test_sse_framing_and_no_buffering_headers(base_url: str) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True,
+            "temperature": 0}
+    with httpx.stream("POST", base_url + CHAT, json=body) as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        assert resp.headers["cache-control"] == "no-cache"
+        assert resp.headers["x-accel-buffering"] == "no"
+        raw = resp.read().decode()
+    events = raw.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    assert raw.count("data: [DONE]") == 1
+    payloads = [json.loads(e[len("data: "):]) for e in events[:-2]]
+    assert all(e.startswith("data: ") for e in events[:-1])
+    assert payloads[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert payloads[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert all(p["object"] == "chat.completion.chunk" for p in payloads)
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not exposed")
+
+
+def test_metrics_expose_engine_gauges_after_requests(base_url: str) -> None:
+    body = {"messages": [{"role": "system", "content": "Metrics test system prompt. " * 6},
+                         {"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
+    for _ in range(2):
+        assert httpx.post(base_url + CHAT, json=body).status_code == 200
+    text = httpx.get(base_url + "/metrics").text
+    assert _metric(text, "engine_kv_slots_total") > 0
+    assert 0 <= _metric(text, "engine_kv_pool_usage_ratio") <= 1
+    assert _metric(text, "engine_num_running_requests") == 0
+    assert _metric(text, "engine_num_waiting_requests") == 0
+    assert _metric(text, "engine_cache_hit_tokens_total") > 0
+    assert _metric(text, "engine_prompt_tokens_total") > _metric(text, "engine_cache_hit_tokens_total")
+    assert _metric(text, "engine_time_to_first_token_seconds_count") >= 2
+    assert _metric(text, "engine_time_per_output_token_seconds_count") >= 1
+    assert _metric(text, "engine_generation_tokens_total") >= 2
+    for name in ("engine_prefill_tokens_per_second", "engine_decode_tokens_per_second"):
+        assert _metric(text, name) >= 0
+
+
+def test_client_disconnect_mid_stream_aborts_and_frees_slots(base_url: str, engine: Any) -> None:
+    body = {"messages": [{"role": "user", "content": "Write a very long story."}],
+            "max_tokens": 400, "stream": True, "ignore_eos": True, "temperature": 0}
+    before = engine.stats()
+    with httpx.stream("POST", base_url + CHAT, json=body) as resp:
+        lines = resp.iter_lines()
+        got = [next(lines) for _ in range(6)]  # a few events, then hang up
+        assert any(line.startswith("data: ") for line in got)
+        assert engine.stats()["num_running"] == 1
+    deadline = time.monotonic() + 10
+    while engine.stats()["num_running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    after = engine.stats()
+    assert after["num_running"] == 0 and after["num_waiting"] == 0
+    # the aborted request holds no slots any more: whatever is still used belongs to the tree
+    in_flight = after["kv_slots_used"] - after["kv_slots_cached"]
+    assert in_flight == before["kv_slots_used"] - before["kv_slots_cached"] == 0
+    text = httpx.get(base_url + "/metrics").text
+    assert _metric(text, 'engine_requests_total{finish_reason="abort"}') >= 1
