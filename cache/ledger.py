@@ -8,10 +8,12 @@ Columns (units): ``ts`` unix seconds; ``ttft_ms`` / ``tpot_ms`` / ``total_ms`` m
 token columns are tokens (NULL = the upstream did not report it); ``session`` is a sha256 prefix
 of the session id, never the id itself. ``cf_cached_tokens`` is the counterfactual: what the
 backend would have cached had the client's original body been sent (NULL when not estimated).
+A second table, ``breaks``, keeps cache-break records (:mod:`cache.breaks`) as JSON.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -79,6 +81,8 @@ class Ledger:
         self._db.execute("PRAGMA busy_timeout=5000")
         cols = ", ".join(f"{f.name} {_column_type(f.type)}" for f in fields(LedgerRow))
         self._db.execute(f"CREATE TABLE IF NOT EXISTS requests (id INTEGER PRIMARY KEY, {cols})")
+        self._db.execute("CREATE TABLE IF NOT EXISTS breaks (id INTEGER PRIMARY KEY, ts REAL, "
+                         "session TEXT, record TEXT)")
         have = {r[1] for r in self._db.execute("PRAGMA table_info(requests)")}
         for f in fields(LedgerRow):  # forward-compatible: add columns a newer version defines
             if f.name not in have:
@@ -101,6 +105,20 @@ class Ledger:
                 (since_ts,))
             names = [d[0] for d in cur.description]
             return [dict(zip(names, r)) for r in cur.fetchall()]
+
+    def write_break(self, session: str, record: dict[str, Any]) -> None:
+        """Store one cache-break record (``cache.breaks.BreakRecord.to_dict()``) as JSON;
+        ``session`` is the hashed session id."""
+        with self._lock:
+            self._db.execute("INSERT INTO breaks (ts, session, record) VALUES (?, ?, ?)",
+                             (time.time(), session, json.dumps(record)))
+
+    def breaks(self, since_ts: float = 0.0) -> list[dict[str, Any]]:
+        """Stored break records, oldest first (the dicts given to :meth:`write_break`)."""
+        with self._lock:
+            cur = self._db.execute("SELECT record FROM breaks WHERE ts >= ? ORDER BY id",
+                                   (since_ts,))
+            return [json.loads(r[0]) for r in cur.fetchall()]
 
     def close(self) -> None:
         """Close the connection."""

@@ -1,7 +1,85 @@
-"""Placeholder: command module being built (see proxy/cli.py)."""
+"""``prefixgate serve`` (engine + proxy) and ``prefixgate engine`` (the engine alone).
+
+``serve [--policy FILE] [--model DIR] [--host H] [--port P]``: loads the policy (default: the
+shipped one, every model to the local engine), spawns the engine for each ``local`` backend with
+``spawn: true`` (model from the backend's ``model_path`` or ``--model``), waits for its
+``/health``, then serves the proxy with uvicorn (default 127.0.0.1:8080, or the policy's
+``listen``). The engines are stopped when the proxy exits.
+
+``engine --model DIR [--host] [--port 8081] [--device cpu] [extra engine flags]``: replaces
+itself with ``python -m local_engine`` (same flags).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from contextlib import ExitStack
+from pathlib import Path
 
 import typer
 
+from config.loader import PolicyError, default_policy, load_policy
+from config.schema import Policy
+from proxy.engine_proc import EngineProcess, EngineStartError, engine_command
+
+
+def _load(policy: Path | None) -> Policy:
+    try:
+        return load_policy(policy) if policy else default_policy()
+    except PolicyError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+
+
+def serve(
+    policy: Path | None = typer.Option(None, "--policy", help="policy YAML (default: shipped)"),
+    model: Path | None = typer.Option(None, "--model", help="model dir for spawned local engines"),
+    host: str | None = typer.Option(None, "--host", help="listen address (default: policy)"),
+    port: int | None = typer.Option(None, "--port", help="listen port (default: policy, 8080)"),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Start the local engine(s) the policy spawns, then the proxy."""
+    import uvicorn
+
+    from proxy.app import build_app
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    pol = _load(policy)
+    with ExitStack() as stack:
+        for name, b in pol.backends.items():
+            if b.kind != "local" or not b.spawn:
+                continue
+            model_dir = b.model_path or (str(model) if model else None)
+            if not model_dir:
+                typer.echo(f"backend {name!r} spawns a local engine: give --model DIR or set "
+                           f"backends.{name}.model_path", err=True)
+                raise typer.Exit(2)
+            try:
+                stack.enter_context(EngineProcess(b, os.path.expanduser(model_dir)))
+            except EngineStartError as e:
+                typer.echo(f"backend {name!r}: {e}", err=True)
+                raise typer.Exit(1) from None
+        uvicorn.run(build_app(pol), host=host or pol.listen.host, port=port or pol.listen.port,
+                    log_level=log_level, timeout_graceful_shutdown=5)
+
+
+def engine(
+    ctx: typer.Context,
+    model: Path = typer.Option(..., "--model", help="HF model directory"),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8081, "--port"),
+    device: str = typer.Option("cpu", "--device"),
+) -> None:
+    """Run the local engine alone (``python -m local_engine``); extra flags pass through."""
+    argv = engine_command(str(model), host, port, device, list(ctx.args))
+    sys.stdout.flush()
+    os.execv(argv[0], argv)
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the CLI."""
+    """Add ``serve`` and ``engine``."""
+    app.command("serve")(serve)
+    app.command("engine", context_settings={"allow_extra_args": True,
+                                            "ignore_unknown_options": True})(engine)
