@@ -15,8 +15,9 @@ LRU of sessions). When a request's blocks are not an extension of the previous o
   elided observations).
 * ``model_changed`` — the model id changed (caches are per model).
 
-Append-only growth (the previous prefix is a prefix of the new one) and pure truncation at the end
-are not breaks. Prompt text never leaves the detector unless ``store_text`` is set, and then only
+Append-only growth (the previous prefix is a prefix of the new one), pure truncation at the end,
+and a volatile note in trailing blocks of the last message being replaced (how the rewriter's
+hoisted clock moves forward each turn) are not breaks. Prompt text never leaves the detector unless ``store_text`` is set, and then only
 as short excerpts around the divergence.
 """
 
@@ -36,7 +37,7 @@ from cache.prefix_blocks import (
     flatten,
     partial_tokens,
 )
-from cache.volatile_spans import kinds_in_diff
+from cache.volatile_spans import find_spans, kinds_in_diff
 
 BreakKind = Literal["volatile_span", "reorder", "tool_set_changed", "system_edit",
                     "history_edit", "model_changed"]
@@ -102,6 +103,16 @@ def _region(blocks: list[PrefixBlock], region: str) -> list[PrefixBlock]:
     return [b for b in blocks if b.region == region]
 
 
+def _volatile_tail(prev: list[PrefixBlock], d: int) -> bool:
+    """True when the previous request's blocks from ``d`` on all belong to its last message and
+    each holds a volatile span (a per-request note such as a hoisted clock, as a trailing block or
+    a message of its own): only that note's tokens are lost, which no later request could reuse."""
+    last = prev[-1]
+    tail = prev[d:]
+    return bool(tail) and all(
+        b.region == last.region and b.index == last.index and find_spans(b.text) for b in tail)
+
+
 def _excerpt(text: str, at: int) -> str:
     start = max(0, at - EXCERPT_CHARS // 2)
     return text[start:start + EXCERPT_CHARS]
@@ -154,6 +165,8 @@ class BreakDetector:
             d += 1
         if d >= n:
             return None  # append-only, identical, or a prefix of the previous request
+        if _volatile_tail(prev, d):
+            return None  # only a volatile note at the very end moved on: nothing reusable lost
         return self._classify(session_id, state.seq, prev, blocks, d)
 
     def _classify(self, session_id: str, seq: int, prev: list[PrefixBlock],

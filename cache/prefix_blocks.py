@@ -27,6 +27,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Sequence
 
+import orjson
+
 TokenCounter = Callable[[str], int]
 Region = Literal["tools", "system", "messages"]
 Api = Literal["openai", "anthropic"]
@@ -82,7 +84,11 @@ def memo_counter(count_tokens: TokenCounter, max_entries: int = 200_000) -> Toke
 
 
 def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    """Compact JSON, key order kept, non-ASCII unescaped (orjson when it can encode ``obj``)."""
+    try:
+        return orjson.dumps(obj).decode("utf-8")
+    except TypeError:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 def _sha(text: str) -> str:

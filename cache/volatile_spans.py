@@ -53,10 +53,34 @@ def mask(text: str) -> str:
     return "".join(out)
 
 
+#: Characters kept on each side of the differing region when comparing (longer than any span).
+DIFF_MARGIN = 48
+
+
+def _diff_window(before: str, after: str) -> tuple[str, str]:
+    """The differing middle of two texts plus ``DIFF_MARGIN`` characters of context each side."""
+    n = min(len(before), len(after))
+    p = 0
+    while p < n and before[p] == after[p]:
+        p += 1
+    s = 0
+    while s < n - p and before[-1 - s] == after[-1 - s]:
+        s += 1
+    lo = max(0, p - DIFF_MARGIN)
+    return (before[lo:len(before) - max(0, s - DIFF_MARGIN)],
+            after[lo:len(after) - max(0, s - DIFF_MARGIN)])
+
+
 def kinds_in_diff(before: str, after: str) -> list[str]:
     """Kinds of volatile spans whose text differs between two versions of a text that mask
-    equal; ``[]`` when the difference is not explained by volatile spans alone."""
-    if before == after or mask(before) != mask(after):
+    equal; ``[]`` when the difference is not explained by volatile spans alone.
+
+    Only the differing region (with a margin) is scanned, so long texts cost little.
+    """
+    if before == after:
+        return []
+    before, after = _diff_window(before, after)
+    if mask(before) != mask(after):
         return []
     a, b = find_spans(before), find_spans(after)
     kinds: list[str] = []

@@ -128,3 +128,32 @@ def test_anthropic_bodies_are_diagnosed_too() -> None:
     rec = det.observe("s", dict(body, system=[{"type": "text", "text": SYSTEM.replace(
         "2025-03-04", "2025-03-05"), "cache_control": {"type": "ephemeral"}}]), wc)
     assert rec is not None and rec.kind == "volatile_span" and rec.region == "system"
+
+
+def test_a_volatile_note_at_the_tail_moving_on_is_no_break() -> None:
+    # the rewriter hoists the clock into a trailing block of the newest turn; next turn it moves
+    det = BreakDetector()
+    note = {"type": "text", "text": "[note 1] The current time is 2024-05-15 15:00:10 EST."}
+    first = {"model": "claude-sonnet-4-5", "system": SYSTEM, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Q1"}, note]}]}
+    det.observe("s", first, wc)
+    note2 = {"type": "text", "text": "[note 1] The current time is 2024-05-15 15:00:31 EST."}
+    second = {"model": "claude-sonnet-4-5", "system": SYSTEM, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Q1"}]},
+        {"role": "assistant", "content": "A1"},
+        {"role": "user", "content": [{"type": "text", "text": "Q2"}, note2]}]}
+    assert det.observe("s", second, wc) is None
+    # but an edited earlier turn is still reported
+    third = {**second, "messages": [{"role": "user", "content": "Q1 edited"}, *second["messages"][1:]]}
+    rec = det.observe("s", third, wc)
+    assert rec is not None and rec.kind == "history_edit"
+
+
+def test_a_volatile_note_message_at_the_end_moving_on_is_no_break() -> None:
+    det = BreakDetector()
+    note = {"role": "user", "content": "[1] The current time is 2024-05-15 15:00:10 EST."}
+    det.observe("s", _body(SYSTEM, [{"role": "user", "content": "Q1"}, note]), wc)
+    note2 = {"role": "user", "content": "[1] The current time is 2024-05-15 15:00:40 EST."}
+    assert det.observe("s", _body(SYSTEM, [{"role": "user", "content": "Q1"},
+                                           {"role": "assistant", "content": "A1"}, note2]),
+                       wc) is None
