@@ -73,7 +73,7 @@ def render_message(msg: Message) -> dict[str, Any]:
             out[k] = calls if isinstance(v, list) or calls else v
         else:
             out[k] = v
-    if "role" not in out:
+    if not msg.raw and msg.role:  # a message built by a pass
         out = {"role": msg.role, **out}
     if present and "content" not in out:
         out = with_key(out, "content", value)

@@ -1,0 +1,113 @@
+"""canonicalize_tools: same tool set -> same bytes, nothing but order changes (case B04)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rewriter import canonicalize_tools, wire
+from rewriter.ir import tool_choice_name
+from rewriter.pipeline import rewrite_request
+from tests.rewriter.helpers import ctx
+from tests.rewriter.strategies import anthropic_requests, openai_requests
+from tests.trace_requests import DATA
+
+B04_TOOLS = [
+    {"type": "function", "function": {"name": "fs_read_tree",
+                                      "parameters": {"type": "object", "properties": {}}}},
+    {"type": "function", "function": {"name": "gh_search", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string"}}}}},
+]
+
+
+def _b04(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"model": "m", "tools": tools, "messages": [{"role": "user", "content": "list repo"}]}
+
+
+def _by_name(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    return {(t.get("function") or t)["name"]: t for t in tools}
+
+
+def test_swapped_tool_order_gives_identical_tools_bytes_b04() -> None:
+    a = rewrite_request(_b04(B04_TOOLS), "openai", ctx()).body
+    b = rewrite_request(_b04(B04_TOOLS[::-1]), "openai", ctx()).body
+    assert json.dumps(a["tools"]) == json.dumps(b["tools"])
+    assert [t["function"]["name"] for t in a["tools"]] == ["fs_read_tree", "gh_search"]
+
+
+def test_reordering_is_logged_and_switchable_off() -> None:
+    r = rewrite_request(_b04(B04_TOOLS[::-1]), "openai", ctx())
+    assert "canonicalize_tools" in r.summary()
+    assert any(e.pass_name == "canonicalize_tools" and "moved 2" in e.detail for e in r.edits)
+    off = rewrite_request(_b04(B04_TOOLS[::-1]), "openai", ctx(canonicalize_tools=False))
+    assert off.body["tools"] == B04_TOOLS[::-1]
+
+
+def test_real_mcp_catalog_in_any_order_serializes_identically() -> None:
+    tools = json.loads((DATA / "tools" / "github_mcp_server.json").read_text())
+    tools = [{"name": t["name"], "description": t.get("description", ""),
+              "input_schema": t["inputSchema"]} for t in tools]
+    body = {"model": "claude-x", "max_tokens": 8, "tools": tools,
+            "messages": [{"role": "user", "content": "hi"}]}
+    shuffled = dict(body, tools=tools[::-1][50:] + tools[::-1][:50])
+    a = rewrite_request(body, "anthropic", ctx()).body
+    b = rewrite_request(shuffled, "anthropic", ctx()).body
+    assert json.dumps(a["tools"]) == json.dumps(b["tools"])
+    assert _by_name(a["tools"]) == _by_name(tools)  # names, descriptions, schemas: same values
+
+
+@settings(max_examples=40, deadline=None)
+@given(openai_requests(), st.randoms(use_true_random=False))
+def test_any_permutation_of_tools_gives_same_bytes_and_same_content(body: dict[str, Any],
+                                                                    rnd: Any) -> None:
+    tools = list(body["tools"])
+    rnd.shuffle(tools)
+    a = rewrite_request(body, "openai", ctx()).body
+    b = rewrite_request(dict(body, tools=tools), "openai", ctx()).body
+    assert json.dumps(a["tools"]) == json.dumps(b["tools"])
+    assert _by_name(a["tools"]) == _by_name(body["tools"])
+
+
+@settings(max_examples=30, deadline=None)
+@given(anthropic_requests())
+def test_tool_choice_still_resolves_after_canonicalization(body: dict[str, Any]) -> None:
+    body = dict(body, tool_choice={"type": "tool", "name": body["tools"][-1]["name"]})
+    out = wire.parse(rewrite_request(body, "anthropic", ctx()).body, "anthropic")
+    assert tool_choice_name(out) in {t.name for t in out.tools or ()}
+
+
+def test_schema_keywords_sorted_but_argument_order_kept_by_default() -> None:
+    schema = {"type": "object", "required": ["b", "a"],
+              "properties": {"b": {"type": "string", "description": "B"}, "a": {"type": "int"}}}
+    out = canonicalize_tools.canonical_schema(schema)
+    assert list(out) == ["properties", "required", "type"]
+    assert list(out["properties"]) == ["b", "a"]  # the author's argument order
+    assert list(out["properties"]["b"]) == ["description", "type"]
+    assert out["required"] == ["b", "a"]  # arrays keep their order
+    full = canonicalize_tools.canonical_schema(schema, sort_properties=True)
+    assert list(full["properties"]) == ["a", "b"]
+    assert json.loads(json.dumps(full)) == schema
+
+
+def test_first_seen_order_is_kept_per_session_and_remembered() -> None:
+    body = _b04(B04_TOOLS[::-1])
+    first = rewrite_request(body, "openai", ctx(tool_order="first_seen"))
+    mem = [e.memory for e in first.edits if e.memory.get("tool_order")][0]
+    assert mem["tool_order"] == ["fs_read_tree", "gh_search"]
+    seen = {"tool_order": ["gh_search", "fs_read_tree"]}
+    again = rewrite_request(_b04(B04_TOOLS), "openai", ctx(session=seen, tool_order="first_seen"))
+    assert [t["function"]["name"] for t in again.body["tools"]] == ["gh_search", "fs_read_tree"]
+
+
+def test_client_cache_marker_on_tools_stays_at_the_same_position() -> None:
+    tools = [{"name": "zeta", "input_schema": {"type": "object"}},
+             {"name": "alpha", "input_schema": {"type": "object"},
+              "cache_control": {"type": "ephemeral"}}]
+    body = {"model": "claude-x", "max_tokens": 8, "tools": tools,
+            "messages": [{"role": "user", "content": "hi"}]}
+    out = rewrite_request(body, "anthropic", ctx()).body["tools"]
+    assert [t["name"] for t in out] == ["alpha", "zeta"]
+    assert "cache_control" not in out[0] and out[1]["cache_control"] == {"type": "ephemeral"}
