@@ -43,6 +43,8 @@ def simulate(
     volatile_clock: bool = typer.Option(
         False, "--volatile-clock", help="put each request's simulated wall-clock time into the "
         "system prompt's 'The current time is ...' line"),
+    clock_resolution: int = typer.Option(
+        1, min=1, help="seconds the volatile clock is floored to (60 = minute resolution)"),
     runs: Optional[int] = typer.Option(None, help="replay only the first N runs"),
     model: Optional[str] = typer.Option(None, help="model id (default per provider)"),
     tools: Optional[Path] = typer.Option(None, help="tools JSON for tau-bench traces"),
@@ -66,7 +68,8 @@ def simulate(
         raise typer.Exit(2)
     cfg = SimConfig(provider=provider, model=model or "",
                     strategies=STRATEGIES if strategy == "all" else (strategy,),
-                    volatile_clock=volatile_clock, seed=seed, concurrency=concurrency)
+                    volatile_clock=volatile_clock, seed=seed, concurrency=concurrency,
+                    clock_resolution_s=clock_resolution)
     figures = Simulator(cfg).run(loaded)
     typer.echo(json.dumps(figures, indent=2) if as_json else _table(figures))
 

@@ -48,7 +48,9 @@ Strategy = Callable[[dict[str, Any], str, "_RunState"], dict[str, Any]]
 @dataclass(frozen=True)
 class SimConfig:
     """Simulation knobs. ``gap_s``: (min, max) seconds between a run's requests; ``run_gap_s``:
-    idle seconds between runs of a lane; ``concurrency``: lanes of runs in parallel."""
+    idle seconds between runs of a lane; ``concurrency``: lanes of runs in parallel;
+    ``clock_resolution_s``: the volatile clock is floored to this many seconds (60 = a
+    minute-resolution clock as in case B03)."""
 
     provider: str = "anthropic"
     model: str = ""
@@ -58,6 +60,7 @@ class SimConfig:
     gap_s: tuple[float, float] = (10.0, 30.0)
     run_gap_s: tuple[float, float] = (10.0, 30.0)
     concurrency: int = 1
+    clock_resolution_s: int = 1
 
     @property
     def api(self) -> str:
@@ -152,8 +155,10 @@ def schedule(runs: Sequence[SimRun], cfg: SimConfig) -> list[tuple[float, int, i
     return events
 
 
-def _with_clock(messages: list[dict[str, Any]], now_s: float) -> list[dict[str, Any]]:
-    stamp = (TRACE_EPOCH + timedelta(seconds=int(now_s))).strftime("%Y-%m-%d %H:%M:%S")
+def _with_clock(messages: list[dict[str, Any]], now_s: float,
+                resolution_s: int = 1) -> list[dict[str, Any]]:
+    shown = int(now_s) // max(1, resolution_s) * max(1, resolution_s)
+    stamp = (TRACE_EPOCH + timedelta(seconds=shown)).strftime("%Y-%m-%d %H:%M:%S")
     out = []
     for m in messages:
         content = m.get("content")
@@ -167,7 +172,7 @@ def client_body(run: SimRun, k: int, now_s: float, cfg: SimConfig) -> dict[str, 
     """Request ``k`` of ``run`` as the client sends it at ``now_s`` (client API of ``cfg``)."""
     messages = run.requests[k].messages
     if cfg.volatile_clock:
-        messages = _with_clock(messages, now_s)
+        messages = _with_clock(messages, now_s, cfg.clock_resolution_s)
     if cfg.api == "anthropic":
         return to_anthropic(cfg.model_id, run.tools, messages)
     return openai_body(cfg.model_id, run.tools, messages)
@@ -261,6 +266,8 @@ class Simulator:
             "runs": len(runs),
             "requests": len(events),
             "volatile_clock": self.cfg.volatile_clock,
+            **({"clock_resolution_s": self.cfg.clock_resolution_s}
+               if self.cfg.volatile_clock else {}),
             "simulated_hours": round(events[-1][0] / 3600, 3) if events else 0.0,
             "seconds": round(time.perf_counter() - t0, 2),
             "strategies": strategies,
