@@ -1,0 +1,187 @@
+"""Find retrieved passages (RAG chunks) in text, so a pass can keep the relevant ones whole.
+
+Recognised forms (first match wins, per text):
+
+1. XML-like tagged chunks — ``<document ...>...</document>``, ``<doc>``, ``<passage>``,
+   ``<ctx id=...>``, ``<chunk>``, ``<source>``, ``<search_result>``, ``<context>``,
+   ``<result>``, ``<snippet>``: the tag that occurs at least twice as a closed element. Anthropic's
+   long-context guide recommends ``<document index="n"><source>..</source>
+   <document_content>..</document_content></document>``; the inner tags are part of the passage.
+2. Numbered passages — lines starting ``[1]``, ``[2]``, ... (at least two, increasing); each runs
+   to the next marker, the last one to the next blank line or the end of the text.
+3. Delimiters named by the policy (``settings.rag_delimiters``, e.g. ``"\\n---\\n"``): the
+   segments strictly between the first and the last delimiter are passages.
+
+A passage's ``pid`` is its ``id`` / ``index`` / ``doc_id`` / ``key`` / ``name`` attribute, its
+``[n]`` number, or (no id) a 12-hex sha256 of its text. Anthropic ``document`` and
+``search_result`` blocks are recognised by :func:`block_passage`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+PASSAGE_TAGS: tuple[str, ...] = (
+    "document", "doc", "passage", "ctx", "chunk", "search_result", "source", "context",
+    "result", "snippet", "article", "reference",
+)
+_ATTR = re.compile(r"""([A-Za-z_][\w-]*)\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))""")
+_ID_ATTRS = ("id", "index", "doc_id", "docid", "key", "idx", "name")
+_NUMBERED = re.compile(r"(?m)^[ \t]*\[(\d{1,4})\][ \t]?")
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One passage inside a text: ``text[start:end]`` is the whole chunk (tags included).
+
+    ``pid``: stable id (see module docstring); ``kind``: ``"tag:<name>"``, ``"numbered"`` or
+    ``"delimited"``; ``body``: the chunk's content for scoring (tags stripped).
+    """
+
+    pid: str
+    start: int
+    end: int
+    kind: str
+    body: str
+
+
+def content_id(text: str) -> str:
+    """12-hex sha256 of whitespace-normalised text: the id of a passage that carries none."""
+    return hashlib.sha256(" ".join(text.split()).encode()).hexdigest()[:12]
+
+
+def _attr_id(attrs: str) -> str | None:
+    found = {m.group(1).lower(): next(g for g in m.groups()[1:] if g is not None)
+             for m in _ATTR.finditer(attrs)}
+    for key in _ID_ATTRS:
+        if found.get(key):
+            return found[key]
+    return None
+
+
+def _tagged(text: str) -> list[Passage]:
+    lowered = text.lower()
+    for tag in PASSAGE_TAGS:
+        if lowered.count(f"</{tag}>") < 2:
+            continue
+        pat = re.compile(rf"<{tag}(\s[^>]*)?>(.*?)</{tag}>", re.S | re.I)
+        found = [
+            Passage(_attr_id(m.group(1) or "") or content_id(m.group(2)), m.start(), m.end(),
+                    f"tag:{tag}", re.sub(r"<[^>]{1,80}>", " ", m.group(2)))
+            for m in pat.finditer(text)
+        ]
+        if len(found) >= 2:
+            return found
+    return []
+
+
+def _numbered(text: str) -> list[Passage]:
+    marks = list(_NUMBERED.finditer(text))
+    if len(marks) < 2:
+        return []
+    nums = [int(m.group(1)) for m in marks]
+    if any(b <= a for a, b in zip(nums, nums[1:])):
+        return []
+    out = []
+    for i, m in enumerate(marks):
+        if i + 1 < len(marks):
+            end = marks[i + 1].start()
+            while end > m.end() and text[end - 1] in "\n \t":
+                end -= 1
+        else:
+            blank = text.find("\n\n", m.end())
+            end = len(text) if blank < 0 else blank
+        out.append(Passage(m.group(1), m.start(), end, "numbered", text[m.end():end]))
+    return out
+
+
+def _delimited(text: str, delimiters: Sequence[str]) -> list[Passage]:
+    for delim in delimiters:
+        if not delim or text.count(delim) < 3:
+            continue
+        cuts = [m.start() for m in re.finditer(re.escape(delim), text)]
+        out = []
+        for a, b in zip(cuts, cuts[1:]):
+            s, e = a + len(delim), b
+            body = text[s:e]
+            if body.strip():
+                out.append(Passage(content_id(body), s, e, "delimited", body))
+        if len(out) >= 2:
+            return out
+    return []
+
+
+def find_passages(text: str, delimiters: Sequence[str] = ()) -> list[Passage]:
+    """Passages in ``text`` in text order (``[]`` when fewer than two are found).
+
+    Tried in order: tagged chunks, numbered ``[n]`` passages, policy delimiters.
+    """
+    for found in (_tagged(text), _numbered(text), _delimited(text, delimiters)):
+        if len(found) >= 2:
+            return found
+    return []
+
+
+def splice(text: str, passages: Sequence[Passage], kept: Sequence[Passage]) -> str:
+    """Rebuild ``text`` with only ``kept`` passages, in ``kept``'s order.
+
+    ``passages`` (all found, text order) define slots; the first ``len(kept)`` slots receive the
+    kept passages and the text between consecutive kept slots (separators) is kept; the rest of
+    the slots and their separators are removed. Text before the first and after the last passage
+    stays as is. ``kept`` must be a subset of ``passages``.
+    """
+    if not passages:
+        return text
+    head, tail = text[: passages[0].start], text[passages[-1].end :]
+    if not kept:
+        return head.rstrip() + ("\n" + tail.lstrip() if tail.strip() else tail)
+    gaps = [text[a.end : b.start] for a, b in zip(passages, passages[1:])]
+    parts = [head]
+    for i, p in enumerate(kept):
+        if i:
+            parts.append(gaps[i - 1])
+        parts.append(text[p.start : p.end])
+    parts.append(tail)
+    return "".join(parts)
+
+
+def id_order_key(pid: str) -> tuple[int, int, str]:
+    """Canonical order of passage ids: numeric ids numerically first, then the rest by string."""
+    return (0, int(pid), "") if pid.isdigit() else (1, 0, pid)
+
+
+def block_passage(block: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``(pid, text)`` of an Anthropic ``document`` (text or content source) or
+    ``search_result`` block; ``None`` for any other block (or a PDF/base64 document, whose text
+    is unknown). ``pid`` is a content hash of ``title`` + ``source`` + text."""
+    btype = block.get("type")
+    if btype == "search_result":
+        content = block.get("content")
+        text = "".join(c.get("text", "") for c in content if isinstance(c, Mapping)) \
+            if isinstance(content, list) else ""
+        title, src = str(block.get("title", "")), str(block.get("source", ""))
+    elif btype == "document":
+        source = block.get("source")
+        if not isinstance(source, Mapping):
+            return None
+        if source.get("type") == "text" and isinstance(source.get("data"), str):
+            text = str(source["data"])
+        elif source.get("type") == "content" and isinstance(source.get("content"), list):
+            text = "".join(c.get("text", "") for c in source["content"] if isinstance(c, Mapping))
+        else:
+            return None
+        title, src = str(block.get("title", "")), str(block.get("context", ""))
+    else:
+        return None
+    return content_id(f"{title}\n{src}\n{text}"), f"{title}\n{text}"
+
+
+def citations_enabled(block: Mapping[str, Any]) -> bool:
+    """True when an Anthropic document / search_result block asks for citations: responses then
+    cite it by position (``document_index`` / ``search_result_index``), so it must not move."""
+    c = block.get("citations")
+    return isinstance(c, Mapping) and bool(c.get("enabled"))

@@ -1,0 +1,245 @@
+"""Pass: keep the retrieved passages that matter, whole, in a canonical order.
+
+Rule. Retrieval-augmented prompts carry many passages of which few answer the question (NQ-open:
+one gold passage among 20; tau2 banking: ~10 required of 698 documents). Passages found by
+:mod:`rewriter.passages` (Anthropic ``document`` / ``search_result`` blocks, tagged chunks,
+numbered ``[n]`` passages, policy delimiters) in user messages and tool results are, per
+retrieval (one text, or one message's run of blocks):
+
+1. scored with BM25 against the query — the message's own text outside the passages, the
+   arguments of the tool call a tool result answers, and (when that is short) the newest earlier
+   user text;
+2. de-duplicated (:mod:`rewriter.dedupe`: near-duplicates of a better-scored passage go);
+3. kept best first while they fit ``settings.rag_budget_tokens`` (the best one is always kept);
+4. emitted in canonical order (:func:`rewriter.passages.id_order_key` of their stable ids), so
+   the same retrieval gives the same bytes whatever order the retriever returned.
+
+A retrieval under budget with no duplicate is left byte-identical. Passages are never cut: ids,
+tags and citation markers inside them stay. Anthropic blocks with ``citations.enabled`` are never
+moved or dropped (responses cite them by position). System prompts and assistant turns are not
+touched. The decision for a message depends only on that message and earlier ones, so a history
+re-sent on the next turn is pruned to the same bytes (append-only stays append-only).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from rewriter.bm25 import bm25_scores, terms
+from rewriter.dedupe import near_duplicates
+from rewriter.ir import Block, Message, Prompt, with_key
+from rewriter.passages import (
+    block_passage,
+    citations_enabled,
+    find_passages,
+    id_order_key,
+    splice,
+)
+from rewriter.types import Context, Edit
+
+NAME = "prune_rag"
+MIN_OWN_QUERY_TERMS = 5
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Outcome of :func:`select_passages` for one retrieval.
+
+    ``kept``: indices into the input, in canonical emission order; ``duplicates``: indices
+    dropped as near-duplicates; ``tokens_before`` / ``tokens_after``: passage tokens in / kept.
+    """
+
+    kept: tuple[int, ...]
+    duplicates: frozenset[int]
+    tokens_before: int
+    tokens_after: int
+
+
+
+def select_passages(ids: Sequence[str], bodies: Sequence[str], tokens: Sequence[int],
+                    query: Sequence[str], budget: int) -> Selection:
+    """Choose passages of one retrieval: BM25 score, drop near-duplicates, fill ``budget``.
+
+    ``ids``/``bodies``/``tokens``: per passage (stable id, text to score, token count);
+    ``query``: analysed query terms (:func:`rewriter.bm25.terms`); ``budget``: tokens. The best
+    passage is kept even when it alone exceeds the budget; the others are taken best first
+    (ties: canonical id order) when they still fit. Pure and deterministic.
+    """
+    n = len(ids)
+    scores = bm25_scores([terms(b) for b in bodies], query)
+    dups = near_duplicates(bodies, scores)
+    order = sorted((i for i in range(n) if i not in dups),
+                   key=lambda i: (-scores[i], id_order_key(ids[i]), i))
+    kept: list[int] = []
+    used = 0
+    for i in order:
+        if not kept or used + tokens[i] <= budget:
+            kept.append(i)
+            used += tokens[i]
+    kept.sort(key=lambda i: (id_order_key(ids[i]), i))
+    return Selection(tuple(kept), frozenset(dups), sum(tokens), used)
+
+
+def _user_residual(msg: Message, delimiters: Sequence[str]) -> str:
+    parts = []
+    for b in msg.blocks:
+        if b.is_text and not b.volatile:
+            t = b.text
+            ps = find_passages(t, delimiters)
+            parts.append(splice(t, ps, []) if ps else t)
+    return "\n".join(parts)
+
+
+def _call_args(prompt: Prompt, upto: int, tool_id: str) -> str:
+    for m in reversed(prompt.messages[:upto]):
+        for b in m.blocks:
+            if b.type == "tool_use" and b.tool_id == tool_id:
+                fn = b.raw.get("function")
+                args = fn.get("arguments") if isinstance(fn, dict) else b.raw.get("input")
+                return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return ""
+
+
+def _query(prompt: Prompt, mi: int, own: str, tool_id: str | None, ctx: Context) -> list[str]:
+    text = own
+    if tool_id:
+        text += "\n" + _call_args(prompt, mi, tool_id)
+    q = terms(text)
+    if len(q) < MIN_OWN_QUERY_TERMS:
+        for m in reversed(prompt.messages[:mi]):
+            if m.role == "user":
+                prev = terms(_user_residual(m, ctx.settings.rag_delimiters))
+                if prev:
+                    q = q + prev
+                    break
+    return q
+
+
+@dataclass
+class _Tally:
+    groups: int = 0
+    passages: int = 0
+    kept: int = 0
+    dups: int = 0
+    before: int = 0
+    after: int = 0
+    skipped_citations: int = 0
+
+
+def _prune_text(text: str, query: list[str], ctx: Context, tally: _Tally) -> str:
+    ps = find_passages(text, ctx.settings.rag_delimiters)
+    if not ps:
+        return text
+    toks = [ctx.count_tokens(text[p.start:p.end]) for p in ps]
+    sel = select_passages([p.pid for p in ps], [p.body for p in ps], toks, query,
+                          ctx.settings.rag_budget_tokens)
+    if len(sel.kept) == len(ps):
+        return text
+    tally.groups += 1
+    tally.passages += len(ps)
+    tally.kept += len(sel.kept)
+    tally.dups += len(sel.duplicates)
+    tally.before += sel.tokens_before
+    tally.after += sel.tokens_after
+    return splice(text, ps, [ps[i] for i in sel.kept])
+
+
+def _prune_block_run(blocks: list[Block], query: list[str], ctx: Context,
+                     tally: _Tally) -> list[Block]:
+    """Blocks of one message (or one tool_result's content) with document/search_result blocks
+    pruned; other blocks keep their positions, kept passages fill the first passage slots."""
+    slots = [i for i, b in enumerate(blocks) if block_passage(b.raw) is not None]
+    if len(slots) < 2:
+        return blocks
+    if any(citations_enabled(blocks[i].raw) for i in slots):
+        tally.skipped_citations += 1
+        return blocks
+    found = [block_passage(blocks[i].raw) for i in slots]
+    ids = [f[0] for f in found if f]
+    bodies = [f[1] for f in found if f]
+    toks = [ctx.count_tokens(json.dumps(blocks[i].raw, ensure_ascii=False)) for i in slots]
+    sel = select_passages(ids, bodies, toks, query, ctx.settings.rag_budget_tokens)
+    if len(sel.kept) == len(slots):
+        return blocks
+    tally.groups += 1
+    tally.passages += len(slots)
+    tally.kept += len(sel.kept)
+    tally.dups += len(sel.duplicates)
+    tally.before += sel.tokens_before
+    tally.after += sel.tokens_after
+    kept_blocks = [blocks[slots[i]] for i in sel.kept]
+    out: list[Block] = []
+    filled = 0
+    for i, b in enumerate(blocks):
+        if i in slots:
+            if filled < len(kept_blocks):
+                out.append(kept_blocks[filled])
+                filled += 1
+        else:
+            out.append(b)
+    return out
+
+
+def _prune_tool_result(block: Block, query: list[str], ctx: Context, tally: _Tally) -> Block:
+    content = block.raw.get("content")
+    if isinstance(content, str):
+        new = _prune_text(content, query, ctx, tally)
+        return block if new == content else replace(block, raw=with_key(block.raw, "content", new))
+    if isinstance(content, list) and all(isinstance(c, dict) for c in content):
+        inner = [Block(str(c.get("type", "")), c) for c in content]
+        inner = _prune_block_run(inner, query, ctx, tally)
+        inner = [_prune_text_block(b, query, ctx, tally) for b in inner]
+        new_list = [b.raw for b in inner]
+        if new_list != content:
+            return replace(block, raw=with_key(block.raw, "content", new_list))
+    return block
+
+
+def _prune_text_block(b: Block, query: list[str], ctx: Context, tally: _Tally) -> Block:
+    if not b.is_text or b.volatile:
+        return b
+    new = _prune_text(b.text, query, ctx, tally)
+    return b if new == b.text else b.with_text(new)
+
+
+def _prune_message(prompt: Prompt, mi: int, ctx: Context, tally: _Tally) -> Message:
+    msg = prompt.messages[mi]
+    delims = ctx.settings.rag_delimiters
+    if msg.role == "tool":
+        q = _query(prompt, mi, "", msg.tool_call_id, ctx)
+        return msg.with_blocks([_prune_text_block(b, q, ctx, tally) for b in msg.blocks])
+    if msg.role != "user":
+        return msg
+    own = _user_residual(msg, delims)
+    blocks = list(msg.blocks)
+    new_blocks: list[Block] = []
+    for b in blocks:
+        if b.type == "tool_result":
+            q = _query(prompt, mi, "", b.tool_id, ctx)
+            new_blocks.append(_prune_tool_result(b, q, ctx, tally))
+        else:
+            new_blocks.append(_prune_text_block(b, _query(prompt, mi, own, None, ctx), ctx, tally))
+    new_blocks = _prune_block_run(new_blocks, _query(prompt, mi, own, None, ctx), ctx, tally)
+    if all(a is b for a, b in zip(new_blocks, blocks)) and len(new_blocks) == len(blocks):
+        return msg
+    return msg.with_blocks(new_blocks)
+
+
+def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
+    """Prune passages in user messages and tool results; one Edit (``region="messages"``)."""
+    tally = _Tally()
+    messages = tuple(_prune_message(prompt, i, ctx, tally) for i in range(len(prompt.messages)))
+    if tally.groups == 0:
+        why = "no retrieval over budget or with duplicates"
+        if tally.skipped_citations:
+            why += f"; {tally.skipped_citations} cited block run(s) left in place"
+        return prompt, [Edit(NAME, False, "messages", why)]
+    detail = (f"bm25+dedupe: {tally.groups} retrieval(s), kept {tally.kept} of "
+              f"{tally.passages} passages ({tally.dups} near-duplicates), budget "
+              f"{ctx.settings.rag_budget_tokens} tokens each")
+    if tally.skipped_citations:
+        detail += f"; {tally.skipped_citations} cited block run(s) left in place"
+    return replace(prompt, messages=messages), [
+        Edit(NAME, True, "messages", detail, tally.before, tally.after)]

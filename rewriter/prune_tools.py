@@ -1,0 +1,141 @@
+"""Pass: send only the tools the conversation can use, and keep that set byte-stable.
+
+Rule. Tool definitions are the first thing in the cached prefix and often its largest part
+(the GitHub MCP server alone is 117 tools). A catalog of ``settings.prune_tools_min_catalog``
+tools or more is ranked against the conversation (:mod:`rewriter.tool_rank`, BM25) and cut to a
+:class:`rewriter.tool_rank.KeepRule` selection. Always kept, whatever their rank (case B06 and
+BerriAI/litellm PR #34198): every tool called in the history (Anthropic ``tool_use``, OpenAI
+``tool_calls``), the tool named by ``tool_choice``, ``settings.pinned_tools``, and server tools
+(``{"type": "web_search_20250305", ...}``), so a history's tool blocks never lose their
+definition and ``tools`` is never empty while tool blocks remain.
+
+Sticky per session. A prefix cache is byte-exact, so a kept set that changed with every user
+turn would miss on the whole prompt every turn. The kept set is remembered in session memory
+(``Edit.memory["prune_tools"] = {"kept": [names]}``) and on later turns only *grows*: it is the
+remembered set, plus tools the history calls, plus the top :data:`ADD_TOP` tools for the newest
+user text that clear the keep rule's score ratio. It is rebuilt from scratch only at a compaction
+event (this request makes :mod:`rewriter.prune_history` compact, so the prefix is rebuilt
+anyway). Kept tools keep the canonical order the earlier passes gave the catalog. A client
+``cache_control`` marker on a dropped tool moves to the nearest kept tool before it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+
+from rewriter.ir import Message, Prompt, Tool, tool_choice_name, used_tool_names
+from rewriter.tool_rank import KeepRule, ToolInfo, query_terms, rank_tools
+from rewriter.types import Context, Edit
+
+NAME = "prune_tools"
+MEMORY_KEY = "prune_tools"
+ADD_TOP = 3
+DEFAULT_RULE = KeepRule()
+
+
+def conversation_texts(messages: Sequence[Message]) -> tuple[list[str], list[str]]:
+    """``(user_texts, assistant_texts)`` oldest first: user text blocks (tool results and
+    hoisted volatile notes excluded) and assistant prose."""
+    users: list[str] = []
+    others: list[str] = []
+    for m in messages:
+        text = "\n".join(b.text for b in m.blocks if b.is_text and not b.volatile)
+        if not text.strip():
+            continue
+        if m.role == "user":
+            users.append(text)
+        elif m.role == "assistant":
+            others.append(text)
+    return users, others
+
+
+def _is_server_tool(t: Tool) -> bool:
+    kind = t.raw.get("type")
+    return isinstance(kind, str) and kind not in ("function", "custom") and t.schema is None
+
+
+def _required(prompt: Prompt, ctx: Context) -> set[str]:
+    req = used_tool_names(prompt) | set(ctx.settings.pinned_tools)
+    choice = tool_choice_name(prompt)
+    if choice:
+        req.add(choice)
+    req.update(t.name for t in prompt.tools or () if _is_server_tool(t))
+    return req
+
+
+def _compacting(prompt: Prompt, ctx: Context) -> bool:
+    if not ctx.settings.prune_history:
+        return False
+    from rewriter.prune_history import will_compact
+
+    return will_compact(prompt, ctx)
+
+
+def choose(prompt: Prompt, ctx: Context, rule: KeepRule = DEFAULT_RULE) -> tuple[set[str], str]:
+    """Names of the tools to keep and a note on how they were chosen (see module docstring).
+
+    Requires ``prompt.tools``; returns every name when the conversation has no text to rank by.
+    """
+    tools = list(prompt.tools or ())
+    users, others = conversation_texts(prompt.messages)
+    required = _required(prompt, ctx)
+    names = {t.name for t in tools}
+    if not users and not others:
+        return names, "no conversation text to rank by: all kept"
+    infos = [ToolInfo(t.name, t.description, t.schema if isinstance(t.schema, dict) else {})
+             for t in tools]
+    prev = ctx.session.get(MEMORY_KEY)
+    sticky = (
+        {n for n in prev.get("kept", []) if isinstance(n, str)} & names
+        if isinstance(prev, dict) and not _compacting(prompt, ctx) else set()
+    )
+    if not sticky:
+        ranked = rank_tools(infos, query_terms(users, others))
+        return set(rule.select(ranked)) | (required & names), "ranked"
+    ranked = rank_tools(infos, query_terms(users[-1:]))
+    best = ranked[0][1] if ranked else 0.0
+    fresh = {n for n, s in ranked[:ADD_TOP] if best > 0 and s >= rule.score_ratio * best}
+    return sticky | fresh | (required & names), "sticky"
+
+
+def _move_markers(tools: Sequence[Tool], keep: set[str]) -> list[Tool]:
+    out: list[Tool] = []
+    pending = None
+    for t in tools:
+        if t.name in keep:
+            out.append(t)
+            continue
+        if t.cache_control is not None:
+            if out:
+                out[-1] = out[-1].with_cache_control(out[-1].cache_control or t.cache_control)
+            else:
+                pending = t.cache_control
+    if pending is not None and out and out[0].cache_control is None:
+        out[0] = out[0].with_cache_control(pending)
+    return out
+
+
+def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
+    """Prune ``prompt.tools``; one Edit (``region="tools"``, tokens of the tools JSON)."""
+    tools = prompt.tools
+    if not tools:
+        return prompt, [Edit(NAME, False, "tools", "no tools")]
+    floor = ctx.settings.prune_tools_min_catalog
+    if len(tools) < floor:
+        return prompt, [Edit(NAME, False, "tools",
+                             f"catalog of {len(tools)} tools is below the {floor}-tool minimum")]
+    if any(not t.name for t in tools) or len({t.name for t in tools}) != len(tools):
+        return prompt, [Edit(NAME, False, "tools", "a tool has no name or a duplicate name")]
+    keep, how = choose(prompt, ctx)
+    memory = {} if how.startswith("no conversation") else {MEMORY_KEY: {"kept": sorted(keep)}}
+    if len(keep) >= len(tools):
+        return prompt, [Edit(NAME, False, "tools", f"{how}: every tool kept", memory=memory)]
+    kept = _move_markers(tools, keep)
+    before = ctx.count_tokens(json.dumps([t.raw for t in tools], ensure_ascii=False))
+    after = ctx.count_tokens(json.dumps([t.raw for t in kept], ensure_ascii=False))
+    detail = f"bm25 {how}: kept {len(kept)} of {len(tools)} tools"
+    return replace(prompt, tools=tuple(kept)), [
+        Edit(NAME, True, "tools", detail, before, after, memory=memory)]
+
