@@ -25,7 +25,7 @@ registered its tools in (e.g. MCP servers that finished connecting in a differen
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from typing import Any
 
 from rewriter.ir import Prompt, Tool, with_key, without_key
 from rewriter.types import Context, Edit
@@ -104,9 +104,8 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     canon = _keep_marker_positions(prompt.tools, canon)
     mem = {"tool_order": memory} if memory is not None else {}
     moved = sum(1 for a, b in zip(prompt.tools, ordered) if a.name != b.name)
-    rewritten = sum(1 for a, b in zip(ordered, canon) if list(_flat(a.raw)) != list(_flat(b.raw)))
-    if all(a.raw == b.raw and list(_flat(a.raw)) == list(_flat(b.raw))
-           for a, b in zip(prompt.tools, canon)):
+    rewritten = sum(1 for a, b in zip(ordered, canon) if _dump(a.raw) != _dump(b.raw))
+    if moved == 0 and all(_dump(a.raw) == _dump(b.raw) for a, b in zip(prompt.tools, canon)):
         return prompt, [Edit(NAME, False, "tools", "tools already canonical", memory=mem)]
     tokens = ctx.count_tokens(json.dumps([t.raw for t in canon], ensure_ascii=False))
     detail = f"order={ctx.settings.tool_order}; moved {moved} of {len(canon)} tools; " \
@@ -118,12 +117,6 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     )
 
 
-def _flat(v: Any) -> Iterator[str]:
-    """Key sequence of a JSON value, depth-first (what key order changes)."""
-    if isinstance(v, dict):
-        for k, x in v.items():
-            yield k
-            yield from _flat(x)
-    elif isinstance(v, list):
-        for x in v:
-            yield from _flat(x)
+def _dump(v: Any) -> str:
+    """JSON text with key order (equal iff same values *and* same key order)."""
+    return json.dumps(v, ensure_ascii=False)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from functools import lru_cache
 from types import ModuleType
 from typing import Any, Callable
 
@@ -31,11 +32,15 @@ PassFn = Callable[[Prompt, Context], tuple[Prompt, list[Edit]]]
 
 @dataclass(frozen=True)
 class PassSpec:
-    """One pipeline stage: Edit name, ``RewriteSettings`` switch, module path (has ``run``)."""
+    """One pipeline stage: Edit name, ``RewriteSettings`` switch, module path (has ``run``).
+
+    ``fn`` overrides the module lookup (tests, experiments).
+    """
 
     name: str
     switch: str
     module: str
+    fn: PassFn | None = None
 
 
 PASSES: tuple[PassSpec, ...] = (
@@ -49,10 +54,17 @@ PASSES: tuple[PassSpec, ...] = (
 
 
 def _load(spec: PassSpec) -> PassFn | None:
+    if spec.fn is not None:
+        return spec.fn
+    return _load_module(spec.module)
+
+
+@lru_cache(maxsize=64)
+def _load_module(module: str) -> PassFn | None:
     try:
-        mod: ModuleType = importlib.import_module(spec.module)
+        mod: ModuleType = importlib.import_module(module)
     except ModuleNotFoundError as e:
-        if e.name == spec.module:
+        if e.name == module:
             return None
         raise
     fn = getattr(mod, "run", None)

@@ -27,8 +27,11 @@ def _strip(v: Any) -> Any:
 def stable_region(prompt: Prompt) -> dict[str, Any]:
     """``{"tools": [...], "system": [...]}`` in wire form, without cache_control markers."""
     render = render_openai if prompt.api == "openai" else render_anthropic
-    return _strip({"tools": [t.raw for t in prompt.tools or ()],
-                   "system": [render(m) for m in prompt.system]})
+    region = {"tools": [t.raw for t in prompt.tools or ()],
+              "system": [render(m) for m in prompt.system]}
+    if '"cache_control"' in json.dumps(region, ensure_ascii=False):
+        return _strip(region)  # type: ignore[no-any-return]
+    return region
 
 
 def stable_prefix_hash(prompt: Prompt) -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 _TZ = r"(?:Z|[+-]\d{2}(?::?\d{2})?|UTC|GMT|EST|EDT|CST|CDT|MST|MDT|PST|PDT|CET|CEST|BST|IST|JST|AEST|AEDT)"
 _MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*\.?"
@@ -62,7 +63,15 @@ class Span:
 
 
 def find_spans(text: str) -> list[Span]:
-    """Non-overlapping volatile spans in ``text``, sorted by start (earlier detectors win ties)."""
+    """Non-overlapping volatile spans in ``text``, sorted by start (earlier detectors win ties).
+
+    Memoized (system prompts and tool descriptions repeat on every request of a session).
+    """
+    return list(_find_spans(text)) if text else []
+
+
+@lru_cache(maxsize=512)
+def _find_spans(text: str) -> tuple[Span, ...]:
     found: list[Span] = []
     for kind, rx in DETECTORS:
         for m in rx.finditer(text):
@@ -75,4 +84,4 @@ def find_spans(text: str) -> list[Span]:
         if out and sp.start < out[-1].end:
             continue
         out.append(sp)
-    return out
+    return tuple(out)
