@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from typing import Any
 
 from config.cache_rules import (
@@ -199,7 +200,7 @@ def _anthropic(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
             chosen.append(c)
     while len(chosen) < budget:  # lookback spacing
         marks = sorted(set(chosen) | {c for c in client if c < limit})
-        gaps = [(b - a, a, b) for a, b in zip(marks, marks[1:]) if b - a > ANTHROPIC_LOOKBACK_BLOCKS]
+        gaps = [(b - a, a, b) for a, b in pairwise(marks) if b - a > ANTHROPIC_LOOKBACK_BLOCKS]
         if not gaps:
             break
         _, a, b = max(gaps)

@@ -212,8 +212,8 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     """Hoist volatile system spans to the end; Edits for the system move and tool changes."""
     mem_in = ctx.session.get(MEMORY_KEY) or {}
     prev_lines = [x for x in mem_in.get("lines", []) if isinstance(x, str)]
-    learned = [e for e in mem_in.get("learned", [])
-               if isinstance(e, (list, tuple)) and len(e) == 2]
+    learned: list[list[Any]] = [list(e) for e in mem_in.get("learned", [])
+                                if isinstance(e, (list, tuple)) and len(e) == 2]
     edits: list[Edit] = []
 
     prev_tools = mem_in.get("tools") or {}

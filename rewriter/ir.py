@@ -32,8 +32,9 @@ always be reverted by keeping its input.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 Api = Literal["openai", "anthropic"]
 ContentForm = Literal["string", "list", "null", "absent"]
@@ -74,7 +75,7 @@ class Block:
     synthetic: bool = False
 
     @staticmethod
-    def text_block(text: str, *, volatile: bool = False) -> "Block":
+    def text_block(text: str, *, volatile: bool = False) -> Block:
         """A new ``{"type":"text","text": text}`` block."""
         return Block("text", {"type": "text", "text": text}, volatile=volatile)
 
@@ -97,7 +98,7 @@ class Block:
             return str(self.raw["thinking"])
         return ""
 
-    def with_text(self, text: str) -> "Block":
+    def with_text(self, text: str) -> Block:
         """Copy of a text block with new text (raises ``ValueError`` on other blocks)."""
         if not self.is_text:
             raise ValueError(f"with_text on a {self.type!r} block")
@@ -109,7 +110,7 @@ class Block:
         cc = self.raw.get("cache_control")
         return cc if isinstance(cc, dict) else None
 
-    def with_cache_control(self, cc: dict[str, Any] | None) -> "Block":
+    def with_cache_control(self, cc: dict[str, Any] | None) -> Block:
         """Copy with ``cache_control`` set (appended as the last key) or removed (``None``)."""
         raw = without_key(self.raw, "cache_control") if cc is None else with_key(
             self.raw, "cache_control", cc)
@@ -167,7 +168,7 @@ class Message:
         v = self.raw.get("tool_call_id")
         return v if isinstance(v, str) else None
 
-    def with_blocks(self, blocks: list[Block] | tuple[Block, ...]) -> "Message":
+    def with_blocks(self, blocks: list[Block] | tuple[Block, ...]) -> Message:
         """Copy with new blocks (form kept; a string form renders back to a string when it can)."""
         form: ContentForm = self.form
         if form in ("null", "absent") and any(b.type != "tool_use" for b in blocks):
@@ -221,7 +222,7 @@ class Tool:
         cc = self.raw.get("cache_control")
         return cc if isinstance(cc, dict) else None
 
-    def with_cache_control(self, cc: dict[str, Any] | None) -> "Tool":
+    def with_cache_control(self, cc: dict[str, Any] | None) -> Tool:
         """Copy with ``cache_control`` set (appended) or removed (``None``)."""
         if cc is None:
             return Tool(without_key(self.raw, "cache_control"))
@@ -251,7 +252,7 @@ class Prompt:
         v = self.params.get("model")
         return v if isinstance(v, str) else ""
 
-    def with_param(self, key: str, value: Any) -> "Prompt":
+    def with_param(self, key: str, value: Any) -> Prompt:
         """Copy with a top-level parameter set (kept in place, or appended when new)."""
         return replace(self, params=with_key(self.params, key, value))
 

@@ -16,10 +16,11 @@ When nothing applied, the caller's body object is returned as is (byte-identical
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from rewriter import wire
 from rewriter.ir import Api, Prompt
@@ -83,7 +84,7 @@ def run_passes(prompt: Prompt, ctx: Context,
             continue
         try:
             out, pass_edits = fn(prompt, ctx)
-        except Exception as e:  # fail-open: a broken pass must not break the request
+        except Exception as e:  # noqa: BLE001 - fail-open: a broken pass must not break the request
             edits.append(Edit(spec.name, False, "all", f"pass failed, input kept: "
                               f"{type(e).__name__}: {str(e)[:200]}"))
             continue

@@ -82,9 +82,9 @@ def _anthropic_pairing(msgs: tuple[Message, ...], out: Violations) -> None:
 def _empties(prompt: Prompt, out: Violations) -> None:
     for m in (*prompt.system, *prompt.messages):
         has_calls = any(b.type == "tool_use" for b in m.blocks)
-        if m.role != "tool" and not has_calls:
-            if not m.blocks or (m.form == "string" and m.text == ""):
-                out[("empty_message", m.role)] += 1
+        if m.role != "tool" and not has_calls and (
+                not m.blocks or (m.form == "string" and m.text == "")):
+            out[("empty_message", m.role)] += 1
         if prompt.api == "anthropic" and m.form == "list":
             for b in m.blocks:
                 if b.type == "text" and b.raw.get("text") == "":

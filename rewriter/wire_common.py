@@ -8,9 +8,10 @@ and the passes simply see less of it.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from rewriter.ir import Block, ContentForm, Message, Prompt
+from rewriter.ir import Block, ContentForm, Prompt
 
 
 class UnmodelledShape(Exception):

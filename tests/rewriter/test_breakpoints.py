@@ -8,6 +8,7 @@ https://developers.openai.com/api/docs/guides/prompt-caching.
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -122,13 +123,13 @@ def test_consecutive_breakpoints_are_at_most_twenty_blocks_apart() -> None:
     idx = [i for i, (_, _, _, n) in enumerate(iter_blocks(wire.parse(out, "anthropic")))
            if n.cache_control is not None]
     assert len(idx) == 4
-    assert all(b - a <= rules.ANTHROPIC_LOOKBACK_BLOCKS for a, b in zip(idx[1:], idx[2:]))
+    assert all(b - a <= rules.ANTHROPIC_LOOKBACK_BLOCKS for a, b in pairwise(idx[1:]))
 
 
 def test_previous_turn_write_is_re_marked_when_it_falls_out_of_the_lookback() -> None:
     first = [{"role": "user", "content": "start " * 10}]
-    grown = first + sum(([{"role": "assistant", "content": f"a{i}"},
-                          {"role": "user", "content": f"u{i}"}] for i in range(15)), [])
+    grown = first + [m for i in range(15) for m in (
+        {"role": "assistant", "content": f"a{i}"}, {"role": "user", "content": f"u{i}"})]
     r1, r2 = replay([_body(msgs=first), _body(msgs=grown)], "anthropic", provider="anthropic")
     assert "messages[0].0" in [w for w, _ in _markers(r1.body)]
     assert "messages[0].0" in [w for w, _ in _markers(r2.body)]

@@ -95,7 +95,7 @@ def test_schema_keywords_sorted_but_argument_order_kept_by_default() -> None:
 def test_first_seen_order_is_kept_per_session_and_remembered() -> None:
     body = _b04(B04_TOOLS[::-1])
     first = rewrite_request(body, "openai", ctx(tool_order="first_seen"))
-    mem = [e.memory for e in first.edits if e.memory.get("tool_order")][0]
+    mem = next(e.memory for e in first.edits if e.memory.get("tool_order"))
     assert mem["tool_order"] == ["fs_read_tree", "gh_search"]
     seen = {"tool_order": ["gh_search", "fs_read_tree"]}
     again = rewrite_request(_b04(B04_TOOLS), "openai", ctx(session=seen, tool_order="first_seen"))
