@@ -7,9 +7,10 @@ Edits' ``memory`` field; the proxy writes them back after the request.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from config.schema import RewriteSettings
 from rewriter.tokens import TokenCounter, count_tokens
