@@ -161,9 +161,10 @@ def will_compact(prompt: Prompt, ctx: Context) -> bool:
 
 def _elidable(messages: Sequence[Message]) -> list[tuple[int, str]]:
     """``(message index, call id)`` of tool results that may be elided, oldest first: all but the
-    results of the newest assistant tool-call message."""
+    results of the newest assistant tool-call message when it is in the newest turn."""
     last_calls: set[str] = set()
-    for m in reversed(messages):
+    newest_turn = turn_starts(messages)[-1] if messages else 0
+    for m in reversed(messages[newest_turn:]):
         if m.role == "assistant" and any(b.type == "tool_use" for b in m.blocks):
             last_calls = {b.tool_id or "" for b in m.blocks if b.type == "tool_use"}
             break
