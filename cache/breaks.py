@@ -135,14 +135,17 @@ class BreakDetector:
         self._sessions.pop(session_id, None)
 
     def observe(self, session_id: str, body: dict[str, Any], count_tokens: TokenCounter,
-                api: Api | None = None) -> BreakRecord | None:
+                api: Api | None = None,
+                blocks: list[PrefixBlock] | None = None) -> BreakRecord | None:
         """Compare ``body`` (wire body as sent upstream) with the session's previous request.
 
         Returns a :class:`BreakRecord` when the prefix diverged, else ``None`` (first request,
         append-only growth, identical or truncated-at-the-end prefix). ``api`` defaults to
-        :func:`~cache.prefix_blocks.detect_api`. Raises ``TypeError`` on malformed messages.
+        :func:`~cache.prefix_blocks.detect_api`; ``blocks``: the body already flattened (saves
+        work). Raises ``TypeError`` on malformed messages.
         """
-        blocks = flatten(body, api or detect_api(body), count_tokens)
+        if blocks is None:
+            blocks = flatten(body, api or detect_api(body), count_tokens)
         model = str(body.get("model", ""))
         state = self._sessions.get(session_id)
         if state is None:

@@ -304,15 +304,28 @@ def cumulative_tokens(blocks: Sequence[PrefixBlock]) -> list[int]:
 
 
 def common_prefix_len(a: str, b: str) -> int:
-    """Length in characters of the longest common prefix of ``a`` and ``b``."""
-    n = min(len(a), len(b))
-    i = 0
-    step = 4096
-    while i + step <= n and a[i:i + step] == b[i:i + step]:
-        i += step
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    """Length in characters of the longest common prefix of ``a`` and ``b`` (binary search over
+    slice comparisons, so long texts cost O(n log n) in C)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def common_suffix_len(a: str, b: str, limit: int | None = None) -> int:
+    """Length of the longest common suffix of ``a`` and ``b``, at most ``limit`` characters."""
+    lo, hi = 0, min(len(a), len(b), limit if limit is not None else len(a))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[len(a) - mid:] == b[len(b) - mid:]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def partial_tokens(block: PrefixBlock, other_text: str) -> int:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from cache.prefix_blocks import common_prefix_len, common_suffix_len
+
 _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("uuid", re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
                         r"[0-9a-fA-F]{12}\b")),
@@ -59,13 +61,8 @@ DIFF_MARGIN = 48
 
 def _diff_window(before: str, after: str) -> tuple[str, str]:
     """The differing middle of two texts plus ``DIFF_MARGIN`` characters of context each side."""
-    n = min(len(before), len(after))
-    p = 0
-    while p < n and before[p] == after[p]:
-        p += 1
-    s = 0
-    while s < n - p and before[-1 - s] == after[-1 - s]:
-        s += 1
+    p = common_prefix_len(before, after)
+    s = common_suffix_len(before, after, min(len(before), len(after)) - p)
     lo = max(0, p - DIFF_MARGIN)
     return (before[lo:len(before) - max(0, s - DIFF_MARGIN)],
             after[lo:len(after) - max(0, s - DIFF_MARGIN)])

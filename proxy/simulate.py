@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 from cache.breaks import BreakDetector, BreakRecord, count_by_kind
 from cache.cost import Cost, price_outcome, price_without_cache
-from cache.prefix_blocks import TokenCounter, memo_counter
+from cache.prefix_blocks import TokenCounter, flatten, memo_counter
 from cache.provider_models import CacheOutcome, make_model
 from config.schema import RewriteSettings
 from proxy.sim_trace import SimRun, openai_body, output_text, to_anthropic
@@ -244,12 +244,13 @@ class Simulator:
         for t, r, k in events:
             run = runs[r]
             wire = self._apply(strategy, client_body(run, k, t, self.cfg), states[r], totals)
-            outcome = model.process(wire, t)
+            blocks = flatten(wire, self.cfg.api, self.count)  # type: ignore[arg-type]
+            outcome = model.process(wire, t, blocks)
             out_tokens = self.count(output_text(run.requests[k].output))
             totals.add(outcome, out_tokens,
                        price_outcome(outcome, self.cfg.model_id, out_tokens),
                        price_without_cache(outcome.input_tokens, self.cfg.model_id, out_tokens))
-            rec = detector.observe(run.run_id, wire, self.count, self.cfg.api)  # type: ignore[arg-type]
+            rec = detector.observe(run.run_id, wire, self.count, blocks=blocks)
             if rec is not None:
                 totals.breaks.append(rec)
         return totals

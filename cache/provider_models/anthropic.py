@@ -124,12 +124,15 @@ class AnthropicCacheModel:
             return None
         return entry
 
-    def process(self, body: dict[str, Any], now_s: float) -> CacheOutcome:
+    def process(self, body: dict[str, Any], now_s: float,
+                blocks: list[PrefixBlock] | None = None) -> CacheOutcome:
         """Account one Messages request at ``now_s`` seconds; see the module rules.
 
-        Returns a :class:`CacheOutcome` (tokens). Raises :class:`CacheRuleError` like the API.
+        ``blocks``: ``anthropic_blocks(body, ...)`` when the caller already has them. Returns a
+        :class:`CacheOutcome` (tokens). Raises :class:`CacheRuleError` like the API.
         """
-        blocks = anthropic_blocks(body, self._count)
+        if blocks is None:
+            blocks = anthropic_blocks(body, self._count)
         total = sum(b.tokens for b in blocks)
         marks = breakpoints(body, blocks)
         if not marks:

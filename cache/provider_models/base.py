@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from cache.prefix_blocks import PrefixBlock
+
 
 class CacheRuleError(ValueError):
     """A request the provider would reject for caching reasons (e.g. more than 4 Anthropic
@@ -70,7 +72,10 @@ class CacheModel(Protocol):
 
     provider: str
 
-    def process(self, body: dict[str, Any], now_s: float) -> CacheOutcome:
+    def process(self, body: dict[str, Any], now_s: float,
+                blocks: "list[PrefixBlock] | None" = None) -> CacheOutcome:
         """Account one request sent at simulated time ``now_s`` (seconds, monotonic) and update
-        the cache state. Raises :class:`CacheRuleError` for requests the provider rejects."""
+        the cache state. ``blocks``: the body already flattened by
+        :func:`cache.prefix_blocks.flatten` for the provider's API (optional, saves work).
+        Raises :class:`CacheRuleError` for requests the provider rejects."""
         ...

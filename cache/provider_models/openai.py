@@ -117,9 +117,12 @@ class OpenAICacheModel:
             self._machines[machine] = trie
         return trie
 
-    def process(self, body: dict[str, Any], now_s: float) -> CacheOutcome:
-        """Account one Chat Completions request at ``now_s`` seconds (see module rules)."""
-        blocks = openai_blocks(body, self._count)
+    def process(self, body: dict[str, Any], now_s: float,
+                blocks: list[PrefixBlock] | None = None) -> CacheOutcome:
+        """Account one Chat Completions request at ``now_s`` seconds (see module rules);
+        ``blocks``: ``openai_blocks(body, ...)`` when the caller already has them."""
+        if blocks is None:
+            blocks = openai_blocks(body, self._count)
         total = sum(b.tokens for b in blocks)
         key = body.get("prompt_cache_key")
         route = routing_prefix_hash(blocks, str(body.get("model", "")),

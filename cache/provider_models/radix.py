@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cache.prefix_blocks import TokenCounter, detect_api, flatten, memo_counter
+from cache.prefix_blocks import PrefixBlock, TokenCounter, detect_api, flatten, memo_counter
 from cache.provider_models.base import CacheOutcome
 from cache.provider_models.block_trie import BlockTrie
 
@@ -41,9 +41,12 @@ class RadixCacheModel:
         self.page_size = page_size
         self.trie = BlockTrie()
 
-    def process(self, body: dict[str, Any], now_s: float) -> CacheOutcome:
-        """Account one request at ``now_s`` seconds; returns reads / uncached tokens."""
-        blocks = flatten(body, detect_api(body), self._count)
+    def process(self, body: dict[str, Any], now_s: float,
+                blocks: list[PrefixBlock] | None = None) -> CacheOutcome:
+        """Account one request at ``now_s`` seconds; returns reads / uncached tokens.
+        ``blocks``: the body's flattened blocks when the caller already has them."""
+        if blocks is None:
+            blocks = flatten(body, detect_api(body), self._count)
         total = sum(b.tokens for b in blocks)
         matched = self.trie.match(blocks, now_s).tokens
         cached = (min(matched, max(0, total - 1)) // self.page_size) * self.page_size
