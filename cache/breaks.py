@@ -191,8 +191,8 @@ class BreakDetector:
         if pb.region == cb.region:
             vk = kinds_in_diff(pb.text, cb.text)
             if vk:
-                return "volatile_span", f"{cb.region}[{cb.index}] differs only in " \
-                    f"{', '.join(vk)}", vk
+                detail = f"{cb.region}[{cb.index}] differs only in {', '.join(vk)}"
+                return "volatile_span", detail, vk
         if "tools" in (pb.region, cb.region):
             pt, ct = _region(prev, "tools"), _region(cur, "tools")
             if Counter(b.sha256 for b in pt) == Counter(b.sha256 for b in ct):
@@ -210,8 +210,8 @@ class BreakDetector:
         if region == "system" or pb.region == "system":
             return "system_edit", f"system block {cb.index} changed", []
         if len(cr) < len(pr) and {b.sha256 for b in cr} <= {b.sha256 for b in pr}:
-            return "history_edit", f"{len(pr) - len(cr)} history blocks removed from " \
-                f"message {pb.index} on", []
+            n_gone = len(pr) - len(cr)
+            return "history_edit", f"{n_gone} history blocks removed from message {pb.index} on", []
         return "history_edit", f"message {pb.index} ({pb.role}) block {pb.sub} changed", []
 
 

@@ -36,7 +36,7 @@ class Cost:
         """Prompt plus output."""
         return self.input_usd + self.output_usd
 
-    def __add__(self, other: "Cost") -> "Cost":
+    def __add__(self, other: Cost) -> Cost:
         return Cost(self.uncached_usd + other.uncached_usd,
                     self.cached_read_usd + other.cached_read_usd,
                     self.cache_write_usd + other.cache_write_usd,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -37,7 +37,7 @@ def _table(fig: dict[str, Any]) -> str:
 
 
 def simulate(
-    trace: Path = typer.Argument(..., help="tau-bench .json trace or SWE-agent .traj"),
+    trace: Path = typer.Argument(..., help="tau-bench .json trace or SWE-agent .traj"),  # noqa: B008
     provider: str = typer.Option("anthropic", help="anthropic | openai | radix"),
     strategy: str = typer.Option("all", help="none | positional | prefixgate | all"),
     volatile_clock: bool = typer.Option(
@@ -45,9 +45,9 @@ def simulate(
         "system prompt's 'The current time is ...' line"),
     clock_resolution: int = typer.Option(
         1, min=1, help="seconds the volatile clock is floored to (60 = minute resolution)"),
-    runs: Optional[int] = typer.Option(None, help="replay only the first N runs"),
-    model: Optional[str] = typer.Option(None, help="model id (default per provider)"),
-    tools: Optional[Path] = typer.Option(None, help="tools JSON for tau-bench traces"),
+    runs: int | None = typer.Option(None, help="replay only the first N runs"),
+    model: str | None = typer.Option(None, help="model id (default per provider)"),
+    tools: Path | None = typer.Option(None, help="tools JSON for tau-bench traces"),  # noqa: B008
     seed: int = typer.Option(0, help="seed of the request spacing"),
     concurrency: int = typer.Option(1, min=1, help="runs in flight at once"),
     as_json: bool = typer.Option(False, "--json", help="print the figures as JSON"),

@@ -21,10 +21,11 @@ from __future__ import annotations
 import random
 import re
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from cache.breaks import BreakDetector, BreakRecord, count_by_kind
 from cache.cost import Cost, price_outcome, price_without_cache
@@ -209,7 +210,7 @@ class Simulator:
                  settings: RewriteSettings | None = None) -> None:
         self.cfg = cfg
         self.count = memo_counter(count_tokens or default_counter)
-        self.settings = settings or RewriteSettings()
+        self.settings = settings or RewriteSettings.model_validate({})
 
     def _apply(self, strategy: str, body: dict[str, Any], state: _RunState,
                totals: _Totals) -> dict[str, Any]:
@@ -224,7 +225,7 @@ class Simulator:
             t0 = time.perf_counter()
             try:
                 result = rewrite_request(body, self.cfg.api, ctx)  # type: ignore[arg-type]
-            except Exception as e:  # a broken rewriter must show up in the figures
+            except Exception as e:  # noqa: BLE001 - a broken rewriter must show in the figures
                 totals.rewrite_errors += 1
                 totals.first_error = totals.first_error or f"{type(e).__name__}: {e}"[:300]
                 return body

@@ -29,5 +29,13 @@ def make_model(provider: str, count_tokens: TokenCounter) -> CacheModel:
     raise ValueError(f"unknown provider {provider!r}; expected one of {PROVIDERS}")
 
 
-__all__ = ["AnthropicCacheModel", "CacheModel", "CacheOutcome", "CacheRuleError",
-           "OpenAICacheModel", "RadixCacheModel", "PROVIDERS", "make_model"]
+__all__ = [
+    "PROVIDERS",
+    "AnthropicCacheModel",
+    "CacheModel",
+    "CacheOutcome",
+    "CacheRuleError",
+    "OpenAICacheModel",
+    "RadixCacheModel",
+    "make_model",
+]

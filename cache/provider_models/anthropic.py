@@ -164,13 +164,13 @@ class AnthropicCacheModel:
         for pos, ttl in marks:
             if cum[pos] < floor:
                 continue
-            entry = self._live(hashes[pos], now_s)
-            if entry is None:
+            live = self._live(hashes[pos], now_s)
+            if live is None:
                 self._entries[hashes[pos]] = _Entry(ttl, now_s + ANTHROPIC_TTL_S[ttl])
             else:
-                if ANTHROPIC_TTL_S[ttl] > ANTHROPIC_TTL_S[entry.ttl]:
-                    entry.ttl = ttl
-                entry.expires_at = max(entry.expires_at, now_s + ANTHROPIC_TTL_S[entry.ttl])
+                if ANTHROPIC_TTL_S[ttl] > ANTHROPIC_TTL_S[live.ttl]:
+                    live.ttl = ttl
+                live.expires_at = max(live.expires_at, now_s + ANTHROPIC_TTL_S[live.ttl])
             if pos > hit:
                 write_end = max(write_end, cum[pos])
                 if ttl == "1h":

@@ -73,7 +73,7 @@ class CacheModel(Protocol):
     provider: str
 
     def process(self, body: dict[str, Any], now_s: float,
-                blocks: "list[PrefixBlock] | None" = None) -> CacheOutcome:
+                blocks: list[PrefixBlock] | None = None) -> CacheOutcome:
         """Account one request sent at simulated time ``now_s`` (seconds, monotonic) and update
         the cache state. ``blocks``: the body already flattened by
         :func:`cache.prefix_blocks.flatten` for the provider's API (optional, saves work).

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from cache.prefix_blocks import PrefixBlock, partial_tokens
 
@@ -26,10 +26,10 @@ class _Node:
     key: str
     text: str
     tokens: int
-    parent: "_Node | None"
+    parent: _Node | None
     created: float
     last_access: float
-    children: dict[str, "_Node"] = field(default_factory=dict)
+    children: dict[str, _Node] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -59,7 +60,7 @@ def test_schedule_is_seeded_and_spaced_10_to_30_seconds(runs) -> None:  # type: 
     ev = schedule(runs, cfg)
     assert ev == schedule(runs, cfg)
     assert len(ev) == sum(len(r.requests) for r in runs)
-    for (t1, r1, k1), (t2, r2, k2) in zip(ev, ev[1:]):
+    for (t1, r1, k1), (t2, r2, k2) in itertools.pairwise(ev):
         assert t2 > t1
         if r1 == r2:
             assert k2 == k1 + 1 and 10.0 <= t2 - t1 <= 30.0
@@ -78,7 +79,7 @@ def test_anthropic_client_bodies_alternate_roles_and_pair_tool_results(runs) -> 
     body = to_anthropic("claude-sonnet-4-5", run.tools, req.messages)
     assert isinstance(body["system"], str) and body["system"].startswith("# Airline Agent Policy")
     roles = [m["role"] for m in body["messages"]]
-    assert roles[0] == "user" and all(a != b for a, b in zip(roles, roles[1:]))
+    assert roles[0] == "user" and all(a != b for a, b in itertools.pairwise(roles))
     msgs = body["messages"]
     for i, m in enumerate(msgs):
         uses = [b["id"] for b in m["content"] if b["type"] == "tool_use"]
