@@ -3,6 +3,8 @@
 - Session id: the client's ``x-prefixgate-session`` header, else
   ``sha256(key hash | first system text hash | first user message hash)`` — stable for one
   agent conversation, different across users (the proxy-facing key is hashed, never stored).
+  Digits in the system text are masked before hashing, so a clock or request id in the system
+  prompt (case B03) does not start a new session every minute.
 - ``x-prefixgate-rewrite: off`` (or ``false`` / ``0``) turns rewriting off for that request;
   so does ``policy.rewrite.enabled: false``.
 - The pipeline is :func:`rewriter.pipeline.rewrite_request` (injectable for tests). If it raises,
@@ -18,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +35,7 @@ log = logging.getLogger("prefixgate.rewrite")
 RewriteFn = Callable[[dict[str, Any], str, Context], RewriteResult]
 
 SESSION_HEADER = "x-prefixgate-session"
+_DIGITS = re.compile(r"[0-9]")
 OPT_OUT_HEADER = "x-prefixgate-rewrite"
 
 
@@ -71,6 +75,7 @@ def session_id_for(headers: Mapping[str, str], body: dict[str, Any]) -> str:
                        if isinstance(m, dict) and m.get("role") in ("system", "developer")), "")
     first_user = next((_text_of(m.get("content")) for m in msgs
                        if isinstance(m, dict) and m.get("role") == "user"), "")
+    system = _DIGITS.sub("0", system)
     return "auto-" + _h("|".join((_h(key), _h(system), _h(first_user))))
 
 

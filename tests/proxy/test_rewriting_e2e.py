@@ -1,0 +1,133 @@
+"""Rewriting through the proxy with the real pipeline (cases B03, B04), the opt-out header,
+lossless forwarding and session memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.rewriting import default_rewrite_fn, session_id_for
+from tests.proxy.upstream import Script, completion
+
+RULES = "Follow the airline policy. Be brief. Verify the user id first. " * 40
+
+
+def post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> httpx.Response:
+    return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+
+
+@pytest.fixture
+def rewriting(rig_factory: Any) -> Any:
+    fn = default_rewrite_fn()
+    assert fn is not None, "rewriter.pipeline must be importable"
+    rig = rig_factory(rewrite_fn=fn)
+    rig.upstream.script = Script(body=completion())
+    return rig
+
+
+def turns() -> list[dict[str, Any]]:
+    return [
+        {"model": "m", "messages": [
+            {"role": "system", "content": f"You are Helper. Now: 2025-03-04 10:15. {RULES}"},
+            {"role": "user", "content": "Q1"}]},
+        {"model": "m", "messages": [
+            {"role": "system", "content": f"You are Helper. Now: 2025-03-04 10:16. {RULES}"},
+            {"role": "user", "content": "Q1"}, {"role": "assistant", "content": "A1"},
+            {"role": "user", "content": "Q2"}]},
+    ]
+
+
+def test_b03_timestamp_is_hoisted_so_the_upstream_prefix_is_byte_stable(rewriting: Any) -> None:
+    h = {"x-prefixgate-session": "b03"}
+    r1, r2 = (post(rewriting.url, t, h) for t in turns())
+    assert "hoist_volatile" in r1.headers["x-prefixgate-edits"]
+    s1, s2 = (s.json for s in rewriting.upstream.seen)
+    assert s1["messages"][0] == s2["messages"][0]  # system byte-stable across the minute
+    assert "2025-03-04 10:16" in str(s2["messages"][-1]["content"])  # the information kept
+    assert "10:15" not in str(s2)
+
+
+def test_b03_with_the_opt_out_header_the_body_is_forwarded_unchanged(rewriting: Any) -> None:
+    h = {"x-prefixgate-rewrite": "off"}
+    bodies = turns()
+    for b in bodies:
+        r = post(rewriting.url, b, h)
+        assert r.headers["x-prefixgate-edits"] == "off"
+    assert [s.json for s in rewriting.upstream.seen] == bodies
+    assert [r["rewrite"] for r in rewriting.ledger.rows()] == [0, 0]
+
+
+def test_b04_swapped_tool_order_gives_the_same_upstream_tools_block(rewriting: Any) -> None:
+    fs = {"type": "function", "function": {"name": "fs_read_tree", "parameters": {
+        "type": "object", "properties": {}}}}
+    gh = {"type": "function", "function": {"name": "gh_search", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string"}}}}}
+    msgs = [{"role": "user", "content": "list repo"}]
+    post(rewriting.url, {"model": "m", "tools": [gh, fs], "messages": msgs})
+    post(rewriting.url, {"model": "m", "tools": [fs, gh], "messages": msgs})
+    a, b = rewriting.upstream.seen
+    tools_a = a.raw[a.raw.index(b'"tools"'):]
+    assert a.json["tools"] == b.json["tools"]
+    assert [t["function"]["name"] for t in a.json["tools"]] == ["fs_read_tree", "gh_search"]
+    assert tools_a  # the serialized tools block exists in the raw bytes
+
+
+def test_no_pass_applies_then_the_original_bytes_go_upstream(rig_factory: Any) -> None:
+    rig = rig_factory(rewrite_fn=default_rewrite_fn())
+    rig.upstream.script = Script(body=completion())
+    raw = (b'{"zeta": 1, "model": "m", "messages": [{"role": "user", "content": "plain"}],'
+           b' "alpha": {"b": 2, "a": 1}, "temperature": 0.50}')
+    r = httpx.post(rig.url + "/v1/chat/completions", content=raw, timeout=30,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 200
+    assert rig.upstream.seen[-1].raw == raw
+
+
+def test_non_stream_response_carries_edits_and_cached_tokens_headers(rewriting: Any) -> None:
+    r = post(rewriting.url, turns()[0])
+    assert r.headers["x-prefixgate-cached-tokens"] == "4"
+    assert r.headers["x-prefixgate-tokens-pruned"] == "0"
+    assert r.json() == completion()
+
+
+def test_pipeline_failure_fails_open(rig_factory: Any) -> None:
+    def broken(body: Any, api: str, ctx: Any) -> Any:
+        raise RuntimeError("boom")
+
+    rig = rig_factory(rewrite_fn=broken)
+    rig.upstream.script = Script(body=completion())
+    body = turns()[0]
+    r = post(rig.url, body)
+    assert r.status_code == 200 and r.headers["x-prefixgate-edits"] == "rewrite_failed"
+    assert rig.upstream.seen[-1].json == body
+
+
+def test_session_memory_from_edits_is_merged_and_read_back(rig_factory: Any) -> None:
+    from rewriter.types import Edit, RewriteResult
+
+    views: list[dict[str, Any]] = []
+
+    def remembering(body: Any, api: str, ctx: Any) -> RewriteResult:
+        views.append(dict(ctx.session))
+        n = ctx.session.get("n", 0)
+        return RewriteResult(body, [Edit("count", False, "params", "x", memory={"n": n + 1})])
+
+    rig = rig_factory(rewrite_fn=remembering)
+    rig.upstream.script = Script(body=completion())
+    for _ in range(3):
+        post(rig.url, turns()[0], {"x-prefixgate-session": "s1"})
+    post(rig.url, turns()[0], {"x-prefixgate-session": "s2"})
+    assert views == [{}, {"n": 1}, {"n": 2}, {}]
+
+
+def test_session_id_is_stable_per_conversation_and_differs_across_keys() -> None:
+    t1, t2 = turns()
+    h = {"authorization": "Bearer k1"}
+    assert session_id_for(h, t1) == session_id_for(h, t2)  # only the clock differs
+    other = {**t2, "messages": [{"role": "system", "content": "Another agent"}]
+             + t2["messages"][1:]}
+    assert session_id_for(h, t1) != session_id_for(h, other)
+    assert session_id_for({"authorization": "Bearer k2"}, t1) != session_id_for(h, t1)
+    assert session_id_for({"x-prefixgate-session": "abc"}, t1) == "abc"
