@@ -113,13 +113,17 @@ def _markable(u: Unit) -> bool:
 
 
 def _is_volatile(u: Unit) -> bool:
+    """Flagged by a pass (the hoisted note), or a system block still holding a clock / id.
+
+    Tool definitions are not scanned: they come from code, and a date in a description is
+    nearly always an example; a tool that really changes is reported by ``hoist_volatile``.
+    """
     n = u.node
-    if isinstance(n, Block) and n.volatile:
+    if isinstance(n, Tool):
+        return False
+    if n.volatile:
         return True
-    if u.region in ("tools", "system"):
-        text = n.description if isinstance(n, Tool) else n.text
-        return bool(find_spans(text))
-    return False
+    return u.region == "system" and bool(find_spans(n.text))
 
 
 def _markable_at_or_before(units: list[Unit], i: int, lo: int) -> int | None:

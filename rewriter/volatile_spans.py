@@ -18,6 +18,9 @@ Patterns (each a named regex; the span is group ``v`` when present, else the who
 * ``uuid`` — RFC 4122 textual UUIDs.
 * ``labelled_id`` — an id of ≥16 ``[A-Za-z0-9_-]`` characters with a digit, after a label such
   as *request id*, *session_id*, *trace-id*, *correlation id*, *nonce*.
+
+Spans introduced as examples (``e.g.``, ``for example``, ``format``, ``such as``, ``like``
+right before them) are not volatile: they are documentation, identical on every request.
 """
 
 from __future__ import annotations
@@ -70,13 +73,21 @@ def find_spans(text: str) -> list[Span]:
     return list(_find_spans(text)) if text else []
 
 
+_EXAMPLE = re.compile(r"(?i:e\.g\.|i\.e\.|example|for instance|format|such as|like)\W*\S*\W*$")
+"""Text right before a span that marks it as an example value, not a live reading."""
+
+
+def _is_example(text: str, start: int) -> bool:
+    return bool(_EXAMPLE.search(text[max(0, start - 30):start]))
+
+
 @lru_cache(maxsize=512)
 def _find_spans(text: str) -> tuple[Span, ...]:
     found: list[Span] = []
     for kind, rx in DETECTORS:
         for m in rx.finditer(text):
             s, e = (m.span("v") if "v" in rx.groupindex else m.span())
-            if e > s:
+            if e > s and not _is_example(text, m.start()):
                 found.append(Span(kind, s, e))
     found.sort(key=lambda sp: (sp.start, -(sp.end - sp.start)))
     out: list[Span] = []

@@ -126,3 +126,12 @@ def test_changed_tool_definition_is_reported_not_edited() -> None:
     r = replay([body("v1"), body("v2")], "openai")
     assert r[1].body["tools"][0]["function"]["description"] == "v2"
     assert any(e.region == "tools" and "changed" in e.detail for e in r[1].edits)
+
+
+def test_example_values_in_instructions_are_not_treated_as_volatile() -> None:
+    assert find_spans("Dates use ISO format, e.g. 2024-01-01T00:00:00Z.") == []
+    assert find_spans("Timestamps look like 2024-01-01 10:00 in logs.") == []
+    body = {"model": "m", "messages": [
+        {"role": "system", "content": "Reply with times such as 2024-01-01 10:00 only."},
+        {"role": "user", "content": "hi"}]}
+    assert rewrite_request(body, "openai", ctx()).body is body
