@@ -45,6 +45,10 @@ from config.cache_rules import (
 )
 
 
+#: Expired entries are purged every this many requests (memory bound for long-running proxies).
+SWEEP_EVERY = 256
+
+
 @dataclass
 class _Entry:
     ttl: str
@@ -111,9 +115,18 @@ class AnthropicCacheModel:
         self._min_tokens = min_tokens
         self._lookback = lookback_blocks
         self._entries: dict[str, _Entry] = {}
+        self._requests = 0
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def sweep(self, now_s: float) -> int:
+        """Forget expired entries (a long-running proxy would otherwise keep them); returns how
+        many were dropped. Called every ``SWEEP_EVERY`` requests."""
+        dead = [k for k, e in self._entries.items() if now_s >= e.expires_at]
+        for k in dead:
+            del self._entries[k]
+        return len(dead)
 
     def _live(self, key: str, now_s: float) -> _Entry | None:
         entry = self._entries.get(key)
@@ -133,6 +146,9 @@ class AnthropicCacheModel:
         """
         if blocks is None:
             blocks = anthropic_blocks(body, self._count)
+        self._requests += 1
+        if self._requests % SWEEP_EVERY == 0:
+            self.sweep(now_s)
         total = sum(b.tokens for b in blocks)
         marks = breakpoints(body, blocks)
         if not marks:

@@ -152,6 +152,20 @@ class BlockTrie:
                 heapq.heappush(heap, (parent.last_access, next(self._tick), parent))
         return evicted
 
+    def expire_all(self, now_s: float) -> int:
+        """Remove every expired node (lazy expiry only sees walked paths); returns tokens
+        removed. A child is never fresher than its parent, so whole subtrees go at once."""
+        before = self.total_tokens
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            for child in list(node.children.values()):
+                if self._expired(child, now_s):
+                    self._drop(child)
+                else:
+                    stack.append(child)
+        return before - self.total_tokens
+
     def node_count(self) -> int:
         """Number of stored nodes (root excluded)."""
         count = 0

@@ -75,6 +75,10 @@ def routing_prefix_hash(blocks: list[PrefixBlock], model: str, key: str | None,
     return h.hexdigest()[:16]
 
 
+#: Expired prefixes are purged every this many requests.
+SWEEP_EVERY = 256
+
+
 class OpenAICacheModel:
     """One organization's view of OpenAI's prompt caches across machines.
 
@@ -93,11 +97,25 @@ class OpenAICacheModel:
         self._overflow_rpm = overflow_rpm
         self._machines: dict[str, BlockTrie] = {}
         self._recent: dict[str, deque[float]] = {}
+        self._requests = 0
 
     @property
     def machine_count(self) -> int:
         """Number of (routing key, overflow slot, retention) caches created so far."""
         return len(self._machines)
+
+    def sweep(self, now_s: float) -> None:
+        """Drop expired prefixes, empty machines and stale rate windows (memory bound for a
+        long-running proxy). Called every ``SWEEP_EVERY`` requests."""
+        for name in list(self._machines):
+            trie = self._machines[name]
+            trie.expire_all(now_s)
+            if trie.total_tokens == 0:
+                del self._machines[name]
+        for route in list(self._recent):
+            window = self._recent[route]
+            if not window or now_s - window[-1] >= 60.0:
+                del self._recent[route]
 
     def _slot(self, route: str, now_s: float) -> int:
         window = self._recent.setdefault(route, deque())
@@ -123,6 +141,9 @@ class OpenAICacheModel:
         ``blocks``: ``openai_blocks(body, ...)`` when the caller already has them."""
         if blocks is None:
             blocks = openai_blocks(body, self._count)
+        self._requests += 1
+        if self._requests % SWEEP_EVERY == 0:
+            self.sweep(now_s)
         total = sum(b.tokens for b in blocks)
         key = body.get("prompt_cache_key")
         route = routing_prefix_hash(blocks, str(body.get("model", "")),

@@ -168,3 +168,11 @@ def test_caches_are_per_model() -> None:
     m = _model()
     m.process(_chat(1500, model="claude-sonnet-4-5"), 0.0)
     assert m.process(_chat(1500, model="claude-opus-4-1"), 1.0).cached_read_tokens == 0
+
+
+def test_sweep_drops_only_expired_entries() -> None:
+    m = _model()
+    m.process(_chat(1500, "a"), 0.0)
+    m.process(_chat(1600, "b", sys_ttl="1h"), 0.0)
+    assert len(m) == 2
+    assert m.sweep(400.0) == 1 and len(m) == 1     # the 5m entry is gone, the 1h one stays

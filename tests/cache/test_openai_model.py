@@ -86,3 +86,12 @@ def test_cached_tokens_priced_at_cached_input_rate() -> None:
     assert cost.cached_read_usd == out.cached_read_tokens * 1.25 / 1e6
     assert cost.uncached_usd == out.uncached_tokens * 2.50 / 1e6
     assert cost.cache_write_usd == 0
+
+
+def test_sweep_forgets_expired_machines_so_memory_stays_bounded() -> None:
+    m = OpenAICacheModel(wc)
+    for i in range(5):
+        m.process(_body(1100 + i * 200, f"tenant {i}"), float(i))
+    assert m.machine_count >= 1
+    m.sweep(10_000.0)
+    assert m.machine_count == 0
