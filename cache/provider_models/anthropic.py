@@ -44,7 +44,6 @@ from config.cache_rules import (
     min_cacheable_tokens,
 )
 
-
 #: Expired entries are purged every this many requests (memory bound for long-running proxies).
 SWEEP_EVERY = 256
 
