@@ -6,12 +6,13 @@ import json
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rewriter import wire
 from rewriter.ir import Api, Message, iter_blocks, tool_result_ids, tool_use_ids
 from rewriter.pipeline import rewrite_request
 from rewriter.validate import introduced
-from tests.rewriter.helpers import ctx
+from tests.rewriter.helpers import ctx, replay
 from tests.rewriter.strategies import anthropic_requests, openai_requests
 
 PROPS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -81,3 +82,35 @@ def test_anthropic_stable_prefix_survives_a_clock_change(body: dict[str, Any]) -
     assert a.stable_prefix_hash == b.stable_prefix_hash
     assert json.dumps(a.body["system"]) == json.dumps(b.body["system"])
     assert CLOCK_B in json.dumps(b.body["messages"][-1])
+
+
+@PROPS
+@given(anthropic_requests(clock=CLOCK_A))
+def test_with_pruning_on_requests_stay_valid_and_deterministic(body: dict[str, Any]) -> None:
+    c = ctx("anthropic", prune_history=True, history_high_watermark_tokens=30,
+            history_low_watermark_tokens=10, prune_tools=True, prune_tools_min_catalog=2)
+    out = rewrite_request(body, "anthropic", c)
+    before, after = wire.parse(body, "anthropic"), wire.parse(out.body, "anthropic")
+    assert introduced(before, after) == []
+    assert json.dumps(rewrite_request(body, "anthropic", c).body) == json.dumps(out.body)
+    used = {b.tool_name for m in after.messages for b in m.blocks if b.type == "tool_use"}
+    assert used <= {t.name for t in after.tools or ()}
+
+
+@PROPS
+@given(st.integers(0, 30), st.lists(st.text("abcdefgh0123", min_size=3, max_size=8),
+                                    min_size=3, max_size=6, unique=True))
+def test_a_line_that_keeps_changing_is_learned_and_leaves_the_prefix(
+        line: int, values: list[str]) -> None:
+    rules = [f"Rule {i}: keep answers short and factual." for i in range(31)]
+
+    def body(v: str) -> dict[str, Any]:
+        lines = list(rules)
+        lines[line] = f"Live counter: {v}"
+        return {"model": "m", "messages": [{"role": "system", "content": "\n".join(lines)},
+                                           {"role": "user", "content": "hi"}]}
+    results = replay([body(v) for v in values], "openai")
+    assert len({r.stable_prefix_hash for r in results[1:]}) == 1
+    for r, v in zip(results[1:], values[1:]):
+        assert f"Live counter: {v}" in r.body["messages"][-1]["content"]
+        assert "Live counter" not in r.body["messages"][0]["content"]
