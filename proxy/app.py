@@ -8,7 +8,8 @@ it::
     passes   proxy.rewriting   session id, opt-out header, rewriter pipeline      (fail-open)
     send     proxy.relay       allowlisted headers + backend key, shared client   (502 / 504)
     relay    proxy.relay       SSE event by event, or the JSON body; TTFT / TPOT timed
-    record   cache.ledger      one row per request, metrics, session memory merged
+    record   cache.ledger      one row per request, metrics, session memory merged,
+             proxy.insight     cache breaks + counterfactual cached tokens (after the answer)
 
 Endpoints: ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic; to an
 OpenAI-compatible backend through :mod:`proxy.bridge_anthropic`), ``GET /v1/models``,
@@ -20,7 +21,7 @@ summary, or ``off``), ``x-prefixgate-tokens-pruned``, and on non-streamed answer
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ from proxy import bridge_anthropic as bridge
 from proxy import wire
 from proxy.errors import Api, ProxyError, api_for_path, error_response
 from proxy.headers import downstream_headers, upstream_headers
+from proxy.insight import Insight
 from proxy.metrics import ProxyMetrics
 from proxy.relay import SSE_HEADERS, SSEResponse, Timing, Upstream, relay_events
 from proxy.rewriting import (RewriteFn, default_rewrite_fn, rewrite_wanted, run_rewrite,
@@ -58,6 +60,7 @@ class ProxyState:
     rewrite_fn: RewriteFn | None
     upstream: Upstream
     metrics: ProxyMetrics
+    insight: Insight | None
 
     def record(self, row: LedgerRow) -> None:
         """Write the row and count it; never raises (a ledger failure must not fail a request)."""
@@ -73,8 +76,11 @@ class ProxyState:
 
 
 def _finish(state: ProxyState, row: LedgerRow, timing: Timing, usage: Usage, status: str,
-            memory: dict[str, Any], session_id: str, deltas: int = 0) -> None:
-    """Fill the row's usage and timing, merge session memory, record. Called once."""
+            memory: dict[str, Any], session_id: str, deltas: int = 0,
+            analyze: Callable[[], tuple[int | None, dict[str, Any] | None]] | None = None
+            ) -> None:
+    """Fill the row's usage and timing, merge session memory, run the break / counterfactual
+    analysis (``analyze``), record. Called once per request."""
     row.status = status
     row.prompt_tokens, row.cached_tokens = usage.prompt_tokens, usage.cached_tokens
     row.cache_write_tokens = usage.cache_write_tokens
@@ -88,6 +94,13 @@ def _finish(state: ProxyState, row: LedgerRow, timing: Timing, usage: Usage, sta
             state.sessions.merge(session_id, memory)
         except Exception:
             log.exception("session memory merge failed")
+    if analyze is not None:
+        row.cf_cached_tokens, brk = analyze()
+        if brk is not None:
+            try:
+                state.ledger.write_break(row.session, brk)
+            except Exception:
+                log.exception("break record write failed")
     state.record(row)
 
 
@@ -135,6 +148,13 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
         return Response(err, status_code=resp.status_code, headers=ours,
                         media_type=resp.headers.get("content-type", "application/json"))
 
+    def analyze() -> tuple[int | None, dict[str, Any] | None]:
+        if state.insight is None:
+            return None, None
+        return state.insight.observe(session=row.session, backend=target.backend_name,
+                                     provider=target.provider, api=api, model=row.model,
+                                     original=body, sent=rw.body)
+
     # 5. relay
     out_headers = {**downstream_headers(resp.headers), **ours}
     if row.stream:
@@ -143,7 +163,7 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
 
         def on_end(status: str) -> None:
             _finish(state, row, timing, watcher.usage, status, rw.memory, session_id,
-                    watcher.deltas)
+                    watcher.deltas, analyze)
 
         return SSEResponse(relay_events(resp, watcher, timing, on_end, mapper),
                            headers={**out_headers, **SSE_HEADERS})
@@ -161,7 +181,7 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
         content = orjson.dumps(bridge.response_to_anthropic(orjson.loads(content), row.model))
     timing.end = timing.start + timing.total_ms() / 1e3
     # 6. record
-    _finish(state, row, timing, usage, "ok", rw.memory, session_id)
+    _finish(state, row, timing, usage, "ok", rw.memory, session_id, analyze=analyze)
     if usage.cached_tokens is not None:
         out_headers["x-prefixgate-cached-tokens"] = str(usage.cached_tokens)
     return Response(content, status_code=resp.status_code, headers=out_headers,
@@ -193,13 +213,16 @@ async def _list_models(state: ProxyState) -> dict[str, Any]:
 
 def build_app(policy: Policy, *, ledger: Ledger | None = None,
               sessions: SessionStore | None = None, rewrite_fn: RewriteFn | None | str = "default",
-              transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
+              transport: httpx.AsyncBaseTransport | None = None, analyze: bool = True
+              ) -> FastAPI:
     """The proxy app for ``policy``.
 
     ``ledger``: default ``Ledger(policy.ledger.path)``; ``sessions``: default Redis when
     ``policy.ledger.redis_url`` is set, else in-process LRU; ``rewrite_fn``: the rewrite
     pipeline (default :func:`rewriter.pipeline.rewrite_request`; None = never rewrite);
-    ``transport``: httpx transport for the upstream client (tests).
+    ``transport``: httpx transport for the upstream client (tests); ``analyze``: run the
+    cache-break detector and the counterfactual cache model after each request
+    (:mod:`proxy.insight`).
     """
     if sessions is None:
         url = policy.ledger.redis_url
@@ -211,6 +234,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         rewrite_fn=default_rewrite_fn() if rewrite_fn == "default" else rewrite_fn,  # type: ignore[arg-type]
         upstream=Upstream(transport),
         metrics=ProxyMetrics(),
+        insight=Insight(policy.ledger.store_prompt_text) if analyze else None,
     )
 
     @asynccontextmanager

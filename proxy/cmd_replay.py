@@ -178,6 +178,8 @@ def replay(
     errors = [r for r in results if r.status == "error"]
     for r in errors[:5]:
         typer.echo(f"error: run {r.run} {r.side} request {r.k}: {r.error}", err=True)
+    if results and len(errors) == len(results):
+        raise typer.Exit(1)
     if json_out:
         cmd = "prefixgate " + " ".join(sys.argv[1:]) if sys.argv else "prefixgate replay"
         json_out.parent.mkdir(parents=True, exist_ok=True)
