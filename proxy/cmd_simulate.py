@@ -16,6 +16,7 @@ from typing import Any
 import typer
 
 from cache.provider_models import PROVIDERS
+from config.loader import PolicyError, load_policy
 from proxy.sim_trace import TraceError, load_trace
 from proxy.simulate import STRATEGIES, SimConfig, Simulator
 
@@ -50,6 +51,8 @@ def simulate(
     tools: Path | None = typer.Option(None, help="tools JSON for tau-bench traces"),  # noqa: B008
     seed: int = typer.Option(0, help="seed of the request spacing"),
     concurrency: int = typer.Option(1, min=1, help="runs in flight at once"),
+    policy: Path | None = typer.Option(  # noqa: B008
+        None, "--policy", help="take the prefixgate strategy's rewrite settings from this policy"),
     as_json: bool = typer.Option(False, "--json", help="print the figures as JSON"),
 ) -> None:
     """Exit 2 on a bad provider/strategy or an unreadable trace."""
@@ -61,6 +64,13 @@ def simulate(
         typer.echo(f"unknown strategy {strategy!r}; expected all or one of "
                    f"{', '.join(STRATEGIES)}", err=True)
         raise typer.Exit(2)
+    settings = None
+    if policy is not None:
+        try:
+            settings = load_policy(policy).rewrite
+        except PolicyError as e:
+            typer.echo(str(e), err=True)
+            raise typer.Exit(2) from None
     try:
         loaded = load_trace(trace, tools, runs)
     except (TraceError, OSError, ValueError) as e:
@@ -70,7 +80,7 @@ def simulate(
                     strategies=STRATEGIES if strategy == "all" else (strategy,),
                     volatile_clock=volatile_clock, seed=seed, concurrency=concurrency,
                     clock_resolution_s=clock_resolution)
-    figures = Simulator(cfg).run(loaded)
+    figures = Simulator(cfg, settings=settings).run(loaded)
     typer.echo(json.dumps(figures, indent=2) if as_json else _table(figures))
 
 

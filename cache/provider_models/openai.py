@@ -12,8 +12,9 @@ https://developers.openai.com/cookbook/examples/prompt_caching_201 ("1.1 Basics"
   contributes its common prefix (:class:`~cache.provider_models.block_trie.BlockTrie`).
 * **Routing**: a request goes to a machine chosen by a hash of the first ~256 tokens combined with
   ``prompt_cache_key``; a cache only helps requests that land on the same machine. More than ~15
-  requests per minute for one prefix+key overflow to further machines (modelled as overflow slot
-  ``requests_in_last_60s // 15``), which start cold.
+  requests per minute for one prefix+key overflow to further machines (modelled: a request goes
+  to the first machine of its prefix+key that took fewer than 15 requests in the last 60 s), which
+  start cold; a conversation whose turns land on different machines loses its suffix hits.
 * **Retention**: in-memory caches are cleared after 5–10 minutes of inactivity and always within
   one hour (modelled: 5 min idle, 1 h max age); ``prompt_cache_retention: "24h"`` keeps prefixes
   up to 24 hours (modelled as a separate, longer-lived store on the same machine).
@@ -96,7 +97,7 @@ class OpenAICacheModel:
         self._max_age_s = max_age_s
         self._overflow_rpm = overflow_rpm
         self._machines: dict[str, BlockTrie] = {}
-        self._recent: dict[str, deque[float]] = {}
+        self._recent: dict[str, list[deque[float]]] = {}
         self._requests = 0
 
     @property
@@ -113,17 +114,21 @@ class OpenAICacheModel:
             if trie.total_tokens == 0:
                 del self._machines[name]
         for route in list(self._recent):
-            window = self._recent[route]
-            if not window or now_s - window[-1] >= 60.0:
+            if all(not w or now_s - w[-1] >= 60.0 for w in self._recent[route]):
                 del self._recent[route]
 
     def _slot(self, route: str, now_s: float) -> int:
-        window = self._recent.setdefault(route, deque())
-        while window and now_s - window[0] >= 60.0:
-            window.popleft()
-        slot = len(window) // self._overflow_rpm if self._overflow_rpm > 0 else 0
-        window.append(now_s)
-        return slot
+        """First machine (slot 0, 1, ...) of ``route`` that took fewer than ``overflow_rpm``
+        requests in the last 60 s; the request is counted there."""
+        slots = self._recent.setdefault(route, [])
+        for slot, window in enumerate(slots):
+            while window and now_s - window[0] >= 60.0:
+                window.popleft()
+            if self._overflow_rpm <= 0 or len(window) < self._overflow_rpm:
+                window.append(now_s)
+                return slot
+        slots.append(deque([now_s]))
+        return len(slots) - 1
 
     def _trie(self, machine: str, extended: bool) -> BlockTrie:
         trie = self._machines.get(machine)
