@@ -59,17 +59,20 @@ class Selection:
 
 
 def select_passages(ids: Sequence[str], bodies: Sequence[str], tokens: Sequence[int],
-                    query: Sequence[str], budget: int) -> Selection:
+                    query: Sequence[str], budget: int, *, scores: Sequence[float] | None = None,
+                    duplicates: frozenset[int] | set[int] | None = None) -> Selection:
     """Choose passages of one retrieval: BM25 score, drop near-duplicates, fill ``budget``.
 
     ``ids``/``bodies``/``tokens``: per passage (stable id, text to score, token count);
     ``query``: analysed query terms (:func:`rewriter.bm25.terms`); ``budget``: tokens. The best
     passage is kept even when it alone exceeds the budget; the others are taken best first
-    (ties: canonical id order) when they still fit. Pure and deterministic.
+    (ties: canonical id order) when they still fit. ``scores`` / ``duplicates``: precomputed
+    BM25 scores / near-duplicate indices (benchmarks over a fixed corpus). Pure, deterministic.
     """
     n = len(ids)
-    scores = bm25_scores([terms(b) for b in bodies], query)
-    dups = near_duplicates(bodies, scores)
+    if scores is None:
+        scores = bm25_scores([terms(b) for b in bodies], query)
+    dups = near_duplicates(bodies, scores) if duplicates is None else set(duplicates)
     order = sorted((i for i in range(n) if i not in dups),
                    key=lambda i: (-scores[i], id_order_key(ids[i]), i))
     kept: list[int] = []

@@ -94,9 +94,8 @@ def choose(prompt: Prompt, ctx: Context, rule: KeepRule = DEFAULT_RULE) -> tuple
     if not sticky:
         ranked = rank_tools(infos, query_terms(users, others))
         return set(rule.select(ranked)) | (required & names), "ranked"
-    ranked = rank_tools(infos, query_terms(users[-1:]))
-    best = ranked[0][1] if ranked else 0.0
-    fresh = {n for n, s in ranked[:ADD_TOP] if best > 0 and s >= rule.score_ratio * best}
+    ranked = rank_tools(infos, query_terms(users, others))
+    fresh = set(rule.select(ranked)[:ADD_TOP])
     return sticky | fresh | (required & names), "sticky"
 
 

@@ -1,0 +1,106 @@
+"""Pruning evaluation on labelled real data; writes ``bench/results/pruning.json``.
+
+Usage::
+
+    .venv/bin/python -m bench.pruning_eval [--quick] [--out bench/results/pruning.json]
+
+``--quick`` (<= 60 s) samples: 60 BFCL queries, 8 tau-bench runs for tools, 25 banking tasks,
+every 13th NQ question, 8 tau-bench runs for history. Without it everything runs (minutes).
+
+Figures (``{"command", "figures": {"tools", "rag", "history"}}``):
+
+- ``tools``: BFCL ``live_multiple`` gold-function recall and tool tokens removed, on the queries'
+  own catalogs (2-37 tools, mostly under the 30-tool threshold) and with the gold tools hidden
+  among 50 / 200 / all (~1,970) distractors (BFCL functions + 117 GitHub MCP tools); keep-k and
+  score-ratio curves; ``live_irrelevance`` tokens removed; tau-bench airline replays (recall of
+  every tool at the request that calls it). Headline ``recall`` / ``tokens_removed_share``: mean
+  over the distractor catalogs (all >= 30 tools). Goal: recall >= 0.99 with >= 60 % removed.
+- ``rag``: tau2 banking (whole knowledge base; 50-document BM25 retrieval) recall vs tokens kept;
+  NQ-open gold passage among 20 through the real pass. Headline: NQ at half the passage tokens.
+  Goal: recall >= 0.95 with >= 50 % of passage tokens removed.
+- ``history``: tau-bench replay under a budget below the longest prompt: invalid requests
+  (validators of both APIs), cached-input share under the provider cache models
+  (``cache.provider_models``), watermark vs sliding window vs none. Headline ``cached_share``:
+  the lowest watermark figure over OpenAI / radix / Anthropic. Goal: >= 0.85, 0 invalid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import pruning_eval_history, pruning_eval_rag, pruning_eval_tools
+from rewriter.prune_tools import DEFAULT_RULE
+
+OUT = Path(__file__).resolve().parent / "results" / "pruning.json"
+
+
+def _tools(quick: bool) -> dict[str, Any]:
+    bfcl = pruning_eval_tools.bfcl(quick, DEFAULT_RULE, 30)
+    tau = pruning_eval_tools.tau_airline(quick, 30)
+    out: dict[str, Any] = {"bfcl": bfcl, "tau_bench_airline": tau}
+    if isinstance(bfcl, dict):
+        big = [v for k, v in bfcl.items() if k.startswith("distractors_")]
+        out["recall"] = round(sum(v["recall"] for v in big) / len(big), 4)
+        out["tokens_removed_share"] = round(
+            sum(v["tokens_removed_share"] for v in big) / len(big), 4)
+        out["headline_over"] = [k for k in bfcl if k.startswith("distractors_")]
+    else:
+        mcp = tau["catalog_14_plus_117_github_mcp"]
+        out["recall"] = mcp["recall_at_call_time"]
+        out["tokens_removed_share"] = mcp["tokens_removed_share"]
+        out["headline_over"] = ["tau_bench_airline.catalog_14_plus_117_github_mcp"]
+    return out
+
+
+def _rag(quick: bool) -> dict[str, Any]:
+    nq = pruning_eval_rag.nq(quick)
+    bank = pruning_eval_rag.banking(quick)
+    head = nq["pass_half_budget"]
+    return {"recall": head["recall"], "tokens_removed_share": head["tokens_removed_share"],
+            "headline_over": "nq_open.pass_half_budget", "nq_open": nq, "tau2_banking": bank}
+
+
+def _history(quick: bool) -> dict[str, Any]:
+    h = pruning_eval_history.tau_history(quick)
+    combos = [v for k, v in h.items() if k.endswith("_cache")]
+    return {
+        "cached_share": min(c["watermark"]["cached_share"] for c in combos),
+        "invalid_requests": sum(c[m]["invalid_requests"] for c in combos for m in c),
+        "requests_over_budget": sum(c["watermark"]["requests_over_budget"] for c in combos),
+        "headline_over": "min over APIs/provider models, watermark mode",
+        "tau_bench_airline": h,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the evaluation and write the JSON file; returns the exit status."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="sampled run, <= 60 s")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    started = time.monotonic()
+    figures: dict[str, Any] = {}
+    timings: dict[str, float] = {}
+    for name, fn in (("tools", _tools), ("rag", _rag), ("history", _history)):
+        t0 = time.monotonic()
+        figures[name] = fn(args.quick)
+        timings[name] = round(time.monotonic() - t0, 1)
+        print(f"{name}: {json.dumps({k: v for k, v in figures[name].items() if not isinstance(v, dict)})}",
+              file=sys.stderr)
+    figures["seconds"] = {**timings, "total": round(time.monotonic() - started, 1)}
+    cmd = ".venv/bin/python -m bench.pruning_eval" + (" --quick" if args.quick else "")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"command": cmd, "figures": figures}, indent=1) + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
