@@ -18,64 +18,45 @@ Turns are never moved or reordered; only system text changes (placeholders) and 
 added at the end. The note block is flagged ``volatile`` so no breakpoint lands on it.
 
 Which spans: the stateless detectors of :mod:`rewriter.volatile_spans` (clock readings, ids),
-plus **learned** volatility (``settings.learn_volatility``): the system text is split into lines
-and the session memory keeps, per line, a 16-hex sha256 of its post-hoist text (no prompt text
-is stored). A line that differs from the previous request's line at the same place
-(``difflib`` replace opcode over the hash lists) is volatile from then on: it is remembered as
-``(hash of the stable line before it, offset)`` and hoisted whole on every later request of the
-session. Lines longer than :data:`MAX_LEARNED_LINE_CHARS` are reported, not moved. Changed tool
-definitions are reported (``region="tools"``), never edited.
+plus **learned** volatility (``settings.learn_volatility``, :mod:`rewriter.learned_volatility`):
+lines — or, in long lines, word ranges — seen changing between requests of the session, found
+from hashes only (no prompt text is stored). Changed tool definitions are reported
+(``region="tools"``), never edited.
 
-Memory (``Edit.memory["hoist_volatile"]``): ``{"lines": [hash, ...], "learned": [[anchor, off],
-...], "tools": {name: hash}}``.
+Memory (``Edit.memory["hoist_volatile"]``): ``{"lines": [16-hex per line], "words": {line:
+[8-hex per word]} (long lines only), "learned": [[anchor, offset(, p, q)], ...], "tools":
+{name: 16-hex}}``.
 """
 
 from __future__ import annotations
 
-import difflib
-import hashlib
 import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from rewriter.ir import Block, Message, Prompt
+from rewriter.learned_volatility import (
+    MAX_CHANGED_LINES,
+    MAX_LEARNED,
+    h16,
+    learn,
+    learned_spans,
+    line_hashes,
+    word_hashes,
+)
 from rewriter.types import Context, Edit
 from rewriter.volatile_spans import Span, find_spans
 
 NAME = "hoist_volatile"
 MEMORY_KEY = "hoist_volatile"
-MAX_LEARNED_LINE_CHARS = 600
-MAX_LEARNED = 32
-MAX_CHANGED_LINES = 4
 NOTE_HEADER = "(Current values for the placeholders in the instructions above:)"
 NOTE_CONTEXT_CHARS = 300
-
-
-def _h(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class _Line:
-    block: int  # index into the flat list of system text blocks
-    start: int
-    end: int  # without the newline
 
 
 def _system_texts(prompt: Prompt) -> list[tuple[int, int, str]]:
     """``(message index, block index, text)`` of every system text block."""
     return [(mi, bi, b.text) for mi, m in enumerate(prompt.system)
             for bi, b in enumerate(m.blocks) if b.is_text]
-
-
-def _lines(texts: list[str]) -> list[_Line]:
-    out: list[_Line] = []
-    for bi, t in enumerate(texts):
-        pos = 0
-        for part in t.split("\n"):
-            out.append(_Line(bi, pos, pos + len(part)))
-            pos += len(part) + 1
-    return out
 
 
 def _placeholder(n: int) -> str:
@@ -117,54 +98,8 @@ def _context(line: str, s: int, e: int) -> str:
     return "…" + line[a:min(len(line), e + NOTE_CONTEXT_CHARS // 2)].strip() + "…"
 
 
-def _learned_spans(texts: list[str], learned: list[list[Any]],
-                   taken: dict[int, list[Span]]) -> tuple[dict[int, list[Span]], list[str]]:
-    """Whole-line spans for learned entries, skipping lines that already hold a span."""
-    lines = _lines(texts)
-    hashes = [_h(texts[ln.block][ln.start:ln.end]) for ln in lines]
-    out: dict[int, list[Span]] = {}
-    skipped: list[str] = []
-    for anchor, off in learned:
-        base = -1 if anchor == "^" else (hashes.index(anchor) if anchor in hashes else None)
-        if base is None:
-            continue
-        j = base + int(off)
-        if not 0 <= j < len(lines):
-            continue
-        ln = lines[j]
-        text = texts[ln.block][ln.start:ln.end]
-        lead = len(text) - len(text.lstrip())
-        s, e = ln.start + lead, ln.start + len(text.rstrip())
-        if e <= s or any(sp.start < e and s < sp.end for sp in
-                         taken.get(ln.block, []) + out.get(ln.block, [])):
-            continue
-        if e - s > MAX_LEARNED_LINE_CHARS:
-            skipped.append(f"system line {j} ({e - s} chars)")
-            continue
-        out.setdefault(ln.block, []).append(Span("learned", s, e))
-    return out, skipped
-
-
-def _learn(prev: list[str], cur: list[str]) -> list[list[Any]]:
-    """New learned entries from the lines that changed in place since the previous request."""
-    entries: list[list[Any]] = []
-    sm = difflib.SequenceMatcher(None, prev, cur, autojunk=False)
-    counts: dict[str, int] = {}
-    for h in cur:
-        counts[h] = counts.get(h, 0) + 1
-    for op, _i1, _i2, j1, j2 in sm.get_opcodes():
-        if op != "replace":
-            continue
-        base = j1 - 1
-        while base >= 0 and counts[cur[base]] != 1:  # anchor on a line that is unique
-            base -= 1
-        anchor = "^" if base < 0 else cur[base]
-        entries.extend([anchor, j - base] for j in range(j1, j2))
-    return entries
-
-
 def _tool_hashes(prompt: Prompt) -> dict[str, str]:
-    return {t.name: _h(json.dumps(t.raw, sort_keys=True)) for t in prompt.tools or ()}
+    return {t.name: h16(json.dumps(t.raw, sort_keys=True)) for t in prompt.tools or ()}
 
 
 def _with_system(prompt: Prompt, texts: list[str]) -> Prompt:
@@ -212,8 +147,9 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     """Hoist volatile system spans to the end; Edits for the system move and tool changes."""
     mem_in = ctx.session.get(MEMORY_KEY) or {}
     prev_lines = [x for x in mem_in.get("lines", []) if isinstance(x, str)]
+    prev_words = mem_in.get("words") or {}
     learned: list[list[Any]] = [list(e) for e in mem_in.get("learned", [])
-                                if isinstance(e, (list, tuple)) and len(e) == 2]
+                                if isinstance(e, (list, tuple)) and len(e) in (2, 4)]
     edits: list[Edit] = []
 
     prev_tools = mem_in.get("tools") or {}
@@ -232,13 +168,14 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
             spans[bi] = found
     skipped: list[str] = []
     if ctx.settings.learn_volatility and texts:
-        extra, skipped = _learned_spans(texts, learned, spans)
+        extra, skipped = learned_spans(texts, learned, spans)
         for bi, sps in extra.items():
             spans.setdefault(bi, []).extend(sps)
         if prev_lines:
             trial, _ = _apply(texts, spans)
-            cur = [_h(trial[ln.block][ln.start:ln.end]) for ln in _lines(trial)]
-            new_entries = [e for e in _learn(prev_lines, cur) if e not in learned]
+            cur = line_hashes(trial)
+            new_entries = [e for e in learn(prev_lines, cur, prev_words, word_hashes(trial))
+                           if e not in learned]
             if len(new_entries) > max(MAX_CHANGED_LINES, len(cur) // 4):
                 edits.append(Edit(NAME, False, "system", f"system prompt changed in "
                                   f"{len(new_entries)} lines: treated as a new prompt, not "
@@ -246,14 +183,13 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
                 new_entries = []
             if new_entries:
                 learned = (learned + new_entries)[-MAX_LEARNED:]
-                extra, more = _learned_spans(texts, new_entries, spans)
+                extra, more = learned_spans(texts, new_entries, spans)
                 skipped += more
                 for bi, sps in extra.items():
                     spans.setdefault(bi, []).extend(sps)
     new_texts, notes = _apply(texts, spans)
-    final_lines = [_h(new_texts[ln.block][ln.start:ln.end]) for ln in _lines(new_texts)]
-    memory = {MEMORY_KEY: {"lines": final_lines, "learned": [list(e) for e in learned],
-                           "tools": tools_now}}
+    memory = {MEMORY_KEY: {"lines": line_hashes(new_texts), "words": word_hashes(new_texts),
+                           "learned": [list(e) for e in learned], "tools": tools_now}}
     if skipped:
         edits.append(Edit(NAME, False, "system", "volatile lines too long to move: "
                           + ",".join(skipped[:5])))

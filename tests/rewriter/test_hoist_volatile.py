@@ -135,3 +135,17 @@ def test_example_values_in_instructions_are_not_treated_as_volatile() -> None:
         {"role": "system", "content": "Reply with times such as 2024-01-01 10:00 only."},
         {"role": "user", "content": "hi"}]}
     assert rewrite_request(body, "openai", ctx()).body is body
+
+
+def test_learned_span_inside_a_long_line_moves_only_the_changed_words() -> None:
+    def body(n: int) -> dict[str, Any]:
+        line = (f"You are Helper for ACME support and there are {n} agents online right now; "
+                + "always be concise and precise, cite the handbook, never guess. " * 12)
+        return {"model": "m", "messages": [{"role": "system", "content": line + "\n" + RULES},
+                                           {"role": "user", "content": "hi"}]}
+    r = replay([body(3), body(17), body(42)], "openai")
+    sys2, sys3 = (x.body["messages"][0]["content"] for x in r[1:])
+    assert sys2 == sys3 and "agents online" in sys3 and "42" not in sys3
+    assert "[see note 1 at the end]" in sys3
+    note = r[2].body["messages"][-1]["content"]
+    assert "42" in note and len(note) < 600  # context around the value, not the whole line

@@ -1,0 +1,161 @@
+"""Learned volatility: spans of the system text seen changing between requests of a session.
+
+Detectors (``volatile_spans``) only know clocks and ids. Anything else that changes on every
+request — a live counter, a rotating tip, a per-request summary line — is found by comparing
+the system text with the previous request's, without keeping that text: the session memory holds
+a 16-hex sha256 per line, and for long lines (over :data:`WORD_DIFF_MIN_CHARS`) an 8-hex hash
+per whitespace-separated word.
+
+* A line that changed in place (``difflib`` "replace" over the line hashes) becomes a learned
+  entry ``[anchor, offset]``: ``anchor`` is the hash of the nearest *unique* unchanged line
+  before it (``"^"`` for the start of the text) and ``offset`` the distance to it, so the entry
+  finds its line again on later requests even when the line's own text (hence hash) changes.
+* In a long line, the changed words (common word prefix ``p`` and suffix ``q`` removed) become
+  ``[anchor, offset, p, q]``: the span from word ``p`` to the ``q``-th word from the end.
+* More than :data:`MAX_CHANGED_LINES` (or a quarter) of lines changed means a new prompt, not a
+  volatile span: nothing is learned.
+
+Entries are sticky (kept while their anchor exists, at most :data:`MAX_LEARNED`), so a value that
+happens not to change on one request keeps its place at the end instead of flapping back.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from rewriter.volatile_spans import Span
+
+MAX_LEARNED = 32
+MAX_CHANGED_LINES = 4
+MAX_WHOLE_LINE_CHARS = 600
+WORD_DIFF_MIN_CHARS = 200
+MAX_WORD_HASHES = 4000
+_WORD = re.compile(r"\S+")
+
+
+def h16(text: str) -> str:
+    """16-hex sha256 of a line."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _h8(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+@dataclass(frozen=True)
+class Line:
+    """Line ``texts[block][start:end]`` (newline excluded)."""
+
+    block: int
+    start: int
+    end: int
+
+
+def split_lines(texts: list[str]) -> list[Line]:
+    """Every line of every text block, in order."""
+    out: list[Line] = []
+    for bi, t in enumerate(texts):
+        pos = 0
+        for part in t.split("\n"):
+            out.append(Line(bi, pos, pos + len(part)))
+            pos += len(part) + 1
+    return out
+
+
+def line_hashes(texts: list[str]) -> list[str]:
+    """:func:`h16` of each line of ``texts``."""
+    return [h16(texts[ln.block][ln.start:ln.end]) for ln in split_lines(texts)]
+
+
+def word_hashes(texts: list[str]) -> dict[str, list[str]]:
+    """``{line index: [8-hex word hashes]}`` for long lines (bounded by MAX_WORD_HASHES)."""
+    out: dict[str, list[str]] = {}
+    total = 0
+    for j, ln in enumerate(split_lines(texts)):
+        text = texts[ln.block][ln.start:ln.end]
+        if len(text) < WORD_DIFF_MIN_CHARS:
+            continue
+        words = [_h8(m.group()) for m in _WORD.finditer(text)]
+        if total + len(words) > MAX_WORD_HASHES:
+            break
+        total += len(words)
+        out[str(j)] = words
+    return out
+
+
+def _anchor(cur: list[str], counts: dict[str, int], j1: int) -> tuple[str, int]:
+    base = j1 - 1
+    while base >= 0 and counts[cur[base]] != 1:
+        base -= 1
+    return ("^" if base < 0 else cur[base]), base
+
+
+def learn(prev: list[str], cur: list[str], prev_words: dict[str, list[str]],
+          cur_words: dict[str, list[str]]) -> list[list[Any]]:
+    """New learned entries from the lines that changed in place (see module docstring)."""
+    entries: list[list[Any]] = []
+    counts: dict[str, int] = {}
+    for x in cur:
+        counts[x] = counts.get(x, 0) + 1
+    sm = difflib.SequenceMatcher(None, prev, cur, autojunk=False)
+    for op, i1, i2, j1, j2 in sm.get_opcodes():
+        if op != "replace":
+            continue
+        anchor, base = _anchor(cur, counts, j1)
+        for k, j in enumerate(range(j1, j2)):
+            i = i1 + k
+            pw, cw = prev_words.get(str(i)), cur_words.get(str(j))
+            if i < i2 and pw and cw:
+                p = 0
+                while p < min(len(pw), len(cw)) and pw[p] == cw[p]:
+                    p += 1
+                q = 0
+                while q < min(len(pw), len(cw)) - p and pw[-1 - q] == cw[-1 - q]:
+                    q += 1
+                if p + q < len(cw) and (len(cw) - p - q) * 2 <= len(cw):
+                    entries.append([anchor, j - base, p, q])
+                    continue
+            entries.append([anchor, j - base])
+    return entries
+
+
+def learned_spans(texts: list[str], learned: list[list[Any]], taken: dict[int, list[Span]]
+                  ) -> tuple[dict[int, list[Span]], list[str]]:
+    """Spans of ``texts`` for learned entries (skipping overlaps with ``taken``).
+
+    Returns ``({block: [Span]}, [skipped reasons])``; a whole line longer than
+    :data:`MAX_WHOLE_LINE_CHARS` is skipped (reported), never moved.
+    """
+    lines = split_lines(texts)
+    hashes = [h16(texts[ln.block][ln.start:ln.end]) for ln in lines]
+    out: dict[int, list[Span]] = {}
+    skipped: list[str] = []
+    for entry in learned:
+        anchor, off = entry[0], int(entry[1])
+        base = -1 if anchor == "^" else (hashes.index(anchor) if anchor in hashes else None)
+        if base is None or not 0 <= base + off < len(lines):
+            continue
+        j = base + off
+        ln = lines[j]
+        text = texts[ln.block][ln.start:ln.end]
+        if len(entry) == 4:
+            words = list(_WORD.finditer(text))
+            a, b = int(entry[2]), len(words) - int(entry[3]) - 1
+            if not 0 <= a <= b < len(words):
+                continue
+            s, e = ln.start + words[a].start(), ln.start + words[b].end()
+        else:
+            lead = len(text) - len(text.lstrip())
+            s, e = ln.start + lead, ln.start + len(text.rstrip())
+            if e - s > MAX_WHOLE_LINE_CHARS:
+                skipped.append(f"system line {j} ({e - s} chars)")
+                continue
+        if e <= s or any(sp.start < e and s < sp.end
+                         for sp in taken.get(ln.block, []) + out.get(ln.block, [])):
+            continue
+        out.setdefault(ln.block, []).append(Span("learned", s, e))
+    return out, skipped
