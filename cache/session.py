@@ -96,7 +96,7 @@ class RedisSessionStore:
         with self._r.pipeline() as pipe:
             while True:
                 try:
-                    pipe.watch(key)
+                    pipe.watch(key)  # type: ignore[no-untyped-call]
                     raw = pipe.get(key)
                     mem = json.loads(raw) if raw else {}
                     mem.update(updates)

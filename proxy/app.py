@@ -41,8 +41,14 @@ from proxy.headers import downstream_headers, upstream_headers
 from proxy.insight import Insight
 from proxy.metrics import ProxyMetrics
 from proxy.relay import SSE_HEADERS, SSEResponse, Timing, Upstream, relay_events
-from proxy.rewriting import (RewriteFn, default_rewrite_fn, rewrite_wanted, run_rewrite,
-                             session_hash, session_id_for)
+from proxy.rewriting import (
+    RewriteFn,
+    default_rewrite_fn,
+    rewrite_wanted,
+    run_rewrite,
+    session_hash,
+    session_id_for,
+)
 from proxy.router import Target, pick_target
 from proxy.usage import AnthropicStreamWatcher, OpenAIStreamWatcher, Usage, usage_from_body
 from rewriter.types import Context
@@ -198,14 +204,14 @@ async def _list_models(state: ProxyState) -> dict[str, Any]:
         if b.kind not in ("local", "openai_compat") or client is None:
             continue
         try:
-            r = await client.get(b.base_url + "/models", timeout=2.0)
-            for m in r.json().get("data", []):
+            resp = await client.get(b.base_url + "/models", timeout=2.0)
+            for m in resp.json().get("data", []):
                 seen.setdefault(str(m.get("id")), name)
         except (httpx.HTTPError, ValueError, AttributeError):
             continue
-    for r in state.policy.routes:
-        if not any(c in r.match for c in "*?["):
-            seen.setdefault(r.match, r.backend)
+    for route in state.policy.routes:
+        if not any(c in route.match for c in "*?["):
+            seen.setdefault(route.match, route.backend)
     return {"object": "list",
             "data": [{"id": k, "object": "model", "created": 0, "owned_by": v}
                      for k, v in seen.items()]}

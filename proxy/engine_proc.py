@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Self
 from urllib.parse import urlsplit
 
 import httpx
@@ -71,7 +72,7 @@ class EngineProcess:
     extra: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> "EngineProcess":
+    def __enter__(self) -> Self:
         url = health_url(self.backend)
         if is_healthy(url):
             log.info("engine already serving at %s: reusing it", url)

@@ -28,11 +28,11 @@ from typing import Any
 import orjson
 
 from config.schema import RewriteSettings
-from rewriter.types import Context, Edit, RewriteResult
+from rewriter.types import Api, Context, Edit, RewriteResult
 
 log = logging.getLogger("prefixgate.rewrite")
 
-RewriteFn = Callable[[dict[str, Any], str, Context], RewriteResult]
+RewriteFn = Callable[[dict[str, Any], Api, Context], RewriteResult]
 
 SESSION_HEADER = "x-prefixgate-session"
 _DIGITS = re.compile(r"[0-9]")
@@ -46,7 +46,7 @@ def default_rewrite_fn() -> RewriteFn | None:
     except ImportError:
         log.warning("rewriter.pipeline not available: requests are forwarded unchanged")
         return None
-    return rewrite_request  # type: ignore[no-any-return]
+    return rewrite_request
 
 
 def _h(text: str) -> str:
@@ -68,7 +68,7 @@ def session_id_for(headers: Mapping[str, str], body: dict[str, Any]) -> str:
     if explicit:
         return explicit
     key = headers.get("authorization") or headers.get("x-api-key") or ""
-    msgs = body.get("messages") if isinstance(body.get("messages"), list) else []
+    msgs: list[Any] = body["messages"] if isinstance(body.get("messages"), list) else []
     system = _text_of(body.get("system"))
     if not system:
         system = next((_text_of(m.get("content")) for m in msgs
@@ -113,7 +113,7 @@ def _dumps(body: dict[str, Any]) -> bytes:
         return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def run_rewrite(fn: RewriteFn | None, body: dict[str, Any], raw: bytes, api: str,
+def run_rewrite(fn: RewriteFn | None, body: dict[str, Any], raw: bytes, api: Api,
                 ctx: Context | None) -> RewriteOutcome:
     """Apply ``fn`` (None or ``ctx`` None = rewriting off) and serialize. Never raises."""
     if fn is None or ctx is None:

@@ -26,7 +26,7 @@ def load_runs(trace: Path | str) -> list[dict[str, Any]]:
     """The runs of a trace file (JSON list of ``{"traj": [...], ...}``)."""
     runs = json.loads(Path(trace).read_text())
     if not isinstance(runs, list):
-        raise ValueError(f"{trace}: expected a JSON list of runs")
+        raise TypeError(f"{trace}: expected a JSON list of runs")
     return runs
 
 

@@ -38,7 +38,7 @@ class Usage:
     cache_write_tokens: int | None = None
     output_tokens: int | None = None
 
-    def merge(self, newer: "Usage") -> None:
+    def merge(self, newer: Usage) -> None:
         """Take every non-None field of ``newer`` (newest non-null wins)."""
         for f in fields(self):
             v = getattr(newer, f.name)

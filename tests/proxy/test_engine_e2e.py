@@ -124,8 +124,8 @@ def test_anthropic_sdk_to_openai_engine_maps_usage_b08(stack: Any) -> None:
 
     url, _ = stack
     client = anthropic.Anthropic(base_url=url, api_key="sk-proxy-test", max_retries=0)
-    kw: dict[str, Any] = dict(model="tiny", max_tokens=5, system=SYSTEM,
-                              messages=[{"role": "user", "content": "Hello there"}])
+    kw: dict[str, Any] = {"model": "tiny", "max_tokens": 5, "system": SYSTEM,
+                          "messages": [{"role": "user", "content": "Hello there"}]}
     first = client.messages.create(**kw)
     second = client.messages.create(**kw)
     assert first.content[0].type == "text"
@@ -147,9 +147,9 @@ def test_disconnect_mid_stream_frees_the_engine_request(stack: Any) -> None:
     url, ledger = stack
     body = {"model": "tiny", "messages": MSGS, "max_tokens": 200, "stream": True,
             "temperature": 0}
-    with httpx.Client(timeout=60) as c:
-        with c.stream("POST", url + "/v1/chat/completions", json=body) as r:
-            next(r.iter_raw())
+    with httpx.Client(timeout=60) as c, c.stream("POST", url + "/v1/chat/completions",
+                                                 json=body) as r:
+        next(r.iter_raw())
     import time
 
     deadline = time.monotonic() + 10

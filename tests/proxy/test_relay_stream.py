@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 import time
@@ -24,14 +25,14 @@ def stream_through(url: str, body: dict[str, Any] = BODY,
     """POST through the proxy; return the response and (arrival time, event bytes) pairs."""
     events: list[tuple[float, bytes]] = []
     splitter = EventSplitter()
-    with httpx.Client(timeout=30) as c:
-        with c.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as r:
-            for piece in r.iter_raw():
-                now = time.perf_counter()
-                events += [(now, e) for e in splitter.feed(piece)]
-            tail = splitter.flush()
-            if tail:
-                events.append((time.perf_counter(), tail))
+    with httpx.Client(timeout=30) as c, c.stream("POST", url + "/v1/chat/completions",
+                                                 json=body, headers=headers) as r:
+        for piece in r.iter_raw():
+            now = time.perf_counter()
+            events += [(now, e) for e in splitter.feed(piece)]
+        tail = splitter.flush()
+        if tail:
+            events.append((time.perf_counter(), tail))
     return r, events
 
 
@@ -64,7 +65,7 @@ def test_b10_tokens_arrive_paced_with_no_buffering_headers(rig: Any) -> None:
     assert r.headers["x-accel-buffering"] == "no"
     assert "content-encoding" not in r.headers
     times = [t for t, e in got if b'" t' in e]
-    gaps = [(b - a) * 1e3 for a, b in zip(times, times[1:])]
+    gaps = [(b - a) * 1e3 for a, b in itertools.pairwise(times)]
     same_ms = sum(g < 1.0 for g in gaps)
     assert same_ms < len(gaps) / 2, f"most chunks arrived in the same millisecond: {gaps}"
     assert 15.0 <= statistics.median(gaps) <= 40.0, gaps
@@ -96,7 +97,7 @@ def test_stream_usage_and_cached_tokens_reach_the_ledger(rig: Any) -> None:
     rig.upstream.script = Script(pieces=[chunk("a"), chunk("b"), chunk("c"),
                                          chunk(finish="stop"), chunk(usage=usage), DONE])
     body = {**BODY, "stream_options": {"include_usage": True}}
-    r, got = stream_through(rig.url, body, headers={"x-prefixgate-rewrite": "off"})
+    r, _ = stream_through(rig.url, body, headers={"x-prefixgate-rewrite": "off"})
     assert r.headers["x-prefixgate-edits"] == "off"
     row = rig.ledger.rows()[-1]
     assert (row["prompt_tokens"], row["cached_tokens"], row["output_tokens"]) == (50, 32, 3)
@@ -106,11 +107,11 @@ def test_stream_usage_and_cached_tokens_reach_the_ledger(rig: Any) -> None:
 
 def test_client_disconnect_closes_the_upstream_stream_and_is_recorded(rig: Any) -> None:
     rig.upstream.script = Script(pieces=[chunk(f"x{i}") for i in range(400)], delay_s=0.01)
-    with httpx.Client(timeout=30) as c:
-        with c.stream("POST", rig.url + "/v1/chat/completions", json=BODY) as r:
-            it = r.iter_raw()
-            next(it)
-            next(it)
+    with httpx.Client(timeout=30) as c, c.stream("POST", rig.url + "/v1/chat/completions",
+                                                 json=BODY) as r:
+        it = r.iter_raw()
+        next(it)
+        next(it)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and not (rig.upstream.closed and rig.ledger.rows()):
         time.sleep(0.05)

@@ -41,7 +41,7 @@ def turns() -> list[dict[str, Any]]:
 
 def test_b03_timestamp_is_hoisted_so_the_upstream_prefix_is_byte_stable(rewriting: Any) -> None:
     h = {"x-prefixgate-session": "b03"}
-    r1, r2 = (post(rewriting.url, t, h) for t in turns())
+    r1, _ = (post(rewriting.url, t, h) for t in turns())
     assert "hoist_volatile" in r1.headers["x-prefixgate-edits"]
     s1, s2 = (s.json for s in rewriting.upstream.seen)
     assert s1["messages"][0] == s2["messages"][0]  # system byte-stable across the minute
