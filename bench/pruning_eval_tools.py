@@ -19,11 +19,11 @@ from config.schema import RewriteSettings
 from rewriter.bm25 import bm25_scores
 from rewriter.pipeline import rewrite_request, session_updates
 from rewriter.tokens import count_tokens
-from rewriter.tool_rank import KeepRule, ToolInfo, query_terms, tool_terms
+from rewriter.tool_rank import KeepRule, ToolInfo, query_terms, select_tools, tool_terms
 from rewriter.types import Context
 
 KEEP_KS = (3, 5, 10, 15, 20, 30, 50)
-RATIOS = (0.2, 0.35, 0.5)
+SHARES = (0.0, 0.1, 0.2, 0.25, 0.3, 0.4)
 
 
 class _ToolCache:
@@ -70,8 +70,8 @@ def _score_setting(rows: list[dict[str, Any]], pool: list[dict[str, Any]], size:
     pruned_catalogs = 0
     curve_hits = {k: 0 for k in KEEP_KS}
     curve_removed = {k: 0 for k in KEEP_KS}
-    ratio_hits = {r: 0 for r in RATIOS}
-    ratio_removed = {r: 0 for r in RATIOS}
+    share_hits = {r: 0 for r in SHARES}
+    share_removed = {r: 0 for r in SHARES}
     sizes = []
     for row in rows:
         cat = _catalog(row, pool, size)
@@ -88,7 +88,8 @@ def _score_setting(rows: list[dict[str, Any]], pool: list[dict[str, Any]], size:
         all_tokens += cat_tokens
         if len(cat) >= min_catalog:
             pruned_catalogs += 1
-            keep = set(rule.select(ranked))
+            infos = [ToolInfo.from_wire(t) for _, t in cat]
+            keep = set(select_tools(infos, ranked, tok, rule))
         else:
             keep = set(names)
         recall_hits += sum(g in keep for g in gold)
@@ -98,10 +99,11 @@ def _score_setting(rows: list[dict[str, Any]], pool: list[dict[str, Any]], size:
             top = set(order[:k])
             curve_hits[k] += sum(g in top for g in gold)
             curve_removed[k] += sum(t for n, t in tok.items() if n not in top)
-        for r in RATIOS:
-            top = set(KeepRule(rule.min_keep, r, rule.max_keep).select(ranked))
-            ratio_hits[r] += sum(g in top for g in gold)
-            ratio_removed[r] += sum(t for n, t in tok.items() if n not in top)
+        for r in SHARES:
+            top = set(KeepRule(rule.min_keep, rule.score_ratio, rule.max_keep, r).select(
+                ranked, tok))
+            share_hits[r] += sum(g in top for g in gold)
+            share_removed[r] += sum(t for n, t in tok.items() if n not in top)
     return {
         "queries": len(rows),
         "catalog_tools_median": statistics.median(sizes) if sizes else 0,
@@ -112,11 +114,10 @@ def _score_setting(rows: list[dict[str, Any]], pool: list[dict[str, Any]], size:
             {"k": k, "recall": round(curve_hits[k] / max(1, total_gold), 4),
              "tokens_removed_share": round(curve_removed[k] / max(1, all_tokens), 4)}
             for k in KEEP_KS],
-        "score_ratio_curve": [
-            {"score_ratio": r, "min_keep": rule.min_keep, "max_keep": rule.max_keep,
-             "recall": round(ratio_hits[r] / max(1, total_gold), 4),
-             "tokens_removed_share": round(ratio_removed[r] / max(1, all_tokens), 4)}
-            for r in RATIOS],
+        "token_share_curve": [
+            {"token_share": r, "recall": round(share_hits[r] / max(1, total_gold), 4),
+             "tokens_removed_share": round(share_removed[r] / max(1, all_tokens), 4)}
+            for r in SHARES],
     }
 
 
@@ -206,4 +207,7 @@ def tau_airline(quick: bool, min_catalog: int) -> dict[str, Any]:
             runs, tools, RewriteSettings(**base, prune_tools_min_catalog=1)),
         "catalog_14_plus_117_github_mcp": _tau_replay(
             runs, tools + mcp, RewriteSettings(**base, prune_tools_min_catalog=min_catalog)),
+        "catalog_14_plus_117_github_mcp_pinned_think_calculate": _tau_replay(
+            runs, tools + mcp, RewriteSettings(**base, prune_tools_min_catalog=min_catalog,
+                                               pinned_tools=["think", "calculate"])),
     }

@@ -22,11 +22,12 @@ anyway). Kept tools keep the canonical order the earlier passes gave the catalog
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import lru_cache
 
 from rewriter.ir import Message, Prompt, Tool, tool_choice_name, used_tool_names
-from rewriter.tool_rank import KeepRule, ToolInfo, query_terms, rank_tools
+from rewriter.tool_rank import KeepRule, ToolInfo, query_terms, rank_tools, select_tools, siblings
 from rewriter.types import Context, Edit
 
 NAME = "prune_tools"
@@ -93,10 +94,18 @@ def choose(prompt: Prompt, ctx: Context, rule: KeepRule = DEFAULT_RULE) -> tuple
     )
     if not sticky:
         ranked = rank_tools(infos, query_terms(users, others))
-        return set(rule.select(ranked)) | (required & names), "ranked"
+        tokens = {t.name: _tool_tokens(json.dumps(t.raw, ensure_ascii=False), ctx.count_tokens)
+                  for t in tools}
+        return set(select_tools(infos, ranked, tokens, rule)) | (required & names), "ranked"
     ranked = rank_tools(infos, query_terms(users, others))
     fresh = set(rule.select(ranked)[:ADD_TOP])
+    fresh.update(siblings(infos, [n for n, s in ranked[:ADD_TOP] if s > 0]))
     return sticky | fresh | (required & names), "sticky"
+
+
+@lru_cache(maxsize=8192)
+def _tool_tokens(tool_json: str, count: Callable[[str], int]) -> int:
+    return count(tool_json)
 
 
 def _move_markers(tools: Sequence[Tool], keep: set[str]) -> list[Tool]:

@@ -94,6 +94,30 @@ def query_terms(user_texts: Sequence[str], other_texts: Sequence[str] = ()) -> l
     return q
 
 
+def param_names(schema: Mapping[str, Any]) -> frozenset[str]:
+    """Top-level argument names of a tool's JSON schema."""
+    props = schema.get("properties") if isinstance(schema, Mapping) else None
+    return frozenset(str(k) for k in props) if isinstance(props, Mapping) else frozenset()
+
+
+def siblings(tools: Sequence[ToolInfo], seeds: Sequence[str], max_df_share: float = 0.05
+             ) -> list[str]:
+    """Tools that share a *specific* argument name with a seed tool (e.g. ``reservation_id``
+    links ``cancel_reservation`` to ``get_reservation_details``): tools of one workflow pass
+    the same identifiers around. An argument is specific when at most ``max_df_share`` of the
+    catalog (and at least 2 tools) take it, so ``id`` / ``query`` / ``owner`` in a large catalog
+    of one vendor link nothing. Returns names in catalog order, seeds excluded."""
+    params = {t.name: param_names(t.parameters) for t in tools}
+    df: dict[str, int] = {}
+    for ps in params.values():
+        for p in ps:
+            df[p] = df.get(p, 0) + 1
+    limit = max(2, int(max_df_share * len(tools)))
+    seed_set = set(seeds)
+    keys = {p for s in seeds for p in params.get(s, ()) if 2 <= df[p] <= limit}
+    return [t.name for t in tools if t.name not in seed_set and params[t.name] & keys]
+
+
 def rank_tools(tools: Sequence[ToolInfo], query: Sequence[str]) -> list[tuple[str, float]]:
     """``[(name, score)]`` best first; ties broken by name so the order is deterministic."""
     scores = bm25_scores([tool_terms(t) for t in tools], query)
@@ -104,25 +128,62 @@ def rank_tools(tools: Sequence[ToolInfo], query: Sequence[str]) -> list[tuple[st
 
 @dataclass(frozen=True)
 class KeepRule:
-    """How many ranked tools to keep: at least ``min_keep``, plus every tool scoring at least
-    ``score_ratio`` x the best, at most ``max_keep`` (``0`` = no cap). Tools with score 0 are only
-    kept to fill ``min_keep``."""
+    """How many ranked tools to keep.
+
+    1. the ``min_keep`` best, plus every tool scoring at least ``score_ratio`` x the best score
+       (score > 0), at most ``max_keep`` in this step (``0`` = no cap);
+    2. then, in rank order, every further tool that still fits while the kept tools' tokens stay
+       within ``token_share`` of the catalog's tokens (tools that do not fit are skipped, so
+       small tools further down still get in). A miss costs a failed call while a kept tool
+       costs only its tokens, so a small tool is kept more readily than a large one.
+    """
 
     min_keep: int = 10
     score_ratio: float = 0.5
     max_keep: int = 24
+    token_share: float = 0.25
 
-    def select(self, ranked: Sequence[tuple[str, float]]) -> list[str]:
-        """Names to keep from ``ranked`` (output of :func:`rank_tools`), best first."""
+    def select(self, ranked: Sequence[tuple[str, float]],
+               tokens: Mapping[str, int] | None = None) -> list[str]:
+        """Names to keep from ``ranked`` (output of :func:`rank_tools`), in rank order.
+        ``tokens``: tokens per tool name (step 2 is skipped without it)."""
         if not ranked:
             return []
         best = ranked[0][1]
         keep: list[str] = []
+        cap = max(self.max_keep, self.min_keep) if self.max_keep else len(ranked)
         for i, (name, score) in enumerate(ranked):
+            if len(keep) >= cap:
+                break
             if i < self.min_keep or (best > 0 and score > 0 and score >= self.score_ratio * best):
                 keep.append(name)
             else:
                 break
-            if self.max_keep and len(keep) >= max(self.max_keep, self.min_keep):
-                break
+        if tokens is None or self.token_share <= 0:
+            return keep
+        allowance = self.token_share * sum(tokens.get(n, 0) for n, _ in ranked)
+        used = sum(tokens.get(n, 0) for n in keep)
+        chosen = set(keep)
+        for name, _ in ranked:
+            if name in chosen:
+                continue
+            cost = tokens.get(name, 0)
+            if used + cost <= allowance:
+                keep.append(name)
+                chosen.add(name)
+                used += cost
         return keep
+
+
+SIBLING_SEEDS = 3
+
+
+def select_tools(tools: Sequence[ToolInfo], ranked: Sequence[tuple[str, float]],
+                 tokens: Mapping[str, int] | None, rule: KeepRule,
+                 seeds: int = SIBLING_SEEDS) -> list[str]:
+    """The production selection: ``rule.select(ranked, tokens)`` plus the :func:`siblings` of the
+    ``seeds`` best-ranked tools with a positive score. Names in rank order, siblings last."""
+    keep = rule.select(ranked, tokens)
+    top = [n for n, s in ranked[:seeds] if s > 0]
+    chosen = set(keep)
+    return keep + [n for n in siblings(tools, top) if n not in chosen]
