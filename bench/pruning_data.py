@@ -29,13 +29,13 @@ def bfcl_dir() -> Path | None:
     spec = importlib.util.find_spec("bfcl_eval")
     if spec is None or not spec.submodule_search_locations:
         return None
-    d = Path(list(spec.submodule_search_locations)[0]) / "data"
+    d = Path(next(iter(spec.submodule_search_locations))) / "data"
     return d if d.is_dir() else None
 
 
 def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
+    with opener(path, "rt", encoding="utf-8") as f:
         for line in f:
             if line.strip():
                 yield json.loads(line)
@@ -138,7 +138,7 @@ def tau_airline_runs() -> list[dict[str, Any]]:
 
 def banking_docs() -> list[dict[str, str]]:
     """698 documents ``{"id", "title", "content"}``."""
-    return list(_jsonl(DATA / "rag" / "tau2_banking_knowledge" / "documents.jsonl"))  # type: ignore[arg-type]
+    return list(_jsonl(DATA / "rag" / "tau2_banking_knowledge" / "documents.jsonl"))
 
 
 def banking_tasks() -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from bench import pruning_data as data
 from cache.provider_models import make_model
 from config.schema import RewriteSettings
 from rewriter import wire
+from rewriter.ir import Api
 from rewriter.pipeline import rewrite_request, session_updates
 from rewriter.prune_history import _msg_json
 from rewriter.tokens import count_tokens
@@ -31,11 +32,11 @@ from rewriter.validate import violations
 GAP_S = 15.0
 
 
-def _history_tokens(body: dict[str, Any], api: str) -> int:
-    return sum(count_tokens(_msg_json(m)) for m in wire.parse(body, api).messages)  # type: ignore[arg-type]
+def _history_tokens(body: dict[str, Any], api: Api) -> int:
+    return sum(count_tokens(_msg_json(m)) for m in wire.parse(body, api).messages)
 
 
-def _client_body(api: str, run: Any, messages: list[dict[str, Any]]) -> dict[str, Any]:
+def _client_body(api: Api, run: Any, messages: list[dict[str, Any]]) -> dict[str, Any]:
     from proxy.sim_trace import openai_body, to_anthropic
 
     if api == "openai":
@@ -43,12 +44,12 @@ def _client_body(api: str, run: Any, messages: list[dict[str, Any]]) -> dict[str
     return to_anthropic("claude-sonnet-4-5", run.tools, messages)
 
 
-def _replay(runs: list[Any], api: str, provider: str, mode: str, high: int, low: int
+def _replay(runs: list[Any], api: Api, provider: str, mode: str, high: int, low: int
             ) -> dict[str, Any]:
-    settings = RewriteSettings(
-        prune_history=mode != "no_pruning",
-        history_high_watermark_tokens=high,
-        history_low_watermark_tokens=high if mode == "sliding_window" else low)
+    settings = RewriteSettings.model_validate({
+        "prune_history": mode != "no_pruning",
+        "history_high_watermark_tokens": high,
+        "history_low_watermark_tokens": high if mode == "sliding_window" else low})
     cached = total = invalid = requests = over = compactions = 0
     for run in runs:
         model = make_model(provider, count_tokens)
@@ -57,11 +58,11 @@ def _replay(runs: list[Any], api: str, provider: str, mode: str, high: int, low:
             body = _client_body(api, run, req.messages)
             ctx = Context(settings, model=str(body["model"]), provider=provider,
                           session=MappingProxyType(dict(memory)))
-            res = rewrite_request(body, api, ctx)  # type: ignore[arg-type]
+            res = rewrite_request(body, api, ctx)
             if mode == "watermark":
                 memory.update(session_updates(res))
             requests += 1
-            if violations(wire.parse(res.body, api)):  # type: ignore[arg-type]
+            if violations(wire.parse(res.body, api)):
                 invalid += 1
             if _history_tokens(res.body, api) > high:
                 over += 1
@@ -87,7 +88,8 @@ def tau_history(quick: bool) -> dict[str, Any]:
     low = high // 2
     out: dict[str, Any] = {"runs": len(runs), "longest_history_tokens": longest,
                            "high_watermark_tokens": high, "low_watermark_tokens": low}
-    combos = [("openai", "openai"), ("openai", "radix"), ("anthropic", "anthropic")]
+    combos: list[tuple[Api, str]] = [("openai", "openai"), ("openai", "radix"),
+                                     ("anthropic", "anthropic")]
     modes = ("watermark", "sliding_window", "no_pruning")
     for api, provider in combos:
         out[f"{api}_api_{provider}_cache"] = {m: _replay(runs, api, provider, m, high, low)

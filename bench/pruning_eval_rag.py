@@ -69,11 +69,10 @@ def banking(quick: bool) -> dict[str, Any]:
         c_bodies = [bodies[i] for i in order]
         c_toks = [toks[i] for i in order]
         c_total = sum(c_toks)
-        budgets = [(s, int(s * c_total)) for s in TOP50_SHARES] + [("default", 2000)]
-        for share, budget in budgets:
+        budgets: list[tuple[list[int], int]] = [(top[s], int(s * c_total)) for s in TOP50_SHARES]
+        for acc, budget in [*budgets, (default, 2000)]:
             sel = select_passages(c_ids, c_bodies, c_toks, q, budget)
             kept = {c_ids[i] for i in sel.kept}
-            acc = default if share == "default" else top[share]
             acc[0] += len(c_req & kept)
             acc[1] += len(c_req)
             acc[2] += sel.tokens_after
@@ -128,8 +127,8 @@ def nq(quick: bool) -> dict[str, Any]:
         text = "Answer from these documents.\n" + "\n".join(chunks) + f"\nQuestion: {question}"
         body = {"model": "gpt-x", "messages": [{"role": "user", "content": text}]}
         for label, budget in (("default_2000", 2000), ("half", total // 2)):
-            ctx = Context(RewriteSettings(prune_rag=True, rag_budget_tokens=budget),
-                          session=MappingProxyType({}))
+            ctx = Context(RewriteSettings.model_validate(
+                {"prune_rag": True, "rag_budget_tokens": budget}), session=MappingProxyType({}))
             out, edits = prune_rag.run(wire.parse(body, "openai"), ctx)
             sent = wire.render(out)["messages"][0]["content"]
             acc = e2e[label]

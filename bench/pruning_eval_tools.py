@@ -199,15 +199,16 @@ def tau_airline(quick: bool, min_catalog: int) -> dict[str, Any]:
                     data.DATA / "tools" / "tau_bench_airline.json", runs=8 if quick else None)
     tools = data.tau_airline_tools()
     mcp = data.github_mcp_tools()
-    base = dict(prune_tools=True, hoist_volatile=False, place_breakpoints=False)
+    base: dict[str, Any] = {"prune_tools": True, "hoist_volatile": False,
+                            "place_breakpoints": False, "prune_tools_min_catalog": min_catalog}
+
+    def settings(**kw: Any) -> RewriteSettings:
+        return RewriteSettings.model_validate({**base, **kw})
+
     return {
-        "catalog_14_default_threshold": _tau_replay(
-            runs, tools, RewriteSettings(**base, prune_tools_min_catalog=min_catalog)),
-        "catalog_14_threshold_1": _tau_replay(
-            runs, tools, RewriteSettings(**base, prune_tools_min_catalog=1)),
-        "catalog_14_plus_117_github_mcp": _tau_replay(
-            runs, tools + mcp, RewriteSettings(**base, prune_tools_min_catalog=min_catalog)),
+        "catalog_14_default_threshold": _tau_replay(runs, tools, settings()),
+        "catalog_14_threshold_1": _tau_replay(runs, tools, settings(prune_tools_min_catalog=1)),
+        "catalog_14_plus_117_github_mcp": _tau_replay(runs, tools + mcp, settings()),
         "catalog_14_plus_117_github_mcp_pinned_think_calculate": _tau_replay(
-            runs, tools + mcp, RewriteSettings(**base, prune_tools_min_catalog=min_catalog,
-                                               pinned_tools=["think", "calculate"])),
+            runs, tools + mcp, settings(pinned_tools=["think", "calculate"])),
     }

@@ -22,7 +22,7 @@ STOPWORDS: frozenset[str] = frozenset(
     own same she should so some such than that the their theirs them themselves then there these
     they this those through to too under until up very was we were what when where which while who
     whom why will with would you your yours yourself yourselves please thanks thank hi hello also
-    get set use using given may must shall let lets want need like one would could""".split()
+    get set use using given may must shall let lets want need like one would could""".split()  # noqa: SIM905
 )
 
 
@@ -36,9 +36,7 @@ def stem(word: str) -> str:
         return word
     if word.endswith("ies") and len(word) > 4:
         word = word[:-3] + "y"
-    elif word.endswith("sses"):
-        word = word[:-2]
-    elif word.endswith("es") and word[-3] in "sxz" and len(word) > 4:
+    elif word.endswith("sses") or (word.endswith("es") and word[-3] in "sxz" and len(word) > 4):
         word = word[:-2]
     elif word.endswith("s") and not word.endswith(("ss", "us", "is")):
         word = word[:-1]

@@ -23,6 +23,7 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 PASSAGE_TAGS: tuple[str, ...] = (
@@ -68,7 +69,7 @@ def _tagged(text: str) -> list[Passage]:
     for tag in PASSAGE_TAGS:
         if lowered.count(f"</{tag}>") < 2:
             continue
-        pat = re.compile(rf"<{tag}(\s[^>]*)?>(.*?)</{tag}>", re.S | re.I)
+        pat = re.compile(rf"<{tag}(\s[^>]*)?>(.*?)</{tag}>", re.DOTALL | re.IGNORECASE)
         found = [
             Passage(_attr_id(m.group(1) or "") or content_id(m.group(2)), m.start(), m.end(),
                     f"tag:{tag}", re.sub(r"<[^>]{1,80}>", " ", m.group(2)))
@@ -84,7 +85,7 @@ def _numbered(text: str) -> list[Passage]:
     if len(marks) < 2:
         return []
     nums = [int(m.group(1)) for m in marks]
-    if any(b <= a for a, b in zip(nums, nums[1:])):
+    if any(b <= a for a, b in pairwise(nums)):
         return []
     out = []
     for i, m in enumerate(marks):
@@ -105,7 +106,7 @@ def _delimited(text: str, delimiters: Sequence[str]) -> list[Passage]:
             continue
         cuts = [m.start() for m in re.finditer(re.escape(delim), text)]
         out = []
-        for a, b in zip(cuts, cuts[1:]):
+        for a, b in pairwise(cuts):
             s, e = a + len(delim), b
             body = text[s:e]
             if body.strip():
@@ -139,7 +140,7 @@ def splice(text: str, passages: Sequence[Passage], kept: Sequence[Passage]) -> s
     head, tail = text[: passages[0].start], text[passages[-1].end :]
     if not kept:
         return head.rstrip() + ("\n" + tail.lstrip() if tail.strip() else tail)
-    gaps = [text[a.end : b.start] for a, b in zip(passages, passages[1:])]
+    gaps = [text[a.end : b.start] for a, b in pairwise(passages)]
     parts = [head]
     for i, p in enumerate(kept):
         if i:

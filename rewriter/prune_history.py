@@ -31,6 +31,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from typing import Any
 
 from rewriter.ir import Block, Message, Prompt, with_key
@@ -203,7 +204,7 @@ def compact(messages: Sequence[Message], plan: Plan, ctx: Context) -> Plan:
         toks[i] = after
     drop = 0
     starts = turn_starts(cur)
-    for s, e in zip(starts, starts[1:]):
+    for s, e in pairwise(starts):
         if total <= low:
             break
         if any(m.role in ("system", "developer") for m in cur[s:e]):

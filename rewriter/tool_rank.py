@@ -33,7 +33,7 @@ class ToolInfo:
     parameters: Mapping[str, Any]
 
     @staticmethod
-    def from_wire(tool: Mapping[str, Any]) -> "ToolInfo":
+    def from_wire(tool: Mapping[str, Any]) -> ToolInfo:
         """Read an OpenAI (``{"type":"function","function":{...}}``), Anthropic
         (``{"name","description","input_schema"}``), MCP (``inputSchema``) or BFCL
         (``parameters``) tool. Server tools without a schema get ``parameters == {}``."""

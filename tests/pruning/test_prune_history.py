@@ -98,7 +98,7 @@ def test_over_budget_parallel_results_are_elided_in_place_never_split_from_calls
 def test_newest_tool_round_is_not_elided() -> None:
     body = b16("openai")
     body["messages"] = body["messages"][:4]  # the request ends right after the results
-    out, edits = run(wire.parse(body, "openai"), ctx(**small_budget()))
+    out, _ = run(wire.parse(body, "openai"), ctx(**small_budget()))
     assert "elided" not in json.dumps(wire.render(out))
     assert not violations(out)
 

@@ -18,9 +18,10 @@ from tests.rewriter.helpers import ctx
 from tests.rewriter.strategies import anthropic_requests, openai_requests
 
 PASSES = (prune_tools.run, prune_rag.run, prune_history.run)
-SETTINGS = dict(prune_tools=True, prune_tools_min_catalog=1, prune_rag=True,
-                rag_budget_tokens=8, prune_history=True, history_high_watermark_tokens=40,
-                history_low_watermark_tokens=10)
+SETTINGS: dict[str, Any] = {
+    "prune_tools": True, "prune_tools_min_catalog": 1, "prune_rag": True, "rag_budget_tokens": 8,
+    "prune_history": True, "history_high_watermark_tokens": 40,
+    "history_low_watermark_tokens": 10}
 
 
 def _add_passages(body: dict[str, Any], draw: st.DrawFn) -> None:
