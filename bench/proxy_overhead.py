@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import socket
 import sys
@@ -35,9 +36,9 @@ from starlette.routing import Route
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from config.loader import parse_policy  # noqa: E402
-from proxy.app import build_app  # noqa: E402
-from proxy.stats import percentile  # noqa: E402
+from config.loader import parse_policy
+from proxy.app import build_app
+from proxy.stats import percentile
 
 
 def upstream_app(tokens: int, gap_s: float) -> Starlette:
@@ -118,7 +119,7 @@ def main() -> None:
                 for _ in range(args.requests):
                     ttft, arr = timed(client, url)
                     ttfts.append(ttft)
-                    gaps += [(b - a) * 1e3 for a, b in zip(arr, arr[1:])]
+                    gaps += [(b - a) * 1e3 for a, b in itertools.pairwise(arr)]
                 figures[name] = {"ttft_p50_ms": percentile(ttfts, 50),
                                  "ttft_p95_ms": percentile(ttfts, 95),
                                  "gap_p50_ms": percentile(gaps, 50),
