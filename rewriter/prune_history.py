@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from itertools import pairwise
 from typing import Any
 
@@ -149,8 +150,13 @@ def apply_plan(messages: Sequence[Message], plan: Plan, ctx: Context) -> list[Me
     return _elide(messages[plan.drop:], set(plan.elide), ctx)
 
 
+@lru_cache(maxsize=16384)
+def _count(text: str, count: Callable[[str], int]) -> int:
+    return count(text)
+
+
 def _tokens(messages: Sequence[Message], ctx: Context) -> list[int]:
-    return [ctx.count_tokens(_msg_json(m)) for m in messages]
+    return [_count(_msg_json(m), ctx.count_tokens) for m in messages]
 
 
 def will_compact(prompt: Prompt, ctx: Context) -> bool:
@@ -193,9 +199,9 @@ def compact(messages: Sequence[Message], plan: Plan, ctx: Context) -> Plan:
             break
         if not tid or tid in elide:
             continue
-        before = ctx.count_tokens(_msg_json(cur[i]))
+        before = toks[i]
         trial = _elide([cur[i]], elide | {tid}, ctx, names)[0]
-        after = ctx.count_tokens(_msg_json(trial))
+        after = _count(_msg_json(trial), ctx.count_tokens)
         if before - after < MIN_ELIDE_TOKENS:
             continue
         elide.add(tid)

@@ -15,7 +15,7 @@ turn would miss on the whole prompt every turn. The kept set is remembered in se
 remembered set, plus tools the history calls, plus the top :data:`ADD_TOP` tools for the newest
 user text that clear the keep rule's score ratio. It is rebuilt from scratch only at a compaction
 event (this request makes :mod:`rewriter.prune_history` compact, so the prefix is rebuilt
-anyway). Kept tools keep the canonical order the earlier passes gave the catalog. A client
+anyway; judged on the history as this pass sees it, before RAG pruning). Kept tools keep the canonical order the earlier passes gave the catalog. A client
 ``cache_control`` marker on a dropped tool moves to the nearest kept tool before it.
 """
 

@@ -137,3 +137,18 @@ def test_cache_marker_on_dropped_tool_moves_to_kept_tool() -> None:
     out, _ = run(wire.parse(body, "anthropic"), ctx(prune_tools=True))
     marks = [t for t in out.tools or () if t.cache_control is not None]
     assert len(marks) == 1
+
+
+def test_sticky_set_is_rebuilt_at_a_history_compaction() -> None:
+    body = {"model": "gpt-x", "tools": catalog("openai"), "messages": [
+        {"role": "user", "content": "old chat " + "blah " * 400},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "What is the weather in Oslo?"}]}
+    memory = {"prune_tools": {"kept": [f"filler_tool_{i:02d}" for i in range(20, 28)]}}
+    sticky = run(wire.parse(body, "openai"), ctx(session=memory, prune_tools=True))[0]
+    assert {"filler_tool_20", "filler_tool_27"} <= {t.name for t in sticky.tools or ()}
+    compacting = ctx(session=memory, prune_tools=True, prune_history=True,
+                     history_high_watermark_tokens=200, history_low_watermark_tokens=100)
+    rebuilt = run(wire.parse(body, "openai"), compacting)[0]
+    kept = {t.name for t in rebuilt.tools or ()}
+    assert "get_weather" in kept and "filler_tool_27" not in kept
