@@ -103,3 +103,43 @@ def test_redis_store_against_real_redis() -> None:
         assert 0 < s._r.ttl(s.prefix + sid) <= 60
     finally:
         s.delete(sid)
+
+
+def test_models_and_healthz(rig: Any) -> None:
+    models = httpx.get(rig.url + "/v1/models", timeout=10).json()
+    assert models["object"] == "list"
+    assert {"scripted-model"} <= {m["id"] for m in models["data"]}
+    assert httpx.get(rig.url + "/healthz", timeout=10).json()["status"] == "ok"
+
+
+def test_policy_redis_url_shares_session_memory_between_two_proxies(
+        rig_factory: Any, tmp_path: Path) -> None:
+    import redis
+
+    url = "redis://127.0.0.1:6379/0"
+    try:
+        redis.Redis.from_url(url).ping()
+    except redis.RedisError:
+        pytest.skip("no Redis at 127.0.0.1:6379 (make test starts one)")
+    from rewriter.types import Edit, RewriteResult
+
+    views: list[dict[str, Any]] = []
+
+    def remembering(body: Any, api: str, ctx: Any) -> RewriteResult:
+        views.append(dict(ctx.session))
+        return RewriteResult(body, [Edit("count", False, "params", "x",
+                                         memory={"n": ctx.session.get("n", 0) + 1})])
+
+    ledger = {"path": str(tmp_path / "l.sqlite"), "redis_url": url}
+    a = rig_factory(rewrite_fn=remembering, ledger=ledger)
+    b = rig_factory(rewrite_fn=remembering, ledger=ledger)
+    a.upstream.script = Script(body=completion())
+    sid = "shared-" + uuid.uuid4().hex
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    try:
+        for rig in (a, b, a):
+            httpx.post(rig.url + "/v1/chat/completions", json=body, timeout=30,
+                       headers={"x-prefixgate-session": sid})
+        assert views == [{}, {"n": 1}, {"n": 2}]
+    finally:
+        RedisSessionStore(url).delete(sid)
