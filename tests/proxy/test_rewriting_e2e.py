@@ -131,3 +131,15 @@ def test_session_id_is_stable_per_conversation_and_differs_across_keys() -> None
     assert session_id_for(h, t1) != session_id_for(h, other)
     assert session_id_for({"authorization": "Bearer k2"}, t1) != session_id_for(h, t1)
     assert session_id_for({"x-prefixgate-session": "abc"}, t1) == "abc"
+
+
+def test_policy_with_rewriting_disabled_forwards_the_exact_bytes(rig_factory: Any) -> None:
+    rig = rig_factory(rewrite_fn=default_rewrite_fn(), rewrite={"enabled": False})
+    rig.upstream.script = Script(body=completion())
+    body = turns()[1] | {"tools": [{"type": "function", "function": {"name": "z"}},
+                                   {"type": "function", "function": {"name": "a"}}]}
+    raw = httpx.Request("POST", "http://x", json=body).content
+    r = httpx.post(rig.url + "/v1/chat/completions", content=raw, timeout=30,
+                   headers={"content-type": "application/json"})
+    assert r.headers["x-prefixgate-edits"] == "off"
+    assert rig.upstream.seen[-1].raw == raw

@@ -69,3 +69,19 @@ def test_serve_spawns_the_engine_proxies_and_stops_it(tmp_path: Path) -> None:
         proc.wait(timeout=60)
     with pytest.raises(httpx.HTTPError):  # the spawned engine is gone too
         httpx.get(f"http://127.0.0.1:{engine_port}/health", timeout=2)
+
+
+def test_engine_command_execs_the_engine_with_extra_flags(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    from typer.testing import CliRunner
+
+    from proxy import cmd_serve
+    from proxy.cli import app
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(cmd_serve.os, "execv", lambda path, argv: calls.append(argv))
+    res = CliRunner().invoke(app, ["engine", "--model", "/m", "--port", "9000",
+                                   "--disable-prefix-cache"])
+    assert res.exit_code == 0, res.output
+    assert calls[0][1:] == ["-m", "local_engine", "--model", "/m", "--host", "127.0.0.1",
+                            "--port", "9000", "--device", "cpu", "--disable-prefix-cache"]
