@@ -4,7 +4,7 @@ Detectors (``volatile_spans``) only know clocks and ids. Anything else that chan
 request — a live counter, a rotating tip, a per-request summary line — is found by comparing
 the system text with the previous request's, without keeping that text: the session memory holds
 a 16-hex sha256 per line, and for long lines (over :data:`WORD_DIFF_MIN_CHARS`) an 8-hex hash
-per whitespace-separated word.
+per whitespace-separated word (crc32).
 
 * A line that changed in place (``difflib`` "replace" over the line hashes) becomes a learned
   entry ``[anchor, offset]``: ``anchor`` is the hash of the nearest *unique* unchanged line
@@ -24,7 +24,9 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
+import zlib
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from rewriter.volatile_spans import Span
@@ -43,7 +45,7 @@ def h16(text: str) -> str:
 
 
 def _h8(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{zlib.crc32(text.encode()):08x}"
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ class Line:
     end: int
 
 
-def split_lines(texts: list[str]) -> list[Line]:
+def split_lines(texts: list[str] | tuple[str, ...]) -> list[Line]:
     """Every line of every text block, in order."""
     out: list[Line] = []
     for bi, t in enumerate(texts):
@@ -67,24 +69,34 @@ def split_lines(texts: list[str]) -> list[Line]:
 
 
 def line_hashes(texts: list[str]) -> list[str]:
-    """:func:`h16` of each line of ``texts``."""
-    return [h16(texts[ln.block][ln.start:ln.end]) for ln in split_lines(texts)]
+    """:func:`h16` of each line of ``texts`` (memoized: system prompts repeat)."""
+    return list(_line_hashes(tuple(texts)))
+
+
+@lru_cache(maxsize=128)
+def _line_hashes(texts: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(h16(texts[ln.block][ln.start:ln.end]) for ln in split_lines(texts))
 
 
 def word_hashes(texts: list[str]) -> dict[str, list[str]]:
-    """``{line index: [8-hex word hashes]}`` for long lines (bounded by MAX_WORD_HASHES)."""
-    out: dict[str, list[str]] = {}
+    """``{line index: [8-hex crc32 word hashes]}`` for long lines (at most MAX_WORD_HASHES)."""
+    return {k: list(v) for k, v in _word_hashes(tuple(texts))}
+
+
+@lru_cache(maxsize=128)
+def _word_hashes(texts: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    out: dict[str, tuple[str, ...]] = {}
     total = 0
     for j, ln in enumerate(split_lines(texts)):
         text = texts[ln.block][ln.start:ln.end]
         if len(text) < WORD_DIFF_MIN_CHARS:
             continue
-        words = [_h8(m.group()) for m in _WORD.finditer(text)]
+        words = tuple(_h8(m.group()) for m in _WORD.finditer(text))
         if total + len(words) > MAX_WORD_HASHES:
             break
         total += len(words)
         out[str(j)] = words
-    return out
+    return tuple(out.items())
 
 
 def _anchor(cur: list[str], counts: dict[str, int], j1: int) -> tuple[str, int]:
