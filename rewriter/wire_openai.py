@@ -70,6 +70,8 @@ def render_message(msg: Message) -> dict[str, Any]:
             if present:
                 out[k] = value
         elif k == "tool_calls":
+            if isinstance(v, list) and v and not calls:
+                continue  # every call removed by a pass: OpenAI rejects an empty tool_calls
             out[k] = calls if isinstance(v, list) or calls else v
         else:
             out[k] = v

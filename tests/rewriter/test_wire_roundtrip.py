@@ -90,3 +90,15 @@ def test_image_blocks_are_referenced_not_copied() -> None:
     assert img.is_opaque and img.text == ""
     assert img.raw is body["messages"][0]["content"][0]
     assert wire.render(p)["messages"][0]["content"][0] is img.raw
+
+
+def test_removing_every_tool_call_drops_the_key_not_an_empty_list() -> None:
+    from dataclasses import replace
+    body = {"model": "m", "messages": [{"role": "assistant", "content": "x", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}
+    p = wire.parse(body, "openai")
+    m = p.messages[0]
+    p = replace(p, messages=(m.with_blocks([b for b in m.blocks if b.type != "tool_use"]),))
+    assert wire.render(p)["messages"][0] == {"role": "assistant", "content": "x"}
+    kept = {"model": "m", "messages": [{"role": "assistant", "content": "x", "tool_calls": []}]}
+    _same_bytes(kept, "openai")
