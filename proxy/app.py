@@ -26,6 +26,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import httpx
 import orjson
 from fastapi import FastAPI, Request
@@ -55,6 +56,10 @@ from rewriter.types import Context
 
 log = logging.getLogger("prefixgate.proxy")
 
+# Bodies above this (base64 images, B19) skip the break / counterfactual analysis: counting
+# tokens of megabytes of base64 costs ~0.25 s per MB and says nothing about the text prefix.
+ANALYZE_MAX_BYTES = 1 << 20
+
 
 @dataclass
 class ProxyState:
@@ -81,7 +86,7 @@ class ProxyState:
                  None if row.ttft_ms is None else round(row.ttft_ms, 1), row.edits)
 
 
-def _finish(state: ProxyState, row: LedgerRow, timing: Timing, usage: Usage, status: str,
+async def _finish(state: ProxyState, row: LedgerRow, timing: Timing, usage: Usage, status: str,
             memory: dict[str, Any], session_id: str, deltas: int = 0,
             analyze: Callable[[], tuple[int | None, dict[str, Any] | None]] | None = None
             ) -> None:
@@ -100,8 +105,8 @@ def _finish(state: ProxyState, row: LedgerRow, timing: Timing, usage: Usage, sta
             state.sessions.merge(session_id, memory)
         except Exception:
             log.exception("session memory merge failed")
-    if analyze is not None:
-        row.cf_cached_tokens, brk = analyze()
+    if analyze is not None:  # CPU work (token counting): off the event loop
+        row.cf_cached_tokens, brk = await anyio.to_thread.run_sync(analyze)
         if brk is not None:
             try:
                 state.ledger.write_break(row.session, brk)
@@ -150,12 +155,12 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
         if target.translate:
             err = orjson.dumps(bridge.error_to_anthropic(err, resp.status_code))
         row.error = f"upstream {resp.status_code}"
-        _finish(state, row, timing, Usage(), "upstream_error", {}, session_id)
+        await _finish(state, row, timing, Usage(), "upstream_error", {}, session_id)
         return Response(err, status_code=resp.status_code, headers=ours,
                         media_type=resp.headers.get("content-type", "application/json"))
 
     def analyze() -> tuple[int | None, dict[str, Any] | None]:
-        if state.insight is None:
+        if state.insight is None or len(raw) > ANALYZE_MAX_BYTES:
             return None, None
         return state.insight.observe(session=row.session, backend=target.backend_name,
                                      provider=target.provider, api=api, model=row.model,
@@ -167,8 +172,8 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
         watcher = AnthropicStreamWatcher() if target.wire == "anthropic" else OpenAIStreamWatcher()
         mapper = bridge.StreamMapper(row.model).map if target.translate else None
 
-        def on_end(status: str) -> None:
-            _finish(state, row, timing, watcher.usage, status, rw.memory, session_id,
+        async def on_end(status: str) -> None:
+            await _finish(state, row, timing, watcher.usage, status, rw.memory, session_id,
                     watcher.deltas, analyze)
 
         return SSEResponse(relay_events(resp, watcher, timing, on_end, mapper),
@@ -178,7 +183,7 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
     except httpx.HTTPError as e:
         await resp.aclose()
         row.error = type(e).__name__
-        _finish(state, row, timing, Usage(), "upstream_error", {}, session_id)
+        await _finish(state, row, timing, Usage(), "upstream_error", {}, session_id)
         return error_response(ProxyError("upstream connection broke while reading the answer"),
                               api)
     await resp.aclose()
@@ -187,7 +192,7 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
         content = orjson.dumps(bridge.response_to_anthropic(orjson.loads(content), row.model))
     timing.end = timing.start + timing.total_ms() / 1e3
     # 6. record
-    _finish(state, row, timing, usage, "ok", rw.memory, session_id, analyze=analyze)
+    await _finish(state, row, timing, usage, "ok", rw.memory, session_id, analyze=analyze)
     if usage.cached_tokens is not None:
         out_headers["x-prefixgate-cached-tokens"] = str(usage.cached_tokens)
     return Response(content, status_code=resp.status_code, headers=out_headers,

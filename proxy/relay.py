@@ -20,7 +20,7 @@ and the backend sees the disconnect and can stop decoding).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -129,11 +129,11 @@ class Upstream:
 
 
 async def relay_events(resp: httpx.Response, watcher: StreamWatcher, timing: Timing,
-                       on_end: Callable[[str], None],
+                       on_end: Callable[[str], Awaitable[None]],
                        mapper: EventMapper | None = None) -> AsyncIterator[bytes]:
     """Yield the upstream SSE body as whole events, timing content events.
 
-    ``on_end(status)`` is called exactly once when the relay stops: ``"ok"``,
+    ``await on_end(status)`` runs exactly once when the relay stops: ``"ok"``,
     ``"client_disconnect"`` (the generator was closed or cancelled) or ``"upstream_error"``
     (the upstream connection broke mid-stream). The upstream response is always closed.
     """
@@ -157,9 +157,9 @@ async def relay_events(resp: httpx.Response, watcher: StreamWatcher, timing: Tim
             status = "upstream_error"
     finally:
         timing.end = time.perf_counter()
-        on_end(status)
-        with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):  # runs even when the client's task is cancelled
             await resp.aclose()
+            await on_end(status)
 
 
 class SSEResponse(StreamingResponse):

@@ -12,7 +12,7 @@ import pytest
 from proxy.bridge_anthropic import StreamMapper, request_to_openai, response_to_anthropic
 from proxy.sse import EventSplitter, parse_event
 from tests.paths import DATA
-from tests.proxy.upstream import DONE, Script, chunk, completion
+from tests.proxy.upstream import DONE, Script, chunk, completion, wait_rows
 
 RECORDINGS = sorted((DATA / "sse" / "anthropic").glob("*.txt"))
 
@@ -33,7 +33,7 @@ def test_anthropic_recording_passes_through_byte_identical(rig: Any, path: Path)
             "model": "claude-x", "max_tokens": 32, "stream": True,
             "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200 and r.content == data
-    row = rig.ledger.rows()[-1]
+    row = wait_rows(rig.ledger, 1)[-1]
     assert row["status"] == "ok" and row["output_tokens"] is not None
 
 
@@ -55,7 +55,7 @@ def test_b07_cache_counts_merged_across_message_start_and_delta(rig: Any) -> Non
         "system": [{"type": "text", "text": "static", "cache_control": {"type": "ephemeral"}}],
         "messages": [{"role": "user", "content": "hi"}]})
     assert r.content == b"".join(ev)  # message_start keeps its cache fields
-    row = rig.ledger.rows()[-1]
+    row = wait_rows(rig.ledger, 1)[-1]
     assert (row["prompt_tokens"], row["cached_tokens"], row["cache_write_tokens"],
             row["output_tokens"]) == (12 + 2048, 2048, 0, 7)
 
@@ -126,7 +126,7 @@ def test_b08_stream_usage_in_message_delta_through_the_proxy(rig: Any) -> None:
     assert delta["usage"] == {"input_tokens": 992, "cache_creation_input_tokens": 0,
                               "cache_read_input_tokens": 11008, "output_tokens": 40}
     assert delta["delta"]["stop_reason"] == "end_turn"
-    row = rig.ledger.rows()[-1]
+    row = wait_rows(rig.ledger, 1)[-1]
     assert (row["prompt_tokens"], row["cached_tokens"]) == (12000, 11008)
 
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from proxy.cli import app
 from tests.paths import DATA
-from tests.proxy.upstream import DONE, Script, chunk
+from tests.proxy.upstream import DONE, Script, chunk, wait_rows
 
 RULES = "Follow the airline policy. Be brief. Verify the user id first. " * 40
 
@@ -89,7 +89,7 @@ def test_replay_sends_each_side_with_its_own_session_and_counts_skips(rig: Any,
     assert all(s.json["stream"] is True and s.json["max_tokens"] == 8 for s in seen)
     first_system = seen[0].json["messages"][0]["content"]
     assert "2024-05-15 15:00:00" not in first_system  # wall clock put in
-    rows = rig.ledger.rows()
+    rows = wait_rows(rig.ledger, 10)
     assert [r["rewrite"] for r in rows] == [0] * 5 + [1] * 5
     assert len({r["session"] for r in rows[:5]}) == 1 and rows[0]["session"] != rows[5]["session"]
 

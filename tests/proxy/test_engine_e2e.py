@@ -12,6 +12,7 @@ import pytest
 from cache.ledger import Ledger
 from config.loader import parse_policy
 from proxy.app import build_app
+from tests.proxy.upstream import wait_rows
 from tests.servers import serve_app
 from tests.tiny_model import make_tiny_model_dir, real_model_dir
 
@@ -70,6 +71,7 @@ def test_openai_sdk_sync_stream(stack: Any) -> None:
     from openai import OpenAI
 
     url, ledger = stack
+    before = len(ledger.rows())
     client = OpenAI(base_url=url + "/v1", api_key="sk-proxy-test", max_retries=0)
     chunks = list(client.chat.completions.create(
         model="tiny", messages=MSGS, max_tokens=6, temperature=0, stream=True,
@@ -77,7 +79,7 @@ def test_openai_sdk_sync_stream(stack: Any) -> None:
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     usage = chunks[-1].usage
     assert text and usage.completion_tokens == 6
-    row = ledger.rows()[-1]
+    row = wait_rows(ledger, before + 1)[-1]
     assert row["stream"] == 1 and row["output_tokens"] == 6
     assert row["prompt_tokens"] == usage.prompt_tokens
     assert row["ttft_ms"] is not None and row["tpot_ms"] is not None

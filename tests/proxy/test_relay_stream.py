@@ -14,7 +14,7 @@ import pytest
 
 from proxy.sse import EventSplitter, parse_event
 from tests.paths import DATA
-from tests.proxy.upstream import DONE, Script, chunk
+from tests.proxy.upstream import DONE, Script, chunk, wait_rows
 
 RECORDINGS = sorted((DATA / "sse" / "openai").glob("*.bin"))
 BODY = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "Explain recursion"}]}
@@ -69,7 +69,7 @@ def test_b10_tokens_arrive_paced_with_no_buffering_headers(rig: Any) -> None:
     same_ms = sum(g < 1.0 for g in gaps)
     assert same_ms < len(gaps) / 2, f"most chunks arrived in the same millisecond: {gaps}"
     assert 15.0 <= statistics.median(gaps) <= 40.0, gaps
-    row = rig.ledger.rows()[-1]
+    row = wait_rows(rig.ledger, 1)[-1]
     assert row["stream"] == 1 and row["status"] == "ok"
     assert row["ttft_ms"] is not None and row["ttft_ms"] >= 20.0
     assert 15.0 <= row["tpot_ms"] <= 40.0
@@ -99,7 +99,7 @@ def test_stream_usage_and_cached_tokens_reach_the_ledger(rig: Any) -> None:
     body = {**BODY, "stream_options": {"include_usage": True}}
     r, _ = stream_through(rig.url, body, headers={"x-prefixgate-rewrite": "off"})
     assert r.headers["x-prefixgate-edits"] == "off"
-    row = rig.ledger.rows()[-1]
+    row = wait_rows(rig.ledger, 1)[-1]
     assert (row["prompt_tokens"], row["cached_tokens"], row["output_tokens"]) == (50, 32, 3)
     # the client body reached the upstream byte for byte
     assert rig.upstream.seen[-1].json == body

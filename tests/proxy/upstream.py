@@ -111,3 +111,18 @@ def completion(text: str = "hi", usage: Any = None) -> dict[str, Any]:
                          "finish_reason": "stop"}],
             "usage": usage or {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12,
                                "prompt_tokens_details": {"cached_tokens": 4}}}
+
+
+def wait_rows(ledger: Any, n: int, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """The ledger's rows once there are at least ``n``. A streamed request's row is written
+    just after its last byte (after the break / counterfactual analysis), so a client that has
+    read ``[DONE]`` may look a few milliseconds too early."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    rows = ledger.rows()
+    while len(rows) < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+        rows = ledger.rows()
+    assert len(rows) >= n, f"ledger has {len(rows)} rows, expected {n}"
+    return rows  # type: ignore[no-any-return]
