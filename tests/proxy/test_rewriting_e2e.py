@@ -143,3 +143,30 @@ def test_policy_with_rewriting_disabled_forwards_the_exact_bytes(rig_factory: An
                    headers={"content-type": "application/json"})
     assert r.headers["x-prefixgate-edits"] == "off"
     assert rig.upstream.seen[-1].raw == raw
+
+
+def test_b02_block_list_system_with_cache_control_same_on_stream_and_non_stream(
+        rig_factory: Any) -> None:
+    rig = rig_factory(rewrite_fn=default_rewrite_fn())
+    msg = {"id": "msg_1", "type": "message", "role": "assistant", "content": [],
+           "usage": {"input_tokens": 1, "output_tokens": 1}}
+    rig.upstream.script = Script(body=msg)
+    body = {"model": "claude-x", "max_tokens": 32,
+            "system": [{"type": "text", "text": RULES, "cache_control": {"type": "ephemeral"}},
+                       {"type": "text", "text": "short session note"}],
+            "messages": [{"role": "user", "content": "Hello"}]}
+    for stream in (True, False, True, False):
+        if stream:
+            rig.upstream.script = Script(pieces=[b"event: message_stop\ndata: "
+                                                 b'{"type":"message_stop"}\n\n'])
+        else:
+            rig.upstream.script = Script(body=msg)
+        httpx.post(rig.url + "/v1/messages", json={**body, "stream": stream}, timeout=30,
+                   headers={"x-api-key": "sk-proxy-k", "x-prefixgate-session": "b02"})
+    sent = [s.json for s in rig.upstream.seen]
+    for s in sent:
+        assert isinstance(s["system"], list) and len(s["system"]) == 2
+        assert s["system"][0]["cache_control"]["type"] == "ephemeral"
+        assert s["system"][0]["text"] == RULES
+    without_stream = [{k: v for k, v in s.items() if k != "stream"} for s in sent]
+    assert without_stream[0] == without_stream[1] == without_stream[2] == without_stream[3]
