@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from rewriter.ir import Message, Prompt, Tool, with_key
+from rewriter.ir import Message, Prompt, Tool
 from rewriter.wire_common import (
     UnmodelledShape,
     is_list_of_dicts,
     parse_content,
     render_body,
     render_content,
+    render_message_dict,
 )
 
 
@@ -60,19 +61,7 @@ def parse(body: dict[str, Any]) -> Prompt:
 
 def render_message(msg: Message) -> dict[str, Any]:
     """Wire dict of one message: ``raw`` with ``content`` re-rendered in place."""
-    present, value = render_content(list(msg.blocks), msg.form)
-    out: dict[str, Any] = {}
-    for k, v in msg.raw.items():
-        if k == "content":
-            if present:
-                out[k] = value
-        else:
-            out[k] = v
-    if not msg.raw and msg.role:  # a message built by a pass
-        out = {"role": msg.role, **out}
-    if present and "content" not in out:
-        out = with_key(out, "content", value)
-    return out
+    return render_message_dict(msg, {"content": render_content(list(msg.blocks), msg.form)})
 
 
 def render(prompt: Prompt) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rewriter.ir import Block, ContentForm, Prompt
+from rewriter.ir import Block, ContentForm, Message, Prompt, with_key
 
 
 class UnmodelledShape(Exception):
@@ -82,4 +82,25 @@ def render_body(
             present, value = fn()
             if present:
                 out[k] = value
+    return out
+
+
+def render_message_dict(msg: Message, fields: dict[str, tuple[bool, Any]]) -> dict[str, Any]:
+    """``msg.raw`` with each key of ``fields`` re-rendered in place.
+
+    ``fields`` maps a key to ``(present, value)``: present keys keep their original position
+    (appended when new), absent ones are dropped. A message built by a pass (empty ``raw``)
+    gets ``role`` first.
+    """
+    out: dict[str, Any] = {}
+    for k, v in msg.raw.items():
+        if k not in fields:
+            out[k] = v
+        elif fields[k][0]:
+            out[k] = fields[k][1]
+    if not msg.raw and msg.role:
+        out = {"role": msg.role, **out}
+    for k, (present, value) in fields.items():
+        if present and k not in out:
+            out = with_key(out, k, value)
     return out

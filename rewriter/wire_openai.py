@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from rewriter.ir import Block, Message, Prompt, Tool, with_key
+from rewriter.ir import Block, Message, Prompt, Tool
 from rewriter.wire_common import (
     UnmodelledShape,
     is_list_of_dicts,
     parse_content,
     render_body,
     render_content,
+    render_message_dict,
 )
 
 SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -59,29 +60,23 @@ def parse(body: dict[str, Any]) -> Prompt:
                   system_present="messages" in modelled)
 
 
+def _tool_calls_field(msg: Message, calls: list[dict[str, Any]]) -> tuple[bool, Any]:
+    if calls:
+        return True, calls
+    if "tool_calls" not in msg.raw:
+        return False, None
+    v = msg.raw["tool_calls"]
+    if isinstance(v, list):
+        return not v, []  # every call removed by a pass: OpenAI rejects an empty tool_calls
+    return True, v
+
+
 def render_message(msg: Message) -> dict[str, Any]:
     """Wire dict of one message: ``raw`` with ``content`` / ``tool_calls`` re-rendered in place."""
     content = [b for b in msg.blocks if b.type != "tool_use"]
     calls = [b.raw for b in msg.blocks if b.type == "tool_use"]
-    present, value = render_content(content, msg.form)
-    out: dict[str, Any] = {}
-    for k, v in msg.raw.items():
-        if k == "content":
-            if present:
-                out[k] = value
-        elif k == "tool_calls":
-            if isinstance(v, list) and v and not calls:
-                continue  # every call removed by a pass: OpenAI rejects an empty tool_calls
-            out[k] = calls if isinstance(v, list) or calls else v
-        else:
-            out[k] = v
-    if not msg.raw and msg.role:  # a message built by a pass
-        out = {"role": msg.role, **out}
-    if present and "content" not in out:
-        out = with_key(out, "content", value)
-    if calls and "tool_calls" not in out:
-        out = with_key(out, "tool_calls", calls)
-    return out
+    return render_message_dict(msg, {"content": render_content(content, msg.form),
+                                     "tool_calls": _tool_calls_field(msg, calls)})
 
 
 def render(prompt: Prompt) -> dict[str, Any]:
