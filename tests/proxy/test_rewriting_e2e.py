@@ -157,8 +157,8 @@ def test_b02_block_list_system_with_cache_control_same_on_stream_and_non_stream(
             "messages": [{"role": "user", "content": "Hello"}]}
     for stream in (True, False, True, False):
         if stream:
-            rig.upstream.script = Script(pieces=[b"event: message_stop\ndata: "
-                                                 b'{"type":"message_stop"}\n\n'])
+            stop = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+            rig.upstream.script = Script(pieces=[stop])
         else:
             rig.upstream.script = Script(body=msg)
         httpx.post(rig.url + "/v1/messages", json={**body, "stream": stream}, timeout=30,
