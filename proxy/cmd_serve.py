@@ -72,7 +72,7 @@ def engine(
     port: int = typer.Option(8081, "--port"),
     device: str = typer.Option("cpu", "--device"),
 ) -> None:
-    """Run the local engine alone (``python -m local_engine``); extra flags pass through."""
+    """Run the local engine alone (python -m local_engine); extra flags pass through."""
     argv = engine_command(str(model), host, port, device, list(ctx.args))
     sys.stdout.flush()
     os.execv(argv[0], argv)
