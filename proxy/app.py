@@ -11,8 +11,9 @@ it::
     record   cache.ledger      one row per request, metrics, session memory merged,
              proxy.insight     cache breaks + counterfactual cached tokens (after the answer)
 
-Endpoints: ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic; to an
-OpenAI-compatible backend through :mod:`proxy.bridge_anthropic`), ``GET /v1/models``,
+Endpoints: ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic); a client
+whose API differs from its backend's goes through a bridge (:mod:`proxy.translate`),
+``GET /v1/models``,
 ``GET /healthz``, ``GET /metrics``. Response headers: ``x-prefixgate-edits`` (the rewrite
 summary, or ``off``), ``x-prefixgate-tokens-pruned``, and on non-streamed answers
 ``x-prefixgate-cached-tokens`` (a stream's headers leave before its usage is known).
@@ -35,8 +36,7 @@ from starlette.responses import JSONResponse, Response
 from cache.ledger import Ledger, LedgerRow
 from cache.session import MemorySessionStore, RedisSessionStore, SessionStore
 from config.schema import Policy
-from proxy import bridge_anthropic as bridge
-from proxy import wire
+from proxy import translate, wire
 from proxy.errors import Api, ProxyError, api_for_path, error_response
 from proxy.headers import downstream_headers, upstream_headers
 from proxy.insight import Insight
@@ -137,7 +137,7 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
                           session_id=session_id, session=state.sessions.get(session_id))
         rw = run_rewrite(state.rewrite_fn, body, raw, api, ctx)
         row.rewrite, row.edits, row.tokens_pruned = ctx is not None, rw.summary, rw.pruned
-        up_raw = orjson.dumps(bridge.request_to_openai(rw.body)) if target.translate else rw.raw
+        up_raw = orjson.dumps(translate.request(api, rw.body)) if target.translate else rw.raw
         # 4. send
         headers = upstream_headers(request.headers.items(), target.backend, target.api_key())
         resp = await state.upstream.send(target.url(), headers, up_raw, target.backend.timeout_s)
@@ -153,7 +153,7 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
         err = await resp.aread()
         await resp.aclose()
         if target.translate:
-            err = orjson.dumps(bridge.error_to_anthropic(err, resp.status_code))
+            err = orjson.dumps(translate.error(api, err, resp.status_code))
         row.error = f"upstream {resp.status_code}"
         await _finish(state, row, timing, Usage(), "upstream_error", {}, session_id)
         return Response(err, status_code=resp.status_code, headers=ours,
@@ -170,7 +170,7 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
     out_headers = {**downstream_headers(resp.headers), **ours}
     if row.stream:
         watcher = AnthropicStreamWatcher() if target.wire == "anthropic" else OpenAIStreamWatcher()
-        mapper = bridge.StreamMapper(row.model).map if target.translate else None
+        mapper = translate.mapper(api, row.model, watcher, body) if target.translate else None
 
         async def on_end(status: str) -> None:
             await _finish(state, row, timing, watcher.usage, status, rw.memory, session_id,
@@ -189,7 +189,7 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
     await resp.aclose()
     usage = usage_from_body(content, target.wire)
     if target.translate:
-        content = orjson.dumps(bridge.response_to_anthropic(orjson.loads(content), row.model))
+        content = orjson.dumps(translate.response(api, orjson.loads(content), row.model))
     timing.end = timing.start + timing.total_ms() / 1e3
     # 6. record
     await _finish(state, row, timing, usage, "ok", rw.memory, session_id, analyze=analyze)

@@ -28,7 +28,7 @@ class Target:
 
     ``route``: the matching glob; ``backend_name``: key in ``policy.backends``; ``wire``: the
     API the upstream speaks (``"openai"`` or ``"anthropic"``); ``translate``: True when the
-    client's API differs from ``wire`` (Anthropic client to an OpenAI-compatible backend).
+    client's API differs from ``wire``.
     """
 
     route: str
@@ -54,8 +54,8 @@ class Target:
 def pick_target(policy: Policy, model: str, api: Api, *, can_translate: bool = False) -> Target:
     """Route ``model`` for a client speaking ``api``; see module docstring for errors.
 
-    ``can_translate``: whether an Anthropic client may be served by an OpenAI-compatible
-    backend (the A->O bridge); an OpenAI client is never sent to an Anthropic backend.
+    ``can_translate``: whether a client may be served by a backend of the other API (through
+    :mod:`proxy.translate`); without it such a route is a 501.
     """
     hit = resolve_route(policy, model)
     if hit is None:
@@ -65,7 +65,7 @@ def pick_target(policy: Policy, model: str, api: Api, *, can_translate: bool = F
     glob = next(r.match for r in policy.routes
                 if r.backend == name and fnmatch.fnmatchcase(model, r.match))
     wire: Api = "anthropic" if backend.kind == "anthropic" else "openai"
-    if wire != api and not (api == "anthropic" and can_translate):
+    if wire != api and not can_translate:
         raise NotSupported(f"model '{model}' routes to backend '{name}' ({backend.kind}), which "
                            f"does not serve the {api} API through this proxy", param="model")
     return Target(glob, name, backend, PROVIDER_OF_KIND[backend.kind], wire, wire != api)

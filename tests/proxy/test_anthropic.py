@@ -158,3 +158,108 @@ def test_upstream_error_is_translated_to_anthropic_shape(rig: Any) -> None:
     assert r.status_code == 400
     assert r.json() == {"type": "error", "error": {"type": "invalid_request_error",
                                                    "message": "context too long"}}
+
+
+# --- O->A: an OpenAI client whose model routes to an Anthropic backend -------------------------
+
+def _anthropic_stream(read: int, write: int, text: str = "Hi") -> list[bytes]:
+    objs = [
+        {"type": "message_start", "message": {
+            "id": "msg_9", "type": "message", "role": "assistant", "content": [], "model": "c",
+            "usage": {"input_tokens": 5, "cache_creation_input_tokens": write,
+                      "cache_read_input_tokens": read, "output_tokens": 1}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1, "content_block": {
+            "type": "tool_use", "id": "toolu_1", "name": "calc", "input": {}}},
+        {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta",
+                                                              "partial_json": '{"e": "2+2"}'}},
+        {"type": "content_block_stop", "index": 1},
+        {"type": "message_delta", "delta": {"stop_reason": "tool_use"},
+         "usage": {"output_tokens": 9}},
+        {"type": "message_stop"}]
+    return [f"event: {o['type']}\ndata: {json.dumps(o)}\n\n".encode() for o in objs]
+
+
+B07_BODY = {"model": "claude-x", "stream": True, "stream_options": {"include_usage": True},
+            "messages": [{"role": "system", "content": [
+                {"type": "text", "text": "static " * 300, "cache_control": {"type": "ephemeral"}}]},
+                {"role": "user", "content": "hi"}]}
+
+
+def test_b07_openai_client_to_anthropic_gets_cached_tokens_in_the_usage_chunk(rig: Any) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=rig.url + "/v1", api_key="sk-proxy-k", max_retries=0)
+    rig.upstream.script = Script(pieces=_anthropic_stream(read=2048, write=0))
+    kw = {k: v for k, v in B07_BODY.items() if k != "stream"}
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    sent = rig.upstream.seen[-1]
+    assert sent.path == "/v1/messages" and sent.headers["x-api-key"] == "sk-ant-backend-KEY"
+    assert sent.json["system"][0]["cache_control"] == {"type": "ephemeral"}  # block list kept
+    assert sent.json["messages"] == [{"role": "user", "content": [{"type": "text",
+                                                                   "text": "hi"}]}]
+    assert "stream_options" not in sent.json and sent.json["max_tokens"] == 4096
+    usage = chunks[-1].usage
+    assert usage.prompt_tokens_details.cached_tokens == 2048
+    assert usage.prompt_tokens == 5 + 2048 + 0 and usage.completion_tokens == 9
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Hi"
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert calls[0].id == "toolu_1" and calls[0].function.name == "calc"
+    assert json.loads("".join(tc.function.arguments or "" for tc in calls)) == {"e": "2+2"}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    row = wait_rows(rig.ledger, 1)[-1]
+    assert (row["cached_tokens"], row["cache_write_tokens"], row["prompt_tokens"]) == (
+        2048, 0, 2053)
+
+
+def test_b07_stream_and_non_stream_report_the_same_numbers(rig: Any) -> None:
+    msg = {"id": "msg_9", "type": "message", "role": "assistant", "model": "c",
+           "content": [{"type": "text", "text": "Hi"}], "stop_reason": "end_turn",
+           "usage": {"input_tokens": 5, "cache_creation_input_tokens": 100,
+                     "cache_read_input_tokens": 2048, "output_tokens": 9}}
+    rig.upstream.script = Script(body=msg)
+    r = httpx.post(rig.url + "/v1/chat/completions", timeout=30,
+                   json={**B07_BODY, "stream": False})
+    full = r.json()
+    assert full["choices"][0]["message"] == {"role": "assistant", "content": "Hi"}
+    assert full["usage"]["prompt_tokens"] == 5 + 100 + 2048
+    assert full["usage"]["prompt_tokens_details"] == {"cached_tokens": 2048}
+    assert r.headers["x-prefixgate-cached-tokens"] == "2048"
+    rig.upstream.script = Script(pieces=_anthropic_stream(read=2048, write=100))
+    r = httpx.post(rig.url + "/v1/chat/completions", timeout=30, json=B07_BODY)
+    last = [json.loads(parse_event(e).data) for e in events_of(r.content)
+            if parse_event(e).data != "[DONE]"][-1]
+    assert last["usage"]["prompt_tokens"] == full["usage"]["prompt_tokens"]
+    assert last["usage"]["prompt_tokens_details"] == {"cached_tokens": 2048}
+    assert r.content.endswith(b"data: [DONE]\n\n")
+
+
+def test_o2a_tool_loop_request_translation() -> None:
+    from proxy.bridge_openai import request_to_anthropic
+
+    out = request_to_anthropic({"model": "claude-x", "max_tokens": 64, "stop": "END",
+        "tools": [{"type": "function", "function": {"name": "calc", "parameters": {
+            "type": "object", "properties": {"e": {"type": "string"}}}}}],
+        "tool_choice": "required",
+        "messages": [
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_9", "type": "function",
+                 "function": {"name": "calc", "arguments": '{"e":"2+2"}'}}]},
+            {"role": "tool", "tool_call_id": "call_9", "content": "4"},
+            {"role": "assistant", "content": ""},
+            {"role": "user", "content": "thanks"}]})
+    assert out["system"] == "sys" and out["stop_sequences"] == ["END"]
+    assert out["tool_choice"] == {"type": "any"}
+    assert out["tools"][0]["input_schema"]["properties"] == {"e": {"type": "string"}}
+    assert out["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "2+2?"}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "call_9", "name": "calc",
+                                           "input": {"e": "2+2"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "call_9", "content": "4"},
+            {"type": "text", "text": "thanks"}]}]  # empty assistant dropped, never an empty block

@@ -135,5 +135,15 @@ def test_anthropic_endpoint_checks_max_tokens(rig: Any) -> None:
     assert "max_tokens" in body["error"]["message"]
 
 
-def test_openai_client_to_anthropic_backend_is_a_clear_501(rig: Any) -> None:
-    assert_openai_error(post(rig.url, json={**OK, "model": "claude-x"}), 501, "unsupported_route")
+def test_route_to_the_other_api_without_a_bridge_is_a_clear_501() -> None:
+    from config.loader import parse_policy
+    from proxy.errors import NotSupported
+    from proxy.router import pick_target
+
+    policy = parse_policy({"backends": {"a": {"kind": "anthropic",
+                                              "base_url": "http://127.0.0.1:9/v1"}},
+                           "routes": [{"match": "*", "backend": "a"}]})
+    with pytest.raises(NotSupported) as e:
+        pick_target(policy, "claude-x", "openai", can_translate=False)
+    assert e.value.status == 501 and e.value.code == "unsupported_route"
+    assert pick_target(policy, "claude-x", "openai", can_translate=True).translate
