@@ -47,7 +47,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.serving_client import EngineProcess, percentile, timed_stream  # noqa: E402
+from bench.serving_client import EngineProcess, percentile, timed_stream
 
 DATA = REPO.parent / "shared" / "data"
 MODEL_DIR = Path("~/.cache/prefixgate/models/SmolLM2-135M-Instruct").expanduser()
@@ -131,7 +131,7 @@ def replay_ours(
     threads: int,
 ) -> dict[str, Any]:
     """Replay over HTTP against ``python -m local_engine``; ``n_concurrent`` client threads."""
-    rows: list[dict[str, float]] = []
+    rows: list[dict[str, Any]] = []
     lock = threading.Lock()
     peak = [0.0]
     done = threading.Event()

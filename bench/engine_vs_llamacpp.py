@@ -39,7 +39,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.serving_client import EngineProcess, median, timed_stream  # noqa: E402
+from bench.serving_client import EngineProcess, median, timed_stream
 
 DATA = REPO.parent / "shared" / "data"
 MODEL_DIR = Path("~/.cache/prefixgate/models/SmolLM2-135M-Instruct").expanduser()

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -144,9 +144,9 @@ class EngineProcess:
         self.timeout_s = timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> EngineProcess:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=log, stderr=log)
+    def __enter__(self) -> Self:
+        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the fd
+            self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=log, stderr=log)
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

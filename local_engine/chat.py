@@ -32,6 +32,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from jinja2 import TemplateError
+
 from local_engine.protocol import ApiError
 
 __all__ = [
@@ -204,7 +206,7 @@ def render_chat(
                 text = _chatml(plain)
     except ApiError:
         raise
-    except Exception as exc:  # jinja2 TemplateError / raise_exception() in templates
+    except (TemplateError, TypeError, KeyError, ValueError) as exc:  # raise_exception() etc.
         raise ApiError(
             f"The model's chat template rejected the messages: {exc}",
             param="messages",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,8 +36,14 @@ from local_engine.protocol import (
     CompletionRequest,
     parse_request,
 )
-from local_engine.sse import ChatChunks, CompletionChunks, usage_dict
-from local_engine.tool_calls import ToolCallStream, parse_tool_calls
+from local_engine.sse import (
+    ChatChunks,
+    ChatStreamWriter,
+    CompletionChunks,
+    CompletionStreamWriter,
+    chat_message,
+    usage_dict,
+)
 
 __all__ = ["build_app"]
 
@@ -177,7 +183,9 @@ class _Server:
 
     # ---- engine stream -------------------------------------------------------------------
 
-    async def _outputs(self, job: _Job, timing: _Timing) -> AsyncIterator[RequestOutput]:
+    async def _outputs(
+        self, job: _Job, timing: _Timing
+    ) -> AsyncGenerator[RequestOutput, None]:
         """The engine's outputs for ``job``; records metrics when it finishes."""
         last: RequestOutput | None = None
         try:
@@ -249,67 +257,40 @@ class _Server:
     def _final_body(self, job: _Job, text: str, last: RequestOutput) -> dict[str, Any]:
         model = self.engine.model_name
         usage = usage_dict(last)
-        reason = last.finish_reason
         if job.kind == "completion":
-            return CompletionChunks(job.request_id, job.created, model).full(text, reason, usage)
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        if job.parse_tools:
-            parsed = parse_tool_calls(text)
-            if parsed.tool_calls:
-                message = {"role": "assistant", "content": parsed.content,
-                           "tool_calls": parsed.tool_calls}
-                reason = "tool_calls"
+            chunks = CompletionChunks(job.request_id, job.created, model)
+            return chunks.full(text, last.finish_reason, usage)
+        message, reason = chat_message(text, last.finish_reason, job.parse_tools)
         return ChatChunks(job.request_id, job.created, model).full(message, reason, usage)
 
     async def _stream(
         self,
         job: _Job,
         first: RequestOutput,
-        outputs: AsyncIterator[RequestOutput],
+        outputs: AsyncGenerator[RequestOutput, None],
         watcher: asyncio.Task[None],
     ) -> AsyncIterator[bytes]:
         model = self.engine.model_name
-        chunks: ChatChunks | CompletionChunks
+        writer: ChatStreamWriter | CompletionStreamWriter
         if job.kind == "chat":
-            chunks = ChatChunks(job.request_id, job.created, model, job.include_usage)
-            yield chunks.role_chunk()
+            chat = ChatChunks(job.request_id, job.created, model, job.include_usage)
+            writer = ChatStreamWriter(chat, job.parse_tools)
         else:
-            chunks = CompletionChunks(job.request_id, job.created, model, job.include_usage)
-        tools = ToolCallStream() if job.parse_tools else None
+            comp = CompletionChunks(job.request_id, job.created, model, job.include_usage)
+            writer = CompletionStreamWriter(comp)
         last = first
         try:
-            for event in self._events(tools, first.text_delta):
-                yield self._event_chunk(chunks, event)
+            for event in writer.start() + writer.feed(first.text_delta):
+                yield event
             async for out in outputs:
                 last = out
-                for event in self._events(tools, out.text_delta):
-                    yield self._event_chunk(chunks, event)
-            if tools is not None:
-                for event in tools.finish():
-                    yield self._event_chunk(chunks, event)
+                for event in writer.feed(out.text_delta):
+                    yield event
         finally:
             watcher.cancel()
-            await outputs.aclose()  # type: ignore[attr-defined]
-        reason = "tool_calls" if tools is not None and tools.num_calls else last.finish_reason
-        yield chunks.finish_chunk(reason)
-        if job.include_usage:
-            yield chunks.usage_chunk(usage_dict(last))
-        yield b"data: [DONE]\n\n"
-
-    @staticmethod
-    def _events(tools: ToolCallStream | None, delta: str) -> list[tuple[str, Any]]:
-        if tools is None:
-            return [("text", delta)] if delta else []
-        return tools.feed(delta)
-
-    @staticmethod
-    def _event_chunk(chunks: ChatChunks | CompletionChunks, event: tuple[str, Any]) -> bytes:
-        kind, value = event
-        if kind == "text":
-            return chunks.text_chunk(value)
-        assert isinstance(chunks, ChatChunks)
-        index, call = value
-        return chunks.tool_call_chunk(index, call)
+            await outputs.aclose()
+        for event in writer.close(last.finish_reason, usage_dict(last)):
+            yield event
 
     # ---- routes --------------------------------------------------------------------------
 

@@ -14,7 +14,20 @@ from typing import Any, Protocol
 
 import orjson
 
-__all__ = ["ChatChunks", "CompletionChunks", "sse", "usage_dict"]
+from local_engine.tool_calls import ToolCallStream, parse_tool_calls
+
+__all__ = [
+    "DONE",
+    "ChatChunks",
+    "ChatStreamWriter",
+    "CompletionChunks",
+    "CompletionStreamWriter",
+    "chat_message",
+    "sse",
+    "usage_dict",
+]
+
+DONE = b"data: [DONE]\n\n"
 
 
 class _UsageSource(Protocol):
@@ -153,3 +166,85 @@ class CompletionChunks:
             ],
             "usage": usage,
         }
+
+
+class ChatStreamWriter:
+    """Turns a chat request's text deltas into its SSE events (pure; no engine, no I/O).
+
+    ``start()`` -> the role chunk; ``feed(delta)`` -> content / tool-call chunks (with
+    ``parse_tools``, text is held back only while it may be a ``<tool_call>`` block, see
+    ``tool_calls.ToolCallStream``); ``close(finish_reason, usage)`` -> flushed text, the
+    finish chunk (``tool_calls`` when a call was emitted), the usage chunk when
+    ``include_usage``, and ``data: [DONE]``.
+    """
+
+    def __init__(self, chunks: ChatChunks, parse_tools: bool) -> None:
+        self.chunks = chunks
+        self.tools = ToolCallStream() if parse_tools else None
+
+    def start(self) -> list[bytes]:
+        """The first event (role)."""
+        return [self.chunks.role_chunk()]
+
+    def _render(self, events: list[tuple[str, Any]]) -> list[bytes]:
+        out = []
+        for kind, value in events:
+            if kind == "text":
+                out.append(self.chunks.text_chunk(value))
+            else:
+                index, call = value
+                out.append(self.chunks.tool_call_chunk(index, call))
+        return out
+
+    def feed(self, delta: str) -> list[bytes]:
+        """Events for one text delta (possibly none)."""
+        if self.tools is None:
+            return [self.chunks.text_chunk(delta)] if delta else []
+        return self._render(self.tools.feed(delta))
+
+    def close(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[bytes]:
+        """The closing events (see class docstring)."""
+        out = self._render(self.tools.finish()) if self.tools is not None else []
+        if self.tools is not None and self.tools.num_calls:
+            finish_reason = "tool_calls"
+        out.append(self.chunks.finish_chunk(finish_reason))
+        if self.chunks.include_usage and usage is not None:
+            out.append(self.chunks.usage_chunk(usage))
+        out.append(DONE)
+        return out
+
+
+class CompletionStreamWriter:
+    """SSE events of a legacy completion stream: same interface as ``ChatStreamWriter``."""
+
+    def __init__(self, chunks: CompletionChunks) -> None:
+        self.chunks = chunks
+
+    def start(self) -> list[bytes]:
+        """Legacy completions have no role chunk."""
+        return []
+
+    def feed(self, delta: str) -> list[bytes]:
+        """A text chunk per non-empty delta."""
+        return [self.chunks.text_chunk(delta)] if delta else []
+
+    def close(self, finish_reason: str | None, usage: dict[str, Any] | None) -> list[bytes]:
+        """Finish chunk, usage chunk when ``include_usage``, ``data: [DONE]``."""
+        out = [self.chunks.finish_chunk(finish_reason)]
+        if self.chunks.include_usage and usage is not None:
+            out.append(self.chunks.usage_chunk(usage))
+        out.append(DONE)
+        return out
+
+
+def chat_message(text: str, finish_reason: str | None, parse_tools: bool
+                 ) -> tuple[dict[str, Any], str | None]:
+    """The non-stream assistant ``message`` and finish reason for generated ``text``: with
+    ``parse_tools`` and at least one well-formed ``<tool_call>``, ``content`` is the text around
+    the calls (or null), ``tool_calls`` the calls, and the finish reason ``tool_calls``."""
+    if parse_tools:
+        parsed = parse_tool_calls(text)
+        if parsed.tool_calls:
+            return ({"role": "assistant", "content": parsed.content,
+                     "tool_calls": parsed.tool_calls}, "tool_calls")
+    return {"role": "assistant", "content": text}, finish_reason

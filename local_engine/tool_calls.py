@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OPEN_TAG", "CLOSE_TAG", "ParsedOutput", "ToolCallStream", "parse_tool_calls"]
+__all__ = ["CLOSE_TAG", "OPEN_TAG", "ParsedOutput", "ToolCallStream", "parse_tool_calls"]
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"

@@ -75,7 +75,7 @@ def test_sse_framing_and_no_buffering_headers(base_url: str) -> None:
 
 def _metric(text: str, name: str) -> float:
     for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
+        if line.startswith((name + " ", name + "{")):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} not exposed")
 

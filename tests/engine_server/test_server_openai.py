@@ -150,8 +150,8 @@ def test_stop_and_max_completion_tokens_are_honoured(client: openai.OpenAI) -> N
 
 
 def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
-    kw: Any = dict(model="tiny", messages=MSGS, max_tokens=6, temperature=1.0, seed=11,
-                   extra_body={"top_k": 50})
+    kw: Any = {"model": "tiny", "messages": MSGS, "max_tokens": 6, "temperature": 1.0,
+               "seed": 11, "extra_body": {"top_k": 50}}
     a = client.chat.completions.create(**kw).choices[0].message.content
     b = client.chat.completions.create(**kw).choices[0].message.content
     assert a == b
