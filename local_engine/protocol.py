@@ -116,6 +116,7 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     max_completion_tokens: int | None = Field(default=None, ge=1)
     top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
 
     def requested_max_tokens(self) -> int | None:
         """The completion-token budget the client asked for, or None (= rest of context)."""

@@ -17,6 +17,7 @@ disconnects aborts its engine request, so its KV slots are freed at once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -26,6 +27,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from local_engine.chat import encode_chat
 from local_engine.engine import Engine, PromptTooLong, RequestOutput, SamplingParams
@@ -37,15 +39,19 @@ from local_engine.protocol import (
     parse_request,
 )
 from local_engine.sse import (
+    DONE,
     ChatChunks,
     ChatStreamWriter,
     CompletionChunks,
     CompletionStreamWriter,
     chat_message,
+    sse,
     usage_dict,
 )
 
 __all__ = ["build_app"]
+
+log = logging.getLogger("local_engine.server")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 
@@ -98,6 +104,11 @@ def _check_common(req: ChatCompletionRequest | CompletionRequest) -> None:
     if req.logprobs:
         raise ApiError("logprobs are not supported by this engine.", param="logprobs",
                        code="unsupported_parameter")
+    fmt = getattr(req, "response_format", None)
+    if fmt and fmt.get("type", "text") != "text":
+        raise ApiError(f"response_format type '{fmt.get('type')}' is not supported by this "
+                       "engine (no constrained decoding); only 'text' is.",
+                       param="response_format", code="unsupported_parameter")
 
 
 def _sampling(
@@ -234,6 +245,10 @@ class _Server:
         outputs = self._outputs(job, timing)
         try:
             first = await anext(outputs)
+        except ValueError as exc:  # the engine's own input checks (ids, params)
+            watcher.cancel()
+            await outputs.aclose()
+            raise ApiError(str(exc), code="invalid_value") from None
         except BaseException:
             watcher.cancel()
             await outputs.aclose()
@@ -286,6 +301,11 @@ class _Server:
                 last = out
                 for event in writer.feed(out.text_delta):
                     yield event
+        except Exception as exc:
+            log.exception("generation failed mid-stream")
+            yield sse(_server_error(exc).body())
+            yield DONE
+            return
         finally:
             watcher.cancel()
             await outputs.aclose()
@@ -295,12 +315,18 @@ class _Server:
     # ---- routes --------------------------------------------------------------------------
 
     async def chat(self, request: Request) -> Response:
+        received = time.perf_counter()
         req = parse_request(ChatCompletionRequest, await _json_body(request))
-        return await self.respond(request, _chat_job(self.engine, req))
+        job = _chat_job(self.engine, req)
+        job.received = received
+        return await self.respond(request, job)
 
     async def completions(self, request: Request) -> Response:
+        received = time.perf_counter()
         req = parse_request(CompletionRequest, await _json_body(request))
-        return await self.respond(request, _completion_job(self.engine, req))
+        job = _completion_job(self.engine, req)
+        job.received = received
+        return await self.respond(request, job)
 
     def models(self) -> dict[str, Any]:
         return {
@@ -328,6 +354,13 @@ async def _json_body(request: Request) -> Any:
         ) from None
 
 
+def _server_error(exc: BaseException) -> ApiError:
+    """OpenAI's 500 shape for an engine failure (the message names the exception type only:
+    no prompt text leaks into errors)."""
+    return ApiError(f"The engine failed to generate: {type(exc).__name__}.", status=500,
+                    type="server_error", code="engine_error")
+
+
 def _json(body: dict[str, Any], status: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
 
@@ -343,11 +376,19 @@ def build_app(engine: Engine) -> FastAPI:
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
 
-    @app.exception_handler(404)
-    async def _not_found(request: Request, _: Exception) -> JSONResponse:
-        err = ApiError(f"Unknown route {request.method} {request.url.path}.", status=404,
-                       code="not_found")
-        return JSONResponse(err.body(), status_code=404)
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if exc.status_code == 404 else "method_not_allowed" \
+            if exc.status_code == 405 else "http_error"
+        err = ApiError(f"{exc.detail}: {request.method} {request.url.path}.",
+                       status=exc.status_code, code=code)
+        return JSONResponse(err.body(), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("request failed")
+        err = _server_error(exc)
+        return JSONResponse(err.body(), status_code=500)
 
     app.add_api_route("/v1/chat/completions", server.chat, methods=["POST"])
     app.add_api_route("/v1/completions", server.completions, methods=["POST"])

@@ -50,9 +50,11 @@ def test_unknown_fields_are_tolerated(base_url: str) -> None:
     assert httpx.post(base_url + CHAT, json=body).status_code == 200
 
 
-def test_unknown_route_is_openai_404(base_url: str) -> None:
+def test_unknown_route_and_wrong_method_are_openai_shaped(base_url: str) -> None:
     resp = httpx.post(base_url + "/v1/nope", json={})
     assert resp.status_code == 404 and _error(resp)["code"] == "not_found"
+    resp = httpx.get(base_url + CHAT)
+    assert resp.status_code == 405 and _error(resp)["code"] == "method_not_allowed"
 
 
 def test_sse_framing_and_no_buffering_headers(base_url: str) -> None:

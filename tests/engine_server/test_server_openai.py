@@ -179,3 +179,38 @@ async def test_async_sdk_stream_and_non_stream(aclient: openai.AsyncOpenAI) -> N
     comp = await aclient.completions.create(model="tiny", prompt=[1, 2, 3, 4], max_tokens=3,
                                             temperature=0)
     assert comp.usage and comp.usage.prompt_tokens == 4
+
+
+async def test_concurrent_streams_are_batched_and_all_complete(
+    aclient: openai.AsyncOpenAI, engine: Any
+) -> None:
+    import asyncio
+
+    async def one(i: int) -> tuple[str, int]:
+        stream = await aclient.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": f"Request number {i}"}],
+            max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True})
+        text, completion = "", 0
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+            if chunk.usage:
+                completion = chunk.usage.completion_tokens
+        return text, completion
+
+    results = await asyncio.gather(*(one(i) for i in range(4)))
+    assert [n for _, n in results] == [12] * 4
+    assert all(text for text, _ in results)
+    assert engine.stats()["num_running"] == 0
+
+
+def test_unsupported_response_format_is_400_not_ignored(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model="tiny", messages=MSGS, max_tokens=2,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})
+    assert err.value.param == "response_format"  # type: ignore[attr-defined]
+    ok = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=1,
+                                        response_format={"type": "text"})
+    assert ok.choices[0].finish_reason in ("stop", "length")
