@@ -45,7 +45,8 @@ class AttnGroup:
 class AttnMeta:
     """Per-step attention inputs shared by all layers.
 
-    ``cos, sin [T, 1, head_dim]`` (RoPE at each row's position), ``out_slots [T]`` (where each new
+    ``cos, sin [T, 1, head_dim]`` (RoPE at each row's position; ``sin`` with its first half
+    negated, see ``model.apply_rope``), ``out_slots [T]`` (where each new
     token's K/V is written), ``groups`` covering rows ``0..T`` in order.
     """
 

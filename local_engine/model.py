@@ -110,22 +110,43 @@ def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
 
 def rope_tables(args: ModelArgs, max_pos: int, dtype: torch.dtype, device: torch.device
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables ``[max_pos, head_dim]`` (halves duplicated, HF layout), in ``dtype``."""
+    """cos and *signed* sin tables ``[max_pos, head_dim]`` (halves duplicated, HF layout).
+
+    The sin table's first half is negated (see ``apply_rope``).
+    """
     inv = rope_inv_freq(args)
     freqs = torch.arange(max_pos, dtype=torch.int64).float()[:, None] * inv[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(device=device, dtype=dtype), emb.sin().to(device=device, dtype=dtype)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    return cos.to(device), rope_tables_signed(sin).to(device)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [T, heads, head_dim]`` by ``cos/sin [T, 1, head_dim]`` (rotate-half form)."""
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rot * sin
+def rope_tables_signed(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` with its first half negated, so that ``rotate_half(x) * sin ==
+    roll(x, half) * signed_sin`` exactly (a sign flip is exact in IEEE arithmetic)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [T, heads, head_dim]`` by ``cos / signed_sin [T, 1, head_dim]``.
+
+    Equals HF's ``x * cos + rotate_half(x) * sin`` bit for bit, in four ops.
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm (Zhang & Sennrich 2019) in fp32, as transformers' ``LlamaRMSNorm``."""
+    if x.dtype == torch.float32:  # skip no-op casts: each op costs dispatch time at batch 1
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm (Zhang & Sennrich 2019) computed in fp32, then scaled by ``weight`` [hidden]."""
+    """Holds an RMSNorm ``weight [hidden]``; the math is ``rms_norm``."""
 
     def __init__(self, hidden: int, eps: float) -> None:
         super().__init__()
@@ -133,10 +154,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class DecoderLayer(nn.Module):
@@ -157,21 +175,32 @@ class DecoderLayer(nn.Module):
         self.inter = args.intermediate_size
         self.requires_grad_(False)
 
+    def bind(self) -> None:
+        """Cache the weights as plain attributes (nn.Module attribute lookup is slow Python).
+
+        Call after loading / moving the weights; ``forward`` reads only these.
+        """
+        self._w = (self.input_norm.weight, self.qkv.weight, self.qkv.bias, self.o_proj.weight,
+                   self.post_attn_norm.weight, self.gate_up.weight, self.down.weight)
+        self._split = [self.inter, self.inter]
+        self._eps = self.input_norm.eps
+
     def forward(self, x: torch.Tensor, meta: AttnMeta, pool: KVPool) -> torch.Tensor:
-        """``x [T, hidden]`` → ``[T, hidden]``; writes this layer's new K/V at ``meta.out_slots``."""
-        t = x.shape[0]
-        hs = self.input_norm(x)
-        qkv = F.linear(hs, self.qkv.weight, self.qkv.bias)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(q.view(t, self.nh, self.hd), meta.cos, meta.sin)
-        k = apply_rope(k.view(t, self.nkv, self.hd), meta.cos, meta.sin)
-        pool.write(self.layer_id, meta.out_slots, k, v.view(t, self.nkv, self.hd))
-        attn = attend(q, pool.k[self.layer_id], pool.v[self.layer_id], meta)
-        x = x + F.linear(attn, self.o_proj.weight)
-        hs = self.post_attn_norm(x)
-        gu = F.linear(hs, self.gate_up.weight)
-        gate, up = gu.split([self.inter, self.inter], dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.down.weight)
+        """``x [T, hidden]`` → ``[T, hidden]``; writes this layer's new K/V at ``meta.out_slots``.
+
+        Called as a plain method (not ``module(...)``): per-step Python overhead matters at
+        batch 1, where a step is ~30 layers of small ops around memory-bound matmuls.
+        """
+        w_in, w_qkv, b_qkv, w_o, w_post, w_gu, w_down = self._w
+        t, nh, nkv, d, eps = x.shape[0], self.nh, self.nkv, self.hd, self._eps
+        qkv = F.linear(rms_norm(x, w_in, eps), w_qkv, b_qkv)
+        qk = apply_rope(qkv[:, : self.q_size + self.kv_size].view(t, nh + nkv, d),
+                        meta.cos, meta.sin)
+        li = self.layer_id
+        pool.write(li, meta.out_slots, qk[:, nh:], qkv[:, self.q_size + self.kv_size:].view(t, nkv, d))
+        x = x + F.linear(attend(qk[:, :nh], pool.k[li], pool.v[li], meta), w_o)
+        gate, up = F.linear(rms_norm(x, w_post, eps), w_gu).split(self._split, dim=-1)
+        return x + F.linear(F.silu(gate) * up, w_down)
 
 
 class CausalLM(nn.Module):
@@ -199,8 +228,8 @@ class CausalLM(nn.Module):
                 logit_rows: torch.Tensor) -> torch.Tensor:
         x = F.embedding(ids, self.embed.weight)
         for layer in self.layers:
-            x = layer(x, meta, pool)
-        x = self.norm(x.index_select(0, logit_rows))
+            x = layer.forward(x, meta, pool)
+        x = rms_norm(x.index_select(0, logit_rows), self.norm.weight, self.norm.eps)
         return F.linear(x, self.head_weight()).float()
 
 
@@ -247,4 +276,7 @@ def load_model(model_path: str, device: torch.device, dtype: torch.dtype) -> Cau
                 [sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]], dim=0))
             layer.down.weight.copy_(sd[p + "mlp.down_proj.weight"])
     del hf, sd
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    for layer in model.layers:
+        layer.bind()
+    return model
