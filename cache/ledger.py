@@ -7,7 +7,9 @@ in WAL mode so ``prefixgate report`` can read while the proxy writes.
 Columns (units): ``ts`` unix seconds; ``ttft_ms`` / ``tpot_ms`` / ``total_ms`` milliseconds;
 token columns are tokens (NULL = the upstream did not report it); ``session`` is a sha256 prefix
 of the session id, never the id itself. ``cf_cached_tokens`` is the counterfactual: what the
-backend would have cached had the client's original body been sent (NULL when not estimated).
+backend would have cached had the client's original body been sent (NULL when not estimated);
+``input_usd`` / ``cf_input_usd`` price the prompt from the backend's usage and from that
+counterfactual (USD, NULL for unpriced models such as the local engine).
 A second table, ``breaks``, keeps cache-break records (:mod:`cache.breaks`) as JSON.
 """
 
@@ -48,6 +50,8 @@ class LedgerRow:
     tokens_pruned: int = 0
     session: str = ""
     cf_cached_tokens: int | None = None
+    input_usd: float | None = None
+    cf_input_usd: float | None = None
     error: str = ""
 
 

@@ -39,7 +39,7 @@ from config.schema import Policy
 from proxy import translate, wire
 from proxy.errors import Api, ProxyError, api_for_path, error_response
 from proxy.headers import downstream_headers, upstream_headers
-from proxy.insight import Insight
+from proxy.insight import Analysis, Insight, input_cost_usd
 from proxy.metrics import ProxyMetrics
 from proxy.relay import SSE_HEADERS, SSEResponse, Timing, Upstream, relay_events
 from proxy.rewriting import (
@@ -88,7 +88,7 @@ class ProxyState:
 
 async def _finish(state: ProxyState, row: LedgerRow, timing: Timing, usage: Usage, status: str,
             memory: dict[str, Any], session_id: str, deltas: int = 0,
-            analyze: Callable[[], tuple[int | None, dict[str, Any] | None]] | None = None
+            analyze: Callable[[], Analysis] | None = None
             ) -> None:
     """Fill the row's usage and timing, merge session memory, run the break / counterfactual
     analysis (``analyze``), record. Called once per request."""
@@ -105,11 +105,14 @@ async def _finish(state: ProxyState, row: LedgerRow, timing: Timing, usage: Usag
             state.sessions.merge(session_id, memory)
         except Exception:
             log.exception("session memory merge failed")
+    row.input_usd = input_cost_usd(row.model, row.prompt_tokens, row.cached_tokens,
+                                   row.cache_write_tokens)
     if analyze is not None:  # CPU work (token counting): off the event loop
-        row.cf_cached_tokens, brk = await anyio.to_thread.run_sync(analyze)
-        if brk is not None:
+        a = await anyio.to_thread.run_sync(analyze)
+        row.cf_cached_tokens, row.cf_input_usd = a.cf_cached_tokens, a.cf_input_usd
+        if a.brk is not None:
             try:
-                state.ledger.write_break(row.session, brk)
+                state.ledger.write_break(row.session, a.brk)
             except Exception:
                 log.exception("break record write failed")
     state.record(row)
@@ -159,9 +162,9 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
         return Response(err, status_code=resp.status_code, headers=ours,
                         media_type=resp.headers.get("content-type", "application/json"))
 
-    def analyze() -> tuple[int | None, dict[str, Any] | None]:
+    def analyze() -> Analysis:
         if state.insight is None or len(raw) > ANALYZE_MAX_BYTES:
-            return None, None
+            return Analysis()
         return state.insight.observe(session=row.session, backend=target.backend_name,
                                      provider=target.provider, api=api, model=row.model,
                                      original=body, sent=rw.body)

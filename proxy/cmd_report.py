@@ -1,8 +1,9 @@
 """``prefixgate report [--ledger PATH | --policy FILE] [--since MINUTES] [--breaks] [--json]``.
 
 Prints one line per (route, backend) from the ledger: requests, errors, prompt tokens, cached
-share, TTFT p50 / p95, TPOT p50, tokens pruned, and the counterfactual cached share (what the
-client's original bodies would have cached) where it was estimated. ``--breaks`` lists the
+share, TTFT p50 / p95, TPOT p50, tokens pruned, the counterfactual cached share (what the
+client's original bodies would have cached) where it was estimated, and the prompt cost in USD
+as sent and as the client sent it (priced models only). ``--breaks`` lists the
 cache-break records (:func:`cache.breaks.format_breaks`).
 """
 
@@ -25,7 +26,9 @@ from proxy.stats import fmt, summarize
 
 
 def route_summaries(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    """``{(route, backend): summarize(rows)}`` plus ``cf_cached_share`` per group."""
+    """``{(route, backend): summarize(rows)}`` plus ``cf_cached_share`` and, over requests
+    priced both ways, ``input_usd`` / ``cf_input_usd`` (prompt USD as sent / as the client sent
+    it) per group."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         groups[(r["route"] or "-", r["backend"] or "-")].append(r)
@@ -35,6 +38,10 @@ def route_summaries(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[st
         cf = [r for r in rs if r.get("cf_cached_tokens") is not None and r.get("prompt_tokens")]
         s["cf_cached_share"] = (sum(r["cf_cached_tokens"] for r in cf)
                                 / sum(r["prompt_tokens"] for r in cf)) if cf else None
+        priced = [r for r in rs if r.get("input_usd") is not None
+                  and r.get("cf_input_usd") is not None]
+        s["input_usd"] = sum(r["input_usd"] for r in priced) if priced else None
+        s["cf_input_usd"] = sum(r["cf_input_usd"] for r in priced) if priced else None
         out[key] = s
     return out
 
@@ -77,14 +84,16 @@ def report(
     else:
         t = Table(title=f"prefixgate ledger: {path}")
         for col in ("route", "backend", "requests", "errors", "prompt tok", "cached",
-                    "TTFT p50 ms", "TTFT p95 ms", "TPOT p50 ms", "pruned", "cached if unrewritten"):
+                    "TTFT p50 ms", "TTFT p95 ms", "TPOT p50 ms", "pruned", "cached if unrewritten",
+                    "input $", "input $ if unrewritten"):
             t.add_column(col, justify="left" if col in ("route", "backend") else "right")
         for (route, backend), s in sorted(summaries.items()):
             t.add_row(route, backend, fmt(s["requests"]), fmt(s["errors"]),
                       fmt(s["prompt_tokens"]), fmt(s["cached_share"], "share"),
                       fmt(s["ttft_p50_ms"], "ms"), fmt(s["ttft_p95_ms"], "ms"),
                       fmt(s["tpot_p50_ms"], "ms"), fmt(s["tokens_pruned"]),
-                      fmt(s["cf_cached_share"], "share"))
+                      fmt(s["cf_cached_share"], "share"), fmt(s["input_usd"], "usd"),
+                      fmt(s["cf_input_usd"], "usd"))
         Console().print(t)
     if breaks:
         from cache.breaks import format_breaks

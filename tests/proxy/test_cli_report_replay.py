@@ -99,3 +99,20 @@ def test_replay_exits_nonzero_when_nothing_got_through(rig: Any) -> None:
     res = CliRunner().invoke(app, ["replay", str(trace), "--proxy", rig.url, "--max-requests",
                                    "1", "--model", "no-route-for-this"])
     assert res.exit_code == 1 and "model_not_found" in res.output
+
+
+def test_prompt_cost_priced_from_usage_and_counterfactual(rig: Any) -> None:
+    from tests.proxy.upstream import completion
+
+    usage = {"prompt_tokens": 1000, "completion_tokens": 2,
+             "prompt_tokens_details": {"cached_tokens": 800}}
+    rig.upstream.script = Script(body=completion(usage=usage))
+    httpx.post(rig.url + "/v1/chat/completions", timeout=30, json={
+        "model": "gpt-4o", "messages": [{"role": "user", "content": "x " * 900}]})
+    row = rig.ledger.rows()[-1]
+    # gpt-4o: $2.50 / 1M input, $1.25 / 1M cached input (config/prices.py)
+    assert abs(row["input_usd"] - (200 * 2.50 + 800 * 1.25) / 1e6) < 1e-12
+    assert row["cf_input_usd"] is not None and row["cf_input_usd"] > 0  # first request: cold
+    res = CliRunner().invoke(app, ["report", "--ledger", rig.ledger.path, "--json"])
+    s = json.loads(res.output)["gpt-*|up"]
+    assert abs(s["input_usd"] - row["input_usd"]) < 1e-12
