@@ -33,6 +33,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-running", type=int, default=64)
     p.add_argument("--disable-prefix-cache", action="store_true")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--log-stats-interval", type=float, default=10.0,
+                   help="seconds between engine status log lines while busy (0: off)")
     return p.parse_args(argv)
 
 
@@ -61,7 +63,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     engine = Engine(cfg)
     try:
-        uvicorn.run(build_app(engine), host=args.host, port=args.port, log_level=args.log_level)
+        app = build_app(engine, log_stats_interval_s=args.log_stats_interval or None)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     finally:
         engine.shutdown()
 

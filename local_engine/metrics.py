@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["CONTENT_TYPE", "EngineMetrics"]
+__all__ = ["CONTENT_TYPE", "EngineMetrics", "stats_log_line"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -145,3 +145,21 @@ class EngineMetrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric (format 0.0.4)."""
         return bytes(generate_latest(self.registry))
+
+
+def stats_log_line(stats: dict[str, Any]) -> str:
+    """SGLang-style one-line engine status from ``engine.stats()``, e.g.
+    ``#running-req: 2, #queue-req: 0, #token: 4410, token usage: 0.19, cache hit rate: 0.84,
+    prefill throughput (token/s): 812.0, gen throughput (token/s): 21.5``."""
+    total = float(stats.get("kv_slots_total") or 0)
+    used = float(stats.get("kv_slots_used") or 0)
+    prompt = float(stats.get("prompt_tokens_total") or 0)
+    hit = float(stats.get("cache_hit_tokens_total") or 0)
+    return (
+        f"#running-req: {int(stats.get('num_running', 0))}, "
+        f"#queue-req: {int(stats.get('num_waiting', 0))}, "
+        f"#token: {int(used)}, token usage: {used / total if total else 0.0:.2f}, "
+        f"cache hit rate: {hit / prompt if prompt else 0.0:.2f}, "
+        f"prefill throughput (token/s): {float(stats.get('prefill_tokens_per_s', 0.0)):.1f}, "
+        f"gen throughput (token/s): {float(stats.get('decode_tokens_per_s', 0.0)):.1f}"
+    )

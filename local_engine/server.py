@@ -17,6 +17,7 @@ disconnects aborts its engine request, so its KV slots are freed at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -31,7 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from local_engine.chat import encode_chat
 from local_engine.engine import Engine, PromptTooLong, RequestOutput, SamplingParams
-from local_engine.metrics import CONTENT_TYPE, EngineMetrics
+from local_engine.metrics import CONTENT_TYPE, EngineMetrics, stats_log_line
 from local_engine.protocol import (
     ApiError,
     ChatCompletionRequest,
@@ -365,11 +366,38 @@ def _json(body: dict[str, Any], status: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
 
 
-def build_app(engine: Engine) -> FastAPI:
+async def _log_stats(engine: Engine, interval_s: float) -> None:
+    """Every ``interval_s`` seconds while the engine has work (or just finished some), log
+    SGLang's status line (``metrics.stats_log_line``)."""
+    was_busy = False
+    while True:
+        await asyncio.sleep(interval_s)
+        stats = engine.stats()
+        busy = bool(stats.get("num_running") or stats.get("num_waiting"))
+        if busy or was_busy:
+            log.info("%s", stats_log_line(stats))
+        was_busy = busy
+
+
+def build_app(engine: Engine, log_stats_interval_s: float | None = None) -> FastAPI:
     """The FastAPI app serving ``engine`` (routes: module docstring). The engine's lifetime is
-    the caller's: the app never shuts it down."""
+    the caller's: the app never shuts it down. ``log_stats_interval_s`` (seconds): log the
+    engine's status line at that period while it is busy (None: never)."""
     server = _Server(engine)
-    app = FastAPI(title="prefixgate local engine", docs_url=None, redoc_url=None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        task = None
+        if log_stats_interval_s:
+            task = asyncio.create_task(_log_stats(engine, log_stats_interval_s))
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+
+    app = FastAPI(title="prefixgate local engine", docs_url=None, redoc_url=None,
+                  lifespan=lifespan)
     app.state.server = server
 
     @app.exception_handler(ApiError)

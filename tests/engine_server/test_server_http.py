@@ -120,3 +120,19 @@ def test_client_disconnect_mid_stream_aborts_and_frees_slots(base_url: str, engi
     assert in_flight == before["kv_slots_used"] - before["kv_slots_cached"] == 0
     text = httpx.get(base_url + "/metrics").text
     assert _metric(text, 'engine_requests_total{finish_reason="abort"}') >= 1
+
+
+def test_status_line_is_logged_while_busy(engine: Any, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from local_engine.server import build_app
+    from tests.servers import serve_app
+
+    body = {"messages": [{"role": "user", "content": "busy"}], "max_tokens": 150,
+            "ignore_eos": True}
+    with caplog.at_level(logging.INFO, logger="local_engine.server"):
+        with serve_app(build_app(engine, log_stats_interval_s=0.02)) as url:
+            assert httpx.post(url + CHAT, json=body, timeout=60).status_code == 200
+            time.sleep(0.1)
+    lines = [r.getMessage() for r in caplog.records if "#running-req" in r.getMessage()]
+    assert any(line.startswith("#running-req: 1,") for line in lines)
