@@ -130,9 +130,9 @@ def test_status_line_is_logged_while_busy(engine: Any, caplog: pytest.LogCapture
 
     body = {"messages": [{"role": "user", "content": "busy"}], "max_tokens": 150,
             "ignore_eos": True}
-    with caplog.at_level(logging.INFO, logger="local_engine.server"):
-        with serve_app(build_app(engine, log_stats_interval_s=0.02)) as url:
-            assert httpx.post(url + CHAT, json=body, timeout=60).status_code == 200
-            time.sleep(0.1)
+    with (caplog.at_level(logging.INFO, logger="local_engine.server"),
+          serve_app(build_app(engine, log_stats_interval_s=0.02)) as url):
+        assert httpx.post(url + CHAT, json=body, timeout=60).status_code == 200
+        time.sleep(0.1)
     lines = [r.getMessage() for r in caplog.records if "#running-req" in r.getMessage()]
     assert any(line.startswith("#running-req: 1,") for line in lines)
