@@ -82,6 +82,12 @@ def _metric(text: str, name: str) -> float:
     raise AssertionError(f"{name} not exposed")
 
 
+def _aborts(base_url: str) -> float:
+    text = httpx.get(base_url + "/metrics").text
+    name = 'engine_requests_total{finish_reason="abort"}'
+    return _metric(text, name) if name in text else 0.0
+
+
 def test_metrics_expose_engine_gauges_after_requests(base_url: str) -> None:
     body = {"messages": [{"role": "system", "content": "Metrics test system prompt. " * 6},
                          {"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
@@ -136,3 +142,16 @@ def test_status_line_is_logged_while_busy(engine: Any, caplog: pytest.LogCapture
         time.sleep(0.1)
     lines = [r.getMessage() for r in caplog.records if "#running-req" in r.getMessage()]
     assert any(line.startswith("#running-req: 1,") for line in lines)
+
+
+def test_client_gone_during_non_stream_request_aborts_it(base_url: str, engine: Any) -> None:
+    aborts_before = _aborts(base_url)
+    body = {"messages": [{"role": "user", "content": "Another long story."}],
+            "max_tokens": 450, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(base_url + CHAT, json=body, timeout=0.3)
+    deadline = time.monotonic() + 10
+    while _aborts(base_url) == aborts_before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _aborts(base_url) == aborts_before + 1
+    assert engine.stats()["num_running"] == 0
