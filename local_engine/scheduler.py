@@ -229,8 +229,8 @@ class Scheduler:
         budget -= len(decodes)
         # 2. chunked prefill of admitted requests
         prefills: list[ScheduledSeq] = []
-        for s in self.running:
-            if budget <= 0 or s.num_uncomputed <= 1:
+        for s in list(self.running):  # a copy: making room may retract others
+            if budget <= 0 or s.num_uncomputed <= 1 or s.status is not Status.RUNNING:
                 continue
             n = min(s.num_uncomputed, self.chunk_size, budget)
             if not self._reserve(self._pages_needed(s, n)):
