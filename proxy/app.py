@@ -22,6 +22,7 @@ summary, or ``off``), ``x-prefixgate-tokens-pruned``, and on non-streamed answer
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -37,7 +38,14 @@ from cache.ledger import Ledger, LedgerRow
 from cache.session import MemorySessionStore, RedisSessionStore, SessionStore
 from config.schema import Policy
 from proxy import translate, wire
-from proxy.errors import Api, ProxyError, api_for_path, error_response
+from proxy.errors import (
+    Api,
+    InternalError,
+    ProxyError,
+    UpstreamUnavailable,
+    api_for_path,
+    error_response,
+)
 from proxy.headers import downstream_headers, upstream_headers
 from proxy.insight import Analysis, Insight, input_cost_usd
 from proxy.metrics import ProxyMetrics
@@ -86,10 +94,9 @@ class ProxyState:
                  None if row.ttft_ms is None else round(row.ttft_ms, 1), row.edits)
 
 
-async def _finish(state: ProxyState, row: LedgerRow, timing: Timing, usage: Usage, status: str,
-            memory: dict[str, Any], session_id: str, deltas: int = 0,
-            analyze: Callable[[], Analysis] | None = None
-            ) -> None:
+async def _finish(state: ProxyState, row: LedgerRow, timing: Timing, usage: Usage,
+                  status: str, memory: dict[str, Any], session_id: str, deltas: int = 0,
+                  analyze: Callable[[], Analysis] | None = None) -> None:
     """Fill the row's usage and timing, merge session memory, run the break / counterfactual
     analysis (``analyze``), record. Called once per request."""
     row.status = status
@@ -144,7 +151,8 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
         # 4. send
         headers = upstream_headers(request.headers.items(), target.backend, target.api_key())
         resp = await state.upstream.send(target.url(), headers, up_raw, target.backend.timeout_s)
-    except ProxyError as exc:
+    except Exception as e:  # noqa: BLE001 - every failure is answered in the caller's shape
+        exc = e if isinstance(e, ProxyError) else InternalError.wrap(e)
         row.status, row.http_status, row.error = type(exc).__name__, exc.status, exc.message[:200]
         row.total_ms = timing.total_ms()
         state.record(row)
@@ -177,23 +185,23 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
 
         async def on_end(status: str) -> None:
             await _finish(state, row, timing, watcher.usage, status, rw.memory, session_id,
-                    watcher.deltas, analyze)
+                          watcher.deltas, analyze)
 
         return SSEResponse(relay_events(resp, watcher, timing, on_end, mapper),
                            headers={**out_headers, **SSE_HEADERS})
     try:
         content = await resp.aread()
-    except httpx.HTTPError as e:
-        await resp.aclose()
+        usage = usage_from_body(content, target.wire)
+        if target.translate:
+            content = orjson.dumps(translate.response(api, orjson.loads(content), row.model))
+    except (httpx.HTTPError, orjson.JSONDecodeError, AttributeError) as e:
         row.error = type(e).__name__
         await _finish(state, row, timing, Usage(), "upstream_error", {}, session_id)
-        return error_response(ProxyError("upstream connection broke while reading the answer"),
-                              api)
-    await resp.aclose()
-    usage = usage_from_body(content, target.wire)
-    if target.translate:
-        content = orjson.dumps(translate.response(api, orjson.loads(content), row.model))
-    timing.end = timing.start + timing.total_ms() / 1e3
+        return error_response(UpstreamUnavailable(
+            f"upstream {target.backend_name!r} broke off or sent an unreadable answer"), api)
+    finally:
+        await resp.aclose()
+    timing.end = time.perf_counter()
     # 6. record
     await _finish(state, row, timing, usage, "ok", rw.memory, session_id, analyze=analyze)
     if usage.cached_tokens is not None:

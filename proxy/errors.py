@@ -19,12 +19,14 @@ cannot take this API 501, upstream unreachable 502, upstream too slow 504. An up
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 import orjson
 from starlette.responses import Response
 
 Api = Literal["openai", "anthropic"]
+log = logging.getLogger("prefixgate.errors")
 
 # Anthropic's error "type" per HTTP status (docs.anthropic.com/en/api/errors).
 _ANTHROPIC_TYPES = {
@@ -119,6 +121,20 @@ class MissingBackendKey(ProxyError):
     status = 500
     type = "server_error"
     code = "backend_key_missing"
+
+
+class InternalError(ProxyError):
+    """A bug in the proxy: answered as a 500 in the caller's shape, logged with its traceback."""
+
+    status = 500
+    type = "server_error"
+    code = "internal_error"
+
+    @classmethod
+    def wrap(cls, exc: BaseException) -> InternalError:
+        """Log ``exc`` and return the error the client sees (no internals in the message)."""
+        log.error("internal error", exc_info=exc)
+        return cls(f"prefixgate internal error ({type(exc).__name__}); see the proxy log")
 
 
 def error_body(exc: ProxyError, api: Api) -> dict[str, Any]:

@@ -147,3 +147,26 @@ def test_route_to_the_other_api_without_a_bridge_is_a_clear_501() -> None:
         pick_target(policy, "claude-x", "openai", can_translate=False)
     assert e.value.status == 501 and e.value.code == "unsupported_route"
     assert pick_target(policy, "claude-x", "openai", can_translate=True).translate
+
+
+def test_a_proxy_bug_is_a_shaped_500_and_still_recorded(rig: Any,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from proxy import translate
+
+    def boom(api: str, body: Any) -> Any:
+        raise KeyError("unexpected")
+
+    monkeypatch.setattr(translate, "request", boom)
+    r = post(rig.url, "/v1/messages", json={"model": "m", "max_tokens": 4,
+                                            "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 500
+    assert r.json()["type"] == "error" and "KeyError" in r.json()["error"]["message"]
+    assert rig.ledger.rows()[-1]["status"] == "InternalError"
+
+
+def test_upstream_sending_unreadable_json_is_502(rig: Any) -> None:
+    rig.upstream.script = Script(pieces=[b"{not json"], media_type="application/json")
+    r = post(rig.url, "/v1/messages", json={"model": "m", "max_tokens": 4,
+                                            "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 502 and r.json()["type"] == "error"
+    assert rig.ledger.rows()[-1]["status"] == "upstream_error"
