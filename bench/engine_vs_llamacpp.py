@@ -59,7 +59,9 @@ def base_messages(system_chars: int) -> list[dict[str, str]]:
 def measure(base_url: str, runs: int, max_tokens: int, system_chars: int) -> dict[str, Any]:
     """Cold then warm streamed requests per run; medians (ms, tokens/s) over runs."""
     cold, warm, decode, prompt_tokens, warm_cached = [], [], [], [], []
-    with httpx.Client(timeout=600) as client:
+    # a fresh connection per request on both sides: llama.cpp's server may close a kept-alive
+    # connection after a long stream, and loopback connects cost well under a millisecond
+    with httpx.Client(timeout=600, limits=httpx.Limits(max_keepalive_connections=0)) as client:
         warmup = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         timed_stream(client, base_url, warmup)  # first-call costs (allocations, threads)
         for _ in range(runs):
@@ -89,7 +91,7 @@ def measure(base_url: str, runs: int, max_tokens: int, system_chars: int) -> dic
 def main() -> None:
     """Run both servers in turn and write the JSON result."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--system-chars", type=int, default=6200, help="system prompt length")
