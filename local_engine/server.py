@@ -11,7 +11,10 @@ Routes::
 A request's path: parse JSON -> validate (protocol.py) -> render + tokenize (chat.py) ->
 context check -> ``engine.generate`` -> answer JSON or SSE (``sse.py`` builds the bodies).
 Errors leave as OpenAI's ``{"error": {...}}`` with a 4xx (``ApiError``). A client that
-disconnects aborts its engine request, so its KV slots are freed at once.
+disconnects aborts its engine request, so its KV slots are freed at once. Answers carry
+``X-Engine-TTFT-Ms`` (server-side TTFT: arrival -> first token, ms), ``X-Engine-Prompt-Tokens``
+and ``X-Engine-Cached-Tokens`` headers — on streams too, since the response starts only once
+the first token exists.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ __all__ = ["build_app"]
 log = logging.getLogger("local_engine.server")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
+HDR_TTFT_MS = "X-Engine-TTFT-Ms"
+HDR_PROMPT_TOKENS = "X-Engine-Prompt-Tokens"
+HDR_CACHED_TOKENS = "X-Engine-Cached-Tokens"
 
 
 @dataclass
@@ -254,11 +260,12 @@ class _Server:
             watcher.cancel()
             await outputs.aclose()
             raise
+        headers = _engine_headers(job, timing, first)
         if job.stream:
             return StreamingResponse(
                 self._stream(job, first, outputs, watcher),
                 media_type="text/event-stream",
-                headers=SSE_HEADERS,
+                headers={**SSE_HEADERS, **headers},
             )
         text = [first.text_delta]
         last = first
@@ -268,7 +275,7 @@ class _Server:
                 last = out
         finally:
             watcher.cancel()
-        return _json(self._final_body(job, "".join(text), last))
+        return _json(self._final_body(job, "".join(text), last), headers=headers)
 
     def _final_body(self, job: _Job, text: str, last: RequestOutput) -> dict[str, Any]:
         model = self.engine.model_name
@@ -362,8 +369,21 @@ def _server_error(exc: BaseException) -> ApiError:
                     type="server_error", code="engine_error")
 
 
-def _json(body: dict[str, Any], status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+def _json(body: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), media_type="application/json", headers=headers)
+
+
+def _engine_headers(job: _Job, timing: _Timing, first: RequestOutput) -> dict[str, str]:
+    """What the engine knows once the first token exists, as response headers (sent before
+    the stream body): server-side TTFT (ms, request arrival -> first token: queueing +
+    prefill), prompt tokens and prompt tokens served from the radix cache."""
+    headers = {
+        HDR_PROMPT_TOKENS: str(first.prompt_tokens),
+        HDR_CACHED_TOKENS: str(first.cached_tokens),
+    }
+    if timing.first is not None:
+        headers[HDR_TTFT_MS] = f"{(timing.first - job.received) * 1000.0:.1f}"
+    return headers
 
 
 async def _log_stats(engine: Engine, interval_s: float) -> None:

@@ -155,3 +155,20 @@ def test_client_gone_during_non_stream_request_aborts_it(base_url: str, engine: 
         time.sleep(0.05)
     assert _aborts(base_url) == aborts_before + 1
     assert engine.stats()["num_running"] == 0
+
+
+def test_engine_headers_report_ttft_and_cached_tokens(base_url: str) -> None:
+    body = {"messages": [{"role": "system", "content": "Header test prompt. " * 5},
+                         {"role": "user", "content": "hi"}], "max_tokens": 2}
+    first = httpx.post(base_url + CHAT, json=body)
+    with httpx.stream("POST", base_url + CHAT, json={**body, "stream": True,
+                      "stream_options": {"include_usage": True}}) as resp:
+        headers = resp.headers
+        events = resp.read().decode().split("\n\n")
+    usage = json.loads([e for e in events if '"usage":{' in e][-1][6:])["usage"]
+    assert float(first.headers["x-engine-ttft-ms"]) > 0
+    first_cached = first.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert int(first.headers["x-engine-cached-tokens"]) == first_cached
+    assert int(headers["x-engine-prompt-tokens"]) == usage["prompt_tokens"]
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert int(headers["x-engine-cached-tokens"]) == cached > 0
