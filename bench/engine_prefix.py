@@ -40,8 +40,7 @@ SUFFIX = 64
 
 def text_tokens(tok: Any, n: int, salt: int) -> list[int]:
     """``n`` token ids of English-like text, different for every ``salt``."""
-    words = ("cache prefix token radix tree engine request latency decode prefill memory "
-             "slot page batch schedule model answer agent tool history system prompt").split()
+    words = ["cache", "prefix", "token", "radix", "tree", "engine", "request", "latency", "decode", "prefill", "memory", "slot", "page", "batch", "schedule", "model", "answer", "agent", "tool", "history", "system", "prompt"]
     out: list[int] = []
     i = salt
     while len(out) < n:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Engine", "EngineConfig", "SamplingParams", "RequestOutput", "PromptTooLong"]
+__all__ = ["Engine", "EngineConfig", "PromptTooLong", "RequestOutput", "SamplingParams"]
 
 
 def __getattr__(name: str) -> Any:

@@ -100,7 +100,7 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     The new tokens' K/V must already be written to the pool (their slots are in each group's
     ``kv_flat``).
     """
-    t, nh, d = q.shape
+    _, nh, d = q.shape
     nkv, g = k_cache.shape[1], meta.gqa
     outs = []
     for grp in meta.groups:

@@ -35,7 +35,7 @@ from local_engine.sampler import make_generator, sample
 from local_engine.scheduler import Scheduler
 from local_engine.sequence import Sequence, Status
 
-__all__ = ["Engine", "EngineConfig", "SamplingParams", "RequestOutput", "PromptTooLong"]
+__all__ = ["Engine", "EngineConfig", "PromptTooLong", "RequestOutput", "SamplingParams"]
 
 log = logging.getLogger("local_engine")
 
@@ -144,7 +144,7 @@ class Engine:
             generator=make_generator(params.seed, torch.device("cpu")),
             detok=IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop),
             stop_ids=stop_ids,
-            sink=sink,  # type: ignore[arg-type]
+            sink=sink,
         )
 
     def _submit(self, seq: Sequence) -> None:
@@ -279,7 +279,7 @@ class Engine:
                 if self.scheduler.has_work():
                     try:
                         self.step()
-                    except Exception as exc:  # noqa: BLE001 - reported to every affected caller
+                    except Exception as exc:
                         log.exception("engine step failed")
                         self._fail_all(exc)
 
@@ -305,7 +305,7 @@ class Engine:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.abort(seq.request_id)
             self._seqs.pop(seq.request_id, None)
-            seq.sink(exc)  # type: ignore[arg-type]
+            seq.sink(exc)
 
     def _emit(self, seq: Sequence, final: bool = False) -> None:
         text = seq.detok.take(final=final)
@@ -336,9 +336,7 @@ class Engine:
     def _append(self, seq: Sequence, tok: int) -> None:
         seq.token_ids.append(tok)
         seq.pending_ids.append(tok)
-        if tok in seq.stop_ids:
-            seq.finish_reason = "stop"
-        elif seq.detok.add(tok):
+        if tok in seq.stop_ids or seq.detok.add(tok):
             seq.finish_reason = "stop"
         elif seq.num_completion >= seq.max_tokens:
             seq.finish_reason = "length"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +45,7 @@ class ModelArgs:
     rope_scaling: dict[str, Any] | None
 
     @staticmethod
-    def from_hf_config(cfg: Any) -> "ModelArgs":
+    def from_hf_config(cfg: Any) -> ModelArgs:
         """Build from a transformers ``PretrainedConfig`` (Llama, Qwen2, Mistral model types).
 
         Raises ``ValueError`` for a model type this forward does not implement.
@@ -199,7 +199,7 @@ class DecoderLayer(nn.Module):
         li = self.layer_id
         pool.write(li, meta.out_slots, qk[:, nh:], qkv[:, self.q_size + self.kv_size:].view(t, nkv, d))
         x = x + F.linear(attend(qk[:, :nh], pool.k[li], pool.v[li], meta), w_o)
-        gate, up = F.linear(rms_norm(x, w_post, eps), w_gu).split(self._split, dim=-1)
+        gate, up = F.linear(rms_norm(x, w_post, eps), w_gu).split_with_sizes(self._split, dim=-1)
         return x + F.linear(F.silu(gate) * up, w_down)
 
 
@@ -219,6 +219,11 @@ class CausalLM(nn.Module):
         self.lm_head = None if args.tie_word_embeddings else nn.Linear(
             args.hidden_size, args.vocab_size, bias=False)
         self.requires_grad_(False)
+        self._layers = self.decoder_layers()
+
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """The layers, typed (``nn.ModuleList`` iterates as plain ``Module``)."""
+        return [cast(DecoderLayer, m) for m in self.layers]
 
     def head_weight(self) -> torch.Tensor:
         """``[vocab, hidden]`` matrix of the LM head (the embedding when tied)."""
@@ -227,7 +232,7 @@ class CausalLM(nn.Module):
     def forward(self, ids: torch.Tensor, meta: AttnMeta, pool: KVPool,
                 logit_rows: torch.Tensor) -> torch.Tensor:
         x = F.embedding(ids, self.embed.weight)
-        for layer in self.layers:
+        for layer in self._layers:
             x = layer.forward(x, meta, pool)
         x = rms_norm(x.index_select(0, logit_rows), self.norm.weight, self.norm.eps)
         return F.linear(x, self.head_weight()).float()
@@ -261,7 +266,7 @@ def load_model(model_path: str, device: torch.device, dtype: torch.dtype) -> Cau
         model.norm.weight.copy_(sd["model.norm.weight"])
         if model.lm_head is not None:
             model.lm_head.weight.copy_(sd.get("lm_head.weight", sd["model.embed_tokens.weight"]))
-        for i, layer in enumerate(model.layers):
+        for i, layer in enumerate(model.decoder_layers()):
             p = f"model.layers.{i}."
             layer.input_norm.weight.copy_(sd[p + "input_layernorm.weight"])
             layer.post_attn_norm.weight.copy_(sd[p + "post_attention_layernorm.weight"])
@@ -277,6 +282,6 @@ def load_model(model_path: str, device: torch.device, dtype: torch.dtype) -> Cau
             layer.down.weight.copy_(sd[p + "mlp.down_proj.weight"])
     del hf, sd
     model = model.to(device=device, dtype=dtype).eval()
-    for layer in model.layers:
+    for layer in model.decoder_layers():
         layer.bind()
     return model

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 class TreeNode:
     """One edge of the tree: ``key`` token ids, ``value`` their slots (same length)."""
 
-    __slots__ = ("key", "value", "parent", "children", "ref_count", "last_access", "uid")
+    __slots__ = ("children", "key", "last_access", "parent", "ref_count", "uid", "value")
     _next_uid = 0
 
-    def __init__(self, key: list[int], value: list[int], parent: "TreeNode | None") -> None:
+    def __init__(self, key: list[int], value: list[int], parent: TreeNode | None) -> None:
         self.key = key
         self.value = value
         self.parent = parent

@@ -32,13 +32,14 @@ class Status(enum.Enum):
 class Sequence:
     """One request: prompt, completion so far, its slots, its lock on the radix tree, its sink.
 
-    ``sink(output)`` is called (on the engine thread) with each ``RequestOutput``.
+    ``sink(output)`` is called (on the engine thread) with each ``RequestOutput``, or with the
+    exception that failed the step.
     """
 
     def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                  max_tokens: int, extra_key: bytes | None, generator: torch.Generator,
                  detok: IncrementalDetokenizer, stop_ids: set[int],
-                 sink: Callable[[RequestOutput], None]) -> None:
+                 sink: Callable[[RequestOutput | BaseException], None]) -> None:
         self.request_id = request_id
         self.arrival = next(_arrival)
         self.token_ids: list[int] = list(prompt_ids)
