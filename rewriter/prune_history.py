@@ -248,7 +248,9 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     if bad:
         return prompt, [Edit(NAME, False, "messages",
                              "compaction would be invalid, input kept: " + ",".join(bad[:5]))]
-    detail = (f"{how}: dropped {plan.drop} messages, elided {len(plan.elide)} tool results; "
+    elided_only = sum(_tokens(_elide(msgs, set(plan.elide), ctx), ctx))
+    detail = (f"{how}: elided {len(plan.elide)} tool results (-{before - elided_only} tokens), "
+              f"dropped {plan.drop} messages (-{elided_only - after} tokens); "
               f"history {before} -> {after} tokens")
     return out, [Edit(NAME, True, "messages", detail, before, after,
                       memory={MEMORY_KEY: plan.memory()})]

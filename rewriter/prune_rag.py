@@ -48,13 +48,15 @@ class Selection:
     """Outcome of :func:`select_passages` for one retrieval.
 
     ``kept``: indices into the input, in canonical emission order; ``duplicates``: indices
-    dropped as near-duplicates; ``tokens_before`` / ``tokens_after``: passage tokens in / kept.
+    dropped as near-duplicates (``duplicate_tokens`` of them); ``tokens_before`` /
+    ``tokens_after``: passage tokens in / kept.
     """
 
     kept: tuple[int, ...]
     duplicates: frozenset[int]
     tokens_before: int
     tokens_after: int
+    duplicate_tokens: int = 0
 
 
 
@@ -82,7 +84,8 @@ def select_passages(ids: Sequence[str], bodies: Sequence[str], tokens: Sequence[
             kept.append(i)
             used += tokens[i]
     kept.sort(key=lambda i: (id_order_key(ids[i]), i))
-    return Selection(tuple(kept), frozenset(dups), sum(tokens), used)
+    return Selection(tuple(kept), frozenset(dups), sum(tokens), used,
+                     sum(tokens[i] for i in dups))
 
 
 def _user_residual(msg: Message, delimiters: Sequence[str]) -> str:
@@ -129,6 +132,16 @@ class _Tally:
     before: int = 0
     after: int = 0
     skipped_citations: int = 0
+    dup_tokens: int = 0
+
+    def add(self, n: int, sel: Selection) -> None:
+        self.groups += 1
+        self.passages += n
+        self.kept += len(sel.kept)
+        self.dups += len(sel.duplicates)
+        self.before += sel.tokens_before
+        self.after += sel.tokens_after
+        self.dup_tokens += sel.duplicate_tokens
 
 
 def _prune_text(text: str, query: list[str], ctx: Context, tally: _Tally) -> str:
@@ -140,12 +153,7 @@ def _prune_text(text: str, query: list[str], ctx: Context, tally: _Tally) -> str
                           ctx.settings.rag_budget_tokens)
     if len(sel.kept) == len(ps):
         return text
-    tally.groups += 1
-    tally.passages += len(ps)
-    tally.kept += len(sel.kept)
-    tally.dups += len(sel.duplicates)
-    tally.before += sel.tokens_before
-    tally.after += sel.tokens_after
+    tally.add(len(ps), sel)
     return splice(text, ps, [ps[i] for i in sel.kept])
 
 
@@ -166,12 +174,7 @@ def _prune_block_run(blocks: list[Block], query: list[str], ctx: Context,
     sel = select_passages(ids, bodies, toks, query, ctx.settings.rag_budget_tokens)
     if len(sel.kept) == len(slots):
         return blocks
-    tally.groups += 1
-    tally.passages += len(slots)
-    tally.kept += len(sel.kept)
-    tally.dups += len(sel.duplicates)
-    tally.before += sel.tokens_before
-    tally.after += sel.tokens_after
+    tally.add(len(slots), sel)
     kept_blocks = [blocks[slots[i]] for i in sel.kept]
     out: list[Block] = []
     filled = 0
@@ -239,9 +242,10 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
         if tally.skipped_citations:
             why += f"; {tally.skipped_citations} cited block run(s) left in place"
         return prompt, [Edit(NAME, False, "messages", why)]
-    detail = (f"bm25+dedupe: {tally.groups} retrieval(s), kept {tally.kept} of "
-              f"{tally.passages} passages ({tally.dups} near-duplicates), budget "
-              f"{ctx.settings.rag_budget_tokens} tokens each")
+    by_budget = tally.before - tally.after - tally.dup_tokens
+    detail = (f"{tally.groups} retrieval(s), kept {tally.kept} of {tally.passages} passages: "
+              f"dedupe dropped {tally.dups} (-{tally.dup_tokens} tokens), bm25 budget of "
+              f"{ctx.settings.rag_budget_tokens} tokens dropped the rest (-{by_budget} tokens)")
     if tally.skipped_citations:
         detail += f"; {tally.skipped_citations} cited block run(s) left in place"
     return replace(prompt, messages=messages), [

@@ -143,7 +143,9 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     kept = _move_markers(tools, keep)
     before = ctx.count_tokens(json.dumps([t.raw for t in tools], ensure_ascii=False))
     after = ctx.count_tokens(json.dumps([t.raw for t in kept], ensure_ascii=False))
-    detail = f"bm25 {how}: kept {len(kept)} of {len(tools)} tools"
+    required = len(_required(prompt, ctx) & keep)
+    detail = (f"bm25 {how}: kept {len(kept)} of {len(tools)} tools ({required} required: "
+              f"called in history, tool_choice, pinned or server tools)")
     return replace(prompt, tools=tuple(kept)), [
         Edit(NAME, True, "tools", detail, before, after, memory=memory)]
 
