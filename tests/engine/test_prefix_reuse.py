@@ -118,3 +118,15 @@ def test_page_size_4_gives_same_outputs(make_engine: Any) -> None:
     assert [paged.generate_batch([p], GREEDY)[0] for p in ps] == expected
     assert paged.stats()["cache_hit_tokens_total"] >= 2 * 100
     assert_no_leak(paged)
+
+
+def test_paged_pool_under_pressure_with_shared_prefix(make_engine: Any) -> None:
+    shared = list(range(3000, 3030))
+    ps = [shared + list(range(100 + 50 * i, 100 + 50 * i + 11)) for i in range(6)]
+    params = SamplingParams(max_tokens=25, temperature=0.0, ignore_eos=True)
+    roomy = make_engine(enable_prefix_cache=False)
+    expected = [roomy.generate_batch([p], params)[0] for p in ps]
+    tight = make_engine(num_kv_slots=164, max_context_len=128, page_size=4)
+    assert tight.generate_batch(ps, params) == expected
+    assert tight.stats()["retractions_total"] > 0
+    assert_no_leak(tight)
