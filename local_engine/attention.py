@@ -103,6 +103,15 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     _, nh, d = q.shape
     nkv, g = k_cache.shape[1], meta.gqa
     outs = []
+    if len(meta.groups) == 1 and meta.groups[0].n == 1:  # decode-only step: fewest ops
+        grp = meta.groups[0]
+        b, L = grp.batch, grp.kv_len
+        kg = k_cache.index_select(0, grp.kv_flat).view(b, L, nkv, d).transpose(1, 2)
+        vg = v_cache.index_select(0, grp.kv_flat).view(b, L, nkv, d).transpose(1, 2)
+        if kg.dtype != q.dtype:
+            kg, vg = kg.to(q.dtype), vg.to(q.dtype)
+        o = F.scaled_dot_product_attention(q.view(b, nkv, g, d), kg, vg, attn_mask=grp.mask)
+        return o.view(b, nh * d)
     for grp in meta.groups:
         qg = q[grp.start:grp.end]
         if grp.q_index is not None:
