@@ -15,7 +15,7 @@ off, so repeated runs recompute their prompts like transformers does. Figures (m
   ``N / t(generate N tokens)``.
 - ratios: ``decode_vs_hf_batch1`` (goal >= 1.5), ``batch8_vs_batch1`` (goal >= 5).
 
-``--quick``: 16 new tokens, batches 1 and 8 and 32, 3 runs (<= ~60 s on an idle 2-core box).
+``--quick``: 16 new tokens, batches 1 and 8 only, 3 runs (<= ~60 s on an idle 2-core box).
 Writes ``bench/results/engine_decode.json`` = ``{"command", "figures", "setup"}``.
 """
 
@@ -94,8 +94,11 @@ def main(argv: list[str] | None = None) -> int:
                     default=Path(os.environ.get("PREFIXGATE_MODEL_DIR", DEFAULT_MODEL)))
     ap.add_argument("--out", type=Path, default=REPO / "bench/results/engine_decode.json")
     args = ap.parse_args(argv)
+    load0 = os.getloadavg()[0]  # the machine may be shared: recorded with the figures
     n_new = 16 if args.quick else args.new_tokens
     batches = [int(b) for b in args.batches.split(",")]
+    if args.quick:
+        batches = [b for b in batches if b <= 8] or batches[:1]
 
     import torch
     from transformers import AutoModelForCausalLM
@@ -151,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             "bench/engine_decode.py", *(argv if argv is not None else sys.argv[1:])]),
         "figures": figures,
         "setup": {"model": args.model.name, "dtype": "float32", "device": "cpu",
+                  "load_avg_1m_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
+                  "cpu_count": os.cpu_count(),
                   "new_tokens": n_new, "runs": args.runs,
                   "prompt_tokens": [len(p) for p in prompts[:max(batches)]][:4],
                   "torch_threads": torch.get_num_threads(),

@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                     default=Path(os.environ.get("PREFIXGATE_MODEL_DIR", DEFAULT_MODEL)))
     ap.add_argument("--out", type=Path, default=REPO / "bench/results/engine_prefix.json")
     args = ap.parse_args(argv)
+    load0 = os.getloadavg()[0]  # the machine may be shared: recorded with the figures
     sizes = [int(s) for s in args.sizes.split(",")]
     runs = args.runs
     if args.quick:
@@ -118,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             "bench/engine_prefix.py", *(argv if argv is not None else sys.argv[1:])]),
         "figures": figures,
         "setup": {"model": args.model.name, "dtype": "float32", "device": "cpu",
+                  "load_avg_1m_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
+                  "cpu_count": os.cpu_count(),
                   "suffix_tokens": SUFFIX, "runs": runs, "torch_threads": torch.get_num_threads(),
                   "chunk_size": eng.cfg.chunk_size,
                   "max_num_batched_tokens": eng.cfg.max_num_batched_tokens,
