@@ -15,8 +15,9 @@ Endpoints: ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthro
 whose API differs from its backend's goes through a bridge (:mod:`proxy.translate`),
 ``GET /v1/models``,
 ``GET /healthz``, ``GET /metrics``. Response headers: ``x-prefixgate-edits`` (the rewrite
-summary, or ``off``), ``x-prefixgate-tokens-pruned``, and on non-streamed answers
-``x-prefixgate-cached-tokens`` (a stream's headers leave before its usage is known).
+summary, or ``off``), ``x-prefixgate-tokens-pruned``, and ``x-prefixgate-cached-tokens`` on
+non-streamed answers, and on streams whose backend reports cached tokens in its response headers
+(our engine's ``X-Engine-Cached-Tokens``); other streams' headers leave before usage is known.
 """
 
 from __future__ import annotations
@@ -59,7 +60,13 @@ from proxy.rewriting import (
     session_id_for,
 )
 from proxy.router import Target, pick_target
-from proxy.usage import AnthropicStreamWatcher, OpenAIStreamWatcher, Usage, usage_from_body
+from proxy.usage import (
+    AnthropicStreamWatcher,
+    OpenAIStreamWatcher,
+    Usage,
+    usage_from_body,
+    usage_from_headers,
+)
 from rewriter.types import Context
 
 log = logging.getLogger("prefixgate.proxy")
@@ -159,6 +166,9 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
         return error_response(exc, api)
 
     ours = {"x-prefixgate-edits": rw.summary, "x-prefixgate-tokens-pruned": str(rw.pruned)}
+    early = usage_from_headers(resp.headers)  # engines that report usage in headers
+    if early.cached_tokens is not None:
+        ours["x-prefixgate-cached-tokens"] = str(early.cached_tokens)
     row.http_status = resp.status_code
     if resp.status_code >= 400:  # the upstream's own error, passed through with its body
         err = await resp.aread()
@@ -181,6 +191,7 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
     out_headers = {**downstream_headers(resp.headers), **ours}
     if row.stream:
         watcher = AnthropicStreamWatcher() if target.wire == "anthropic" else OpenAIStreamWatcher()
+        watcher.usage.merge(early)
         mapper = translate.mapper(api, row.model, watcher, body) if target.translate else None
 
         async def on_end(status: str) -> None:
@@ -191,7 +202,8 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
                            headers={**out_headers, **SSE_HEADERS})
     try:
         content = await resp.aread()
-        usage = usage_from_body(content, target.wire)
+        usage = early
+        usage.merge(usage_from_body(content, target.wire))
         if target.translate:
             content = orjson.dumps(translate.response(api, orjson.loads(content), row.model))
     except (httpx.HTTPError, orjson.JSONDecodeError, AttributeError) as e:

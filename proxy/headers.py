@@ -5,8 +5,8 @@ proxy-facing key and are never relayed; the backend's own configured key is set 
 ``Cookie``, ``Host``, ``Content-Length``, ``Proxy-*``, ``X-Forwarded-*`` and everything else not
 listed are dropped. ``anthropic-beta`` keeps its comma list intact (B20).
 
-Client-bound: the upstream's request id and rate-limit headers, plus the proxy's own
-``x-prefixgate-*`` headers.
+Client-bound: the upstream's request id, rate-limit and ``x-engine-*`` (engine-side TTFT,
+prompt and cached tokens) headers, plus the proxy's own ``x-prefixgate-*`` headers.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ DOWNSTREAM_ALLOW = frozenset({
     "x-request-id", "request-id", "openai-processing-ms", "openai-version", "retry-after",
     "anthropic-organization-id",
 })
-DOWNSTREAM_ALLOW_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
+DOWNSTREAM_ALLOW_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-", "x-engine-")
 
 DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
 

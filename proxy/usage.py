@@ -144,6 +144,24 @@ class AnthropicStreamWatcher:
         return False
 
 
+# Headers an OpenAI-compatible engine may send before the body (our local engine does, on streams
+# too, since its response starts once the first token exists): prompt and cached tokens.
+ENGINE_PROMPT_HEADER = "x-engine-prompt-tokens"
+ENGINE_CACHED_HEADER = "x-engine-cached-tokens"
+
+
+def usage_from_headers(headers: Any) -> Usage:
+    """Prompt / cached tokens from ``X-Engine-Prompt-Tokens`` / ``X-Engine-Cached-Tokens``
+    response headers (empty Usage when absent or not integers). A stream's usage chunk, when
+    the client asked for one, later overrides these."""
+
+    def num(name: str) -> int | None:
+        v = headers.get(name)
+        return int(v) if isinstance(v, str) and v.isdigit() else None
+
+    return Usage(num(ENGINE_PROMPT_HEADER), num(ENGINE_CACHED_HEADER))
+
+
 def usage_from_body(body: bytes, api: str) -> Usage:
     """Usage of a non-streamed answer body (either API); empty Usage when unreadable."""
     obj = _loads(body.decode("utf-8", errors="replace")) if body else None

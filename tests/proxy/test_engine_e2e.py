@@ -187,3 +187,18 @@ def test_real_smollm2_through_the_proxy_caches_the_repeated_prefix(
     assert r1.choices[0].message.content
     # the clock was hoisted out of the prefix: most of turn 2's prompt came from the cache
     assert r2.usage.prompt_tokens_details.cached_tokens >= 0.6 * r2.usage.prompt_tokens
+
+
+def test_stream_without_include_usage_still_records_cached_tokens(stack: Any) -> None:
+    import httpx
+
+    url, ledger = stack
+    before = len(ledger.rows())
+    body = {"model": "tiny", "messages": MSGS, "max_tokens": 3, "stream": True,
+            "temperature": 0}
+    httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+    assert b'"usage"' not in r.content  # the client's stream is untouched
+    cached = int(r.headers["x-prefixgate-cached-tokens"])
+    row = wait_rows(ledger, before + 2)[-1]
+    assert row["cached_tokens"] == cached > 0 and row["prompt_tokens"] > cached

@@ -118,3 +118,15 @@ def test_client_disconnect_closes_the_upstream_stream_and_is_recorded(rig: Any) 
     assert rig.upstream.closed == 1 and rig.upstream.finished == 0
     row = rig.ledger.rows()[-1]
     assert row["status"] == "client_disconnect"
+
+
+def test_engine_usage_headers_fill_the_ledger_when_the_stream_has_no_usage(rig: Any) -> None:
+    rig.upstream.script = Script(pieces=[chunk("a"), chunk("b"), chunk(finish="stop"), DONE],
+                                 headers={"X-Engine-Prompt-Tokens": "120",
+                                          "X-Engine-Cached-Tokens": "96",
+                                          "X-Engine-TTFT-Ms": "12.5"})
+    r, _ = stream_through(rig.url)
+    assert r.headers["x-prefixgate-cached-tokens"] == "96"
+    assert r.headers["x-engine-ttft-ms"] == "12.5"
+    row = wait_rows(rig.ledger, 1)[-1]
+    assert (row["prompt_tokens"], row["cached_tokens"], row["output_tokens"]) == (120, 96, 2)

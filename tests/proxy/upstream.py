@@ -29,6 +29,7 @@ class Script:
     body: Any = None
     status: int = 200
     media_type: str = "text/event-stream"
+    headers: dict[str, str] | None = None
 
 
 @dataclass
@@ -61,9 +62,9 @@ class ScriptedUpstream:
             script = self.script(json.loads(raw)) if callable(self.script) else self.script
             if script.pieces is None:
                 return Response(json.dumps(script.body).encode(), status_code=script.status,
-                                media_type="application/json")
+                                media_type="application/json", headers=script.headers)
             return StreamingResponse(self._stream(script), status_code=script.status,
-                                     media_type=script.media_type)
+                                     media_type=script.media_type, headers=script.headers)
 
         async def models(request: Request) -> Response:
             return Response(json.dumps({"object": "list", "data": [
