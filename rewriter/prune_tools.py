@@ -12,8 +12,9 @@ definition and ``tools`` is never empty while tool blocks remain.
 Sticky per session. A prefix cache is byte-exact, so a kept set that changed with every user
 turn would miss on the whole prompt every turn. The kept set is remembered in session memory
 (``Edit.memory["prune_tools"] = {"kept": [names]}``) and on later turns only *grows*: it is the
-remembered set, plus tools the history calls, plus the top :data:`ADD_TOP` tools for the newest
-user text that clear the keep rule's score ratio. It is rebuilt from scratch only at a compaction
+remembered set, plus tools the history calls, plus the top :data:`ADD_TOP` tools for the whole
+conversation and their siblings (:func:`rewriter.tool_rank.siblings`), plus the top tool for the
+newest user text alone (scores > 0). It is rebuilt from scratch only at a compaction
 event (this request makes :mod:`rewriter.prune_history` compact, so the prefix is rebuilt
 anyway; judged on the history as this pass sees it, before RAG pruning). Kept tools keep the canonical order the earlier passes gave the catalog. A client
 ``cache_control`` marker on a dropped tool moves to the nearest kept tool before it.
@@ -98,8 +99,9 @@ def choose(prompt: Prompt, ctx: Context, rule: KeepRule = DEFAULT_RULE) -> tuple
                   for t in tools}
         return set(select_tools(infos, ranked, tokens, rule)) | (required & names), "ranked"
     ranked = rank_tools(infos, query_terms(users, others))
-    fresh = set(rule.select(ranked)[:ADD_TOP])
-    fresh.update(siblings(infos, [n for n, s in ranked[:ADD_TOP] if s > 0]))
+    top = [n for n, s in ranked[:ADD_TOP] if s > 0]
+    latest = rank_tools(infos, query_terms(users[-1:])) if users else []
+    fresh = set(top) | set(siblings(infos, top)) | {n for n, s in latest[:1] if s > 0}
     return sticky | fresh | (required & names), "sticky"
 
 
