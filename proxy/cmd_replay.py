@@ -54,6 +54,7 @@ class Sent:
     output_tokens: int | None = None
     ttft_ms: float | None = None
     tpot_ms: float | None = None
+    engine_ttft_ms: float | None = None
     error: str = ""
 
 
@@ -66,7 +67,8 @@ def _is_context_error(status: int, text: str) -> bool:
 def send_streaming(client: httpx.Client, url: str, body: dict[str, Any],
                    headers: dict[str, str]) -> tuple[str, dict[str, Any]]:
     """POST a streamed chat request; return (status, figures) with ``ttft_ms``, ``tpot_ms``,
-    ``prompt_tokens``, ``cached_tokens``, ``output_tokens`` (or ``error``)."""
+    ``prompt_tokens``, ``cached_tokens``, ``output_tokens``, ``engine_ttft_ms`` (the backend's
+    own ``X-Engine-TTFT-Ms`` when it sends one) (or ``error``)."""
     t0 = time.perf_counter()
     first = last = None
     deltas = 0
@@ -76,6 +78,7 @@ def send_streaming(client: httpx.Client, url: str, body: dict[str, Any],
             text = r.read().decode(errors="replace")
             return ("skipped" if _is_context_error(r.status_code, text) else "error",
                     {"error": f"{r.status_code}: {text[:200]}"})
+        engine_ttft = r.headers.get("x-engine-ttft-ms")
         splitter = EventSplitter()
         for piece in r.iter_raw():
             for raw in splitter.feed(piece):
@@ -100,23 +103,26 @@ def send_streaming(client: httpx.Client, url: str, body: dict[str, Any],
         "ttft_ms": None if first is None else (first - t0) * 1e3,
         "tpot_ms": None if first is None or last is None or out_tokens < 2
         else (last - first) * 1e3 / (out_tokens - 1),
+        "engine_ttft_ms": float(engine_ttft) if engine_ttft else None,
     }
     return "ok", figures
 
 
 def side_figures(results: list[Sent]) -> dict[str, Any]:
     """``{"requests", "skipped", "errors", "prompt_tokens", "cached_share" (0-1),
-    "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms"}`` of one side."""
+    "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "engine_ttft_p50_ms"}`` of one side (client-side
+    timings; the last one is the backend's own TTFT when it reports it)."""
     ok = [r for r in results if r.status == "ok"]
     prompt = sum(r.prompt_tokens or 0 for r in ok)
     cached = sum(r.cached_tokens or 0 for r in ok)
     ttft = [r.ttft_ms for r in ok if r.ttft_ms is not None]
     tpot = [r.tpot_ms for r in ok if r.tpot_ms is not None]
+    eng = [r.engine_ttft_ms for r in ok if r.engine_ttft_ms is not None]
     return {"requests": len(ok), "skipped": sum(r.status == "skipped" for r in results),
             "errors": sum(r.status == "error" for r in results), "prompt_tokens": prompt,
             "cached_share": cached / prompt if prompt else None,
             "ttft_p50_ms": percentile(ttft, 50), "ttft_p95_ms": percentile(ttft, 95),
-            "tpot_p50_ms": percentile(tpot, 50)}
+            "tpot_p50_ms": percentile(tpot, 50), "engine_ttft_p50_ms": percentile(eng, 50)}
 
 
 def replay(
@@ -172,7 +178,7 @@ def replay(
     t.add_column("rewrite on", justify="right")
     for key, kind in (("requests", ""), ("skipped", ""), ("errors", ""), ("prompt_tokens", ""),
                       ("cached_share", "share"), ("ttft_p50_ms", "ms"), ("ttft_p95_ms", "ms"),
-                      ("tpot_p50_ms", "ms")):
+                      ("tpot_p50_ms", "ms"), ("engine_ttft_p50_ms", "ms")):
         t.add_row(key, fmt(figures["off"][key], kind), fmt(figures["on"][key], kind))
     Console().print(t)
     errors = [r for r in results if r.status == "error"]
