@@ -98,13 +98,26 @@ class ToolCallStream:
 
     ``feed(delta)`` and ``finish()`` return a list of events, each either
     ``("text", str)`` — content to send now — or ``("tool_call", (index, dict))`` — one
-    complete OpenAI tool call and its 0-based position among this stream's calls. Text is held back only while it may be (part of) a ``<tool_call>`` block.
+    complete OpenAI tool call and its 0-based position among this stream's calls.
+
+    Text is held back only while it may be (part of) a ``<tool_call>`` block, and trailing
+    whitespace is held until non-whitespace text follows it: whitespace that only separates
+    tool calls or ends the answer is dropped once a call was made, as ``parse_tool_calls``
+    strips it (a stream without calls gets every character).
     """
 
     def __init__(self) -> None:
         self._buf = ""
         self._in_call = False
+        self._held_ws = ""
         self.num_calls = 0
+
+    def _text(self, text: str, events: list[tuple[str, Any]]) -> None:
+        core = text.rstrip()
+        if core:
+            events.append(("text", self._held_ws + core))
+            self._held_ws = ""
+        self._held_ws += text[len(core):]
 
     def feed(self, delta: str) -> list[tuple[str, Any]]:
         """Consume the next text delta; return the events it completes."""
@@ -114,13 +127,11 @@ class ToolCallStream:
             if not self._in_call:
                 start = self._buf.find(OPEN_TAG)
                 if start < 0:
-                    keep = _partial_tag_suffix(self._buf)
-                    text, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep :]
-                    if text:
-                        events.append(("text", text))
+                    cut = len(self._buf) - _partial_tag_suffix(self._buf)
+                    text, self._buf = self._buf[:cut], self._buf[cut:]
+                    self._text(text, events)
                     return events
-                if start:
-                    events.append(("text", self._buf[:start]))
+                self._text(self._buf[:start], events)
                 self._buf = self._buf[start:]
                 self._in_call = True
             end = self._buf.find(CLOSE_TAG)
@@ -131,12 +142,18 @@ class ToolCallStream:
             self._in_call = False
             call = _parse_block(block[len(OPEN_TAG) : -len(CLOSE_TAG)])
             if call is None:
-                events.append(("text", block))
+                self._text(block, events)
             else:
                 events.append(("tool_call", (self.num_calls, call)))
                 self.num_calls += 1
 
     def finish(self) -> list[tuple[str, Any]]:
-        """End of generation: flush held-back text (an unterminated block stays text)."""
-        text, self._buf, self._in_call = self._buf, "", False
-        return [("text", text)] if text else []
+        """End of generation: flush held-back text (an unterminated block stays text; held
+        whitespace is kept only when no call was made)."""
+        events: list[tuple[str, Any]] = []
+        self._text(self._buf, events)
+        self._buf, self._in_call = "", False
+        if self._held_ws and not self.num_calls:
+            events.append(("text", self._held_ws))
+        self._held_ws = ""
+        return events

@@ -44,7 +44,7 @@ def test_streamed_tool_call_becomes_a_tool_calls_delta_and_finish_reason() -> No
     chunks = _run(writer, [text[i:i + 7] for i in range(0, len(text), 7)], "stop")
     parsed = [ChatCompletionChunk.model_validate(c) for c in chunks]  # OpenAI's own schema
     content = "".join(p.choices[0].delta.content or "" for p in parsed if p.choices)
-    assert content == "I'll check. "
+    assert content == "I'll check."  # as the non-stream content: whitespace before a call dropped
     calls = [tc for p in parsed if p.choices for tc in (p.choices[0].delta.tool_calls or [])]
     assert len(calls) == 1 and calls[0].index == 0
     assert calls[0].function and calls[0].function.name == "get_weather"
