@@ -17,7 +17,9 @@ __all__ = ["main", "parse_args"]
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse the command line (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="python -m local_engine", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m local_engine",
+        description="Serve a model with the prefixgate engine over an OpenAI-compatible API.")
     p.add_argument("--model", required=True, help="HF model directory (safetensors + tokenizer)")
     p.add_argument("--model-name", default=None, help="name served in /v1/models and answers")
     p.add_argument("--host", default="127.0.0.1")
@@ -31,6 +33,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--chunk-size", type=int, default=512)
     p.add_argument("--max-running", type=int, default=64)
+    p.add_argument("--max-context-len", type=int, default=None,
+                   help="cap on prompt + completion tokens (default: the model's)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--disable-prefix-cache", action="store_true")
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-stats-interval", type=float, default=10.0,
@@ -60,7 +65,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         max_running=args.max_running,
         enable_prefix_cache=not args.disable_prefix_cache,
         model_name=args.model_name,
+        max_context_len=args.max_context_len,
     )
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     engine = Engine(cfg)
     try:
         app = build_app(engine, log_stats_interval_s=args.log_stats_interval or None)
