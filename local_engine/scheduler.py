@@ -205,12 +205,23 @@ class Scheduler:
             seq.handle, seq.slots = match.handle, list(match.slots)
             seq.num_tree_tokens = seq.num_computed = match.handle.cached_len
             self.table.set(seq.row, 0, seq.slots)
-        if seq.cached_tokens is None:
+        seq.first_admission = seq.cached_tokens is None
+        if seq.first_admission:
             seq.cached_tokens = min(seq.num_computed, seq.num_prompt)
             self.stats.cache_hit_tokens += seq.cached_tokens
         seq.status = Status.RUNNING
         self.waiting.remove(seq)
         self.running.append(seq)
+
+    def _unadmit(self, seq: Sequence) -> None:
+        """Undo ``_admit`` of a request that got no room (nothing was computed for it)."""
+        self.running.remove(seq)
+        self._release_slots(seq)
+        if seq.first_admission:
+            self.stats.cache_hit_tokens -= seq.cached_tokens or 0
+            seq.cached_tokens = None
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
 
     # -- the step -----------------------------------------------------------------------------
     def schedule(self) -> list[ScheduledSeq]:
@@ -253,13 +264,10 @@ class Scheduler:
                 cached = self.cache.peek_prefix_len(seq.token_ids[:-1], seq.extra_key)
             if self._should_defer(seq, cached):
                 continue
-            n = min(len(seq.token_ids) - cached, self.chunk_size, budget)
-            if not self._reserve(-(-n // self.ps)):
-                break
-            self._admit(seq)
+            self._admit(seq)  # locks its cached prefix first: making room cannot evict it
             n = min(seq.num_uncomputed, self.chunk_size, budget)
-            if not self._reserve(self._pages_needed(seq, n)):  # admission's split changed sizes
-                self.retract(seq)
+            if not self._reserve(self._pages_needed(seq, n)):
+                self._unadmit(seq)
                 break
             start = len(seq.slots)
             self._grow(seq, n)

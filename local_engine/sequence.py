@@ -58,6 +58,7 @@ class Sequence:
         self.handle: CacheHandle | None = None
         self.row: int | None = None  # ReqToTokenTable row while running
         self.cached_tokens: int | None = None  # prompt tokens served by the cache (first admission)
+        self.first_admission = False
         self.finish_reason: str | None = None
         self.pending_ids: list[int] = []
         self.prompt_cached = False  # prompt KV inserted into the radix tree (after its prefill)
