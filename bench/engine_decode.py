@@ -1,6 +1,6 @@
 """Decode throughput of the local engine at batch 1 / 8 / 32 vs transformers' ``generate``.
 
-    .venv/bin/python bench/engine_decode.py [--quick] [--runs 3] [--new-tokens 128]
+    .venv/bin/python bench/engine_decode.py [--quick] [--runs 3] [--new-tokens 128] [--threads N]
 
 SmolLM2-135M-Instruct, fp32, CPU (``$PREFIXGATE_MODEL_DIR``). Each request: a distinct
 ~100-token chat prompt, greedy, ``--new-tokens`` completion tokens (EOS ignored). Prefix cache
@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads for the whole process (default: torch's)")
     ap.add_argument("--model", type=Path,
                     default=Path(os.environ.get("PREFIXGATE_MODEL_DIR", DEFAULT_MODEL)))
     ap.add_argument("--out", type=Path, default=REPO / "bench/results/engine_decode.json")
@@ -101,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         batches = [b for b in batches if b <= 8] or batches[:1]
 
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 
     from local_engine.engine import Engine, EngineConfig, SamplingParams

@@ -1,6 +1,6 @@
 """TTFT with and without a cached prefix on the local engine (radix-tree prefix KV reuse).
 
-    .venv/bin/python bench/engine_prefix.py [--quick] [--runs 3] [--sizes 1024,2048,4096]
+    .venv/bin/python bench/engine_prefix.py [--quick] [--runs 3] [--sizes 1024,2048,4096] [--threads N]
 
 SmolLM2-135M-Instruct, fp32, CPU (``$PREFIXGATE_MODEL_DIR``). For each prefix size N, each run
 uses a fresh N-token prefix (token ids of real text, so no run hits another run's cache) and two
@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--sizes", default="1024,2048,4096")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads for the whole process (default: torch's)")
     ap.add_argument("--model", type=Path,
                     default=Path(os.environ.get("PREFIXGATE_MODEL_DIR", DEFAULT_MODEL)))
     ap.add_argument("--out", type=Path, default=REPO / "bench/results/engine_prefix.json")
@@ -81,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         sizes, runs = [s for s in sizes if s <= 2048] or sizes[:1], min(runs, 3)
 
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from local_engine.engine import Engine, EngineConfig
 
