@@ -141,7 +141,7 @@ class Engine:
             params=params,
             max_tokens=max_tokens,
             extra_key=extra_key,
-            generator=make_generator(params.seed, torch.device("cpu")),
+            generator=make_generator(params.seed, self.device),  # same device as the logits
             detok=IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop),
             stop_ids=stop_ids,
             sink=sink,
