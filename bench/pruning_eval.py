@@ -4,7 +4,7 @@ Usage::
 
     .venv/bin/python -m bench.pruning_eval [--quick] [--out bench/results/pruning.json]
 
-``--quick`` (<= 60 s) samples: 60 BFCL queries, 8 tau-bench runs for tools, 25 banking tasks,
+``--quick`` (<= 60 s) samples: 40 BFCL queries, 4 tau-bench runs for tools, 25 banking tasks,
 every 13th NQ question, 8 tau-bench runs for history. Without it everything runs (minutes).
 
 Figures (``{"command", "figures": {"tools", "rag", "history"}}``):

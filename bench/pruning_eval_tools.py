@@ -128,8 +128,8 @@ def bfcl(quick: bool, rule: KeepRule, min_catalog: int) -> dict[str, Any] | str:
     rows = [r for r in data.bfcl_rows("live_multiple") if r["gold"]]
     irr = data.bfcl_rows("live_irrelevance")
     if quick:
-        rows = random.Random(7).sample(rows, 60)
-        irr = random.Random(7).sample(irr, 60)
+        rows = random.Random(7).sample(rows, 40)
+        irr = random.Random(7).sample(irr, 40)
     pool = data.bfcl_pool() + data.github_mcp_tools()
     cache = _ToolCache()
     out: dict[str, Any] = {"pool_tools": len(pool), "rule": rule.__dict__,
@@ -196,7 +196,7 @@ def tau_airline(quick: bool, min_catalog: int) -> dict[str, Any]:
     from proxy.sim_trace import load_tau
 
     runs = load_tau(data.DATA / "traces" / "tau_bench_airline_gpt4o.json",
-                    data.DATA / "tools" / "tau_bench_airline.json", runs=8 if quick else None)
+                    data.DATA / "tools" / "tau_bench_airline.json", runs=4 if quick else None)
     tools = data.tau_airline_tools()
     mcp = data.github_mcp_tools()
     base: dict[str, Any] = {"prune_tools": True, "hoist_volatile": False,
