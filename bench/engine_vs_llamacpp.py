@@ -97,7 +97,11 @@ def main() -> None:
     ap.add_argument("--system-chars", type=int, default=6200, help="system prompt length")
     ap.add_argument("--quick", action="store_true", help="1 run, short prompt (smoke test)")
     ap.add_argument("--out", default=str(OUT))
-    ap.add_argument("--only", choices=["ours", "llamacpp"], default=None)
+    ap.add_argument("--only", choices=["ours", "llamacpp"], default=None,
+                    help="run one side; the other side's figures in --out are kept")
+    ap.add_argument("--llamacpp-poll", type=int, default=50,
+                    help="llama.cpp threadpool busy-poll level (0 = sleep instead of spinning: "
+                         "far better when the cores are shared)")
     args = ap.parse_args()
     if args.quick:
         args.runs, args.max_tokens, args.system_chars = 1, 8, 1500
@@ -110,15 +114,25 @@ def main() -> None:
         figures["ours"]["weights"] = "fp32 safetensors (converted from the Q4_1 GGUF)"
     if args.only in (None, "llamacpp"):
         cmd = [sys.executable, str(REPO / "bench" / "llamacpp_server.py"), "--gguf", str(GGUF),
-               "--threads", str(args.threads), "--port"]
+               "--threads", str(args.threads), "--poll", str(args.llamacpp_poll), "--port"]
         server = EngineProcess(GGUF, log_path=log, command=cmd)
         server.cmd.append(str(server.port))
         with server:
             figures["llamacpp"] = measure(server.base_url, args.runs, args.max_tokens,
                                           args.system_chars)
         figures["llamacpp"]["weights"] = "Q4_1 GGUF (4-bit blocks), llama.cpp via xllamacpp"
+        figures["llamacpp"]["poll"] = args.llamacpp_poll
+    commands = [" ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv])]
+    if args.only and Path(args.out).exists():  # keep the other side's figures and command
+        previous = json.loads(Path(args.out).read_text())
+        for side, figs in previous.get("figures", {}).items():
+            if side == "llamacpp" and side in figures and figs.get("poll", 50) != args.llamacpp_poll:
+                side = f"llamacpp_poll{figs.get('poll', 50)}"  # keep the other poll setting too
+            figures.setdefault(side, figs)
+        if previous.get("command"):
+            commands.insert(0, str(previous["command"]))
     result = {
-        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]),
+        "command": " && ".join(commands),
         "figures": figures,
         "setup": {
             "model": "SmolLM2-135M-Instruct", "threads": args.threads, "runs": args.runs,

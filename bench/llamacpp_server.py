@@ -23,6 +23,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--parallel", type=int, default=1)
+    ap.add_argument("--poll", type=int, default=50,
+                    help="llama.cpp threadpool busy-poll level 0-100 (llama.cpp's default 50)")
     args = ap.parse_args()
 
     import xllamacpp
@@ -33,6 +35,8 @@ def main() -> None:
     p.n_parallel = args.parallel
     p.cpuparams.n_threads = args.threads
     p.cpuparams_batch.n_threads = args.threads
+    p.cpuparams.poll = args.poll
+    p.cpuparams_batch.poll = args.poll
     p.hostnames = ["127.0.0.1"]
     p.port = args.port
     p.cache_prompt = True

@@ -17,7 +17,8 @@ LRU of sessions). When a request's blocks are not an extension of the previous o
 
 Append-only growth (the previous prefix is a prefix of the new one), pure truncation at the end,
 and a volatile note in trailing blocks of the last message being replaced (how the rewriter's
-hoisted clock moves forward each turn) are not breaks. Prompt text never leaves the detector unless ``store_text`` is set, and then only
+hoisted clock moves forward each turn) are not breaks. Prompt text never leaves the detector unless
+``store_text`` is set, and then only
 as short excerpts around the divergence.
 """
 

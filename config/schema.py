@@ -104,7 +104,7 @@ class RewriteSettings(_Strict):
     rag_delimiters: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _watermarks_ordered(self) -> "RewriteSettings":
+    def _watermarks_ordered(self) -> RewriteSettings:
         if self.history_low_watermark_tokens > self.history_high_watermark_tokens:
             raise ValueError("history_low_watermark_tokens must not exceed the high watermark")
         return self
@@ -129,7 +129,7 @@ class Policy(_Strict):
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
 
     @model_validator(mode="after")
-    def _routes_name_backends(self) -> "Policy":
+    def _routes_name_backends(self) -> Policy:
         for i, r in enumerate(self.routes):
             if r.backend not in self.backends:
                 raise ValueError(

@@ -230,9 +230,10 @@ class StreamMapper:
 
     def _start(self, chunk_id: str) -> list[bytes]:
         self.started = True
-        msg: dict[str, Any] = {"id": "msg_" + chunk_id, "type": "message", "role": "assistant", "model": self.model,
-               "content": [], "stop_reason": None, "stop_sequence": None,
-               "usage": {"input_tokens": 0, "output_tokens": 0}}
+        msg: dict[str, Any] = {"id": "msg_" + chunk_id, "type": "message", "role": "assistant",
+                               "model": self.model, "content": [], "stop_reason": None,
+                               "stop_sequence": None,
+                               "usage": {"input_tokens": 0, "output_tokens": 0}}
         return [_sse("message_start", {"type": "message_start", "message": msg})]
 
     def _finish(self) -> list[bytes]:

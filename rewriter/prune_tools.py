@@ -16,7 +16,8 @@ remembered set, plus tools the history calls, plus the top :data:`ADD_TOP` tools
 conversation and their siblings (:func:`rewriter.tool_rank.siblings`), plus the top tool for the
 newest user text alone (scores > 0). It is rebuilt from scratch only at a compaction
 event (this request makes :mod:`rewriter.prune_history` compact, so the prefix is rebuilt
-anyway; judged on the history as this pass sees it, before RAG pruning). Kept tools keep the canonical order the earlier passes gave the catalog. A client
+anyway; judged on the history as this pass sees it, before RAG pruning). Kept tools keep the
+canonical order the earlier passes gave the catalog. A client
 ``cache_control`` marker on a dropped tool moves to the nearest kept tool before it.
 """
 

@@ -7,8 +7,9 @@ from packages that bundle them: ``quicktok-v1`` (o200k_base, cl100k_base, llama3
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Callable, Protocol
+from typing import Protocol
 
 TokenCounter = Callable[[str], int]
 

@@ -23,7 +23,7 @@ SYSTEM = "You are Helper. Now: 2025-03-04 10:15. " + words(300, "rule")
 
 def test_volatile_span_detector_names_kinds() -> None:
     assert kinds_in_diff("Now: 2025-03-04 10:15. x", "Now: 2025-03-04 10:16. x") == ["datetime"]
-    assert kinds_in_diff("id 3f2b1c9e-0d4a-4b8e-9a7c-1e2f3a4b5c6d", 
+    assert kinds_in_diff("id 3f2b1c9e-0d4a-4b8e-9a7c-1e2f3a4b5c6d",
                          "id 7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d") == ["uuid"]
     assert kinds_in_diff("the cat", "the dog") == []
     assert mask("The current time is 2024-05-15 15:00:00 EST.") == \
