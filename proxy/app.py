@@ -198,7 +198,7 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
             await _finish(state, row, timing, watcher.usage, status, rw.memory, session_id,
                           watcher.deltas, analyze)
 
-        return SSEResponse(relay_events(resp, watcher, timing, on_end, mapper),
+        return SSEResponse(relay_events(resp, watcher, timing, on_end, mapper, api),
                            headers={**out_headers, **SSE_HEADERS})
     try:
         content = await resp.aread()
@@ -206,7 +206,8 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
         usage.merge(usage_from_body(content, target.wire))
         if target.translate:
             content = orjson.dumps(translate.response(api, orjson.loads(content), row.model))
-    except (httpx.HTTPError, orjson.JSONDecodeError, AttributeError) as e:
+    except (httpx.HTTPError, ValueError, TypeError, AttributeError, KeyError, IndexError) as e:
+        # the body broke off, is not JSON, or has a shape the bridge cannot translate
         row.error = type(e).__name__
         await _finish(state, row, timing, Usage(), "upstream_error", {}, session_id)
         return error_response(UpstreamUnavailable(

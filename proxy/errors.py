@@ -152,6 +152,15 @@ def error_response(exc: ProxyError, api: Api, headers: dict[str, str] | None = N
                     media_type="application/json", headers=headers)
 
 
+def stream_error_event(exc: ProxyError, api: Api) -> bytes:
+    """``exc`` as the last SSE event of a stream that already answered 200 (the upstream broke
+    off or went silent mid-stream): Anthropic ``event: error`` + ``data: {"type": "error",
+    "error": {...}}`` (its own mid-stream error event), OpenAI ``data: {"error": {...}}`` (what
+    the OpenAI SDKs raise ``APIError`` on)."""
+    data = b"data: " + orjson.dumps(error_body(exc, api)) + b"\n\n"
+    return b"event: error\n" + data if api == "anthropic" else data
+
+
 def api_for_path(path: str) -> Api:
     """Which error shape a request path expects: ``/v1/messages*`` -> anthropic, else openai."""
     return "anthropic" if path.startswith("/v1/messages") else "openai"

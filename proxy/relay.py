@@ -14,11 +14,16 @@ Timing (:class:`Timing`, all milliseconds from the moment the proxy received the
 - total: until the last byte was written.
 
 If the client goes away, the upstream response is closed at once (its connection is not leaked,
-and the backend sees the disconnect and can stop decoding).
+and the backend sees the disconnect and can stop decoding). If the upstream breaks off or stays
+silent past the backend's ``timeout_s`` mid-stream, the client's stream ends with one error event
+in its API shape (:func:`proxy.errors.stream_error_event`). An upstream event the watcher or the
+bridge cannot make sense of (not JSON, wrong shape) is relayed as is (passthrough) or dropped
+(bridge); it never ends the stream.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,9 +34,11 @@ import httpx
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from proxy.errors import UpstreamTimeout, UpstreamUnavailable
+from proxy.errors import Api, UpstreamTimeout, UpstreamUnavailable, stream_error_event
 from proxy.sse import EventSplitter, SSEEvent, parse_event
 from proxy.usage import Usage
+
+log = logging.getLogger("prefixgate.relay")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -128,14 +135,31 @@ class Upstream:
             raise UpstreamUnavailable(f"upstream {url} unreachable: {type(e).__name__}") from None
 
 
+def _handle(raw: bytes, watcher: StreamWatcher,
+            mapper: EventMapper | None) -> tuple[bool, list[bytes] | tuple[bytes]]:
+    """(carried content, bytes for the client) for one upstream event. An event the watcher or
+    the mapper chokes on (wrong shape) counts as no content; passthrough still relays it, a
+    bridge drops it."""
+    ev = parse_event(raw)
+    try:
+        content = watcher.observe(ev)
+        return content, (mapper(raw, ev) if mapper else (raw,))
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+        log.warning("malformed upstream stream event skipped by %s: %s",
+                    "the bridge" if mapper else "the usage watcher", type(e).__name__)
+        return False, ([] if mapper else (raw,))
+
+
 async def relay_events(resp: httpx.Response, watcher: StreamWatcher, timing: Timing,
                        on_end: Callable[[str], Awaitable[None]],
-                       mapper: EventMapper | None = None) -> AsyncIterator[bytes]:
+                       mapper: EventMapper | None = None,
+                       api: Api = "openai") -> AsyncIterator[bytes]:
     """Yield the upstream SSE body as whole events, timing content events.
 
     ``await on_end(status)`` runs exactly once when the relay stops: ``"ok"``,
     ``"client_disconnect"`` (the generator was closed or cancelled) or ``"upstream_error"``
-    (the upstream connection broke mid-stream). The upstream response is always closed.
+    (the upstream connection broke or timed out mid-stream; the last thing yielded is then an
+    error event in the client's ``api`` shape). The upstream response is always closed.
     """
     splitter = EventSplitter()
     status = "client_disconnect"
@@ -143,9 +167,8 @@ async def relay_events(resp: httpx.Response, watcher: StreamWatcher, timing: Tim
         try:
             async for chunk in resp.aiter_bytes():
                 for raw in splitter.feed(chunk):
-                    ev = parse_event(raw)
-                    content = watcher.observe(ev)
-                    for out in (mapper(raw, ev) if mapper else (raw,)):
+                    content, outs = _handle(raw, watcher, mapper)
+                    for out in outs:
                         yield out
                     if content:
                         timing.content_written()
@@ -153,8 +176,12 @@ async def relay_events(resp: httpx.Response, watcher: StreamWatcher, timing: Tim
             if rest:
                 yield rest
             status = "ok"
-        except httpx.HTTPError:
+        except httpx.HTTPError as e:
             status = "upstream_error"
+            exc = (UpstreamTimeout("upstream went silent mid-stream past its timeout")
+                   if isinstance(e, httpx.TimeoutException) else
+                   UpstreamUnavailable(f"upstream broke off mid-stream ({type(e).__name__})"))
+            yield stream_error_event(exc, api)
     finally:
         timing.end = time.perf_counter()
         with anyio.CancelScope(shield=True):  # runs even when the client's task is cancelled
