@@ -12,15 +12,25 @@ from typing import Any
 
 from proxy import bridge_anthropic as a2o
 from proxy import bridge_openai as o2a
-from proxy.errors import Api
+from proxy.errors import Api, InvalidRequest
 from proxy.relay import EventMapper, StreamWatcher
 from proxy.usage import AnthropicStreamWatcher
 
 
 def request(client_api: Api, body: dict[str, Any]) -> dict[str, Any]:
-    """The client's body in the backend's API."""
-    return a2o.request_to_openai(body) if client_api == "anthropic" else (
-        o2a.request_to_anthropic(body))
+    """The client's body in the backend's API.
+
+    Raises InvalidRequest (400) when a field the bridge maps has a type it cannot translate
+    (``stop: 5``, ``tools: 5``, ``tool_calls: "abc"``, a text block whose text is a number):
+    the backend would reject such a field too, and it is the client's error, not the proxy's.
+    """
+    try:
+        return a2o.request_to_openai(body) if client_api == "anthropic" else (
+            o2a.request_to_anthropic(body))
+    except (TypeError, AttributeError, ValueError) as e:
+        raise InvalidRequest(
+            f"The request could not be translated for this model's backend: a field has an "
+            f"unexpected type or shape ({type(e).__name__}: {str(e)[:120]}).") from None
 
 
 def response(client_api: Api, upstream: dict[str, Any], model: str) -> dict[str, Any]:
