@@ -13,7 +13,8 @@ body in the caller's API shape with the right status:
 
 Statuses follow the providers' own docs: malformed / invalid body 400, unknown model 404
 (``model_not_found``), body over ``policy.max_body_bytes`` 413 (case B19), a route whose backend
-cannot take this API 501, upstream unreachable 502, upstream too slow 504. An upstream's own 4xx
+cannot take this API 501, upstream unreachable 502, upstream too slow 504,
+client gone before its body was complete 499 (for the ledger; nobody reads it). An upstream's own 4xx
 / 5xx is not a ProxyError: the relay passes its status and body through unchanged.
 """
 
@@ -121,6 +122,15 @@ class MissingBackendKey(ProxyError):
     status = 500
     type = "server_error"
     code = "backend_key_missing"
+
+
+class ClientDisconnected(ProxyError):
+    """The client went away before its request body was complete. 499 is nginx's "client
+    closed request"; nobody reads the answer, the status is for the ledger."""
+
+    status = 499
+    type = "invalid_request_error"
+    code = "client_disconnect"
 
 
 class InternalError(ProxyError):

@@ -13,25 +13,30 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
-from proxy.errors import BodyTooLarge, InvalidJSON, InvalidRequest
+from proxy.errors import BodyTooLarge, ClientDisconnected, InvalidJSON, InvalidRequest
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body; BodyTooLarge when ``Content-Length`` or the bytes read exceed ``limit``."""
+    """The raw body; BodyTooLarge when ``Content-Length`` or the bytes read exceed ``limit``,
+    ClientDisconnected when the client goes away before the body is complete."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(f"Request body of {int(declared)} bytes exceeds the proxy's limit of "
                            f"{limit} bytes (policy max_body_bytes).")
     parts: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"Request body exceeds the proxy's limit of {limit} bytes "
-                               "(policy max_body_bytes).")
-        parts.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(f"Request body exceeds the proxy's limit of {limit} bytes "
+                                   "(policy max_body_bytes).")
+            parts.append(chunk)
+    except ClientDisconnect:
+        raise ClientDisconnected(f"The client went away after {size} bytes of its request "
+                                 "body.") from None
     return b"".join(parts)
 
 
