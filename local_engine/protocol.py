@@ -5,6 +5,8 @@ Bodies follow OpenAI's `CreateChatCompletionRequest` / `CreateCompletionRequest`
 vLLM and SGLang do, so SDKs that send newer parameters keep working. A few engine extensions
 are accepted the same way vLLM accepts them: `top_k`, `stop_token_ids`, `ignore_eos`,
 `cache_salt` (isolates this request's prefix-cache entries from requests with another salt).
+Integer and boolean fields are strict, as OpenAI's are: ``"stream": "false"`` or
+``"max_tokens": "10"`` is a 400 ``invalid_type``, never silently coerced.
 
 Errors leave the server as OpenAI's shape, status 4xx::
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 __all__ = [
     "ApiError",
@@ -68,7 +70,7 @@ class _Tolerant(BaseModel):
 class StreamOptions(_Tolerant):
     """``stream_options``: ``include_usage`` adds a final chunk with ``choices: []`` + usage."""
 
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class ChatMessage(_Tolerant):
@@ -85,16 +87,16 @@ class ChatMessage(_Tolerant):
 
 class _SamplingFields(_Tolerant):
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = None
-    seed: int | None = None
+    top_k: StrictInt | None = None
+    seed: StrictInt | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    n: int | None = Field(default=1, ge=1)
-    stream: bool | None = False
+    ignore_eos: StrictBool = False
+    n: StrictInt | None = Field(default=1, ge=1)
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     logprobs: bool | int | None = None
     cache_salt: str | None = None
@@ -114,7 +116,7 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
 
@@ -130,7 +132,7 @@ class CompletionRequest(_SamplingFields):
     one-element list of either (this engine serves one prompt per request)."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
-    echo: bool = False
+    echo: StrictBool = False
     suffix: str | None = None
 
     def requested_max_tokens(self) -> int | None:
