@@ -54,12 +54,16 @@ def parse_policy(data: Any, source: str = "<policy>") -> Policy:
 
 
 def load_policy(path: str | Path) -> Policy:
-    """Read and validate a YAML policy file. Raises PolicyError (bad YAML, schema errors)."""
+    """Read and validate a YAML policy file (UTF-8). Raises PolicyError (unreadable or not
+    UTF-8, bad YAML, schema errors)."""
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except OSError as e:
         raise PolicyError(str(p), [("", f"cannot read file: {e.strerror}")]) from None
+    except UnicodeDecodeError as e:
+        raise PolicyError(str(p), [("", f"not UTF-8 text (byte {e.start}): policy files are "
+                                        "YAML in UTF-8")]) from None
     except yaml.YAMLError as e:
         raise PolicyError(str(p), [("", f"invalid YAML: {e}")]) from None
     return parse_policy(data, str(p))
