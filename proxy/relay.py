@@ -118,21 +118,32 @@ class Upstream:
                    timeout_s: float) -> httpx.Response:
         """POST ``body`` and return the response with its body NOT yet read (stream mode).
 
-        Raises UpstreamUnavailable (502) when the backend cannot be reached, UpstreamTimeout
-        (504) when it does not answer in ``timeout_s``. The caller must close the response.
+        Credentials in ``url`` (``http://user:secret@host/v1``) are sent as HTTP Basic auth
+        (unless ``headers`` already carry the backend key) and taken out of the URL, so they
+        never reach an error message, the ledger or httpx's request log. Raises UpstreamUnavailable (502) when the backend cannot be reached,
+        UpstreamTimeout (504) when it does not answer in ``timeout_s``. The caller must close
+        the response.
         """
         if self.client is None:
             await self.start()
         assert self.client is not None
         timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
-        req = self.client.build_request("POST", url, headers=headers, content=body,
+        target = httpx.URL(url)
+        auth = None
+        if target.userinfo:
+            auth = httpx.BasicAuth(target.username, target.password)
+            target = target.copy_with(userinfo=b"")
+        req = self.client.build_request("POST", target, headers=headers, content=body,
                                         timeout=timeout)
+        if auth is not None and "authorization" not in headers:
+            req = next(auth.auth_flow(req))
         try:
             return await self.client.send(req, stream=True)
         except httpx.TimeoutException as e:
-            raise UpstreamTimeout(f"upstream {url} timed out ({type(e).__name__})") from None
+            raise UpstreamTimeout(f"upstream {target} timed out ({type(e).__name__})") from None
         except httpx.HTTPError as e:
-            raise UpstreamUnavailable(f"upstream {url} unreachable: {type(e).__name__}") from None
+            raise UpstreamUnavailable(
+                f"upstream {target} unreachable: {type(e).__name__}") from None
 
 
 def _handle(raw: bytes, watcher: StreamWatcher,
