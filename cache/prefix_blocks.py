@@ -96,6 +96,11 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def _items(value: Any) -> list[Any]:
+    """``value`` if it is a JSON array, else ``[]`` (a client's ``"tools": 5`` adds no block)."""
+    return value if isinstance(value, list) else []
+
+
 def _ttl_of(marker: Any) -> str | None:
     if not isinstance(marker, dict):
         return None
@@ -159,7 +164,7 @@ def anthropic_blocks(body: dict[str, Any], count_tokens: TokenCounter) -> list[P
     Raises ``TypeError`` when ``messages`` is not a list.
     """
     out: list[PrefixBlock] = []
-    for i, tool in enumerate(body.get("tools") or []):
+    for i, tool in enumerate(_items(body.get("tools"))):
         canon = "tool\x00" + _dumps(_without_cache_control(tool))
         tokens = count_tokens(_dumps(_without_cache_control(tool)))
         out.append(_make("tools", i, 0, "tool", None, tokens, canon,
@@ -167,7 +172,7 @@ def anthropic_blocks(body: dict[str, Any], count_tokens: TokenCounter) -> list[P
     system = body.get("system")
     if isinstance(system, str) and system:
         system = [{"type": "text", "text": system}]
-    for i, blk in enumerate(system or []):
+    for i, blk in enumerate(_items(system)):
         if not isinstance(blk, dict):
             continue
         canon = "system\x00" + _dumps(_without_cache_control(blk))
@@ -181,7 +186,7 @@ def anthropic_blocks(body: dict[str, Any], count_tokens: TokenCounter) -> list[P
             continue
         role = str(msg.get("role", ""))
         content = msg.get("content")
-        parts = [{"type": "text", "text": content}] if isinstance(content, str) else (content or [])
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else _items(content)
         for j, blk in enumerate(parts):
             if not isinstance(blk, dict):
                 continue
@@ -198,8 +203,9 @@ def _openai_message_tokens(msg: dict[str, Any], count: TokenCounter) -> int:
     if isinstance(content, list):
         tokens += IMAGE_TOKENS_ESTIMATE * sum(
             1 for p in content if isinstance(p, dict) and p.get("type") == "image_url")
-    for call in msg.get("tool_calls") or []:
-        fn = call.get("function", {}) if isinstance(call, dict) else {}
+    for call in _items(msg.get("tool_calls")):
+        fn = call.get("function") if isinstance(call, dict) else None
+        fn = fn if isinstance(fn, dict) else {}
         tokens += count(str(fn.get("name", ""))) + count(str(fn.get("arguments", "")))
     return tokens
 
@@ -220,13 +226,13 @@ def openai_blocks(body: dict[str, Any], count_tokens: TokenCounter) -> list[Pref
     break diagnosis can name the system prompt). Raises ``TypeError`` on a non-list ``messages``.
     """
     out: list[PrefixBlock] = []
-    for i, tool in enumerate(body.get("tools") or []):
+    for i, tool in enumerate(_items(body.get("tools"))):
         text = _dumps(tool)
         out.append(_make("tools", i, 0, "tool", None, count_tokens(text), "tool\x00" + text, None))
     fmt = body.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         text = _dumps(fmt)
-        out.append(_make("tools", len(body.get("tools") or []), 0, "schema", None,
+        out.append(_make("tools", len(_items(body.get("tools"))), 0, "schema", None,
                          count_tokens(text), "schema\x00" + text, None))
     messages = body.get("messages", [])
     if not isinstance(messages, list):
@@ -253,12 +259,12 @@ def detect_api(body: dict[str, Any]) -> Api:
     ``input_schema``, or ``tool_use``/``tool_result`` blocks; otherwise ``"openai"``."""
     if "system" in body:
         return "anthropic"
-    for tool in body.get("tools") or []:
+    for tool in _items(body.get("tools")):
         if isinstance(tool, dict) and "input_schema" in tool:
             return "anthropic"
         if isinstance(tool, dict) and tool.get("type") == "function":
             return "openai"
-    for msg in body.get("messages") or []:
+    for msg in _items(body.get("messages")):
         if not isinstance(msg, dict):
             continue
         if msg.get("role") in ("system", "developer", "tool") or "tool_calls" in msg:
