@@ -64,7 +64,7 @@ from proxy.usage import (
     AnthropicStreamWatcher,
     OpenAIStreamWatcher,
     Usage,
-    usage_from_body,
+    usage_from_answer,
     usage_from_headers,
 )
 from rewriter.types import Context
@@ -202,12 +202,15 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
                            headers={**out_headers, **SSE_HEADERS})
     try:
         content = await resp.aread()
+        answer = orjson.loads(content)
+        if not isinstance(answer, dict):
+            raise TypeError("answer is not a JSON object")
         usage = early
-        usage.merge(usage_from_body(content, target.wire))
+        usage.merge(usage_from_answer(answer, target.wire))
         if target.translate:
-            content = orjson.dumps(translate.response(api, orjson.loads(content), row.model))
+            content = orjson.dumps(translate.response(api, answer, row.model))
     except (httpx.HTTPError, ValueError, TypeError, AttributeError, KeyError, IndexError) as e:
-        # the body broke off, is not JSON, or has a shape the bridge cannot translate
+        # the body broke off, is not a JSON object, or has a shape the bridge cannot translate
         row.error = type(e).__name__
         await _finish(state, row, timing, Usage(), "upstream_error", {}, session_id)
         return error_response(UpstreamUnavailable(

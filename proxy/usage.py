@@ -165,7 +165,13 @@ def usage_from_headers(headers: Any) -> Usage:
 def usage_from_body(body: bytes, api: str) -> Usage:
     """Usage of a non-streamed answer body (either API); empty Usage when unreadable."""
     obj = _loads(body.decode("utf-8", errors="replace")) if body else None
-    if not isinstance(obj, dict):
+    return usage_from_answer(obj, api)
+
+
+def usage_from_answer(answer: Any, api: str) -> Usage:
+    """Usage of an already parsed non-streamed answer (either API); empty Usage when it is not
+    an object."""
+    if not isinstance(answer, dict):
         return Usage()
-    return anthropic_usage(obj.get("usage")) if api == "anthropic" else openai_usage(
-        obj.get("usage"))
+    return anthropic_usage(answer.get("usage")) if api == "anthropic" else openai_usage(
+        answer.get("usage"))

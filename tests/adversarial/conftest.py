@@ -61,3 +61,7 @@ def body_for(path: str, model: str, stream: bool = False, **extra: Any) -> dict[
         body["stream"] = True
     body.update(extra)
     return body
+
+
+# The scripted-upstream rig of the proxy tests (``rig``, ``rig_factory``, ``upstream``).
+from tests.proxy.conftest import rig, rig_factory, upstream  # noqa: E402,F401
