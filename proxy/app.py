@@ -46,6 +46,7 @@ from proxy.errors import (
     UpstreamUnavailable,
     api_for_path,
     error_response,
+    upstream_error_body,
 )
 from proxy.headers import downstream_headers, upstream_headers
 from proxy.insight import Analysis, Insight, input_cost_usd
@@ -74,6 +75,7 @@ log = logging.getLogger("prefixgate.proxy")
 # Bodies above this (base64 images, B19) skip the break / counterfactual analysis: counting
 # tokens of megabytes of base64 costs ~0.25 s per MB and says nothing about the text prefix.
 ANALYZE_MAX_BYTES = 1 << 20
+JSON = "application/json"
 
 
 @dataclass
@@ -101,6 +103,9 @@ class ProxyState:
                  None if row.ttft_ms is None else round(row.ttft_ms, 1), row.edits)
 
 
+_SENT_AS_IS = ("none", "off", "unavailable")  # edit summaries of bodies sent unchanged
+
+
 async def _finish(state: ProxyState, row: LedgerRow, timing: Timing, usage: Usage,
                   status: str, memory: dict[str, Any], session_id: str, deltas: int = 0,
                   analyze: Callable[[], Analysis] | None = None) -> None:
@@ -124,12 +129,23 @@ async def _finish(state: ProxyState, row: LedgerRow, timing: Timing, usage: Usag
     if analyze is not None:  # CPU work (token counting): off the event loop
         a = await anyio.to_thread.run_sync(analyze)
         row.cf_cached_tokens, row.cf_input_usd = a.cf_cached_tokens, a.cf_input_usd
+        if row.edits in _SENT_AS_IS and row.cached_tokens is not None:
+            # the client's own body went upstream: what it would have cached is what it did
+            # cache; the model's estimate would only add its error (template tokens, tokenizer)
+            row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
         if a.brk is not None:
             try:
                 state.ledger.write_break(row.session, a.brk)
             except Exception:
                 log.exception("break record write failed")
     state.record(row)
+
+
+def _is_json_object(raw: bytes) -> bool:
+    try:
+        return isinstance(orjson.loads(raw), dict)
+    except orjson.JSONDecodeError:
+        return False
 
 
 async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
@@ -170,15 +186,21 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
     if early.cached_tokens is not None:
         ours["x-prefixgate-cached-tokens"] = str(early.cached_tokens)
     row.http_status = resp.status_code
-    if resp.status_code >= 400:  # the upstream's own error, passed through with its body
-        err = await resp.aread()
-        await resp.aclose()
-        if target.translate:
-            err = orjson.dumps(translate.error(api, err, resp.status_code))
+    if resp.status_code >= 400:  # the upstream's own error, passed through with its status
+        try:
+            err = await resp.aread()
+        except httpx.HTTPError:
+            err = b""
+        finally:
+            await resp.aclose()
+        media = resp.headers.get("content-type", "application/json")
+        if not _is_json_object(err):  # an HTML page, an empty body: put in the caller's shape
+            err, media = orjson.dumps(upstream_error_body(err, resp.status_code, api)), JSON
+        elif target.translate:
+            err, media = orjson.dumps(translate.error(api, err, resp.status_code)), JSON
         row.error = f"upstream {resp.status_code}"
         await _finish(state, row, timing, Usage(), "upstream_error", {}, session_id)
-        return Response(err, status_code=resp.status_code, headers=ours,
-                        media_type=resp.headers.get("content-type", "application/json"))
+        return Response(err, status_code=resp.status_code, headers=ours, media_type=media)
 
     def analyze() -> Analysis:
         if state.insight is None or len(raw) > ANALYZE_MAX_BYTES:

@@ -15,7 +15,8 @@ Statuses follow the providers' own docs: malformed / invalid body 400, unknown m
 (``model_not_found``), body over ``policy.max_body_bytes`` 413 (case B19), a route whose backend
 cannot take this API 501, upstream unreachable 502, upstream too slow 504,
 client gone before its body was complete 499 (for the ledger; nobody reads it). An upstream's own 4xx
-/ 5xx is not a ProxyError: the relay passes its status and body through unchanged.
+/ 5xx is not a ProxyError: the relay passes its status and body through unchanged, except a body
+that is not JSON (an HTML error page), which :func:`upstream_error_body` puts in the caller's shape.
 """
 
 from __future__ import annotations
@@ -160,6 +161,20 @@ def error_response(exc: ProxyError, api: Api, headers: dict[str, str] | None = N
     """``exc`` as an HTTP response: status ``exc.status``, JSON body from :func:`error_body`."""
     return Response(orjson.dumps(error_body(exc, api)), status_code=exc.status,
                     media_type="application/json", headers=headers)
+
+
+def upstream_error_body(raw: bytes, status: int, api: Api) -> dict[str, Any]:
+    """An upstream error whose body is not a JSON object (a load balancer's HTML page, an empty
+    body) as an error body in ``api``'s shape: the message names the upstream status and quotes
+    at most 500 characters of its text. The HTTP status stays the upstream's."""
+    text = " ".join(raw.decode("utf-8", errors="replace").split())[:500]
+    message = f"upstream answered HTTP {status}" + (f": {text}" if text else " with an empty body")
+    if api == "anthropic":
+        return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"),
+                                           "message": message}}
+    return {"error": {"message": message,
+                      "type": "server_error" if status >= 500 else "invalid_request_error",
+                      "param": None, "code": "upstream_error"}}
 
 
 def stream_error_event(exc: ProxyError, api: Api) -> bytes:
