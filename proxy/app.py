@@ -14,7 +14,8 @@ it::
 Endpoints: ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic); a client
 whose API differs from its backend's goes through a bridge (:mod:`proxy.translate`),
 ``GET /v1/models``,
-``GET /healthz``, ``GET /metrics``. Response headers: ``x-prefixgate-edits`` (the rewrite
+``GET /healthz``, ``GET /metrics``; any other path or method is a 404 / 405 in the caller's
+shape. Response headers: ``x-prefixgate-edits`` (the rewrite
 summary, or ``off``), ``x-prefixgate-tokens-pruned``, and ``x-prefixgate-cached-tokens`` on
 non-streamed answers, and on streams whose backend reports cached tokens in its response headers
 (our engine's ``X-Engine-Cached-Tokens``); other streams' headers leave before usage is known.
@@ -33,6 +34,7 @@ import anyio
 import httpx
 import orjson
 from fastapi import FastAPI, Request
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from cache.ledger import Ledger, LedgerRow
@@ -43,6 +45,7 @@ from proxy.errors import (
     Api,
     InternalError,
     ProxyError,
+    UnknownEndpoint,
     UpstreamUnavailable,
     api_for_path,
     error_response,
@@ -311,6 +314,12 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     @app.exception_handler(ProxyError)
     async def _on_proxy_error(request: Request, exc: ProxyError) -> Response:
         return error_response(exc, api_for_path(request.url.path))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_routing_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # no route (404) / wrong method (405): the caller's shape, not FastAPI's {"detail"}
+        err = UnknownEndpoint(request.method, request.url.path, exc.status_code)
+        return error_response(err, api_for_path(request.url.path), exc.headers)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

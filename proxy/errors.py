@@ -36,6 +36,7 @@ _ANTHROPIC_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     413: "request_too_large",
     429: "rate_limit_error",
     500: "api_error",
@@ -74,6 +75,20 @@ class InvalidRequest(ProxyError):
     status = 400
     type = "invalid_request_error"
     code = "invalid_value"
+
+
+class UnknownEndpoint(ProxyError):
+    """No endpoint at this path (404) or not for this method (405); ``status`` per instance.
+    Message as OpenAI words it: ``Invalid URL (POST /v1/responses)``."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "unknown_url"
+
+    def __init__(self, method: str, path: str, status: int) -> None:
+        what = "Invalid URL" if status == 404 else "Method not allowed"
+        super().__init__(f"{what} ({method} {path})")
+        self.status = status
 
 
 class ModelNotFound(ProxyError):
