@@ -39,8 +39,8 @@ def test_volatile_break_and_counterfactual_recorded_and_reported(rig: Any) -> No
     assert len(breaks) == 1 and breaks[0]["kind"] == "volatile_span"
     assert breaks[0]["region"] == "system" and breaks[0]["excerpt_before"] is None
     rows = rig.ledger.rows()
-    assert rows[0]["cf_cached_tokens"] == 0
-    assert rows[1]["cf_cached_tokens"] is not None and rows[1]["cf_cached_tokens"] < 50
+    # sent as-is: the counterfactual is what the upstream itself reported
+    assert [r["cf_cached_tokens"] for r in rows] == [r["cached_tokens"] for r in rows]
 
     res = CliRunner().invoke(app, ["report", "--ledger", rig.ledger.path, "--breaks"])
     assert res.exit_code == 0, res.output
@@ -48,6 +48,23 @@ def test_volatile_break_and_counterfactual_recorded_and_reported(rig: Any) -> No
     res = CliRunner().invoke(app, ["report", "--ledger", rig.ledger.path, "--json"])
     figures = json.loads(res.output)["m*|up"]
     assert figures["requests"] == 2 and figures["cached_share"] == 8 / 20
+
+
+def test_counterfactual_of_a_rewritten_request_comes_from_the_cache_model(
+        rig_factory: Any) -> None:
+    from rewriter.pipeline import rewrite_request
+    from tests.proxy.upstream import completion
+
+    rig = rig_factory(rewrite_fn=rewrite_request)
+    rig.upstream.script = Script(body=completion())
+    for body in clock_turns():
+        httpx.post(rig.url + "/v1/chat/completions", json=body, timeout=30,
+                   headers={"x-prefixgate-session": "s2"})
+    rows = rig.ledger.rows()
+    assert rows[0]["edits"] not in ("none", "off")
+    # the client's own bodies differ at the clock near the top: almost nothing would be cached
+    assert rows[0]["cf_cached_tokens"] == 0
+    assert rows[1]["cf_cached_tokens"] is not None and rows[1]["cf_cached_tokens"] < 50
 
 
 def test_report_without_a_ledger_says_so(tmp_path: Path) -> None:
