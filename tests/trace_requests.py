@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
+from tests.paths import DATA, REPO  # noqa: F401  (REPO re-exported for callers)
+
 TAU_TRACE = DATA / "traces" / "tau_bench_airline_gpt4o.json"
 TAU_TOOLS = DATA / "tools" / "tau_bench_airline.json"
 SWE_TRACE = DATA / "traces" / "swe_agent" / "marshmallow-1867.function_calling.traj"

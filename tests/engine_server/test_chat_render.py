@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from local_engine.chat import encode_chat, hermes_tools_block, render_chat, template_supports_tools
 from local_engine.protocol import ApiError
+from tests.paths import DATA
 from tests.tiny_model import real_model_dir
 
-TOOLS_PATH = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "tools" / "tau_bench_airline.json"
+TOOLS_PATH = DATA / "tools" / "tau_bench_airline.json"
 
 
 @pytest.fixture(scope="module")
