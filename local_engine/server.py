@@ -32,6 +32,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from local_engine.chat import encode_chat
 from local_engine.engine import Engine, PromptTooLong, RequestOutput, SamplingParams
@@ -350,8 +351,14 @@ class _Server:
 
 
 async def _json_body(request: Request) -> Any:
-    """The decoded JSON body. Errors: ApiError(400, code ``invalid_json``)."""
-    raw = await request.body()
+    """The decoded JSON body. Errors: ApiError(400, code ``invalid_json``); ApiError(499, code
+    ``client_disconnect``) when the client goes away before the body is complete (nginx's
+    "client closed request"; nobody reads it, but it is no engine failure)."""
+    try:
+        raw = await request.body()
+    except ClientDisconnect:
+        raise ApiError("The client went away before sending its whole request body.",
+                       status=499, code="client_disconnect") from None
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
