@@ -262,10 +262,12 @@ async def _list_models(state: ProxyState) -> dict[str, Any]:
             continue
         try:
             resp = await client.get(b.base_url + "/models", timeout=2.0)
-            for m in resp.json().get("data", []):
-                seen.setdefault(str(m.get("id")), name)
+            listed = resp.json().get("data")
         except (httpx.HTTPError, ValueError, AttributeError):
             continue
+        for m in listed if isinstance(listed, list) else []:  # a wrong shape adds nothing
+            if isinstance(m, dict) and isinstance(m.get("id"), str):
+                seen.setdefault(m["id"], name)
     for route in state.policy.routes:
         if not any(c in route.match for c in "*?["):
             seen.setdefault(route.match, route.backend)
@@ -314,6 +316,11 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     @app.exception_handler(ProxyError)
     async def _on_proxy_error(request: Request, exc: ProxyError) -> Response:
         return error_response(exc, api_for_path(request.url.path))
+
+    @app.exception_handler(Exception)
+    async def _on_bug(request: Request, exc: Exception) -> Response:
+        # last resort: a shaped 500 (InternalError logs the traceback), never a bare text one
+        return error_response(InternalError.wrap(exc), api_for_path(request.url.path))
 
     @app.exception_handler(StarletteHTTPException)
     async def _on_routing_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -8,6 +8,8 @@
 - ``cut-stream``: one content event, then the connection is dropped
 - ``hang-stream``: one content event, then silence for ``hang_s`` seconds
 
+``GET /v1/models`` answers ``models_body`` (whatever JSON a test sets).
+
 ``closed`` counts streams whose client (the proxy) went away first.
 """
 
@@ -17,6 +19,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -48,6 +51,7 @@ class HostileUpstream:
 
     hang_s: float = 5.0
     closed: int = 0
+    models_body: Any = None
 
     def app(self) -> Starlette:
         async def handle(request: Request) -> Response:
@@ -62,8 +66,12 @@ class HostileUpstream:
             return StreamingResponse(self._stream(model, first, end),
                                      media_type="text/event-stream")
 
+        async def models(request: Request) -> Response:
+            return Response(json.dumps(self.models_body), media_type="application/json")
+
         return Starlette(routes=[Route("/v1/chat/completions", handle, methods=["POST"]),
-                                 Route("/v1/messages", handle, methods=["POST"])])
+                                 Route("/v1/messages", handle, methods=["POST"]),
+                                 Route("/v1/models", models)])
 
     async def _stream(self, model: str, first: bytes, end: bytes) -> AsyncIterator[bytes]:
         try:
