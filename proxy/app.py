@@ -214,6 +214,14 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
 
     # 5. relay
     out_headers = {**downstream_headers(resp.headers), **ours}
+    ctype = resp.headers.get("content-type", "")
+    if row.stream and not ctype.startswith("text/event-stream"):
+        await resp.aclose()  # a plain body where SSE was asked for: not relayable as a stream
+        row.error = "not an SSE stream"
+        await _finish(state, row, timing, Usage(), "upstream_error", {}, session_id)
+        return error_response(UpstreamUnavailable(
+            f"upstream {target.backend_name!r} answered a streamed request with "
+            f"{ctype.split(';')[0] or 'no content type'} instead of an event stream"), api)
     if row.stream:
         watcher = AnthropicStreamWatcher() if target.wire == "anthropic" else OpenAIStreamWatcher()
         watcher.usage.merge(early)
