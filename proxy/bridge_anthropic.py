@@ -201,7 +201,8 @@ class StreamMapper:
     ``map(raw, ev)`` returns the Anthropic events to write (possibly none): ``message_start``
     on the first chunk, ``content_block_start/delta/stop`` for text and each tool call
     (``input_json_delta``), and on ``[DONE]`` ``message_delta`` (stop_reason + usage) and
-    ``message_stop``.
+    ``message_stop``. An OpenAI-style in-stream error (``data: {"error": {...}}``) becomes
+    Anthropic's ``event: error``.
     """
 
     def __init__(self, model: str) -> None:
@@ -261,6 +262,11 @@ class StreamMapper:
             return []
         if not isinstance(chunk, dict):
             return []
+        if "error" in chunk and not chunk.get("choices"):  # vLLM / SGLang mid-stream failure
+            err = chunk["error"]
+            message = err.get("message") if isinstance(err, dict) else err
+            return [_sse("error", {"type": "error", "error": {
+                "type": "api_error", "message": str(message or "upstream error")[:2000]}})]
         out = [] if self.started else self._start(str(chunk.get("id", "")))
         if chunk.get("usage"):
             self.usage = usage_to_anthropic(chunk["usage"])
