@@ -48,6 +48,7 @@ class StreamWatcher(Protocol):
 
     usage: Usage
     deltas: int
+    done: int  # final events seen (OpenAI ``[DONE]``, Anthropic ``message_stop``)
 
     def observe(self, ev: SSEEvent) -> bool:
         """Return True when the event carried content."""
@@ -120,9 +121,9 @@ class Upstream:
 
         Credentials in ``url`` (``http://user:secret@host/v1``) are sent as HTTP Basic auth
         (unless ``headers`` already carry the backend key) and taken out of the URL, so they
-        never reach an error message, the ledger or httpx's request log. Raises UpstreamUnavailable (502) when the backend cannot be reached,
-        UpstreamTimeout (504) when it does not answer in ``timeout_s``. The caller must close
-        the response.
+        never reach an error message, the ledger or httpx's request log. Raises
+        UpstreamUnavailable (502) when the backend cannot be reached, UpstreamTimeout (504)
+        when it does not answer in ``timeout_s``. The caller must close the response.
         """
         if self.client is None:
             await self.start()
@@ -169,8 +170,9 @@ async def relay_events(resp: httpx.Response, watcher: StreamWatcher, timing: Tim
 
     ``await on_end(status)`` runs exactly once when the relay stops: ``"ok"``,
     ``"client_disconnect"`` (the generator was closed or cancelled) or ``"upstream_error"``
-    (the upstream connection broke or timed out mid-stream; the last thing yielded is then an
-    error event in the client's ``api`` shape). The upstream response is always closed.
+    (the upstream connection broke or timed out mid-stream, or a bridged stream ended without
+    the upstream's final event; the last thing yielded is then an error event in the client's
+    ``api`` shape). The upstream response is always closed.
     """
     splitter = EventSplitter()
     status = "client_disconnect"
@@ -186,7 +188,14 @@ async def relay_events(resp: httpx.Response, watcher: StreamWatcher, timing: Tim
             rest = splitter.flush()
             if rest:
                 yield rest
-            status = "ok"
+            if mapper is not None and not watcher.done:
+                # a bridge cannot finish the client's message faithfully without the
+                # upstream's final event: say so rather than stop mid-message
+                status = "upstream_error"
+                yield stream_error_event(UpstreamUnavailable(
+                    "upstream stream ended without its final event"), api)
+            else:
+                status = "ok"
         except httpx.HTTPError as e:
             status = "upstream_error"
             exc = (UpstreamTimeout("upstream went silent mid-stream past its timeout")
