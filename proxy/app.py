@@ -334,7 +334,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     async def _on_routing_error(request: Request, exc: StarletteHTTPException) -> Response:
         # no route (404) / wrong method (405): the caller's shape, not FastAPI's {"detail"}
         err = UnknownEndpoint(request.method, request.url.path, exc.status_code)
-        return error_response(err, api_for_path(request.url.path), exc.headers)
+        return error_response(err, api_for_path(request.url.path), dict(exc.headers or {}))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
