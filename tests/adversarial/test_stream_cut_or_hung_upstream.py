@@ -48,3 +48,8 @@ def test_broken_upstream_stream_ends_with_an_error_event(hostile: Any, kind: str
     row = wait_rows(hostile.ledger, 1)[-1]
     assert row["status"] == "upstream_error"
     assert row["ttft_ms"] is not None
+    if kind == "hang-stream":  # the proxy hung up: the upstream's generator was cancelled
+        deadline = time.monotonic() + 3.0
+        while hostile.upstream.closed < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert hostile.upstream.closed == 1
