@@ -19,7 +19,7 @@ from proxy.app import build_app
 from tests.adversarial.hostile import HostileUpstream
 from tests.servers import serve_app
 
-BACKEND_KEY = "sk-backend-ADVERSARIAL-0001"
+BACKEND_KEY = "fake-backend-credential-adversarial"  # a placeholder, not a key
 
 
 @dataclass

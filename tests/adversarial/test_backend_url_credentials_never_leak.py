@@ -19,7 +19,7 @@ from proxy.app import build_app
 from tests.proxy.upstream import Script, ScriptedUpstream, completion
 from tests.servers import serve_app
 
-SECRET = "sk-URL-PASSWORD-42"
+SECRET = "fake-url-password-42"  # a placeholder, not a key
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
