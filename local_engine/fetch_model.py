@@ -58,6 +58,7 @@ def convert(gguf_path: Path, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """CLI entry: ``--out DIR``; returns the exit status (0). Raises on pip/convert failure."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args(argv)

@@ -57,6 +57,7 @@ class KVPool:
 
     @property
     def used_slots(self) -> int:
+        """Token slots currently allocated (tokens)."""
         return self.num_slots - self.free_slots
 
     def alloc_pages(self, n: int) -> list[int]:
@@ -109,10 +110,12 @@ class ReqToTokenTable:
         return self._free_rows.pop()
 
     def release(self, row: int) -> None:
+        """Return a request-table row to the free list."""
         self._free_rows.append(row)
 
     @property
     def free_rows(self) -> int:
+        """Request-table rows still free."""
         return len(self._free_rows)
 
     def set(self, row: int, start: int, slots: list[int]) -> None:

@@ -154,6 +154,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [T, hidden]`` -> normalized ``[T, hidden]``."""
         return rms_norm(x, self.weight, self.eps)
 
 
@@ -231,6 +232,8 @@ class CausalLM(nn.Module):
 
     def forward(self, ids: torch.Tensor, meta: AttnMeta, pool: KVPool,
                 logit_rows: torch.Tensor) -> torch.Tensor:
+        """``ids [T]`` -> logits ``[R, vocab]`` fp32 for ``logit_rows [R]``; writes K/V to
+        ``pool``."""
         x = F.embedding(ids, self.embed.weight)
         for layer in self._layers:
             x = layer.forward(x, meta, pool)

@@ -42,6 +42,7 @@ class TreeNode:
 
     @property
     def is_root(self) -> bool:
+        """True for the tree's root (empty key, never evicted)."""
         return self.parent is None
 
 

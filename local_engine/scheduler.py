@@ -74,10 +74,12 @@ class Scheduler:
 
     # -- queue --------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
+        """Queue a new request (its prompt tokens count toward ``stats.prompt_tokens``)."""
         self.waiting.append(seq)
         self.stats.prompt_tokens += seq.num_prompt
 
     def has_work(self) -> bool:
+        """True while any request is waiting or running."""
         return bool(self.waiting or self.running)
 
     def abort(self, request_id: str) -> Sequence | None:

@@ -67,6 +67,7 @@ class Sequence:
 
     @property
     def num_completion(self) -> int:
+        """Tokens generated so far (excludes the prompt)."""
         return len(self.token_ids) - self.num_prompt
 
     @property
@@ -76,6 +77,7 @@ class Sequence:
 
     @property
     def in_decode(self) -> bool:
+        """True when only the newest sampled token is left to compute (a decode step)."""
         return self.num_uncomputed == 1 and self.num_computed > 0
 
     def output(self, text: str) -> RequestOutput:
