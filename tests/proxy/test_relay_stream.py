@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
 import random
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -51,9 +49,9 @@ def test_openai_recording_arrives_byte_identical_and_incrementally(rig: Any, pat
     r, got = stream_through(rig.url)
     assert r.status_code == 200
     assert b"".join(e for _, e in got) == data
-    # incremental: arrivals spread over the upstream's pacing, not one burst at the end
-    span = got[-1][0] - got[0][0]
-    assert span >= 0.5 * 0.004 * (len(upstream_events) - 1)
+    # the events arrive as the upstream's events, one per event (incremental arrival itself is
+    # pinned by causality in test_stream_arrival_causality.py, not by milliseconds here)
+    assert [e for _, e in got] == upstream_events
 
 
 def test_b10_tokens_arrive_paced_with_no_buffering_headers(rig: Any) -> None:
@@ -64,15 +62,13 @@ def test_b10_tokens_arrive_paced_with_no_buffering_headers(rig: Any) -> None:
     assert r.headers["cache-control"] == "no-cache"
     assert r.headers["x-accel-buffering"] == "no"
     assert "content-encoding" not in r.headers
-    times = [t for t, e in got if b'" t' in e]
-    gaps = [(b - a) * 1e3 for a, b in itertools.pairwise(times)]
-    same_ms = sum(g < 1.0 for g in gaps)
-    assert same_ms < len(gaps) / 2, f"most chunks arrived in the same millisecond: {gaps}"
-    assert 15.0 <= statistics.median(gaps) <= 40.0, gaps
     row = wait_rows(rig.ledger, 1)[-1]
     assert row["stream"] == 1 and row["status"] == "ok"
-    assert row["ttft_ms"] is not None and row["ttft_ms"] >= 20.0
-    assert 15.0 <= row["tpot_ms"] <= 40.0
+    # lower bounds only (the upstream sleeps 25 ms before each piece; a sleep never ends
+    # early): TTFT covers at least the first sleep, TPOT the sleeps between content events
+    assert row["ttft_ms"] is not None and row["ttft_ms"] >= 25.0
+    assert row["tpot_ms"] >= 25.0 * 0.99
+    assert row["total_ms"] >= row["ttft_ms"] + 23 * 25.0 * 0.99
     assert row["output_tokens"] == 24  # counted from deltas: the client asked for no usage
 
 
