@@ -15,6 +15,12 @@ Recognised forms (first match wins, per text):
 A passage's ``pid`` is its ``id`` / ``index`` / ``doc_id`` / ``key`` / ``name`` attribute, its
 ``[n]`` number, or (no id) a 12-hex sha256 of its text. Anthropic ``document`` and
 ``search_result`` blocks are recognised by :func:`block_passage`.
+
+Where the text came from decides which forms count (issue 8, class 3). Text that is retrieved by
+construction (a tool result) is searched in all three forms. Text a user wrote is searched only
+for markup a retrieval layer injects (``retrieved=False``: :data:`RETRIEVAL_TAGS`): a user's own
+numbered list, ``---``-separated sections or ``<result>`` notes are the user's content, never
+passages.
 """
 
 from __future__ import annotations
@@ -30,6 +36,12 @@ PASSAGE_TAGS: tuple[str, ...] = (
     "document", "doc", "passage", "ctx", "chunk", "search_result", "source", "context",
     "result", "snippet", "article", "reference",
 )
+RETRIEVAL_TAGS: tuple[str, ...] = (
+    "document", "search_result", "passage", "chunk", "ctx", "doc", "snippet",
+)
+"""Tags that mark injected retrieval in a user's own message: the ones RAG frameworks and
+Anthropic's long-context guide wrap retrieved chunks in. Generic words (``result``, ``source``,
+``context``, ``reference``, ``article``) are not among them."""
 _ATTR = re.compile(r"""([A-Za-z_][\w-]*)\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))""")
 _ID_ATTRS = ("id", "index", "doc_id", "docid", "key", "idx", "name")
 _NUMBERED = re.compile(r"(?m)^[ \t]*\[(\d{1,4})\][ \t]?")
@@ -64,9 +76,9 @@ def _attr_id(attrs: str) -> str | None:
     return None
 
 
-def _tagged(text: str) -> list[Passage]:
+def _tagged(text: str, tags: Sequence[str] = PASSAGE_TAGS) -> list[Passage]:
     lowered = text.lower()
-    for tag in PASSAGE_TAGS:
+    for tag in tags:
         if lowered.count(f"</{tag}>") < 2:
             continue
         pat = re.compile(rf"<{tag}(\s[^>]*)?>(.*?)</{tag}>", re.DOTALL | re.IGNORECASE)
@@ -116,11 +128,16 @@ def _delimited(text: str, delimiters: Sequence[str]) -> list[Passage]:
     return []
 
 
-def find_passages(text: str, delimiters: Sequence[str] = ()) -> list[Passage]:
+def find_passages(text: str, delimiters: Sequence[str] = (), *,
+                  retrieved: bool = True) -> list[Passage]:
     """Passages in ``text`` in text order (``[]`` when fewer than two are found).
 
-    Tried in order: tagged chunks, numbered ``[n]`` passages, policy delimiters.
+    ``retrieved=True`` (a tool result's text): tagged chunks, numbered ``[n]`` passages, policy
+    delimiters, tried in that order. ``retrieved=False`` (a user's own message): only chunks
+    tagged with one of :data:`RETRIEVAL_TAGS` (module docstring).
     """
+    if not retrieved:
+        return _tagged(text, RETRIEVAL_TAGS)
     for found in (_tagged(text), _numbered(text), _delimited(text, delimiters)):
         if len(found) >= 2:
             return found
