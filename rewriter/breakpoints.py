@@ -47,6 +47,7 @@ from config.cache_rules import (
 )
 from rewriter.ir import Block, Prompt, Tool, iter_blocks
 from rewriter.stable import stable_prefix_hash
+from rewriter.tokens import json_tokens, media_tokens
 from rewriter.types import Context, Edit
 from rewriter.validate import breakpoint_count, cache_markers
 from rewriter.volatile_spans import find_spans
@@ -54,8 +55,6 @@ from rewriter.volatile_spans import find_spans
 NAME = "place_breakpoints"
 MEMORY_KEY = "breakpoints"
 MARKABLE = frozenset({"text", "image", "document", "tool_use", "tool_result", "search_result"})
-IMAGE_TOKENS_ESTIMATE = 1_000
-"""Tokens assumed for an image/document block (opaque: never decoded here)."""
 
 
 @dataclass(frozen=True)
@@ -95,8 +94,20 @@ def _unit_text(u: Unit) -> str:
 
 
 def _unit_tokens(u: Unit, ctx: Context) -> int:
-    if isinstance(u.node, Block) and u.node.is_opaque:
-        return IMAGE_TOKENS_ESTIMATE
+    """Tokens of one unit: text through ``ctx.count_tokens``; media (also inside a tool
+    result) at the fixed cost of :func:`rewriter.tokens.media_tokens`; a text document by its
+    source's text."""
+    n = u.node
+    if isinstance(n, Block):
+        cost = media_tokens(n.raw)
+        if cost is not None:
+            return cost
+        if n.type == "document":
+            return json_tokens(n.raw.get("source"), ctx.count_tokens)
+        if n.type == "tool_result" and isinstance(n.raw.get("content"), list):
+            parts = n.raw["content"]
+            media = sum(media_tokens(p) or 0 for p in parts)
+            return media + ctx.count_tokens(_unit_text(u) if n.result_text() else "")
     return ctx.count_tokens(_unit_text(u))
 
 

@@ -81,3 +81,14 @@ def test_nested_5m_marker_before_a_1h_one_is_a_ttl_order_violation() -> None:
     body = body_with_nested(1)
     body["messages"][2]["content"][1]["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
     assert ("ttl_order", "1h after 5m") in violations(wire.parse(body, "anthropic"))
+
+
+def test_a_short_text_document_is_counted_by_its_text_not_as_a_file() -> None:
+    from rewriter.breakpoints import run
+    system = "You answer questions about the attached note, briefly and politely. " * 4
+    doc = {"type": "document", "source": {"type": "text", "media_type": "text/plain",
+                                          "data": "The meeting is at noon."}}
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 32, "system": system, "messages": [
+        {"role": "user", "content": [doc, {"type": "text", "text": "When is it?"}]}]}
+    out, edits = run(wire.parse(body, "anthropic"), ctx("anthropic", model="claude-sonnet-4-5"))
+    assert count_markers(wire.render(out)) == 0, edits  # ~70 tokens: below the 1,024 minimum
