@@ -19,7 +19,8 @@ system text — and every client atom must be found in the upstream atoms, in or
 * tool results match on id and on content text.
 
 Allowed differences, only when ``settings`` says the pass was on and the request was over its
-budget (token counts with :func:`rewriter.tokens.json_tokens`, media at a fixed cost):
+budget (token counts with :func:`rewriter.tokens.json_tokens`, media at a fixed cost, plus
+:data:`FRAMING_TOKENS` per message and per content unit for the history):
 
 * ``prune_history`` over ``history_high_watermark_tokens``: atoms of messages after the first
   user turn and before the newest user message may be missing; a tool result may be replaced by
@@ -58,6 +59,9 @@ from rewriter.tokens import TokenCounter, count_tokens, json_tokens
 
 MAX_BREAKPOINTS = 4
 ELISION_PREFIX = "[prefixgate: the earlier result of "
+FRAMING_TOKENS = 16
+"""Tolerance per message and per content unit when deciding whether a history was over the
+watermark: a pass may count framing (role, block wrappers) the wire JSON does not spell out."""
 _WORDS = re.compile(r"\w+")
 
 
@@ -243,8 +247,9 @@ def check_meaning(client: dict[str, Any], upstream: dict[str, Any], api: str,
     problems: list[str] = []
     s = settings
     msgs = client.get("messages") or []
+    framing = FRAMING_TOKENS * (len(msgs) + len(c_atoms))
     over_history = bool(s and s.enabled and s.prune_history and json_tokens(msgs, count)
-                        > s.history_high_watermark_tokens)
+                        + framing > s.history_high_watermark_tokens)
     rag = bool(s and s.enabled and s.prune_rag)
     rag_budget = s.rag_budget_tokens if s and rag else None
     user_idx = sorted({a.msg for a in c_atoms if a.kind in ("user_text", "media", "passage")

@@ -4,8 +4,8 @@ meaning and stays within 4 breakpoints (:func:`tests.rewriter.meaning.check_mean
 The pipeline reverts a pass whose output breaks an API rule (fail-open), which would hide a broken
 pass, so every pass's ``run`` is checked directly as well as the pipeline's result. Bodies carry
 what the hostile tester used: a user's own numbered list and ``---`` sections, tool results with
-retrieved passages, base64 images, client ``cache_control`` markers nested in ``tool_result``
-content, tool_choice ``allowed_tools``, a system prompt naming a tool, and small budgets.
+retrieved passages (text, search_result blocks), document blocks (two identical), base64
+images, client ``cache_control`` markers nested in ``tool_result`` content, tool_choice ``allowed_tools``, a system prompt naming a tool, and small budgets.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def _user_strings(body: dict[str, Any]) -> list[dict[str, Any]]:
 def hostile(draw: st.DrawFn) -> tuple[Api, dict[str, Any]]:
     """A valid body of either API with the hostile tester's content mixed in."""
     api: Api = draw(st.sampled_from(["openai", "anthropic"]))
-    body = draw(openai_requests() if api == "openai" else anthropic_requests())
+    clock = draw(st.sampled_from([None, "2026-12-01T10:00:00Z"]))
+    body = draw(openai_requests(clock) if api == "openai" else anthropic_requests(clock))
     for m in _user_strings(body):
         m["content"] = draw(st.sampled_from(["", USER_LIST + "\n", USER_SECTIONS + "\n",
                                              '<doc id="1">a b</doc><doc id="2">c d</doc>\n']
@@ -56,10 +57,27 @@ def hostile(draw: st.DrawFn) -> tuple[Api, dict[str, Any]]:
         if api == "anthropic" and m.get("role") == "user" and isinstance(m["content"], list):
             for b in m["content"]:
                 if b.get("type") == "tool_result" and draw(st.booleans()):
-                    inner = [{"type": "text", "text": HITS}]
+                    inner: list[dict[str, Any]] = [{"type": "text", "text": HITS}]
+                    if draw(st.booleans()):
+                        inner = [{"type": "search_result", "source": f"https://s/{i}",
+                                  "title": f"hit {i}", "content": [
+                                      {"type": "text", "text": f"result {i % 2} " * 15}]}
+                                 for i in range(3)]
                     if draw(st.booleans()):
                         inner[0]["cache_control"] = {"type": "ephemeral"}
                     b["content"] = inner
+    for m in body["messages"]:
+        if api == "anthropic" and m.get("role") == "user" and draw(st.integers(0, 3)) == 0 \
+                and not any(isinstance(b, dict) and b.get("type") == "tool_result"
+                            for b in m["content"] if isinstance(m["content"], list)):
+            doc = {"type": "document", "title": "t", "source": {
+                "type": "text", "media_type": "text/plain", "data": "contract clause " * 12}}
+            other = {"type": "document", "title": "u", "source": {
+                "type": "text", "media_type": "text/plain", "data": "other clause " * 12}}
+            content = m["content"]
+            text = [{"type": "text", "text": content}] if isinstance(content, str) else content
+            m["content"] = [doc, dict(doc), other, *text]
+            break
     first = body["messages"][0]
     if draw(st.booleans()) and isinstance(first.get("content"), str):
         img = ({"type": "image_url", "image_url": {"url": "data:image/png;base64," + PHOTO}}
