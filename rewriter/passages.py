@@ -144,20 +144,36 @@ def find_passages(text: str, delimiters: Sequence[str] = (), *,
     return []
 
 
-def splice(text: str, passages: Sequence[Passage], kept: Sequence[Passage]) -> str:
-    """Rebuild ``text`` with only ``kept`` passages, in ``kept``'s order.
+def splice(text: str, passages: Sequence[Passage], kept: Sequence[Passage],
+           delimiters: Sequence[str] = ()) -> str:
+    """Rebuild ``text`` with only ``kept`` passages; never removes a character outside them.
 
-    ``passages`` (all found, text order) define slots; the first ``len(kept)`` slots receive the
-    kept passages and the text between consecutive kept slots (separators) is kept; the rest of
-    the slots and their separators are removed. Text before the first and after the last passage
-    stays as is. ``kept`` must be a subset of ``passages``.
+    ``passages`` (all found, text order) define slots; ``kept`` must be a subset. When the text
+    between consecutive passages is only structure (whitespace, or one of ``delimiters``), the
+    first ``len(kept)`` slots receive the kept passages in ``kept``'s order (canonical order),
+    the separators between kept slots are kept and the rest of the slots and separators go.
+    When any text between passages is content (a user's words between two retrieved chunks),
+    dropped passages are cut out in place: every gap stays where it was and kept passages keep
+    their text order (issue 8, class 3). Text before the first and after the last passage
+    stays as is (only whitespace at the seam is trimmed when nothing is kept).
     """
     if not passages:
         return text
     head, tail = text[: passages[0].start], text[passages[-1].end :]
+    gaps = [text[a.end : b.start] for a, b in pairwise(passages)]
+    marks = {d.strip() for d in delimiters if d.strip()}
+    if any(g.strip() and g.strip() not in marks for g in gaps):
+        keep = set(kept)
+        parts = [head]
+        for i, p in enumerate(passages):
+            if i:
+                parts.append(gaps[i - 1])
+            if p in keep:
+                parts.append(text[p.start : p.end])
+        parts.append(tail)
+        return "".join(parts)
     if not kept:
         return head.rstrip() + ("\n" + tail.lstrip() if tail.strip() else tail)
-    gaps = [text[a.end : b.start] for a, b in pairwise(passages)]
     parts = [head]
     for i, p in enumerate(kept):
         if i:

@@ -101,7 +101,7 @@ def _user_residual(msg: Message, delimiters: Sequence[str]) -> str:
         if b.is_text and not b.volatile:
             t = b.text
             ps = find_passages(t, delimiters, retrieved=False)
-            parts.append(splice(t, ps, []) if ps else t)
+            parts.append(splice(t, ps, [], delimiters) if ps else t)
     return "\n".join(parts)
 
 
@@ -162,7 +162,7 @@ def _prune_text(text: str, query: list[str], ctx: Context, tally: _Tally,
     if len(sel.kept) == len(ps):
         return text
     tally.add(len(ps), sel)
-    return splice(text, ps, [ps[i] for i in sel.kept])
+    return splice(text, ps, [ps[i] for i in sel.kept], ctx.settings.rag_delimiters)
 
 
 def _prune_block_run(blocks: list[Block], query: list[str], ctx: Context,

@@ -70,3 +70,14 @@ def test_a_tool_result_retrieval_over_budget_is_still_pruned() -> None:
                 {"role": "tool", "tool_call_id": "c1", "content": hits}]}
     sent = pruned(body, rag_budget_tokens=60)["messages"][2]["content"]
     assert "[9] The Eiffel Tower is 330 metres tall." in sent and len(sent) < len(hits)
+
+
+def test_user_words_between_retrieved_chunks_survive_pruning_over_budget() -> None:
+    text = (f'<document id="1">{CLAUSE}</document>\nCompare the delivery terms of this one\n'
+            f'<document id="2">{CLAUSE.replace("goods", "parts")}</document>\nwith this one, and'
+            f' ignore\n<document id="3">{"gardening tips " * 30}</document>\nthis last one.')
+    sent = pruned(user_only(text), rag_budget_tokens=200)["messages"][0]["content"]
+    assert len(sent) < len(text)  # something was pruned: the budget was exceeded
+    for words in ("Compare the delivery terms of this one", "with this one, and ignore",
+                  "this last one."):
+        assert words in sent

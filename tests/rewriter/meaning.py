@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from config.schema import RewriteSettings
-from rewriter.passages import find_passages, splice
+from rewriter.passages import find_passages
 from rewriter.tokens import TokenCounter, count_tokens, json_tokens
 
 MAX_BREAKPOINTS = 4
@@ -206,16 +206,23 @@ def count_breakpoints(body: dict[str, Any]) -> int:
 def _passages_only_removed(client: str, sent: str, retrieved: bool,
                            delimiters: list[str]) -> bool:
     """True when ``sent`` is ``client`` with whole passages removed (and the kept ones possibly
-    reordered): same text outside the passages, every sent passage a client passage."""
+    reordered): the same text outside the client's passages (whitespace aside)."""
     ps = find_passages(client, delimiters, retrieved=retrieved)
     if not ps:
         return False
-    qs = find_passages(sent, delimiters, retrieved=retrieved)
-    chunks = {client[p.start:p.end] for p in ps}
-    if not all(sent[q.start:q.end] in chunks for q in qs):
-        return False
-    residual = splice(client, ps, [])
-    return residual == splice(sent, qs, []) if qs else residual.strip() in sent
+    chunks = sorted({client[p.start:p.end] for p in ps}, key=len, reverse=True)
+    return _outside(client, chunks, delimiters) == _outside(sent, chunks, delimiters)
+
+
+def _outside(text: str, chunks: list[str], delimiters: list[str]) -> str:
+    """``text`` without any of the passage ``chunks``, delimiters or whitespace: what must be
+    equal between a client text and its pruned form."""
+    for c in chunks:
+        text = text.replace(c, "")
+    for d in delimiters:
+        if d.strip():
+            text = text.replace(d.strip(), "")
+    return "".join(text.split())
 
 
 def _result_ok(client: str, sent: str, history: bool, rag: RewriteSettings | None,

@@ -110,3 +110,15 @@ def test_works_across_apis_for_a_bridged_body() -> None:
     sent["messages"][0]["content"] = "two\none"
     with pytest.raises(MeaningViolation):
         check_meaning(client, sent, "openai", "anthropic")
+
+
+def test_user_words_lost_between_pruned_passages_are_caught() -> None:
+    client = {"model": "m", "messages": [{"role": "user", "content":
+              '<doc id="1">' + LONG + '</doc> keep these words <doc id="2">x</doc> end'}]}
+    ok = copy.deepcopy(client)
+    ok["messages"][0]["content"] = '<doc id="1">' + LONG + '</doc> keep these words  end'
+    check_meaning(client, ok, "openai", settings=ON)
+    bad = copy.deepcopy(client)
+    bad["messages"][0]["content"] = '<doc id="1">' + LONG + '</doc> end'
+    with pytest.raises(MeaningViolation, match="user_text"):
+        check_meaning(client, bad, "openai", settings=ON)
