@@ -270,6 +270,11 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
         cur = apply_plan(msgs, plan, ctx)
         after = sum(_tokens(cur, ctx))
         how = f"compaction #{plan.compactions}"
+        if plan.empty:
+            return prompt, [Edit(NAME, False, "messages", (
+                f"history {before} tokens, over the {high}-token high watermark, but nothing "
+                "may go: the first user turn, the newest turn and the newest tool results are "
+                "kept"))]
     elif plan.empty:
         return prompt, [Edit(NAME, False, "messages",
                              f"history {before} tokens, under the {high}-token high watermark")]

@@ -110,3 +110,14 @@ def test_audio_and_pdf_parts_count_at_their_fixed_cost() -> None:
     assert json_tokens(audio) < 1100
     assert json_tokens(pdf) < 3100
     assert json_tokens(text_doc) < 40
+
+
+def test_over_budget_with_nothing_droppable_is_reported_unapplied_and_unchanged() -> None:
+    body = {"model": "m", "messages": [
+        {"role": "user", "content": "TASK " + FILLER * 5},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "go on"}]}
+    prompt = wire.parse(body, "openai")
+    out, edits = run(prompt, ctx(**BUDGET))
+    assert out is prompt and not edits[0].applied and "nothing may go" in edits[0].detail
+    assert not edits[0].memory
