@@ -169,6 +169,9 @@ def _anthropic(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
         return prompt, [Edit(NAME, False, "messages", "nothing to cache")]
     found = cache_markers(prompt)
     client_marks = [(i - 0.5 if nested else float(i), ttl) for i, nested, ttl in found]
+    auto = prompt.params.get("cache_control")
+    if isinstance(auto, dict):  # automatic caching: a breakpoint after the last block
+        client_marks.append((float(len(units)), str(auto.get("ttl", "5m"))))
     client = {i for i, _, _ in found}
     budget = ANTHROPIC_MAX_BREAKPOINTS - breakpoint_count(prompt)
     if budget <= 0:

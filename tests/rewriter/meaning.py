@@ -88,11 +88,13 @@ class Atom:
 
 
 def _canon(value: Any) -> str:
+    """Canonical JSON of a value (a JSON string is parsed first; ``cache_control`` removed)."""
     if isinstance(value, str):
+        text = value
         try:
-            value = json.loads(value)
+            value = json.loads(text)
         except ValueError:
-            return value
+            return text
     return json.dumps(_strip_cc(value), sort_keys=True, ensure_ascii=False)
 
 

@@ -92,3 +92,12 @@ def test_a_short_text_document_is_counted_by_its_text_not_as_a_file() -> None:
         {"role": "user", "content": [doc, {"type": "text", "text": "When is it?"}]}]}
     out, edits = run(wire.parse(body, "anthropic"), ctx("anthropic", model="claude-sonnet-4-5"))
     assert count_markers(wire.render(out)) == 0, edits  # ~70 tokens: below the 1,024 minimum
+
+
+def test_a_top_level_1h_cache_control_makes_our_markers_1h_too() -> None:
+    from rewriter.breakpoints import run
+    body = body_with_nested(0)
+    body["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
+    out, _ = run(wire.parse(body, "anthropic"), ctx("anthropic", model="claude-sonnet-4-5"))
+    assert count_markers(wire.render(out)) > 1  # we placed at least one
+    assert not violations(out), violations(out)
