@@ -64,7 +64,8 @@ def hostile(draw: st.DrawFn) -> tuple[Api, dict[str, Any]]:
                                       {"type": "text", "text": f"result {i % 2} " * 15}]}
                                  for i in range(3)]
                     if draw(st.booleans()):
-                        inner[0]["cache_control"] = {"type": "ephemeral"}
+                        inner[0]["cache_control"] = draw(st.sampled_from(
+                            [{"type": "ephemeral"}, {"type": "ephemeral", "ttl": "1h"}]))
                     b["content"] = inner
     for m in body["messages"]:
         if api == "anthropic" and m.get("role") == "user" and draw(st.integers(0, 3)) == 0 \
@@ -100,6 +101,9 @@ def hostile(draw: st.DrawFn) -> tuple[Api, dict[str, Any]]:
             body["system"] = rule
         else:
             body["messages"].insert(0, {"role": "system", "content": rule})
+    if api == "anthropic" and draw(st.integers(0, 3)) == 0:
+        body["cache_control"] = draw(st.sampled_from(
+            [{"type": "ephemeral"}, {"type": "ephemeral", "ttl": "1h"}]))
     return api, body
 
 
