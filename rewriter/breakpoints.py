@@ -4,7 +4,9 @@ Anthropic rules (https://platform.claude.com/docs/en/build-with-claude/prompt-ca
 2026-11-29; constants in ``config/cache_rules.py``):
 
 * at most 4 ``cache_control`` breakpoints per request, a top-level ``cache_control``
-  (automatic caching) taking one slot; the client's own markers are never removed or moved;
+  (automatic caching) taking one slot; the client's own markers are never removed or moved and
+  are counted wherever the API allows them, blocks nested in ``tool_result`` / ``search_result``
+  / ``document`` included (:func:`rewriter.validate.cache_markers`, issue 8 class 4);
 * the cache prefix runs tools -> system -> messages; at each breakpoint the API looks for a
   cache hit at up to 20 block boundaries before it (the lookback window), so consecutive
   breakpoints more than 20 blocks apart can miss an earlier write;
@@ -45,14 +47,14 @@ from config.cache_rules import (
 )
 from rewriter.ir import Block, Prompt, Tool, iter_blocks
 from rewriter.stable import stable_prefix_hash
+from rewriter.tokens import json_tokens, media_tokens
 from rewriter.types import Context, Edit
+from rewriter.validate import breakpoint_count, cache_markers
 from rewriter.volatile_spans import find_spans
 
 NAME = "place_breakpoints"
 MEMORY_KEY = "breakpoints"
 MARKABLE = frozenset({"text", "image", "document", "tool_use", "tool_result", "search_result"})
-IMAGE_TOKENS_ESTIMATE = 1_000
-"""Tokens assumed for an image/document block (opaque: never decoded here)."""
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,20 @@ def _unit_text(u: Unit) -> str:
 
 
 def _unit_tokens(u: Unit, ctx: Context) -> int:
-    if isinstance(u.node, Block) and u.node.is_opaque:
-        return IMAGE_TOKENS_ESTIMATE
+    """Tokens of one unit: text through ``ctx.count_tokens``; media (also inside a tool
+    result) at the fixed cost of :func:`rewriter.tokens.media_tokens`; a text document by its
+    source's text."""
+    n = u.node
+    if isinstance(n, Block):
+        cost = media_tokens(n.raw)
+        if cost is not None:
+            return cost
+        if n.type == "document":
+            return json_tokens(n.raw.get("source"), ctx.count_tokens)
+        if n.type == "tool_result" and isinstance(n.raw.get("content"), list):
+            parts = n.raw["content"]
+            media = sum(media_tokens(p) or 0 for p in parts)
+            return media + ctx.count_tokens(_unit_text(u) if n.result_text() else "")
     return ctx.count_tokens(_unit_text(u))
 
 
@@ -134,16 +148,15 @@ def _markable_at_or_before(units: list[Unit], i: int, lo: int) -> int | None:
     return None
 
 
-def _ttl_plan(positions: list[int], client: dict[int, str], ours: set[int],
-              want: str) -> dict[int, str]:
-    """TTL per position (ours may be changed) so that no 1h marker follows a 5m one."""
+def _ttl_plan(ours: list[int], client: list[tuple[float, str]], want: str) -> dict[int, str]:
+    """TTL for each of our positions so that no 1h marker follows a 5m one; a position that
+    cannot be given either (a client 5m before it and a client 1h after it) is left out.
+    ``client``: ``(position, ttl)`` of the client's markers (a marker nested inside unit ``i``
+    sits at ``i - 0.5``: before the unit's own end)."""
     out: dict[int, str] = {}
-    for p in positions:
-        if p not in ours:
-            out[p] = client[p]
-            continue
-        earlier_5m = any(client[q] == "5m" for q in client if q < p)
-        later_1h = any(client[q] == "1h" for q in client if q > p)
+    for p in ours:
+        earlier_5m = any(t == "5m" for q, t in client if q < p)
+        later_1h = any(t == "1h" for q, t in client if q > p)
         if earlier_5m and later_1h:
             continue
         out[p] = "5m" if earlier_5m else ("1h" if later_1h else want)
@@ -154,13 +167,13 @@ def _anthropic(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     units = _units(prompt)
     if not units:
         return prompt, [Edit(NAME, False, "messages", "nothing to cache")]
-    client: dict[int, str] = {}
-    for i, u in enumerate(units):
-        cc = u.node.cache_control
-        if cc is not None:
-            client[i] = str(cc.get("ttl", "5m"))
-    auto = isinstance(prompt.params.get("cache_control"), dict)
-    budget = ANTHROPIC_MAX_BREAKPOINTS - len(client) - (1 if auto else 0)
+    found = cache_markers(prompt)
+    client_marks = [(i - 0.5 if nested else float(i), ttl) for i, nested, ttl in found]
+    auto = prompt.params.get("cache_control")
+    if isinstance(auto, dict):  # automatic caching: a breakpoint after the last block
+        client_marks.append((float(len(units)), str(auto.get("ttl", "5m"))))
+    client = {i for i, _, _ in found}
+    budget = ANTHROPIC_MAX_BREAKPOINTS - breakpoint_count(prompt)
     if budget <= 0:
         return prompt, [Edit(NAME, False, "messages", f"client uses all "
                              f"{ANTHROPIC_MAX_BREAKPOINTS} breakpoints: left as sent")]
@@ -216,7 +229,7 @@ def _anthropic(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     if want == "1h" and ANTHROPIC_TTL_1H_REQUIRES_BETA and ANTHROPIC_TTL_1H_BETA not in ctx.betas:
         notes.append(f"ttl 1h needs beta {ANTHROPIC_TTL_1H_BETA}: using 5m")
         want = "5m"
-    ttls = _ttl_plan(sorted(set(chosen) | set(client)), client, set(chosen), want)
+    ttls = _ttl_plan(chosen, client_marks, want)
     placed = sorted(p for p in chosen if p in ttls)
     memory: dict[str, Any] = {}
     if m is not None:
@@ -226,7 +239,7 @@ def _anthropic(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
                              + ("; ".join(notes) or "nothing eligible"), memory=memory)]
     out = _apply(prompt, units, {p: ttls[p] for p in placed})
     labels = ",".join(f"{units[p].label}" + ("(1h)" if ttls[p] == "1h" else "") for p in placed)
-    detail = f"placed {len(placed)} breakpoint(s) at {labels}; client kept {len(client)}"
+    detail = f"placed {len(placed)} breakpoint(s) at {labels}; client kept {len(found)}"
     if notes:
         detail += "; " + "; ".join(notes)
     cached = cum[placed[-1]]

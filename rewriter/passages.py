@@ -15,6 +15,12 @@ Recognised forms (first match wins, per text):
 A passage's ``pid`` is its ``id`` / ``index`` / ``doc_id`` / ``key`` / ``name`` attribute, its
 ``[n]`` number, or (no id) a 12-hex sha256 of its text. Anthropic ``document`` and
 ``search_result`` blocks are recognised by :func:`block_passage`.
+
+Where the text came from decides which forms count (issue 8, class 3). Text that is retrieved by
+construction (a tool result) is searched in all three forms. Text a user wrote is searched only
+for markup a retrieval layer injects (``retrieved=False``: :data:`RETRIEVAL_TAGS`): a user's own
+numbered list, ``---``-separated sections or ``<result>`` notes are the user's content, never
+passages.
 """
 
 from __future__ import annotations
@@ -30,6 +36,12 @@ PASSAGE_TAGS: tuple[str, ...] = (
     "document", "doc", "passage", "ctx", "chunk", "search_result", "source", "context",
     "result", "snippet", "article", "reference",
 )
+RETRIEVAL_TAGS: tuple[str, ...] = (
+    "document", "search_result", "passage", "chunk", "ctx", "doc", "snippet",
+)
+"""Tags that mark injected retrieval in a user's own message: the ones RAG frameworks and
+Anthropic's long-context guide wrap retrieved chunks in. Generic words (``result``, ``source``,
+``context``, ``reference``, ``article``) are not among them."""
 _ATTR = re.compile(r"""([A-Za-z_][\w-]*)\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))""")
 _ID_ATTRS = ("id", "index", "doc_id", "docid", "key", "idx", "name")
 _NUMBERED = re.compile(r"(?m)^[ \t]*\[(\d{1,4})\][ \t]?")
@@ -64,9 +76,9 @@ def _attr_id(attrs: str) -> str | None:
     return None
 
 
-def _tagged(text: str) -> list[Passage]:
+def _tagged(text: str, tags: Sequence[str] = PASSAGE_TAGS) -> list[Passage]:
     lowered = text.lower()
-    for tag in PASSAGE_TAGS:
+    for tag in tags:
         if lowered.count(f"</{tag}>") < 2:
             continue
         pat = re.compile(rf"<{tag}(\s[^>]*)?>(.*?)</{tag}>", re.DOTALL | re.IGNORECASE)
@@ -116,31 +128,52 @@ def _delimited(text: str, delimiters: Sequence[str]) -> list[Passage]:
     return []
 
 
-def find_passages(text: str, delimiters: Sequence[str] = ()) -> list[Passage]:
+def find_passages(text: str, delimiters: Sequence[str] = (), *,
+                  retrieved: bool = True) -> list[Passage]:
     """Passages in ``text`` in text order (``[]`` when fewer than two are found).
 
-    Tried in order: tagged chunks, numbered ``[n]`` passages, policy delimiters.
+    ``retrieved=True`` (a tool result's text): tagged chunks, numbered ``[n]`` passages, policy
+    delimiters, tried in that order. ``retrieved=False`` (a user's own message): only chunks
+    tagged with one of :data:`RETRIEVAL_TAGS` (module docstring).
     """
+    if not retrieved:
+        return _tagged(text, RETRIEVAL_TAGS)
     for found in (_tagged(text), _numbered(text), _delimited(text, delimiters)):
         if len(found) >= 2:
             return found
     return []
 
 
-def splice(text: str, passages: Sequence[Passage], kept: Sequence[Passage]) -> str:
-    """Rebuild ``text`` with only ``kept`` passages, in ``kept``'s order.
+def splice(text: str, passages: Sequence[Passage], kept: Sequence[Passage],
+           delimiters: Sequence[str] = ()) -> str:
+    """Rebuild ``text`` with only ``kept`` passages; never removes a character outside them.
 
-    ``passages`` (all found, text order) define slots; the first ``len(kept)`` slots receive the
-    kept passages and the text between consecutive kept slots (separators) is kept; the rest of
-    the slots and their separators are removed. Text before the first and after the last passage
-    stays as is. ``kept`` must be a subset of ``passages``.
+    ``passages`` (all found, text order) define slots; ``kept`` must be a subset. When the text
+    between consecutive passages is only structure (whitespace, or one of ``delimiters``), the
+    first ``len(kept)`` slots receive the kept passages in ``kept``'s order (canonical order),
+    the separators between kept slots are kept and the rest of the slots and separators go.
+    When any text between passages is content (a user's words between two retrieved chunks),
+    dropped passages are cut out in place: every gap stays where it was and kept passages keep
+    their text order (issue 8, class 3). Text before the first and after the last passage
+    stays as is (only whitespace at the seam is trimmed when nothing is kept).
     """
     if not passages:
         return text
     head, tail = text[: passages[0].start], text[passages[-1].end :]
+    gaps = [text[a.end : b.start] for a, b in pairwise(passages)]
+    marks = {d.strip() for d in delimiters if d.strip()}
+    if any(g.strip() and g.strip() not in marks for g in gaps):
+        keep = set(kept)
+        parts = [head]
+        for i, p in enumerate(passages):
+            if i:
+                parts.append(gaps[i - 1])
+            if p in keep:
+                parts.append(text[p.start : p.end])
+        parts.append(tail)
+        return "".join(parts)
     if not kept:
         return head.rstrip() + ("\n" + tail.lstrip() if tail.strip() else tail)
-    gaps = [text[a.end : b.start] for a, b in pairwise(passages)]
     parts = [head]
     for i, p in enumerate(kept):
         if i:

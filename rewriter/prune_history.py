@@ -13,16 +13,22 @@ Compaction, cheapest information first:
 
 1. elide old tool results, oldest first: the content becomes a one-line note naming the tool and
    the size removed (the results of the newest tool-call round are never elided);
-2. drop the oldest whole *turns*. A turn starts at a user message that is not a tool-result
-   carrier; an assistant tool-call message and all of its results are inside one turn, so they
-   are kept or dropped together (cases B15, B16), and the history after the cut starts with a
-   user turn. The newest turn is never dropped; the system prompt is not in ``messages``.
+2. drop the oldest whole *turns* after the first one. A turn starts at a user message that is
+   not a tool-result carrier; an assistant tool-call message and all of its results are inside
+   one turn, so they are kept or dropped together (cases B15, B16). The *first user turn* (the
+   task, and everything before it) is never dropped (issue 8 class 3: compaction dropped the
+   task); the dropped turns are the ones right after it, so the history stays first turn ->
+   newer turns. The newest turn is never dropped; the system prompt is not in ``messages``.
+
+Tokens are counted with :func:`rewriter.tokens.json_tokens`: images, audio and files at their
+fixed documented cost, never as base64 text (a short chat with one photo is not "long").
 
 Under the high watermark with no remembered plan the prompt passes through unchanged (byte-
 identical forwarding, B16 under budget). The output is validated (:mod:`rewriter.validate`);
 if compaction would introduce a violation the input is returned with an Edit saying why
-(fail-open, B15). Memory (``Edit.memory["prune_history"]``): ``{"drop": n, "head": sha16 of the
-dropped messages, "elide": [tool call ids], "compactions": k}`` — hashes and ids, no text.
+(fail-open, B15). Memory (``Edit.memory["prune_history"]``): ``{"keep": k, "drop": n, "head":
+sha16 of the first k + n messages, "elide": [tool call ids], "compactions": c}`` — hashes and ids,
+no text. A plan remembered in the older form (no ``keep``) is discarded.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from itertools import pairwise
 from typing import Any
 
 from rewriter.ir import Block, Message, Prompt, with_key
+from rewriter.tokens import json_tokens
 from rewriter.types import Context, Edit
 from rewriter.validate import introduced
 
@@ -46,10 +53,11 @@ MIN_ELIDE_TOKENS = 48
 
 @dataclass(frozen=True)
 class Plan:
-    """A compaction: drop the first ``drop`` messages (their hash is ``head``) and elide the
-    results of the tool calls in ``elide``. ``compactions``: how many times the session
-    compacted."""
+    """A compaction: keep the first ``keep`` messages (the first user turn), drop the ``drop``
+    messages after them (``head`` hashes the first ``keep + drop``), and elide the results of the
+    tool calls in ``elide``. ``compactions``: how many times the session compacted."""
 
+    keep: int = 0
     drop: int = 0
     head: str = ""
     elide: tuple[str, ...] = ()
@@ -62,7 +70,7 @@ class Plan:
 
     def memory(self) -> dict[str, Any]:
         """JSON form for session memory."""
-        return {"drop": self.drop, "head": self.head, "elide": list(self.elide),
+        return {"keep": self.keep, "drop": self.drop, "head": self.head, "elide": list(self.elide),
                 "compactions": self.compactions}
 
 
@@ -84,14 +92,16 @@ def stored_plan(messages: Sequence[Message], ctx: Context) -> Plan:
     """The session's remembered plan if it still applies to ``messages`` (same dropped prefix),
     else the empty plan."""
     raw = ctx.session.get(MEMORY_KEY)
-    if not isinstance(raw, dict):
+    if not isinstance(raw, dict) or "keep" not in raw:
         return Plan()
     try:
-        plan = Plan(int(raw.get("drop", 0)), str(raw.get("head", "")),
+        plan = Plan(int(raw["keep"]), int(raw.get("drop", 0)), str(raw.get("head", "")),
                     tuple(str(x) for x in raw.get("elide", [])), int(raw.get("compactions", 0)))
     except (TypeError, ValueError):
         return Plan()
-    if plan.drop > len(messages) or head_hash(messages[: plan.drop]) != plan.head:
+    end = plan.keep + plan.drop
+    if min(plan.keep, plan.drop) < 0 or end > len(messages) \
+            or head_hash(messages[:end]) != plan.head:
         return Plan(compactions=plan.compactions)
     return plan
 
@@ -106,6 +116,16 @@ def turn_starts(messages: Sequence[Message]) -> list[int]:
     """Indices where turns start (always includes 0 for a non-empty history)."""
     starts = [i for i, m in enumerate(messages) if i == 0 or _is_turn_start(m)]
     return starts
+
+
+def protected_head(messages: Sequence[Message]) -> int:
+    """Length of the prefix that compaction never drops: everything up to the end of the first
+    user turn (the first user message with text of its own, and the answers and tool rounds up
+    to the next turn start). ``len(messages)`` when the history has no second turn."""
+    first = next((i for i, m in enumerate(messages) if _is_turn_start(m)), None)
+    if first is None:
+        return len(messages)
+    return next((s for s in turn_starts(messages) if s > first), len(messages))
 
 
 def _call_names(messages: Sequence[Message]) -> dict[str, str]:
@@ -146,17 +166,26 @@ def _elide(messages: Sequence[Message], ids: set[str], ctx: Context,
 
 
 def apply_plan(messages: Sequence[Message], plan: Plan, ctx: Context) -> list[Message]:
-    """Messages after dropping ``plan.drop`` and eliding ``plan.elide`` (pure)."""
-    return _elide(messages[plan.drop:], set(plan.elide), ctx)
+    """Messages after dropping ``plan.drop`` messages after the first ``plan.keep`` and eliding
+    ``plan.elide`` (pure)."""
+    kept = [*messages[: plan.keep], *messages[plan.keep + plan.drop:]]
+    return _elide(kept, set(plan.elide), ctx)
+
+
+def message_tokens(m: Message, ctx: Context) -> int:
+    """Tokens of one message: text via ``ctx.count_tokens``, media at a fixed cost
+    (:func:`rewriter.tokens.json_tokens`); memoised on the message's JSON."""
+    return _count(_msg_json(m), ctx.count_tokens)
 
 
 @lru_cache(maxsize=16384)
 def _count(text: str, count: Callable[[str], int]) -> int:
-    return count(text)
+    role, blocks, call_id = json.loads(text)
+    return json_tokens([role, blocks, call_id], count)
 
 
 def _tokens(messages: Sequence[Message], ctx: Context) -> list[int]:
-    return [_count(_msg_json(m), ctx.count_tokens) for m in messages]
+    return [message_tokens(m, ctx) for m in messages]
 
 
 def will_compact(prompt: Prompt, ctx: Context) -> bool:
@@ -201,26 +230,29 @@ def compact(messages: Sequence[Message], plan: Plan, ctx: Context) -> Plan:
             continue
         before = toks[i]
         trial = _elide([cur[i]], elide | {tid}, ctx, names)[0]
-        after = _count(_msg_json(trial), ctx.count_tokens)
+        after = message_tokens(trial, ctx)
         if before - after < MIN_ELIDE_TOKENS:
             continue
         elide.add(tid)
         cur[i] = trial
         total += after - before
         toks[i] = after
+    keep = plan.keep if plan.drop else protected_head(messages)
     drop = 0
-    starts = turn_starts(cur)
-    for s, e in pairwise(starts):
-        if total <= low:
-            break
-        if any(m.role in ("system", "developer") for m in cur[s:e]):
-            break
-        total -= sum(toks[s:e])
-        drop = e
+    starts = [s for s in turn_starts(cur) if s >= keep]
+    if starts and starts[0] == keep:
+        for s, e in pairwise(starts):
+            if total <= low:
+                break
+            if any(m.role in ("system", "developer") for m in cur[s:e]):
+                break
+            total -= sum(toks[s:e])
+            drop = e - keep
     new_drop = plan.drop + drop
-    kept_ids = {b.tool_id or "" for m in messages[new_drop:] for b in m.blocks
-                if b.type == "tool_result"} | {m.tool_call_id or "" for m in messages[new_drop:]}
-    return Plan(new_drop, head_hash(messages[:new_drop]),
+    rest = [*messages[:keep], *messages[keep + new_drop:]]
+    kept_ids = {b.tool_id or "" for m in rest for b in m.blocks
+                if b.type == "tool_result"} | {m.tool_call_id or "" for m in rest}
+    return Plan(keep, new_drop, head_hash(messages[:keep + new_drop]),
                 tuple(sorted(elide & kept_ids)), plan.compactions + 1)
 
 
@@ -238,6 +270,11 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
         cur = apply_plan(msgs, plan, ctx)
         after = sum(_tokens(cur, ctx))
         how = f"compaction #{plan.compactions}"
+        if plan.empty:
+            return prompt, [Edit(NAME, False, "messages", (
+                f"history {before} tokens, over the {high}-token high watermark, but nothing "
+                "may go: the first user turn, the newest turn and the newest tool results are "
+                "kept"))]
     elif plan.empty:
         return prompt, [Edit(NAME, False, "messages",
                              f"history {before} tokens, under the {high}-token high watermark")]

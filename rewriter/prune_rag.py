@@ -1,20 +1,23 @@
 """Pass: keep the retrieved passages that matter, whole, in a canonical order.
 
 Rule. Retrieval-augmented prompts carry many passages of which few answer the question (NQ-open:
-one gold passage among 20; tau2 banking: ~10 required of 698 documents). Passages found by
-:mod:`rewriter.passages` (Anthropic ``document`` / ``search_result`` blocks, tagged chunks,
-numbered ``[n]`` passages, policy delimiters) in user messages and tool results are, per
-retrieval (one text, or one message's run of blocks):
+one gold passage among 20; tau2 banking: ~10 required of 698 documents). Only *retrieved*
+content is ever a passage (issue 8, class 3): Anthropic ``document`` / ``search_result`` blocks,
+tool results (tagged chunks, numbered ``[n]`` passages, policy delimiters), and, inside a user's
+own text, only chunks tagged as injected retrieval (:data:`rewriter.passages.RETRIEVAL_TAGS`) —
+a user's numbered list or ``---`` sections are never passages. Per retrieval (one text, or one
+message's run of blocks) whose passages together exceed ``settings.rag_budget_tokens``:
 
 1. scored with BM25 against the query — the message's own text outside the passages, the
    arguments of the tool call a tool result answers, and (when that is short) the newest earlier
    user text;
-2. de-duplicated (:mod:`rewriter.dedupe`: near-duplicates of a better-scored passage go);
+2. de-duplicated (:mod:`rewriter.dedupe`: a passage whose whole text another one carries goes —
+   lossless; passages that are only similar are not duplicates);
 3. kept best first while they fit ``settings.rag_budget_tokens`` (the best one is always kept);
 4. emitted in canonical order (:func:`rewriter.passages.id_order_key` of their stable ids), so
    the same retrieval gives the same bytes whatever order the retriever returned.
 
-A retrieval under budget with no duplicate is left byte-identical. Passages are never cut: ids,
+A retrieval at or under budget is left byte-identical — duplicates included. Passages are never cut: ids,
 tags and citation markers inside them stay. Anthropic blocks with ``citations.enabled`` are never
 moved or dropped (responses cite them by position). System prompts and assistant turns are not
 touched. The decision for a message depends only on that message and earlier ones, so a history
@@ -68,10 +71,14 @@ def select_passages(ids: Sequence[str], bodies: Sequence[str], tokens: Sequence[
     ``ids``/``bodies``/``tokens``: per passage (stable id, text to score, token count);
     ``query``: analysed query terms (:func:`rewriter.bm25.terms`); ``budget``: tokens. The best
     passage is kept even when it alone exceeds the budget; the others are taken best first
-    (ties: canonical id order) when they still fit. ``scores`` / ``duplicates``: precomputed
-    BM25 scores / near-duplicate indices (benchmarks over a fixed corpus). Pure, deterministic.
+    (ties: canonical id order) when they still fit. A retrieval whose passages fit the budget
+    together is kept whole and in its own order (nothing is dropped under budget, not even a
+    duplicate). ``scores`` / ``duplicates``: precomputed BM25 scores / redundant-passage
+    indices (benchmarks over a fixed corpus). Pure, deterministic.
     """
     n = len(ids)
+    if sum(tokens) <= budget:
+        return Selection(tuple(range(n)), frozenset(), sum(tokens), sum(tokens))
     if scores is None:
         scores = bm25_scores([terms(b) for b in bodies], query)
     dups = near_duplicates(bodies, scores) if duplicates is None else set(duplicates)
@@ -93,8 +100,8 @@ def _user_residual(msg: Message, delimiters: Sequence[str]) -> str:
     for b in msg.blocks:
         if b.is_text and not b.volatile:
             t = b.text
-            ps = find_passages(t, delimiters)
-            parts.append(splice(t, ps, []) if ps else t)
+            ps = find_passages(t, delimiters, retrieved=False)
+            parts.append(splice(t, ps, [], delimiters) if ps else t)
     return "\n".join(parts)
 
 
@@ -144,8 +151,9 @@ class _Tally:
         self.dup_tokens += sel.duplicate_tokens
 
 
-def _prune_text(text: str, query: list[str], ctx: Context, tally: _Tally) -> str:
-    ps = find_passages(text, ctx.settings.rag_delimiters)
+def _prune_text(text: str, query: list[str], ctx: Context, tally: _Tally,
+                retrieved: bool) -> str:
+    ps = find_passages(text, ctx.settings.rag_delimiters, retrieved=retrieved)
     if not ps:
         return text
     toks = [ctx.count_tokens(text[p.start:p.end]) for p in ps]
@@ -154,7 +162,7 @@ def _prune_text(text: str, query: list[str], ctx: Context, tally: _Tally) -> str
     if len(sel.kept) == len(ps):
         return text
     tally.add(len(ps), sel)
-    return splice(text, ps, [ps[i] for i in sel.kept])
+    return splice(text, ps, [ps[i] for i in sel.kept], ctx.settings.rag_delimiters)
 
 
 def _prune_block_run(blocks: list[Block], query: list[str], ctx: Context,
@@ -191,22 +199,25 @@ def _prune_block_run(blocks: list[Block], query: list[str], ctx: Context,
 def _prune_tool_result(block: Block, query: list[str], ctx: Context, tally: _Tally) -> Block:
     content = block.raw.get("content")
     if isinstance(content, str):
-        new = _prune_text(content, query, ctx, tally)
+        new = _prune_text(content, query, ctx, tally, retrieved=True)
         return block if new == content else replace(block, raw=with_key(block.raw, "content", new))
     if isinstance(content, list) and all(isinstance(c, dict) for c in content):
         inner = [Block(str(c.get("type", "")), c) for c in content]
         inner = _prune_block_run(inner, query, ctx, tally)
-        inner = [_prune_text_block(b, query, ctx, tally) for b in inner]
+        inner = [_prune_text_block(b, query, ctx, tally, retrieved=True) for b in inner]
         new_list = [b.raw for b in inner]
         if new_list != content:
             return replace(block, raw=with_key(block.raw, "content", new_list))
     return block
 
 
-def _prune_text_block(b: Block, query: list[str], ctx: Context, tally: _Tally) -> Block:
+def _prune_text_block(b: Block, query: list[str], ctx: Context, tally: _Tally, *,
+                      retrieved: bool) -> Block:
+    """A text block with its passages pruned; ``retrieved``: the text is a tool result's (all
+    passage forms) rather than a user's own (injected retrieval tags only)."""
     if not b.is_text or b.volatile:
         return b
-    new = _prune_text(b.text, query, ctx, tally)
+    new = _prune_text(b.text, query, ctx, tally, retrieved)
     return b if new == b.text else b.with_text(new)
 
 
@@ -215,7 +226,8 @@ def _prune_message(prompt: Prompt, mi: int, ctx: Context, tally: _Tally) -> Mess
     delims = ctx.settings.rag_delimiters
     if msg.role == "tool":
         q = _query(prompt, mi, "", msg.tool_call_id, ctx)
-        return msg.with_blocks([_prune_text_block(b, q, ctx, tally) for b in msg.blocks])
+        return msg.with_blocks([_prune_text_block(b, q, ctx, tally, retrieved=True)
+                                for b in msg.blocks])
     if msg.role != "user":
         return msg
     own = _user_residual(msg, delims)
@@ -226,7 +238,8 @@ def _prune_message(prompt: Prompt, mi: int, ctx: Context, tally: _Tally) -> Mess
             q = _query(prompt, mi, "", b.tool_id, ctx)
             new_blocks.append(_prune_tool_result(b, q, ctx, tally))
         else:
-            new_blocks.append(_prune_text_block(b, _query(prompt, mi, own, None, ctx), ctx, tally))
+            new_blocks.append(_prune_text_block(b, _query(prompt, mi, own, None, ctx), ctx, tally,
+                                                retrieved=False))
     new_blocks = _prune_block_run(new_blocks, _query(prompt, mi, own, None, ctx), ctx, tally)
     if all(a is b for a, b in zip(new_blocks, blocks)) and len(new_blocks) == len(blocks):
         return msg
@@ -238,13 +251,13 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     tally = _Tally()
     messages = tuple(_prune_message(prompt, i, ctx, tally) for i in range(len(prompt.messages)))
     if tally.groups == 0:
-        why = "no retrieval over budget or with duplicates"
+        why = "no retrieval over budget"
         if tally.skipped_citations:
             why += f"; {tally.skipped_citations} cited block run(s) left in place"
         return prompt, [Edit(NAME, False, "messages", why)]
     by_budget = tally.before - tally.after - tally.dup_tokens
     detail = (f"{tally.groups} retrieval(s), kept {tally.kept} of {tally.passages} passages: "
-              f"dedupe dropped {tally.dups} (-{tally.dup_tokens} tokens), bm25 budget of "
+              f"dedupe dropped {tally.dups} contained (-{tally.dup_tokens} tokens), bm25 budget of "
               f"{ctx.settings.rag_budget_tokens} tokens dropped the rest (-{by_budget} tokens)")
     if tally.skipped_citations:
         detail += f"; {tally.skipped_citations} cited block run(s) left in place"

