@@ -18,16 +18,14 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from config.schema import RewriteSettings
+from proxy import exactjson
 from rewriter.types import Api, Context, Edit, RewriteResult
 
 log = logging.getLogger("prefixgate.rewrite")
@@ -107,10 +105,7 @@ class RewriteOutcome:
 
 
 def _dumps(body: dict[str, Any]) -> bytes:
-    try:
-        return orjson.dumps(body)
-    except TypeError:  # integers beyond 64 bits: stdlib json keeps them
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    return exactjson.dumps(body)  # numbers in their original text (issue 8, class 5)
 
 
 def run_rewrite(fn: RewriteFn | None, body: dict[str, Any], raw: bytes, api: Api,
