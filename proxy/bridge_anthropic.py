@@ -20,11 +20,40 @@ from proxy import exactjson
 from proxy.a2o_request import request_to_openai
 from proxy.sse import SSEEvent
 
-__all__ = ["StreamMapper", "error_to_anthropic", "request_to_openai", "response_to_anthropic",
-           "usage_to_anthropic"]
+__all__ = ["RESPONSE", "STREAM", "StreamMapper", "error_to_anthropic", "request_to_openai",
+           "response_to_anthropic", "usage_to_anthropic"]
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                  "function_call": "tool_use", "content_filter": "refusal"}
+
+# What the A->O bridge does with each field of the backend's answer (docs/bridges.md).
+RESPONSE = {
+    "id": "mapped: id (msg_ + id)",
+    "model": "mapped: model (the name the client asked for)",
+    "choices[0].message.content": "mapped: a text block",
+    "choices[0].message.refusal": "mapped: a text block, stop_reason refusal",
+    "choices[0].message.tool_calls[]": "mapped: tool_use blocks (arguments -> input, numbers "
+                                       "exact; not a JSON object: {\"_raw\": text})",
+    "choices[0].finish_reason": "mapped: stop_reason (stop -> end_turn, length -> max_tokens, "
+                                "tool_calls -> tool_use, content_filter -> refusal)",
+    "usage": "mapped: usage (B08: input = prompt - cached, cache_read = cached)",
+    "choices[1..], logprobs": "never requested (n and logprobs are not sent)",
+    "choices[0].message.reasoning_content": "not carried: reasoning was not requested "
+                                            "(thinking is refused on the request side)",
+    "object, created, system_fingerprint, service_tier": "not carried: no Messages counterpart",
+}
+STREAM = {
+    "first chunk": "mapped: message_start",
+    "delta.content": "mapped: text_delta in a text block",
+    "delta.refusal": "mapped: text_delta; stop_reason refusal",
+    "delta.tool_calls[]": "mapped: content_block_start tool_use + input_json_delta",
+    "finish_reason": "mapped: message_delta.stop_reason",
+    "usage chunk": "mapped: message_delta.usage",
+    "[DONE]": "mapped: message_delta + message_stop",
+    "{\"error\": ...}": "mapped: event: error",
+    "delta.role": "mapped: implied by message_start",
+    "delta.reasoning_content": "not carried: reasoning was not requested",
+}
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error"}

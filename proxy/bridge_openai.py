@@ -24,8 +24,34 @@ from proxy.usage import AnthropicStreamWatcher, Usage, anthropic_usage
 _FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
            "tool_use": "tool_calls", "refusal": "content_filter", "pause_turn": "stop"}
 
-__all__ = ["DEFAULT_MAX_TOKENS", "ChunkMapper", "error_to_openai", "request_to_anthropic",
-           "response_to_openai", "usage_to_openai"]
+# What the O->A bridge does with each field of the backend's answer (docs/bridges.md).
+RESPONSE = {
+    "id": "mapped: id (chatcmpl- + id)",
+    "model": "mapped: model (the name the client asked for)",
+    "content[] text": "mapped: message.content, in order (joined as the stream's deltas are)",
+    "content[] tool_use": "mapped: message.tool_calls (input -> arguments, numbers exact)",
+    "stop_reason": "mapped: finish_reason (end_turn / stop_sequence / pause_turn -> stop, "
+                   "max_tokens -> length, tool_use -> tool_calls, refusal -> content_filter)",
+    "usage": "mapped: usage (B07: prompt = input + cache_read + cache_creation)",
+    "stop_sequence": "not carried: Chat Completions does not say which stop matched",
+    "content[] thinking / server tool blocks": "never requested (refused on the request side)",
+    "type, role, container": "mapped: object chat.completion, role assistant; container never "
+                             "requested",
+}
+STREAM = {
+    "message_start": "mapped: first chunk (role assistant)",
+    "content_block_start tool_use": "mapped: tool_calls delta with id and name",
+    "content_block_delta text_delta": "mapped: content delta",
+    "content_block_delta input_json_delta": "mapped: tool_calls arguments delta",
+    "message_delta": "mapped: finish_reason chunk",
+    "message_stop": "mapped: usage chunk (when include_usage) + [DONE]",
+    "error": "mapped: {\"error\": ...}",
+    "ping, content_block_stop": "nothing to carry",
+    "thinking / signature / citations deltas": "never requested",
+}
+
+__all__ = ["DEFAULT_MAX_TOKENS", "RESPONSE", "STREAM", "ChunkMapper", "error_to_openai",
+           "request_to_anthropic", "response_to_openai", "usage_to_openai"]
 
 
 def usage_to_openai(u: Usage) -> dict[str, Any]:
