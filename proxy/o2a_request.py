@@ -102,7 +102,9 @@ REFUSAL_PART = {"type": "refusal", "refusal": "carried: <refusal> ... </refusal>
 AUDIO_PART = {"type": "input_audio", "input_audio": "400: audio input has no counterpart"}
 TOOL_DEF = {"type": "function: mapped; custom: 400",
             "function": "name -> name, description -> description, parameters -> "
-                        "input_schema (absent: an empty object schema), strict -> strict"}
+                        "input_schema (absent: an empty object schema), strict -> strict",
+            "cache_control": "mapped: the tool's cache_control (extension Anthropic clients "
+                             "send)"}
 
 FIELDS: dict[str, dict[str, str]] = {
     "request": TOP, "system / developer message": SYSTEM_MSG, "user message": USER_MSG,
@@ -327,6 +329,9 @@ def _tool_def(t: Any, q: str) -> dict[str, Any]:
                             is not None else {"type": "object", "properties": {}})
     if fn.get("strict") is not None:
         tool["strict"] = boolean(fn["strict"], q + ".strict")
+    if isinstance(t, dict) and "cache_control" in t and fn is not t:
+        tool["cache_control"] = obj(t["cache_control"], q.removesuffix(".function")
+                                    + ".cache_control")
     return tool
 
 

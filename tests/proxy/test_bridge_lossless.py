@@ -206,6 +206,11 @@ def test_o2a_parallel_tool_calls_false_maps_to_disable_parallel_tool_use() -> No
     assert out["tool_choice"] == {"type": "auto", "disable_parallel_tool_use": True}
 
 
+def test_o2a_tool_cache_control_is_kept_on_the_anthropic_tool() -> None:
+    tools = [{"type": "function", "function": {"name": "f"}, "cache_control": {"type": "ephemeral"}}]
+    assert o2a(tools=tools)["tools"][0]["cache_control"] == {"type": "ephemeral"}
+
+
 def test_o2a_participant_name_is_400() -> None:
     assert refused(o2a, messages=[{"role": "user", "content": "hi", "name": "bob"}]) == (
         "messages[0].name")

@@ -16,9 +16,12 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from config.schema import RewriteSettings
 from proxy import exactjson, translate
 from proxy.errors import InvalidRequest
 from proxy.usage import AnthropicStreamWatcher, OpenAIStreamWatcher
+from rewriter.pipeline import rewrite_request
+from rewriter.types import Context
 
 # Keys whose string values are tags or switches the bridge consumes (mapped to structure, or
 # hints documented as such in docs/bridges.md), not content the client wrote.
@@ -266,3 +269,24 @@ def test_a2o_translation_is_lossless_or_a_400_naming_the_field(body: dict[str, A
 @given(st.one_of(O_BODY, O_BODY_OK))
 def test_o2a_translation_is_lossless_or_a_400_naming_the_field(body: dict[str, Any]) -> None:
     _check("openai", body)
+
+
+ALL_PASSES = RewriteSettings(prune_tools=True, prune_history=True, prune_rag=True,
+                             openai_prompt_cache_key=True, prune_tools_min_catalog=1,
+                             history_high_watermark_tokens=20, history_low_watermark_tokens=10,
+                             rag_budget_tokens=5)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(st.one_of(A_BODY_OK.map(lambda b: ("anthropic", "openai", b)),
+                 O_BODY_OK.map(lambda b: ("openai", "anthropic", b))))
+def test_a_body_the_bridge_accepts_is_still_accepted_after_every_pass(
+        case: tuple[Any, str, dict[str, Any]]) -> None:
+    api, provider, body = case
+    try:
+        translate.request(api, body)
+    except InvalidRequest:
+        return
+    ctx = Context(settings=ALL_PASSES, model=body["model"], provider=provider)
+    _check(api, rewrite_request(body, api, ctx).body)
