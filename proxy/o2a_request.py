@@ -212,14 +212,15 @@ def tool_input(arguments: str) -> dict[str, Any]:
     return args if isinstance(args, dict) else {"_raw": arguments}
 
 
-def _system_blocks(content: Any, q: str) -> list[Block]:
+def _text_blocks(content: Any, q: str) -> list[Block]:
+    """Content of a system, developer, tool or function message: text only."""
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
     out = []
     for i, p in enumerate(arr(content, q)):
         r = f"{q}[{i}]"
         if obj(p, r).get("type") not in ("text", "input_text"):
-            refuse(r + ".type", "system and developer messages hold text parts only")
+            refuse(r + ".type", "this message holds text parts only")
         out.append(_text_block(p, r))
     return out
 
@@ -272,7 +273,7 @@ class _Turns:
                 refuse(q, f"a function message for {name!r} with no function_call before it")
             call_id = self.pending.pop(name)
         content = m.get("content")
-        result = content if isinstance(content, str) else _system_blocks(content, q + ".content")
+        result = content if isinstance(content, str) else _text_blocks(content, q + ".content")
         self.add("user", [{"type": "tool_result", "tool_use_id": call_id, "content": result}])
 
 
@@ -287,7 +288,7 @@ def _messages(msgs: list[Any], out: dict[str, Any]) -> None:
             known_keys(m, SYSTEM_MSG, q)
             if m.get("name") is not None:
                 refuse(q + ".name", "messages have no participant names in the Messages API")
-            content = _system_blocks(m.get("content"), q + ".content")
+            content = _text_blocks(m.get("content"), q + ".content")
             if leading:
                 system.append((m.get("content"), content))
             elif content:  # later: in place, delimited

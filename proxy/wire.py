@@ -56,7 +56,9 @@ def parse_json(raw: bytes) -> dict[str, Any]:
 
 def _type_name(v: Any) -> str:
     return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null",
-            int: "integer", float: "number"}.get(type(v), type(v).__name__)
+            int: "integer", float: "number"}.get(type(v), (
+        "integer" if isinstance(v, int) else "number" if isinstance(v, float)  # exact numbers
+        else type(v).__name__))
 
 
 def _require(body: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:

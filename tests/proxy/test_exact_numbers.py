@@ -192,3 +192,12 @@ def test_bridged_answer_through_the_proxy_keeps_a_big_integer(rig: Any) -> None:
     r = httpx.post(rig.url + "/v1/chat/completions", json=body, timeout=30)
     args = r.json()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
     assert args == '{"order_id":' + BIG + "}"
+
+
+def test_exact_number_of_the_wrong_type_is_named_by_its_json_type() -> None:
+    from proxy.errors import InvalidRequest
+    from proxy.wire import check_anthropic
+
+    with pytest.raises(InvalidRequest) as e:
+        check_anthropic(parse_json(b'{"model":"m","max_tokens":1e3,"messages":[]}'))
+    assert e.value.param == "max_tokens" and "got number" in e.value.message
