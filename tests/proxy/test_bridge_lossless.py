@@ -262,3 +262,26 @@ def test_a2o_refused_field_is_an_anthropic_400_naming_the_field(rig: Any) -> Non
     assert r.status_code == 400 and r.json()["type"] == "error"
     assert "messages[0].content[0].source.type" in r.json()["error"]["message"]
     assert rig.upstream.seen == []
+
+
+def test_a2o_streamed_refusal_becomes_text_and_stop_reason_refusal() -> None:
+    import json
+
+    from proxy.bridge_anthropic import StreamMapper
+    from proxy.sse import SSEEvent
+
+    m = StreamMapper("m")
+    chunks = ({"id": "c", "choices": [{"index": 0, "delta": {"refusal": "No."}}]},
+              {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    out = b"".join(e for c in chunks for e in m.map(b"", SSEEvent("message", json.dumps(c))))
+    out += b"".join(m.map(b"", SSEEvent("message", "[DONE]")))
+    assert b'"text_delta","text":"No."' in out and b'"stop_reason":"refusal"' in out
+
+
+def test_o2a_stream_with_non_object_stream_options_is_400_before_any_send(rig: Any) -> None:
+    r = httpx.post(rig.url + "/v1/chat/completions", timeout=30, json={
+        "model": "claude-x", "messages": USER, "stream": True, "stream_options": 5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
+    assert rig.upstream.seen == []
+    row = rig.ledger.rows()[-1]
+    assert (row["status"], row["http_status"]) == ("InvalidRequest", 400)
