@@ -177,8 +177,9 @@ def blocks(content: Any, q: str, *, assistant: bool = False) -> list[Block]:
         r = f"{q}[{i}]"
         kind = obj(p, r).get("type")
         if kind in ("text", "input_text"):
-            if p.get("text") != "":
-                out.append(_text_block(p, r))
+            block = _text_block(p, r)
+            if block["text"]:  # an empty part carries nothing (and Messages rejects one)
+                out.append(block)
         elif kind == "refusal" and assistant:
             known_keys(p, REFUSAL_PART, r)
             out.append(_refusal_block(p.get("refusal"), r + ".refusal"))
