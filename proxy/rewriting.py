@@ -11,8 +11,8 @@
   the client's body is forwarded unchanged (fail-open) and the failure is logged and reported as
   the edit summary ``rewrite_failed``.
 - The upstream bytes: when the body came back unchanged, the client's ORIGINAL bytes are sent
-  (lossless by default, no re-serialization of large bodies, B19); otherwise orjson, which keeps
-  key order.
+  (lossless by default, no re-serialization of large bodies, B19); otherwise
+  :func:`proxy.exactjson.dumps` (orjson: key order and every number's text kept).
 """
 
 from __future__ import annotations
