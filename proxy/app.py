@@ -40,7 +40,7 @@ from starlette.responses import JSONResponse, Response
 from cache.ledger import Ledger, LedgerRow
 from cache.session import MemorySessionStore, RedisSessionStore, SessionStore
 from config.schema import Policy
-from proxy import translate, wire
+from proxy import exactjson, translate, wire
 from proxy.errors import (
     Api,
     InternalError,
@@ -173,7 +173,7 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
                           session_id=session_id, session=state.sessions.get(session_id))
         rw = run_rewrite(state.rewrite_fn, body, raw, api, ctx)
         row.rewrite, row.edits, row.tokens_pruned = ctx is not None, rw.summary, rw.pruned
-        up_raw = orjson.dumps(translate.request(api, rw.body)) if target.translate else rw.raw
+        up_raw = exactjson.dumps(translate.request(api, rw.body)) if target.translate else rw.raw
         # 4. send
         headers = upstream_headers(request.headers.items(), target.backend, target.api_key())
         resp = await state.upstream.send(target.url(), headers, up_raw, target.backend.timeout_s)
@@ -235,13 +235,13 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
                            headers={**out_headers, **SSE_HEADERS})
     try:
         content = await resp.aread()
-        answer = orjson.loads(content)
+        answer = (exactjson.loads if target.translate else orjson.loads)(content)
         if not isinstance(answer, dict):
             raise TypeError("answer is not a JSON object")
         usage = early
         usage.merge(usage_from_answer(answer, target.wire))
         if target.translate:
-            content = orjson.dumps(translate.response(api, answer, row.model))
+            content = exactjson.dumps(translate.response(api, answer, row.model))
     except (httpx.HTTPError, ValueError, TypeError, AttributeError, KeyError, IndexError) as e:
         # the body broke off, is not a JSON object, or has a shape the bridge cannot translate
         row.error = type(e).__name__

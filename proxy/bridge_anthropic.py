@@ -1,22 +1,8 @@
 """The A->O bridge: an Anthropic Messages client served by an OpenAI-compatible backend.
 
-Request (:func:`request_to_openai`)::
-
-    system (string | text blocks)        -> first message {"role": "system", "content": str}
-    user text / image blocks             -> user content parts (text, image_url data: URL)
-    user tool_result blocks              -> {"role": "tool", "tool_call_id", "content"}, placed
-                                            before the rest of that user turn (B18)
-    assistant text + tool_use blocks     -> {"role": "assistant", "content": str | None,
-                                            "tool_calls": [{"id", "type": "function",
-                                            "function": {"name", "arguments": json str}}]}
-    tools [{name, description, input_schema}] -> [{"type": "function", "function": {...}}]
-    tool_choice auto|any|tool|none       -> "auto" | "required" | {"type": "function", ...} | "none"
-    max_tokens, stop_sequences, temperature, top_p, top_k, stream, metadata.user_id
-                                         -> max_tokens, stop, ..., stream (+ include_usage), user
-
-An assistant turn that only calls tools gets ``content: null`` (OpenAI's rule), never an empty
-text block. ``cache_control`` markers and thinking blocks have no OpenAI equivalent and are
-dropped (prefix caching on these backends is automatic).
+Request (:func:`request_to_openai`, in :mod:`proxy.a2o_request`): every field mapped, carried
+between explicit delimiters, or refused with a 400 naming it; the full table is
+``docs/bridges.md``.
 
 Answer (:func:`response_to_anthropic`, :class:`StreamMapper`): usage is mapped as B08 states —
 ``input_tokens = prompt_tokens - cached_tokens``, ``cache_read_input_tokens = cached_tokens``,
@@ -26,128 +12,51 @@ Answer (:func:`response_to_anthropic`, :class:`StreamMapper`): usage is mapped a
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import orjson
 
+from proxy import exactjson
+from proxy.a2o_request import request_to_openai
 from proxy.sse import SSEEvent
+
+__all__ = ["RESPONSE", "STREAM", "StreamMapper", "error_to_anthropic", "request_to_openai",
+           "response_to_anthropic", "usage_to_anthropic"]
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                  "function_call": "tool_use", "content_filter": "refusal"}
 
+# What the A->O bridge does with each field of the backend's answer (docs/bridges.md).
+RESPONSE = {
+    "id": "mapped: id (msg_ + id)",
+    "model": "mapped: model (the name the client asked for)",
+    "choices[0].message.content": "mapped: a text block",
+    "choices[0].message.refusal": "mapped: a text block, stop_reason refusal",
+    "choices[0].message.tool_calls[]": "mapped: tool_use blocks (arguments -> input, numbers "
+                                       "exact; not a JSON object: {\"_raw\": text})",
+    "choices[0].finish_reason": "mapped: stop_reason (stop -> end_turn, length -> max_tokens, "
+                                "tool_calls -> tool_use, content_filter -> refusal)",
+    "usage": "mapped: usage (B08: input = prompt - cached, cache_read = cached)",
+    "choices[1..], logprobs": "never requested (n and logprobs are not sent)",
+    "choices[0].message.reasoning_content": "not carried: reasoning was not requested "
+                                            "(thinking is refused on the request side)",
+    "object, created, system_fingerprint, service_tier": "not carried: no Messages counterpart",
+}
+STREAM = {
+    "first chunk": "mapped: message_start",
+    "delta.content": "mapped: text_delta in a text block",
+    "delta.refusal": "mapped: text_delta; stop_reason refusal",
+    "delta.tool_calls[]": "mapped: content_block_start tool_use + input_json_delta",
+    "finish_reason": "mapped: message_delta.stop_reason",
+    "usage chunk": "mapped: message_delta.usage",
+    "[DONE]": "mapped: message_delta + message_stop",
+    "{\"error\": ...}": "mapped: event: error",
+    "delta.role": "mapped: implied by message_start",
+    "delta.reasoning_content": "not carried: reasoning was not requested",
+}
+
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error"}
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(b.get("text", "") for b in content
-                       if isinstance(b, dict) and b.get("type") == "text")
-    return ""
-
-
-def _image_part(block: dict[str, Any]) -> dict[str, Any] | None:
-    src = block.get("source") or {}
-    if src.get("type") == "base64":
-        url = f"data:{src.get('media_type', 'image/png')};base64,{src.get('data', '')}"
-    elif src.get("type") == "url":
-        url = src.get("url", "")
-    else:
-        return None
-    return {"type": "image_url", "image_url": {"url": url}}
-
-
-def _user_messages(content: Any) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [{"role": "user", "content": content}]
-    tool_msgs: list[dict[str, Any]] = []
-    parts: list[dict[str, Any]] = []
-    for b in content if isinstance(content, list) else []:
-        kind = b.get("type") if isinstance(b, dict) else None
-        if kind == "tool_result":
-            text = _text(b.get("content"))
-            if b.get("is_error"):
-                text = f"Error: {text}"
-            tool_msgs.append({"role": "tool", "tool_call_id": b.get("tool_use_id", ""),
-                              "content": text})
-        elif kind == "text" and b.get("text"):
-            parts.append({"type": "text", "text": b["text"]})
-        elif kind == "image":
-            img = _image_part(b)
-            if img:
-                parts.append(img)
-    out = tool_msgs
-    if parts:
-        only_text = all(p["type"] == "text" for p in parts)
-        out = out + [{"role": "user", "content": "".join(p["text"] for p in parts)
-                      if only_text else parts}]
-    return out
-
-
-def _assistant_message(content: Any) -> dict[str, Any]:
-    if isinstance(content, str):
-        return {"role": "assistant", "content": content}
-    text, calls = "", []
-    for b in content if isinstance(content, list) else []:
-        if not isinstance(b, dict):
-            continue
-        if b.get("type") == "text":
-            text += b.get("text", "")
-        elif b.get("type") == "tool_use":
-            calls.append({"id": b.get("id", ""), "type": "function",
-                          "function": {"name": b.get("name", ""),
-                                       "arguments": json.dumps(b.get("input", {}),
-                                                               ensure_ascii=False)}})
-    msg: dict[str, Any] = {"role": "assistant", "content": text or None}
-    if calls:
-        msg["tool_calls"] = calls
-    elif msg["content"] is None:
-        msg["content"] = ""
-    return msg
-
-
-def _tool_choice(tc: Any) -> Any:
-    kind = tc.get("type") if isinstance(tc, dict) else None
-    if kind == "tool":
-        return {"type": "function", "function": {"name": tc.get("name", "")}}
-    return {"auto": "auto", "any": "required", "none": "none"}.get(kind or "", "auto")
-
-
-def request_to_openai(body: dict[str, Any]) -> dict[str, Any]:
-    """Anthropic Messages request -> Chat Completions request (see module docstring)."""
-    out: dict[str, Any] = {"model": body["model"]}
-    messages: list[dict[str, Any]] = []
-    system = _text(body.get("system"))
-    if system:
-        messages.append({"role": "system", "content": system})
-    for m in body.get("messages", []):
-        if m.get("role") == "assistant":
-            messages.append(_assistant_message(m.get("content")))
-        else:
-            messages.extend(_user_messages(m.get("content")))
-    out["messages"] = messages
-    if body.get("tools"):
-        out["tools"] = [{"type": "function", "function": {
-            "name": t.get("name", ""), "description": t.get("description", ""),
-            "parameters": t.get("input_schema", {"type": "object", "properties": {}})}}
-            for t in body["tools"] if isinstance(t, dict)]
-    if "tool_choice" in body:
-        out["tool_choice"] = _tool_choice(body["tool_choice"])
-    out["max_tokens"] = body["max_tokens"]
-    for a, o in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"),
-                 ("stop_sequences", "stop")):
-        if body.get(a) is not None:
-            out[o] = body[a]
-    user = (body.get("metadata") or {}).get("user_id")
-    if user:
-        out["user"] = user
-    if body.get("stream"):
-        out["stream"] = True
-        out["stream_options"] = {"include_usage": True}
-    return out
 
 
 def usage_to_anthropic(u: Any) -> dict[str, int]:
@@ -160,24 +69,38 @@ def usage_to_anthropic(u: Any) -> dict[str, int]:
             "output_tokens": int(u.get("completion_tokens") or 0)}
 
 
+def _tool_input(arguments: Any) -> dict[str, Any]:
+    """A tool call's ``arguments`` text -> ``input``: the JSON object (numbers exact), or, when
+    the model wrote something else, ``{"_raw": text}`` so nothing of it is lost."""
+    text = arguments if isinstance(arguments, str) else ""
+    try:
+        args = exactjson.loads(text or "{}")
+    except ValueError:
+        return {"_raw": arguments}
+    return args if isinstance(args, dict) else {"_raw": arguments}
+
+
 def response_to_anthropic(resp: dict[str, Any], model: str) -> dict[str, Any]:
-    """Non-streamed Chat Completion -> Anthropic ``message`` object."""
+    """Non-streamed Chat Completion -> Anthropic ``message`` object.
+
+    ``choices[0].message``: ``content`` -> a text block, ``refusal`` -> a text block and
+    ``stop_reason: "refusal"``, ``tool_calls`` -> tool_use blocks (:func:`_tool_input`);
+    ``finish_reason`` -> ``stop_reason``; ``usage`` as B08. The table is ``docs/bridges.md``."""
     choice = (resp.get("choices") or [{}])[0]
     msg = choice.get("message") or {}
     content: list[dict[str, Any]] = []
     if msg.get("content"):
         content.append({"type": "text", "text": msg["content"]})
+    if msg.get("refusal"):
+        content.append({"type": "text", "text": msg["refusal"]})
     for c in msg.get("tool_calls") or []:
         fn = c.get("function") or {}
-        try:
-            args = json.loads(fn.get("arguments") or "{}")
-        except json.JSONDecodeError:
-            args = {"_raw": fn.get("arguments")}
         content.append({"type": "tool_use", "id": c.get("id", ""), "name": fn.get("name", ""),
-                        "input": args})
+                        "input": _tool_input(fn.get("arguments"))})
+    stop = _STOP_REASONS.get(choice.get("finish_reason") or "stop", "end_turn")
     return {"id": "msg_" + str(resp.get("id", "")), "type": "message", "role": "assistant",
             "model": model, "content": content,
-            "stop_reason": _STOP_REASONS.get(choice.get("finish_reason") or "stop", "end_turn"),
+            "stop_reason": "refusal" if msg.get("refusal") else stop,
             "stop_sequence": None, "usage": usage_to_anthropic(resp.get("usage"))}
 
 
@@ -199,10 +122,10 @@ class StreamMapper:
     """Chat Completions chunks -> Anthropic stream events, one upstream event at a time.
 
     ``map(raw, ev)`` returns the Anthropic events to write (possibly none): ``message_start``
-    on the first chunk, ``content_block_start/delta/stop`` for text and each tool call
-    (``input_json_delta``), and on ``[DONE]`` ``message_delta`` (stop_reason + usage) and
-    ``message_stop``. An OpenAI-style in-stream error (``data: {"error": {...}}``) becomes
-    Anthropic's ``event: error``.
+    on the first chunk, ``content_block_start/delta/stop`` for text (``content`` and
+    ``refusal`` deltas) and each tool call (``input_json_delta``), and on ``[DONE]``
+    ``message_delta`` (stop_reason + usage) and ``message_stop``. An OpenAI-style in-stream
+    error (``data: {"error": {...}}``) becomes Anthropic's ``event: error``.
     """
 
     def __init__(self, model: str) -> None:
@@ -214,6 +137,7 @@ class StreamMapper:
         self.stop_reason = "end_turn"
         self.usage: dict[str, int] = usage_to_anthropic({})
         self.finished = False
+        self.refused = False                 # a refusal delta was seen: stop_reason "refusal"
 
     def _open(self, kind: str, block: dict[str, Any]) -> list[bytes]:
         out = self._close()
@@ -244,7 +168,8 @@ class StreamMapper:
         out = [] if self.started else self._start("")
         out += self._close()
         out.append(_sse("message_delta", {"type": "message_delta",
-                                          "delta": {"stop_reason": self.stop_reason,
+                                          "delta": {"stop_reason": "refusal" if self.refused
+                                                    else self.stop_reason,
                                                     "stop_sequence": None},
                                           "usage": self.usage}))
         out.append(_sse("message_stop", {"type": "message_stop"}))
@@ -272,12 +197,16 @@ class StreamMapper:
             self.usage = usage_to_anthropic(chunk["usage"])
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
-            if delta.get("content"):
+            if delta.get("refusal"):
+                self.refused = True
+            for text in (delta.get("content"), delta.get("refusal")):
+                if not text:
+                    continue
                 if self.block_kind != "text":
                     out += self._open("text", {"type": "text", "text": ""})
                 out.append(_sse("content_block_delta", {
                     "type": "content_block_delta", "index": self.block,
-                    "delta": {"type": "text_delta", "text": delta["content"]}}))
+                    "delta": {"type": "text_delta", "text": text}}))
             for tc in delta.get("tool_calls") or []:
                 i = tc.get("index", 0)
                 fn = tc.get("function") or {}

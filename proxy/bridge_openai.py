@@ -1,18 +1,8 @@
 """The O->A bridge: an OpenAI Chat Completions client served by an Anthropic Messages backend.
 
-Request (:func:`request_to_anthropic`)::
-
-    system / developer messages     -> "system": a string, or text blocks when any part carries
-                                       extra keys such as cache_control (never collapsed, B02)
-    user text / image_url parts     -> user content (text blocks keep cache_control; data: URLs
-                                       -> base64 image sources, http(s) -> url sources)
-    assistant content + tool_calls  -> text block (only when non-empty) + tool_use blocks
-                                       (arguments parsed to ``input``); an empty assistant turn
-                                       is dropped, never sent as an empty text block (B18)
-    tool messages                   -> tool_result blocks, first in the next user turn (B16)
-    tools / tool_choice             -> {name, description, input_schema} / auto|any|none|tool
-    max_completion_tokens|max_tokens-> max_tokens (default 4096: Anthropic requires it)
-    stop, temperature, top_p, user  -> stop_sequences, temperature, top_p, metadata.user_id
+Request (:func:`request_to_anthropic`, in :mod:`proxy.o2a_request`): every field mapped,
+carried between explicit delimiters, or refused with a 400 naming it; the full table is
+``docs/bridges.md``.
 
 Answer (:func:`response_to_openai`, :class:`ChunkMapper`): usage as B07 states —
 ``prompt_tokens = input + cache_read + cache_creation``, ``prompt_tokens_details.cached_tokens =
@@ -22,124 +12,46 @@ chunk is sent only when the client asked for ``stream_options.include_usage``.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import orjson
 
+from proxy import exactjson
+from proxy.o2a_request import DEFAULT_MAX_TOKENS, request_to_anthropic
 from proxy.sse import SSEEvent
 from proxy.usage import AnthropicStreamWatcher, Usage, anthropic_usage
 
 _FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
            "tool_use": "tool_calls", "refusal": "content_filter", "pause_turn": "stop"}
-DEFAULT_MAX_TOKENS = 4096
 
+# What the O->A bridge does with each field of the backend's answer (docs/bridges.md).
+RESPONSE = {
+    "id": "mapped: id (chatcmpl- + id)",
+    "model": "mapped: model (the name the client asked for)",
+    "content[] text": "mapped: message.content, in order (joined as the stream's deltas are)",
+    "content[] tool_use": "mapped: message.tool_calls (input -> arguments, numbers exact)",
+    "stop_reason": "mapped: finish_reason (end_turn / stop_sequence / pause_turn -> stop, "
+                   "max_tokens -> length, tool_use -> tool_calls, refusal -> content_filter)",
+    "usage": "mapped: usage (B07: prompt = input + cache_read + cache_creation)",
+    "stop_sequence": "not carried: Chat Completions does not say which stop matched",
+    "content[] thinking / server tool blocks": "never requested (refused on the request side)",
+    "type, role, container": "mapped: object chat.completion, role assistant; container never "
+                             "requested",
+}
+STREAM = {
+    "message_start": "mapped: first chunk (role assistant)",
+    "content_block_start tool_use": "mapped: tool_calls delta with id and name",
+    "content_block_delta text_delta": "mapped: content delta",
+    "content_block_delta input_json_delta": "mapped: tool_calls arguments delta",
+    "message_delta": "mapped: finish_reason chunk",
+    "message_stop": "mapped: usage chunk (when include_usage) + [DONE]",
+    "error": "mapped: {\"error\": ...}",
+    "ping, content_block_stop": "nothing to carry",
+    "thinking / signature / citations deltas": "never requested",
+}
 
-def _image_block(url: str) -> dict[str, Any]:
-    if url.startswith("data:") and ";base64," in url:
-        head, data = url[5:].split(";base64,", 1)
-        return {"type": "image", "source": {"type": "base64", "media_type": head or "image/png",
-                                            "data": data}}
-    return {"type": "image", "source": {"type": "url", "url": url}}
-
-
-def _blocks(content: Any) -> list[dict[str, Any]]:
-    """OpenAI content (string or parts) -> Anthropic blocks; empty text dropped."""
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}] if content else []
-    out: list[dict[str, Any]] = []
-    for p in content if isinstance(content, list) else []:
-        if not isinstance(p, dict):
-            continue
-        if p.get("type") in ("text", "input_text") and p.get("text"):
-            block = {"type": "text", "text": p["text"]}
-            if "cache_control" in p:
-                block["cache_control"] = p["cache_control"]
-            out.append(block)
-        elif p.get("type") == "image_url":
-            iu = p.get("image_url")
-            url = iu.get("url", "") if isinstance(iu, dict) else str(iu or "")
-            out.append(_image_block(url))
-    return out
-
-
-def _system(msgs: list[dict[str, Any]]) -> str | list[dict[str, Any]] | None:
-    parts = [m.get("content") for m in msgs]
-    if all(isinstance(p, str) for p in parts):
-        text = "\n\n".join(p for p in parts if p)
-        return text or None
-    blocks = [b for p in parts for b in _blocks(p)]
-    return blocks or None
-
-
-def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
-    fn = call.get("function") or {}
-    try:
-        args = json.loads(fn.get("arguments") or "{}")
-    except json.JSONDecodeError:
-        args = {"_raw": fn.get("arguments")}
-    return {"type": "tool_use", "id": call.get("id", ""), "name": fn.get("name", ""),
-            "input": args if isinstance(args, dict) else {"value": args}}
-
-
-def _tool_choice(tc: Any) -> dict[str, Any]:
-    if isinstance(tc, dict):
-        return {"type": "tool", "name": (tc.get("function") or {}).get("name", "")}
-    return {"type": {"required": "any", "none": "none"}.get(str(tc), "auto")}
-
-
-def request_to_anthropic(body: dict[str, Any]) -> dict[str, Any]:
-    """Chat Completions request -> Messages request (see module docstring)."""
-    system_msgs = [m for m in body["messages"] if m.get("role") in ("system", "developer")]
-    turns: list[dict[str, Any]] = []
-
-    def add(role: str, blocks: list[dict[str, Any]]) -> None:
-        if not blocks:
-            return
-        if turns and turns[-1]["role"] == role:
-            turns[-1]["content"].extend(blocks)
-        else:
-            turns.append({"role": role, "content": blocks})
-
-    for m in body["messages"]:
-        role = m.get("role")
-        if role == "assistant":
-            add("assistant", _blocks(m.get("content"))
-                + [_tool_use(c) for c in m.get("tool_calls") or []])
-        elif role == "tool":
-            text = m.get("content")
-            text = text if isinstance(text, str) else "".join(
-                b.get("text", "") for b in _blocks(text) if b["type"] == "text")
-            add("user", [{"type": "tool_result", "tool_use_id": m.get("tool_call_id", ""),
-                          "content": text}])
-        elif role == "user":
-            add("user", _blocks(m.get("content")))
-    out: dict[str, Any] = {"model": body["model"],
-                           "max_tokens": body.get("max_completion_tokens")
-                           or body.get("max_tokens") or DEFAULT_MAX_TOKENS}
-    system = _system(system_msgs)
-    if system is not None:
-        out["system"] = system
-    out["messages"] = turns
-    if body.get("tools"):
-        out["tools"] = [{"name": (t.get("function") or {}).get("name", ""),
-                         "description": (t.get("function") or {}).get("description", ""),
-                         "input_schema": (t.get("function") or {}).get(
-                             "parameters", {"type": "object", "properties": {}})}
-                        for t in body["tools"] if isinstance(t, dict)]
-    if "tool_choice" in body:
-        out["tool_choice"] = _tool_choice(body["tool_choice"])
-    for k in ("temperature", "top_p"):
-        if body.get(k) is not None:
-            out[k] = body[k]
-    stop = body.get("stop")
-    if stop:
-        out["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
-    if body.get("user"):
-        out["metadata"] = {"user_id": body["user"]}
-    if body.get("stream"):
-        out["stream"] = True
-    return out
+__all__ = ["DEFAULT_MAX_TOKENS", "RESPONSE", "STREAM", "ChunkMapper", "error_to_openai",
+           "request_to_anthropic", "response_to_openai", "usage_to_openai"]
 
 
 def usage_to_openai(u: Usage) -> dict[str, Any]:
@@ -154,7 +66,7 @@ def response_to_openai(msg: dict[str, Any], model: str) -> dict[str, Any]:
     text = "".join(b.get("text", "") for b in msg.get("content") or [] if b.get("type") == "text")
     calls = [{"id": b.get("id", ""), "type": "function",
               "function": {"name": b.get("name", ""),
-                           "arguments": json.dumps(b.get("input", {}), ensure_ascii=False)}}
+                           "arguments": exactjson.dumps(b.get("input", {})).decode()}}
              for b in msg.get("content") or [] if b.get("type") == "tool_use"]
     message: dict[str, Any] = {"role": "assistant", "content": text or None}
     if calls:

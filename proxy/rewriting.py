@@ -11,23 +11,21 @@
   the client's body is forwarded unchanged (fail-open) and the failure is logged and reported as
   the edit summary ``rewrite_failed``.
 - The upstream bytes: when the body came back unchanged, the client's ORIGINAL bytes are sent
-  (lossless by default, no re-serialization of large bodies, B19); otherwise orjson, which keeps
-  key order.
+  (lossless by default, no re-serialization of large bodies, B19); otherwise
+  :func:`proxy.exactjson.dumps` (orjson: key order and every number's text kept).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from config.schema import RewriteSettings
+from proxy import exactjson
 from rewriter.types import Api, Context, Edit, RewriteResult
 
 log = logging.getLogger("prefixgate.rewrite")
@@ -107,10 +105,7 @@ class RewriteOutcome:
 
 
 def _dumps(body: dict[str, Any]) -> bytes:
-    try:
-        return orjson.dumps(body)
-    except TypeError:  # integers beyond 64 bits: stdlib json keeps them
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    return exactjson.dumps(body)  # numbers in their original text (issue 8, class 5)
 
 
 def run_rewrite(fn: RewriteFn | None, body: dict[str, Any], raw: bytes, api: Api,

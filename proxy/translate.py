@@ -18,16 +18,19 @@ from proxy.usage import AnthropicStreamWatcher
 
 
 def request(client_api: Api, body: dict[str, Any]) -> dict[str, Any]:
-    """The client's body in the backend's API.
+    """The client's body in the backend's API: every field mapped, carried as delimited text, or
+    refused (issue 8, *Translation is lossless or refuses*; the table is ``docs/bridges.md``).
 
-    Raises InvalidRequest (400) when a field the bridge maps has a type it cannot translate
-    (``stop: 5``, ``tools: 5``, ``tool_calls: "abc"``, a text block whose text is a number):
-    the backend would reject such a field too, and it is the client's error, not the proxy's.
+    Everything the bridge and its stream mapper will read is checked here, so a bridged request
+    can only fail before it is sent. Raises InvalidRequest (400, ``param`` naming the field)
+    for a field it cannot carry or whose type is wrong (``stop: 5``, ``stream_options: 5``,
+    a ``document`` block with a ``url`` source, ``n: 2``). Serialise the result with
+    :func:`proxy.exactjson.dumps` so numbers keep their text.
     """
     try:
         return a2o.request_to_openai(body) if client_api == "anthropic" else (
             o2a.request_to_anthropic(body))
-    except (TypeError, AttributeError, ValueError) as e:
+    except (TypeError, AttributeError, ValueError, KeyError) as e:  # a shape no check foresaw
         raise InvalidRequest(
             f"The request could not be translated for this model's backend: a field has an "
             f"unexpected type or shape ({type(e).__name__}: {str(e)[:120]}).") from None
@@ -51,5 +54,6 @@ def mapper(client_api: Api, model: str, watcher: StreamWatcher,
     if client_api == "anthropic":
         return a2o.StreamMapper(model).map
     assert isinstance(watcher, AnthropicStreamWatcher)
-    include = bool((body.get("stream_options") or {}).get("include_usage"))
+    opts = body.get("stream_options")  # checked by request(): an object or absent
+    include = isinstance(opts, dict) and opts.get("include_usage") is True
     return o2a.ChunkMapper(model, watcher, include).map

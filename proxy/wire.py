@@ -1,7 +1,8 @@
 """Read and check a client's request body, once (cases B19 and the bad-input cases).
 
 :func:`read_body` enforces ``policy.max_body_bytes`` before and while reading (413, B19);
-:func:`parse_json` parses once with orjson (key order kept: dicts keep insertion order);
+:func:`parse_json` parses once (key order kept; numbers keep their exact text, see
+:mod:`proxy.exactjson`);
 :func:`check_openai` / :func:`check_anthropic` check only what the proxy itself relies on
 (``model``, ``messages``, ``stream``, Anthropic ``max_tokens``) and raise
 :class:`~proxy.errors.InvalidRequest` (400) naming the offending ``param``. Everything else is
@@ -12,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from starlette.requests import ClientDisconnect, Request
 
+from proxy import exactjson
 from proxy.errors import BodyTooLarge, ClientDisconnected, InvalidJSON, InvalidRequest
 
 
@@ -41,10 +42,12 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
-    """Parse a JSON object. InvalidJSON (400) for bad JSON or a non-object top level."""
+    """Parse a JSON object, every number kept with its exact text (:func:`proxy.exactjson.loads`:
+    orjson's speed unless the body holds a number orjson would rewrite, e.g. an integer beyond
+    64 bits or ``1.10``). InvalidJSON (400) for bad JSON or a non-object top level."""
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
+        body = exactjson.loads(raw)
+    except ValueError as e:  # orjson.JSONDecodeError, bad UTF-8, too deep for the exact parser
         raise InvalidJSON(f"We could not parse the JSON body of your request: {e}") from None
     if not isinstance(body, dict):
         raise InvalidJSON("The request body must be a JSON object.")
@@ -53,7 +56,9 @@ def parse_json(raw: bytes) -> dict[str, Any]:
 
 def _type_name(v: Any) -> str:
     return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null",
-            int: "integer", float: "number"}.get(type(v), type(v).__name__)
+            int: "integer", float: "number"}.get(type(v), (
+        "integer" if isinstance(v, int) else "number" if isinstance(v, float)  # exact numbers
+        else type(v).__name__))
 
 
 def _require(body: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:

@@ -75,7 +75,7 @@ def test_b18_tool_only_assistant_turn_translates_to_tool_calls_with_null_content
         {"role": "user", "content": "2+2?"},
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "toolu_9", "type": "function",
-             "function": {"name": "calc", "arguments": '{"e": "2+2"}'}}]},
+             "function": {"name": "calc", "arguments": '{"e":"2+2"}'}}]},
         {"role": "tool", "tool_call_id": "toolu_9", "content": "4"}]
     assert out["tools"][0]["function"]["parameters"]["properties"]["e"] == {"type": "string"}
     assert out["max_tokens"] == 128
@@ -89,7 +89,8 @@ def test_b18_tool_results_come_before_the_rest_of_the_user_turn() -> None:
                                                                       "text": "3C"}]},
             {"type": "text", "text": "Now a haiku."}]}],
         "tool_choice": {"type": "tool", "name": "calc"}, "stop_sequences": ["END"]})
-    assert out["messages"] == [{"role": "system", "content": "S1S2"},
+    assert out["messages"] == [{"role": "system", "content": [  # blocks stay parts, never glued
+                                   {"type": "text", "text": "S1"}, {"type": "text", "text": "S2"}]},
                                {"role": "tool", "tool_call_id": "t1", "content": "3C"},
                                {"role": "user", "content": "Now a haiku."}]
     assert out["tool_choice"] == {"type": "function", "function": {"name": "calc"}}
