@@ -42,6 +42,7 @@ _ANTHROPIC_TYPES = {
     405: "invalid_request_error",
     408: "timeout_error",
     413: "request_too_large",
+    431: "invalid_request_error",
     429: "rate_limit_error",
     500: "api_error",
     501: "invalid_request_error",
@@ -109,6 +110,15 @@ class RequestTimeout(ProxyError):
     status = 408
     type = "invalid_request_error"
     code = "request_timeout"
+
+
+class HeadersTooLarge(ProxyError):
+    """The request line and headers are larger than ``limits.max_header_bytes`` (431, RFC 6585
+    section 5). Sent by the connection protocol (:mod:`proxy.server`) before any route runs."""
+
+    status = 431
+    type = "invalid_request_error"
+    code = "headers_too_large"
 
 
 class Unauthorized(ProxyError):
