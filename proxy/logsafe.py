@@ -5,10 +5,10 @@ written raw, ``"gpt-4\\n2026-01-01 prefixgate.proxy /v1/x admin login ok"`` forg
 line. :func:`safe` escapes every character that could end or rewrite a line on a terminal or in
 a log shipper — C0 controls (CR, LF, TAB, ESC ...), DEL, C1 controls, U+2028 / U+2029 (line and
 paragraph separators) and other Unicode format / separator characters — as ``\\xNN`` /
-``\\uNNNN``, and truncates. :class:`SafeFormatter` does the same to every log message of the
-process (``prefixgate serve`` installs it), so a call site that forgets :func:`safe` still
-cannot forge a line; tracebacks, which the formatter appends after the message, keep their
-lines.
+``\\uNNNN`` (``\\n``, ``\\r``, ``\\t`` by name), and truncates. :class:`SafeFormatter`
+does the same to every log message of the process (``prefixgate serve`` installs it), so a
+call site that forgets :func:`safe` still cannot forge a line; tracebacks, which the formatter
+appends after the message, keep their lines.
 """
 
 from __future__ import annotations
@@ -20,10 +20,13 @@ import unicodedata
 DEFAULT_LIMIT = 200
 
 
+_NAMED = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
 def _escape_char(c: str) -> str:
     n = ord(c)
-    if c == "\\":
-        return "\\\\"
+    if c in _NAMED:
+        return _NAMED[c]
     if n < 0x20 or 0x7F <= n <= 0x9F:
         return f"\\x{n:02x}"
     if n > 0x7F and unicodedata.category(c) in ("Zl", "Zp", "Cf", "Cc", "Cs"):
