@@ -116,7 +116,7 @@ class Upstream:
             await self.client.aclose()
             self.client = None
 
-    async def send(self, url: str, headers: Mapping[str, str | bytes], body: bytes,
+    async def send(self, url: str, headers: Mapping[str, bytes], body: bytes,
                    timeout_s: float) -> httpx.Response:
         """POST ``body`` and return the response with its body NOT yet read (stream mode).
 
@@ -135,7 +135,8 @@ class Upstream:
         if target.userinfo:
             auth = httpx.BasicAuth(target.username, target.password)
             target = target.copy_with(userinfo=b"")
-        req = self.client.build_request("POST", target, headers=headers, content=body,
+        raw_headers = [(k.encode("latin-1"), v) for k, v in headers.items()]  # values: bytes
+        req = self.client.build_request("POST", target, headers=raw_headers, content=body,
                                         timeout=timeout)
         if auth is not None and "authorization" not in headers:
             req = next(auth.auth_flow(req))
