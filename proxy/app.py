@@ -166,7 +166,7 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
         # 1. parse
         raw = await read_body_within(request, policy.max_body_bytes, policy.limits.body_timeout_s)
         body = wire.parse_json(raw)
-        check_nesting(body, policy.limits.max_json_depth)  # before any pass or bridge
+        await check_nesting(body, policy.limits.max_json_depth, len(raw))  # before passes
         (wire.check_anthropic if api == "anthropic" else wire.check_openai)(body)
         row.model, row.stream = body["model"], wire.is_stream(body)
         # 2. route

@@ -66,10 +66,18 @@ def format_path(path: list[str | int]) -> str:
     return out
 
 
-def check_nesting(body: Any, max_depth: int) -> None:
+OFF_LOOP_BYTES = 1 << 20  # bodies above this are walked in a worker thread
+
+
+async def check_nesting(body: Any, max_depth: int, size: int = 0) -> None:
     """Raise NestingTooDeep (400; ``param`` = where the limit was passed) when ``body`` nests
-    deeper than ``max_depth`` levels (policy ``limits.max_json_depth``)."""
-    path = first_too_deep(body, max_depth)
+    deeper than ``max_depth`` levels (policy ``limits.max_json_depth``). ``size``: the body's
+    length in bytes; above :data:`OFF_LOOP_BYTES` the walk (~0.6 x orjson's parse time, ~100 ms
+    for a 28 MB body of 50,000 messages) runs in a worker thread, not on the event loop."""
+    if size > OFF_LOOP_BYTES:
+        path = await anyio.to_thread.run_sync(first_too_deep, body, max_depth)
+    else:
+        path = first_too_deep(body, max_depth)
     if path is not None:
         where = format_path(path) or "<body>"
         raise NestingTooDeep(f"The request body nests arrays / objects more than {max_depth} "

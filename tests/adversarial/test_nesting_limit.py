@@ -128,3 +128,12 @@ def test_depth_check_walks_100k_deep_and_1m_wide_values_without_recursion() -> N
     assert path is not None and len(path) == 128
     wide = {f"k{i}": [i, {"v": i}] for i in range(1_000_000 // 3)}
     assert first_too_deep(wide, 3) is None and first_too_deep(wide, 2) == ["k0", 1]
+
+
+def test_large_body_nested_too_deep_is_refused_by_the_off_loop_check(rig: Any) -> None:
+    # bodies over 1 MiB are walked in a worker thread: same answer, same shape
+    raw = ('{"model": "gpt-x", "messages": [{"role": "user", "content": "' + "x" * (2 << 20)
+           + '"}], "metadata": ' + "[" * 200 + "1" + "]" * 200 + "}")
+    r = httpx.post(rig.url + "/v1/chat/completions", content=raw, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"].startswith("metadata[0]")
+    assert rig.upstream.seen == []
