@@ -86,7 +86,7 @@ def add(policy: Path = POLICY_OPT,
     while kid in taken:
         kid = new_key_id()
     key = new_key()
-    created = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    created = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     entry = ProxyKey(id=kid, name=name, hash=hash_key(key), rpm=rpm, tpm=tpm, created=created)
     save_keys_file(kf, [*existing, entry])
     typer.echo(f"added key {kid}{f' ({name})' if name else ''} to {kf}; it is shown only "
