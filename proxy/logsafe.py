@@ -7,15 +7,17 @@ a log shipper — C0 controls (CR, LF, TAB, ESC ...), DEL, C1 controls, U+2028 /
 paragraph separators) and other Unicode format / separator characters — as ``\\xNN`` /
 ``\\uNNNN`` (``\\n``, ``\\r``, ``\\t`` by name), and truncates. :class:`SafeFormatter`
 does the same to every log message of the process (``prefixgate serve`` installs it), so a
-call site that forgets :func:`safe` still cannot forge a line; tracebacks, which the formatter
-appends after the message, keep their lines.
+call site that forgets :func:`safe` still cannot forge a line. Tracebacks keep their lines (the
+frames are our code); the exception's own message, which may quote request data, is escaped.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import traceback
 import unicodedata
+from types import TracebackType
 
 DEFAULT_LIMIT = 200
 
@@ -54,12 +56,37 @@ def safe(value: object, limit: int = DEFAULT_LIMIT) -> str:
     return out + f"…(+{cut} chars)" if cut > 0 else out
 
 
+def _traceback_lines(te: traceback.TracebackException) -> list[str]:
+    """``te`` formatted as Python does (chained causes first), with each exception's own
+    ``Type: message`` line(s) escaped onto one line."""
+    out: list[str] = []
+    if te.__cause__ is not None:
+        out += _traceback_lines(te.__cause__)
+        out.append("\nThe above exception was the direct cause of the following exception:\n\n")
+    elif te.__context__ is not None and not te.__suppress_context__:
+        out += _traceback_lines(te.__context__)
+        out.append("\nDuring handling of the above exception, another exception occurred:\n\n")
+    if te.stack:
+        out.append("Traceback (most recent call last):\n")
+        out += te.stack.format()
+    out.append(escape("".join(te.format_exception_only()).rstrip("\n")) + "\n")
+    return out
+
+
 class SafeFormatter(logging.Formatter):
-    """A ``logging.Formatter`` whose message part (``%(message)s``) is :func:`escape`\\ d; the
-    traceback appended after it is not. Use it for every handler of a process that logs
-    request-controlled values."""
+    """A ``logging.Formatter`` whose message part (``%(message)s``) is :func:`escape`\\ d, and
+    whose tracebacks escape each exception's message (see module docstring). Use it for every
+    handler of a process that logs request-controlled values."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
         rec = copy.copy(record)
         rec.message = escape(record.message)
         return super().formatMessage(rec)
+
+    def formatException(  # noqa: N802 - logging's name
+            self, ei: tuple[type[BaseException], BaseException, TracebackType | None]
+            | tuple[None, None, None]) -> str:
+        if ei[1] is None:
+            return super().formatException(ei)
+        te = traceback.TracebackException(type(ei[1]), ei[1], ei[2])
+        return "".join(_traceback_lines(te)).rstrip("\n")

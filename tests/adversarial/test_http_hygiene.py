@@ -68,6 +68,23 @@ def test_safe_formatter_escapes_any_message_but_keeps_traceback_lines() -> None:
     assert out.startswith("model=a\\nb\n") and "Traceback" in out
 
 
+def test_exception_message_in_a_traceback_cannot_forge_a_line() -> None:
+    # not named by the issue: an error message quoting request data, logged with its traceback
+    import sys
+
+    try:
+        try:
+            raise KeyError("inner")
+        except KeyError as e:
+            raise ValueError("bad model 'x\n2026-01-01 forged'") from e
+    except ValueError:
+        rec = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    out = SafeFormatter("%(message)s").format(rec)
+    assert "bad model 'x\\n2026-01-01 forged'" in out
+    assert not any(line.startswith("2026-01-01") for line in out.splitlines())
+    assert "direct cause" in out and out.count("Traceback (most recent call last):") == 2
+
+
 def test_safe_truncates_and_keeps_printable_text() -> None:
     assert safe("café 日本") == "café 日本"
     assert safe("a" * 300, limit=10) == "a" * 10 + "…(+290 chars)"
