@@ -9,7 +9,8 @@ token columns are tokens (NULL = the upstream did not report it); ``session`` is
 of the session id, never the id itself. ``cf_cached_tokens`` is the counterfactual: what the
 backend would have cached had the client's original body been sent (NULL when not estimated);
 ``input_usd`` / ``cf_input_usd`` price the prompt from the backend's usage and from that
-counterfactual (USD, NULL for unpriced models such as the local engine).
+counterfactual (USD, NULL for unpriced models such as the local engine). ``key_id`` is the
+public id of the proxy key the request authenticated with ("" without proxy keys), never the key.
 A second table, ``breaks``, keeps cache-break records (:mod:`cache.breaks`) as JSON.
 """
 
@@ -23,7 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: key_id column. Older files are migrated on open (ALTER TABLE ADD COLUMN).
 
 
 @dataclass
@@ -53,6 +54,7 @@ class LedgerRow:
     input_usd: float | None = None
     cf_input_usd: float | None = None
     error: str = ""
+    key_id: str = ""              # the proxy key's public id, never the key
 
 
 def _column_type(tp: Any) -> str:
@@ -88,9 +90,13 @@ class Ledger:
         self._db.execute("CREATE TABLE IF NOT EXISTS breaks (id INTEGER PRIMARY KEY, ts REAL, "
                          "session TEXT, record TEXT)")
         have = {r[1] for r in self._db.execute("PRAGMA table_info(requests)")}
-        for f in fields(LedgerRow):  # forward-compatible: add columns a newer version defines
+        for f in fields(LedgerRow):  # migration: add the columns a newer version defines
             if f.name not in have:
-                self._db.execute(f"ALTER TABLE requests ADD COLUMN {f.name} {_column_type(f.type)}")
+                default = " DEFAULT ''" if _column_type(f.type) == "TEXT" else ""
+                self._db.execute(f"ALTER TABLE requests ADD COLUMN {f.name} "
+                                 f"{_column_type(f.type)}{default}")
+        if self._db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def write(self, row: LedgerRow) -> int:
         """Insert ``row`` in one transaction; return its id."""

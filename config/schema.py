@@ -12,6 +12,10 @@ Shape of a policy file::
       - {match: "*", backend: local}
     rewrite: {enabled: true, canonicalize_tools: true, hoist_volatile: true, ...}
     ledger: {path: ~/.cache/prefixgate/ledger.sqlite, store_prompt_text: false}
+    limits: {max_json_depth: 128, max_header_bytes: 65536, header_timeout_s: 10, ...}
+    auth:                               # optional proxy keys (prefixgate keys add)
+      keys_file: policy.keys.yaml       # relative to the policy file
+      keys: [{id: k_3f9a, name: ci, hash: "sha256:...", rpm: 60, tpm: 100000}]
 
 API keys are kept as the literal ``${ENV_VAR}`` template and resolved only when a request is sent
 (:func:`config.secrets.resolve_secret`), so a key never sits in a parsed policy object or a log.
@@ -27,6 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 BackendKind = Literal["local", "openai_compat", "openai", "anthropic"]
 
 _ENV_TEMPLATE = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$")
+KEY_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+KEY_HASH_PATTERN = r"^sha256:[0-9a-f]{64}$"
 
 
 class _Strict(BaseModel):
@@ -118,6 +124,64 @@ class LedgerSettings(_Strict):
     store_prompt_text: bool = False
 
 
+class Limits(_Strict):
+    """Bounds on what one client connection or request may cost (issue 8, HTTP hygiene).
+
+    - ``max_json_depth``: arrays / objects nested deeper than this are a 400 before any pass or
+      bridge runs. 128 is far above real bodies (deep JSON schemas stay under ~20) and well
+      under orjson's serialisation limit of 255 levels, leaving room for the levels a bridge
+      adds when it wraps content; capped at 200 for that reason.
+    - ``max_header_bytes``: request line + headers of one request, bytes (431 above it).
+    - ``header_timeout_s``: a request's headers must be complete this many seconds after its
+      first byte (or after the connection opened); else the connection is closed.
+    - ``body_timeout_s``: the whole body must arrive within this many seconds after the headers
+      (408 in the caller's shape); 60 s means at least ~0.5 MB/s for a 32 MB body.
+    - ``keep_alive_s``: an idle keep-alive connection is closed after this many seconds.
+    - ``max_connections``: open connections + running requests; above it new requests get 503
+      (uvicorn ``limit_concurrency``). ``backlog``: the listen socket's accept queue.
+    """
+
+    max_json_depth: int = Field(128, ge=8, le=200)
+    max_header_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(60.0, gt=0)
+    keep_alive_s: float = Field(5.0, gt=0)
+    max_connections: int = Field(1024, ge=1)
+    backlog: int = Field(2048, ge=1)
+
+
+class ProxyKey(_Strict):
+    """One proxy-facing key, as stored: never the key itself, only ``hash`` =
+    ``sha256:<hex>`` of it (see :mod:`proxy.auth` for why a plain SHA-256 suffices for a
+    256-bit random key). ``id`` is public (it goes into the ledger); ``rpm`` / ``tpm``: requests
+    and tokens (prompt + output) per minute, None = unlimited."""
+
+    id: str = Field(pattern=KEY_ID_PATTERN)
+    name: str = ""
+    hash: str = Field(pattern=KEY_HASH_PATTERN)
+    rpm: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1)
+    created: str = ""
+
+
+class AuthSettings(_Strict):
+    """Optional proxy keys: inline ``keys`` and / or a ``keys_file`` (YAML ``{keys: [...]}``,
+    written by ``prefixgate keys add``; a relative path is resolved against the policy file's
+    folder by :func:`config.loader.load_policy`). No key at all = no authentication, allowed
+    only on a loopback address."""
+
+    keys: list[ProxyKey] = Field(default_factory=list)
+    keys_file: str | None = None
+
+    @model_validator(mode="after")
+    def _ids_unique(self) -> AuthSettings:
+        ids = [k.id for k in self.keys]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"auth.keys ids must be unique; repeated: {dup}")
+        return self
+
+
 class Policy(_Strict):
     """The whole policy file. Raises ``pydantic.ValidationError`` on bad input."""
 
@@ -127,6 +191,8 @@ class Policy(_Strict):
     routes: list[Route]
     rewrite: RewriteSettings = Field(default_factory=RewriteSettings)
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
+    limits: Limits = Field(default_factory=Limits)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
 
     @model_validator(mode="after")
     def _routes_name_backends(self) -> Policy:

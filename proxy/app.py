@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -41,6 +41,7 @@ from cache.ledger import Ledger, LedgerRow
 from cache.session import MemorySessionStore, RedisSessionStore, SessionStore
 from config.schema import Policy
 from proxy import exactjson, translate, wire
+from proxy.auth import Guard
 from proxy.errors import (
     Api,
     InternalError,
@@ -53,6 +54,8 @@ from proxy.errors import (
 )
 from proxy.headers import downstream_headers, upstream_headers
 from proxy.insight import Analysis, Insight, input_cost_usd
+from proxy.limits import check_nesting, read_body_within
+from proxy.logsafe import safe
 from proxy.metrics import ProxyMetrics
 from proxy.relay import SSE_HEADERS, SSEResponse, Timing, Upstream, relay_events
 from proxy.rewriting import (
@@ -64,6 +67,7 @@ from proxy.rewriting import (
     session_id_for,
 )
 from proxy.router import Target, pick_target
+from proxy.slashes import TrailingSlash
 from proxy.usage import (
     AnthropicStreamWatcher,
     OpenAIStreamWatcher,
@@ -92,6 +96,7 @@ class ProxyState:
     upstream: Upstream
     metrics: ProxyMetrics
     insight: Insight | None
+    guard: Guard = field(default_factory=Guard.open)  # proxy keys + rate limits (proxy.auth)
 
     def record(self, row: LedgerRow) -> None:
         """Write the row and count it; never raises (a ledger failure must not fail a request)."""
@@ -100,8 +105,9 @@ class ProxyState:
             self.metrics.observe(row)
         except Exception:
             log.exception("ledger write failed")
+        self.guard.charge(row.key_id, row.prompt_tokens, row.output_tokens)
         log.info("%s %s backend=%s status=%s http=%s prompt=%s cached=%s ttft_ms=%s edits=%s",
-                 row.endpoint, row.model, row.backend, row.status, row.http_status,
+                 safe(row.endpoint), safe(row.model), row.backend, row.status, row.http_status,
                  row.prompt_tokens, row.cached_tokens,
                  None if row.ttft_ms is None else round(row.ttft_ms, 1), row.edits)
 
@@ -156,9 +162,11 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
     policy, timing = state.policy, Timing()
     row = LedgerRow(endpoint=request.url.path)
     try:
+        row.key_id = await state.guard.admit(request.headers, api)  # 401 / 429
         # 1. parse
-        raw = await wire.read_body(request, policy.max_body_bytes)
+        raw = await read_body_within(request, policy.max_body_bytes, policy.limits.body_timeout_s)
         body = wire.parse_json(raw)
+        await check_nesting(body, policy.limits.max_json_depth, len(raw))  # before passes
         (wire.check_anthropic if api == "anthropic" else wire.check_openai)(body)
         row.model, row.stream = body["model"], wire.is_stream(body)
         # 2. route
@@ -308,6 +316,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         upstream=Upstream(transport),
         metrics=ProxyMetrics(),
         insight=Insight(policy.ledger.store_prompt_text) if analyze else None,
+        guard=Guard.from_policy(policy.auth, policy.ledger),
     )
 
     @asynccontextmanager
@@ -318,7 +327,10 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         finally:
             await state.upstream.close()
 
-    app = FastAPI(title="prefixgate", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # redirect_slashes=False: Starlette's slash redirect builds Location from the client's Host
+    app = FastAPI(title="prefixgate", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  redirect_slashes=False)
+    app.add_middleware(TrailingSlash)  # /v1/messages/ is served as /v1/messages, no redirect
     app.state.proxy = state
 
     @app.exception_handler(ProxyError)
@@ -344,15 +356,16 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     async def messages(request: Request) -> Response:
         return await _proxy(state, request, "anthropic")
 
-    @app.get("/v1/models")
-    async def models() -> JSONResponse:
+    @app.api_route("/v1/models", methods=["GET", "HEAD"])
+    async def models(request: Request) -> JSONResponse:
+        await state.guard.admit(request.headers, "openai", limit=False)  # 401 without a key
         return JSONResponse(await _list_models(state))
 
-    @app.get("/healthz")
+    @app.api_route("/healthz", methods=["GET", "HEAD"])  # open: no key (see proxy.auth)
     async def healthz() -> JSONResponse:
         return JSONResponse({"status": "ok", "backends": sorted(policy.backends)})
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])  # open: no key (see proxy.auth)
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 

@@ -1,7 +1,8 @@
 """The ``prefixgate`` command line (typer).
 
 Each command lives in its own module with a ``register(app)`` function, so this file only
-assembles them: ``serve``, ``engine``, ``config check``, ``report``, ``replay``, ``simulate``.
+assembles them: ``serve``, ``engine``, ``config check``, ``report``, ``replay``, ``simulate``,
+``keys add / list / remove``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ COMMAND_MODULES = (
     "proxy.cmd_report",    # prefixgate report [--breaks]
     "proxy.cmd_replay",    # prefixgate replay TRACE
     "proxy.cmd_simulate",  # prefixgate simulate TRACE
+    "proxy.cmd_keys",      # prefixgate keys add / list / remove
 )
 
 for _name in COMMAND_MODULES:

@@ -6,6 +6,11 @@ shipped one, every model to the local engine), spawns the engine for each ``loca
 ``/health``, then serves the proxy with uvicorn (default 127.0.0.1:8080, or the policy's
 ``listen``). The engines are stopped when the proxy exits.
 
+uvicorn runs with the policy's ``limits`` (:func:`proxy.server.uvicorn_options`: header size and
+deadline, keep-alive, concurrency). Listening on a non-loopback address requires proxy keys
+(``auth``; :func:`proxy.auth.needs_keys`): without any, serve refuses to start (exit 2) and says
+how to add one. Log messages are escaped (:class:`proxy.logsafe.SafeFormatter`).
+
 ``engine --model DIR [--host] [--port 8081] [--device cpu] [extra engine flags]``: replaces
 itself with ``python -m local_engine`` (same flags).
 """
@@ -22,7 +27,12 @@ import typer
 
 from config.loader import PolicyError, default_policy, load_policy
 from config.schema import Policy
+from proxy.auth import KeyStore, needs_keys
 from proxy.engine_proc import EngineProcess, EngineStartError, engine_command
+from proxy.logsafe import SafeFormatter
+from proxy.server import uvicorn_options
+
+LOG_FORMAT = "%(asctime)s %(name)s %(message)s"
 
 
 def _load(policy: Path | None) -> Policy:
@@ -31,6 +41,24 @@ def _load(policy: Path | None) -> Policy:
     except PolicyError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(2) from None
+
+
+def refuse_unauthenticated(pol: Policy, host: str, policy_path: Path | None) -> str | None:
+    """Why serving ``pol`` on ``host`` must not start (an address other than loopback and no
+    proxy key configured), or None when it may. The message says how to fix it."""
+    if not needs_keys(host) or KeyStore(pol.auth).configured:
+        return None
+    where = f"--policy {policy_path}" if policy_path else "--policy FILE"
+    return (f"refusing to listen on {host}: it is not a loopback address and the policy has no "
+            "proxy keys, so anyone who can reach it would use your upstream API keys.\n"
+            f"Add one with `prefixgate keys add {where} --name NAME` (clients then send it as "
+            "'Authorization: Bearer <key>' or 'x-api-key: <key>'), or listen on 127.0.0.1.")
+
+
+def _configure_logging(level: str) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(SafeFormatter(LOG_FORMAT))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 def serve(
@@ -45,8 +73,13 @@ def serve(
 
     from proxy.app import build_app
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    _configure_logging(log_level)
     pol = _load(policy)
+    listen_host = host or pol.listen.host
+    refusal = refuse_unauthenticated(pol, listen_host, policy)
+    if refusal:
+        typer.echo(refusal, err=True)
+        raise typer.Exit(2)
     with ExitStack() as stack:
         for name, b in pol.backends.items():
             if b.kind != "local" or not b.spawn:
@@ -61,8 +94,8 @@ def serve(
             except EngineStartError as e:
                 typer.echo(f"backend {name!r}: {e}", err=True)
                 raise typer.Exit(1) from None
-        uvicorn.run(build_app(pol), host=host or pol.listen.host, port=port or pol.listen.port,
-                    log_level=log_level, timeout_graceful_shutdown=5)
+        uvicorn.run(build_app(pol), host=listen_host, port=port or pol.listen.port,
+                    log_level=log_level, timeout_graceful_shutdown=5, **uvicorn_options(pol.limits))
 
 
 def engine(

@@ -11,7 +11,10 @@ body in the caller's API shape with the right status:
 
       {"type": "error", "error": {"type": str, "message": str}}
 
-Statuses follow the providers' own docs: malformed / invalid body 400, unknown model 404
+Statuses follow the providers' own docs: malformed / invalid body 400 (also a header value that
+cannot be sent, and JSON nested deeper than ``limits.max_json_depth``), missing or wrong proxy key
+401, a key over its per-minute limits 429 with ``retry-after``, a body not received within
+``limits.body_timeout_s`` 408, unknown model 404
 (``model_not_found``), body over ``policy.max_body_bytes`` 413 (case B19), a route whose backend
 cannot take this API 501, upstream unreachable 502, upstream too slow 504,
 client gone before its body was complete 499 (for the ledger; nobody reads it). An upstream's own 4xx
@@ -37,7 +40,9 @@ _ANTHROPIC_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     413: "request_too_large",
+    431: "invalid_request_error",
     429: "rate_limit_error",
     500: "api_error",
     501: "invalid_request_error",
@@ -47,11 +52,13 @@ _ANTHROPIC_TYPES = {
 
 
 class ProxyError(Exception):
-    """Base class: ``status`` (HTTP), ``type`` (OpenAI error type), ``code``, ``param``."""
+    """Base class: ``status`` (HTTP), ``type`` (OpenAI error type), ``code``, ``param``;
+    ``headers``: extra response headers (e.g. ``retry-after``), None for none."""
 
     status = 500
     type = "server_error"
     code: str | None = None
+    headers: dict[str, str] | None = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -75,6 +82,67 @@ class InvalidRequest(ProxyError):
     status = 400
     type = "invalid_request_error"
     code = "invalid_value"
+
+
+class InvalidHeader(ProxyError):
+    """A header value the proxy cannot send on (a character outside latin-1, CR / LF / NUL);
+    ``param`` names the header. HTTP header values are bytes (RFC 9110 5.5): what the client
+    sent is passed through byte for byte, so this is only raised for values built as text."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_header"
+
+
+class NestingTooDeep(ProxyError):
+    """The JSON body nests arrays / objects deeper than ``limits.max_json_depth``; ``param`` is
+    the JSON path where the limit was passed (``messages[0].content[0]...``)."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "nesting_too_deep"
+
+
+class RequestTimeout(ProxyError):
+    """The client did not finish sending its body within ``limits.body_timeout_s`` (a slow or
+    stalled upload holding a connection open)."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class HeadersTooLarge(ProxyError):
+    """The request line and headers are larger than ``limits.max_header_bytes`` (431, RFC 6585
+    section 5). Sent by the connection protocol (:mod:`proxy.server`) before any route runs."""
+
+    status = 431
+    type = "invalid_request_error"
+    code = "headers_too_large"
+
+
+class Unauthorized(ProxyError):
+    """Proxy keys are configured and the request carries no valid one (OpenAI ``Authorization:
+    Bearer``, Anthropic ``x-api-key``). Code as OpenAI words it: ``invalid_api_key``."""
+
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class RateLimited(ProxyError):
+    """The key is over its requests- or tokens-per-minute limit; ``retry_after_s`` (whole
+    seconds, >= 1) goes out as the ``retry-after`` header (RFC 9110 10.2.3)."""
+
+    status = 429
+    type = "requests"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, retry_after_s: int, *, kind: str = "requests") -> None:
+        super().__init__(message)
+        self.type = kind
+        self.retry_after_s = max(1, int(retry_after_s))
+        self.headers = {"retry-after": str(self.retry_after_s)}
 
 
 class UnknownEndpoint(ProxyError):
@@ -173,9 +241,11 @@ def error_body(exc: ProxyError, api: Api) -> dict[str, Any]:
 
 
 def error_response(exc: ProxyError, api: Api, headers: dict[str, str] | None = None) -> Response:
-    """``exc`` as an HTTP response: status ``exc.status``, JSON body from :func:`error_body`."""
+    """``exc`` as an HTTP response: status ``exc.status``, JSON body from :func:`error_body`,
+    headers ``exc.headers`` (``retry-after``) then ``headers``."""
+    merged = {**(exc.headers or {}), **(headers or {})}
     return Response(orjson.dumps(error_body(exc, api)), status_code=exc.status,
-                    media_type="application/json", headers=headers)
+                    media_type="application/json", headers=merged or None)
 
 
 def upstream_error_body(raw: bytes, status: int, api: Api) -> dict[str, Any]:

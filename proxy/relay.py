@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -35,6 +35,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from proxy.errors import Api, UpstreamTimeout, UpstreamUnavailable, stream_error_event
+from proxy.headers import pin_latin1
 from proxy.sse import EventSplitter, SSEEvent, parse_event
 from proxy.usage import Usage
 
@@ -115,7 +116,7 @@ class Upstream:
             await self.client.aclose()
             self.client = None
 
-    async def send(self, url: str, headers: dict[str, str], body: bytes,
+    async def send(self, url: str, headers: Mapping[str, bytes], body: bytes,
                    timeout_s: float) -> httpx.Response:
         """POST ``body`` and return the response with its body NOT yet read (stream mode).
 
@@ -134,12 +135,15 @@ class Upstream:
         if target.userinfo:
             auth = httpx.BasicAuth(target.username, target.password)
             target = target.copy_with(userinfo=b"")
-        req = self.client.build_request("POST", target, headers=headers, content=body,
+        raw_headers = [(k.encode("latin-1"), v) for k, v in headers.items()]  # values: bytes
+        req = self.client.build_request("POST", target, headers=raw_headers, content=body,
                                         timeout=timeout)
         if auth is not None and "authorization" not in headers:
             req = next(auth.auth_flow(req))
         try:
-            return await self.client.send(req, stream=True)
+            resp = await self.client.send(req, stream=True)
+            pin_latin1(resp.headers)  # header values round-trip as the upstream's bytes
+            return resp
         except httpx.TimeoutException as e:
             raise UpstreamTimeout(f"upstream {target} timed out ({type(e).__name__})") from None
         except httpx.HTTPError as e:

@@ -25,8 +25,10 @@ __all__ = ["serve_app"]
 
 
 @contextlib.contextmanager
-def serve_app(app: Any, host: str = "127.0.0.1", startup_timeout_s: float = 30.0) -> Iterator[str]:
+def serve_app(app: Any, host: str = "127.0.0.1", startup_timeout_s: float = 30.0,
+              **options: Any) -> Iterator[str]:
     """Serve ``app`` (any ASGI callable) on a free local port; yield its base URL.
+    ``options``: more ``uvicorn.Config`` arguments (e.g. :func:`proxy.server.uvicorn_options`).
 
     Errors: RuntimeError when uvicorn has not started within ``startup_timeout_s`` seconds
     or its thread died during startup.
@@ -35,7 +37,8 @@ def serve_app(app: Any, host: str = "127.0.0.1", startup_timeout_s: float = 30.0
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="auto", timeout_graceful_shutdown=2)
+    config = uvicorn.Config(app, log_level="warning", lifespan="auto", timeout_graceful_shutdown=2,
+                            **options)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -1,0 +1,177 @@
+"""The server under ``prefixgate serve`` bounds what one connection may hold (issue 8 class 6):
+headers larger than ``limits.max_header_bytes`` are a 431 in the caller's shape, headers not
+complete within ``limits.header_timeout_s`` and bodies not complete within
+``limits.body_timeout_s`` end the connection (408), idle keep-alive connections are closed after
+``limits.keep_alive_s``, and ``limits.max_connections`` caps concurrency. Raw sockets throughout:
+an HTTP client library would not misbehave this way."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cache.ledger import Ledger
+from proxy.app import build_app
+from proxy.server import uvicorn_options
+from tests.proxy.conftest import make_policy
+from tests.proxy.upstream import Script, completion
+from tests.servers import serve_app
+
+FAST = {"header_timeout_s": 0.5, "body_timeout_s": 0.5, "keep_alive_s": 0.5,
+        "max_header_bytes": 8192}
+
+
+@pytest.fixture
+def limited(tmp_path: Path, upstream: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """``limited(**limits) -> base URL`` of a proxy served with those policy limits."""
+    monkeypatch.setenv("PG_TEST_ANTHROPIC_KEY", "backend-placeholder")
+    up, up_url = upstream
+    up.script = Script(body=completion())
+    stack: list[Any] = []
+
+    def make(**limits: Any) -> str:
+        policy = make_policy(up_url, tmp_path / "ledger.sqlite", limits={**FAST, **limits})
+        cm = serve_app(build_app(policy, ledger=Ledger(policy.ledger.path), rewrite_fn=None),
+                       **uvicorn_options(policy.limits))
+        stack.append(cm)
+        return cm.__enter__()
+
+    yield make
+    for cm in reversed(stack):
+        cm.__exit__(None, None, None)
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)), timeout=20)
+    return s
+
+
+def _read_all(s: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    out = b""
+    try:
+        while chunk := s.recv(65536):
+            out += chunk
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    return out
+
+
+def _send_quietly(s: socket.socket, data: bytes) -> bool:
+    try:
+        s.sendall(data)
+        return True
+    except (BrokenPipeError, ConnectionResetError):
+        return False
+
+
+@pytest.mark.parametrize("size", [100_000, 10_000_000])
+def test_header_larger_than_the_limit_is_a_431_in_openai_shape(limited: Any, size: int) -> None:
+    url = limited()
+    s = _connect(url)
+    _send_quietly(s, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-big: ")
+    sent = 0
+    while sent < size and _send_quietly(s, b"a" * 65536):  # the server hangs up well before
+        sent += 65536
+    out = _read_all(s)
+    assert out.startswith(b"HTTP/1.1 431 ")
+    body = json.loads(out.split(b"\r\n\r\n", 1)[1])
+    assert body["error"]["code"] == "headers_too_large" and "8192" in body["error"]["message"]
+    if size > 1_000_000:
+        assert sent < size  # cut off long before the client could send it all
+
+
+def test_many_small_headers_past_the_limit_are_a_431_in_anthropic_shape(limited: Any) -> None:
+    # not named by the issue: the limit is on the whole head, not on one header
+    url = limited()
+    s = _connect(url)
+    head = b"POST /v1/messages HTTP/1.1\r\nhost: x\r\n" + b"".join(
+        b"x-h%d: %s\r\n" % (i, b"v" * 50) for i in range(400))
+    _send_quietly(s, head)
+    out = _read_all(s)
+    assert out.startswith(b"HTTP/1.1 431 ")
+    body = json.loads(out.split(b"\r\n\r\n", 1)[1])
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+
+
+def test_headers_sent_one_byte_at_a_time_are_cut_off_at_the_header_deadline(limited: Any) -> None:
+    url = limited()
+    s = _connect(url)
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-slow: " + b"a" * 10_000
+    dripped = 0
+    for byte in head:  # a slowloris: one byte every 10 ms, 100+ s to finish
+        if not _send_quietly(s, bytes([byte])):
+            break
+        dripped += 1
+        time.sleep(0.01)
+        s.setblocking(False)
+        try:
+            if s.recv(65536, socket.MSG_PEEK):
+                break  # the server has answered
+        except BlockingIOError:
+            pass
+        finally:
+            s.setblocking(True)
+    s.settimeout(20)
+    out = _read_all(s)
+    assert out.startswith(b"HTTP/1.1 408 ")
+    assert dripped < len(head)  # cut off before the headers were complete
+
+
+def test_connection_that_never_sends_a_byte_is_closed(limited: Any) -> None:
+    s = _connect(limited())
+    assert _read_all(s) == b""  # closed by the server, no response to a request never made
+
+
+def test_slow_body_is_a_408_in_the_callers_shape(limited: Any) -> None:
+    url = limited()
+    for path, anthropic in (("/v1/chat/completions", False), ("/v1/messages", True)):
+        s = _connect(url)
+        s.sendall(f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  "content-length: 1000\r\n\r\n{\"model\": ".encode())
+        out = _read_all(s)
+        assert out.startswith(b"HTTP/1.1 408 "), out[:100]
+        body = json.loads(out.split(b"\r\n\r\n", 1)[1])
+        if anthropic:
+            assert body["type"] == "error" and "body_timeout_s" in body["error"]["message"]
+        else:
+            assert body["error"]["code"] == "request_timeout"
+
+
+def test_idle_keep_alive_connection_is_closed_after_keep_alive_s(limited: Any) -> None:
+    url = limited()
+    s = _connect(url)
+    s.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+    out = _read_all(s)  # returns once the server closes the kept-alive connection
+    assert out.startswith(b"HTTP/1.1 200 ") and out.count(b"HTTP/1.1") == 1
+
+
+def test_slow_connections_do_not_keep_a_normal_request_from_being_served(limited: Any) -> None:
+    url = limited()
+    slow = [_connect(url) for _ in range(50)]
+    for s in slow:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-slow: a")
+    r = httpx.post(url + "/v1/chat/completions", timeout=20,
+                   json={"model": "gpt-x", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200
+    assert all(_read_all(s).startswith(b"HTTP/1.1 408 ") for s in slow)
+
+
+def test_connections_past_max_connections_get_503(limited: Any) -> None:
+    url = limited(max_connections=2, header_timeout_s=30, keep_alive_s=30)
+    held = [_connect(url) for _ in range(2)]
+    for s in held:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        s.recv(65536)  # served; the connection stays open (keep-alive)
+    r = httpx.get(url + "/healthz", timeout=20)
+    assert r.status_code == 503
+    for s in held:
+        s.close()
