@@ -20,6 +20,8 @@ request's ``model`` (its last ``/`` part, ``claude-`` prefix removed) picks the 
     delay-headers   waits up to ``stall_s`` before its headers, watching the socket: a peer that
                     hangs up first is counted in ``cancelled`` (the request was abandoned)
     bad-usage-hdr   a proper answer whose ``x-engine-cached-tokens`` header is not a number
+    barrier         a proper stream, held after its first event until ``barrier_n`` barrier
+                    requests have arrived (round after round): proof they were all open at once
 
 Counters (read from the test thread): ``requests`` received, ``cancelled`` (see delay-headers),
 ``finished`` answers written to the end.
@@ -138,10 +140,13 @@ class FaultServer:
 
     stall_s: float = 5.0
     drip_pause_s: float = 0.002
+    barrier_n: int = 1
     requests: int = 0
     cancelled: int = 0
     finished: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _arrived: int = 0  # barrier requests so far; touched on the server's loop only
+    _gates: dict[int, asyncio.Event] = field(default_factory=dict)
 
     def _count(self, name: str) -> None:
         with self._lock:
@@ -228,6 +233,11 @@ class FaultServer:
                 return False
             await asyncio.sleep(self.stall_s)
             return False
+        if fault == "barrier":
+            writer.write(_chunk(plan[0]))
+            await writer.drain()
+            await self._barrier()
+            plan = plan[1:]
         data = b"".join(plan)
         if fault == "one-byte":
             for i in range(len(data)):
@@ -244,6 +254,15 @@ class FaultServer:
         await writer.drain()
         self._count("finished")
         return True
+
+    async def _barrier(self) -> None:
+        """Wait until this request's round of ``barrier_n`` has all arrived (or ``stall_s``)."""
+        self._arrived += 1
+        target = -(-self._arrived // self.barrier_n) * self.barrier_n
+        gate = self._gates.setdefault(target, asyncio.Event())
+        if self._arrived >= target:
+            gate.set()
+        await asyncio.wait_for(gate.wait(), self.stall_s)
 
     @staticmethod
     def _plan(fault: str, events: list[bytes], end: bytes, err: bytes) -> list[bytes] | None:
