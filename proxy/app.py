@@ -1,21 +1,29 @@
 """The proxy's HTTP surface: :func:`build_app` returns the FastAPI app.
 
 A request's path, top to bottom in :func:`_proxy` — each step is a call into the module that owns
-it::
+it, with the request's state in one :class:`Exchange`::
 
     parse    proxy.wire        body read once under max_body_bytes, JSON checked  (400 / 413)
     route    proxy.router      policy route -> backend, provider, upstream URL    (404 / 501)
     passes   proxy.rewriting   session id, opt-out header, rewriter pipeline      (fail-open)
+    bridge   proxy.translate   upstream body, stream watcher + event mapper       (400)
     send     proxy.relay       allowlisted headers + backend key, shared client   (502 / 504)
+                               abandoned when the client leaves before the headers (499)
     relay    proxy.relay       SSE event by event, or the JSON body; TTFT / TPOT timed
     record   cache.ledger      one row per request, metrics, session memory merged,
              proxy.insight     cache breaks + counterfactual cached tokens (after the answer)
 
+Invariants (issue 8, classes 1 and 7): whatever can fail on the client's body fails before the
+send; from the send on, the upstream response is closed on every path (:func:`_answer`, then
+:class:`~proxy.relay.StreamRelay`); each request writes exactly one ledger row whose
+``http_status`` is the status of the response the client got (499 when it got none).
+
 Endpoints: ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic); a client
 whose API differs from its backend's goes through a bridge (:mod:`proxy.translate`),
 ``GET /v1/models``,
-``GET /healthz``, ``GET /metrics``; any other path or method is a 404 / 405 in the caller's
-shape. Response headers: ``x-prefixgate-edits`` (the rewrite
+``GET /healthz`` (``{"status": "ok" | "degraded", "reasons": [...], "backends": [...]}``, 503
+when degraded, see :mod:`proxy.health`), ``GET /metrics``; any other path or method is a 404 /
+405 in the caller's shape. Response headers: ``x-prefixgate-edits`` (the rewrite
 summary, or ``off``), ``x-prefixgate-tokens-pruned``, and ``x-prefixgate-cached-tokens`` on
 non-streamed answers, and on streams whose backend reports cached tokens in its response headers
 (our engine's ``X-Engine-Cached-Tokens``); other streams' headers leave before usage is known.

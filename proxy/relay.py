@@ -135,9 +135,8 @@ class _CountedStream(httpx.AsyncByteStream):
         self._inner = inner
         self._on_close: Callable[[], None] | None = on_close
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._inner:
-            yield chunk
+    def __aiter__(self) -> AsyncIterator[bytes]:  # type: ignore[override]
+        return self._inner.__aiter__()  # the inner iterator itself: no extra generator
 
     async def aclose(self) -> None:
         try:

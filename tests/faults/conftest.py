@@ -3,7 +3,7 @@
 Routes (the model name picks the fault, see :mod:`tests.faults.fault_server`):
 ``claude-patient/*`` and ``patient/*`` -> Anthropic / OpenAI-compatible backends with a 30 s
 timeout (for faults the client gives up on first); ``claude-*`` -> an Anthropic backend and
-everything else -> an OpenAI-compatible one, both with a 0.5 s timeout. Rewriting and the
+everything else -> an OpenAI-compatible one, both with a 1 s timeout. Rewriting and the
 after-answer analysis are off: these tests are about the request's life, not its body.
 """
 
@@ -24,7 +24,7 @@ from proxy.app import build_app
 from tests.faults.fault_server import FaultServer, serve_faults
 from tests.servers import serve_app
 
-FAST_TIMEOUT_S = 0.5
+FAST_TIMEOUT_S = 1.0
 # Unreachable: no fault lasts this long, so a counter that moves proves the peer hung up first.
 STALL_S = 30.0
 

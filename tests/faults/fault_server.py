@@ -13,7 +13,8 @@ request's ``model`` (its last ``/`` part, ``claude-`` prefix removed) picks the 
     status-429      429 with ``retry-after: 7`` and an error body in the API's shape
     status-500      500 with an error body;  status-529: 529 (Anthropic's "overloaded")
     stall-before    nothing at all for ``stall_s`` (past the backend's timeout)
-    stall-after     headers and the first event, then nothing for ``stall_s``
+    stall-after     headers and the first event, then nothing for ``stall_s`` (or until the
+                    peer hangs up)
     garbage         events that are not JSON / not UTF-8, then a proper end
     truncated       the first event, then half an event, then a clean end of body: no final event
     upstream-error  the first event, then the API's own error event, then a clean end
@@ -195,12 +196,9 @@ class FaultServer:
             _reset(writer)
             return False
         if fault in ("stall-before", "delay-headers"):
-            try:  # a well-behaved peer never sends more here: any read result means it hung up
-                await asyncio.wait_for(reader.read(1), self.stall_s)
+            if await self._until_hang_up(reader):
                 self._count("cancelled")
                 return False
-            except TimeoutError:
-                pass
             fault = "ok"
         if fault.startswith("status-"):
             status = int(fault[7:])
@@ -231,7 +229,7 @@ class FaultServer:
             if fault == "reset-after":
                 _reset(writer)
                 return False
-            await asyncio.sleep(self.stall_s)
+            await self._until_hang_up(reader)
             return False
         if fault == "barrier":
             writer.write(_chunk(plan[0]))
@@ -254,6 +252,15 @@ class FaultServer:
         await writer.drain()
         self._count("finished")
         return True
+
+    async def _until_hang_up(self, reader: asyncio.StreamReader) -> bool:
+        """Wait up to ``stall_s`` for the peer to hang up; True if it did. A well-behaved peer
+        sends nothing while waiting for an answer: any read result means it went away."""
+        try:
+            await asyncio.wait_for(reader.read(1), self.stall_s)
+            return True
+        except TimeoutError:
+            return False
 
     async def _barrier(self) -> None:
         """Wait until this request's round of ``barrier_n`` has all arrived (or ``stall_s``)."""

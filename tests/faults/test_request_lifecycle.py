@@ -4,14 +4,21 @@ before the upstream's headers causes, and what is recorded (issue 8, classes 1, 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import httpx
 import pytest
 
+from cache.ledger import Ledger
+from config.loader import parse_policy
+from proxy.app import build_app
+from proxy.insight import Insight
 from tests.faults.conftest import FaultRig, body_for
+from tests.faults.fault_server import FaultServer, serve_faults
 from tests.faults.outcomes import events, is_error_event
 from tests.faults.test_fault_classes import wait_idle
 from tests.proxy.upstream import wait_rows
+from tests.servers import serve_app
 
 
 @pytest.mark.parametrize("value", [5, "yes", [1], True])
@@ -97,3 +104,31 @@ def test_usage_header_that_is_not_a_number_is_ignored(faults: FaultRig) -> None:
     (row,) = wait_rows(faults.ledger, 1)
     assert (row["status"], row["cached_tokens"]) == ("ok", None)
     assert wait_idle(faults) == (0, 0)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_after_answer_analysis_failure_still_writes_the_row(tmp_path: Any, stream: bool,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """The break / counterfactual analysis raising after the answer used to lose the row (a
+    stream's end never recorded; a JSON answer turned into a 500). The answer stands and the row
+    is written with what is known."""
+    monkeypatch.setattr(Insight, "observe", _raise)
+    up = FaultServer()
+    with serve_faults(up) as up_url:
+        policy = parse_policy({
+            "backends": {"oa": {"kind": "openai_compat", "base_url": up_url + "/v1"}},
+            "routes": [{"match": "*", "backend": "oa"}],
+            "ledger": {"path": str(tmp_path / "l.sqlite")}})
+        ledger = Ledger(policy.ledger.path)
+        with serve_app(build_app(policy, ledger=ledger, rewrite_fn=None, analyze=True)) as url:
+            path = "/v1/chat/completions"
+            r = httpx.post(url + path, json=body_for(path, "ok", stream), timeout=30)
+            assert r.status_code == 200
+            (row,) = wait_rows(ledger, 1)
+    assert (row["status"], row["http_status"], row["prompt_tokens"]) == (
+        "ok", 200, None if stream else 5)
+
+
+def _raise(*_: Any, **__: Any) -> Any:
+    raise RuntimeError("analysis failed")
