@@ -72,6 +72,7 @@ from proxy.relay import (
     StreamWatcher,
     Timing,
     Upstream,
+    read_at_most,
     send_unless_gone,
 )
 from proxy.rewriting import (
@@ -98,6 +99,9 @@ log = logging.getLogger("prefixgate.proxy")
 # Bodies above this (base64 images, B19) skip the break / counterfactual analysis: counting
 # tokens of megabytes of base64 costs ~0.25 s per MB and says nothing about the text prefix.
 ANALYZE_MAX_BYTES = 1 << 20
+# An upstream error body is read up to this much; the rest is dropped (cut, it is no longer JSON
+# and is answered in the caller's shape, quoting its start).
+ERROR_BODY_MAX_BYTES = 1 << 20
 JSON = "application/json"
 
 
@@ -340,7 +344,7 @@ async def _upstream_error(state: ProxyState, ex: Exchange, resp: httpx.Response)
     rate-limit headers, and its body in the client's shape."""
     assert ex.target is not None
     try:
-        err = await resp.aread()
+        err = await read_at_most(resp, ERROR_BODY_MAX_BYTES)
     except httpx.HTTPError:
         err = b""
     finally:

@@ -226,6 +226,19 @@ class Upstream:
         return resp
 
 
+async def read_at_most(resp: httpx.Response, limit: int) -> bytes:
+    """The first ``limit`` bytes of ``resp``'s body (all of it when shorter); the caller closes
+    the response. Raises what httpx raises when the body breaks off."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in resp.aiter_bytes():
+        parts.append(chunk[: limit - size])
+        size += len(parts[-1])
+        if size >= limit:
+            break
+    return b"".join(parts)
+
+
 async def send_unless_gone(send: Awaitable[httpx.Response],
                            gone: Callable[[], Awaitable[Any]]) -> httpx.Response:
     """Await ``send`` unless ``gone()`` (the client's disconnect) completes first.

@@ -12,6 +12,7 @@ request's ``model`` (its last ``/`` part, ``claude-`` prefix removed) picks the 
     reset-after     status line, headers and the first event (or half the JSON), then a reset
     status-429      429 with ``retry-after: 7`` and an error body in the API's shape
     status-500      500 with an error body;  status-529: 529 (Anthropic's "overloaded")
+    huge-error      500 with a 4 MiB JSON error body
     stall-before    nothing at all for ``stall_s`` (past the backend's timeout)
     stall-after     headers and the first event, then nothing for ``stall_s`` (or until the
                     peer hangs up)
@@ -200,9 +201,11 @@ class FaultServer:
                 self._count("cancelled")
                 return False
             fault = "ok"
-        if fault.startswith("status-"):
-            status = int(fault[7:])
+        if fault.startswith("status-") or fault == "huge-error":
+            status = 500 if fault == "huge-error" else int(fault[7:])
             body = _error_body(req.anthropic, status)
+            if fault == "huge-error":
+                body = body.replace(b'"no"', b'"' + b"x" * (4 << 20) + b'"')
             writer.write(_head(status, "application/json", length=len(body),
                                extra={"retry-after": "7"} if status == 429 else None) + body)
             await writer.drain()

@@ -113,6 +113,53 @@ def test_each_fault_class_repeated_leaves_no_upstream_response_in_use(faults: Fa
     _repeat_and_account(faults, ALL_FAULTS, REPEATS_FAST)
 
 
+async def _drive_abandoned(rig: FaultRig, repeats: int) -> None:
+    """``repeats`` requests whose upstream holds its headers back and whose client gives up
+    after PATIENCE_S (ways and modes in turn, CONCURRENCY at a time)."""
+    sem = asyncio.Semaphore(CONCURRENCY)
+    plans = [(w, s) for w in WAYS for s in (True, False)]
+    async with httpx.AsyncClient(timeout=PATIENCE_S) as client:
+        async def one(i: int) -> None:
+            way, stream = plans[i % len(plans)]
+            path, prefix = WAYS[way]
+            async with sem:
+                with pytest.raises(httpx.ReadTimeout):
+                    await client.post(rig.url + path, json=body_for(
+                        path, prefix + "patient/delay-headers", stream))
+
+        await asyncio.gather(*(one(i) for i in range(repeats)))
+
+
+PATIENCE_S = 0.3
+
+
+def _abandon_and_account(rig: FaultRig, repeats: int) -> None:
+    asyncio.run(_drive_abandoned(rig, repeats))
+    rows = wait_rows(rig.ledger, repeats)
+    assert len(rows) == repeats
+    assert collections.Counter((r["status"], r["http_status"]) for r in rows) == {
+        ("client_disconnect", 499): repeats}
+    end = time.monotonic() + 10
+    while rig.upstream.cancelled < repeats and time.monotonic() < end:
+        time.sleep(0.02)
+    assert (rig.upstream.cancelled, rig.upstream.finished) == (repeats, 0)
+    assert wait_idle(rig) == (0, 0)
+
+
+def test_client_leaving_before_headers_repeated_cancels_every_upstream_request(
+        faults: FaultRig) -> None:
+    """CI (fast): REPEATS_FAST clients give up before the upstream's headers; each upstream
+    request is abandoned (the upstream sees the hang-up), each row is (client_disconnect, 499)."""
+    _abandon_and_account(faults, REPEATS_FAST)
+
+
+@pytest.mark.slow
+def test_client_leaving_before_headers_1000_times_cancels_every_upstream_request(
+        faults: FaultRig) -> None:
+    """CI (slow job): the same, REPEATS_SLOW (1,000) times."""
+    _abandon_and_account(faults, REPEATS_SLOW)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ALL_FAULTS)
 def test_each_fault_class_1000_times_leaves_no_upstream_response_in_use(faults: FaultRig,

@@ -132,3 +132,18 @@ def test_after_answer_analysis_failure_still_writes_the_row(tmp_path: Any, strea
 
 def _raise(*_: Any, **__: Any) -> Any:
     raise RuntimeError("analysis failed")
+
+
+@pytest.mark.parametrize("path,model", [("/v1/chat/completions", "huge-error"),
+                                        ("/v1/messages", "claude-huge-error")])
+def test_huge_upstream_error_body_is_cut_and_answered_in_callers_shape(
+        faults: FaultRig, path: str, model: str) -> None:
+    """A 4 MiB error body is read up to 1 MiB only: the client gets the upstream's status and a
+    short error in its API shape quoting the start, not megabytes."""
+    r = httpx.post(faults.url + path, json=body_for(path, model, False), timeout=30)
+    assert r.status_code == 500 and len(r.content) < 4096
+    obj = r.json()
+    assert (obj["type"] == "error") if path == "/v1/messages" else ("error" in obj)
+    (row,) = wait_rows(faults.ledger, 1)
+    assert (row["status"], row["http_status"]) == ("upstream_error", 500)
+    assert wait_idle(faults) == (0, 0)
