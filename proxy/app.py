@@ -142,7 +142,7 @@ class Exchange:
     """One request, from parse to record: what each step of :func:`_proxy` found or made.
 
     ``row`` is written exactly once (:meth:`record`); ``http_status`` is set there, from the
-    response the client is given — never from the upstream's status.
+    response the client is given (the upstream's status only when the client got that status).
     """
 
     api: Api

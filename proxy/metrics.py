@@ -57,9 +57,9 @@ class ProxyMetrics:
         conns = Gauge("prefixgate_upstream_pool_connections", "Upstream pool connections",
                       ["state"], registry=r)
         for state in ("active", "idle"):
-            conns.labels(state).set_function(lambda s=state: pool().get(s, 0))
+            conns.labels(state).set_function(_reader(pool, state))
         Gauge("prefixgate_upstream_pool_queued", "Requests waiting for an upstream connection",
-              registry=r).set_function(lambda: pool().get("queued", 0))
+              registry=r).set_function(_reader(pool, "queued"))
         Gauge("prefixgate_event_loop_lag_seconds", "Event-loop lag, newest sample",
               registry=r).set_function(loop_lag_s)
 
@@ -81,3 +81,8 @@ class ProxyMetrics:
     def render(self) -> bytes:
         """Text exposition format."""
         return generate_latest(self.registry)
+
+
+def _reader(stats: Callable[[], dict[str, int]], key: str) -> Callable[[], float]:
+    """A gauge callback reading ``stats()[key]`` (0 when missing)."""
+    return lambda: stats().get(key, 0)

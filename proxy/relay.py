@@ -357,7 +357,7 @@ class StreamRelay:
         ``rest``: bytes after the last blank line. When they hold the final (or an error) event
         missing only its terminator, they count and go out; otherwise they are dropped
         (passthrough relays trailing bytes after a final event as they are)."""
-        w, tail = self.watcher, []
+        w, tail = self.watcher, list[bytes]()
         if rest and not (w.done or w.errors):
             _, outs = _handle(rest, w, self.mapper)
             tail = list(outs) if (w.done or w.errors) else []
