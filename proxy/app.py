@@ -1,21 +1,29 @@
 """The proxy's HTTP surface: :func:`build_app` returns the FastAPI app.
 
 A request's path, top to bottom in :func:`_proxy` — each step is a call into the module that owns
-it::
+it, with the request's state in one :class:`Exchange`::
 
     parse    proxy.wire        body read once under max_body_bytes, JSON checked  (400 / 413)
     route    proxy.router      policy route -> backend, provider, upstream URL    (404 / 501)
     passes   proxy.rewriting   session id, opt-out header, rewriter pipeline      (fail-open)
+    bridge   proxy.translate   upstream body, stream watcher + event mapper       (400)
     send     proxy.relay       allowlisted headers + backend key, shared client   (502 / 504)
+                               abandoned when the client leaves before the headers (499)
     relay    proxy.relay       SSE event by event, or the JSON body; TTFT / TPOT timed
     record   cache.ledger      one row per request, metrics, session memory merged,
              proxy.insight     cache breaks + counterfactual cached tokens (after the answer)
 
+Invariants (issue 8, classes 1 and 7): whatever can fail on the client's body fails before the
+send; from the send on, the upstream response is closed on every path (:func:`_answer`, then
+:class:`~proxy.relay.StreamRelay`); each request writes exactly one ledger row whose
+``http_status`` is the status of the response the client got (499 when it got none).
+
 Endpoints: ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic); a client
 whose API differs from its backend's goes through a bridge (:mod:`proxy.translate`),
 ``GET /v1/models``,
-``GET /healthz``, ``GET /metrics``; any other path or method is a 404 / 405 in the caller's
-shape. Response headers: ``x-prefixgate-edits`` (the rewrite
+``GET /healthz`` (``{"status": "ok" | "degraded", "reasons": [...], "backends": [...]}``, 503
+when degraded, see :mod:`proxy.health`), ``GET /metrics``; any other path or method is a 404 /
+405 in the caller's shape. Response headers: ``x-prefixgate-edits`` (the rewrite
 summary, or ``off``), ``x-prefixgate-tokens-pruned``, and ``x-prefixgate-cached-tokens`` on
 non-streamed answers, and on streams whose backend reports cached tokens in its response headers
 (our engine's ``X-Engine-Cached-Tokens``); other streams' headers leave before usage is known.
@@ -44,6 +52,7 @@ from proxy import exactjson, translate, wire
 from proxy.auth import Guard
 from proxy.errors import (
     Api,
+    ClientDisconnected,
     InternalError,
     ProxyError,
     UnknownEndpoint,
@@ -53,13 +62,25 @@ from proxy.errors import (
     upstream_error_body,
 )
 from proxy.headers import downstream_headers, upstream_headers
+from proxy.health import LoopLagMonitor, health_reasons
 from proxy.insight import Analysis, Insight, input_cost_usd
 from proxy.limits import check_nesting, read_body_within
 from proxy.logsafe import safe
 from proxy.metrics import ProxyMetrics
-from proxy.relay import SSE_HEADERS, SSEResponse, Timing, Upstream, relay_events
+from proxy.relay import (
+    SSE_HEADERS,
+    EventMapper,
+    SSEResponse,
+    StreamRelay,
+    StreamWatcher,
+    Timing,
+    Upstream,
+    read_at_most,
+    send_unless_gone,
+)
 from proxy.rewriting import (
     RewriteFn,
+    RewriteOutcome,
     default_rewrite_fn,
     rewrite_wanted,
     run_rewrite,
@@ -82,6 +103,9 @@ log = logging.getLogger("prefixgate.proxy")
 # Bodies above this (base64 images, B19) skip the break / counterfactual analysis: counting
 # tokens of megabytes of base64 costs ~0.25 s per MB and says nothing about the text prefix.
 ANALYZE_MAX_BYTES = 1 << 20
+# An upstream error body is read up to this much; the rest is dropped (cut, it is no longer JSON
+# and is answered in the caller's shape, quoting its start).
+ERROR_BODY_MAX_BYTES = 1 << 20
 JSON = "application/json"
 
 
@@ -97,6 +121,7 @@ class ProxyState:
     metrics: ProxyMetrics
     insight: Insight | None
     guard: Guard = field(default_factory=Guard.open)  # proxy keys + rate limits (proxy.auth)
+    loop_lag: LoopLagMonitor = field(default_factory=LoopLagMonitor)
 
     def record(self, row: LedgerRow) -> None:
         """Write the row and count it; never raises (a ledger failure must not fail a request)."""
@@ -111,43 +136,86 @@ class ProxyState:
                  row.prompt_tokens, row.cached_tokens,
                  None if row.ttft_ms is None else round(row.ttft_ms, 1), row.edits)
 
+    def health(self) -> list[str]:
+        """Reasons the proxy is degraded now (empty: healthy), see :mod:`proxy.health`."""
+        return health_reasons(self.upstream.in_use, self.upstream.max_connections,
+                              self.upstream.pool_stats().get("queued", 0),
+                              self.loop_lag.recent_max_s)
+
+
+@dataclass
+class Exchange:
+    """One request, from parse to record: what each step of :func:`_proxy` found or made.
+
+    ``row`` is written exactly once (:meth:`record`); ``http_status`` is set there, from the
+    response the client is given (the upstream's status only when the client got that status).
+    """
+
+    api: Api
+    row: LedgerRow
+    timing: Timing = field(default_factory=Timing)
+    raw: bytes = b""
+    body: dict[str, Any] = field(default_factory=dict)
+    target: Target | None = None
+    session_id: str = ""
+    rw: RewriteOutcome | None = None
+    up_raw: bytes = b""
+    watcher: StreamWatcher | None = None
+    mapper: EventMapper | None = None
+    recorded: bool = False
+
+    def record(self, state: ProxyState, status: str, http_status: int) -> None:
+        """Write the row with ``status`` / ``http_status``; a second call is a no-op."""
+        if self.recorded:
+            return
+        self.recorded = True
+        self.row.status, self.row.http_status = status, http_status
+        if self.row.total_ms is None:
+            self.row.total_ms = self.timing.total_ms()
+        state.record(self.row)
+
 
 _SENT_AS_IS = ("none", "off", "unavailable")  # edit summaries of bodies sent unchanged
 
 
-async def _finish(state: ProxyState, row: LedgerRow, timing: Timing, usage: Usage,
-                  status: str, memory: dict[str, Any], session_id: str, deltas: int = 0,
-                  analyze: Callable[[], Analysis] | None = None) -> None:
-    """Fill the row's usage and timing, merge session memory, run the break / counterfactual
-    analysis (``analyze``), record. Called once per request."""
-    row.status = status
-    row.prompt_tokens, row.cached_tokens = usage.prompt_tokens, usage.cached_tokens
-    row.cache_write_tokens = usage.cache_write_tokens
-    row.output_tokens = usage.output_tokens if usage.output_tokens is not None else (
-        deltas if row.stream and deltas else None)
-    row.ttft_ms = timing.ttft_ms()
-    row.tpot_ms = timing.tpot_ms(row.output_tokens)
-    row.total_ms = timing.total_ms()
-    if memory:
-        try:
-            state.sessions.merge(session_id, memory)
-        except Exception:
-            log.exception("session memory merge failed")
-    row.input_usd = input_cost_usd(row.model, row.prompt_tokens, row.cached_tokens,
-                                   row.cache_write_tokens)
-    if analyze is not None:  # CPU work (token counting): off the event loop
-        a = await anyio.to_thread.run_sync(analyze)
-        row.cf_cached_tokens, row.cf_input_usd = a.cf_cached_tokens, a.cf_input_usd
-        if row.edits in _SENT_AS_IS and row.cached_tokens is not None:
-            # the client's own body went upstream: what it would have cached is what it did
-            # cache; the model's estimate would only add its error (template tokens, tokenizer)
-            row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
-        if a.brk is not None:
+async def _finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, http_status: int,
+                  analyze: Callable[[], Analysis] | None = None, memory: bool = False) -> None:
+    """Fill the row's usage and timing, merge the rewrite's session memory (``memory``), run
+    the break / counterfactual analysis (``analyze``), record. Whatever fails in between, the
+    row is written (with what is known)."""
+    row, timing = ex.row, ex.timing
+    try:
+        row.prompt_tokens, row.cached_tokens = usage.prompt_tokens, usage.cached_tokens
+        row.cache_write_tokens = usage.cache_write_tokens
+        deltas = ex.watcher.deltas if ex.watcher is not None else 0
+        row.output_tokens = usage.output_tokens if usage.output_tokens is not None else (
+            deltas if row.stream and deltas else None)
+        row.ttft_ms = timing.ttft_ms()
+        row.tpot_ms = timing.tpot_ms(row.output_tokens)
+        row.total_ms = timing.total_ms()
+        if memory and ex.rw is not None and ex.rw.memory:
             try:
-                state.ledger.write_break(row.session, a.brk)
+                state.sessions.merge(ex.session_id, ex.rw.memory)
             except Exception:
-                log.exception("break record write failed")
-    state.record(row)
+                log.exception("session memory merge failed")
+        row.input_usd = input_cost_usd(row.model, row.prompt_tokens, row.cached_tokens,
+                                       row.cache_write_tokens)
+        if analyze is not None:  # CPU work (token counting): off the event loop
+            a = await anyio.to_thread.run_sync(analyze)
+            row.cf_cached_tokens, row.cf_input_usd = a.cf_cached_tokens, a.cf_input_usd
+            if row.edits in _SENT_AS_IS and row.cached_tokens is not None:
+                # the client's own body went upstream: what it would have cached is what it did
+                # cache; the model's estimate would only add its error (template tokens, tokenizer)
+                row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
+            if a.brk is not None:
+                try:
+                    state.ledger.write_break(row.session, a.brk)
+                except Exception:
+                    log.exception("break record write failed")
+    except Exception:
+        log.exception("after-answer accounting failed; the row keeps what is known")
+    finally:
+        ex.record(state, status, http_status)
 
 
 def _is_json_object(raw: bytes) -> bool:
@@ -158,113 +226,214 @@ def _is_json_object(raw: bytes) -> bool:
 
 
 async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
-    """Serve one model request end to end (see module docstring)."""
-    policy, timing = state.policy, Timing()
-    row = LedgerRow(endpoint=request.url.path)
-    try:
-        row.key_id = await state.guard.admit(request.headers, api)  # 401 / 429
-        # 1. parse
-        raw = await read_body_within(request, policy.max_body_bytes, policy.limits.body_timeout_s)
-        body = wire.parse_json(raw)
-        await check_nesting(body, policy.limits.max_json_depth, len(raw))  # before passes
-        (wire.check_anthropic if api == "anthropic" else wire.check_openai)(body)
-        row.model, row.stream = body["model"], wire.is_stream(body)
-        # 2. route
-        target = pick_target(policy, row.model, api, can_translate=True)
-        row.route, row.backend = target.route, target.backend_name
-        # 3. passes
-        session_id = session_id_for(request.headers, body)
-        row.session = session_hash(session_id)
-        ctx = None
-        if rewrite_wanted(request.headers, policy.rewrite):
-            ctx = Context(settings=policy.rewrite, model=row.model, provider=target.provider,
-                          session_id=session_id, session=state.sessions.get(session_id))
-        rw = run_rewrite(state.rewrite_fn, body, raw, api, ctx)
-        row.rewrite, row.edits, row.tokens_pruned = ctx is not None, rw.summary, rw.pruned
-        up_raw = exactjson.dumps(translate.request(api, rw.body)) if target.translate else rw.raw
-        # 4. send
-        headers = upstream_headers(request.headers.items(), target.backend, target.api_key())
-        resp = await state.upstream.send(target.url(), headers, up_raw, target.backend.timeout_s)
-    except Exception as e:  # noqa: BLE001 - every failure is answered in the caller's shape
-        exc = e if isinstance(e, ProxyError) else InternalError.wrap(e)
-        row.status, row.http_status, row.error = type(exc).__name__, exc.status, exc.message[:200]
-        row.total_ms = timing.total_ms()
-        state.record(row)
-        return error_response(exc, api)
+    """Serve one model request end to end (see module docstring).
 
-    ours = {"x-prefixgate-edits": rw.summary, "x-prefixgate-tokens-pruned": str(rw.pruned)}
+    Everything that can be checked or translated happens before the send; from the send on, the
+    upstream response is owned by :func:`_answer`, which closes it on every path. Every request
+    writes exactly one ledger row (:meth:`Exchange.record`).
+    """
+    ex = Exchange(api, LedgerRow(endpoint=request.url.path))
+    try:
+        ex.row.key_id = await state.guard.admit(request.headers, api)   # 0. auth (401 / 429)
+        await _parse(ex, request, state.policy)                        # 1. parse
+        _route(ex, state.policy)                                        # 2. route
+        _passes(ex, request, state)                                     # 3. passes
+        _bridge(ex)                                                     # 4. bridge
+        resp = await _send(ex, request, state)                          # 5. send
+    except BaseException as e:
+        return _refuse(state, ex, e)
+    return await _answer(state, ex, resp)                               # 6. relay, 7. record
+
+
+def _refuse(state: ProxyState, ex: Exchange, e: BaseException) -> Response:
+    """The shaped error for an exception (a bug becomes InternalError, 500), recorded; a
+    cancellation (server shutdown) is recorded as ``client_disconnect`` and re-raised."""
+    if not isinstance(e, Exception):
+        ex.row.error = type(e).__name__
+        ex.record(state, "client_disconnect", ClientDisconnected.status)
+        raise e
+    exc = e if isinstance(e, ProxyError) else InternalError.wrap(e)
+    response = error_response(exc, ex.api)
+    ex.row.error = exc.message[:200]
+    status = "client_disconnect" if isinstance(exc, ClientDisconnected) else type(exc).__name__
+    ex.record(state, status, response.status_code)
+    return response
+
+
+async def _parse(ex: Exchange, request: Request, policy: Policy) -> None:
+    """Read the body once within the body deadline (400 / 408 / 413), check its nesting
+    before any pass or bridge and what the proxy relies on (400)."""
+    ex.raw = await read_body_within(request, policy.max_body_bytes, policy.limits.body_timeout_s)
+    ex.body = wire.parse_json(ex.raw)
+    await check_nesting(ex.body, policy.limits.max_json_depth, len(ex.raw))
+    (wire.check_anthropic if ex.api == "anthropic" else wire.check_openai)(ex.body)
+    ex.row.model, ex.row.stream = ex.body["model"], wire.is_stream(ex.body)
+
+
+def _route(ex: Exchange, policy: Policy) -> None:
+    """Pick the backend (404 / 501)."""
+    ex.target = pick_target(policy, ex.row.model, ex.api, can_translate=True)
+    ex.row.route, ex.row.backend = ex.target.route, ex.target.backend_name
+
+
+def _passes(ex: Exchange, request: Request, state: ProxyState) -> None:
+    """Session id and the rewriter's passes (fail-open: never raises for a pass)."""
+    assert ex.target is not None
+    policy = state.policy
+    ex.session_id = session_id_for(request.headers, ex.body)
+    ex.row.session = session_hash(ex.session_id)
+    ctx = None
+    if rewrite_wanted(request.headers, policy.rewrite):
+        ctx = Context(settings=policy.rewrite, model=ex.row.model, provider=ex.target.provider,
+                      session_id=ex.session_id, session=state.sessions.get(ex.session_id))
+    ex.rw = run_rewrite(state.rewrite_fn, ex.body, ex.raw, ex.api, ctx)
+    ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
+
+
+def _bridge(ex: Exchange) -> None:
+    """The upstream bytes, and for a stream the watcher and the event mapper: everything that
+    can fail on the client's body fails here, before anything is sent (400)."""
+    assert ex.target is not None and ex.rw is not None
+    target = ex.target
+    ex.up_raw = exactjson.dumps(translate.request(ex.api, ex.rw.body)) if target.translate else (
+        ex.rw.raw)
+    if ex.row.stream:
+        ex.watcher = AnthropicStreamWatcher() if target.wire == "anthropic" else (
+            OpenAIStreamWatcher())
+        if target.translate:
+            ex.mapper = translate.mapper(ex.api, ex.row.model, ex.watcher, ex.body)
+
+
+async def _send(ex: Exchange, request: Request, state: ProxyState) -> httpx.Response:
+    """Send upstream (502 / 504); abandoned (499) if the client leaves before the headers."""
+    assert ex.target is not None
+    target = ex.target
+    headers = upstream_headers(request.headers.items(), target.backend, target.api_key())
+    send = state.upstream.send(target.url(), headers, ex.up_raw, target.backend.timeout_s)
+    return await send_unless_gone(send, lambda: _client_gone(request))
+
+
+async def _client_gone(request: Request) -> None:
+    """Return when the client disconnects (its body has been read: the next ASGI message is
+    ``http.disconnect``)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        await anyio.sleep(0.05)  # a server that sends empty bodies: do not spin
+
+
+async def _answer(state: ProxyState, ex: Exchange, resp: httpx.Response) -> Response:
+    """The client's response from the upstream's ``resp``, which is closed on every path: by
+    the relay for a stream, here otherwise. Anything that raises is closed, shaped, recorded."""
+    try:
+        if resp.status_code >= 400:
+            return await _upstream_error(state, ex, resp)
+        if ex.row.stream:
+            return await _stream(state, ex, resp)
+        return await _json_answer(state, ex, resp)
+    except BaseException as e:
+        with anyio.CancelScope(shield=True):
+            await resp.aclose()
+        if ex.recorded:
+            raise
+        return _refuse(state, ex, e)
+
+
+def _ours(ex: Exchange, resp: httpx.Response) -> dict[str, str]:
+    """The proxy's own response headers, and the upstream's that the client gets."""
+    assert ex.rw is not None
+    out = {**downstream_headers(resp.headers), "x-prefixgate-edits": ex.rw.summary,
+           "x-prefixgate-tokens-pruned": str(ex.rw.pruned)}
     early = usage_from_headers(resp.headers)  # engines that report usage in headers
     if early.cached_tokens is not None:
-        ours["x-prefixgate-cached-tokens"] = str(early.cached_tokens)
-    row.http_status = resp.status_code
-    if resp.status_code >= 400:  # the upstream's own error, passed through with its status
-        try:
-            err = await resp.aread()
-        except httpx.HTTPError:
-            err = b""
-        finally:
-            await resp.aclose()
-        media = resp.headers.get("content-type", "application/json")
-        if not _is_json_object(err):  # an HTML page, an empty body: put in the caller's shape
-            err, media = orjson.dumps(upstream_error_body(err, resp.status_code, api)), JSON
-        elif target.translate:
-            err, media = orjson.dumps(translate.error(api, err, resp.status_code)), JSON
-        row.error = f"upstream {resp.status_code}"
-        await _finish(state, row, timing, Usage(), "upstream_error", {}, session_id)
-        return Response(err, status_code=resp.status_code, headers=ours, media_type=media)
+        out["x-prefixgate-cached-tokens"] = str(early.cached_tokens)
+    return out
 
-    def analyze() -> Analysis:
-        if state.insight is None or len(raw) > ANALYZE_MAX_BYTES:
-            return Analysis()
-        return state.insight.observe(session=row.session, backend=target.backend_name,
-                                     provider=target.provider, api=api, model=row.model,
-                                     original=body, sent=rw.body)
 
-    # 5. relay
-    out_headers = {**downstream_headers(resp.headers), **ours}
-    ctype = resp.headers.get("content-type", "")
-    if row.stream and not ctype.startswith("text/event-stream"):
-        await resp.aclose()  # a plain body where SSE was asked for: not relayable as a stream
-        row.error = "not an SSE stream"
-        await _finish(state, row, timing, Usage(), "upstream_error", {}, session_id)
-        return error_response(UpstreamUnavailable(
-            f"upstream {target.backend_name!r} answered a streamed request with "
-            f"{ctype.split(';')[0] or 'no content type'} instead of an event stream"), api)
-    if row.stream:
-        watcher = AnthropicStreamWatcher() if target.wire == "anthropic" else OpenAIStreamWatcher()
-        watcher.usage.merge(early)
-        mapper = translate.mapper(api, row.model, watcher, body) if target.translate else None
-
-        async def on_end(status: str) -> None:
-            await _finish(state, row, timing, watcher.usage, status, rw.memory, session_id,
-                          watcher.deltas, analyze)
-
-        return SSEResponse(relay_events(resp, watcher, timing, on_end, mapper, api),
-                           headers={**out_headers, **SSE_HEADERS})
+async def _upstream_error(state: ProxyState, ex: Exchange, resp: httpx.Response) -> Response:
+    """The upstream's own 4xx / 5xx, passed through with its status, its ``retry-after`` and
+    rate-limit headers, and its body in the client's shape."""
+    assert ex.target is not None
     try:
-        content = await resp.aread()
-        answer = (exactjson.loads if target.translate else orjson.loads)(content)
-        if not isinstance(answer, dict):
-            raise TypeError("answer is not a JSON object")
-        usage = early
-        usage.merge(usage_from_answer(answer, target.wire))
-        if target.translate:
-            content = exactjson.dumps(translate.response(api, answer, row.model))
-    except (httpx.HTTPError, ValueError, TypeError, AttributeError, KeyError, IndexError) as e:
-        # the body broke off, is not a JSON object, or has a shape the bridge cannot translate
-        row.error = type(e).__name__
-        await _finish(state, row, timing, Usage(), "upstream_error", {}, session_id)
-        return error_response(UpstreamUnavailable(
-            f"upstream {target.backend_name!r} broke off or sent an unreadable answer"), api)
+        err = await read_at_most(resp, ERROR_BODY_MAX_BYTES)
+    except httpx.HTTPError:
+        err = b""
     finally:
         await resp.aclose()
-    timing.end = time.perf_counter()
-    # 6. record
-    await _finish(state, row, timing, usage, "ok", rw.memory, session_id, analyze=analyze)
+    media = resp.headers.get("content-type", JSON)
+    if not _is_json_object(err):  # an HTML page, an empty body: put in the caller's shape
+        err, media = orjson.dumps(upstream_error_body(err, resp.status_code, ex.api)), JSON
+    elif ex.target.translate:
+        err, media = orjson.dumps(translate.error(ex.api, err, resp.status_code)), JSON
+    ex.row.error = f"upstream {resp.status_code}"
+    response = Response(err, status_code=resp.status_code, headers=_ours(ex, resp),
+                        media_type=media)
+    await _finish(state, ex, Usage(), "upstream_error", response.status_code)
+    return response
+
+
+def _analyzer(state: ProxyState, ex: Exchange) -> Callable[[], Analysis]:
+    """The after-answer analysis of this request (cache breaks, counterfactual)."""
+    def analyze() -> Analysis:
+        if state.insight is None or len(ex.raw) > ANALYZE_MAX_BYTES:
+            return Analysis()
+        assert ex.target is not None and ex.rw is not None
+        return state.insight.observe(session=ex.row.session, backend=ex.target.backend_name,
+                                     provider=ex.target.provider, api=ex.api,
+                                     model=ex.row.model, original=ex.body, sent=ex.rw.body)
+    return analyze
+
+
+async def _stream(state: ProxyState, ex: Exchange, resp: httpx.Response) -> Response:
+    """Hand ``resp`` to a :class:`StreamRelay`; from here it closes it."""
+    assert ex.target is not None and ex.watcher is not None
+    ctype = resp.headers.get("content-type", "")
+    if not ctype.startswith("text/event-stream"):
+        await resp.aclose()  # a plain body where SSE was asked for: not relayable as a stream
+        ex.row.error = "not an SSE stream"
+        response = error_response(UpstreamUnavailable(
+            f"upstream {ex.target.backend_name!r} answered a streamed request with "
+            f"{ctype.split(';')[0] or 'no content type'} instead of an event stream"), ex.api)
+        await _finish(state, ex, Usage(), "upstream_error", response.status_code)
+        return response
+    ex.watcher.usage.merge(usage_from_headers(resp.headers))
+    watcher, analyze = ex.watcher, _analyzer(state, ex)
+
+    async def on_end(status: str, http_status: int) -> None:
+        await _finish(state, ex, watcher.usage, status, http_status, analyze, memory=True)
+
+    relay = StreamRelay(resp, watcher, ex.timing, on_end, ex.mapper, ex.api)
+    return SSEResponse(relay, headers={**_ours(ex, resp), **SSE_HEADERS})
+
+
+async def _json_answer(state: ProxyState, ex: Exchange, resp: httpx.Response) -> Response:
+    """Read, check and (bridged) translate a non-streamed answer; 502 when it broke off or
+    cannot be read."""
+    assert ex.target is not None
+    headers = _ours(ex, resp)
+    try:
+        content = await resp.aread()
+        answer = (exactjson.loads if ex.target.translate else orjson.loads)(content)
+        if not isinstance(answer, dict):
+            raise TypeError("answer is not a JSON object")
+        usage = usage_from_headers(resp.headers)
+        usage.merge(usage_from_answer(answer, ex.target.wire))
+        if ex.target.translate:
+            content = exactjson.dumps(translate.response(ex.api, answer, ex.row.model))
+    except (httpx.HTTPError, ValueError, TypeError, AttributeError, KeyError, IndexError) as e:
+        # the body broke off, is not a JSON object, or has a shape the bridge cannot translate
+        ex.row.error = type(e).__name__
+        response = error_response(UpstreamUnavailable(
+            f"upstream {ex.target.backend_name!r} broke off or sent an unreadable answer"), ex.api)
+        await _finish(state, ex, Usage(), "upstream_error", response.status_code)
+        return response
+    finally:
+        await resp.aclose()
+    ex.timing.end = time.perf_counter()
     if usage.cached_tokens is not None:
-        out_headers["x-prefixgate-cached-tokens"] = str(usage.cached_tokens)
-    return Response(content, status_code=resp.status_code, headers=out_headers,
-                    media_type=resp.headers.get("content-type", "application/json"))
+        headers["x-prefixgate-cached-tokens"] = str(usage.cached_tokens)
+    response = Response(content, status_code=resp.status_code, headers=headers,
+                        media_type=resp.headers.get("content-type", JSON))
+    await _finish(state, ex, usage, "ok", response.status_code, _analyzer(state, ex), memory=True)
+    return response
 
 
 async def _list_models(state: ProxyState) -> dict[str, Any]:
@@ -319,12 +488,17 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         guard=Guard.from_policy(policy.auth, policy.ledger),
     )
 
+    state.metrics.watch_resources(lambda: state.upstream.in_use, state.upstream.pool_stats,
+                                  lambda: state.loop_lag.last_s)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await state.upstream.start()
+        state.loop_lag.start()
         try:
             yield
         finally:
+            await state.loop_lag.stop()
             await state.upstream.close()
 
     # redirect_slashes=False: Starlette's slash redirect builds Location from the client's Host
@@ -363,7 +537,11 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
 
     @app.api_route("/healthz", methods=["GET", "HEAD"])  # open: no key (see proxy.auth)
     async def healthz() -> JSONResponse:
-        return JSONResponse({"status": "ok", "backends": sorted(policy.backends)})
+        # 503 + reasons past the thresholds of proxy.health, so a balancer stops sending first
+        reasons = state.health()
+        return JSONResponse({"status": "degraded" if reasons else "ok", "reasons": reasons,
+                             "backends": sorted(policy.backends)},
+                            status_code=503 if reasons else 200)
 
     @app.api_route("/metrics", methods=["GET", "HEAD"])  # open: no key (see proxy.auth)
     async def metrics() -> Response:

@@ -3,11 +3,19 @@
 Names (``prefixgate_`` prefix), labels ``backend`` and, where it matters, ``status``:
 ``requests_total``, ``prompt_tokens_total``, ``cached_tokens_total``, ``output_tokens_total``,
 ``pruned_tokens_total``, ``ttft_seconds`` / ``tpot_seconds`` / ``request_seconds`` histograms.
+
+Resource gauges, read when scraped (:meth:`ProxyMetrics.watch_resources`):
+``upstream_responses_in_use`` (upstream responses opened and not yet closed — counted by the
+proxy itself), ``upstream_pool_connections{state="active"|"idle"}`` and
+``upstream_pool_queued`` (httpx's pool, when readable), ``event_loop_lag_seconds`` (the newest
+sample of :class:`proxy.health.LoopLagMonitor`).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from cache.ledger import LedgerRow
 
@@ -38,6 +46,23 @@ class ProxyMetrics:
         self.total = Histogram("prefixgate_request_seconds", "Whole request latency",
                                ["backend"], buckets=_LATENCY_BUCKETS, registry=r)
 
+    def watch_resources(self, in_use: Callable[[], float], pool: Callable[[], dict[str, int]],
+                        loop_lag_s: Callable[[], float]) -> None:
+        """Register the resource gauges (module docstring), each read from its callable at
+        scrape time: ``in_use()`` responses, ``pool()`` ``{"active", "idle", "queued"}`` (a
+        missing key reads 0), ``loop_lag_s()`` seconds."""
+        r = self.registry
+        Gauge("prefixgate_upstream_responses_in_use", "Upstream responses opened, not yet closed",
+              registry=r).set_function(in_use)
+        conns = Gauge("prefixgate_upstream_pool_connections", "Upstream pool connections",
+                      ["state"], registry=r)
+        for state in ("active", "idle"):
+            conns.labels(state).set_function(_reader(pool, state))
+        Gauge("prefixgate_upstream_pool_queued", "Requests waiting for an upstream connection",
+              registry=r).set_function(_reader(pool, "queued"))
+        Gauge("prefixgate_event_loop_lag_seconds", "Event-loop lag, newest sample",
+              registry=r).set_function(loop_lag_s)
+
     def observe(self, row: LedgerRow) -> None:
         """Count one finished request."""
         b = row.backend or "none"
@@ -56,3 +81,8 @@ class ProxyMetrics:
     def render(self) -> bytes:
         """Text exposition format."""
         return generate_latest(self.registry)
+
+
+def _reader(stats: Callable[[], dict[str, int]], key: str) -> Callable[[], float]:
+    """A gauge callback reading ``stats()[key]`` (0 when missing)."""
+    return lambda: stats().get(key, 0)

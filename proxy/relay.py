@@ -1,9 +1,17 @@
-"""Send a request upstream and relay the answer, timing it (cases B10, B11).
+"""Send a request upstream and relay the answer, timing it (cases B10, B11; issue 8 class 1).
 
 One shared ``httpx.AsyncClient`` per app (:class:`Upstream`, opened and closed by the app's
-lifespan). A streamed answer is relayed event by event, never buffered: bytes are cut into whole
-SSE events on blank-line boundaries (:class:`proxy.sse.EventSplitter`) and each event's original
-bytes are written to the client as soon as it is complete.
+lifespan). Every response it returns is counted open until it is closed (``in_use``, the
+``prefixgate_upstream_responses_in_use`` gauge): a leak shows as a number that never falls.
+:func:`send_unless_gone` abandons a send whose client hung up before the upstream's headers
+arrived (the upstream sees its connection close and can stop prefilling).
+
+A streamed answer is relayed event by event, never buffered (:class:`StreamRelay`): bytes are cut
+into whole SSE events on blank-line boundaries (:class:`proxy.sse.EventSplitter`) and each
+event's original bytes are written to the client as soon as it is complete. The relay owns the
+upstream response from the moment the handler hands it over: whatever ends the response (the
+last byte, a client gone, a failed send, a response never started), :meth:`StreamRelay.close`
+runs exactly once — upstream response closed, ``on_end`` called.
 
 Timing (:class:`Timing`, all milliseconds from the moment the proxy received the request):
 
@@ -13,28 +21,48 @@ Timing (:class:`Timing`, all milliseconds from the moment the proxy received the
   the upstream's usage, else the number of content events; None below 2 tokens.
 - total: until the last byte was written.
 
-If the client goes away, the upstream response is closed at once (its connection is not leaked,
-and the backend sees the disconnect and can stop decoding). If the upstream breaks off or stays
-silent past the backend's ``timeout_s`` mid-stream, the client's stream ends with one error event
-in its API shape (:func:`proxy.errors.stream_error_event`). An upstream event the watcher or the
-bridge cannot make sense of (not JSON, wrong shape) is relayed as is (passthrough) or dropped
-(bridge); it never ends the stream.
+How a stream ends (``status`` given to ``on_end``):
+
+- ``ok``: the upstream's final event arrived (OpenAI ``data: [DONE]``, Anthropic
+  ``message_stop``) and no error event before it.
+- ``upstream_error``: the upstream broke off or stayed silent past the backend's ``timeout_s``,
+  or ended cleanly WITHOUT its final event (passthrough or bridged: a client would otherwise
+  take half an answer for a whole one). The client's stream ends with one error event in its API
+  shape (:func:`proxy.errors.stream_error_event`). An incomplete last event (bytes after the
+  last blank line) is dropped then: the SSE spec discards it anyway, and glued to the error event
+  it would corrupt both. (A final event missing only its blank line still counts as final.)
+  Also ``upstream_error``: the upstream sent its own error event — the
+  client already has it (relayed, or mapped by the bridge), so no second one is added.
+- ``client_disconnect``: the client went away (the generator was closed or cancelled).
+- ``InternalError``: a bug in the relay; the client gets an error event, the log a traceback.
+
+An upstream event the watcher or the bridge cannot make sense of (not JSON, wrong shape) is
+relayed as is (passthrough) or dropped (bridge); it never ends the stream.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 import httpx
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
-from proxy.errors import Api, UpstreamTimeout, UpstreamUnavailable, stream_error_event
+from proxy.errors import (
+    Api,
+    ClientDisconnected,
+    InternalError,
+    ProxyError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    stream_error_event,
+)
 from proxy.headers import pin_latin1
 from proxy.sse import EventSplitter, SSEEvent, parse_event
 from proxy.usage import Usage
@@ -50,6 +78,7 @@ class StreamWatcher(Protocol):
     usage: Usage
     deltas: int
     done: int  # final events seen (OpenAI ``[DONE]``, Anthropic ``message_stop``)
+    errors: int  # the upstream's own error events
 
     def observe(self, ev: SSEEvent) -> bool:
         """Return True when the event carried content."""
@@ -94,19 +123,50 @@ class Timing:
         return ((self.end or time.perf_counter()) - self.start) * 1e3
 
 
+# Connection pool size of the shared client (all backends together).
+MAX_CONNECTIONS = 512
+MAX_KEEPALIVE = 64
+
+
+class _CountedStream(httpx.AsyncByteStream):
+    """An upstream response body that calls ``on_close`` exactly once, when it is closed (read
+    to the end, closed early, or closed on an error)."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, on_close: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_close: Callable[[], None] | None = on_close
+
+    def __aiter__(self) -> AsyncIterator[bytes]:  # type: ignore[override]
+        return self._inner.__aiter__()  # the inner iterator itself: no extra generator
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            done, self._on_close = self._on_close, None
+            if done is not None:
+                done()
+
+
 class Upstream:
     """The shared HTTP client. ``start()``/``close()`` from the app lifespan.
 
-    ``transport``: an ``httpx.AsyncBaseTransport`` for tests (default: real network).
+    ``transport``: an ``httpx.AsyncBaseTransport`` for tests (default: real network);
+    ``max_connections``: the pool's size (default :data:`MAX_CONNECTIONS`). ``in_use``: upstream
+    responses returned by :meth:`send` and not yet closed.
     """
 
-    def __init__(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, transport: httpx.AsyncBaseTransport | None = None,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self._transport = transport
+        self.max_connections = max_connections
         self.client: httpx.AsyncClient | None = None
+        self.in_use = 0
 
     async def start(self) -> None:
         """Open the client (connection pool shared by all requests)."""
-        limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
+        limits = httpx.Limits(max_connections=self.max_connections,
+                              max_keepalive_connections=min(MAX_KEEPALIVE, self.max_connections))
         self.client = httpx.AsyncClient(transport=self._transport, limits=limits, http2=False,
                                         follow_redirects=False)
 
@@ -116,6 +176,21 @@ class Upstream:
             await self.client.aclose()
             self.client = None
 
+    def _released(self) -> None:
+        self.in_use -= 1
+
+    def pool_stats(self) -> dict[str, int]:
+        """``{"active", "idle", "queued"}``: the pool's connections serving a request, kept
+        alive unused, and requests waiting for a connection — read from httpcore's pool (as its
+        own ``repr`` does); ``{}`` with a custom transport or another httpcore layout."""
+        pool = getattr(getattr(self.client, "_transport", None), "_pool", None)
+        try:
+            idle = [c.is_idle() for c in pool.connections]  # type: ignore[union-attr]
+            queued = sum(r.is_queued() for r in pool._requests)  # type: ignore[union-attr]
+        except (AttributeError, TypeError):
+            return {}
+        return {"active": idle.count(False), "idle": idle.count(True), "queued": queued}
+
     async def send(self, url: str, headers: Mapping[str, bytes], body: bytes,
                    timeout_s: float) -> httpx.Response:
         """POST ``body`` and return the response with its body NOT yet read (stream mode).
@@ -124,7 +199,8 @@ class Upstream:
         (unless ``headers`` already carry the backend key) and taken out of the URL, so they
         never reach an error message, the ledger or httpx's request log. Raises
         UpstreamUnavailable (502) when the backend cannot be reached, UpstreamTimeout (504)
-        when it does not answer in ``timeout_s``. The caller must close the response.
+        when it does not answer in ``timeout_s``. The caller must close the response; until it
+        does, it counts in ``in_use``.
         """
         if self.client is None:
             await self.start()
@@ -142,13 +218,74 @@ class Upstream:
             req = next(auth.auth_flow(req))
         try:
             resp = await self.client.send(req, stream=True)
-            pin_latin1(resp.headers)  # header values round-trip as the upstream's bytes
-            return resp
         except httpx.TimeoutException as e:
             raise UpstreamTimeout(f"upstream {target} timed out ({type(e).__name__})") from None
         except httpx.HTTPError as e:
             raise UpstreamUnavailable(
                 f"upstream {target} unreachable: {type(e).__name__}") from None
+        pin_latin1(resp.headers)  # header values round-trip as the upstream's bytes
+        self.in_use += 1  # no await between the send and here: the count cannot miss it
+        resp.stream = _CountedStream(resp.stream, self._released)  # type: ignore[arg-type]
+        return resp
+
+
+async def read_at_most(resp: httpx.Response, limit: int) -> bytes:
+    """The first ``limit`` bytes of ``resp``'s body (all of it when shorter); the caller closes
+    the response. Raises what httpx raises when the body breaks off."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in resp.aiter_bytes():
+        parts.append(chunk[: limit - size])
+        size += len(parts[-1])
+        if size >= limit:
+            break
+    return b"".join(parts)
+
+
+async def send_unless_gone(send: Awaitable[httpx.Response],
+                           gone: Callable[[], Awaitable[Any]]) -> httpx.Response:
+    """Await ``send`` unless ``gone()`` (the client's disconnect) completes first.
+
+    When the client goes first the send is cancelled — httpx closes the connection it was using,
+    so the upstream sees its request abandoned — and ClientDisconnected (499) is raised. Whatever
+    ends this call (the send's own exception, our task cancelled), a response nobody will take is
+    closed, never left open. A ``gone`` that raises only stops the watching.
+    """
+    sending = asyncio.ensure_future(send)
+    watching = asyncio.ensure_future(gone())
+    resp: httpx.Response | None = None
+    try:
+        done, _ = await asyncio.wait((sending, watching), return_when=asyncio.FIRST_COMPLETED)
+        if sending not in done and _finished_normally(watching):
+            sending.cancel()
+        await asyncio.wait((sending,))
+        if sending.cancelled():
+            raise ClientDisconnected("The client went away before the upstream answered.")
+        resp = sending.result()  # the send's own exception propagates from here
+        return resp
+    finally:
+        watching.cancel()
+        if resp is None:
+            await _discard(sending)
+
+
+def _finished_normally(task: asyncio.Future[Any]) -> bool:
+    if not task.done() or task.cancelled():
+        return False
+    if task.exception() is not None:
+        log.warning("watching for the client's disconnect failed: %r", task.exception())
+        return False
+    return True
+
+
+async def _discard(sending: asyncio.Future[httpx.Response]) -> None:
+    """Cancel a send whose answer nobody will take; close the response if one came anyway."""
+    with anyio.CancelScope(shield=True):
+        if not sending.done():
+            sending.cancel()
+            await asyncio.wait((sending,))
+        if not sending.cancelled() and sending.exception() is None:
+            await sending.result().aclose()
 
 
 def _handle(raw: bytes, watcher: StreamWatcher,
@@ -166,68 +303,124 @@ def _handle(raw: bytes, watcher: StreamWatcher,
         return False, ([] if mapper else (raw,))
 
 
-async def relay_events(resp: httpx.Response, watcher: StreamWatcher, timing: Timing,
-                       on_end: Callable[[str], Awaitable[None]],
-                       mapper: EventMapper | None = None,
-                       api: Api = "openai") -> AsyncIterator[bytes]:
-    """Yield the upstream SSE body as whole events, timing content events.
+def _broke_off(e: httpx.HTTPError) -> ProxyError:
+    if isinstance(e, httpx.TimeoutException):
+        return UpstreamTimeout("upstream went silent mid-stream past its timeout")
+    return UpstreamUnavailable(f"upstream broke off mid-stream ({type(e).__name__})")
 
-    ``await on_end(status)`` runs exactly once when the relay stops: ``"ok"``,
-    ``"client_disconnect"`` (the generator was closed or cancelled) or ``"upstream_error"``
-    (the upstream connection broke or timed out mid-stream, or a bridged stream ended without
-    the upstream's final event; the last thing yielded is then an error event in the client's
-    ``api`` shape). The upstream response is always closed.
+
+# on_end(status, http_status): the stream's end (see module docstring) and the HTTP status the
+# client got (the response's, or 499 when its headers never left).
+OnEnd = Callable[[str, int], Awaitable[None]]
+
+
+class StreamRelay:
+    """One streamed upstream response, relayed to one client (see module docstring).
+
+    ``events()`` yields the client's bytes; ``close()`` ends the relay exactly once (idempotent,
+    shielded from cancellation): closes ``resp`` and awaits ``on_end(status, http_status)``.
+    ``headers_sent`` is set by :class:`SSEResponse` once the client's response head is out.
     """
-    splitter = EventSplitter()
-    status = "client_disconnect"
-    try:
+
+    def __init__(self, resp: httpx.Response, watcher: StreamWatcher, timing: Timing,
+                 on_end: OnEnd, mapper: EventMapper | None = None, api: Api = "openai",
+                 status_code: int = 200) -> None:
+        self.resp, self.watcher, self.timing = resp, watcher, timing
+        self.mapper, self.api, self.status_code = mapper, api, status_code
+        self._on_end: OnEnd | None = on_end
+        self.status = "client_disconnect"  # until the relay knows better
+        self.headers_sent = False
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """The client's stream: whole events as they complete, then what the end calls for."""
+        splitter = EventSplitter()
         try:
-            async for chunk in resp.aiter_bytes():
-                for raw in splitter.feed(chunk):
-                    content, outs = _handle(raw, watcher, mapper)
-                    for out in outs:
-                        yield out
-                    if content:
-                        timing.content_written()
-            rest = splitter.flush()
-            if rest:
-                yield rest
-            if mapper is not None and not watcher.done:
-                # a bridge cannot finish the client's message faithfully without the
-                # upstream's final event: say so rather than stop mid-message
-                status = "upstream_error"
-                yield stream_error_event(UpstreamUnavailable(
-                    "upstream stream ended without its final event"), api)
-            else:
-                status = "ok"
-        except httpx.HTTPError as e:
-            status = "upstream_error"
-            exc = (UpstreamTimeout("upstream went silent mid-stream past its timeout")
-                   if isinstance(e, httpx.TimeoutException) else
-                   UpstreamUnavailable(f"upstream broke off mid-stream ({type(e).__name__})"))
-            yield stream_error_event(exc, api)
-    finally:
-        timing.end = time.perf_counter()
+            try:
+                async for chunk in self.resp.aiter_bytes():
+                    for raw in splitter.feed(chunk):
+                        content, outs = _handle(raw, self.watcher, self.mapper)
+                        for out in outs:
+                            yield out
+                        if content:
+                            self.timing.content_written()
+                tail = self._ended(splitter.flush())
+            except httpx.HTTPError as e:
+                self.status, tail = "upstream_error", [stream_error_event(_broke_off(e), self.api)]
+            except Exception as e:  # noqa: BLE001 - a bug here must still end the stream shaped
+                exc = InternalError.wrap(e)
+                self.status, tail = type(exc).__name__, [stream_error_event(exc, self.api)]
+            for out in tail:
+                yield out
+        finally:
+            await self.close()
+
+    def _ended(self, rest: bytes) -> list[bytes]:
+        """Set the status of a stream the upstream ended cleanly; return what still goes out.
+
+        ``rest``: bytes after the last blank line. When they hold the final (or an error) event
+        missing only its terminator, they count and go out; otherwise they are dropped
+        (passthrough relays trailing bytes after a final event as they are)."""
+        w, tail = self.watcher, list[bytes]()
+        if rest and not (w.done or w.errors):
+            _, outs = _handle(rest, w, self.mapper)
+            tail = list(outs) if (w.done or w.errors) else []
+        elif rest and self.mapper is None:
+            tail = [rest]
+        if w.errors:  # the client has the upstream's own error event already
+            self.status = "upstream_error"
+            return tail
+        if w.done:
+            self.status = "ok"
+            return tail
+        self.status = "upstream_error"
+        return [stream_error_event(UpstreamUnavailable(
+            "upstream stream ended without its final event"), self.api)]
+
+    async def close(self) -> None:
+        """Close the upstream response and report the end, once; never raises."""
+        on_end, self._on_end = self._on_end, None
+        if on_end is None:
+            return
+        self.timing.end = time.perf_counter()
+        http_status = self.status_code if self.headers_sent else ClientDisconnected.status
         with anyio.CancelScope(shield=True):  # runs even when the client's task is cancelled
-            await resp.aclose()
-            await on_end(status)
+            try:
+                await self.resp.aclose()
+            except Exception:
+                log.exception("closing the upstream response failed")
+            try:
+                await on_end(self.status, http_status)
+            except Exception:
+                log.exception("recording the end of a stream failed")
 
 
 class SSEResponse(StreamingResponse):
-    """A streaming response that always closes its iterator, whatever ends the response.
+    """The client's side of a :class:`StreamRelay`; whatever ends the response, the relay is
+    closed.
 
     Starlette may stop iterating without closing the generator (a send failing on a closed
-    socket); closing it here runs the relay's ``finally`` at once: upstream closed, ledger
-    written. Headers: ``text/event-stream``, no cache, no proxy buffering (B10).
+    socket), or never start it (the client gone before the response head); closing the relay
+    here runs its end at once: upstream closed, ledger written. Headers: ``text/event-stream``,
+    no cache, no proxy buffering (B10).
     """
 
     media_type = "text/event-stream"
 
+    def __init__(self, relay: StreamRelay, headers: dict[str, str]) -> None:
+        super().__init__(relay.events(), status_code=relay.status_code, headers=headers)
+        self.relay = relay
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_noting_head(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.start":
+                self.relay.headers_sent = True
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send_noting_head)
         finally:
-            aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True):
+                aclose = getattr(self.body_iterator, "aclose", None)
+                if aclose is not None:
                     await aclose()
+                await self.relay.close()

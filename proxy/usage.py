@@ -12,7 +12,10 @@
 A field the upstream did not report stays None; a reported 0 stays 0.
 
 Stream watchers see each complete SSE event once, say whether it carried content (text, tool-call
-arguments, reasoning, refusal — what TTFT and TPOT are timed on) and keep the usage. Anthropic
+arguments, reasoning, refusal — what TTFT and TPOT are timed on) and keep the usage, the number
+of final events (``done``: OpenAI ``data: [DONE]``, Anthropic ``message_stop``) and the number of
+the upstream's own error events (``errors``: OpenAI ``data: {"error": ...}`` without choices,
+Anthropic ``type: "error"``) — what the relay needs to say how the stream ended. Anthropic
 reports input and cache counts in ``message_start`` and cumulative counts in ``message_delta``;
 the watcher merges them taking the newest non-null value (B07).
 """
@@ -81,12 +84,15 @@ def _loads(data: str) -> Any:
 
 class OpenAIStreamWatcher:
     """Watches Chat Completions chunks: ``observe(event) -> True`` when the chunk carried
-    content. ``deltas`` counts content-bearing chunks, ``done`` counts ``[DONE]`` events."""
+    content. ``deltas`` counts content-bearing chunks, ``done`` counts ``[DONE]`` events,
+    ``errors`` the upstream's error chunks (``{"error": ...}`` without ``choices``: vLLM, SGLang,
+    OpenAI mid-stream failures)."""
 
     def __init__(self) -> None:
         self.usage = Usage()
         self.deltas = 0
         self.done = 0
+        self.errors = 0
 
     def observe(self, ev: SSEEvent) -> bool:
         """Update usage / counters from one event; return whether it carried content."""
@@ -97,6 +103,9 @@ class OpenAIStreamWatcher:
             return False
         chunk = _loads(ev.data)
         if not isinstance(chunk, dict):
+            return False
+        if "error" in chunk and not chunk.get("choices"):
+            self.errors += 1
             return False
         if chunk.get("usage"):
             self.usage.merge(openai_usage(chunk["usage"]))
@@ -113,12 +122,14 @@ class OpenAIStreamWatcher:
 
 class AnthropicStreamWatcher:
     """Watches Messages stream events (``message_start``, ``content_block_delta``,
-    ``message_delta``, ...): content = a text / input_json / thinking delta."""
+    ``message_delta``, ...): content = a text / input_json / thinking delta; ``done`` counts
+    ``message_stop``, ``errors`` the upstream's ``error`` events (``overloaded_error``, ...)."""
 
     def __init__(self) -> None:
         self.usage = Usage()
         self.deltas = 0
         self.done = 0
+        self.errors = 0
 
     def observe(self, ev: SSEEvent) -> bool:
         """Update usage / counters from one event; return whether it carried content."""
@@ -136,6 +147,8 @@ class AnthropicStreamWatcher:
                 self.usage.merge(anthropic_usage(u))
         elif kind == "message_stop":
             self.done += 1
+        elif kind == "error":
+            self.errors += 1
         elif kind == "content_block_delta":
             d = obj.get("delta") or {}
             if any(d.get(k) for k in ("text", "partial_json", "thinking")):
@@ -152,12 +165,15 @@ ENGINE_CACHED_HEADER = "x-engine-cached-tokens"
 
 def usage_from_headers(headers: Any) -> Usage:
     """Prompt / cached tokens from ``X-Engine-Prompt-Tokens`` / ``X-Engine-Cached-Tokens``
-    response headers (empty Usage when absent or not integers). A stream's usage chunk, when
-    the client asked for one, later overrides these."""
+    response headers (a field stays None when its header is absent, not 1-18 ASCII digits;
+    never raises: ``"\u00b2".isdigit()`` is True but ``int("\u00b2")`` fails, and ``int`` refuses
+    more than 4,300 digits). A stream's usage chunk, when the client asked for one, later
+    overrides these."""
 
     def num(name: str) -> int | None:
         v = headers.get(name)
-        return int(v) if isinstance(v, str) and v.isdigit() else None
+        ok = isinstance(v, str) and 0 < len(v) <= 18 and v.isascii() and v.isdecimal()
+        return int(v) if ok else None
 
     return Usage(num(ENGINE_PROMPT_HEADER), num(ENGINE_CACHED_HEADER))
 

@@ -92,12 +92,22 @@ def _check_stream(body: dict[str, Any]) -> None:
                              f"{_type_name(s)}.", param="stream", code="invalid_type")
 
 
+def _check_stream_options(body: dict[str, Any]) -> None:
+    # the O->A bridge reads stream_options.include_usage: checked here, before any send
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise InvalidRequest(f"Invalid type for 'stream_options': expected an object, but got "
+                             f"{_type_name(so)}.", param="stream_options", code="invalid_type")
+
+
 def check_openai(body: dict[str, Any]) -> None:
     """Chat Completions body: ``model`` string, ``messages`` non-empty array of objects with a
-    string ``role``, ``stream`` boolean if present. Raises InvalidRequest."""
+    string ``role``, ``stream`` boolean and ``stream_options`` object (or null) if present.
+    Raises InvalidRequest."""
     _require(body, "model", str, "a string")
     _check_messages(_require(body, "messages", list, "an array"))
     _check_stream(body)
+    _check_stream_options(body)
 
 
 def check_anthropic(body: dict[str, Any]) -> None:

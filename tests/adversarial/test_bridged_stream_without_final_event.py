@@ -1,4 +1,4 @@
-"""A bridged stream whose upstream closes cleanly but without its final event (OpenAI
+"""A stream (bridged or passthrough) whose upstream closes cleanly but without its final event (OpenAI
 ``[DONE]``, Anthropic ``message_stop``) cannot be completed faithfully in the client's API: it
 ends with an error event in the client's shape and is recorded as ``upstream_error``, instead
 of stopping mid-message (an Anthropic client never got ``message_stop``)."""
@@ -39,9 +39,14 @@ def test_bridged_stream_without_final_event_ends_with_error(rig: Any, path: str,
     assert rig.ledger.rows()[-1]["status"] == "upstream_error"
 
 
-def test_passthrough_stream_without_done_is_relayed_as_is(rig: Any) -> None:
+def test_passthrough_stream_without_done_is_relayed_then_ends_with_error(rig: Any) -> None:
+    """Passthrough too (issue 8, class 7): the events arrive as sent, then one error event; the
+    row says ``upstream_error``, not ok."""
     rig.upstream.script = Script(pieces=[chunk("a"), chunk(finish="stop")])
     r = httpx.post(rig.url + "/v1/chat/completions", timeout=30, json={
         "model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
-    assert r.content == chunk("a") + chunk(finish="stop")
-    assert rig.ledger.rows()[-1]["status"] == "ok"
+    sent = chunk("a") + chunk(finish="stop")
+    assert r.content.startswith(sent)
+    assert json.loads(r.content[len(sent):].split(b"data: ", 1)[1])["error"]["code"] == (
+        "upstream_unavailable")
+    assert rig.ledger.rows()[-1]["status"] == "upstream_error"

@@ -1,5 +1,5 @@
 """A client that promises a body (``Content-Length``) and goes away before sending all of it is
-recorded as a client disconnect (ledger status ``ClientDisconnected``, 499), not as a proxy bug
+recorded as a client disconnect (ledger status ``client_disconnect``, 499, as every client gone), not as a proxy bug
 (no ``InternalError`` row, no traceback logged); nothing reaches the upstream."""
 
 from __future__ import annotations
@@ -25,6 +25,6 @@ def test_client_gone_mid_body_is_a_client_disconnect_not_an_internal_error(
     while not hostile.ledger.rows() and time.monotonic() < deadline:
         time.sleep(0.02)
     row = hostile.ledger.rows()[-1]
-    assert (row["status"], row["http_status"]) == ("ClientDisconnected", 499)
+    assert (row["status"], row["http_status"]) == ("client_disconnect", 499)
     assert not [r for r in caplog.records
                 if r.levelno >= logging.ERROR and r.name.startswith("prefixgate")]

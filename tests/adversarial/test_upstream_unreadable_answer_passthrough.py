@@ -31,4 +31,4 @@ def test_unreadable_200_answer_is_502_in_callers_shape(rig: Any, payload: bytes,
     else:
         assert r.json()["error"]["code"] == "upstream_unavailable"
     row = rig.ledger.rows()[-1]
-    assert (row["status"], row["http_status"]) == ("upstream_error", 200)
+    assert (row["status"], row["http_status"]) == ("upstream_error", 502)  # what the client got
