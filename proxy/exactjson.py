@@ -138,7 +138,8 @@ def loads(raw: bytes | str) -> Any:
 def _default(obj: Any) -> Any:
     if isinstance(obj, (ExactInt, ExactFloat)):
         return orjson.Fragment(obj.text)
-    for kind in (bool, int, str, dict, list):  # other subclasses: as their base type
+    kinds: tuple[type[Any], ...] = (bool, int, str, dict, list)
+    for kind in kinds:  # other subclasses: as their base type
         if isinstance(obj, kind):
             return kind(obj)
     if isinstance(obj, tuple):
