@@ -36,7 +36,9 @@ MAX_CHANGED_LINES = 4
 MAX_WHOLE_LINE_CHARS = 600
 WORD_DIFF_MIN_CHARS = 200
 MAX_WORD_HASHES = 4000
-_WORD = re.compile(r"\S+")
+_WORD = re.compile(r"\S{1,256}")
+"""A word: a run of non-space characters (a longer run counts as several words; bounded so
+every scan here is linear)."""
 
 
 def h16(text: str) -> str:
