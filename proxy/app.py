@@ -58,8 +58,8 @@ from proxy.relay import SSE_HEADERS, SSEResponse, Timing, Upstream, relay_events
 from proxy.rewriting import (
     RewriteFn,
     default_rewrite_fn,
+    rewrite_off_loop,
     rewrite_wanted,
-    run_rewrite,
     session_hash,
     session_id_for,
 )
@@ -171,7 +171,7 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
         if rewrite_wanted(request.headers, policy.rewrite):
             ctx = Context(settings=policy.rewrite, model=row.model, provider=target.provider,
                           session_id=session_id, session=state.sessions.get(session_id))
-        rw = run_rewrite(state.rewrite_fn, body, raw, api, ctx)
+        rw = await rewrite_off_loop(state.rewrite_fn, body, raw, api, ctx)
         row.rewrite, row.edits, row.tokens_pruned = ctx is not None, rw.summary, rw.pruned
         up_raw = orjson.dumps(translate.request(api, rw.body)) if target.translate else rw.raw
         # 4. send

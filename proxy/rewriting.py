@@ -13,6 +13,11 @@
 - The upstream bytes: when the body came back unchanged, the client's ORIGINAL bytes are sent
   (lossless by default, no re-serialization of large bodies, B19); otherwise orjson, which keeps
   key order.
+- Off the event loop, under a budget (issue 8, class 2): :func:`rewrite_off_loop` runs the step
+  in a worker thread (at most :data:`REWRITE_THREADS` at once) with ``ctx.deadline`` set from
+  ``policy.rewrite.time_budget_ms``. Past the budget the caller stops waiting, the pipeline stops
+  before its next pass, and the client's original bytes go upstream with the edit summary
+  ``over_budget`` (an ``Edit("pipeline", applied=False)`` says how long it had).
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import orjson
 
 from config.schema import RewriteSettings
@@ -35,8 +42,14 @@ log = logging.getLogger("prefixgate.rewrite")
 RewriteFn = Callable[[dict[str, Any], Api, Context], RewriteResult]
 
 SESSION_HEADER = "x-prefixgate-session"
-_DIGITS = re.compile(r"[0-9]")
+_DIGITS = str.maketrans("123456789", "000000000")
 OPT_OUT_HEADER = "x-prefixgate-rewrite"
+SESSION_TEXT_CHARS = 1 << 16
+"""Characters of the system text / first user message that identify a session: enough to tell
+conversations apart, and the loop never hashes megabytes for it."""
+REWRITE_THREADS = 4
+"""Rewrites running at once; more wait for a thread, and the wait counts against the budget."""
+OVER_BUDGET = "over_budget"
 
 
 def default_rewrite_fn() -> RewriteFn | None:
@@ -57,8 +70,14 @@ def _text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content
-                       if isinstance(p, dict) and isinstance(p.get("text"), str))
+        out, size = [], 0
+        for p in content:
+            if isinstance(p, dict) and isinstance(p.get("text"), str):
+                out.append(p["text"])
+                size += len(p["text"])
+                if size >= SESSION_TEXT_CHARS:
+                    break
+        return "".join(out)
     return ""
 
 
@@ -75,7 +94,8 @@ def session_id_for(headers: Mapping[str, str], body: dict[str, Any]) -> str:
                        if isinstance(m, dict) and m.get("role") in ("system", "developer")), "")
     first_user = next((_text_of(m.get("content")) for m in msgs
                        if isinstance(m, dict) and m.get("role") == "user"), "")
-    system = _DIGITS.sub("0", system)
+    system = system[:SESSION_TEXT_CHARS].translate(_DIGITS)
+    first_user = first_user[:SESSION_TEXT_CHARS]
     return "auto-" + _h("|".join((_h(key), _h(system), _h(first_user))))
 
 
@@ -113,13 +133,25 @@ def _dumps(body: dict[str, Any]) -> bytes:
         return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+def over_budget(body: dict[str, Any], raw: bytes, budget_ms: int, stage: str = "") -> RewriteOutcome:
+    """The outcome of a rewrite that ran out of time: the client's own bytes, and why."""
+    where = f" (stopped before {stage})" if stage else ""
+    edit = Edit("pipeline", False, "all", f"over the rewrite time budget of {budget_ms} ms"
+                f"{where}: sent as the client sent it")
+    return RewriteOutcome(body, raw, OVER_BUDGET, edits=[edit])
+
+
 def run_rewrite(fn: RewriteFn | None, body: dict[str, Any], raw: bytes, api: Api,
                 ctx: Context | None) -> RewriteOutcome:
     """Apply ``fn`` (None or ``ctx`` None = rewriting off) and serialize. Never raises."""
     if fn is None or ctx is None:
         return RewriteOutcome(body, raw, "off" if ctx is None else "unavailable")
+    from rewriter.pipeline import OverBudget
+
     try:
         result = fn(body, api, ctx)
+    except OverBudget as e:
+        return over_budget(body, raw, ctx.settings.time_budget_ms, e.stage)
     except Exception:  # fail-open: the client's request still goes through
         log.exception("rewrite pipeline failed; forwarding the original body")
         return RewriteOutcome(body, raw, "rewrite_failed")
@@ -128,7 +160,41 @@ def run_rewrite(fn: RewriteFn | None, body: dict[str, Any], raw: bytes, api: Api
         memory.update(e.memory)
     summary = result.summary() or "none"
     pruned = sum(e.tokens_removed for e in result.edits if e.applied)
-    if result.body is body or result.body == body:
+    if result.body is body:
         return RewriteOutcome(body, raw, summary, pruned, memory, False, result.edits)
     return RewriteOutcome(result.body, _dumps(result.body), summary, pruned, memory, True,
                           result.edits)
+
+
+_limiter: dict[int, anyio.CapacityLimiter] = {}
+
+
+def _rewrite_limiter() -> anyio.CapacityLimiter:
+    """One :class:`anyio.CapacityLimiter` of :data:`REWRITE_THREADS` per event loop."""
+    import asyncio
+
+    key = id(asyncio.get_running_loop())
+    lim = _limiter.get(key)
+    if lim is None:
+        _limiter.clear()  # a new loop (tests, restarts): the old limiter belongs to a dead loop
+        lim = _limiter[key] = anyio.CapacityLimiter(REWRITE_THREADS)
+    return lim
+
+
+async def rewrite_off_loop(fn: RewriteFn | None, body: dict[str, Any], raw: bytes, api: Api,
+                           ctx: Context | None) -> RewriteOutcome:
+    """:func:`run_rewrite` in a worker thread under ``ctx.settings.time_budget_ms``.
+
+    Returns the outcome, or :func:`over_budget` (the client's ``raw`` bytes) when the budget
+    passes first — waiting for a thread included. The abandoned worker stops before its next
+    pass (``ctx.deadline``) and its result is dropped (memory updates too). Never raises.
+    """
+    if fn is None or ctx is None:
+        return run_rewrite(fn, body, raw, api, ctx)
+    budget_ms = ctx.settings.time_budget_ms
+    bounded = replace(ctx, deadline=time.monotonic() + budget_ms / 1000)
+    with anyio.move_on_after(budget_ms / 1000):
+        return await anyio.to_thread.run_sync(run_rewrite, fn, body, raw, api, bounded,
+                                              abandon_on_cancel=True, limiter=_rewrite_limiter())
+    log.warning("rewrite over its %d ms budget; forwarding the original body", budget_ms)
+    return over_budget(body, raw, budget_ms)
