@@ -23,6 +23,11 @@ lines — or, in long lines, word ranges — seen changing between requests of t
 from hashes only (no prompt text is stored). Changed tool definitions are reported
 (``region="tools"``), never edited.
 
+Only when it pays (:mod:`rewriter.pays`): the pass skips, saying why in its Edit, when the
+prefix it would protect is below the backend's minimum cacheable length, or when the note and
+placeholders add more tokens than the move makes reusable (issue 8, class 8: a two-message chat
+grew from 45 to 84 prompt tokens for nothing, and the answer changed).
+
 Memory (``Edit.memory["hoist_volatile"]``): ``{"lines": [16-hex per line], "words": {line:
 [8-hex per word]} (long lines only), "learned": [[anchor, offset(, p, q)], ...], "tools":
 {name: 16-hex}}``.
@@ -44,6 +49,7 @@ from rewriter.learned_volatility import (
     line_hashes,
     word_hashes,
 )
+from rewriter.pays import Verdict, block_pieces, judge, tools_piece
 from rewriter.types import Context, Edit
 from rewriter.volatile_spans import Span, find_spans
 
@@ -143,6 +149,26 @@ def add_note(prompt: Prompt, note: str, target: str) -> tuple[Prompt, str] | Non
     return replace(prompt, messages=tuple(msgs)), f"messages[{i}]"
 
 
+NEW_TURN_TOKENS = 4
+"""Chat-template tokens of the extra user turn the note may open (role markers)."""
+
+
+def _pays(prompt: Prompt, ctx: Context, texts: list[str], new_texts: list[str],
+          spans: dict[int, list[Span]], note: str) -> Verdict:
+    """:func:`rewriter.pays.judge` for this move: stable before the first span, reusable from
+    it to the note; added = note + placeholders - the spans' own text."""
+    bi = min(spans)
+    start = min(sp.start for sp in spans[bi])
+    added = ctx.count_tokens(note) + NEW_TURN_TOKENS
+    for b, sps in spans.items():
+        for n, sp in enumerate(sps, 1):
+            added += ctx.count_tokens(_placeholder(n)) - ctx.count_tokens(texts[b][sp.start:sp.end])
+    before = [*tools_piece(prompt), *new_texts[:bi], new_texts[bi][:start]]
+    gained = [new_texts[bi][start:], *new_texts[bi + 1:],
+              *(p for m in prompt.messages for p in block_pieces(m.blocks))]
+    return judge(ctx.provider, ctx.model, before, gained, max(0, added), ctx.count_tokens)
+
+
 def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     """Hoist volatile system spans to the end; Edits for the system move and tool changes."""
     mem_in = ctx.session.get(MEMORY_KEY) or {}
@@ -198,6 +224,11 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
                           memory=memory))
         return prompt, edits
     note = NOTE_HEADER + "\n" + "\n".join(f"[{i}] {n}" for i, n in enumerate(notes, 1))
+    verdict = _pays(prompt, ctx, texts, new_texts, spans, note)
+    if not verdict.pays:
+        edits.append(Edit(NAME, False, "system", f"skipped, does not pay: {verdict.why}",
+                          memory=memory))
+        return prompt, edits
     placed = add_note(_with_system(prompt, new_texts), note, ctx.settings.hoist_target)
     kinds = sorted({f"{sp.kind}@system.block{bi}" for bi, sps in spans.items() for sp in sps})
     if placed is None:
