@@ -28,9 +28,10 @@ prefix it would protect is below the backend's minimum cacheable length, or when
 placeholders add more tokens than the move makes reusable (issue 8, class 8: a two-message chat
 grew from 45 to 84 prompt tokens for nothing, and the answer changed).
 
-Memory (``Edit.memory["hoist_volatile"]``): ``{"lines": [16-hex per line], "words": {line:
-[8-hex per word]} (long lines only), "learned": [[anchor, offset(, p, q)], ...], "tools":
-{name: 16-hex}}``.
+Memory (``Edit.memory["hoist_volatile"]``): ``{"lines": "<16 hex per tracked line>", "words":
+{line: "<8 hex per word>"} (long lines only), "learned": [[anchor, offset(, p, q)], ...],
+"tools": {name: 16-hex}}`` — fixed-width digests packed into single strings, the first
+``MAX_TRACKED_LINES`` lines only, at most ``MAX_TRACKED_TOOLS`` tools: bounded per session.
 """
 
 from __future__ import annotations
@@ -41,12 +42,16 @@ from typing import Any
 
 from rewriter.ir import Block, Message, Prompt
 from rewriter.learned_volatility import (
+    LINE_HEX,
     MAX_CHANGED_LINES,
     MAX_LEARNED,
+    WORD_HEX,
     h16,
     learn,
     learned_spans,
     line_hashes,
+    packed_memory,
+    unpack,
     word_hashes,
 )
 from rewriter.pays import Verdict, block_pieces, judge, tools_piece
@@ -57,6 +62,8 @@ NAME = "hoist_volatile"
 MEMORY_KEY = "hoist_volatile"
 NOTE_HEADER = "(Current values for the placeholders in the instructions above:)"
 NOTE_CONTEXT_CHARS = 300
+MAX_TRACKED_TOOLS = 128
+"""Tool definitions whose hashes are remembered (to report changes); the rest are not tracked."""
 
 
 def _system_texts(prompt: Prompt) -> list[tuple[int, int, str]]:
@@ -81,8 +88,10 @@ def _apply(texts: list[str], spans: dict[int, list[Span]]) -> tuple[list[str], l
         # group spans by line: one note entry (the original line) per line
         out, pos = [], 0
         line_no: dict[int, int] = {}
-        for sp in sps:
-            ls = t.rfind("\n", 0, sp.start) + 1
+        ls = prev = 0
+        for sp in sps:  # spans in order: search only since the previous span (linear)
+            nl = t.rfind("\n", prev, sp.start)
+            ls, prev = (nl + 1 if nl >= 0 else ls), sp.start
             if ls not in line_no:
                 le = t.find("\n", ls)
                 le = len(t) if le < 0 else le
@@ -105,7 +114,8 @@ def _context(line: str, s: int, e: int) -> str:
 
 
 def _tool_hashes(prompt: Prompt) -> dict[str, str]:
-    return {t.name: h16(json.dumps(t.raw, sort_keys=True)) for t in prompt.tools or ()}
+    return {t.name[:128]: h16(json.dumps(t.raw, sort_keys=True))
+            for t in (prompt.tools or ())[:MAX_TRACKED_TOOLS]}
 
 
 def _with_system(prompt: Prompt, texts: list[str]) -> Prompt:
@@ -172,8 +182,10 @@ def _pays(prompt: Prompt, ctx: Context, texts: list[str], new_texts: list[str],
 def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     """Hoist volatile system spans to the end; Edits for the system move and tool changes."""
     mem_in = ctx.session.get(MEMORY_KEY) or {}
-    prev_lines = [x for x in mem_in.get("lines", []) if isinstance(x, str)]
-    prev_words = mem_in.get("words") or {}
+    prev_lines = unpack(mem_in.get("lines"), LINE_HEX)
+    words_in = mem_in.get("words")
+    prev_words = {k: unpack(v, WORD_HEX) for k, v in words_in.items()} \
+        if isinstance(words_in, dict) else {}
     learned: list[list[Any]] = [list(e) for e in mem_in.get("learned", [])
                                 if isinstance(e, (list, tuple)) and len(e) in (2, 4)]
     edits: list[Edit] = []
@@ -214,7 +226,8 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
                 for bi, sps in extra.items():
                     spans.setdefault(bi, []).extend(sps)
     new_texts, notes = _apply(texts, spans)
-    memory = {MEMORY_KEY: {"lines": line_hashes(new_texts), "words": word_hashes(new_texts),
+    lines_packed, words_packed = packed_memory(new_texts)
+    memory = {MEMORY_KEY: {"lines": lines_packed, "words": words_packed,
                            "learned": [list(e) for e in learned], "tools": tools_now}}
     if skipped:
         edits.append(Edit(NAME, False, "system", "volatile lines too long to move: "
