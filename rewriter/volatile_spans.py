@@ -122,6 +122,10 @@ def _is_example(text: str, start: int) -> bool:
     return bool(_EXAMPLE.search(text[max(0, start - 30):start]))
 
 
+def _has_digit(text: str, a: int, b: int) -> bool:
+    return any(text.find(d, a, b) >= 0 for d in "0123456789")
+
+
 @lru_cache(maxsize=512)
 def _find_spans_memo(text: str) -> tuple[Span, ...]:
     return _find_spans(text)
@@ -130,6 +134,8 @@ def _find_spans_memo(text: str) -> tuple[Span, ...]:
 def _find_spans(text: str) -> tuple[Span, ...]:
     found: list[Span] = []
     for a, b in windows(text):
+        if not _has_digit(text, a, b):  # every span holds a digit (a UUID its version digit)
+            continue
         for kind, rx in DETECTORS:
             for m in rx.finditer(text, a, b):
                 s, e = (m.span("v") if "v" in rx.groupindex else m.span())
