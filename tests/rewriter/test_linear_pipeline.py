@@ -48,3 +48,30 @@ def _system_lines(n: int) -> dict[str, Any]:
 def test_the_pipeline_with_every_pass_on_does_linear_work(shape: Any) -> None:
     c = ctx("openai", rag_budget_tokens=5, **EVERY_PASS)
     assert_linear(shape, lambda body: rewrite_request(body, "openai", c), n=300)
+
+
+def _parallel_calls(n: int) -> dict[str, Any]:
+    """One assistant turn with ``n`` parallel tool calls and their ``n`` results (a shape the
+    issue does not name: the validators' pending list made it quadratic)."""
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": "s", "arguments": "{}"}}
+             for i in range(n)]
+    results = [{"role": "tool", "tool_call_id": f"c{i}", "content": f"r{i}"} for i in range(n)]
+    return {"model": "m", "tools": [{"type": "function", "function": {"name": "s"}}],
+            "messages": [{"role": "user", "content": "go"},
+                         {"role": "assistant", "content": None, "tool_calls": calls}, *results]}
+
+
+def _anthropic_parallel_calls(n: int) -> dict[str, Any]:
+    uses = [{"type": "tool_use", "id": f"t{i}", "name": "s", "input": {}} for i in range(n)]
+    results = [{"type": "tool_result", "tool_use_id": f"t{i}", "content": "r"} for i in range(n)]
+    return {"model": "claude-x", "max_tokens": 9, "tools": [{"name": "s", "input_schema": {}}],
+            "messages": [{"role": "user", "content": "go"},
+                         {"role": "assistant", "content": uses},
+                         {"role": "user", "content": results}]}
+
+
+def test_parallel_tool_calls_in_one_turn_cost_linear_work() -> None:
+    c = ctx("openai", rag_budget_tokens=5, **EVERY_PASS)
+    assert_linear(_parallel_calls, lambda body: rewrite_request(body, "openai", c), n=300)
+    a = ctx("anthropic", rag_budget_tokens=5, **EVERY_PASS)
+    assert_linear(_anthropic_parallel_calls, lambda b: rewrite_request(b, "anthropic", a), n=300)
