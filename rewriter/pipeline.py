@@ -12,9 +12,10 @@ rule its input did not break (:func:`rewriter.validate.introduced`), its output 
 memory updates too, and an ``Edit(applied=False)`` says why; the next pass runs on its input.
 When nothing applied, the caller's body object is returned as is (byte-identical forwarding).
 
-Honest edits, by construction: a pass whose output equals its input (IR equality) has its
-applied Edits turned into ``applied=False`` ("left the prompt unchanged"), and when the rendered
-body equals the client's body every Edit is, and the client's body object is returned. So
+Honest edits, by construction: a pass whose output renders to its input's bytes (key order
+included, :func:`same_wire`) has its applied Edits turned into ``applied=False`` ("left the
+prompt unchanged"; its memory updates are kept), and when the rendered body's bytes equal the
+client's body's, every Edit is, and the client's body object is returned. So
 ``edits`` / ``x-prefixgate-edits`` name a pass only when the body it produced differs.
 
 Time budget: with ``ctx.deadline`` set, :class:`OverBudget` is raised before a pass (or the
@@ -162,6 +163,7 @@ def run_passes(prompt: Prompt, ctx: Context,
             continue
         if same_wire(out, prompt):  # the body it produced is its input: listed, never as applied
             edits.extend(_unapplied(pass_edits, UNCHANGED))
+            prompt = out  # same bytes; IR-only flags (``volatile``) still reach later passes
             continue
         edits.extend(pass_edits)
         prompt = out
