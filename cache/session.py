@@ -27,11 +27,12 @@ from typing import Any, Protocol
 
 log = logging.getLogger("prefixgate.sessions")
 
-DEFAULT_MAX_BYTES = 48 << 20
-"""All sessions of one in-process store together (48 MiB)."""
+DEFAULT_MAX_BYTES = 40 << 20
+"""All sessions of one in-process store together (40 MiB of object sizes; the process's
+resident memory runs ~1.4x that, allocator overhead included, so <= 64 MB: issue 8's goal)."""
 DEFAULT_MAX_SESSION_BYTES = 64 << 10
 """One session's memory (64 KiB): ~10x what the passes keep for a session (hoist_volatile's
-packed digests are at most ~6 KB), so only a runaway value is ever dropped."""
+packed digests are at most ~4 KB), so only a runaway value is ever dropped."""
 ENTRY_OVERHEAD_BYTES = 200
 """Per-session bookkeeping outside the memory dict (LRU node, size entry)."""
 

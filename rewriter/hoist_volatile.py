@@ -28,7 +28,7 @@ prefix it would protect is below the backend's minimum cacheable length, or when
 placeholders add more tokens than the move makes reusable (issue 8, class 8: a two-message chat
 grew from 45 to 84 prompt tokens for nothing, and the answer changed).
 
-Memory (``Edit.memory["hoist_volatile"]``): ``{"lines": "<16 hex per tracked line>", "words":
+Memory (``Edit.memory["hoist_volatile"]``): ``{"lines": "<8 base64 chars per tracked line>", "words":
 {line: "<8 hex per word>"} (long lines only), "learned": [[anchor, offset(, p, q)], ...],
 "tools": {name: 16-hex}}`` — fixed-width digests packed into single strings, the first
 ``MAX_TRACKED_LINES`` lines only, at most ``MAX_TRACKED_TOOLS`` tools: bounded per session.
@@ -42,7 +42,7 @@ from typing import Any
 
 from rewriter.ir import Block, Message, Prompt
 from rewriter.learned_volatility import (
-    LINE_HEX,
+    LINE_DIGEST_CHARS,
     MAX_CHANGED_LINES,
     MAX_LEARNED,
     WORD_HEX,
@@ -182,7 +182,7 @@ def _pays(prompt: Prompt, ctx: Context, texts: list[str], new_texts: list[str],
 def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     """Hoist volatile system spans to the end; Edits for the system move and tool changes."""
     mem_in = ctx.session.get(MEMORY_KEY) or {}
-    prev_lines = unpack(mem_in.get("lines"), LINE_HEX)
+    prev_lines = unpack(mem_in.get("lines"), LINE_DIGEST_CHARS)
     words_in = mem_in.get("words")
     prev_words = {k: unpack(v, WORD_HEX) for k, v in words_in.items()} \
         if isinstance(words_in, dict) else {}

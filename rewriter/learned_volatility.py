@@ -3,8 +3,8 @@
 Detectors (``volatile_spans``) only know clocks and ids. Anything else that changes on every
 request — a live counter, a rotating tip, a per-request summary line — is found by comparing
 the system text with the previous request's, without keeping that text: the session memory holds
-a 16-hex sha256 per line, and for long lines (over :data:`WORD_DIFF_MIN_CHARS`) an 8-hex hash
-per whitespace-separated word (crc32).
+a 48-bit digest per line (:func:`line_digest`), and for long lines (over
+:data:`WORD_DIFF_MIN_CHARS`) an 8-hex hash per whitespace-separated word (crc32).
 
 * A line that changed in place (``difflib`` "replace" over the line hashes) becomes a learned
   entry ``[anchor, offset]``: ``anchor`` is the hash of the nearest *unique* unchanged line
@@ -20,14 +20,15 @@ happens not to change on one request keeps its place at the end instead of flapp
 
 Bounded memory and work (issue 8, class 2): only the first :data:`MAX_TRACKED_LINES` lines of the
 system text are tracked (a change near the top costs the most cache: everything after it), their
-hashes packed into ONE string of 16 hex characters per line (:func:`pack`), and at most
+digests packed into ONE string of 8 base64 characters per line (:func:`pack`), and at most
 :data:`MAX_WORD_HASHES` word hashes in all, packed per line (8 hex each). A session's memory is
-then at most ~6 KB whatever the prompt's size (the old list of one string per line took ~8 MB
+then at most ~4 KB whatever the prompt's size (the old list of one string per line took ~8 MB
 for a 1 MB prompt), and hashing and diffing cost at most that many lines per request.
 """
 
 from __future__ import annotations
 
+import base64
 import difflib
 import hashlib
 import re
@@ -43,7 +44,9 @@ MAX_WHOLE_LINE_CHARS = 600
 WORD_DIFF_MIN_CHARS = 200
 MAX_WORD_HASHES = 256
 MAX_TRACKED_LINES = 256
-LINE_HEX = 16
+LINE_DIGEST_CHARS = 8
+"""A line's digest: 48 bits of sha256 in url-safe base64 (8 characters, fixed width).
+Collisions among 256 tracked lines: about 1 in 10^10."""
 WORD_HEX = 8
 _WORD = re.compile(r"\S{1,256}")
 """A word: a run of non-space characters (a longer run counts as several words; bounded so
@@ -51,8 +54,13 @@ every scan here is linear)."""
 
 
 def h16(text: str) -> str:
-    """16-hex sha256 of a line."""
+    """16-hex sha256 of a text (tool definitions)."""
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def line_digest(text: str) -> str:
+    """:data:`LINE_DIGEST_CHARS`-character digest of a line (48 bits of sha256, base64)."""
+    return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()[:6]).decode()
 
 
 def _h8(text: str) -> str:
@@ -101,8 +109,9 @@ def unpack(packed: Any, width: int) -> list[str]:
 
 
 def line_hashes(texts: list[str]) -> list[str]:
-    """:func:`h16` of each tracked line of ``texts`` (the first :data:`MAX_TRACKED_LINES`)."""
-    return [h16(texts[ln.block][ln.start:ln.end]) for ln in split_lines(texts)]
+    """:func:`line_digest` of each tracked line of ``texts`` (the first
+    :data:`MAX_TRACKED_LINES`)."""
+    return [line_digest(texts[ln.block][ln.start:ln.end]) for ln in split_lines(texts)]
 
 
 def word_hashes(texts: list[str]) -> dict[str, list[str]]:
@@ -124,7 +133,7 @@ def word_hashes(texts: list[str]) -> dict[str, list[str]]:
 
 def packed_memory(texts: list[str]) -> tuple[str, dict[str, str]]:
     """``(lines, words)`` as stored in session memory: :func:`line_hashes` and
-    :func:`word_hashes` packed (at most ~6 KB)."""
+    :func:`word_hashes` packed (at most ~4 KB)."""
     return pack(line_hashes(texts)), {k: pack(v) for k, v in word_hashes(texts).items()}
 
 
@@ -172,7 +181,7 @@ def learned_spans(texts: list[str], learned: list[list[Any]], taken: dict[int, l
     :data:`MAX_WHOLE_LINE_CHARS` is skipped (reported), never moved.
     """
     lines = split_lines(texts)
-    hashes = [h16(texts[ln.block][ln.start:ln.end]) for ln in lines]
+    hashes = [line_digest(texts[ln.block][ln.start:ln.end]) for ln in lines]
     out: dict[int, list[Span]] = {}
     skipped: list[str] = []
     for entry in learned:

@@ -13,7 +13,7 @@ from cache.session import (
     value_bytes,
 )
 from rewriter import hoist_volatile, wire
-from rewriter.learned_volatility import LINE_HEX, MAX_TRACKED_LINES, unpack
+from rewriter.learned_volatility import LINE_DIGEST_CHARS, MAX_TRACKED_LINES, unpack
 from tests.rewriter.helpers import ctx
 
 
@@ -30,9 +30,9 @@ def _hoist_memory(lines: int, seed: int = 0) -> dict[str, Any]:
 
 def test_hoist_memory_of_a_session_does_not_grow_with_the_prompt() -> None:
     small, big = _hoist_memory(MAX_TRACKED_LINES), _hoist_memory(50 * MAX_TRACKED_LINES)
-    assert value_bytes(big) == value_bytes(small) < 8 * 1024
+    assert value_bytes(big) == value_bytes(small) < 4 * 1024
     lines = big[hoist_volatile.MEMORY_KEY]["lines"]
-    assert isinstance(lines, str) and len(unpack(lines, LINE_HEX)) == MAX_TRACKED_LINES
+    assert isinstance(lines, str) and len(unpack(lines, LINE_DIGEST_CHARS)) == MAX_TRACKED_LINES
 
 
 def test_the_store_never_holds_more_than_its_byte_budget_and_evicts_the_oldest() -> None:
@@ -73,6 +73,6 @@ def test_redis_values_are_fitted_by_their_json_length() -> None:
 
 
 def test_memory_written_in_the_old_list_form_is_still_read() -> None:
-    assert unpack(["0123456789abcdef", 7], LINE_HEX) == ["0123456789abcdef"]
-    assert unpack("0123456789abcdef" * 2, LINE_HEX) == ["0123456789abcdef"] * 2
-    assert unpack("short", LINE_HEX) == []
+    assert unpack(["0123456789abcdef", 7], LINE_DIGEST_CHARS) == ["0123456789abcdef"]
+    assert unpack("ABCDefgh" * 2, LINE_DIGEST_CHARS) == ["ABCDefgh"] * 2
+    assert unpack("short", LINE_DIGEST_CHARS) == []
