@@ -102,3 +102,20 @@ def test_a_large_rewrite_freezes_the_collector_and_the_next_small_one_unfreezes_
         assert seen[0] > 0 and seen[1] == 0 and gc.get_freeze_count() == 0
     finally:
         gc.unfreeze()
+
+
+def test_after_answer_work_past_its_budget_yields_the_fallback() -> None:
+    import anyio
+
+    from proxy.rewriting import off_loop
+
+    release = threading.Event()
+
+    def stuck() -> str:
+        release.wait(30)
+        return "late"
+    try:
+        assert anyio.run(off_loop, stuck, 20, "fallback") == "fallback"
+    finally:
+        release.set()
+    assert anyio.run(off_loop, lambda: "done", 60_000, "fallback") == "done"
