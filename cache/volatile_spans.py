@@ -16,17 +16,20 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("uuid", re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
                         r"[0-9a-fA-F]{12}\b")),
     ("datetime", re.compile(
-        r"\b\d{4}-\d{2}-\d{2}[T ]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"
+        r"\b\d{4}-\d{2}-\d{2}[T ]\d{1,2}:\d{2}(?::\d{2}(?:\.\d{1,9})?)?(?:Z|[+-]\d{2}:?\d{2})?"
         r"(?:\s?(?:[AaPp]\.?[Mm]\.?))?(?:\s?(?:UTC|GMT|[ECMP][SD]T))?")),
     ("date", re.compile(r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}/\d{1,2}/\d{2,4}\b|"
-                        r"\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*,?\s+(?:\d{1,2}\s+)?"
-                        r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.?"
-                        r"(?:\s+\d{1,2})?(?:,?\s+\d{4})?")),
+                        r"\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]{0,6},?\s{1,4}(?:\d{1,2}\s{1,4})?"
+                        r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]{0,6}\.?"
+                        r"(?:\s{1,4}\d{1,2})?(?:,?\s{1,4}\d{4})?")),
     ("time", re.compile(r"\b\d{1,2}:\d{2}(?::\d{2})?(?:\s?[AaPp][Mm])?\b")),
     ("unix_ts", re.compile(r"\b1[5-9]\d{8}(?:\d{3})?\b")),
-    ("hex_id", re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{16,}\b")),
-    ("request_id", re.compile(r"\b(?:req|request|trace|run|session)[-_][A-Za-z0-9]{6,}\b")),
+    ("hex_id", re.compile(r"\b(?=[0-9a-f]{0,127}\d)(?=[0-9a-f]{0,127}[a-f])[0-9a-f]{16,128}\b")),
+    ("request_id", re.compile(r"\b(?:req|request|trace|run|session)[-_][A-Za-z0-9]{6,128}\b")),
 )
+"""``(kind, pattern)``, earlier wins on overlap. Every quantifier is bounded (ids and hex runs
+at most 128 characters, month and day names at most 9 letters), so one match attempt examines
+at most a few hundred characters and a scan is linear (``tests/rewriter/test_linear_scans.py``)."""
 
 
 def find_spans(text: str) -> list[tuple[int, int, str]]:
@@ -34,13 +37,29 @@ def find_spans(text: str) -> list[tuple[int, int, str]]:
 
     Earlier patterns win on overlap (a datetime is not also reported as a date and a time).
     """
-    taken: list[tuple[int, int, str]] = []
+    kept: list[tuple[int, int, str]] = []
     for kind, pat in _PATTERNS:
-        for m in pat.finditer(text):
-            s, e = m.span()
-            if e > s and all(e <= a or s >= b for a, b, _ in taken):
-                taken.append((s, e, kind))
-    return sorted(taken)
+        kept = _merge(kept, [(m.start(), m.end(), kind) for m in pat.finditer(text)
+                             if m.end() > m.start()])
+    return kept
+
+
+def _merge(kept: list[tuple[int, int, str]], new: list[tuple[int, int, str]]
+           ) -> list[tuple[int, int, str]]:
+    """``kept`` plus the spans of ``new`` (sorted, non-overlapping) that overlap no kept span;
+    one linear sweep over both lists (the old all-pairs check was quadratic)."""
+    out: list[tuple[int, int, str]] = []
+    i = 0
+    for span in new:
+        s, e, _ = span
+        while i < len(kept) and kept[i][1] <= s:
+            out.append(kept[i])
+            i += 1
+        if i < len(kept) and kept[i][0] < e:
+            continue
+        out.append(span)
+    out.extend(kept[i:])
+    return out
 
 
 def mask(text: str) -> str:

@@ -95,3 +95,20 @@ def min_cacheable_tokens(model: str) -> int:
 #: planner still reads the request's betas (case B20) and would fall back to 5m if it were.
 ANTHROPIC_TTL_1H_BETA = "extended-cache-ttl-2025-04-11"
 ANTHROPIC_TTL_1H_REQUIRES_BETA = False
+
+#: Smallest prefix a paged KV engine (our engine, vLLM, SGLang, llama.cpp) can reuse: one KV
+#: block of vLLM's default ``block_size`` (16 tokens). Our engine and SGLang page by 1 token, so
+#: 16 is the common conservative floor; a prefix shorter than one block is never reused by vLLM.
+RADIX_MIN_CACHEABLE_TOKENS = 16
+
+
+def min_cacheable_for(provider: str, model: str) -> int:
+    """Minimum cacheable prefix (tokens) for ``provider`` (``"anthropic" | "openai" | "radix"``
+    or any other: a self-hosted paged engine) and ``model``: Anthropic per model
+    (:func:`min_cacheable_tokens`), OpenAI :data:`OPENAI_MIN_PROMPT_TOKENS`, else
+    :data:`RADIX_MIN_CACHEABLE_TOKENS`. A pass that protects a shorter prefix cannot pay."""
+    if provider == "anthropic":
+        return min_cacheable_tokens(model)
+    if provider == "openai":
+        return OPENAI_MIN_PROMPT_TOKENS
+    return RADIX_MIN_CACHEABLE_TOKENS

@@ -108,6 +108,10 @@ class RewriteSettings(_Strict):
     prune_rag: bool = False
     rag_budget_tokens: int = Field(2000, ge=1)
     rag_delimiters: list[str] = Field(default_factory=list)
+    time_budget_ms: int = Field(1000, ge=1, le=600_000)
+    """Wall-clock budget of one request's rewrite (worker thread, queueing included); past it
+    the request goes upstream exactly as the client sent it (edit summary ``over_budget``).
+    Typical agent requests take 5-15 ms (bench/results/rewrite_overhead.json)."""
 
     @model_validator(mode="after")
     def _watermarks_ordered(self) -> RewriteSettings:

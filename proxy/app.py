@@ -82,8 +82,9 @@ from proxy.rewriting import (
     RewriteFn,
     RewriteOutcome,
     default_rewrite_fn,
+    off_loop,
+    rewrite_off_loop,
     rewrite_wanted,
-    run_rewrite,
     session_hash,
     session_id_for,
 )
@@ -200,8 +201,8 @@ async def _finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, ht
                 log.exception("session memory merge failed")
         row.input_usd = input_cost_usd(row.model, row.prompt_tokens, row.cached_tokens,
                                        row.cache_write_tokens)
-        if analyze is not None:  # CPU work (token counting): off the event loop
-            a = await anyio.to_thread.run_sync(analyze)
+        if analyze is not None:  # CPU work (token counting): off the loop, under the budget
+            a = await off_loop(analyze, state.policy.rewrite.time_budget_ms, Analysis())
             row.cf_cached_tokens, row.cf_input_usd = a.cf_cached_tokens, a.cf_input_usd
             if row.edits in _SENT_AS_IS and row.cached_tokens is not None:
                 # the client's own body went upstream: what it would have cached is what it did
@@ -237,7 +238,7 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
         ex.row.key_id = await state.guard.admit(request.headers, api)   # 0. auth (401 / 429)
         await _parse(ex, request, state.policy)                        # 1. parse
         _route(ex, state.policy)                                        # 2. route
-        _passes(ex, request, state)                                     # 3. passes
+        await _passes(ex, request, state)                               # 3. passes
         _bridge(ex)                                                     # 4. bridge
         resp = await _send(ex, request, state)                          # 5. send
     except BaseException as e:
@@ -276,8 +277,9 @@ def _route(ex: Exchange, policy: Policy) -> None:
     ex.row.route, ex.row.backend = ex.target.route, ex.target.backend_name
 
 
-def _passes(ex: Exchange, request: Request, state: ProxyState) -> None:
-    """Session id and the rewriter's passes (fail-open: never raises for a pass)."""
+async def _passes(ex: Exchange, request: Request, state: ProxyState) -> None:
+    """Session id and the rewriter's passes, off the event loop under the rewrite time budget
+    (fail-open: never raises for a pass; over budget the client's bytes go out)."""
     assert ex.target is not None
     policy = state.policy
     ex.session_id = session_id_for(request.headers, ex.body)
@@ -286,7 +288,7 @@ def _passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     if rewrite_wanted(request.headers, policy.rewrite):
         ctx = Context(settings=policy.rewrite, model=ex.row.model, provider=ex.target.provider,
                       session_id=ex.session_id, session=state.sessions.get(ex.session_id))
-    ex.rw = run_rewrite(state.rewrite_fn, ex.body, ex.raw, ex.api, ctx)
+    ex.rw = await rewrite_off_loop(state.rewrite_fn, ex.body, ex.raw, ex.api, ctx)
     ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
 
 

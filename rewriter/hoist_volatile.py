@@ -23,9 +23,15 @@ lines — or, in long lines, word ranges — seen changing between requests of t
 from hashes only (no prompt text is stored). Changed tool definitions are reported
 (``region="tools"``), never edited.
 
-Memory (``Edit.memory["hoist_volatile"]``): ``{"lines": [16-hex per line], "words": {line:
-[8-hex per word]} (long lines only), "learned": [[anchor, offset(, p, q)], ...], "tools":
-{name: 16-hex}}``.
+Only when it pays (:mod:`rewriter.pays`): the pass skips, saying why in its Edit, when the
+prefix it would protect is below the backend's minimum cacheable length, or when the note and
+placeholders add more tokens than the move makes reusable (issue 8, class 8: a two-message chat
+grew from 45 to 84 prompt tokens for nothing, and the answer changed).
+
+Memory (``Edit.memory["hoist_volatile"]``): ``{"lines": "<8 base64 chars per tracked line>", "words":
+{line: "<8 hex per word>"} (long lines only), "learned": [[anchor, offset(, p, q)], ...],
+"tools": {name: 16-hex}}`` — fixed-width digests packed into single strings, the first
+``MAX_TRACKED_LINES`` lines only, at most ``MAX_TRACKED_TOOLS`` tools: bounded per session.
 """
 
 from __future__ import annotations
@@ -36,14 +42,19 @@ from typing import Any
 
 from rewriter.ir import Block, Message, Prompt
 from rewriter.learned_volatility import (
+    LINE_DIGEST_CHARS,
     MAX_CHANGED_LINES,
     MAX_LEARNED,
+    WORD_HEX,
     h16,
     learn,
     learned_spans,
     line_hashes,
+    packed_memory,
+    unpack,
     word_hashes,
 )
+from rewriter.pays import Verdict, block_pieces, judge, tools_piece
 from rewriter.types import Context, Edit
 from rewriter.volatile_spans import Span, find_spans
 
@@ -51,6 +62,8 @@ NAME = "hoist_volatile"
 MEMORY_KEY = "hoist_volatile"
 NOTE_HEADER = "(Current values for the placeholders in the instructions above:)"
 NOTE_CONTEXT_CHARS = 300
+MAX_TRACKED_TOOLS = 128
+"""Tool definitions whose hashes are remembered (to report changes); the rest are not tracked."""
 
 
 def _system_texts(prompt: Prompt) -> list[tuple[int, int, str]]:
@@ -75,8 +88,10 @@ def _apply(texts: list[str], spans: dict[int, list[Span]]) -> tuple[list[str], l
         # group spans by line: one note entry (the original line) per line
         out, pos = [], 0
         line_no: dict[int, int] = {}
-        for sp in sps:
-            ls = t.rfind("\n", 0, sp.start) + 1
+        ls = prev = 0
+        for sp in sps:  # spans in order: search only since the previous span (linear)
+            nl = t.rfind("\n", prev, sp.start)
+            ls, prev = (nl + 1 if nl >= 0 else ls), sp.start
             if ls not in line_no:
                 le = t.find("\n", ls)
                 le = len(t) if le < 0 else le
@@ -99,7 +114,8 @@ def _context(line: str, s: int, e: int) -> str:
 
 
 def _tool_hashes(prompt: Prompt) -> dict[str, str]:
-    return {t.name: h16(json.dumps(t.raw, sort_keys=True)) for t in prompt.tools or ()}
+    return {t.name[:128]: h16(json.dumps(t.raw, sort_keys=True))
+            for t in (prompt.tools or ())[:MAX_TRACKED_TOOLS]}
 
 
 def _with_system(prompt: Prompt, texts: list[str]) -> Prompt:
@@ -143,11 +159,33 @@ def add_note(prompt: Prompt, note: str, target: str) -> tuple[Prompt, str] | Non
     return replace(prompt, messages=tuple(msgs)), f"messages[{i}]"
 
 
+NEW_TURN_TOKENS = 4
+"""Chat-template tokens of the extra user turn the note may open (role markers)."""
+
+
+def _pays(prompt: Prompt, ctx: Context, texts: list[str], new_texts: list[str],
+          spans: dict[int, list[Span]], note: str) -> Verdict:
+    """:func:`rewriter.pays.judge` for this move: stable before the first span, reusable from
+    it to the note; added = note + placeholders - the spans' own text."""
+    bi = min(spans)
+    start = min(sp.start for sp in spans[bi])
+    added = ctx.count_tokens(note) + NEW_TURN_TOKENS
+    for b, sps in spans.items():
+        for n, sp in enumerate(sps, 1):
+            added += ctx.count_tokens(_placeholder(n)) - ctx.count_tokens(texts[b][sp.start:sp.end])
+    before = [*tools_piece(prompt), *new_texts[:bi], new_texts[bi][:start]]
+    gained = [new_texts[bi][start:], *new_texts[bi + 1:],
+              *(p for m in prompt.messages for p in block_pieces(m.blocks))]
+    return judge(ctx.provider, ctx.model, before, gained, max(0, added), ctx.count_tokens)
+
+
 def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     """Hoist volatile system spans to the end; Edits for the system move and tool changes."""
     mem_in = ctx.session.get(MEMORY_KEY) or {}
-    prev_lines = [x for x in mem_in.get("lines", []) if isinstance(x, str)]
-    prev_words = mem_in.get("words") or {}
+    prev_lines = unpack(mem_in.get("lines"), LINE_DIGEST_CHARS)
+    words_in = mem_in.get("words")
+    prev_words = {k: unpack(v, WORD_HEX) for k, v in words_in.items()} \
+        if isinstance(words_in, dict) else {}
     learned: list[list[Any]] = [list(e) for e in mem_in.get("learned", [])
                                 if isinstance(e, (list, tuple)) and len(e) in (2, 4)]
     edits: list[Edit] = []
@@ -188,7 +226,8 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
                 for bi, sps in extra.items():
                     spans.setdefault(bi, []).extend(sps)
     new_texts, notes = _apply(texts, spans)
-    memory = {MEMORY_KEY: {"lines": line_hashes(new_texts), "words": word_hashes(new_texts),
+    lines_packed, words_packed = packed_memory(new_texts)
+    memory = {MEMORY_KEY: {"lines": lines_packed, "words": words_packed,
                            "learned": [list(e) for e in learned], "tools": tools_now}}
     if skipped:
         edits.append(Edit(NAME, False, "system", "volatile lines too long to move: "
@@ -198,6 +237,11 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
                           memory=memory))
         return prompt, edits
     note = NOTE_HEADER + "\n" + "\n".join(f"[{i}] {n}" for i, n in enumerate(notes, 1))
+    verdict = _pays(prompt, ctx, texts, new_texts, spans, note)
+    if not verdict.pays:
+        edits.append(Edit(NAME, False, "system", f"skipped, does not pay: {verdict.why}",
+                          memory=memory))
+        return prompt, edits
     placed = add_note(_with_system(prompt, new_texts), note, ctx.settings.hoist_target)
     kinds = sorted({f"{sp.kind}@system.block{bi}" for bi, sps in spans.items() for sp in sps})
     if placed is None:

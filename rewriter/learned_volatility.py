@@ -3,8 +3,8 @@
 Detectors (``volatile_spans``) only know clocks and ids. Anything else that changes on every
 request — a live counter, a rotating tip, a per-request summary line — is found by comparing
 the system text with the previous request's, without keeping that text: the session memory holds
-a 16-hex sha256 per line, and for long lines (over :data:`WORD_DIFF_MIN_CHARS`) an 8-hex hash
-per whitespace-separated word (crc32).
+a 48-bit digest per line (:func:`line_digest`), and for long lines (over
+:data:`WORD_DIFF_MIN_CHARS`) an 8-hex hash per whitespace-separated word (crc32).
 
 * A line that changed in place (``difflib`` "replace" over the line hashes) becomes a learned
   entry ``[anchor, offset]``: ``anchor`` is the hash of the nearest *unique* unchanged line
@@ -17,16 +17,23 @@ per whitespace-separated word (crc32).
 
 Entries are sticky (kept while their anchor exists, at most :data:`MAX_LEARNED`), so a value that
 happens not to change on one request keeps its place at the end instead of flapping back.
+
+Bounded memory and work (issue 8, class 2): only the first :data:`MAX_TRACKED_LINES` lines of the
+system text are tracked (a change near the top costs the most cache: everything after it), their
+digests packed into ONE string of 8 base64 characters per line (:func:`pack`), and at most
+:data:`MAX_WORD_HASHES` word hashes in all, packed per line (8 hex each). A session's memory is
+then at most ~4 KB whatever the prompt's size (the old list of one string per line took ~8 MB
+for a 1 MB prompt), and hashing and diffing cost at most that many lines per request.
 """
 
 from __future__ import annotations
 
+import base64
 import difflib
 import hashlib
 import re
 import zlib
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from rewriter.volatile_spans import Span
@@ -35,13 +42,25 @@ MAX_LEARNED = 32
 MAX_CHANGED_LINES = 4
 MAX_WHOLE_LINE_CHARS = 600
 WORD_DIFF_MIN_CHARS = 200
-MAX_WORD_HASHES = 4000
-_WORD = re.compile(r"\S+")
+MAX_WORD_HASHES = 256
+MAX_TRACKED_LINES = 256
+LINE_DIGEST_CHARS = 8
+"""A line's digest: 48 bits of sha256 in url-safe base64 (8 characters, fixed width).
+Collisions among 256 tracked lines: about 1 in 10^10."""
+WORD_HEX = 8
+_WORD = re.compile(r"\S{1,256}")
+"""A word: a run of non-space characters (a longer run counts as several words; bounded so
+every scan here is linear)."""
 
 
 def h16(text: str) -> str:
-    """16-hex sha256 of a line."""
+    """16-hex sha256 of a text (tool definitions)."""
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def line_digest(text: str) -> str:
+    """:data:`LINE_DIGEST_CHARS`-character digest of a line (48 bits of sha256, base64)."""
+    return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()[:6]).decode()
 
 
 def _h8(text: str) -> str:
@@ -57,46 +76,65 @@ class Line:
     end: int
 
 
-def split_lines(texts: list[str] | tuple[str, ...]) -> list[Line]:
-    """Every line of every text block, in order."""
+def split_lines(texts: list[str] | tuple[str, ...], limit: int = MAX_TRACKED_LINES) -> list[Line]:
+    """The first ``limit`` lines of the text blocks, in order (``str.find``: the rest of a huge
+    prompt is never split)."""
     out: list[Line] = []
     for bi, t in enumerate(texts):
         pos = 0
-        for part in t.split("\n"):
-            out.append(Line(bi, pos, pos + len(part)))
-            pos += len(part) + 1
+        while len(out) < limit:
+            nl = t.find("\n", pos)
+            end = len(t) if nl < 0 else nl
+            out.append(Line(bi, pos, end))
+            if nl < 0:
+                break
+            pos = nl + 1
+        if len(out) >= limit:
+            break
     return out
 
 
+def pack(hashes: list[str]) -> str:
+    """Fixed-width hex hashes joined into one string (one object, not one per line)."""
+    return "".join(hashes)
+
+
+def unpack(packed: Any, width: int) -> list[str]:
+    """:func:`pack`'s inverse; also accepts the older list form. Anything else: ``[]``."""
+    if isinstance(packed, list):
+        return [x for x in packed if isinstance(x, str)]
+    if not isinstance(packed, str) or len(packed) % width:
+        return []
+    return [packed[i:i + width] for i in range(0, len(packed), width)]
+
+
 def line_hashes(texts: list[str]) -> list[str]:
-    """:func:`h16` of each line of ``texts`` (memoized: system prompts repeat)."""
-    return list(_line_hashes(tuple(texts)))
-
-
-@lru_cache(maxsize=128)
-def _line_hashes(texts: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(h16(texts[ln.block][ln.start:ln.end]) for ln in split_lines(texts))
+    """:func:`line_digest` of each tracked line of ``texts`` (the first
+    :data:`MAX_TRACKED_LINES`)."""
+    return [line_digest(texts[ln.block][ln.start:ln.end]) for ln in split_lines(texts)]
 
 
 def word_hashes(texts: list[str]) -> dict[str, list[str]]:
-    """``{line index: [8-hex crc32 word hashes]}`` for long lines (at most MAX_WORD_HASHES)."""
-    return {k: list(v) for k, v in _word_hashes(tuple(texts))}
-
-
-@lru_cache(maxsize=128)
-def _word_hashes(texts: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    out: dict[str, tuple[str, ...]] = {}
+    """``{line index: [8-hex crc32 word hashes]}`` for long tracked lines (at most
+    :data:`MAX_WORD_HASHES` in all)."""
+    out: dict[str, list[str]] = {}
     total = 0
     for j, ln in enumerate(split_lines(texts)):
-        text = texts[ln.block][ln.start:ln.end]
-        if len(text) < WORD_DIFF_MIN_CHARS:
+        if ln.end - ln.start < WORD_DIFF_MIN_CHARS:
             continue
-        words = tuple(_h8(m.group()) for m in _WORD.finditer(text))
+        text = texts[ln.block][ln.start:ln.end]
+        words = [_h8(m.group()) for m in _WORD.finditer(text)]
         if total + len(words) > MAX_WORD_HASHES:
             break
         total += len(words)
         out[str(j)] = words
-    return tuple(out.items())
+    return out
+
+
+def packed_memory(texts: list[str]) -> tuple[str, dict[str, str]]:
+    """``(lines, words)`` as stored in session memory: :func:`line_hashes` and
+    :func:`word_hashes` packed (at most ~4 KB)."""
+    return pack(line_hashes(texts)), {k: pack(v) for k, v in word_hashes(texts).items()}
 
 
 def _anchor(cur: list[str], counts: dict[str, int], j1: int) -> tuple[str, int]:
@@ -143,7 +181,7 @@ def learned_spans(texts: list[str], learned: list[list[Any]], taken: dict[int, l
     :data:`MAX_WHOLE_LINE_CHARS` is skipped (reported), never moved.
     """
     lines = split_lines(texts)
-    hashes = [h16(texts[ln.block][ln.start:ln.end]) for ln in lines]
+    hashes = [line_digest(texts[ln.block][ln.start:ln.end]) for ln in lines]
     out: dict[int, list[Span]] = {}
     skipped: list[str] = []
     for entry in learned:

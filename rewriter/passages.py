@@ -42,9 +42,14 @@ RETRIEVAL_TAGS: tuple[str, ...] = (
 """Tags that mark injected retrieval in a user's own message: the ones RAG frameworks and
 Anthropic's long-context guide wrap retrieved chunks in. Generic words (``result``, ``source``,
 ``context``, ``reference``, ``article``) are not among them."""
-_ATTR = re.compile(r"""([A-Za-z_][\w-]*)\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))""")
+_ATTR = re.compile(
+    r"""([A-Za-z_][\w-]{0,63})\s{0,8}=\s{0,8}(?:"([^"]{0,256})"|'([^']{0,256})'|([^\s>]{1,256}))""")
 _ID_ATTRS = ("id", "index", "doc_id", "docid", "key", "idx", "name")
-_NUMBERED = re.compile(r"(?m)^[ \t]*\[(\d{1,4})\][ \t]?")
+_NUMBERED = re.compile(r"(?m)^[ \t]{0,16}\[(\d{1,4})\][ \t]?")
+_OPEN = {tag: re.compile(rf"<{tag}(\s[^>]{{0,255}})?>", re.IGNORECASE) for tag in PASSAGE_TAGS}
+_CLOSE = {tag: re.compile(rf"</{tag}>", re.IGNORECASE) for tag in PASSAGE_TAGS}
+_INNER_TAG = re.compile(r"<[^>]{1,80}>")
+"""Every quantifier bounded (attributes at most 255 characters): each scan is linear."""
 
 
 @dataclass(frozen=True)
@@ -76,17 +81,37 @@ def _attr_id(attrs: str) -> str | None:
     return None
 
 
+def _pairs(text: str, tag: str) -> list[tuple[re.Match[str], int, int]]:
+    """``(opening match, body end, element end)`` per closed element, as a lazy
+    ``<tag ...>(.*?)</tag>`` scan would pair them (an opening takes the first closing after it;
+    openings inside a body are part of it), in one sweep over openings and closings: linear,
+    where the lazy regex re-scanned to the end of the text from every unclosed opening."""
+    closes = [(m.start(), m.end()) for m in _CLOSE[tag].finditer(text)]
+    out: list[tuple[re.Match[str], int, int]] = []
+    ci, pos = 0, 0
+    for m in _OPEN[tag].finditer(text):
+        if m.start() < pos:
+            continue
+        while ci < len(closes) and closes[ci][0] < m.end():
+            ci += 1
+        if ci == len(closes):
+            break
+        out.append((m, closes[ci][0], closes[ci][1]))
+        pos = closes[ci][1]
+        ci += 1
+    return out
+
+
 def _tagged(text: str, tags: Sequence[str] = PASSAGE_TAGS) -> list[Passage]:
     lowered = text.lower()
     for tag in tags:
         if lowered.count(f"</{tag}>") < 2:
             continue
-        pat = re.compile(rf"<{tag}(\s[^>]*)?>(.*?)</{tag}>", re.DOTALL | re.IGNORECASE)
-        found = [
-            Passage(_attr_id(m.group(1) or "") or content_id(m.group(2)), m.start(), m.end(),
-                    f"tag:{tag}", re.sub(r"<[^>]{1,80}>", " ", m.group(2)))
-            for m in pat.finditer(text)
-        ]
+        found = []
+        for m, body_end, end in _pairs(text, tag):
+            body = text[m.end():body_end]
+            found.append(Passage(_attr_id(m.group(1) or "") or content_id(body), m.start(), end,
+                                 f"tag:{tag}", _INNER_TAG.sub(" ", body)))
         if len(found) >= 2:
             return found
     return []
@@ -116,7 +141,7 @@ def _delimited(text: str, delimiters: Sequence[str]) -> list[Passage]:
     for delim in delimiters:
         if not delim or text.count(delim) < 3:
             continue
-        cuts = [m.start() for m in re.finditer(re.escape(delim), text)]
+        cuts = _occurrences(text, delim)
         out = []
         for a, b in pairwise(cuts):
             s, e = a + len(delim), b
@@ -126,6 +151,16 @@ def _delimited(text: str, delimiters: Sequence[str]) -> list[Passage]:
         if len(out) >= 2:
             return out
     return []
+
+
+def _occurrences(text: str, delim: str) -> list[int]:
+    """Start of every non-overlapping occurrence of ``delim``, left to right (``str.find``)."""
+    out: list[int] = []
+    i = text.find(delim)
+    while i >= 0:
+        out.append(i)
+        i = text.find(delim, i + len(delim))
+    return out
 
 
 def find_passages(text: str, delimiters: Sequence[str] = (), *,

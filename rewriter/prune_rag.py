@@ -105,28 +105,39 @@ def _user_residual(msg: Message, delimiters: Sequence[str]) -> str:
     return "\n".join(parts)
 
 
-def _call_args(prompt: Prompt, upto: int, tool_id: str) -> str:
-    for m in reversed(prompt.messages[:upto]):
-        for b in m.blocks:
-            if b.type == "tool_use" and b.tool_id == tool_id:
+@dataclass
+class _History:
+    """What :func:`_query` reads from the messages before the current one, kept up to date as
+    :func:`run` walks forward (the old backward walk per message was quadratic: 50,000
+    messages of tool results took seconds). ``args``: tool call id -> arguments of the newest
+    call with that id; ``user_terms``: terms of the newest user text with any."""
+
+    args: dict[str, str]
+    user_terms: list[str]
+
+    def after(self, msg: Message, ctx: Context) -> None:
+        """Take ``msg`` into account (call once per message, in order)."""
+        seen: set[str] = set()
+        for b in msg.blocks:  # the first call with an id in a message wins, as before
+            if b.type == "tool_use" and b.tool_id and b.tool_id not in seen:
+                seen.add(b.tool_id)
                 fn = b.raw.get("function")
                 args = fn.get("arguments") if isinstance(fn, dict) else b.raw.get("input")
-                return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return ""
+                self.args[b.tool_id] = args if isinstance(args, str) else json.dumps(
+                    args, ensure_ascii=False)
+        if msg.role == "user":
+            found = terms(_user_residual(msg, ctx.settings.rag_delimiters))
+            if found:
+                self.user_terms = found
 
 
-def _query(prompt: Prompt, mi: int, own: str, tool_id: str | None, ctx: Context) -> list[str]:
+def _query(hist: _History, own: str, tool_id: str | None) -> list[str]:
     text = own
     if tool_id:
-        text += "\n" + _call_args(prompt, mi, tool_id)
+        text += "\n" + hist.args.get(tool_id, "")
     q = terms(text)
-    if len(q) < MIN_OWN_QUERY_TERMS:
-        for m in reversed(prompt.messages[:mi]):
-            if m.role == "user":
-                prev = terms(_user_residual(m, ctx.settings.rag_delimiters))
-                if prev:
-                    q = q + prev
-                    break
+    if len(q) < MIN_OWN_QUERY_TERMS and hist.user_terms:
+        q = q + hist.user_terms
     return q
 
 
@@ -221,11 +232,10 @@ def _prune_text_block(b: Block, query: list[str], ctx: Context, tally: _Tally, *
     return b if new == b.text else b.with_text(new)
 
 
-def _prune_message(prompt: Prompt, mi: int, ctx: Context, tally: _Tally) -> Message:
-    msg = prompt.messages[mi]
+def _prune_message(msg: Message, hist: _History, ctx: Context, tally: _Tally) -> Message:
     delims = ctx.settings.rag_delimiters
     if msg.role == "tool":
-        q = _query(prompt, mi, "", msg.tool_call_id, ctx)
+        q = _query(hist, "", msg.tool_call_id)
         return msg.with_blocks([_prune_text_block(b, q, ctx, tally, retrieved=True)
                                 for b in msg.blocks])
     if msg.role != "user":
@@ -235,12 +245,12 @@ def _prune_message(prompt: Prompt, mi: int, ctx: Context, tally: _Tally) -> Mess
     new_blocks: list[Block] = []
     for b in blocks:
         if b.type == "tool_result":
-            q = _query(prompt, mi, "", b.tool_id, ctx)
+            q = _query(hist, "", b.tool_id)
             new_blocks.append(_prune_tool_result(b, q, ctx, tally))
         else:
-            new_blocks.append(_prune_text_block(b, _query(prompt, mi, own, None, ctx), ctx, tally,
+            new_blocks.append(_prune_text_block(b, _query(hist, own, None), ctx, tally,
                                                 retrieved=False))
-    new_blocks = _prune_block_run(new_blocks, _query(prompt, mi, own, None, ctx), ctx, tally)
+    new_blocks = _prune_block_run(new_blocks, _query(hist, own, None), ctx, tally)
     if all(a is b for a, b in zip(new_blocks, blocks)) and len(new_blocks) == len(blocks):
         return msg
     return msg.with_blocks(new_blocks)
@@ -249,7 +259,12 @@ def _prune_message(prompt: Prompt, mi: int, ctx: Context, tally: _Tally) -> Mess
 def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     """Prune passages in user messages and tool results; one Edit (``region="messages"``)."""
     tally = _Tally()
-    messages = tuple(_prune_message(prompt, i, ctx, tally) for i in range(len(prompt.messages)))
+    hist = _History({}, [])
+    out: list[Message] = []
+    for msg in prompt.messages:
+        out.append(_prune_message(msg, hist, ctx, tally))
+        hist.after(msg, ctx)  # the client's message: later queries read what the client sent
+    messages = tuple(out)
     if tally.groups == 0:
         why = "no retrieval over budget"
         if tally.skipped_citations:

@@ -24,17 +24,40 @@ def _strip(v: Any) -> Any:
     return v
 
 
+def _has_key(v: Any, key: str) -> bool:
+    """True when ``key`` is a key of any dict nested in ``v`` (a walk over the containers:
+    no serialization of the texts)."""
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            if key in x:
+                return True
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return False
+
+
 def stable_region(prompt: Prompt) -> dict[str, Any]:
     """``{"tools": [...], "system": [...]}`` in wire form, without cache_control markers."""
     render = render_openai if prompt.api == "openai" else render_anthropic
     region = {"tools": [t.raw for t in prompt.tools or ()],
               "system": [render(m) for m in prompt.system]}
-    if '"cache_control"' in json.dumps(region, ensure_ascii=False):
+    if _has_key(region, "cache_control"):
         return _strip(region)  # type: ignore[no-any-return]
     return region
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def stable_prefix_hash(prompt: Prompt) -> str:
-    """Hex sha256 of :func:`stable_region` serialized compactly (key order kept)."""
-    data = json.dumps(stable_region(prompt), separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(data.encode()).hexdigest()
+    """Hex sha256 of :func:`stable_region` serialized compactly (key order kept): the bytes of
+    ``json.dumps(region, separators=(",", ":"), ensure_ascii=False)``, fed to the hash piece by
+    piece (no copy of a megabytes-long system prompt, and a worker thread yields between
+    pieces)."""
+    h = hashlib.sha256()
+    for piece in _ENCODER.iterencode(stable_region(prompt)):
+        h.update(piece.encode())
+    return h.hexdigest()

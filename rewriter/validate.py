@@ -40,22 +40,22 @@ MAX_BREAKPOINTS = 4
 
 
 def _openai_pairing(msgs: tuple[Message, ...], out: Violations) -> None:
-    pending: list[str] = []
+    pending: Counter[str] = Counter()  # a multiset: linear in calls (a list was quadratic)
     in_tool_run = False
     for m in msgs:
         if m.role == "tool":
             tid = m.tool_call_id or ""
-            if in_tool_run and tid in pending:
-                pending.remove(tid)
+            if in_tool_run and pending[tid] > 0:
+                pending[tid] -= 1
             else:
                 out[("orphan_tool_result", tid)] += 1
             continue
-        for tid in pending:
+        for tid in pending.elements():
             out[("unanswered_tool_use", tid)] += 1
         calls = [b.tool_id or "" for b in m.blocks if b.type == "tool_use"]
-        pending = list(calls) if m.role == "assistant" else []
+        pending = Counter(calls) if m.role == "assistant" else Counter()
         in_tool_run = m.role == "assistant" and bool(calls)
-    for tid in pending:
+    for tid in pending.elements():
         out[("unanswered_tool_use", tid)] += 1
 
 
@@ -66,11 +66,12 @@ def _anthropic_pairing(msgs: tuple[Message, ...], out: Violations) -> None:
             out[("bad_role", m.role)] += 1
         results = [b.tool_id or "" for b in m.blocks if b.type == "tool_result"]
         if m.role == "user":
+            calls_set, results_set = set(prev_calls), set(results)  # linear membership tests
             for tid in results:
-                if tid not in prev_calls:
+                if tid not in calls_set:
                     out[("orphan_tool_result", tid)] += 1
             for tid in prev_calls:
-                if tid not in results:
+                if tid not in results_set:
                     out[("unanswered_tool_use", tid)] += 1
             seen_other = False
             for b in m.blocks:

@@ -16,8 +16,8 @@ Patterns (each a named regex; the span is group ``v`` when present, else the who
   *clock*, *current*, *as of*, *updated*.
 * ``epoch`` — 10- or 13-digit Unix time after *timestamp* / *epoch* / *unix time* / *ts*.
 * ``uuid`` — RFC 4122 textual UUIDs.
-* ``labelled_id`` — an id of ≥16 ``[A-Za-z0-9_-]`` characters with a digit, after a label such
-  as *request id*, *session_id*, *trace-id*, *correlation id*, *nonce*.
+* ``labelled_id`` — an id of 16..128 ``[A-Za-z0-9_-]`` characters with a digit and a letter,
+  after a label such as *request id*, *session_id*, *trace-id*, *correlation id*, *nonce*.
 
 Spans introduced as examples (``e.g.``, ``for example``, ``format``, ``such as``, ``like``
 right before them) are not volatile: they are documentation, identical on every request.
@@ -30,18 +30,28 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 _TZ = r"(?:Z|[+-]\d{2}(?::?\d{2})?|UTC|GMT|EST|EDT|CST|CDT|MST|MDT|PST|PDT|CET|CEST|BST|IST|JST|AEST|AEDT)"
-_MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*\.?"
-_TIME = r"\d{1,2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:\s?[AaPp]\.?[Mm]\.?)?"
+_MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]{0,6}\.?"
+_TIME = r"\d{1,2}:\d{2}(?::\d{2}(?:[.,]\d{1,9})?)?(?:\s?[AaPp]\.?[Mm]\.?)?"
+_SP = r"\s{1,4}"
+_ID = r"[A-Za-z0-9_-]"
+
+MAX_REACH = 512
+"""Most characters one match attempt of any pattern here may examine (lookarounds included);
+every quantifier is bounded, so a scan costs at most ``MAX_REACH`` steps per start position:
+linear in the text (``tests/rewriter/test_linear_scans.py`` checks the bound on the parsed
+patterns). The 132 KB freeze of issue 8 was ``labelled_id`` with unbounded lookaheads: every
+``request-`` label re-scanned the rest of a long ``[A-Za-z0-9_-]`` run (quadratic)."""
 
 DETECTORS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("iso_datetime", re.compile(
-        rf"\b\d{{4}}-\d{{2}}-\d{{2}}[T ]\d{{1,2}}:\d{{2}}(?::\d{{2}}(?:[.,]\d+)?)?(?:\s?{_TZ})?(?![\w:])")),
+        rf"\b\d{{4}}-\d{{2}}-\d{{2}}[T ]\d{{1,2}}:\d{{2}}(?::\d{{2}}(?:[.,]\d{{1,9}})?)?"
+        rf"(?:\s?{_TZ})?(?![\w:])")),
     ("rfc2822", re.compile(
-        rf"\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun),?\s+\d{{1,2}}\s+{_MON}\s+\d{{4}}\s+{_TIME}"
-        rf"(?:\s+{_TZ})?(?![\w:])")),
+        rf"\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun),?{_SP}\d{{1,2}}{_SP}{_MON}{_SP}\d{{4}}{_SP}{_TIME}"
+        rf"(?:{_SP}{_TZ})?(?![\w:])")),
     ("long_datetime", re.compile(
-        rf"(?:\b{_MON}\s+\d{{1,2}}(?:st|nd|rd|th)?,?\s+\d{{4}}|\b\d{{1,2}}\s+{_MON}\s+\d{{4}}"
-        rf"|\b\d{{1,2}}/\d{{1,2}}/\d{{2,4}}),?\s+(?:at\s+)?{_TIME}(?:\s?{_TZ})?(?![\w:])")),
+        rf"(?:\b{_MON}{_SP}\d{{1,2}}(?:st|nd|rd|th)?,?{_SP}\d{{4}}|\b\d{{1,2}}{_SP}{_MON}{_SP}\d{{4}}"
+        rf"|\b\d{{1,2}}/\d{{1,2}}/\d{{2,4}}),?{_SP}(?:at{_SP})?{_TIME}(?:\s?{_TZ})?(?![\w:])")),
     ("labelled_time", re.compile(
         rf"(?i:\b(?:time|now|clock|current(?:ly)?|as of|updated|it is)\b)[^\n\d]{{0,20}}"
         rf"(?P<v>{_TIME}(?:\s?{_TZ})?)(?![\w:])")),
@@ -51,9 +61,11 @@ DETECTORS: tuple[tuple[str, re.Pattern[str]], ...] = (
         r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")),
     ("labelled_id", re.compile(
         r"(?i:\b(?:request|req|session|trace|span|correlation|conversation|run|nonce|message)"
-        r"[ _-]?(?:id)?\b)\W{1,3}(?P<v>(?=[A-Za-z0-9_-]*\d)(?=[A-Za-z0-9_-]*[A-Za-z])"
-        r"[A-Za-z0-9_-]{16,})")),
+        rf"[ _-]?(?:id)?\b)\W{{1,3}}(?P<v>(?={_ID}{{0,127}}\d)(?={_ID}{{0,127}}[A-Za-z])"
+        rf"{_ID}{{16,128}})(?!{_ID})")),
 )
+"""``(kind, pattern)`` in priority order. Ids are 16..128 characters (a longer run is not an
+id); month names at most 9 letters; fractions of a second at most 9 digits."""
 
 
 @dataclass(frozen=True)
@@ -65,15 +77,44 @@ class Span:
     end: int
 
 
+MEMO_MAX_CHARS = 1 << 16
+"""Texts up to this length are memoized (system prompts repeat on every request of a session);
+longer ones are scanned each time, so the memo holds at most 512 x 64 K characters."""
+WINDOW_CHARS = 1 << 16
+"""Long texts are scanned in windows of about this many characters, cut after a newline: each
+``finditer`` call is short, so a worker thread scanning megabytes lets the event loop run."""
+
+
 def find_spans(text: str) -> list[Span]:
     """Non-overlapping volatile spans in ``text``, sorted by start (earlier detectors win ties).
 
-    Memoized (system prompts and tool descriptions repeat on every request of a session).
+    Linear in ``len(text)`` (see :data:`MAX_REACH`); a span never crosses a window cut (a
+    newline every ~64 K characters). Memoized for texts up to :data:`MEMO_MAX_CHARS`.
     """
-    return list(_find_spans(text)) if text else []
+    if not text:
+        return []
+    if len(text) <= MEMO_MAX_CHARS:
+        return list(_find_spans_memo(text))
+    return list(_find_spans(text))
 
 
-_EXAMPLE = re.compile(r"(?i:e\.g\.|i\.e\.|example|for instance|format|such as|like)\W*\S*\W*$")
+def windows(text: str, size: int = WINDOW_CHARS) -> list[tuple[int, int]]:
+    """``[(start, end)]`` covering ``text``, each about ``size`` characters, cut after a newline
+    when one lies in the window's second half (else at ``size``)."""
+    out: list[tuple[int, int]] = []
+    pos, n = 0, len(text)
+    while pos < n:
+        end = min(n, pos + size)
+        if end < n:
+            cut = text.rfind("\n", pos + size // 2, end)
+            end = cut + 1 if cut >= 0 else end
+        out.append((pos, end))
+        pos = end
+    return out
+
+
+_EXAMPLE = re.compile(
+    r"(?i:e\.g\.|i\.e\.|example|for instance|format|such as|like)\W{0,30}\S{0,30}\W{0,30}$")
 """Text right before a span that marks it as an example value, not a live reading."""
 
 
@@ -81,14 +122,25 @@ def _is_example(text: str, start: int) -> bool:
     return bool(_EXAMPLE.search(text[max(0, start - 30):start]))
 
 
+def _has_digit(text: str, a: int, b: int) -> bool:
+    return any(text.find(d, a, b) >= 0 for d in "0123456789")
+
+
 @lru_cache(maxsize=512)
+def _find_spans_memo(text: str) -> tuple[Span, ...]:
+    return _find_spans(text)
+
+
 def _find_spans(text: str) -> tuple[Span, ...]:
     found: list[Span] = []
-    for kind, rx in DETECTORS:
-        for m in rx.finditer(text):
-            s, e = (m.span("v") if "v" in rx.groupindex else m.span())
-            if e > s and not _is_example(text, m.start()):
-                found.append(Span(kind, s, e))
+    for a, b in windows(text):
+        if not _has_digit(text, a, b):  # every span holds a digit (a UUID its version digit)
+            continue
+        for kind, rx in DETECTORS:
+            for m in rx.finditer(text, a, b):
+                s, e = (m.span("v") if "v" in rx.groupindex else m.span())
+                if e > s and not _is_example(text, m.start()):
+                    found.append(Span(kind, s, e))
     found.sort(key=lambda sp: (sp.start, -(sp.end - sp.start)))
     out: list[Span] = []
     for sp in found:

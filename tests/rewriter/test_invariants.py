@@ -60,6 +60,10 @@ def test_anthropic_rewrites_keep_turns_pairs_breakpoints_and_determinism(
     _check(body, "anthropic")
 
 
+def _skipped_as_not_paying(r: Any) -> bool:
+    return any(e.pass_name == "hoist_volatile" and "does not pay" in e.detail for e in r.edits)
+
+
 def _reclock(body: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(body).replace(CLOCK_A, CLOCK_B))  # type: ignore[no-any-return]
 
@@ -69,6 +73,8 @@ def _reclock(body: dict[str, Any]) -> dict[str, Any]:
 def test_openai_stable_prefix_survives_a_clock_change(body: dict[str, Any]) -> None:
     a = rewrite_request(body, "openai", ctx())
     b = rewrite_request(_reclock(body), "openai", ctx())
+    if _skipped_as_not_paying(a) and _skipped_as_not_paying(b):
+        return  # too short for the move to pay (issue 8, class 8): nothing added, reason given
     assert a.stable_prefix_hash == b.stable_prefix_hash
     assert a.body["messages"][:-1] == b.body["messages"][:-1]
     assert CLOCK_B in json.dumps(b.body["messages"][-1])
@@ -79,6 +85,8 @@ def test_openai_stable_prefix_survives_a_clock_change(body: dict[str, Any]) -> N
 def test_anthropic_stable_prefix_survives_a_clock_change(body: dict[str, Any]) -> None:
     a = rewrite_request(body, "anthropic", ctx("anthropic"))
     b = rewrite_request(_reclock(body), "anthropic", ctx("anthropic"))
+    if _skipped_as_not_paying(a) and _skipped_as_not_paying(b):
+        return  # below Anthropic's minimum cacheable length: nothing added, reason given
     assert a.stable_prefix_hash == b.stable_prefix_hash
     assert json.dumps(a.body["system"]) == json.dumps(b.body["system"])
     assert CLOCK_B in json.dumps(b.body["messages"][-1])
@@ -98,11 +106,12 @@ def test_with_pruning_on_requests_stay_valid_and_deterministic(body: dict[str, A
 
 
 @PROPS
-@given(st.integers(0, 30), st.lists(st.text("abcdefgh0123", min_size=3, max_size=8),
+@given(st.integers(0, 20), st.lists(st.text("abcdefgh0123", min_size=3, max_size=8),
                                     min_size=3, max_size=6, unique=True))
 def test_a_line_that_keeps_changing_is_learned_and_leaves_the_prefix(
         line: int, values: list[str]) -> None:
     rules = [f"Rule {i}: keep answers short and factual." for i in range(31)]
+    # lines 0..20: at least ten rules follow the live line, so moving it pays (class 8)
 
     def body(v: str) -> dict[str, Any]:
         lines = list(rules)

@@ -1,0 +1,69 @@
+"""hoist_volatile runs only when it pays (issue 8, class 8; rule in ``rewriter/pays.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from config.cache_rules import RADIX_MIN_CACHEABLE_TOKENS, min_cacheable_for
+from rewriter.pays import count_upto
+from rewriter.pipeline import rewrite_request
+from rewriter.tokens import count_tokens
+from tests.rewriter.helpers import ctx
+
+CLOCK = "Current time: 2025-03-04 10:15:00 UTC."
+RULE = "Rule: answer briefly, cite the policy section, and never guess a booking code.\n"
+
+
+def _chat(system: str) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "system", "content": system},
+                                       {"role": "user", "content": "What time is it?"}]}
+
+
+def _hoist(r: Any) -> Any:
+    return next(e for e in r.edits if e.pass_name == "hoist_volatile")
+
+
+def test_issue_example_two_message_chat_with_a_timestamp_goes_out_unchanged() -> None:
+    body = _chat(f"You are a helpful assistant. {CLOCK}")
+    for provider in ("radix", "openai"):
+        r = rewrite_request(body, "openai", ctx(provider))
+        assert r.body is body and r.summary() == "none"
+        assert "does not pay" in _hoist(r).detail
+
+
+def test_anthropic_prefix_below_the_model_minimum_is_left_alone_and_above_it_is_hoisted() -> None:
+    floor = min_cacheable_for("anthropic", "claude-sonnet-4-5")
+    per_rule = count_tokens(RULE)
+
+    def body(rules: int) -> dict[str, Any]:
+        return {"model": "claude-sonnet-4-5", "max_tokens": 9, "system": CLOCK + "\n" + RULE * rules,
+                "messages": [{"role": "user", "content": "hi"}]}
+    short = rewrite_request(body(floor // per_rule // 2), "anthropic",
+                            ctx("anthropic", model="claude-sonnet-4-5"))
+    assert f"below the minimum cacheable length of {floor}" in _hoist(short).detail
+    assert "2025-03-04" in short.body["system"]
+    long = rewrite_request(body(2 * floor // per_rule), "anthropic",
+                           ctx("anthropic", model="claude-sonnet-4-5"))
+    assert _hoist(long).applied and "2025-03-04" not in str(long.body["system"])
+
+
+def test_a_clock_on_the_last_system_line_is_not_moved_when_the_note_costs_more() -> None:
+    body = _chat(RULE * 200 + CLOCK)  # long stable prefix, but nothing stable after the clock
+    r = rewrite_request(body, "openai", ctx("radix"))
+    assert r.body is body
+    assert "makes only" in _hoist(r).detail
+
+
+def test_the_radix_floor_is_one_kv_block() -> None:
+    assert min_cacheable_for("radix", "anything") == RADIX_MIN_CACHEABLE_TOKENS == 16
+
+
+def test_deciding_counts_a_bounded_share_of_a_huge_prompt() -> None:
+    counted: list[int] = []
+
+    def counter(text: str) -> int:
+        counted.append(len(text))
+        return count_tokens(text)
+    big = RULE * 200_000  # ~16 MB
+    assert count_upto([big], 2_000, counter) >= 2_000
+    assert sum(counted) < len(big) // 100
