@@ -30,6 +30,9 @@ LINEAR_BY_ARGUMENT = {
     # one greedy run of a single character class per alternative, lookahead of 2 characters,
     # and finditer resumes after the run: each character is examined a bounded number of times
     "rewriter.bm25._WORD",
+    # a word then one greedy run of one character class, no alternation: finditer resumes
+    # after the run, so each character is examined a bounded number of times
+    "rewriter.prune_tools._WORD",
 }
 
 
