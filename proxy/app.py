@@ -54,6 +54,7 @@ from proxy.errors import (
 from proxy.headers import downstream_headers, upstream_headers
 from proxy.insight import Analysis, Insight, input_cost_usd
 from proxy.metrics import ProxyMetrics
+from proxy.openapi_schemas import ANTHROPIC_MESSAGES_REQUEST, OPENAI_CHAT_REQUEST, request_body
 from proxy.relay import SSE_HEADERS, SSEResponse, Timing, Upstream, relay_events
 from proxy.rewriting import (
     RewriteFn,
@@ -336,11 +337,11 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         err = UnknownEndpoint(request.method, request.url.path, exc.status_code)
         return error_response(err, api_for_path(request.url.path), dict(exc.headers or {}))
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=request_body(OPENAI_CHAT_REQUEST))
     async def chat_completions(request: Request) -> Response:
         return await _proxy(state, request, "openai")
 
-    @app.post("/v1/messages")
+    @app.post("/v1/messages", openapi_extra=request_body(ANTHROPIC_MESSAGES_REQUEST))
     async def messages(request: Request) -> Response:
         return await _proxy(state, request, "anthropic")
 
