@@ -145,7 +145,7 @@ KNOWN_DEFECTS: tuple[KnownDefect, ...] = (
         "openai", "claude-fuzz",
         '{"model":"claude-fuzz","messages":[{"role":"user","content":[{"type":"text","text":"transcribe"},'
         '{"type":"input_audio","input_audio":{"data":"UklGRg==","format":"wav"}}]}]}',
-        detail=r"^(?!system message)"),
+        detail=r"^(?!system message \(text\))"),
     KnownDefect(
         "bridges_drop_fields", 5, "both bridges drop top-level fields they do not map (O->A: n, "
         "seed, response_format, logit_bias, metadata, parallel_tool_calls...; A->O: thinking, "

@@ -222,8 +222,11 @@ def answer_problems(body: bytes, ctype: str, api: str, stream: bool) -> list[str
         if not ctype.startswith("text/event-stream"):
             return ["stream_answer_not_sse"]
         text = body.decode("utf-8", "replace")
-        final = "[DONE]" if api == "openai" else "message_stop"
-        return [] if final in text and '"error"' not in text else ["stream_not_finished"]
+        if api == "openai":
+            done = "data: [DONE]" in text and 'data: {"error"' not in text
+        else:
+            done = "event: message_stop" in text and "event: error" not in text
+        return [] if done else ["stream_not_finished"]
     try:
         obj = json.loads(body)
     except ValueError:

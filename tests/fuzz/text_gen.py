@@ -9,6 +9,7 @@ zero-width and line/paragraph separators, NUL). Numbers come as literal text (:c
 
 from __future__ import annotations
 
+import base64
 import random
 
 from tests.fuzz.jsontext import Num
@@ -28,7 +29,7 @@ TAGS = ("document", "passage", "chunk", "search_result", "doc")
 
 def words(r: random.Random, n: int) -> str:
     """``n`` words, sometimes with an odd unicode piece mixed in."""
-    out = [r.choice(WORDS) for _ in range(n)]
+    out = r.choices(WORDS, k=n)
     if r.random() < 0.3:
         for _ in range(r.randint(1, 3)):
             out.insert(r.randrange(len(out) + 1), r.choice(ODD))
@@ -55,7 +56,7 @@ def instruction_list(r: random.Random) -> str:
 def passages(r: random.Random, delimiter: str) -> str:
     """A retrieval: 2-6 passages, tagged ``<document id=..>``, numbered ``[n]`` or delimited."""
     n = r.randint(2, 6)
-    bodies = [words(r, r.randint(8, 40)) for _ in range(n)]
+    bodies = [words(r, r.randint(6, 30)) for _ in range(n)]
     if n > 2 and r.random() < 0.3:
         bodies[1] = bodies[0]  # an exact duplicate: the dedupe step's food
     form = r.randrange(3)
@@ -172,5 +173,4 @@ def deep(n: int) -> str:
 
 def base64ish(r: random.Random, n: int) -> str:
     """``n`` base64 characters (not a real image: the upstream is a recorder)."""
-    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-    return "".join(r.choice(alphabet) for _ in range(n)) + "=="
+    return base64.b64encode(r.randbytes(n * 3 // 4)).decode()
