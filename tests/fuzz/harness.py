@@ -196,6 +196,6 @@ class FuzzRig:
             hdrs.setdefault("anthropic-version", "2023-06-01")
         else:
             hdrs.setdefault("authorization", "Bearer client-key")
-        start = len(self.seen)
+        self.seen.clear()  # only this request's upstream traffic is kept (memory stays flat)
         resp = self.loop.run_until_complete(self.client.post(path, content=raw, headers=hdrs))
-        return Exchange(resp.status_code, dict(resp.headers), resp.content, self.seen[start:])
+        return Exchange(resp.status_code, dict(resp.headers), resp.content, list(self.seen))
