@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tests.fuzz.fields import field_violations
@@ -38,6 +38,11 @@ PATHS: tuple[tuple[str, str], ...] = (
     ("anthropic", "gpt-fuzz"), ("openai", "claude-fuzz"),
 )
 PRUNERS = ("prune_tools", "prune_rag", "prune_history")
+HOSTILE_HEADERS: tuple[tuple[str, bytes], ...] = (
+    ("user-agent", "fuzz-agent/1.0 (caf\u00e9)".encode()), ("x-stainless-os", "Linux\u00e9".encode()),
+    ("anthropic-beta", "prompt-caching-2024-07-31,\u00e9".encode()), ("x-request-id", b"req-\xff\xfe"),
+    ("user-agent", b"a" * 8000),
+)
 
 
 def backend_api(model: str) -> str:
@@ -61,6 +66,7 @@ class Case:
     raw: bytes
     valid: bool
     session: str
+    headers: dict[str, bytes] = field(default_factory=dict)
 
     @property
     def path(self) -> str:
@@ -72,7 +78,12 @@ def make_case(seed: int, path: int) -> Case:
     r = random.Random(seed)
     api, model = PATHS[path % len(PATHS)]
     body, valid = (anthropic_body if api == "anthropic" else openai_body)(r, model)
-    return Case(api, model, body, dumps(body, ascii_only=r.random() < 0.2), valid, f"s{seed % 13}")
+    raw = dumps(body, ascii_only=r.random() < 0.2)
+    headers = {}
+    if r.random() < 0.04:  # what SDKs and agents really send, with a byte HTTP allows but ASCII does not
+        name, value = r.choice(HOSTILE_HEADERS)
+        headers[name] = value
+    return Case(api, model, body, raw, valid, f"s{seed % 13}", headers)
 
 
 def applied_passes(summary: str) -> set[str]:

@@ -184,9 +184,10 @@ def _hostile(r: random.Random, body: dict[str, Any]) -> None:
             msgs.insert(r.randrange(len(msgs) + 1), {"role": r.choice(("system", "tool", "assistant", "user")),
                                                      "content": tg.words(r, 3)})
         elif roll == 4:
-            body["x_deep"] = Raw(tg.deep(r.choice((100, 300, 600, 1100))))
+            body["x_deep"] = Raw(tg.deep(r.choice((100, 300, 600, 1000, 1100))))
         elif roll == 5:
             m["content"] = [{"type": "tool_use", "id": "x", "name": "nope", "input": "not an object"},
+                            {"type": "tool_use", "id": "y", "name": "deep", "input": {"a": Raw(tg.deep(300))}},
                             {"type": "server_tool_use", "id": "srv_1", "name": "web_search",
                              "input": {"query": "q"}},
                             {"type": "web_search_tool_result", "tool_use_id": "srv_1", "content": []}]

@@ -137,12 +137,14 @@ def _hostile(r: random.Random, body: dict[str, Any]) -> None:
             msgs.insert(r.randrange(len(msgs) + 1), {"role": "assistant", "tool_calls": r.choice((
                 "abc", [{"id": "c1", "function": {"name": "x", "arguments": "{not json"}}],
                 [{"id": "c2", "type": "function", "function": {"name": "get_order", "arguments": "[1,2]"}}],
+                [{"id": "c3", "type": "function", "function": {"name": "get_order",
+                                                               "arguments": '{"a":' + tg.deep(300) + "}"}}],
                 [Num("1")]))})
         elif roll == 3:
             msgs.insert(r.randrange(len(msgs) + 1), {"role": r.choice(("function", "tool", "critic", "")),
                                                      "name": "get_weather", "content": tg.words(r, 3)})
         elif roll == 4:
-            body["x_deep"] = Raw(tg.deep(r.choice((100, 300, 600, 1100))))
+            body["x_deep"] = Raw(tg.deep(r.choice((100, 300, 600, 1000, 1100))))
         elif roll == 5:
             m["name"] = r.choice(("bob", Num("5"), tg.words(r, 2)))
             m[r.choice(("x_extra", "annotations", "cache_control"))] = tg.value(r)

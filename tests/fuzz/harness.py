@@ -186,7 +186,7 @@ class FuzzRig:
         self.loop.run_until_complete(self._lifespan.__aexit__(None, None, None))
         self.loop.close()
 
-    def send(self, api: str, raw: bytes, headers: dict[str, str] | None = None) -> Exchange:
+    def send(self, api: str, raw: bytes, headers: dict[str, Any] | None = None) -> Exchange:
         """POST ``raw`` to the endpoint of ``api`` and return what happened."""
         assert self.client is not None
         path = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"

@@ -37,11 +37,14 @@ class KnownDefect:
     model: str
     raw: str
     detail: str = ""
+    body: str = ""  # regex the client's raw body must match (the defect's trigger), if any
+    headers: tuple[tuple[str, bytes], ...] = ()  # request headers of the reproducer
 
-    def covers(self, path: str, v: Violation) -> bool:
-        """Whether this entry allows violation ``v`` seen on ``path``."""
+    def covers(self, path: str, v: Violation, raw: bytes = b"") -> bool:
+        """Whether this entry allows violation ``v`` seen on ``path`` for client body ``raw``."""
         return (v.kind in self.kinds and (not self.paths or path in self.paths)
-                and (not self.detail or re.search(self.detail, v.detail) is not None))
+                and (not self.detail or re.search(self.detail, v.detail) is not None)
+                and (not self.body or re.search(self.body.encode(), raw) is not None))
 
 
 def _turns(n: int, words: int) -> list[dict[str, str]]:
@@ -85,7 +88,7 @@ KNOWN_DEFECTS: tuple[KnownDefect, ...] = (
         "(orjson cannot serialise the translated body)",
         ("status_5xx",), (O2A,), "openai", "claude-fuzz",
         '{"model":"claude-fuzz","messages":[{"role":"user","content":"find it"},' + _BIG_CALL +
-        ',{"role":"tool","tool_call_id":"c1","content":"ok"}]}', detail="TypeError"),
+        ',{"role":"tool","tool_call_id":"c1","content":"ok"}]}', detail="TypeError", body=r"\d{20}"),
     KnownDefect(
         "o2a_stream_options_500", 1, "O->A bridge: a streamed request with a non-object "
         "stream_options is a 500 (AttributeError after the upstream request was sent) and "
@@ -93,6 +96,27 @@ KNOWN_DEFECTS: tuple[KnownDefect, ...] = (
         ("status_5xx", "ledger_mismatch"), (O2A,), "openai", "claude-fuzz",
         '{"model":"claude-fuzz","stream":true,"stream_options":"yes","messages":[{"role":"user","content":"hi"}]}',
         detail="AttributeError"),
+    KnownDefect(
+        "o2a_nesting_over_255_500", 6, "O->A bridge: tool-call arguments nested deeper than 255 "
+        "are a 500 (orjson's depth limit when serialising the translated body)",
+        ("status_5xx",), (O2A,), "openai", "claude-fuzz",
+        '{"model":"claude-fuzz","messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,'
+        '"tool_calls":[{"id":"c3","type":"function","function":{"name":"f","arguments":"{\\"a\\":'
+        + "[" * 300 + "1" + "]" * 300 + '}"}}]},{"role":"tool","tool_call_id":"c3","content":"ok"}]}',
+        detail="TypeError", body=r"\[{256}"),
+    KnownDefect(
+        "nesting_near_1000_500", 6, "a body nested ~1000 deep (under orjson's 1024 parse limit) is a "
+        "500 RecursionError in the rewriter instead of a 400",
+        ("status_5xx", "ledger_mismatch"), (), "openai", "gpt-fuzz",
+        '{"model":"gpt-fuzz","messages":[{"role":"system","content":"Current time: 2026-12-01T05:00:00Z"},'
+        '{"role":"user","content":"x"}],"x_deep":' + "[" * 1000 + "1" + "]" * 1000 + "}",
+        detail="RecursionError"),
+    KnownDefect(
+        "non_ascii_header_500", 6, "a non-ASCII byte in a forwarded header (User-Agent, "
+        "x-stainless-*, anthropic-beta, x-request-id) is a 500 and the request is never sent",
+        ("status_5xx",), (), "openai", "gpt-fuzz",
+        '{"model":"gpt-fuzz","messages":[{"role":"user","content":"hi"}]}',
+        detail="UnicodeEncodeError", headers=(("user-agent", "fuzz-agent/1.0 (caf\u00e9)".encode()),)),
     KnownDefect(
         "reserialised_numbers_change_text", 5, "a re-serialised body (any pass applied, or a bridge) "
         "changes number text: 0.70 -> 0.7, 465.70 -> 465.7, 10**29 -> 1e+29 (also inside tool "
@@ -193,6 +217,6 @@ KNOWN_DEFECTS: tuple[KnownDefect, ...] = (
 )
 
 
-def uncovered(path: str, violations: list[Violation]) -> list[Violation]:
-    """The violations no KNOWN_DEFECTS entry covers."""
-    return [v for v in violations if not any(d.covers(path, v) for d in KNOWN_DEFECTS)]
+def uncovered(path: str, violations: list[Violation], raw: bytes = b"") -> list[Violation]:
+    """The violations of client body ``raw`` on ``path`` that no KNOWN_DEFECTS entry covers."""
+    return [v for v in violations if not any(d.covers(path, v, raw) for d in KNOWN_DEFECTS)]

@@ -45,14 +45,14 @@ def run_case(rig: FuzzRig, seed: int, path: int) -> list[str]:
     answers per path and violations per kind in ``rig.stats``)."""
     case = make_case(seed, path)
     before, _ = rig.ledger_state()
-    ex = rig.send(case.api, case.raw, {"x-prefixgate-session": case.session})
+    ex = rig.send(case.api, case.raw, {"x-prefixgate-session": case.session, **case.headers})
     rows, status = rig.ledger_state()
     found = check_exchange(case, ex, (rows - before, status or 0))
     rig.stats[("answer", case.path, f"{ex.status // 100}xx")] += 1
     for v in found:
         rig.stats[("violation", v.kind)] += 1
     return [f"seed={seed} path={path} ({case.path}, valid={case.valid}): {v.kind}: {v.detail}"
-            for v in uncovered(case.path, found)]
+            for v in uncovered(case.path, found, case.raw)]
 
 
 def test_every_body_keeps_meaning_validity_and_shape_through_the_proxy(rig: FuzzRig) -> None:
