@@ -11,7 +11,9 @@ returns every :class:`~tests.fuzz.meaning.Violation` of what the proxy did with 
   (for a hostile client body, only problems the client's own body did not have);
 * the meaning checker's kinds (:mod:`tests.fuzz.meaning`), ``tool_dropped`` /
   ``required_tool_dropped``, ``number_text_changed``, ``field_dropped`` (bridges);
-* ``edits_*`` / ``ledger_*`` — records that do not match what happened.
+* ``edits_*`` / ``ledger_*`` — records that do not match what happened;
+* ``pass_below_min_cacheable`` — hoist_volatile added tokens to a prompt certainly below the
+  backend's minimum cacheable length (it cannot pay).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from config.cache_rules import DEFAULT_MIN_CACHEABLE_TOKENS, OPENAI_MIN_PROMPT_TOKENS
 from tests.fuzz.fields import field_violations
 from tests.fuzz.gen_anthropic import anthropic_body
 from tests.fuzz.gen_openai import openai_body
@@ -142,6 +145,23 @@ def _problem_kind(problem: str) -> str:
     return _SAME_KIND.get(kind, kind)
 
 
+MIN_CACHEABLE = min(DEFAULT_MIN_CACHEABLE_TOKENS, OPENAI_MIN_PROMPT_TOKENS)
+
+
+def _surely_below_min_cacheable(case: Case, client: dict[str, Any], msgs: list[Any]) -> bool:
+    """True when the prompt is certainly shorter than the backend's minimum cacheable length
+    (config/cache_rules.py: 1024 tokens for Anthropic's default and OpenAI): under 1024
+    characters of text and tool definitions, no media (a token is at least one character).
+    Radix backends have no minimum: never True for them."""
+    if not (case.model.startswith("claude-") or case.model.startswith("gpt-4o")):
+        return False
+    if any(getattr(u, "key", ("",))[0] in ("media", "opaque") for m in msgs for u in m.units):
+        return False
+    chars = sum(len(u.text) for m in msgs for u in m.units if hasattr(u, "text"))
+    chars += len(dumps(client.get("tools") or []))
+    return chars < MIN_CACHEABLE
+
+
 def _error_checks(case: Case, ex: Exchange) -> list[Violation]:
     try:
         err = loads(ex.body)
@@ -160,7 +180,8 @@ def check_exchange(case: Case, ex: Exchange, ledger_row: tuple[int, int] | None 
     this request, its http_status), when the caller read the ledger."""
     out: list[Violation] = []
     if ledger_row is not None and ledger_row != (1, ex.status):
-        out.append(Violation("ledger_mismatch", f"ledger rows/http_status {ledger_row} for answer {ex.status}"))
+        out.append(Violation("ledger_mismatch", f"ledger rows/http_status {ledger_row} for answer {ex.status}"
+                             + (f": {ex.body[:160]!r}" if ex.status >= 400 else "")))
     if ex.status >= 500:
         return out + [Violation("status_5xx", f"{ex.status}: {ex.body[:200]!r}")]
     if ex.status >= 400:
@@ -189,6 +210,9 @@ def check_exchange(case: Case, ex: Exchange, ledger_row: tuple[int, int] | None 
                   hoist="hoist_volatile" in passes, delimiters=tuple(RW["rag_delimiters"]))
     c_msgs, u_msgs = transcript(client, case.api), transcript(up, b_api)
     out += meaning_violations(c_msgs, u_msgs, allow)
+    if "hoist_volatile" in passes and _surely_below_min_cacheable(case, client, c_msgs):
+        out.append(Violation("pass_below_min_cacheable", f"hoist_volatile applied to a prompt under "
+                             f"{MIN_CACHEABLE} tokens ({case.path}, model {case.model})"))
     have_tools = set(_tool_names(up, b_api))
     want = _tool_names(client, case.api)
     if "prune_tools" in passes:

@@ -125,6 +125,13 @@ KNOWN_DEFECTS: tuple[KnownDefect, ...] = (
         '{"model":"gpt-fuzz","temperature":0.70,"messages":[{"role":"system","content":'
         '"Current time: 2026-12-01T05:00:00Z\\nYou are terse."},{"role":"user","content":"hi"}]}'),
     KnownDefect(
+        "hoist_below_min_cacheable", 8, "hoist_volatile adds a note to a prompt far below the "
+        "backend's minimum cacheable length (1024 tokens for Anthropic / OpenAI): it costs tokens "
+        "and cannot make anything reusable",
+        ("pass_below_min_cacheable",), (), "anthropic", "claude-fuzz",
+        '{"model":"claude-fuzz","max_tokens":64,"system":"Current time: 2026-12-01T05:00:00Z\\nYou are '
+        'terse.","messages":[{"role":"user","content":"hi"}]}'),
+    KnownDefect(
         "history_drops_first_user_turn", 3, "prune_history compaction drops the first user turn "
         "(the task) with the other old turns",
         ("first_user_turn_lost",), (), "openai", "gpt-fuzz",
