@@ -121,7 +121,7 @@ KNOWN_DEFECTS: tuple[KnownDefect, ...] = (
         "reserialised_numbers_change_text", 5, "a re-serialised body (any pass applied, or a bridge) "
         "changes number text: 0.70 -> 0.7, 465.70 -> 465.7, 10**29 -> 1e+29 (also inside tool "
         "inputs and tool schemas)",
-        ("number_text_changed", "call_args_changed"), (), "openai", "gpt-fuzz",
+        ("number_text_changed", "call_number_text_changed"), (), "openai", "gpt-fuzz",
         '{"model":"gpt-fuzz","temperature":0.70,"messages":[{"role":"system","content":'
         '"Current time: 2026-12-01T05:00:00Z\\nYou are terse."},{"role":"user","content":"hi"}]}'),
     KnownDefect(

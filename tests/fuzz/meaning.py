@@ -116,13 +116,29 @@ def _leading_system(msgs: list[Msg]) -> int:
     return n
 
 
+def _numbers_as_values(v: object) -> object:
+    """A canonical value (:func:`tests.fuzz.transcript.canon`) with each number as a float:
+    equal for ``1.10`` / ``1.1`` and for an integer / its float rounding."""
+    if isinstance(v, tuple):
+        if len(v) == 2 and v[0] == "#" and isinstance(v[1], str):
+            try:
+                return ("#", float(v[1]))
+            except ValueError:
+                return v
+        return tuple(_numbers_as_values(x) for x in v)
+    return v
+
+
 def _atom_violation(key: tuple[object, ...], atoms: dict[tuple[object, ...], str], role: str) -> Violation:
-    """``call_args_changed`` when a call with the same id and name arrived with other arguments
-    (numbers re-serialised, most often), else ``<atom kind>_missing``."""
+    """For a call that arrived with the same id and name but other arguments:
+    ``call_number_text_changed`` when only number texts differ (re-serialisation), else
+    ``call_args_changed``; otherwise ``<atom kind>_missing``."""
     if key[0] == "call":
         for other in atoms:
             if other[:3] == key[:3] and other != key:
-                return Violation("call_args_changed", f"{role} message: call {key[1]!r} sent "
+                kind = ("call_number_text_changed" if _numbers_as_values(other[3]) == _numbers_as_values(key[3])
+                        else "call_args_changed")
+                return Violation(kind, f"{role} message: call {key[1]!r} sent "
                                  f"{key[3]!r:.120}, arrived {other[3]!r:.120}")
     return Violation(f"{key[0]}_missing", f"{role} message: {key!r:.160}")
 

@@ -62,6 +62,8 @@ def test_bridged_tool_round_trip_keeps_calls_and_results() -> None:
              {"role": "tool", "tool_call_id": "t1", "content": "ok"})
     assert kinds(client, "anthropic", up, "openai") == []
     up["messages"][1]["tool_calls"][0]["function"]["arguments"] = '{"id": 1.2345678901234568e+22}'
+    assert kinds(client, "anthropic", up, "openai") == ["call_number_text_changed"]
+    up["messages"][1]["tool_calls"][0]["function"]["arguments"] = '{"id": 7}'
     assert kinds(client, "anthropic", up, "openai") == ["call_args_changed"]
 
 
