@@ -69,21 +69,27 @@ def canon(v: Any) -> Any:
 
 
 def canon_args(args: Any) -> Any:
-    """Tool-call arguments: an OpenAI JSON string or an Anthropic ``input`` object, canonical.
-    Bridges carry unparseable OpenAI arguments as ``{"_raw": s}`` and non-object ones as
-    ``{"value": v}``; both read back as the value they carry."""
+    """OpenAI tool-call ``arguments`` (a JSON string), canonical; unparseable text stays
+    ``("raw", text)``."""
     if isinstance(args, str) and not isinstance(args, Num):
         try:
-            args = loads(args) if args.strip() else {}
+            return canon_input(loads(args)) if args.strip() else canon({})
         except (ValueError, RecursionError):
             return ("raw", args)
-    if isinstance(args, dict) and len(args) == 1:
-        (k, v), = args.items()
+    return canon(args)
+
+
+def canon_input(value: Any) -> Any:
+    """Anthropic ``tool_use.input`` (a JSON value), canonical. Bridges carry unparseable OpenAI
+    arguments as ``{"_raw": s}`` and non-object ones as ``{"value": v}``; both read back as
+    what they carry."""
+    if isinstance(value, dict) and len(value) == 1:
+        (k, v), = value.items()
         if k == "_raw" and isinstance(v, str):
-            return canon_args(v) if v.strip() else canon({})
+            return canon_args(v)
         if k == "value" and not isinstance(v, dict):
             return canon(v)
-    return canon(args)
+    return canon(value)
 
 
 def _media_payload(url: str) -> str:
@@ -129,7 +135,7 @@ def _anthropic_block_units(b: Any, i: int, out: list[Text | Atom]) -> None:
         for sub in b.get("content") if isinstance(b.get("content"), list) else []:
             _anthropic_block(sub, i, out)
     elif kind in ("tool_use", "server_tool_use"):
-        out.append(Atom(("call", b.get("id"), b.get("name"), canon_args(b.get("input", {})))))
+        out.append(Atom(("call", b.get("id"), b.get("name"), canon_input(b.get("input", {})))))
     elif kind in ("tool_result", "web_search_tool_result"):
         out.append(Atom(("result", b.get("tool_use_id"))))
         c = b.get("content")
