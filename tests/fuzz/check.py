@@ -7,6 +7,8 @@ returns every :class:`~tests.fuzz.meaning.Violation` of what the proxy did with 
 * ``error_*`` — a 4xx not in the caller's shape, or a 400 naming no param (a JSON syntax
   error has none to name);
 * ``answer_*`` / ``stream_*`` — a 200 not in the caller's shape;
+  ``answer_number_text_changed`` — the upstream's tool-call numbers (an integer beyond 64 bits,
+  ``1.10``) did not reach the client byte for byte;
 * ``upstream_not_json`` / ``upstream_invalid:<kind>`` — the upstream got a body its API rejects
   (for a hostile client body, only problems the client's own body did not have);
 * the meaning checker's kinds (:mod:`tests.fuzz.meaning`), ``tool_dropped`` /
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from config.cache_rules import DEFAULT_MIN_CACHEABLE_TOKENS, OPENAI_MIN_PROMPT_TOKENS
+from tests.fuzz.answers import ANSWER_NUMBERS, answer_tool
 from tests.fuzz.fields import field_violations
 from tests.fuzz.gen_anthropic import anthropic_body
 from tests.fuzz.gen_openai import openai_body
@@ -162,6 +165,13 @@ def _surely_below_min_cacheable(case: Case, client: dict[str, Any], msgs: list[A
     return chars < MIN_CACHEABLE
 
 
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return loads(raw)
+    except (ValueError, RecursionError):
+        return None
+
+
 def _error_checks(case: Case, ex: Exchange) -> list[Violation]:
     try:
         err = loads(ex.body)
@@ -191,6 +201,11 @@ def check_exchange(case: Case, ex: Exchange, ledger_row: tuple[int, int] | None 
             for p in answer_problems(ex.body, ex.headers.get("content-type", ""), case.api, stream)]
     if len(ex.sent) != 1:
         return out + [Violation("upstream_requests", f"{len(ex.sent)} upstream requests for one")]
+    if answer_tool(_json_or_none(ex.sent[0].body)):  # the upstream answered with a tool call
+        lost = [n for n in ANSWER_NUMBERS if n.encode() not in ex.body]
+        if lost:
+            out.append(Violation("answer_number_text_changed", f"the upstream's tool call numbers {lost} "
+                                 f"reached the client as {ex.body[:300]!r}"))
     sent = ex.sent[0]
     try:
         client = loads(case.raw)

@@ -30,6 +30,7 @@ import httpx
 from cache.ledger import Ledger
 from config.loader import parse_policy
 from proxy.app import build_app
+from tests.fuzz.answers import answer_tool, anthropic_answer, openai_answer
 
 UPSTREAM = "http://upstream.fuzz/v1"
 KEY_ENV = "PG_FUZZ_ANTHROPIC_KEY"
@@ -57,47 +58,6 @@ def fuzz_policy() -> Any:
         "rewrite": REWRITE_ALL_ON,
         "ledger": {"path": ":memory:"},
     })
-
-
-def _openai_answer(stream: bool) -> tuple[bytes, str]:
-    if not stream:
-        return json.dumps({"id": "c1", "object": "chat.completion", "created": 1, "model": "m",
-                           "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
-                                        "finish_reason": "stop"}],
-                           "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}}
-                          ).encode(), "application/json"
-    chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": "o"}}]},
-              {"choices": [{"index": 0, "delta": {"content": "k"}, "finish_reason": "stop"}]},
-              {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}}]
-    body = b"".join(b"data: " + json.dumps({"id": "c1", "object": "chat.completion.chunk",
-                                             "created": 1, "model": "m", **c}).encode() + b"\n\n"
-                    for c in chunks)
-    return body + b"data: [DONE]\n\n", "text/event-stream"
-
-
-def _anthropic_answer(stream: bool) -> tuple[bytes, str]:
-    usage = {"input_tokens": 9, "output_tokens": 1, "cache_read_input_tokens": 0,
-             "cache_creation_input_tokens": 0}
-    if not stream:
-        return json.dumps({"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
-                           "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
-                           "stop_sequence": None, "usage": usage}).encode(), "application/json"
-    events = [
-        ("message_start", {"type": "message_start", "message": {
-            "id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [],
-            "stop_reason": None, "stop_sequence": None, "usage": usage}}),
-        ("content_block_start", {"type": "content_block_start", "index": 0,
-                                 "content_block": {"type": "text", "text": ""}}),
-        ("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                 "delta": {"type": "text_delta", "text": "ok"}}),
-        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn",
-                                                              "stop_sequence": None},
-                           "usage": {"output_tokens": 1}}),
-        ("message_stop", {"type": "message_stop"}),
-    ]
-    return b"".join(f"event: {n}\ndata: {json.dumps(d)}\n\n".encode() for n, d in events), \
-        "text/event-stream"
 
 
 @dataclass
@@ -133,10 +93,12 @@ class RecordingUpstream:
         api = "anthropic" if request.url.path.endswith("/messages") else "openai"
         self.seen.append(Recorded(api, raw, dict(request.headers)))
         try:
-            stream = json.loads(raw).get("stream") is True
-        except (ValueError, AttributeError, RecursionError):
-            stream = False
-        content, ctype = (_anthropic_answer if api == "anthropic" else _openai_answer)(stream)
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            body = {}
+        stream = isinstance(body, dict) and body.get("stream") is True
+        tool = answer_tool(body)
+        content, ctype = (anthropic_answer if api == "anthropic" else openai_answer)(stream, tool)
         return httpx.Response(200, content=content, headers={"content-type": ctype})
 
     def transport(self) -> httpx.MockTransport:

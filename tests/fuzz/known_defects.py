@@ -118,6 +118,19 @@ KNOWN_DEFECTS: tuple[KnownDefect, ...] = (
         '{"model":"gpt-fuzz","messages":[{"role":"user","content":"hi"}]}',
         detail="UnicodeEncodeError", headers=(("user-agent", "fuzz-agent/1.0 (caf\u00e9)".encode()),)),
     KnownDefect(
+        "a2o_answer_bigint_502", 5, "A->O bridge: an upstream tool call whose arguments hold an "
+        "integer beyond 64 bits is answered 502 'unreadable answer' (orjson cannot serialise the "
+        "translated answer), and the ledger records http_status 200 for it (class 7)",
+        ("status_5xx", "ledger_mismatch"), (A2O,), "anthropic", "gpt-fuzz",
+        '{"model":"gpt-fuzz","max_tokens":64,"messages":[{"role":"user","content":"find order 7"}],'
+        '"tools":[{"name":"get_order","input_schema":{"type":"object"}}]}', detail="unreadable answer"),
+    KnownDefect(
+        "o2a_answer_numbers_change_text", 5, "O->A bridge: numbers in the backend's tool-call input "
+        "reach the client re-serialised (1.10 -> 1.1, 123456789012345678901234567890 -> 1.2345...e+29)",
+        ("answer_number_text_changed",), (O2A,), "openai", "claude-fuzz",
+        '{"model":"claude-fuzz","messages":[{"role":"user","content":"find order 7"}],"tools":[{"type":'
+        '"function","function":{"name":"get_order","parameters":{"type":"object"}}}]}'),
+    KnownDefect(
         "reserialised_numbers_change_text", 5, "a re-serialised body (any pass applied, or a bridge) "
         "changes number text: 0.70 -> 0.7, 465.70 -> 465.7, 10**29 -> 1e+29 (also inside tool "
         "inputs and tool schemas)",
