@@ -2,12 +2,12 @@
 
 :class:`FuzzRig` builds :func:`proxy.app.build_app` with a policy whose every pass is on with
 small budgets (so pruning fires on fuzz-sized bodies), a ``:memory:`` ledger, and an
-``httpx.MockTransport`` upstream that records each body it receives and answers in the
-backend's API (JSON, or SSE when the body asks for a stream). Requests go through
+``httpx.MockTransport`` upstream that records each body it receives and answers (see
+:mod:`tests.fuzz.answers`) in the backend's API, JSON or SSE. Requests go through
 ``httpx.ASGITransport``; one event loop serves the rig's whole life (:meth:`FuzzRig.send`).
 
 Routes: ``claude-*`` -> Anthropic backend, ``gpt-4o*`` -> OpenAI backend (provider ``openai``),
-anything else -> OpenAI-compatible backend (provider ``radix``). The four paths of the fuzzer:
+anything else -> OpenAI-compatible backend (provider ``radix``). The five paths of the fuzzer:
 
     ("openai", "gpt-fuzz")       identity  OpenAI client -> OpenAI-compatible backend
     ("openai", "gpt-4o-fuzz")    identity  OpenAI client -> OpenAI backend
