@@ -67,6 +67,7 @@ from proxy.insight import Analysis, Insight, input_cost_usd
 from proxy.limits import check_nesting, read_body_within
 from proxy.logsafe import safe
 from proxy.metrics import ProxyMetrics
+from proxy.openapi_schemas import ANTHROPIC_MESSAGES_REQUEST, OPENAI_CHAT_REQUEST, request_body
 from proxy.relay import (
     SSE_HEADERS,
     EventMapper,
@@ -524,11 +525,11 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         err = UnknownEndpoint(request.method, request.url.path, exc.status_code)
         return error_response(err, api_for_path(request.url.path), dict(exc.headers or {}))
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=request_body(OPENAI_CHAT_REQUEST))
     async def chat_completions(request: Request) -> Response:
         return await _proxy(state, request, "openai")
 
-    @app.post("/v1/messages")
+    @app.post("/v1/messages", openapi_extra=request_body(ANTHROPIC_MESSAGES_REQUEST))
     async def messages(request: Request) -> Response:
         return await _proxy(state, request, "anthropic")
 

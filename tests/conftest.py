@@ -1,10 +1,28 @@
-"""Suite-wide checks: the shared real test data must be present (it is read in place)."""
+"""Suite-wide setup: the shared real test data must be present (it is read in place), and the
+hypothesis profiles.
+
+Hypothesis profiles (``HYPOTHESIS_PROFILE``, default ``ci``):
+
+- ``ci`` — seeded: ``derandomize=True`` (examples derived from each test's name, the same on
+  every run and machine), no example database (nothing carried between runs), no deadline (the
+  2-core CI machine is shared; time limits belong in bench/). A failure prints its reproduce
+  blob. Tests keep their own ``max_examples``.
+- ``dev`` — random exploration for a developer hunting new failures (still no database, no
+  deadline); rerun a failure it finds with the printed ``@reproduce_failure`` blob.
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
 
 from tests.paths import DATA
+
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("dev", derandomize=False, database=None, deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
