@@ -81,7 +81,7 @@ async def check_nesting(body: Any, max_depth: int, size: int = 0) -> None:
     if path is not None:
         where = format_path(path) or "<body>"
         raise NestingTooDeep(f"The request body nests arrays / objects more than {max_depth} "
-                             f"levels deep (at {where}); the proxy's limit is {max_depth} "
+                             f"levels deep (at '{where}'); the proxy's limit is {max_depth} "
                              "(policy limits.max_json_depth).", param=where)
 
 
