@@ -3,9 +3,12 @@
 A request's path, top to bottom in :func:`_proxy` — each step is a call into the module that owns
 it, with the request's state in one :class:`Exchange`::
 
-    parse    proxy.wire        body read once under max_body_bytes, JSON checked  (400 / 413)
+    auth     proxy.auth        proxy key (when configured), per-key rate limits   (401 / 429)
+    parse    proxy.limits      body read once under max_body_bytes and its deadline,
+             proxy.wire        JSON (numbers exact), nesting limit, fields checked (400/408/413)
     route    proxy.router      policy route -> backend, provider, upstream URL    (404 / 501)
-    passes   proxy.rewriting   session id, opt-out header, rewriter pipeline      (fail-open)
+    passes   proxy.rewriting   session id, opt-out header, rewriter pipeline in a worker thread
+                               under rewrite.time_budget_ms              (fail-open, over_budget)
     bridge   proxy.translate   upstream body, stream watcher + event mapper       (400)
     send     proxy.relay       allowlisted headers + backend key, shared client   (502 / 504)
                                abandoned when the client leaves before the headers (499)
@@ -20,13 +23,14 @@ send; from the send on, the upstream response is closed on every path (:func:`_a
 
 Endpoints: ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic); a client
 whose API differs from its backend's goes through a bridge (:mod:`proxy.translate`),
-``GET /v1/models``,
-``GET /healthz`` (``{"status": "ok" | "degraded", "reasons": [...], "backends": [...]}``, 503
-when degraded, see :mod:`proxy.health`), ``GET /metrics``; any other path or method is a 404 /
-405 in the caller's shape. Response headers: ``x-prefixgate-edits`` (the rewrite
-summary, or ``off``), ``x-prefixgate-tokens-pruned``, and ``x-prefixgate-cached-tokens`` on
-non-streamed answers, and on streams whose backend reports cached tokens in its response headers
-(our engine's ``X-Engine-Cached-Tokens``); other streams' headers leave before usage is known.
+``GET /v1/models``, ``GET /healthz`` (``{"status": "ok" | "degraded", "reasons": [...],
+"backends": [...]}``, 503 when degraded, see :mod:`proxy.health`), ``GET /metrics`` (HEAD too
+wherever GET is served); any other path or method is a 404 / 405 in the caller's shape; a
+trailing slash is served, never redirected. Response headers: ``x-prefixgate-edits`` (the
+rewrite summary, or ``off``), ``x-prefixgate-tokens-pruned``, and ``x-prefixgate-cached-tokens``
+on non-streamed answers, and on streams whose backend reports cached tokens in its response
+headers (our engine's ``X-Engine-Cached-Tokens``); other streams' headers leave before usage is
+known.
 """
 
 from __future__ import annotations
