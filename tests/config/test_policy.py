@@ -30,10 +30,14 @@ def test_default_policy_routes_unknown_models_to_local_engine() -> None:
 
 def test_first_matching_route_wins_and_no_match_gives_none() -> None:
     data = _minimal()
-    data["routes"] = [{"match": "gpt-*", "backend": "local"}]
-    p = parse_policy(data)
-    assert resolve_route(p, "gpt-4o") is not None
-    assert resolve_route(p, "claude-x") is None
+    data["backends"]["other"] = {"kind": "local", "base_url": "http://127.0.0.1:8082/v1"}
+    # both routes match "gpt-4o": order alone decides; reversing them flips the answer
+    data["routes"] = [{"match": "gpt-4*", "backend": "other"}, {"match": "gpt-*", "backend": "local"}]
+    assert resolve_route(parse_policy(data), "gpt-4o")[0] == "other"
+    assert resolve_route(parse_policy(data), "gpt-3.5")[0] == "local"
+    data["routes"] = data["routes"][::-1]
+    assert resolve_route(parse_policy(data), "gpt-4o")[0] == "local"
+    assert resolve_route(parse_policy(data), "claude-x") is None
 
 
 def test_literal_api_key_is_refused_with_its_yaml_path() -> None:

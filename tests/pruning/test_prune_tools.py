@@ -52,13 +52,26 @@ def b06_anthropic() -> dict[str, Any]:
                                                               "into French."}]}]}
 
 
-def test_keeps_tools_called_in_history_even_when_irrelevant_to_latest_turn() -> None:
+def _called_in_history(tool: str) -> dict[str, Any]:
+    """B06 with the history calling ``tool``, a tool no user text ranks (nothing in common)."""
     body = b06_anthropic()
+    body["messages"][1]["content"][0]["name"] = tool
+    body["messages"][0]["content"] = "Could you help me out?"
+    return body
+
+
+def test_keeps_tools_called_in_history_even_when_irrelevant_to_latest_turn() -> None:
+    body = _called_in_history("filler_tool_17")
     out, edits = run(wire.parse(body, "anthropic"), ctx(prune_tools=True))
     kept = [t.name for t in out.tools or ()]
     assert edits[0].applied and len(kept) < 40
-    assert "get_weather" in kept and "translate_text" in kept
+    assert "filler_tool_17" in kept and "translate_text" in kept
     assert not violations(out)
+    # control: the same conversation calling another tool does not keep filler_tool_17, so it
+    # was kept because the history calls it, not because ranking liked it
+    other, _ = run(wire.parse(_called_in_history("filler_tool_05"), "anthropic"),
+                   ctx(prune_tools=True))
+    assert "filler_tool_17" not in [t.name for t in other.tools or ()]
 
 
 def test_keeps_openai_tool_calls_and_tool_choice_target() -> None:
