@@ -6,6 +6,7 @@ The pipeline would revert an invalid pass output (fail-open), so these tests cal
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -68,6 +69,13 @@ def test_every_pruning_pass_keeps_a_valid_request_valid(case: tuple[Api, dict[st
     for run in PASSES:
         out, edits = run(prompt, c)
         assert not violations(out), (run.__module__, violations(out))
+        # prune_history validates itself and returns its input when invalid: that must not happen
+        assert not any("invalid" in e.detail for e in edits), edits
+        if run is prune_history.run:
+            plan = prune_history.stored_plan(prompt.messages, c)
+            raw = prune_history.apply_plan(prompt.messages,
+                                           prune_history.compact(prompt.messages, plan, c), c)
+            assert not violations(replace(prompt, messages=tuple(raw)))
         assert edits and all(e.pass_name == run.__module__.split(".")[-1] for e in edits)
         rendered = wire.render(out)
         assert not violations(wire.parse(rendered, api))

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from rewriter import wire
 from rewriter.ir import Api, Message, iter_blocks, tool_result_ids, tool_use_ids
 from rewriter.pipeline import rewrite_request
+from rewriter.types import RewriteResult
 from rewriter.validate import introduced
 from tests.rewriter.helpers import ctx, replay
 from tests.rewriter.strategies import anthropic_requests, openai_requests
@@ -21,7 +22,14 @@ CLOCK_A, CLOCK_B = "2025-03-04 10:15:00", "2025-03-04 11:47:09"
 
 def _rewrite(body: dict[str, Any], api: Api) -> dict[str, Any]:
     provider = "anthropic" if api == "anthropic" else "openai"
-    return rewrite_request(body, api, ctx(provider, openai_prompt_cache_key=True)).body
+    r = rewrite_request(body, api, ctx(provider, openai_prompt_cache_key=True))
+    _none_reverted(r)
+    return r.body
+
+
+def _none_reverted(r: RewriteResult) -> None:
+    """The pipeline reverts an invalid pass output; on a valid input no pass may need that."""
+    assert "!" not in r.summary(), [e.detail for e in r.edits if not e.applied]
 
 
 def _turn(m: Message) -> tuple[str, list[str], list[str], list[str]]:
@@ -98,6 +106,7 @@ def test_with_pruning_on_requests_stay_valid_and_deterministic(body: dict[str, A
     c = ctx("anthropic", prune_history=True, history_high_watermark_tokens=30,
             history_low_watermark_tokens=10, prune_tools=True, prune_tools_min_catalog=2)
     out = rewrite_request(body, "anthropic", c)
+    _none_reverted(out)
     before, after = wire.parse(body, "anthropic"), wire.parse(out.body, "anthropic")
     assert introduced(before, after) == []
     assert json.dumps(rewrite_request(body, "anthropic", c).body) == json.dumps(out.body)

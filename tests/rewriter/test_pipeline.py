@@ -90,20 +90,22 @@ def test_no_pass_leaves_tool_blocks_without_definitions_b06() -> None:
     assert r.body["messages"][2]["content"][0]["type"] == "tool_result"
 
 
-def _no_new_violations(body: dict[str, Any], out: dict[str, Any], api: Any) -> None:
-    assert introduced(wire.parse(body, api), wire.parse(out, api)) == []
+def _no_new_violations(body: dict[str, Any], r: RewriteResult, api: Any) -> None:
+    """Valid output AND no pass reverted: the validator alone would hide a broken pass."""
+    assert "!" not in r.summary(), [e.detail for e in r.edits if not e.applied]
+    assert introduced(wire.parse(body, api), wire.parse(r.body, api)) == []
 
 
 def test_real_anthropic_fixtures_stay_valid_after_rewriting() -> None:
     for body in anthropic_fixture_bodies():
-        out = rewrite_request(body, "anthropic", ctx("anthropic")).body
-        _no_new_violations(body, out, "anthropic")
+        _no_new_violations(body, rewrite_request(body, "anthropic", ctx("anthropic")), "anthropic")
 
 
 def test_real_agent_traces_stay_valid_and_tools_stay_defined() -> None:
     bodies = [b for run in tau_requests(runs=[0, 7, 42]) for b in run] + swe_requests()
     for body in bodies:
-        out = rewrite_request(body, "openai", ctx("openai", openai_prompt_cache_key=True)).body
-        _no_new_violations(body, out, "openai")
+        r = rewrite_request(body, "openai", ctx("openai", openai_prompt_cache_key=True))
+        _no_new_violations(body, r, "openai")
+        out = r.body
         used = {tc["function"]["name"] for m in out["messages"] for tc in m.get("tool_calls") or []}
         assert used <= {t["function"]["name"] for t in out["tools"]}
