@@ -1,0 +1,210 @@
+"""Single-point mutants for :mod:`bench.mutation_check`: bugs a real change could introduce.
+
+Each mutant: ``id``; ``file`` (repo-relative); ``original`` — an exact snippet that must occur
+ONCE in the file (the check refuses a stale mutant rather than silently skipping it);
+``replacement``; ``tests`` — the test files that must catch it (kept small: the whole check runs
+in minutes); ``bug`` — the real defect it imitates. Covers the rewriter passes and validator,
+both bridges, the relay and usage reader, the ledger, the cost model and price table, the radix
+cache, the KV pool and the scheduler (issue 14).
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+
+class Mutant(TypedDict):
+    """One mutant (module docstring)."""
+
+    id: str
+    file: str
+    original: str
+    replacement: str
+    tests: list[str]
+    bug: str
+
+
+SAFE = "tests/rewriter/test_passes_without_safety_net.py"
+CANON = ["tests/rewriter/test_canonicalize_tools.py", SAFE]
+BREAKS = ["tests/rewriter/test_breakpoints.py", "tests/rewriter/test_breakpoints_nested.py", SAFE]
+PTOOLS = ["tests/pruning/test_prune_tools.py", "tests/pruning/test_prune_tools_required.py", SAFE]
+PRAG = ["tests/pruning/test_prune_rag.py", "tests/pruning/test_prune_rag_user_content.py", SAFE]
+PHIST = ["tests/pruning/test_prune_history.py", "tests/pruning/test_prune_history_keeps_task.py",
+         "tests/pruning/test_pruning_properties.py", SAFE]
+HOIST = ["tests/rewriter/test_hoist_volatile.py", SAFE]
+VALID = ["tests/rewriter/test_validate.py"]
+A2O = ["tests/proxy/test_anthropic.py", "tests/proxy/test_bridge_lossless.py"]
+O2A = ["tests/proxy/test_bridge_lossless.py", "tests/proxy/test_anthropic.py"]
+RELAY = ["tests/proxy/test_relay_stream.py", "tests/adversarial/test_bridged_stream_without_final_event.py",
+         "tests/adversarial/test_stream_cut_or_hung_upstream.py"]
+LEDGER = ["tests/proxy/test_ledger_sessions.py", "tests/proxy/test_cli_report_replay.py"]
+COST = ["tests/cache/test_anthropic_model.py", "tests/cache/test_openai_model.py"]
+RADIX = ["tests/engine/test_radix_cache.py", "tests/engine/test_radix_lock_shapes.py",
+         "tests/engine/test_radix_machine_shared_prefixes.py"]
+SCHED = ["tests/engine/test_scheduler_pool_pressure.py"]
+
+
+def m(id: str, file: str, original: str, replacement: str, tests: list[str], bug: str) -> Mutant:
+    """Build one :class:`Mutant`."""
+    return Mutant(id=id, file=file, original=original, replacement=replacement, tests=tests, bug=bug)
+
+
+MUTANTS: list[Mutant] = [
+    # -- rewriter passes ------------------------------------------------------------------------
+    m("canon_sort_reversed", "rewriter/canonicalize_tools.py",
+      "return sorted(tools, key=lambda t: t.name), None",
+      "return sorted(tools, key=lambda t: t.name, reverse=True), None", CANON,
+      "wrong sort direction"),
+    m("canon_drops_a_tool", "rewriter/canonicalize_tools.py",
+      "canon = [canonical_tool(t, sort_props) for t in ordered]",
+      "canon = [canonical_tool(t, sort_props) for t in ordered[:-1] or ordered]", CANON,
+      "a tool lost while reordering (the audit's canonicalize_tools mutant)"),
+    m("canon_sorts_property_order", "rewriter/canonicalize_tools.py",
+      "keys = list(v) if (_in_names and not sort_properties) else sorted(v)",
+      "keys = sorted(v)", CANON, "the author's argument order sorted away"),
+    m("canon_markers_follow_tools", "rewriter/canonicalize_tools.py",
+      "canon = _keep_marker_positions(prompt.tools, canon)", "canon = list(canon)", CANON,
+      "client cache_control markers move with their tool instead of keeping their position"),
+    m("bp_budget_ignores_client", "rewriter/breakpoints.py",
+      "budget = ANTHROPIC_MAX_BREAKPOINTS - breakpoint_count(prompt)",
+      "budget = ANTHROPIC_MAX_BREAKPOINTS", BREAKS,
+      "the planner ignores the client's markers (the audit's breakpoint mutant)"),
+    m("bp_ignores_min_cacheable", "rewriter/breakpoints.py",
+      "if cum[i] < floor:", "if cum[i] < 0:", BREAKS, "marker below the minimum cacheable length"),
+    m("bp_marks_after_volatile", "rewriter/breakpoints.py",
+      "limit = next((i for i, u in enumerate(units) if _is_volatile(u)), len(units))",
+      "limit = len(units)", BREAKS, "a breakpoint on or after the volatile note"),
+    m("bp_lookback_off_by_one", "rewriter/breakpoints.py",
+      "if b - a > ANTHROPIC_LOOKBACK_BLOCKS]", "if b - a > ANTHROPIC_LOOKBACK_BLOCKS + 1]",
+      BREAKS, "lookback spacing off by one"),
+    m("ptools_forgets_history_calls", "rewriter/prune_tools.py",
+      "req = used_tool_names(prompt) | set(ctx.settings.pinned_tools)",
+      "req = set(ctx.settings.pinned_tools)", PTOOLS, "a tool the history calls is pruned (B06)"),
+    m("ptools_forgets_tool_choice", "rewriter/prune_tools.py",
+      "req.update(tool_choice_names(prompt))", "req.update(())", PTOOLS,
+      "the tool_choice target is pruned"),
+    m("ptools_forgets_system_words", "rewriter/prune_tools.py",
+      "req.update(t.name for t in tools if t.name in words)", "req.update(())", PTOOLS,
+      "a tool the system prompt says to call is pruned"),
+    m("prag_best_not_always_kept", "rewriter/prune_rag.py",
+      "if not kept or used + tokens[i] <= budget:", "if used + tokens[i] <= budget:", PRAG,
+      "dropped condition: the best passage over budget is dropped too"),
+    m("prag_budget_off_by_one", "rewriter/prune_rag.py",
+      "if sum(tokens) <= budget:", "if sum(tokens) < budget:", PRAG,
+      "a retrieval exactly at budget is pruned"),
+    m("phist_drops_the_task", "rewriter/prune_history.py",
+      "keep = plan.keep if plan.drop else protected_head(messages)",
+      "keep = plan.keep if plan.drop else 0", PHIST, "compaction drops the first user turn"),
+    m("phist_elides_newest_results", "rewriter/prune_history.py",
+      'if m.role == "tool" and (m.tool_call_id or "") not in last_calls:',
+      'if m.role == "tool":', PHIST, "the newest tool round is elided"),
+    m("phist_splits_a_turn", "rewriter/prune_history.py",
+      "drop = e - keep", "drop = e - keep + 1", PHIST,
+      "off by one: compaction cuts into the next turn (orphan results)"),
+    m("hoist_loses_a_note", "rewriter/hoist_volatile.py",
+      'for i, n in enumerate(notes, 1))', 'for i, n in enumerate(notes[1:], 1))', HOIST,
+      "a hoisted span is not carried in the note (meaning lost)"),
+    m("validate_ttl_order_inverted", "rewriter/validate.py",
+      'elif t == "1h" and seen_5m:', 'elif t == "1h" and not seen_5m:', VALID,
+      "inverted condition"),
+    m("validate_breakpoint_limit", "rewriter/validate.py",
+      "if len(ttls) > MAX_BREAKPOINTS:", "if len(ttls) > MAX_BREAKPOINTS + 1:", VALID,
+      "off by one: 5 breakpoints accepted"),
+    # -- bridges ----------------------------------------------------------------------------------
+    m("a2o_usage_input_includes_cached", "proxy/bridge_anthropic.py",
+      '"input_tokens": max(0, prompt - cached)', '"input_tokens": prompt', A2O,
+      "B08: cached tokens counted twice"),
+    m("a2o_length_stop_reason", "proxy/bridge_anthropic.py",
+      '"length": "max_tokens"', '"length": "end_turn"', A2O, "wrong stop-reason mapping"),
+    m("a2o_stream_usage_dropped", "proxy/bridge_anthropic.py",
+      'self.usage = usage_to_anthropic(chunk["usage"])', "self.usage = usage_to_anthropic({})",
+      A2O, "the stream's usage chunk is ignored"),
+    m("a2o_stream_tool_delta_index", "proxy/bridge_anthropic.py",
+      '"type": "content_block_delta", "index": self.tool_blocks[i],',
+      '"type": "content_block_delta", "index": self.block,', A2O,
+      "parallel tool-call arguments land in the wrong block"),
+    m("o2a_cached_tokens_dropped", "proxy/bridge_openai.py",
+      '"prompt_tokens_details": {"cached_tokens": u.cached_tokens or 0}',
+      '"prompt_tokens_details": {"cached_tokens": 0}', O2A, "B07: cache reads not reported"),
+    m("o2a_max_tokens_finish", "proxy/bridge_openai.py",
+      '"max_tokens": "length"', '"max_tokens": "stop"', O2A, "wrong finish_reason mapping"),
+    m("o2a_tool_index_constant", "proxy/bridge_openai.py",
+      "i = self.tool_index[obj.get(\"index\", 0)] = len(self.tool_index)",
+      "i = self.tool_index[obj.get(\"index\", 0)] = 0", O2A,
+      "every streamed tool call gets index 0"),
+    m("o2a_usage_chunk_inverted", "proxy/bridge_openai.py",
+      "if self.include_usage:", "if not self.include_usage:", O2A,
+      "usage chunk sent when not asked for, missing when asked"),
+    # -- relay and usage --------------------------------------------------------------------------
+    m("relay_bridged_end_unchecked", "proxy/relay.py",
+      "if mapper is not None and not watcher.done:", "if mapper is None and not watcher.done:",
+      RELAY, "a bridged stream cut before its final event ends as if complete"),
+    m("relay_flush_dropped", "proxy/relay.py",
+      "rest = splitter.flush()", 'rest = b""', RELAY,
+      "the last event without a trailing blank line is lost"),
+    m("relay_ttft_is_last_event", "proxy/relay.py",
+      "if self.first_content is None:", "if True:", RELAY + LEDGER,
+      "TTFT overwritten by every later content event"),
+    m("relay_tpot_off_by_one", "proxy/relay.py",
+      "* 1e3 / (output_tokens - 1)", "* 1e3 / output_tokens", RELAY + LEDGER,
+      "TPOT divides by tokens instead of intervals"),
+    m("usage_write_not_in_prompt", "proxy/usage.py",
+      "inp + (read or 0) + (write or 0)", "inp + (read or 0)", LEDGER + A2O,
+      "B07: cache writes left out of prompt_tokens"),
+    # -- ledger and cost ---------------------------------------------------------------------------
+    m("ledger_rows_newest_first", "cache/ledger.py",
+      'FROM requests WHERE ts >= ? ORDER BY id"', 'FROM requests WHERE ts >= ? ORDER BY id DESC"',
+      LEDGER,
+      "rows come back in the wrong order"),
+    m("cost_1h_writes_counted_twice", "cache/cost.py",
+      "write_5m = outcome.cache_write_tokens - outcome.cache_write_1h_tokens",
+      "write_5m = outcome.cache_write_tokens", COST, "1h writes also billed at the 5m rate"),
+    m("cost_reads_at_input_price", "cache/cost.py",
+      "cached_read_usd=outcome.cached_read_tokens * p.cached_input / 1e6",
+      "cached_read_usd=outcome.cached_read_tokens * p.input / 1e6", COST,
+      "wrong field: cache reads billed at the input price"),
+    m("prices_write_multipliers_swapped", "config/prices.py",
+      "round(inp * 1.25, 6), round(inp * 2.0, 6)", "round(inp * 2.0, 6), round(inp * 1.25, 6)",
+      COST, "5m and 1h write multipliers swapped"),
+    m("prices_first_prefix_wins", "config/prices.py",
+      "if m.startswith(prefix) and len(prefix) > len(best):", "if m.startswith(prefix) and not best:",
+      COST, "first matching id prefix instead of the longest (opus-4-5 priced as opus-4)"),
+    # -- radix cache -------------------------------------------------------------------------------
+    m("radix_evicts_locked_leaf", "local_engine/radix_cache.py",
+      "elif not n.is_root and n.ref_count == 0:", "elif not n.is_root:", RADIX,
+      "a locked leaf is evicted"),
+    m("radix_cascades_into_locked_parent", "local_engine/radix_cache.py",
+      "if not parent.is_root and not parent.children and parent.ref_count == 0:",
+      "if not parent.is_root and not parent.children:", RADIX,
+      "the locked interior node goes when its unlocked child is evicted (issue 14)"),
+    m("radix_split_loses_lock", "local_engine/radix_cache.py",
+      "upper.ref_count = node.ref_count", "upper.ref_count = 0", RADIX,
+      "split of a locked edge leaves the upper half unlocked"),
+    m("radix_insert_off_by_one", "local_engine/radix_cache.py",
+      "if pos < usable:", "if pos < usable - 1:", RADIX, "a one-token suffix is never inserted"),
+    # -- KV pool and scheduler ---------------------------------------------------------------------
+    m("pool_alloc_bound_off_by_one", "local_engine/kv_pool.py",
+      "if n > len(self._free):", "if n > len(self._free) + 1:", SCHED,
+      "allocation past the free list hands out fewer pages"),
+    m("pool_free_pages_of_every_slot", "local_engine/kv_pool.py",
+      "pages = slots if ps == 1 else [s // ps for s in slots[::ps]]",
+      "pages = slots if ps == 1 else [s // ps for s in slots]", SCHED,
+      "a page returned once per slot (double free)"),
+    m("sched_retracts_oldest", "local_engine/scheduler.py",
+      "victim = self.running[-1]", "victim = self.running[0]", SCHED,
+      "retraction picks the oldest request, not the newest"),
+    m("sched_leaks_duplicate_slots", "local_engine/scheduler.py",
+      "self.pool.free(seq.slots[own_from:prefix])  # duplicates of what the tree holds",
+      "pass  # duplicates of what the tree holds", SCHED,
+      "slots duplicating tree content never freed (leak)"),
+    m("sched_admit_without_lock", "local_engine/scheduler.py",
+      "self.cache.lock(match.handle)\n            seq.handle, seq.slots",
+      "seq.handle, seq.slots", SCHED,
+      "a running request's cached prefix is not locked (eviction frees its slots)"),
+    m("sched_cache_prompt_keeps_old_lock", "local_engine/scheduler.py",
+      "        if seq.handle is not None:\n            self.cache.unlock(seq.handle)\n        dup_from",
+      "        dup_from", SCHED, "the shorter lock is never released (lock leak)"),
+    m("sched_page_spare_ignored", "local_engine/scheduler.py",
+      "spare = (-len(seq.slots)) % self.ps\n        need", "spare = 0\n        need", SCHED,
+      "a partly filled page is ignored: a page allocated per token"),
+]
