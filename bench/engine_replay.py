@@ -25,8 +25,11 @@ TPOT p50 (ms), KV pool peak (tokens; ours: ``engine_kv_slots_used`` sampled from
 0.2 s, radix-cache-held slots included), wall time. ``--quick`` (smoke test, about a minute on an
 idle 2-core box): 4 runs x 2 turns, system prompt cut to 600 characters, 2 tools, 8 tokens,
 transformers on the first wave only.
-Writes ``bench/results/engine_replay.json`` = ``{"command", "figures": {"ours", "transformers"},
-"setup"}``.
+Like with like (issue 14): both sides replay exactly the same requests (``--tf-waves`` limits
+both, :func:`wave_keys`) after the same kind of untimed warm-up request; ``figures.same_requests``
+records that the request sets matched.
+Writes ``bench/results/engine_replay.json`` = ``{"command", "figures": {"ours", "transformers",
+"same_requests"}, "setup"}``.
 """
 
 from __future__ import annotations
@@ -174,6 +177,32 @@ def replay_ours(
     return out
 
 
+def wave_keys(lengths: list[int], n_concurrent: int, max_waves: int | None) -> list[list[int]]:
+    """The requests transformers' wave replay reaches: per session, the turn indices it sends.
+
+    ``lengths``: requests per session. Waves hold the next request of up to ``n_concurrent``
+    active sessions; a session that ends is replaced by the next pending one (the schedule of
+    :func:`replay_transformers`); ``max_waves`` None = until every request is sent. Both sides
+    replay exactly these requests, so the top-level figures compare the same requests.
+    """
+    pending = [i for i, n in enumerate(lengths) if n]
+    active = [(pending.pop(0), 0) for _ in range(min(n_concurrent, len(pending)))]
+    turns: list[list[int]] = [[] for _ in lengths]
+    waves = 0
+    while active and (max_waves is None or waves < max_waves):
+        for s, t in active:
+            turns[s].append(t)
+        waves += 1
+        nxt = []
+        for s, t in active:
+            if t + 1 < lengths[s]:
+                nxt.append((s, t + 1))
+            elif pending:
+                nxt.append((pending.pop(0), 0))
+        active = nxt
+    return turns
+
+
 def replay_transformers(
     sessions: list[list[tuple[dict[str, Any], list[int]]]], n_concurrent: int, max_tokens: int,
     threads: int, page_size: int, num_blocks: int, max_waves: int | None,
@@ -202,6 +231,10 @@ def replay_transformers(
         cb = ContinuousBatchingConfig(page_size=page_size, num_blocks=num_blocks,
                                       max_batch_tokens=2048, allow_block_sharing=True,
                                       use_cuda_graph=False, use_async_batching=False)
+        # the same untimed warm-up request as ours (first-call costs outside the figures)
+        model.generate_batch([[1, 2, 3]], generation_config=gen, continuous_batching_config=cb,
+                             persistent_manager=True, warmup=False, progress_bar=False)
+        matched.clear()
         rows: list[dict[str, Any]] = []
         # n_concurrent sessions active at once; when one ends the next run takes its place
         pending = list(range(len(sessions)))
@@ -259,8 +292,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", choices=["ours", "transformers"], default=None)
     ap.add_argument("--tf-waves", type=int, default=None,
-                    help="transformers: replay only the first N waves (it is slow on CPU); "
-                         "ours is then also summarised on exactly those requests")
+                    help="replay only the requests of transformers' first N waves (it is slow "
+                         "on CPU) -- on both sides, so both replay the same requests")
     ap.add_argument("--tf-threads", type=int, default=1,
                     help="torch threads for transformers (2 was 10-20x slower on the shared "
                          "2-core box: its generation thread and the waiting caller contend)")
@@ -276,6 +309,9 @@ def main() -> None:
     sessions, skipped = tokenize_sessions(
         build_sessions(args.runs, args.turns, system_chars, n_tools), args.max_tokens)
     sessions = [s for s in sessions if s]
+    if args.tf_waves is not None and args.only is None:  # both sides: exactly the same requests
+        reach = wave_keys([len(s) for s in sessions], args.sessions, args.tf_waves)
+        sessions = [[s[t] for t in turns] for s, turns in zip(sessions, reach) if turns]
     if args.tf_num_blocks is None:  # room for the concurrent requests' contexts, x1.5 for sharing
         longest = max(len(ids) for items in sessions for _, ids in items) + args.max_tokens
         args.tf_num_blocks = -(-longest * args.sessions * 3 // 2 // args.tf_page_size)
@@ -286,11 +322,13 @@ def main() -> None:
         figures["transformers"] = replay_transformers(
             sessions, args.sessions, args.max_tokens, args.tf_threads, args.tf_page_size,
             args.tf_num_blocks, args.tf_waves)
-    if "ours" in figures and "transformers" in figures and args.tf_waves is not None:
-        keys = {tuple(r["key"]) for r in figures["transformers"]["rows"]}
-        same = [r for r in figures["ours"]["rows"] if tuple(r["key"]) in keys]
-        figures["ours_on_transformers_requests"] = _summary(same, None)
+    if "ours" in figures and "transformers" in figures:
+        ours_keys = sorted(tuple(r["key"]) for r in figures["ours"]["rows"])
+        tf_keys = sorted(tuple(r["key"]) for r in figures["transformers"]["rows"])
+        figures["same_requests"] = ours_keys == tf_keys
     for side in figures.values():
+        if not isinstance(side, dict):
+            continue
         side.pop("rows", None)
     result = {
         "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]),
@@ -302,8 +340,12 @@ def main() -> None:
             "transformers_threads": args.tf_threads,
             "requests": sum(len(s) for s in sessions), "skipped_over_context": skipped,
             "system_chars": system_chars, "tools": n_tools or 14,
+            "per_side": {"ours": {"threads": args.threads, "warmup": "1 request 'hi', 2 tokens"},
+                         "transformers": {"threads": args.tf_threads,
+                                          "warmup": "1 request of 3 tokens"}},
             "note": "shared 2-core CPU box; client-side timing for ours, transformers' own "
-                    "token timestamps for transformers",
+                    "token timestamps for transformers; both sides replay the same requests "
+                    "(--tf-waves limits both)",
         },
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -1,6 +1,7 @@
 """Local engine vs llama.cpp on the same model and prompts: TTFT cold / warm, decode tokens/s.
 
     .venv/bin/python bench/engine_vs_llamacpp.py [--runs 3] [--quick] [--threads 2]
+        [--llamacpp-poll 50 0]
 
 Both servers run as their own processes and are timed the same way from this client over
 their OpenAI-compatible streaming API (``serving_client.timed_stream``):
@@ -15,10 +16,17 @@ Each run uses a fresh prompt (a nonce in front of the tau-bench airline system p
 question): the first request is cold (nothing cached), the same request again is warm (the
 whole prompt but its last token can come from the prefix cache). Both ask for ``--max-tokens``
 tokens with ``ignore_eos`` so that decode always runs that long. Figures are medians over runs.
+
+Like with like (issue 14): all servers are up at once and measured interleaved (each run visits
+every side, the order rotated per run), with the same warm-up request and thread count on every
+side; llama.cpp runs in each ``--llamacpp-poll`` setting and the headline ``llamacpp`` is its
+best configuration (highest decode tokens/s), every configuration recorded.
 Writes ``bench/results/engine_vs_llamacpp.json``::
 
     {"command": str, "figures": {"ours": {"cold_ttft_ms", "warm_ttft_ms", "decode_tokens_per_s",
-     "prompt_tokens", "warm_cached_tokens", "weights"}, "llamacpp": {...}}, "setup": {...}}
+     "prompt_tokens", "warm_cached_tokens", "weights"}, "llamacpp": {... best config, "poll"},
+     "llamacpp_configs": {"llamacpp_poll50": {...}, "llamacpp_poll0": {...}}, "headline": str},
+     "setup": {..., "per_side": {"threads", "warmup", "interleaved"}}}
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import sys
 import tempfile
 import time
 import uuid
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -56,88 +65,107 @@ def base_messages(system_chars: int) -> list[dict[str, str]]:
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def measure(base_url: str, runs: int, max_tokens: int, system_chars: int) -> dict[str, Any]:
-    """Cold then warm streamed requests per run; medians (ms, tokens/s) over runs."""
-    cold, warm, decode, prompt_tokens, warm_cached = [], [], [], [], []
-    # a fresh connection per request on both sides: llama.cpp's server may close a kept-alive
-    # connection after a long stream, and loopback connects cost well under a millisecond
-    with httpx.Client(timeout=600, limits=httpx.Limits(max_keepalive_connections=0)) as client:
-        warmup = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-        timed_stream(client, base_url, warmup)  # first-call costs (allocations, threads)
-        for _ in range(runs):
-            msgs = base_messages(system_chars)
-            msgs[0]["content"] = f"[session {uuid.uuid4().hex}]\n" + msgs[0]["content"]
-            body = {"model": "m", "messages": msgs, "max_tokens": max_tokens,
-                    "temperature": 0, "ignore_eos": True}
-            first = timed_stream(client, base_url, body)
-            second = timed_stream(client, base_url, body)
-            cold.append(first.ttft_ms)
-            warm.append(second.ttft_ms)
-            decode += [t.decode_tokens_per_s for t in (first, second) if t.decode_tokens_per_s]
-            prompt_tokens.append(first.usage["prompt_tokens"])
-            warm_cached.append(second.cached_tokens)
+WARMUP = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+def _run_body(system_chars: int, max_tokens: int) -> dict[str, Any]:
+    msgs = base_messages(system_chars)
+    msgs[0]["content"] = f"[session {uuid.uuid4().hex}]\n" + msgs[0]["content"]
+    return {"model": "m", "messages": msgs, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True}
+
+
+def _summary(samples: dict[str, list[float]]) -> dict[str, Any]:
     return {
-        "cold_ttft_ms": round(median(cold) or 0, 1),
-        "warm_ttft_ms": round(median(warm) or 0, 1),
-        "decode_tokens_per_s": round(median(decode) or 0, 2),
-        "prompt_tokens": int(median([float(p) for p in prompt_tokens]) or 0),
-        "warm_cached_tokens": int(median([float(c) for c in warm_cached]) or 0),
-        "samples": {"cold_ttft_ms": [round(x, 1) for x in cold],
-                    "warm_ttft_ms": [round(x, 1) for x in warm],
-                    "decode_tokens_per_s": [round(x, 2) for x in decode]},
+        "cold_ttft_ms": round(median(samples["cold"]) or 0, 1),
+        "warm_ttft_ms": round(median(samples["warm"]) or 0, 1),
+        "decode_tokens_per_s": round(median(samples["decode"]) or 0, 2),
+        "prompt_tokens": int(median(samples["prompt"]) or 0),
+        "warm_cached_tokens": int(median(samples["cached"]) or 0),
+        "samples": {"cold_ttft_ms": [round(x, 1) for x in samples["cold"]],
+                    "warm_ttft_ms": [round(x, 1) for x in samples["warm"]],
+                    "decode_tokens_per_s": [round(x, 2) for x in samples["decode"]]},
     }
 
 
+def measure(servers: dict[str, str], runs: int, max_tokens: int, system_chars: int,
+            settle_s: float = 1.0) -> dict[str, dict[str, Any]]:
+    """Interleaved cold-then-warm streamed requests: run ``r`` visits every side, in an order
+    rotated by ``r`` (so no side always goes first on a warmer machine), each side with a fresh
+    prompt of the same length; the same warm-up request on every side before any timing.
+    ``servers``: side name -> base URL. Returns medians (ms, tokens/s) per side."""
+    samples = {side: {"cold": [], "warm": [], "decode": [], "prompt": [], "cached": []}
+               for side in servers}
+    names = list(servers)
+    # a fresh connection per request on all sides: llama.cpp's server may close a kept-alive
+    # connection after a long stream, and loopback connects cost well under a millisecond
+    with httpx.Client(timeout=600, limits=httpx.Limits(max_keepalive_connections=0)) as client:
+        for url in servers.values():
+            timed_stream(client, url, WARMUP)  # first-call costs (allocations, threads)
+        for r in range(runs):
+            for side in names[r % len(names):] + names[:r % len(names)]:
+                time.sleep(settle_s)  # let the other side's spinning threads go idle
+                body = _run_body(system_chars, max_tokens)
+                first = timed_stream(client, servers[side], body)
+                second = timed_stream(client, servers[side], body)
+                got = samples[side]
+                got["cold"].append(first.ttft_ms)
+                got["warm"].append(second.ttft_ms)
+                got["decode"] += [t.decode_tokens_per_s for t in (first, second)
+                                  if t.decode_tokens_per_s]
+                got["prompt"].append(float(first.usage["prompt_tokens"]))
+                got["cached"].append(float(second.cached_tokens))
+    return {side: _summary(samples[side]) for side in names}
+
+
+def best_llamacpp(configs: dict[str, dict[str, Any]]) -> str:
+    """The peer's best configuration: highest decode tokens/s, ties by lower cold TTFT."""
+    return max(configs, key=lambda k: (configs[k]["decode_tokens_per_s"],
+                                       -configs[k]["cold_ttft_ms"]))
+
+
 def main() -> None:
-    """Run both servers in turn and write the JSON result."""
+    """Start our engine and llama.cpp (every ``--llamacpp-poll`` setting) together, measure them
+    interleaved, and write the JSON result with llama.cpp's best configuration as headline."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="threads for every side")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--system-chars", type=int, default=6200, help="system prompt length")
     ap.add_argument("--quick", action="store_true", help="1 run, short prompt (smoke test)")
     ap.add_argument("--out", default=str(OUT))
-    ap.add_argument("--only", choices=["ours", "llamacpp"], default=None,
-                    help="run one side; the other side's figures in --out are kept")
-    ap.add_argument("--llamacpp-poll", type=int, default=50,
-                    help="llama.cpp threadpool busy-poll level (0 = sleep instead of spinning: "
-                         "far better when the cores are shared)")
+    ap.add_argument("--llamacpp-poll", type=int, nargs="+", default=[50, 0],
+                    help="llama.cpp threadpool busy-poll levels to run (each one a side; 0 = "
+                         "sleep instead of spinning); the best one is the headline")
     args = ap.parse_args()
     if args.quick:
         args.runs, args.max_tokens, args.system_chars = 1, 8, 1500
     log = Path(tempfile.gettempdir()) / "engine_vs_llamacpp.log"
-    figures: dict[str, Any] = {}
     t0 = time.time()
-    if args.only in (None, "ours"):
-        with EngineProcess(MODEL_DIR, threads=args.threads, log_path=log) as eng:
-            figures["ours"] = measure(eng.base_url, args.runs, args.max_tokens, args.system_chars)
-        figures["ours"]["weights"] = "fp32 safetensors (converted from the Q4_1 GGUF)"
-    if args.only in (None, "llamacpp"):
-        cmd = [sys.executable, str(REPO / "bench" / "llamacpp_server.py"), "--gguf", str(GGUF),
-               "--threads", str(args.threads), "--poll", str(args.llamacpp_poll), "--port"]
-        server = EngineProcess(GGUF, log_path=log, command=cmd)
-        server.cmd.append(str(server.port))
-        with server:
-            figures["llamacpp"] = measure(server.base_url, args.runs, args.max_tokens,
-                                          args.system_chars)
-        figures["llamacpp"]["weights"] = "Q4_1 GGUF (4-bit blocks), llama.cpp via xllamacpp"
-        figures["llamacpp"]["poll"] = args.llamacpp_poll
-    commands = [" ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv])]
-    if args.only and Path(args.out).exists():  # keep the other side's figures and command
-        previous = json.loads(Path(args.out).read_text())
-        for side, figs in previous.get("figures", {}).items():
-            if side == "llamacpp" and side in figures and figs.get("poll", 50) != args.llamacpp_poll:
-                side = f"llamacpp_poll{figs.get('poll', 50)}"  # keep the other poll setting too
-            figures.setdefault(side, figs)
-        if previous.get("command"):
-            commands.insert(0, str(previous["command"]))
+    with ExitStack() as stack:
+        servers = {"ours": stack.enter_context(
+            EngineProcess(MODEL_DIR, threads=args.threads, log_path=log)).base_url}
+        for poll in args.llamacpp_poll:
+            cmd = [sys.executable, str(REPO / "bench" / "llamacpp_server.py"), "--gguf",
+                   str(GGUF), "--threads", str(args.threads), "--poll", str(poll), "--port"]
+            server = EngineProcess(GGUF, log_path=log, command=cmd)
+            server.cmd.append(str(server.port))
+            servers[f"llamacpp_poll{poll}"] = stack.enter_context(server).base_url
+        measured = measure(servers, args.runs, args.max_tokens, args.system_chars)
+    ours = dict(measured.pop("ours"), weights="fp32 safetensors (converted from the Q4_1 GGUF)")
+    configs = {k: dict(v, weights="Q4_1 GGUF (4-bit blocks), llama.cpp via xllamacpp",
+                       poll=int(k.removeprefix("llamacpp_poll"))) for k, v in measured.items()}
+    best = best_llamacpp(configs)
     result = {
-        "command": " && ".join(commands),
-        "figures": figures,
+        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]),
+        "figures": {"ours": ours, "llamacpp": configs[best], "llamacpp_configs": configs,
+                    "headline": f"llamacpp = llama.cpp's best configuration ({best})"},
         "setup": {
             "model": "SmolLM2-135M-Instruct", "threads": args.threads, "runs": args.runs,
             "max_tokens": args.max_tokens, "system_chars": args.system_chars,
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+            "per_side": {"threads": args.threads, "warmup": WARMUP, "interleaved": True,
+                         "order": "rotated per run", "settle_s_between_sides": 1.0},
             "note": "shared 2-core CPU box; medians of runs; client-side timing over HTTP; "
                     "quantization differs: ours fp32 vs llama.cpp Q4_1",
             "wall_s": round(time.time() - t0, 1),
