@@ -26,19 +26,22 @@ class Mutant(TypedDict):
 
 SAFE = "tests/rewriter/test_passes_without_safety_net.py"
 CANON = ["tests/rewriter/test_canonicalize_tools.py", SAFE]
-BREAKS = ["tests/rewriter/test_breakpoints.py", "tests/rewriter/test_breakpoints_nested.py", SAFE]
+BREAKS = ["tests/rewriter/test_breakpoints_lookback_edge.py", "tests/rewriter/test_breakpoints.py", "tests/rewriter/test_breakpoints_nested.py", SAFE]
 PTOOLS = ["tests/pruning/test_prune_tools.py", "tests/pruning/test_prune_tools_required.py", SAFE]
-PRAG = ["tests/pruning/test_prune_rag.py", "tests/pruning/test_prune_rag_user_content.py", SAFE]
+PRAG = ["tests/pruning/test_prune_rag_budget_edge.py", "tests/pruning/test_prune_rag.py", "tests/pruning/test_prune_rag_user_content.py", SAFE]
 PHIST = ["tests/pruning/test_prune_history.py", "tests/pruning/test_prune_history_keeps_task.py",
          "tests/pruning/test_pruning_properties.py", SAFE]
 HOIST = ["tests/rewriter/test_hoist_volatile.py", SAFE]
 VALID = ["tests/rewriter/test_validate.py"]
-A2O = ["tests/proxy/test_anthropic.py", "tests/proxy/test_bridge_lossless.py"]
-O2A = ["tests/proxy/test_bridge_lossless.py", "tests/proxy/test_anthropic.py"]
-RELAY = ["tests/proxy/test_relay_stream.py", "tests/adversarial/test_bridged_stream_without_final_event.py",
+A2O = ["tests/proxy/test_bridge_answer_mappings.py", "tests/proxy/test_anthropic.py",
+       "tests/proxy/test_bridge_lossless.py"]
+O2A = ["tests/proxy/test_bridge_answer_mappings.py", "tests/proxy/test_bridge_lossless.py",
+       "tests/proxy/test_anthropic.py"]
+RELAY = ["tests/proxy/test_relay_last_event.py", "tests/proxy/test_relay_stream.py", "tests/adversarial/test_bridged_stream_without_final_event.py",
          "tests/adversarial/test_stream_cut_or_hung_upstream.py"]
 LEDGER = ["tests/proxy/test_ledger_sessions.py", "tests/proxy/test_cli_report_replay.py"]
-COST = ["tests/cache/test_anthropic_model.py", "tests/cache/test_openai_model.py"]
+COST = ["tests/cache/test_prices.py", "tests/cache/test_anthropic_model.py",
+        "tests/cache/test_openai_model.py"]
 RADIX = ["tests/engine/test_radix_cache.py", "tests/engine/test_radix_lock_shapes.py",
          "tests/engine/test_radix_machine_shared_prefixes.py"]
 SCHED = ["tests/engine/test_scheduler_pool_pressure.py"]

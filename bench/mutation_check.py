@@ -68,7 +68,7 @@ def run_tests(root: Path, tests: list[str], seed: int) -> str:
     shutil.rmtree(root / ".hypothesis", ignore_errors=True)
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "not slow",
            f"--hypothesis-seed={seed}", *tests]
-    env = dict(os.environ, PREFIXGATE_DATA_DIR=str(DATA), PYTHONDONTWRITEBYTECODE="1")
+    env = dict(os.environ, PREFIXGATE_DATA_DIR=str(DATA))
     try:
         rc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, timeout=TIMEOUT_S).returncode
     except subprocess.TimeoutExpired:

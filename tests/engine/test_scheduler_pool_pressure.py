@@ -194,3 +194,17 @@ def test_pool_alloc_and_free_round_trip_pages_exactly() -> None:
     assert pool.alloc_pages(0) == [] and pool.used_slots == 9
 
 
+
+
+def test_twin_requests_computed_side_by_side_free_their_duplicate_kv() -> None:
+    # 20 shared tokens are below the in-batch deferral threshold, so both compute the same
+    # prompt and completion; the second to reach the tree must free its duplicate slots
+    s = make(slots=128, running=2)
+    twins = [request(f"t{i}", list(range(40, 60)), max_tokens=3) for i in range(2)]
+    for t in twins:
+        s.add(t)
+    step(s)
+    assert s.running == twins and all(t.cached_tokens == 0 for t in twins)
+    run_all(s)
+    assert s.cache is not None and s.pool.free_slots + s.cache.total_size == s.pool.num_slots
+    assert s.cache.total_size == 22  # one copy: 20 prompt + 2 computed completion tokens
