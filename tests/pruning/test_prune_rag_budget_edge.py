@@ -6,7 +6,7 @@ from __future__ import annotations
 from rewriter.bm25 import terms
 from rewriter.prune_rag import select_passages
 
-IDS = ["1", "2", "3", "4"]
+IDS = ["3", "1", "4", "2"]  # the retriever's order, not the canonical one
 BODIES = ["baggage allowance rules", "weather report", "seat map", "meal options"]
 TOKENS = [10, 7, 5, 3]
 
