@@ -81,7 +81,7 @@ def _anthropic_event(name: str, obj: dict[str, Any]) -> bytes:
 def test_o2a_stream_tool_calls_get_distinct_indices_and_their_own_arguments() -> None:
     watcher = AnthropicStreamWatcher()
     mapper = ChunkMapper("m", watcher, include_usage=False)
-    script = [
+    script: list[tuple[str, dict[str, Any]]] = [
         ("message_start", {"type": "message_start", "message": {"id": "m1", "usage": {}}}),
         ("content_block_start", {"type": "content_block_start", "index": 0,
                                  "content_block": {"type": "text", "text": ""}}),

@@ -34,9 +34,9 @@ from tests.rewriter.helpers import ctx
 from tests.trace_requests import anthropic_fixture_bodies, tau_requests
 
 TAU = [b for run in tau_requests(runs=[0, 7, 42]) for b in run]
-HISTORY = {"prune_history": True, "history_high_watermark_tokens": 2000,
+HISTORY: dict[str, Any] = {"prune_history": True, "history_high_watermark_tokens": 2000,
            "history_low_watermark_tokens": 800}
-ALL_ON = {"prune_tools": True, "prune_tools_min_catalog": 2, "prune_rag": True,
+ALL_ON: dict[str, Any] = {"prune_tools": True, "prune_tools_min_catalog": 2, "prune_rag": True,
           "rag_budget_tokens": 20, **HISTORY}
 HITS = "\n".join(f"[{i}] passage {i} about " + ("baggage allowance " if i == 3 else "weather ")
                  + "filler words " * 12 for i in range(1, 9))
@@ -73,7 +73,8 @@ def test_canonicalize_tools_alone_sorts_and_keeps_every_tool_of_a_reversed_catal
 
 def test_hoist_volatile_alone_moves_the_clock_out_of_the_system_prompt_into_a_final_note() -> None:
     clock = "Current time: 2026-12-01 10:15:00 UTC"
-    for api, provider in (("openai", "openai"), ("anthropic", "anthropic")):
+    apis: tuple[tuple[Api, str], ...] = (("openai", "openai"), ("anthropic", "anthropic"))
+    for api, provider in apis:
         sys = f"You are a helpful airline agent.\n{clock}\nAnswer briefly."
         msgs: list[dict[str, Any]] = [{"role": "user", "content": "Change my seat."}]
         body: dict[str, Any] = {"model": "m", "max_tokens": 8, "system": sys, "messages": msgs} \
