@@ -140,10 +140,11 @@ MUTANTS: list[Mutant] = [
       "usage chunk sent when not asked for, missing when asked"),
     # -- relay and usage --------------------------------------------------------------------------
     m("relay_bridged_end_unchecked", "proxy/relay.py",
-      "if mapper is not None and not watcher.done:", "if mapper is None and not watcher.done:",
+      'if w.done:\n            self.status = "ok"',
+      'if w.done or self.mapper is not None:\n            self.status = "ok"',
       RELAY, "a bridged stream cut before its final event ends as if complete"),
     m("relay_flush_dropped", "proxy/relay.py",
-      "rest = splitter.flush()", 'rest = b""', RELAY,
+      "tail = self._ended(splitter.flush())", 'tail = self._ended(b"")', RELAY,
       "the last event without a trailing blank line is lost"),
     m("relay_ttft_is_last_event", "proxy/relay.py",
       "if self.first_content is None:", "if True:", RELAY + LEDGER,

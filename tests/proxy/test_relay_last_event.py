@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import anyio
 import httpx
 
-from proxy.relay import Timing, relay_events
+from proxy.relay import StreamRelay, Timing
 from proxy.usage import OpenAIStreamWatcher
 
 EVENTS = [b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n',
@@ -31,12 +31,13 @@ class _Body(httpx.AsyncByteStream):
 def _relay(chunks: list[bytes]) -> tuple[list[bytes], list[str]]:
     ended: list[str] = []
 
-    async def on_end(status: str) -> None:
+    async def on_end(status: str, http_status: int) -> None:
         ended.append(status)
 
     async def go() -> list[bytes]:
         resp = httpx.Response(200, stream=_Body(chunks))
-        return [b async for b in relay_events(resp, OpenAIStreamWatcher(), Timing(), on_end)]
+        relay = StreamRelay(resp, OpenAIStreamWatcher(), Timing(), on_end)
+        return [b async for b in relay.events()]
 
     return anyio.run(go), ended
 

@@ -75,7 +75,8 @@ def test_hoist_volatile_alone_moves_the_clock_out_of_the_system_prompt_into_a_fi
     clock = "Current time: 2026-12-01 10:15:00 UTC"
     apis: tuple[tuple[Api, str], ...] = (("openai", "openai"), ("anthropic", "anthropic"))
     for api, provider in apis:
-        sys = f"You are a helpful airline agent.\n{clock}\nAnswer briefly."
+        # a long stable part after the clock, so hoisting pays (the pass skips when it does not)
+        sys = f"You are a helpful airline agent.\n{clock}\n" + "Answer briefly. " * 400
         msgs: list[dict[str, Any]] = [{"role": "user", "content": "Change my seat."}]
         body: dict[str, Any] = {"model": "m", "max_tokens": 8, "system": sys, "messages": msgs} \
             if api == "anthropic" else \
