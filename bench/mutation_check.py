@@ -2,8 +2,9 @@
 
 Applies each mutant of :data:`bench.mutants.MUTANTS` (file, exact original snippet, replacement,
 the test files that should catch it) to a scratch copy of the repository, runs those tests once
-per hypothesis seed (``--hypothesis-seed=N``, a fresh hypothesis database each run so an earlier
-failure is never replayed), and records per mutant and seed whether the tests failed:
+per hypothesis seed (``--hypothesis-seed=N`` under the ``dev`` profile of tests/conftest.py: the
+``ci`` profile is derandomized, which would make every seed draw the same examples; no database,
+so an earlier failure is never replayed), and records per mutant and seed whether the tests failed:
 
 * ``killed`` — the tests failed on every seed;
 * ``flaky`` — failed on some seeds only (catching it depends on luck);
@@ -42,6 +43,7 @@ from tests.paths import DATA  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "mutation_check.json"
 TIMEOUT_S = 300
+PROFILE = "dev"  # tests/conftest.py: not derandomized, no database
 
 
 def scratch_copy(dest: Path) -> None:
@@ -68,7 +70,9 @@ def run_tests(root: Path, tests: list[str], seed: int) -> str:
     shutil.rmtree(root / ".hypothesis", ignore_errors=True)
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "not slow",
            f"--hypothesis-seed={seed}", *tests]
-    env = dict(os.environ, PREFIXGATE_DATA_DIR=str(DATA))
+    # the "ci" profile (tests/conftest.py) is derandomized, which overrides --hypothesis-seed;
+    # "dev" honours the seed, so the three seeds really draw different examples
+    env = dict(os.environ, PREFIXGATE_DATA_DIR=str(DATA), HYPOTHESIS_PROFILE=PROFILE)
     try:
         rc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, timeout=TIMEOUT_S).returncode
     except subprocess.TimeoutExpired:
@@ -118,7 +122,7 @@ def main() -> int:
         print(f"{r['status']:9s} {r['id']:40s} {r['seeds']}")
     figures = {k: sum(r["status"] == k for r in records) for k in ("killed", "flaky", "survived")}
     seeds = " ".join(map(str, args.seeds))
-    command = f".venv/bin/python bench/mutation_check.py --seeds {seeds}" + (
+    command = f".venv/bin/python bench/mutation_check.py --seeds {seeds}  # HYPOTHESIS_PROFILE={PROFILE}" + (
         f" --only {' '.join(args.only)}" if args.only else "")
     result = {"command": command, "figures": {"mutants": len(records), **figures},
               "per_mutant": records}
