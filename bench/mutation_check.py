@@ -122,8 +122,9 @@ def main() -> int:
         print(f"{r['status']:9s} {r['id']:40s} {r['seeds']}")
     figures = {k: sum(r["status"] == k for r in records) for k in ("killed", "flaky", "survived")}
     seeds = " ".join(map(str, args.seeds))
-    command = f".venv/bin/python bench/mutation_check.py --seeds {seeds}  # HYPOTHESIS_PROFILE={PROFILE}" + (
-        f" --only {' '.join(args.only)}" if args.only else "")
+    only = f" --only {' '.join(args.only)}" if args.only else ""
+    command = (f".venv/bin/python bench/mutation_check.py --seeds {seeds}{only}"
+               f"  # HYPOTHESIS_PROFILE={PROFILE}")
     result = {"command": command, "figures": {"mutants": len(records), **figures},
               "per_mutant": records}
     args.out.parent.mkdir(parents=True, exist_ok=True)
