@@ -208,7 +208,8 @@ def error_problems(status: int, body: Any, api: str) -> list[str]:
     if not ok:
         return ["error_not_in_caller_shape"]
     err = body["error"]
-    if status == 400 and not err.get("param") and not re.search(r"'[\w.\[\]-]+'", err["message"]):
+    # a quoted name: any non-empty text in quotes (a client's own key may hold any character)
+    if status == 400 and not err.get("param") and not re.search(r"'[^'\n]+'", err["message"]):
         return ["error_names_no_param"]
     return []
 
