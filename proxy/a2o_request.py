@@ -219,7 +219,7 @@ def _collapse(parts: list[Part]) -> str | list[Part]:
     return parts[0]["text"] if len(parts) == 1 and parts[0]["type"] == "text" else parts
 
 
-def _user_messages(content: Any, p: str) -> list[dict[str, Any]]:
+def _user_messages(content: Any, p: str, origins: dict[int, str]) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     tool_msgs: list[dict[str, Any]] = []
@@ -232,6 +232,7 @@ def _user_messages(content: Any, p: str) -> list[dict[str, Any]]:
                 refuse(q, "tool_result blocks must come first in a user turn (as the Messages "
                        "API requires); here one follows other content")
             tool_msgs.append(_tool_message(b, q))
+            origins[id(tool_msgs[-1])] = q
         elif kind == "text":
             parts.append(_text_part(b, q))
         elif kind == "image":
@@ -245,7 +246,7 @@ def _user_messages(content: Any, p: str) -> list[dict[str, Any]]:
     return tool_msgs + ([{"role": "user", "content": _collapse(parts)}] if parts else [])
 
 
-def _assistant_message(content: Any, p: str) -> dict[str, Any]:
+def _assistant_message(content: Any, p: str, origins: dict[int, str]) -> dict[str, Any]:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
     parts: list[Part] = []
@@ -264,6 +265,7 @@ def _assistant_message(content: Any, p: str) -> dict[str, Any]:
             calls.append({"id": string(b.get("id"), q + ".id"), "type": "function",
                           "function": {"name": string(b.get("name"), q + ".name"),
                                        "arguments": args}})
+            origins[id(calls[-1])] = q
         else:
             refuse(q + ".type", f"a {kind!r} block in an assistant turn has no counterpart")
     msg: dict[str, Any] = {"role": "assistant",
@@ -330,22 +332,39 @@ def _refuse_server_side(body: dict[str, Any]) -> None:
         refuse("service_tier", f"unknown service tier {tier!r}")
 
 
-def request_to_openai(body: dict[str, Any]) -> dict[str, Any]:
+def _note(origins: dict[int, str], msgs: list[dict[str, Any]], param: str) -> None:
+    """Record ``param`` as the client origin of each new message and its tool calls (the
+    calls' own ``param``s were recorded by :func:`_assistant_message`)."""
+    for m in msgs:
+        origins.setdefault(id(m), param)
+        for c in m.get("tool_calls") or ():
+            origins.setdefault(id(c), param)
+
+
+def request_to_openai(body: dict[str, Any], origins: dict[int, str] | None = None
+                      ) -> dict[str, Any]:
     """Anthropic Messages request -> Chat Completions request (see module docstring).
 
-    Raises InvalidRequest (400, ``param`` = the field's path) for any field it cannot carry."""
+    ``origins``, when given, is filled with ``id()`` of each Chat Completions message / tool
+    call -> the client param it came from (for :mod:`proxy.bridge_validity`'s errors). Raises
+    InvalidRequest (400, ``param`` = the field's path) for any field it cannot carry."""
     known_keys(body, TOP, "")
     _refuse_server_side(body)
+    origins = {} if origins is None else origins
     out: dict[str, Any] = {"model": string(body.get("model"), "model")}
     messages = _system(body["system"]) if body.get("system") is not None else []
+    _note(origins, messages, "system")
     for i, m in enumerate(arr(body.get("messages"), "messages")):
         p = f"messages[{i}]"
         known_keys(obj(m, p), MESSAGE, p)
         role = m.get("role")
         if role == "assistant":
-            messages.append(_assistant_message(m.get("content"), p + ".content"))
+            messages.append(_assistant_message(m.get("content"), p + ".content", origins))
+            _note(origins, messages[-1:], p + ".content")
         elif role == "user":
-            messages.extend(_user_messages(m.get("content"), p + ".content"))
+            new = _user_messages(m.get("content"), p + ".content", origins)
+            _note(origins, new, p + ".content")
+            messages.extend(new)
         else:
             refuse(p + ".role", f"role {role!r}: the Messages API has user and assistant turns")
     out["messages"] = messages

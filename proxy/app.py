@@ -240,7 +240,7 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
         await _parse(ex, request, state.policy)                        # 1. parse
         _route(ex, state.policy)                                        # 2. route
         await _passes(ex, request, state)                               # 3. passes
-        _bridge(ex)                                                     # 4. bridge
+        _bridge(ex, state.policy.limits.max_json_depth)                 # 4. bridge
         resp = await _send(ex, request, state)                          # 5. send
     except BaseException as e:
         return _refuse(state, ex, e)
@@ -293,12 +293,13 @@ async def _passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
 
 
-def _bridge(ex: Exchange) -> None:
+def _bridge(ex: Exchange, max_depth: int) -> None:
     """The upstream bytes, and for a stream the watcher and the event mapper: everything that
-    can fail on the client's body fails here, before anything is sent (400)."""
+    can fail on the client's body fails here, before anything is sent (400). ``max_depth``:
+    policy ``limits.max_json_depth``, also applied to JSON a bridge parses out of strings."""
     assert ex.target is not None and ex.rw is not None
     target = ex.target
-    ex.up_raw = exactjson.dumps(translate.request(ex.api, ex.rw.body)) if target.translate else (
+    ex.up_raw = translate.encode(ex.api, ex.rw.body, max_depth) if target.translate else (
         ex.rw.raw)
     if ex.row.stream:
         ex.watcher = AnthropicStreamWatcher() if target.wire == "anthropic" else (

@@ -79,8 +79,9 @@ def test_a2o_adjacent_text_blocks_stay_separate_parts_never_glued() -> None:
 
 def test_a2o_tool_result_error_is_carried_between_tool_error_delimiters() -> None:
     tr = {"type": "tool_result", "tool_use_id": "t1", "is_error": True, "content": "boom"}
-    out = a2o(messages=user_blocks(tr))
-    assert out["messages"][0]["content"] == [{"type": "text", "text": "<tool_error>"},
+    call = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]}
+    out = a2o(messages=[*USER, call, *user_blocks(tr)])
+    assert out["messages"][2]["content"] == [{"type": "text", "text": "<tool_error>"},
                                              {"type": "text", "text": "boom"},
                                              {"type": "text", "text": "</tool_error>"}]
 
