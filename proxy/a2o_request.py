@@ -46,7 +46,7 @@ TOP = {
     "tools": "mapped: function tools; server tools (web_search, bash, ...): 400",
     "tool_choice": "mapped: tool_choice, disable_parallel_tool_use -> parallel_tool_calls",
     "thinking": "type disabled: mapped (the default: no reasoning); enabled / adaptive: 400",
-    "service_tier": "auto: mapped (the default on both); standard_only: mapped -> default",
+    "service_tier": "auto -> auto (the default on both, sent as given); standard_only -> default",
     "cache_control": "mapped: automatic prefix caching (the backend caches without a marker)",
     "container": "400: server-side container, no counterpart",
     "context_management": "400: server-side context editing, no counterpart",
@@ -385,8 +385,8 @@ def request_to_openai(body: dict[str, Any], origins: dict[int, str] | None = Non
         known_keys(obj(body["metadata"], "metadata"), METADATA, "metadata")
         if body["metadata"].get("user_id") is not None:
             out["user"] = string(body["metadata"]["user_id"], "metadata.user_id")
-    if body.get("service_tier") == "standard_only":
-        out["service_tier"] = "default"
+    if body.get("service_tier") is not None:  # checked by _refuse_server_side
+        out["service_tier"] = {"standard_only": "default"}.get(body["service_tier"], "auto")
     if body.get("stream") is not None and boolean(body["stream"], "stream"):
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}

@@ -286,3 +286,9 @@ def test_o2a_stream_with_non_object_stream_options_is_400_before_any_send(rig: A
     assert rig.upstream.seen == []
     row = rig.ledger.rows()[-1]
     assert (row["status"], row["http_status"]) == ("InvalidRequest", 400)
+
+
+@pytest.mark.parametrize("tier, sent", [("auto", "auto"), ("standard_only", "default")])
+def test_a2o_service_tier_arrives_as_its_chat_completions_value(tier: str, sent: str) -> None:
+    # auto is the default on both APIs, but an explicit field is sent, never dropped (fuzzer)
+    assert a2o(service_tier=tier)["service_tier"] == sent
