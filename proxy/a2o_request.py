@@ -314,9 +314,9 @@ def _tool_choice(tc: Any, out: dict[str, Any]) -> None:
         out["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[kind]
     else:
         refuse("tool_choice.type", f"unknown tool_choice type {kind!r}")
-    if tc.get("disable_parallel_tool_use") is not None and boolean(
-            tc["disable_parallel_tool_use"], "tool_choice.disable_parallel_tool_use"):
-        out["parallel_tool_calls"] = False
+    if tc.get("disable_parallel_tool_use") is not None:  # sent as given, false too
+        out["parallel_tool_calls"] = not boolean(tc["disable_parallel_tool_use"],
+                                                 "tool_choice.disable_parallel_tool_use")
 
 
 def _refuse_server_side(body: dict[str, Any]) -> None:

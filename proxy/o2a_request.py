@@ -382,11 +382,11 @@ def _tools(body: dict[str, Any], out: dict[str, Any]) -> None:
     key = "tool_choice" if body.get("tool_choice") is not None else "function_call"
     if body.get(key) is not None:
         out["tool_choice"] = _tool_choice(body[key], key)
-    if body.get("parallel_tool_calls") is not None and not boolean(
-            body["parallel_tool_calls"], "parallel_tool_calls") and "tools" in out:
-        choice = out.setdefault("tool_choice", {"type": "auto"})
-        if choice["type"] != "none":
-            choice["disable_parallel_tool_use"] = True
+    if body.get("parallel_tool_calls") is not None:
+        parallel = boolean(body["parallel_tool_calls"], "parallel_tool_calls")
+        choice = out.setdefault("tool_choice", {"type": "auto"}) if "tools" in out else {}
+        if choice.get("type") not in (None, "none"):  # sent as given, true (the default) too
+            choice["disable_parallel_tool_use"] = not parallel
 
 
 def _max_tokens(body: dict[str, Any]) -> int:

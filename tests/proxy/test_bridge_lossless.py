@@ -304,3 +304,16 @@ def test_o2a_stream_with_non_object_stream_options_is_400_before_any_send(rig: A
 def test_a2o_service_tier_arrives_as_its_chat_completions_value(tier: str, sent: str) -> None:
     # auto is the default on both APIs, but an explicit field is sent, never dropped (fuzzer)
     assert a2o(service_tier=tier)["service_tier"] == sent
+
+
+def test_o2a_parallel_tool_calls_true_is_sent_as_disable_parallel_tool_use_false() -> None:
+    # true is the default on both APIs, but a field the client gave is sent, never dropped
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert o2a(tools=tools, parallel_tool_calls=True)["tool_choice"] == {
+        "type": "auto", "disable_parallel_tool_use": False}
+    assert "tool_choice" not in o2a(parallel_tool_calls=True)  # no tools: nothing to choose
+    assert o2a(tools=tools, tool_choice="none", parallel_tool_calls=True)["tool_choice"] == {"type": "none"}
+
+
+def test_a2o_disable_parallel_tool_use_false_is_sent_as_parallel_tool_calls_true() -> None:
+    assert a2o(tool_choice={"type": "auto", "disable_parallel_tool_use": False})["parallel_tool_calls"] is True
