@@ -534,12 +534,15 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     async def messages(request: Request) -> Response:
         return await _proxy(state, request, "anthropic")
 
-    @app.api_route("/v1/models", methods=["GET", "HEAD"])
+    # HEAD: the same handler, left out of the OpenAPI schema (one operation id per route)
+    @app.get("/v1/models")
+    @app.head("/v1/models", include_in_schema=False)
     async def models(request: Request) -> JSONResponse:
         await state.guard.admit(request.headers, "openai", limit=False)  # 401 without a key
         return JSONResponse(await _list_models(state))
 
-    @app.api_route("/healthz", methods=["GET", "HEAD"])  # open: no key (see proxy.auth)
+    @app.get("/healthz")  # open: no key (see proxy.auth)
+    @app.head("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:
         # 503 + reasons past the thresholds of proxy.health, so a balancer stops sending first
         reasons = state.health()
@@ -547,7 +550,8 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
                              "backends": sorted(policy.backends)},
                             status_code=503 if reasons else 200)
 
-    @app.api_route("/metrics", methods=["GET", "HEAD"])  # open: no key (see proxy.auth)
+    @app.get("/metrics")  # open: no key (see proxy.auth)
+    @app.head("/metrics", include_in_schema=False)
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
