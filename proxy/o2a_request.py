@@ -48,7 +48,8 @@ TOP = {
                       "nothing to do (a non-streamed answer always has usage)",
     "tools": "mapped: tools (function tools); custom tools: 400",
     "tool_choice": "mapped: tool_choice (required -> any); allowed_tools / custom: 400",
-    "parallel_tool_calls": "mapped: tool_choice.disable_parallel_tool_use = not it",
+    "parallel_tool_calls": "mapped: tool_choice.disable_parallel_tool_use = not it; "
+                           "without tools: 400 (as Chat Completions answers)",
     "functions": "mapped: tools (deprecated form); together with tools: 400",
     "function_call": "mapped: tool_choice (deprecated form); together with tool_choice: 400",
     "user": "mapped: metadata.user_id",
@@ -384,8 +385,11 @@ def _tools(body: dict[str, Any], out: dict[str, Any]) -> None:
         out["tool_choice"] = _tool_choice(body[key], key)
     if body.get("parallel_tool_calls") is not None:
         parallel = boolean(body["parallel_tool_calls"], "parallel_tool_calls")
-        choice = out.setdefault("tool_choice", {"type": "auto"}) if "tools" in out else {}
-        if choice.get("type") not in (None, "none"):  # sent as given, true (the default) too
+        if "tools" not in out:  # as the Chat Completions API itself answers
+            refuse("parallel_tool_calls", "it is only allowed when tools are given (there is "
+                   "no tool call to run in parallel, and nowhere to carry it)")
+        choice = out.setdefault("tool_choice", {"type": "auto"})
+        if choice["type"] != "none":  # sent as given, true (the default) too
             choice["disable_parallel_tool_use"] = not parallel
 
 

@@ -311,7 +311,7 @@ def test_o2a_parallel_tool_calls_true_is_sent_as_disable_parallel_tool_use_false
     tools = [{"type": "function", "function": {"name": "f"}}]
     assert o2a(tools=tools, parallel_tool_calls=True)["tool_choice"] == {
         "type": "auto", "disable_parallel_tool_use": False}
-    assert "tool_choice" not in o2a(parallel_tool_calls=True)  # no tools: nothing to choose
+    assert refused(o2a, parallel_tool_calls=True) == "parallel_tool_calls"  # no tools: nowhere
     assert o2a(tools=tools, tool_choice="none", parallel_tool_calls=True)["tool_choice"] == {"type": "none"}
 
 
