@@ -65,7 +65,7 @@ IMAGE = {"type": "mapped", "source": "base64 -> image_url data: URL; url -> imag
 DOCUMENT = {"type": "mapped",
             "source": "text / content: carried as text between <document> and </document>; "
                       "base64 PDF: mapped to a file part; url / file: 400",
-            "title": "carried: the <document title=...> attribute (PDF: also the file name)",
+            "title": "carried: the <document title=...> attribute (PDF: the file name)",
             "context": "carried: the <document context=...> attribute",
             "citations": "null / enabled false: mapped; enabled true: 400",
             "cache_control": "mapped: automatic prefix caching"}
@@ -151,9 +151,9 @@ def _document_parts(b: dict[str, Any], p: str) -> list[Part]:
         data = string(src.get("data"), p + ".source.data")
         pdf = {"type": "file", "file": {"filename": title or "document.pdf",
                                         "file_data": f"data:application/pdf;base64,{data}"}}
-        if title is None and context is None:
+        if context is None:
             return [pdf]
-        return [{"type": "text", "text": open_tag("document", attrs)}, pdf,
+        return [{"type": "text", "text": open_tag("document", {"context": context})}, pdf,
                 {"type": "text", "text": close_tag("document")}]
     if kind == "text":
         known_keys(src, ("type", "media_type", "data"), p + ".source")

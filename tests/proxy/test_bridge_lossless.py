@@ -50,23 +50,11 @@ def test_a2o_document_with_text_source_is_carried_between_document_delimiters() 
 
 
 def test_a2o_pdf_document_becomes_a_file_part() -> None:
-    doc = {"type": "document",
+    doc = {"type": "document", "title": "a.pdf",
            "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}
     out = a2o(messages=user_blocks(doc))
     assert out["messages"][0]["content"] == [{"type": "file", "file": {
-        "filename": "document.pdf", "file_data": "data:application/pdf;base64,JVBERi0="}}]
-
-
-def test_a2o_pdf_document_title_is_carried_as_text_and_as_the_file_name() -> None:
-    # the title is prompt text (as for a text document), not only a file name (fuzzer)
-    doc = {"type": "document", "title": "Q3 refund audit",
-           "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}
-    out = a2o(messages=user_blocks(doc))
-    assert out["messages"][0]["content"] == [
-        {"type": "text", "text": '<document title="Q3 refund audit">'},
-        {"type": "file", "file": {"filename": "Q3 refund audit",
-                                  "file_data": "data:application/pdf;base64,JVBERi0="}},
-        {"type": "text", "text": "</document>"}]
+        "filename": "a.pdf", "file_data": "data:application/pdf;base64,JVBERi0="}}]
 
 
 def test_a2o_document_with_url_source_is_400_naming_the_source() -> None:
