@@ -67,6 +67,20 @@ def test_bridged_tool_round_trip_keeps_calls_and_results() -> None:
     assert kinds(client, "anthropic", up, "openai") == ["call_args_changed"]
 
 
+def test_a_pdf_title_carried_as_the_file_name_keeps_meaning_and_a_lost_one_is_caught() -> None:
+    title = "Berlin \u0000 audit"
+    pdf = {"type": "base64", "media_type": "application/pdf", "data": "JVBE"}
+    client = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [
+        {"type": "document", "title": title, "source": pdf}, {"type": "text", "text": "sum up"}]}]}
+
+    def up(name: str) -> dict[str, Any]:
+        return oai({"role": "user", "content": [
+            {"type": "file", "file": {"filename": name, "file_data": "data:application/pdf;base64,JVBE"}},
+            {"type": "text", "text": "sum up"}]})
+    assert kinds(client, "anthropic", up(title), "openai") == []
+    assert kinds(client, "anthropic", up("document.pdf"), "openai") == ["text_missing_or_moved"]
+
+
 def test_glued_blocks_are_caught() -> None:
     client = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [
         {"type": "text", "text": "1. milk"}, {"type": "text", "text": "2. eggs"}]}]}
