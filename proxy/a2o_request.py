@@ -153,7 +153,8 @@ def _document_parts(b: dict[str, Any], p: str) -> list[Part]:
                                         "file_data": f"data:application/pdf;base64,{data}"}}
         if context is None:
             return [pdf]
-        return [{"type": "text", "text": open_tag("document", {"context": context})}, pdf,
+        # the wrapper names the title too, before the context (the block's own order)
+        return [{"type": "text", "text": open_tag("document", attrs)}, pdf,
                 {"type": "text", "text": close_tag("document")}]
     if kind == "text":
         known_keys(src, ("type", "media_type", "data"), p + ".source")

@@ -305,3 +305,13 @@ def test_o2a_parallel_tool_calls_true_is_sent_as_disable_parallel_tool_use_false
 
 def test_a2o_disable_parallel_tool_use_false_is_sent_as_parallel_tool_calls_true() -> None:
     assert a2o(tool_choice={"type": "auto", "disable_parallel_tool_use": False})["parallel_tool_calls"] is True
+
+
+def test_a2o_pdf_document_with_context_carries_title_then_context_in_its_tag() -> None:
+    # fuzzer: the title (file name) arrived after the context tag, out of the block's order
+    doc = {"type": "document", "title": "Q3 audit", "context": "from finance",
+           "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}
+    out = a2o(messages=user_blocks(doc))
+    assert out["messages"][0]["content"][0] == {
+        "type": "text", "text": '<document title="Q3 audit" context="from finance">'}
+    assert out["messages"][0]["content"][1]["file"]["filename"] == "Q3 audit"
