@@ -81,6 +81,20 @@ def test_a_pdf_title_carried_as_the_file_name_keeps_meaning_and_a_lost_one_is_ca
     assert kinds(client, "anthropic", up("document.pdf"), "openai") == ["text_missing_or_moved"]
 
 
+def test_a_document_title_in_a_json_escaped_tag_attribute_keeps_meaning() -> None:
+    title = 'delta "Paris" beta'
+    client = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [
+        {"type": "document", "title": title, "source": {"type": "text", "data": "body"}}]}]}
+
+    def up(tag: str) -> dict[str, Any]:
+        return oai({"role": "user", "content": [{"type": "text", "text": tag},
+                                                 {"type": "text", "text": "body"},
+                                                 {"type": "text", "text": "</document>"}]})
+    assert kinds(client, "anthropic", up('<document title="delta \\"Paris\\" beta">'), "openai") == []
+    assert kinds(client, "anthropic", up('<document title="delta Paris beta">'), "openai") == [
+        "text_missing_or_moved"]
+
+
 def test_glued_blocks_are_caught() -> None:
     client = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [
         {"type": "text", "text": "1. milk"}, {"type": "text", "text": "2. eggs"}]}]}
