@@ -20,7 +20,7 @@ import anyio
 from starlette.requests import Request
 
 from proxy import wire
-from proxy.errors import NestingTooDeep, RequestTimeout
+from proxy.errors import NestingTooDeep, RequestTimeout, quoted
 
 _PATH_SHOWN = 8  # path components quoted in the error message (the rest is elided)
 DEFAULT_MAX_JSON_DEPTH = 128  # policy limits.max_json_depth's default (config/schema.py)
@@ -74,7 +74,7 @@ def describe_path(path: list[str | int], root: str = "<body>") -> tuple[str, str
     was longer than the part named (a quoted name stays a plain param name)."""
     name = format_path(path) or root
     more = len(path) - _PATH_SHOWN
-    return name, f"'{name}'" + (f", {more} levels below it" if more > 0 else "")
+    return name, quoted(name) + (f", {more} levels below it" if more > 0 else "")
 
 
 def text_nesting(text: str) -> int:
@@ -102,7 +102,7 @@ def check_nested_text(value: Any, text: str, max_depth: int, param: str) -> None
         too_deep, where = path is not None, describe_path(path or [], "")[1]
     if too_deep:
         at = f" (at {where})" if where not in ("", "''") else ""
-        raise NestingTooDeep(f"'{param}' holds JSON nested more than {max_depth} levels "
+        raise NestingTooDeep(f"{quoted(param)} holds JSON nested more than {max_depth} levels "
                              f"deep{at}; the proxy's limit is {max_depth} (policy "
                              "limits.max_json_depth).", param=param)
 

@@ -14,7 +14,7 @@ from proxy import bridge_anthropic as a2o
 from proxy import bridge_openai as o2a
 from proxy import exactjson
 from proxy.bridge_validity import Problem, anthropic_problem, openai_problem
-from proxy.errors import Api, InvalidRequest
+from proxy.errors import Api, InvalidRequest, quoted
 from proxy.limits import DEFAULT_MAX_JSON_DEPTH
 from proxy.relay import EventMapper, StreamWatcher
 from proxy.usage import AnthropicStreamWatcher
@@ -51,7 +51,7 @@ def request(client_api: Api, body: dict[str, Any],
 
 def _refuse(problem: Problem, origins: dict[int, str]) -> None:
     param = origins.get(id(problem.node), "messages") if problem.node is not None else "messages"
-    raise InvalidRequest(f"'{param}' cannot be translated for this model's backend (it speaks "
+    raise InvalidRequest(f"{quoted(param)} cannot be translated for this model's backend (it speaks "
                          f"the other API): {problem.why}.", param=param,
                          code="unsupported_parameter")
 

@@ -165,5 +165,10 @@ def test_error_shape_and_param_naming() -> None:
     assert error_problems(400, {"error": {"message": "bad field", "type": "x", "param": None}}, "openai") \
         == ["error_names_no_param"]
     assert error_problems(400, {"error": {"message": "x"}}, "anthropic") == ["error_not_in_caller_shape"]
+    anthropic = {"type": "error", "error": {"type": "invalid_request_error", "message": ""}}
+    for message, ok in (("'ù°í?/(' cannot be translated", True), ("'a\\u0020b' is bad", True),
+                        ("the model's backend's field is bad", False), ("no name here", False)):
+        anthropic["error"]["message"] = message
+        assert (error_problems(400, anthropic, "anthropic") == []) == ok, message
     assert applied_passes("canonicalize_tools;prune_tools:2-812;!hoist_volatile") == \
         {"canonicalize_tools", "prune_tools"}

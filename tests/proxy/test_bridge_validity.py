@@ -176,3 +176,14 @@ def test_nesting_error_quotes_a_plain_param_name_when_the_path_is_elided() -> No
         asyncio.run(check_nesting({"x_deep": deep}, 128))
     assert e.value.param == "x_deep[0][0][0][0][0][0][0]"
     assert re.search(r"'[\w.\[\]-]+', 120 levels below it", e.value.message)
+
+
+@pytest.mark.parametrize("key", ["ù°í?/(", "a b", "x'y", "tab\there\x00"])
+def test_an_unknown_key_of_any_text_is_quoted_as_one_unbroken_token(key: str) -> None:
+    # Anthropic-shaped errors have no param field: the quoted name is how a client reads it
+    import re
+
+    with pytest.raises(InvalidRequest) as e:
+        translate.request("anthropic", {"model": "m", "max_tokens": 8, "messages": [USER], key: 1})
+    assert e.value.param == key
+    assert re.match(r"'[^'\s]+' cannot be translated", e.value.message)
