@@ -57,7 +57,9 @@ def quoted(name: str) -> str:
     error message: whitespace, quotes, backslashes and control / format characters become
     ``\\uXXXX`` (``\\UXXXXXXXX`` beyond the BMP), so the quoted name is one unbroken token an
     Anthropic-shaped error (no ``param`` field) can be read back from. E.g. ``a b`` ->
-    ``'a\\u0020b'``."""
+    ``'a\\u0020b'``; the empty key ``""`` -> ``'""'``."""
+    if not name:
+        return "'\"\"'"
     out = []
     for ch in name:
         if ch.isspace() or ch in "'\\" or unicodedata.category(ch) in ("Cc", "Cf"):

@@ -178,7 +178,7 @@ def test_nesting_error_quotes_a_plain_param_name_when_the_path_is_elided() -> No
     assert re.search(r"'[\w.\[\]-]+', 120 levels below it", e.value.message)
 
 
-@pytest.mark.parametrize("key", ["ù°í?/(", "a b", "x'y", "tab\there\x00"])
+@pytest.mark.parametrize("key", ["ù°í?/(", "a b", "x'y", "tab\there\x00", ""])
 def test_an_unknown_key_of_any_text_is_quoted_as_one_unbroken_token(key: str) -> None:
     # Anthropic-shaped errors have no param field: the quoted name is how a client reads it
     import re
