@@ -46,7 +46,7 @@ TOP = {
     "tools": "mapped: function tools; server tools (web_search, bash, ...): 400",
     "tool_choice": "mapped: tool_choice, disable_parallel_tool_use -> parallel_tool_calls",
     "thinking": "type disabled: mapped (the default: no reasoning); enabled / adaptive: 400",
-    "service_tier": "auto: mapped (the default on both); standard_only: mapped -> default",
+    "service_tier": "auto -> auto (the default on both, sent as given); standard_only -> default",
     "cache_control": "mapped: automatic prefix caching (the backend caches without a marker)",
     "container": "400: server-side container, no counterpart",
     "context_management": "400: server-side context editing, no counterpart",
@@ -153,7 +153,8 @@ def _document_parts(b: dict[str, Any], p: str) -> list[Part]:
                                         "file_data": f"data:application/pdf;base64,{data}"}}
         if context is None:
             return [pdf]
-        return [{"type": "text", "text": open_tag("document", {"context": context})}, pdf,
+        # the wrapper names the title too, before the context (the block's own order)
+        return [{"type": "text", "text": open_tag("document", attrs)}, pdf,
                 {"type": "text", "text": close_tag("document")}]
     if kind == "text":
         known_keys(src, ("type", "media_type", "data"), p + ".source")
@@ -219,7 +220,7 @@ def _collapse(parts: list[Part]) -> str | list[Part]:
     return parts[0]["text"] if len(parts) == 1 and parts[0]["type"] == "text" else parts
 
 
-def _user_messages(content: Any, p: str) -> list[dict[str, Any]]:
+def _user_messages(content: Any, p: str, origins: dict[int, str]) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     tool_msgs: list[dict[str, Any]] = []
@@ -232,6 +233,7 @@ def _user_messages(content: Any, p: str) -> list[dict[str, Any]]:
                 refuse(q, "tool_result blocks must come first in a user turn (as the Messages "
                        "API requires); here one follows other content")
             tool_msgs.append(_tool_message(b, q))
+            origins[id(tool_msgs[-1])] = q
         elif kind == "text":
             parts.append(_text_part(b, q))
         elif kind == "image":
@@ -245,7 +247,7 @@ def _user_messages(content: Any, p: str) -> list[dict[str, Any]]:
     return tool_msgs + ([{"role": "user", "content": _collapse(parts)}] if parts else [])
 
 
-def _assistant_message(content: Any, p: str) -> dict[str, Any]:
+def _assistant_message(content: Any, p: str, origins: dict[int, str]) -> dict[str, Any]:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
     parts: list[Part] = []
@@ -264,6 +266,7 @@ def _assistant_message(content: Any, p: str) -> dict[str, Any]:
             calls.append({"id": string(b.get("id"), q + ".id"), "type": "function",
                           "function": {"name": string(b.get("name"), q + ".name"),
                                        "arguments": args}})
+            origins[id(calls[-1])] = q
         else:
             refuse(q + ".type", f"a {kind!r} block in an assistant turn has no counterpart")
     msg: dict[str, Any] = {"role": "assistant",
@@ -312,9 +315,9 @@ def _tool_choice(tc: Any, out: dict[str, Any]) -> None:
         out["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[kind]
     else:
         refuse("tool_choice.type", f"unknown tool_choice type {kind!r}")
-    if tc.get("disable_parallel_tool_use") is not None and boolean(
-            tc["disable_parallel_tool_use"], "tool_choice.disable_parallel_tool_use"):
-        out["parallel_tool_calls"] = False
+    if tc.get("disable_parallel_tool_use") is not None:  # sent as given, false too
+        out["parallel_tool_calls"] = not boolean(tc["disable_parallel_tool_use"],
+                                                 "tool_choice.disable_parallel_tool_use")
 
 
 def _refuse_server_side(body: dict[str, Any]) -> None:
@@ -330,22 +333,39 @@ def _refuse_server_side(body: dict[str, Any]) -> None:
         refuse("service_tier", f"unknown service tier {tier!r}")
 
 
-def request_to_openai(body: dict[str, Any]) -> dict[str, Any]:
+def _note(origins: dict[int, str], msgs: list[dict[str, Any]], param: str) -> None:
+    """Record ``param`` as the client origin of each new message and its tool calls (the
+    calls' own ``param``s were recorded by :func:`_assistant_message`)."""
+    for m in msgs:
+        origins.setdefault(id(m), param)
+        for c in m.get("tool_calls") or ():
+            origins.setdefault(id(c), param)
+
+
+def request_to_openai(body: dict[str, Any], origins: dict[int, str] | None = None
+                      ) -> dict[str, Any]:
     """Anthropic Messages request -> Chat Completions request (see module docstring).
 
-    Raises InvalidRequest (400, ``param`` = the field's path) for any field it cannot carry."""
+    ``origins``, when given, is filled with ``id()`` of each Chat Completions message / tool
+    call -> the client param it came from (for :mod:`proxy.bridge_validity`'s errors). Raises
+    InvalidRequest (400, ``param`` = the field's path) for any field it cannot carry."""
     known_keys(body, TOP, "")
     _refuse_server_side(body)
+    origins = {} if origins is None else origins
     out: dict[str, Any] = {"model": string(body.get("model"), "model")}
     messages = _system(body["system"]) if body.get("system") is not None else []
+    _note(origins, messages, "system")
     for i, m in enumerate(arr(body.get("messages"), "messages")):
         p = f"messages[{i}]"
         known_keys(obj(m, p), MESSAGE, p)
         role = m.get("role")
         if role == "assistant":
-            messages.append(_assistant_message(m.get("content"), p + ".content"))
+            messages.append(_assistant_message(m.get("content"), p + ".content", origins))
+            _note(origins, messages[-1:], p + ".content")
         elif role == "user":
-            messages.extend(_user_messages(m.get("content"), p + ".content"))
+            new = _user_messages(m.get("content"), p + ".content", origins)
+            _note(origins, new, p + ".content")
+            messages.extend(new)
         else:
             refuse(p + ".role", f"role {role!r}: the Messages API has user and assistant turns")
     out["messages"] = messages
@@ -366,8 +386,8 @@ def request_to_openai(body: dict[str, Any]) -> dict[str, Any]:
         known_keys(obj(body["metadata"], "metadata"), METADATA, "metadata")
         if body["metadata"].get("user_id") is not None:
             out["user"] = string(body["metadata"]["user_id"], "metadata.user_id")
-    if body.get("service_tier") == "standard_only":
-        out["service_tier"] = "default"
+    if body.get("service_tier") is not None:  # checked by _refuse_server_side
+        out["service_tier"] = {"standard_only": "default"}.get(body["service_tier"], "auto")
     if body.get("stream") is not None and boolean(body["stream"], "stream"):
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}

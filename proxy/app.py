@@ -244,7 +244,7 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
         await _parse(ex, request, state.policy)                        # 1. parse
         _route(ex, state.policy)                                        # 2. route
         await _passes(ex, request, state)                               # 3. passes
-        _bridge(ex)                                                     # 4. bridge
+        _bridge(ex, state.policy.limits.max_json_depth)                 # 4. bridge
         resp = await _send(ex, request, state)                          # 5. send
     except BaseException as e:
         return _refuse(state, ex, e)
@@ -297,12 +297,13 @@ async def _passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
 
 
-def _bridge(ex: Exchange) -> None:
+def _bridge(ex: Exchange, max_depth: int) -> None:
     """The upstream bytes, and for a stream the watcher and the event mapper: everything that
-    can fail on the client's body fails here, before anything is sent (400)."""
+    can fail on the client's body fails here, before anything is sent (400). ``max_depth``:
+    policy ``limits.max_json_depth``, also applied to JSON a bridge parses out of strings."""
     assert ex.target is not None and ex.rw is not None
     target = ex.target
-    ex.up_raw = exactjson.dumps(translate.request(ex.api, ex.rw.body)) if target.translate else (
+    ex.up_raw = translate.encode(ex.api, ex.rw.body, max_depth) if target.translate else (
         ex.rw.raw)
     if ex.row.stream:
         ex.watcher = AnthropicStreamWatcher() if target.wire == "anthropic" else (
@@ -537,12 +538,15 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     async def messages(request: Request) -> Response:
         return await _proxy(state, request, "anthropic")
 
-    @app.api_route("/v1/models", methods=["GET", "HEAD"])
+    # HEAD: the same handler, left out of the OpenAPI schema (one operation id per route)
+    @app.get("/v1/models")
+    @app.head("/v1/models", include_in_schema=False)
     async def models(request: Request) -> JSONResponse:
         await state.guard.admit(request.headers, "openai", limit=False)  # 401 without a key
         return JSONResponse(await _list_models(state))
 
-    @app.api_route("/healthz", methods=["GET", "HEAD"])  # open: no key (see proxy.auth)
+    @app.get("/healthz")  # open: no key (see proxy.auth)
+    @app.head("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:
         # 503 + reasons past the thresholds of proxy.health, so a balancer stops sending first
         reasons = state.health()
@@ -550,7 +554,8 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
                              "backends": sorted(policy.backends)},
                             status_code=503 if reasons else 200)
 
-    @app.api_route("/metrics", methods=["GET", "HEAD"])  # open: no key (see proxy.auth)
+    @app.get("/metrics")  # open: no key (see proxy.auth)
+    @app.head("/metrics", include_in_schema=False)
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 

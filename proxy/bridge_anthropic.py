@@ -18,6 +18,7 @@ import orjson
 
 from proxy import exactjson
 from proxy.a2o_request import request_to_openai
+from proxy.limits import first_too_deep
 from proxy.sse import SSEEvent
 
 __all__ = ["RESPONSE", "STREAM", "StreamMapper", "error_to_anthropic", "request_to_openai",
@@ -69,15 +70,24 @@ def usage_to_anthropic(u: Any) -> dict[str, int]:
             "output_tokens": int(u.get("completion_tokens") or 0)}
 
 
+# Deepest parsed ``arguments`` an answer carries as an object: the answer's own four levels
+# (message, content, block, input) on top stay under orjson's 255-level write limit.
+ANSWER_ARGS_MAX_DEPTH = 200
+
+
 def _tool_input(arguments: Any) -> dict[str, Any]:
     """A tool call's ``arguments`` text -> ``input``: the JSON object (numbers exact), or, when
-    the model wrote something else, ``{"_raw": text}`` so nothing of it is lost."""
+    the model wrote something else, ``{"_raw": text}`` so nothing of it is lost. An object
+    nested deeper than :data:`ANSWER_ARGS_MAX_DEPTH` (which the translated answer could not be
+    written with) is carried whole as ``{"_raw": text}`` too."""
     text = arguments if isinstance(arguments, str) else ""
     try:
         args = exactjson.loads(text or "{}")
     except ValueError:
         return {"_raw": arguments}
-    return args if isinstance(args, dict) else {"_raw": arguments}
+    if not isinstance(args, dict) or first_too_deep(args, ANSWER_ARGS_MAX_DEPTH) is not None:
+        return {"_raw": arguments}
+    return args
 
 
 def response_to_anthropic(resp: dict[str, Any], model: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 import orjson
 
-from proxy.errors import InvalidRequest
+from proxy.errors import InvalidRequest, quoted
 
 # The JSON type names the two APIs use in their own error messages.
 _KINDS = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
@@ -33,13 +33,13 @@ def kind_of(v: Any) -> str:
 
 def refuse(param: str, why: str) -> NoReturn:
     """Raise the 400 for a field this bridge cannot carry without loss. ``why``: one sentence."""
-    raise InvalidRequest(f"'{param}' cannot be translated for this model's backend (it speaks "
+    raise InvalidRequest(f"{quoted(param)} cannot be translated for this model's backend (it speaks "
                          f"the other API): {why}", param=param, code="unsupported_parameter")
 
 
 def bad_type(param: str, want: str, v: Any) -> NoReturn:
     """Raise the 400 for a field of the wrong JSON type."""
-    raise InvalidRequest(f"Invalid type for '{param}': expected {want}, but got {kind_of(v)}.",
+    raise InvalidRequest(f"Invalid type for {quoted(param)}: expected {want}, but got {kind_of(v)}.",
                          param=param, code="invalid_value")
 
 

@@ -25,6 +25,7 @@ that is not JSON (an HTML error page), which :func:`upstream_error_body` puts in
 from __future__ import annotations
 
 import logging
+import unicodedata
 from typing import Any, Literal
 
 import orjson
@@ -49,6 +50,23 @@ _ANTHROPIC_TYPES = {
     502: "api_error",
     504: "api_error",
 }
+
+
+def quoted(name: str) -> str:
+    """``name`` (a param path, whose JSON keys may be any text) between single quotes for an
+    error message: whitespace, quotes, backslashes and control / format characters become
+    ``\\uXXXX`` (``\\UXXXXXXXX`` beyond the BMP), so the quoted name is one unbroken token an
+    Anthropic-shaped error (no ``param`` field) can be read back from. E.g. ``a b`` ->
+    ``'a\\u0020b'``; the empty key ``""`` -> ``'""'``."""
+    if not name:
+        return "'\"\"'"
+    out = []
+    for ch in name:
+        if ch.isspace() or ch in "'\\" or unicodedata.category(ch) in ("Cc", "Cf"):
+            out.append(f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}")
+        else:
+            out.append(ch)
+    return "'" + "".join(out) + "'"
 
 
 class ProxyError(Exception):

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,9 +20,12 @@ import anyio
 from starlette.requests import Request
 
 from proxy import wire
-from proxy.errors import NestingTooDeep, RequestTimeout
+from proxy.errors import NestingTooDeep, RequestTimeout, quoted
 
 _PATH_SHOWN = 8  # path components quoted in the error message (the rest is elided)
+DEFAULT_MAX_JSON_DEPTH = 128  # policy limits.max_json_depth's default (config/schema.py)
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
 def _children(value: dict[str, Any] | list[Any]) -> Iterator[tuple[str | int, Any]]:
@@ -56,14 +60,51 @@ def first_too_deep(value: Any, max_depth: int) -> list[str | int] | None:
 
 
 def format_path(path: list[str | int]) -> str:
-    """``["messages", 0, "content"]`` -> ``messages[0].content``; long paths are elided after
-    the first few components (``...(+120 levels)``)."""
+    """``["messages", 0, "content"]`` -> ``messages[0].content``: a param name. Only the first
+    few components of a long path are named (see :func:`describe_path`)."""
     out = ""
     for part in path[:_PATH_SHOWN]:
         out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
-    if len(path) > _PATH_SHOWN:
-        out += f"...(+{len(path) - _PATH_SHOWN} levels)"
     return out
+
+
+def describe_path(path: list[str | int], root: str = "<body>") -> tuple[str, str]:
+    """``(name, where)`` for an error: ``name`` = :func:`format_path` (``root`` for the empty
+    path), the param; ``where`` = ``'name'`` quoted, plus ``, N levels below it`` when the path
+    was longer than the part named (a quoted name stays a plain param name)."""
+    name = format_path(path) or root
+    more = len(path) - _PATH_SHOWN
+    return name, quoted(name) + (f", {more} levels below it" if more > 0 else "")
+
+
+def text_nesting(text: str) -> int:
+    """How deep the arrays / objects of JSON-like ``text`` nest (0 for none): string literals
+    are skipped, then the brackets counted. Linear; meant for text a JSON parser refused, to
+    tell "too deep" from "not JSON" (orjson stops at 1024 levels)."""
+    depth = deepest = 0
+    for c in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):
+        depth = depth + 1 if c in "[{" else max(depth - 1, 0)
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def check_nested_text(value: Any, text: str, max_depth: int, param: str) -> None:
+    """Raise NestingTooDeep (400, ``param``) when JSON parsed out of a string field nests
+    deeper than ``max_depth`` (policy ``limits.max_json_depth``): the same bound as the body's,
+    applied to what a bridge parses (a tool call's ``arguments``), so the translated body stays
+    within it. ``value``: the parsed value, or None when the parser refused ``text`` (then
+    ``text`` itself is measured)."""
+    if value is None:
+        too_deep = text_nesting(text) > max_depth
+        where = ""
+    else:
+        path = first_too_deep(value, max_depth)
+        too_deep, where = path is not None, describe_path(path or [], "")[1]
+    if too_deep:
+        at = f" (at {where})" if where not in ("", "''") else ""
+        raise NestingTooDeep(f"{quoted(param)} holds JSON nested more than {max_depth} levels "
+                             f"deep{at}; the proxy's limit is {max_depth} (policy "
+                             "limits.max_json_depth).", param=param)
 
 
 OFF_LOOP_BYTES = 1 << 20  # bodies above this are walked in a worker thread
@@ -79,10 +120,10 @@ async def check_nesting(body: Any, max_depth: int, size: int = 0) -> None:
     else:
         path = first_too_deep(body, max_depth)
     if path is not None:
-        where = format_path(path) or "<body>"
+        name, where = describe_path(path)
         raise NestingTooDeep(f"The request body nests arrays / objects more than {max_depth} "
-                             f"levels deep (at '{where}'); the proxy's limit is {max_depth} "
-                             "(policy limits.max_json_depth).", param=where)
+                             f"levels deep (at {where}); the proxy's limit is {max_depth} "
+                             "(policy limits.max_json_depth).", param=name)
 
 
 async def read_body_within(request: Request, max_bytes: int, timeout_s: float) -> bytes:

@@ -28,6 +28,7 @@ from proxy.bridge_fields import (
     refuse,
     string,
 )
+from proxy.limits import DEFAULT_MAX_JSON_DEPTH, check_nested_text
 
 Block = dict[str, Any]
 DEFAULT_MAX_TOKENS = 4096
@@ -47,7 +48,8 @@ TOP = {
                       "nothing to do (a non-streamed answer always has usage)",
     "tools": "mapped: tools (function tools); custom tools: 400",
     "tool_choice": "mapped: tool_choice (required -> any); allowed_tools / custom: 400",
-    "parallel_tool_calls": "mapped: tool_choice.disable_parallel_tool_use = not it",
+    "parallel_tool_calls": "mapped: tool_choice.disable_parallel_tool_use = not it; "
+                           "without tools: 400 (as Chat Completions answers)",
     "functions": "mapped: tools (deprecated form); together with tools: 400",
     "function_call": "mapped: tool_choice (deprecated form); together with tool_choice: 400",
     "user": "mapped: metadata.user_id",
@@ -192,7 +194,7 @@ def blocks(content: Any, q: str, *, assistant: bool = False) -> list[Block]:
     return out
 
 
-def _tool_use(call: Any, q: str) -> Block:
+def _tool_use(call: Any, q: str, max_depth: int) -> Block:
     known_keys(obj(call, q), ("id", "type", "function"), q)
     if call.get("type", "function") != "function":
         refuse(q + ".type", f"{call.get('type')!r} tool calls have no counterpart")
@@ -200,16 +202,22 @@ def _tool_use(call: Any, q: str) -> Block:
     known_keys(fn, ("name", "arguments"), q + ".function")
     return {"type": "tool_use", "id": string(call.get("id"), q + ".id"),
             "name": string(fn.get("name"), q + ".function.name"),
-            "input": tool_input(string(fn.get("arguments", "{}"), q + ".function.arguments"))}
+            "input": tool_input(string(fn.get("arguments", "{}"), q + ".function.arguments"),
+                                q + ".function.arguments", max_depth)}
 
 
-def tool_input(arguments: str) -> dict[str, Any]:
+def tool_input(arguments: str, param: str = "arguments",
+               max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> dict[str, Any]:
     """``arguments`` JSON text -> a tool_use ``input`` object, numbers exact. Text that is not
-    a JSON object is carried whole as ``{"_raw": text}``."""
+    a JSON object is carried whole as ``{"_raw": text}``. JSON nested deeper than ``max_depth``
+    (policy ``limits.max_json_depth``, the body's own bound) raises NestingTooDeep (400,
+    ``param``): parsed, it would make the translated body deeper than the limit allows."""
     try:
         args = exactjson.loads(arguments or "{}")
     except ValueError:
+        check_nested_text(None, arguments, max_depth, param)
         return {"_raw": arguments}
+    check_nested_text(args, arguments, max_depth, param)
     return args if isinstance(args, dict) else {"_raw": arguments}
 
 
@@ -231,17 +239,22 @@ class _Turns:
     Messages API itself combines consecutive turns); legacy function calls wait for their
     ``function`` result by name."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_depth: int, origins: dict[int, str]) -> None:
         self.turns: list[dict[str, Any]] = []
         self.pending: dict[str, str] = {}  # function name -> tool_use id of its function_call
+        self.max_depth = max_depth
+        self.origins = origins  # id() of a turn / block -> the client param it came from
 
-    def add(self, role: str, new: list[Block]) -> None:
+    def add(self, role: str, new: list[Block], src: str) -> None:
+        for b in new:
+            self.origins.setdefault(id(b), src)
         if not new:
             return
         if self.turns and self.turns[-1]["role"] == role:
             self.turns[-1]["content"].extend(new)
         else:
             self.turns.append({"role": role, "content": new})
+            self.origins[id(self.turns[-1])] = src
 
     def assistant(self, m: dict[str, Any], q: str, index: int) -> None:
         known_keys(m, ASSISTANT_MSG, q)
@@ -252,8 +265,10 @@ class _Turns:
         if m.get("refusal") is not None:
             out.append(_refusal_block(m["refusal"], q + ".refusal"))
         if m.get("tool_calls") is not None:
-            out += [_tool_use(c, f"{q}.tool_calls[{j}]")
-                    for j, c in enumerate(arr(m["tool_calls"], q + ".tool_calls"))]
+            calls = [_tool_use(c, f"{q}.tool_calls[{j}]", self.max_depth)
+                     for j, c in enumerate(arr(m["tool_calls"], q + ".tool_calls"))]
+            self.origins.update((id(b), f"{q}.tool_calls[{j}]") for j, b in enumerate(calls))
+            out += calls
         if m.get("function_call") is not None:
             fc = obj(m["function_call"], q + ".function_call")
             known_keys(fc, ("name", "arguments"), q + ".function_call")
@@ -261,8 +276,9 @@ class _Turns:
             self.pending[name] = f"call_{index}"
             out.append({"type": "tool_use", "id": f"call_{index}", "name": name,
                         "input": tool_input(string(fc.get("arguments", "{}"),
-                                                   q + ".function_call.arguments"))})
-        self.add("assistant", out)
+                                                   q + ".function_call.arguments"),
+                                            q + ".function_call.arguments", self.max_depth)})
+        self.add("assistant", out, q + ".content" if m.get("content") else q)
 
     def tool_result(self, m: dict[str, Any], q: str, role: str) -> None:
         known_keys(m, TOOL_MSG if role == "tool" else FUNCTION_MSG, q)
@@ -275,11 +291,12 @@ class _Turns:
             call_id = self.pending.pop(name)
         content = m.get("content")
         result = content if isinstance(content, str) else _text_blocks(content, q + ".content")
-        self.add("user", [{"type": "tool_result", "tool_use_id": call_id, "content": result}])
+        self.add("user", [{"type": "tool_result", "tool_use_id": call_id, "content": result}], q)
 
 
-def _messages(msgs: list[Any], out: dict[str, Any]) -> None:
-    turns = _Turns()
+def _messages(msgs: list[Any], out: dict[str, Any], max_depth: int,
+              origins: dict[int, str]) -> None:
+    turns = _Turns(max_depth, origins)
     system: list[tuple[Any, list[Block]]] = []
     leading = True
     for i, m in enumerate(msgs):
@@ -289,19 +306,21 @@ def _messages(msgs: list[Any], out: dict[str, Any]) -> None:
             known_keys(m, SYSTEM_MSG, q)
             if m.get("name") is not None:
                 refuse(q + ".name", "messages have no participant names in the Messages API")
-            content = _text_blocks(m.get("content"), q + ".content")
+            content = [b for b in _text_blocks(m.get("content"), q + ".content")
+                       if b["text"] or "cache_control" in b]  # an empty part carries nothing
             if leading:
+                origins.update((id(b), q + ".content") for b in content)
                 system.append((m.get("content"), content))
             elif content:  # later: in place, delimited
                 turns.add("user", [{"type": "text", "text": open_tag(role)}, *content,
-                                   {"type": "text", "text": close_tag(role)}])
+                                   {"type": "text", "text": close_tag(role)}], q + ".content")
             continue
         leading = False
         if role == "user":
             known_keys(m, USER_MSG, q)
             if m.get("name") is not None:
                 refuse(q + ".name", "messages have no participant names in the Messages API")
-            turns.add("user", blocks(m.get("content"), q + ".content"))
+            turns.add("user", blocks(m.get("content"), q + ".content"), q + ".content")
         elif role == "assistant":
             turns.assistant(m, q, i)
         elif role in ("tool", "function"):
@@ -364,11 +383,14 @@ def _tools(body: dict[str, Any], out: dict[str, Any]) -> None:
     key = "tool_choice" if body.get("tool_choice") is not None else "function_call"
     if body.get(key) is not None:
         out["tool_choice"] = _tool_choice(body[key], key)
-    if body.get("parallel_tool_calls") is not None and not boolean(
-            body["parallel_tool_calls"], "parallel_tool_calls") and "tools" in out:
+    if body.get("parallel_tool_calls") is not None:
+        parallel = boolean(body["parallel_tool_calls"], "parallel_tool_calls")
+        if "tools" not in out:  # as the Chat Completions API itself answers
+            refuse("parallel_tool_calls", "it is only allowed when tools are given (there is "
+                   "no tool call to run in parallel, and nowhere to carry it)")
         choice = out.setdefault("tool_choice", {"type": "auto"})
-        if choice["type"] != "none":
-            choice["disable_parallel_tool_use"] = True
+        if choice["type"] != "none":  # sent as given, true (the default) too
+            choice["disable_parallel_tool_use"] = not parallel
 
 
 def _max_tokens(body: dict[str, Any]) -> int:
@@ -408,10 +430,15 @@ def _identity(body: dict[str, Any], out: dict[str, Any]) -> None:
         out["service_tier"] = "auto" if tier == "auto" else "standard_only"
 
 
-def request_to_anthropic(body: dict[str, Any]) -> dict[str, Any]:
+def request_to_anthropic(body: dict[str, Any], max_depth: int = DEFAULT_MAX_JSON_DEPTH,
+                         origins: dict[int, str] | None = None) -> dict[str, Any]:
     """Chat Completions request -> Messages request (see module docstring).
 
-    Raises InvalidRequest (400, ``param`` = the field's path) for any field it cannot carry."""
+    ``max_depth``: policy ``limits.max_json_depth``, applied to the tool-call ``arguments`` it
+    parses. ``origins``, when given, is filled with ``id()`` of each Messages turn / block ->
+    the client param it came from (for :mod:`proxy.bridge_validity`'s errors). Raises
+    InvalidRequest (400, ``param`` = the field's path) for any field it cannot carry,
+    NestingTooDeep (400) for arguments nested deeper than ``max_depth``."""
     known_keys(body, TOP, "")
     for key, defaults in _DEFAULT_ONLY.items():
         only_default(body, key, defaults)
@@ -421,7 +448,8 @@ def request_to_anthropic(body: dict[str, Any]) -> dict[str, Any]:
             refuse("response_format", "JSON modes have no exact Messages counterpart")
     out: dict[str, Any] = {"model": string(body.get("model"), "model"),
                            "max_tokens": _max_tokens(body)}
-    _messages(arr(body.get("messages"), "messages"), out)
+    _messages(arr(body.get("messages"), "messages"), out, max_depth,
+              {} if origins is None else origins)
     _tools(body, out)
     for k in ("temperature", "top_p"):
         if body.get(k) is not None:

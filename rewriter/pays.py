@@ -56,11 +56,33 @@ def count_upto(pieces: Iterable[Piece], cap: int, count: TokenCounter) -> int:
     return total
 
 
+def document_text(raw: dict[str, object]) -> str | None:
+    """The text an Anthropic ``document`` block with a ``text`` or ``content`` source puts in the
+    prompt (title, context and the text itself), or None for any other block (media: counted as
+    :data:`OPAQUE_BLOCK_TOKENS`). Source: Anthropic Messages API, document blocks (plain-text
+    and custom-content sources are prompt text, not media)."""
+    src = raw.get("source") if raw.get("type") == "document" else None
+    if not isinstance(src, dict):
+        return None
+    if src.get("type") == "text" and isinstance(src.get("data"), str):
+        inner = [src["data"]]
+    elif src.get("type") == "content" and isinstance(src.get("content"), (str, list)):
+        content = src["content"]
+        inner = [content] if isinstance(content, str) else [
+            b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)]
+    else:
+        return None
+    extra = [v for v in (raw.get("title"), raw.get("context")) if isinstance(v, str)]
+    return "\n".join(extra + inner)
+
+
 def block_pieces(blocks: Iterable[Block]) -> Iterator[Piece]:
-    """What each block contributes to a prompt's tokens (text, tool input JSON, tool result)."""
+    """What each block contributes to a prompt's tokens (text, tool input JSON, tool result;
+    a media block :data:`OPAQUE_BLOCK_TOKENS`, a text document its text)."""
     for b in blocks:
         if b.is_opaque:
-            yield OPAQUE_BLOCK_TOKENS
+            text = document_text(b.raw)
+            yield OPAQUE_BLOCK_TOKENS if text is None else text
         elif b.type == "tool_use":
             fn = b.raw.get("function")
             yield json.dumps(fn if isinstance(fn, dict) else b.raw.get("input"), ensure_ascii=False)

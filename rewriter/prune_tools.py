@@ -75,12 +75,15 @@ _WORD = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/-]*")
 
 def _instruction_words(prompt: Prompt) -> set[str]:
     """Words of the system prompt and of every system / developer message (trailing ``.:/-``
-    stripped), to find tool names an instruction mentions."""
+    stripped), to find tool names an instruction mentions; also of the blocks flagged
+    ``volatile`` (hoist_volatile's note, which runs first and may have moved an instruction
+    line such as "Always call X" out of the system prompt into the last user turn)."""
     words: set[str] = set()
     for m in (*prompt.system, *prompt.messages):
-        if m.role not in ("system", "developer"):
-            continue
+        instruction = m.role in ("system", "developer")
         for b in m.blocks:
+            if not (instruction or b.volatile):
+                continue
             for w in _WORD.findall(b.text):
                 words.add(w)
                 words.add(w.rstrip(".:/-"))

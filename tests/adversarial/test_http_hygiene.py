@@ -126,3 +126,18 @@ def test_head_is_answered_wherever_get_is(rig: Any, path: str) -> None:
 def test_head_on_a_post_endpoint_is_still_405_with_allow(rig: Any) -> None:
     r = httpx.head(rig.url + "/v1/chat/completions", timeout=30)
     assert r.status_code == 405 and "POST" in r.headers["allow"]
+
+
+def test_openapi_schema_has_one_operation_id_per_operation_and_no_duplicate_warning(
+        recwarn: pytest.WarningsRecorder) -> None:
+    # HEAD is served (above) but left out of the schema: FastAPI gave GET and HEAD of one
+    # api_route the same operation id ("Duplicate Operation ID models_v1_models_head")
+    from config.loader import parse_policy
+    from proxy.app import build_app
+
+    policy = parse_policy({"backends": {"up": {"kind": "openai_compat", "base_url": "http://x/v1"}},
+                           "routes": [{"match": "*", "backend": "up"}], "ledger": {"path": ":memory:"}})
+    spec = build_app(policy).openapi()
+    ids = [op["operationId"] for ops in spec["paths"].values() for op in ops.values()]
+    assert len(ids) == len(set(ids)) and "head" not in spec["paths"]["/v1/models"]
+    assert not [w for w in recwarn if "Duplicate Operation ID" in str(w.message)]

@@ -81,23 +81,7 @@ def _nested_markers() -> dict[str, object]:
                                              {"type": "text", "text": "b", "cache_control": cc}]}]}
 
 
-KNOWN_DEFECTS: tuple[KnownDefect, ...] = (
-    KnownDefect(
-        "o2a_nesting_over_255_500", 6, "O->A bridge: tool-call arguments nested deeper than 255 "
-        "are a 500 (orjson's depth limit when serialising the translated body)",
-        ("status_5xx",), (O2A,), "openai", "claude-fuzz",
-        '{"model":"claude-fuzz","messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,'
-        '"tool_calls":[{"id":"c3","type":"function","function":{"name":"f","arguments":"{\\"a\\":'
-        + "[" * 300 + "1" + "]" * 300 + '}"}}]},{"role":"tool","tool_call_id":"c3","content":"ok"}]}',
-        detail="TypeError", body=r"\[{256}"),
-    KnownDefect(
-        "bridge_sends_invalid_body", 4, "a bridge turns a client body it cannot map into an "
-        "upstream body the backend rejects (empty messages list, broken tool pairing, an image "
-        "in the system prompt) instead of a 400",
-        ("upstream_invalid:messages", "upstream_invalid:tool_pairing", "upstream_invalid:bad_system"),
-        (O2A, A2O), "openai",
-        "claude-fuzz", '{"model":"claude-fuzz","messages":[{"role":"user","content":[]}]}'),
-)
+KNOWN_DEFECTS: tuple[KnownDefect, ...] = ()
 
 
 def uncovered(path: str, violations: list[Violation], raw: bytes = b"") -> list[Violation]:

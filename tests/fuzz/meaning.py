@@ -25,6 +25,7 @@ inside it counts as missing).
 
 from __future__ import annotations
 
+import json
 import re
 from bisect import bisect_right
 from dataclasses import dataclass
@@ -192,6 +193,13 @@ def _match_msg(up: _Upstream, atoms: dict[tuple[object, ...], str], m: Msg, allo
             continue
         assert isinstance(seg, str)
         j = up.s.find(seg, pos)
+        if j < 0 and kind == "doc":
+            # a document's title / context carried as a <document ...> attribute arrives as a
+            # JSON string (bridge_fields.open_tag: quotes and control characters escaped, so
+            # the delimiter cannot be forged); the escaped form is the same text
+            esc = json.dumps(seg, ensure_ascii=False)[1:-1]
+            j = up.s.find(esc, pos) if esc != seg else -1
+            seg = esc if j >= 0 else seg
         if j >= 0:
             if prev and prev[0] != block and prev[2] == j and up.same_unit(prev[1], j + len(seg)) \
                     and strict:

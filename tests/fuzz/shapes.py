@@ -208,8 +208,9 @@ def error_problems(status: int, body: Any, api: str) -> list[str]:
     if not ok:
         return ["error_not_in_caller_shape"]
     err = body["error"]
-    # a quoted name: any non-empty text in quotes (a client's own key may hold any character)
-    if status == 400 and not err.get("param") and not re.search(r"'[^'\n]+'", err["message"]):
+    # a quoted name: one unbroken token (JSON keys may be any text; the proxy escapes
+    # whitespace and quotes in it, proxy.errors.quoted)
+    if status == 400 and not err.get("param") and not re.search(r"'[^'\s]+'", err["message"]):
         return ["error_names_no_param"]
     return []
 

@@ -67,6 +67,34 @@ def test_bridged_tool_round_trip_keeps_calls_and_results() -> None:
     assert kinds(client, "anthropic", up, "openai") == ["call_args_changed"]
 
 
+def test_a_pdf_title_carried_as_the_file_name_keeps_meaning_and_a_lost_one_is_caught() -> None:
+    title = "Berlin \u0000 audit"
+    pdf = {"type": "base64", "media_type": "application/pdf", "data": "JVBE"}
+    client = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [
+        {"type": "document", "title": title, "source": pdf}, {"type": "text", "text": "sum up"}]}]}
+
+    def up(name: str) -> dict[str, Any]:
+        return oai({"role": "user", "content": [
+            {"type": "file", "file": {"filename": name, "file_data": "data:application/pdf;base64,JVBE"}},
+            {"type": "text", "text": "sum up"}]})
+    assert kinds(client, "anthropic", up(title), "openai") == []
+    assert kinds(client, "anthropic", up("document.pdf"), "openai") == ["text_missing_or_moved"]
+
+
+def test_a_document_title_in_a_json_escaped_tag_attribute_keeps_meaning() -> None:
+    title = 'delta "Paris" beta'
+    client = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [
+        {"type": "document", "title": title, "source": {"type": "text", "data": "body"}}]}]}
+
+    def up(tag: str) -> dict[str, Any]:
+        return oai({"role": "user", "content": [{"type": "text", "text": tag},
+                                                 {"type": "text", "text": "body"},
+                                                 {"type": "text", "text": "</document>"}]})
+    assert kinds(client, "anthropic", up('<document title="delta \\"Paris\\" beta">'), "openai") == []
+    assert kinds(client, "anthropic", up('<document title="delta Paris beta">'), "openai") == [
+        "text_missing_or_moved"]
+
+
 def test_glued_blocks_are_caught() -> None:
     client = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [
         {"type": "text", "text": "1. milk"}, {"type": "text", "text": "2. eggs"}]}]}
@@ -137,5 +165,10 @@ def test_error_shape_and_param_naming() -> None:
     assert error_problems(400, {"error": {"message": "bad field", "type": "x", "param": None}}, "openai") \
         == ["error_names_no_param"]
     assert error_problems(400, {"error": {"message": "x"}}, "anthropic") == ["error_not_in_caller_shape"]
+    anthropic = {"type": "error", "error": {"type": "invalid_request_error", "message": ""}}
+    for message, ok in (("'ù°í?/(' cannot be translated", True), ("'a\\u0020b' is bad", True),
+                        ("the model's backend's field is bad", False), ("no name here", False)):
+        anthropic["error"]["message"] = message
+        assert (error_problems(400, anthropic, "anthropic") == []) == ok, message
     assert applied_passes("canonicalize_tools;prune_tools:2-812;!hoist_volatile") == \
         {"canonicalize_tools", "prune_tools"}

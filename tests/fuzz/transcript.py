@@ -167,6 +167,10 @@ def _openai_part(p: Any, i: int, out: list[Text | Atom]) -> None:
         out.append(Atom(("media", _sha(a.get("data")))))
     elif kind == "file":
         f = p.get("file") if isinstance(p.get("file"), dict) else {}
+        # the file name is text the model reads (OpenAI Chat Completions reference, file part:
+        # "used when passing the file to the model as a string"), like a document's title
+        if isinstance(f.get("filename"), str) and f["filename"]:
+            out.append(Text(f["filename"], i))
         out.append(Atom(("media", _sha(_media_payload(str(f.get("file_data", f.get("file_id"))))))))
     else:
         out.append(Atom(("opaque", str(kind))))

@@ -79,8 +79,9 @@ def test_a2o_adjacent_text_blocks_stay_separate_parts_never_glued() -> None:
 
 def test_a2o_tool_result_error_is_carried_between_tool_error_delimiters() -> None:
     tr = {"type": "tool_result", "tool_use_id": "t1", "is_error": True, "content": "boom"}
-    out = a2o(messages=user_blocks(tr))
-    assert out["messages"][0]["content"] == [{"type": "text", "text": "<tool_error>"},
+    call = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]}
+    out = a2o(messages=[*USER, call, *user_blocks(tr)])
+    assert out["messages"][2]["content"] == [{"type": "text", "text": "<tool_error>"},
                                              {"type": "text", "text": "boom"},
                                              {"type": "text", "text": "</tool_error>"}]
 
@@ -285,3 +286,32 @@ def test_o2a_stream_with_non_object_stream_options_is_400_before_any_send(rig: A
     assert rig.upstream.seen == []
     row = rig.ledger.rows()[-1]
     assert (row["status"], row["http_status"]) == ("InvalidRequest", 400)
+
+
+@pytest.mark.parametrize("tier, sent", [("auto", "auto"), ("standard_only", "default")])
+def test_a2o_service_tier_arrives_as_its_chat_completions_value(tier: str, sent: str) -> None:
+    # auto is the default on both APIs, but an explicit field is sent, never dropped (fuzzer)
+    assert a2o(service_tier=tier)["service_tier"] == sent
+
+
+def test_o2a_parallel_tool_calls_true_is_sent_as_disable_parallel_tool_use_false() -> None:
+    # true is the default on both APIs, but a field the client gave is sent, never dropped
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert o2a(tools=tools, parallel_tool_calls=True)["tool_choice"] == {
+        "type": "auto", "disable_parallel_tool_use": False}
+    assert refused(o2a, parallel_tool_calls=True) == "parallel_tool_calls"  # no tools: nowhere
+    assert o2a(tools=tools, tool_choice="none", parallel_tool_calls=True)["tool_choice"] == {"type": "none"}
+
+
+def test_a2o_disable_parallel_tool_use_false_is_sent_as_parallel_tool_calls_true() -> None:
+    assert a2o(tool_choice={"type": "auto", "disable_parallel_tool_use": False})["parallel_tool_calls"] is True
+
+
+def test_a2o_pdf_document_with_context_carries_title_then_context_in_its_tag() -> None:
+    # fuzzer: the title (file name) arrived after the context tag, out of the block's order
+    doc = {"type": "document", "title": "Q3 audit", "context": "from finance",
+           "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}
+    out = a2o(messages=user_blocks(doc))
+    assert out["messages"][0]["content"][0] == {
+        "type": "text", "text": '<document title="Q3 audit" context="from finance">'}
+    assert out["messages"][0]["content"][1]["file"]["filename"] == "Q3 audit"

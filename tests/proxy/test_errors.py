@@ -155,7 +155,7 @@ def test_a_proxy_bug_is_a_shaped_500_and_still_recorded(rig: Any,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from proxy import translate
 
-    def boom(api: str, body: Any) -> Any:
+    def boom(api: str, body: Any, *limits: Any) -> Any:
         raise KeyError("unexpected")
 
     monkeypatch.setattr(translate, "request", boom)

@@ -67,3 +67,26 @@ def test_deciding_counts_a_bounded_share_of_a_huge_prompt() -> None:
     big = RULE * 200_000  # ~16 MB
     assert count_upto([big], 2_000, counter) >= 2_000
     assert sum(counted) < len(big) // 100
+
+
+def test_a_short_text_document_counts_as_its_text_not_as_an_opaque_media_block() -> None:
+    # the fuzzer's class: two short text documents were counted as 2 x 1000 media tokens, so a
+    # 700-byte prompt looked past Anthropic's 1024-token floor and was hoisted
+    doc = {"type": "document", "source": {"type": "content", "content": [
+        {"type": "text", "text": "refund policy, section 2"}]}}
+    text_doc = {"type": "document", "source": {"type": "text", "media_type": "text/plain",
+                                               "data": "flights booked online"}}
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 9, "system": CLOCK + "\n" + RULE,
+            "messages": [{"role": "user", "content": [doc, text_doc, {"type": "text", "text": "hi"}]}]}
+    r = rewrite_request(body, "anthropic", ctx("anthropic", model="claude-sonnet-4-5"))
+    assert "below the minimum cacheable length" in _hoist(r).detail
+    assert r.body["system"] == body["system"]
+
+
+def test_a_pdf_document_still_counts_as_an_opaque_media_block() -> None:
+    from rewriter.pays import OPAQUE_BLOCK_TOKENS, document_text
+
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBE"}}
+    assert document_text(pdf) is None and OPAQUE_BLOCK_TOKENS == 1_000
+    assert document_text({"type": "document", "title": "T", "source": {
+        "type": "content", "content": "body"}}) == "T\nbody"

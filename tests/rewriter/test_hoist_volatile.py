@@ -149,3 +149,20 @@ def test_learned_span_inside_a_long_line_moves_only_the_changed_words() -> None:
     assert "[see note 1 at the end]" in sys3
     note = r[2].body["messages"][-1]["content"]
     assert "42" in note and len(note) < 600  # context around the value, not the whole line
+
+
+def test_a_hoisted_always_call_line_still_keeps_its_tool_through_prune_tools() -> None:
+    # the fuzzer's class: learned volatility moved "Always call X" into the note at the end,
+    # then prune_tools (which runs after hoist) no longer saw X named and pruned it
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": f"record kind {i}",
+                                               "parameters": {"type": "object"}}} for i in range(40)]
+
+    def body(k: int) -> dict[str, Any]:
+        sys = f"You are Helper.\nAlways call tool_{k} before answering.\n{RULES}"
+        return {"model": "m", "tools": tools, "messages": [{"role": "system", "content": sys},
+                                                           {"role": "user", "content": "weather in Paris?"}]}
+    r = replay([body(3), body(7), body(9), body(39)], "openai", prune_tools=True,
+               prune_tools_min_catalog=5)
+    assert "Always call tool_39" not in r[3].body["messages"][0]["content"]  # hoisted
+    assert "tool_39" in {t["function"]["name"] for t in r[3].body["tools"]}
+    assert len(r[3].body["tools"]) < len(tools)  # pruning did run
