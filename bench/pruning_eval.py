@@ -73,9 +73,23 @@ def _rag(quick: bool) -> dict[str, Any]:
 def _history(quick: bool) -> dict[str, Any]:
     h = pruning_eval_history.tau_history(quick)
     combos = [v for k, v in h.items() if k.endswith("_cache")]
+    runs = [c[m] for c in combos for m in c]
+    net: dict[str, int] = {}
+    for r in runs:
+        for name, n in r["pipeline_reverts"].items():
+            net[name] = net.get(name, 0) + n
     return {
         "cached_share": min(c["watermark"]["cached_share"] for c in combos),
-        "invalid_requests": sum(c[m]["invalid_requests"] for c in combos for m in c),
+        "invalid_requests": sum(r["invalid_requests"] for r in runs),
+        "raw_compactions_checked": sum(r["raw_compactions_checked"] for r in runs),
+        "raw_compactions_invalid": sum(r["raw_compactions_invalid"] for r in runs),
+        "self_check_reverts": sum(r["self_check_reverts"] for r in runs),
+        "pipeline_reverts": net,
+        "invalid_requests_note": (
+            "invalid_requests counts the requests sent, which the pipeline's safety net and the "
+            "pass's self-check make valid by construction; raw_compactions_invalid (the pass's "
+            "own output, validated before either) and the two revert counts are the figures "
+            "that can fail"),
         "requests_over_budget": sum(c["watermark"]["requests_over_budget"] for c in combos),
         "headline_over": "min over APIs/provider models, watermark mode",
         "tau_bench_airline": h,
