@@ -61,7 +61,7 @@ def _anthropic_system(system: Any) -> Problem | None:
     return None
 
 
-Calls = dict[str, dict[str, Any]]  # tool_use id -> its block
+Calls = dict[Any, dict[str, Any]]  # tool_use id -> its block
 
 
 def _unanswered(calls: Calls, answered: list[str]) -> Problem:
@@ -138,7 +138,7 @@ def openai_problem(body: dict[str, Any]) -> Problem | None:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         return _EMPTY
-    pending: dict[str, dict[str, Any]] = {}  # tool_call id -> its call, not yet answered
+    pending: dict[Any, dict[str, Any]] = {}  # tool_call id -> its call, not yet answered
     for m in msgs:
         if not isinstance(m, dict):
             return Problem(None, "a message is not an object")
