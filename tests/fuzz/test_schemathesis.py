@@ -58,7 +58,8 @@ def _problems(path: str, status: int, body: bytes, ctype: str, sent: object) -> 
         except ValueError:
             err = None
         found = error_problems(status, err, api)
-        if b"could not parse the JSON" in body:
+        if b"could not parse the JSON" in body or b"body must be a JSON object" in body:
+            # about the body as a whole (not JSON, not an object): there is no field to name
             found = [p for p in found if p != "error_names_no_param"]
         return [Violation(p, f"{status}: {body[:200]!r}") for p in found]
     stream = isinstance(sent, dict) and sent.get("stream") is True
