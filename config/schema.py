@@ -112,6 +112,10 @@ class RewriteSettings(_Strict):
     """Wall-clock budget of one request's rewrite (worker thread, queueing included); past it
     the request goes upstream exactly as the client sent it (edit summary ``over_budget``).
     Typical agent requests take 5-15 ms (bench/results/rewrite_overhead.json)."""
+    edit_detail_header: bool = False
+    """Opt-in: answer with ``x-prefixgate-edit-detail``, compact JSON of every Edit (pass,
+    region, tokens before / after, token offsets; no prompt text), bounded in size
+    (:mod:`proxy.edit_detail`)."""
 
     @model_validator(mode="after")
     def _watermarks_ordered(self) -> RewriteSettings:

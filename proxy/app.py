@@ -54,6 +54,7 @@ from cache.session import MemorySessionStore, RedisSessionStore, SessionStore
 from config.schema import Policy
 from proxy import exactjson, translate, wire
 from proxy.auth import Guard
+from proxy.edit_detail import edit_detail_headers
 from proxy.errors import (
     Api,
     ClientDisconnected,
@@ -70,8 +71,9 @@ from proxy.health import LoopLagMonitor, health_reasons
 from proxy.insight import Analysis, Insight, input_cost_usd
 from proxy.limits import check_nesting, read_body_within
 from proxy.logsafe import safe
-from proxy.metrics import ProxyMetrics
+from proxy.metrics import ProxyMetrics, RequestObs, policy_models
 from proxy.openapi_schemas import ANTHROPIC_MESSAGES_REQUEST, OPENAI_CHAT_REQUEST, request_body
+from proxy.otel import GenAITelemetry, telemetry_from_env
 from proxy.relay import (
     SSE_HEADERS,
     EventMapper,
@@ -128,16 +130,19 @@ class ProxyState:
     insight: Insight | None
     guard: Guard = field(default_factory=Guard.open)  # proxy keys + rate limits (proxy.auth)
     loop_lag: LoopLagMonitor = field(default_factory=LoopLagMonitor)
+    otel: GenAITelemetry | None = None  # OTLP export, only when OTEL_EXPORTER_OTLP_* is set
 
-    def record(self, row: LedgerRow) -> None:
+    def record(self, row: LedgerRow, obs: RequestObs | None = None) -> None:
         """Write the row and count it; never raises (a ledger failure must not fail a request)."""
         try:
             self.ledger.write(row)
-            self.metrics.observe(row)
+            self.metrics.observe(row, obs)
+            if self.otel is not None:
+                self.otel.observe(row, obs)
         except Exception:
             log.exception("ledger write failed")
         self.guard.charge(row.key_id, row.prompt_tokens, row.output_tokens)
-        log.info("%s %s backend=%s status=%s http=%s prompt=%s cached=%s ttft_ms=%s edits=%s",
+        log.debug("%s %s backend=%s status=%s http=%s prompt=%s cached=%s ttft_ms=%s edits=%s",
                  safe(row.endpoint), safe(row.model), row.backend, row.status, row.http_status,
                  row.prompt_tokens, row.cached_tokens,
                  None if row.ttft_ms is None else round(row.ttft_ms, 1), row.edits)
@@ -169,6 +174,7 @@ class Exchange:
     watcher: StreamWatcher | None = None
     mapper: EventMapper | None = None
     recorded: bool = False
+    obs: RequestObs = field(default_factory=RequestObs)  # for metrics / traces (proxy.metrics)
 
     def record(self, state: ProxyState, status: str, http_status: int) -> None:
         """Write the row with ``status`` / ``http_status``; a second call is a no-op."""
@@ -178,7 +184,7 @@ class Exchange:
         self.row.status, self.row.http_status = status, http_status
         if self.row.total_ms is None:
             self.row.total_ms = self.timing.total_ms()
-        state.record(self.row)
+        state.record(self.row, self.obs)
 
 
 _SENT_AS_IS = ("none", "off", "unavailable")  # edit summaries of bodies sent unchanged
@@ -197,6 +203,7 @@ async def _finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, ht
         row.output_tokens = usage.output_tokens if usage.output_tokens is not None else (
             deltas if row.stream and deltas else None)
         row.ttft_ms = timing.ttft_ms()
+        ex.obs.response_model = ex.obs.response_model or getattr(ex.watcher, "model", None)
         row.tpot_ms = timing.tpot_ms(row.output_tokens)
         row.total_ms = timing.total_ms()
         if memory and ex.rw is not None and ex.rw.memory:
@@ -214,6 +221,7 @@ async def _finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, ht
                 # cache; the model's estimate would only add its error (template tokens, tokenizer)
                 row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
             if a.brk is not None:
+                ex.obs.break_kind = a.brk.get("kind")
                 try:
                     state.ledger.write_break(row.session, a.brk)
                 except Exception:
@@ -270,6 +278,7 @@ async def _parse(ex: Exchange, request: Request, policy: Policy) -> None:
     """Read the body once within the body deadline (400 / 408 / 413), check its nesting
     before any pass or bridge and what the proxy relies on (400)."""
     ex.raw = await read_body_within(request, policy.max_body_bytes, policy.limits.body_timeout_s)
+    ex.obs.read_done = time.perf_counter()
     ex.body = wire.parse_json(ex.raw)
     await check_nesting(ex.body, policy.limits.max_json_depth, len(ex.raw))
     (wire.check_anthropic if ex.api == "anthropic" else wire.check_openai)(ex.body)
@@ -295,6 +304,9 @@ async def _passes(ex: Exchange, request: Request, state: ProxyState) -> None:
                       session_id=ex.session_id, session=state.sessions.get(ex.session_id))
     ex.rw = await rewrite_off_loop(state.rewrite_fn, ex.body, ex.raw, ex.api, ctx)
     ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
+    if policy.rewrite.edit_detail_header and ctx is not None:  # opt-in (proxy.edit_detail)
+        ex.obs.headers = await off_loop(lambda: edit_detail_headers(ex.body, ex.rw, ex.api),
+                                        policy.rewrite.time_budget_ms, None)
 
 
 def _bridge(ex: Exchange, max_depth: int) -> None:
@@ -317,6 +329,7 @@ async def _send(ex: Exchange, request: Request, state: ProxyState) -> httpx.Resp
     assert ex.target is not None
     target = ex.target
     headers = upstream_headers(request.headers.items(), target.backend, target.api_key())
+    ex.obs.sent_at = time.perf_counter()
     send = state.upstream.send(target.url(), headers, ex.up_raw, target.backend.timeout_s)
     return await send_unless_gone(send, lambda: _client_gone(request))
 
@@ -349,7 +362,7 @@ def _ours(ex: Exchange, resp: httpx.Response) -> dict[str, str]:
     """The proxy's own response headers, and the upstream's that the client gets."""
     assert ex.rw is not None
     out = {**downstream_headers(resp.headers), "x-prefixgate-edits": ex.rw.summary,
-           "x-prefixgate-tokens-pruned": str(ex.rw.pruned)}
+           "x-prefixgate-tokens-pruned": str(ex.rw.pruned), **(ex.obs.headers or {})}
     early = usage_from_headers(resp.headers)  # engines that report usage in headers
     if early.cached_tokens is not None:
         out["x-prefixgate-cached-tokens"] = str(early.cached_tokens)
@@ -424,6 +437,8 @@ async def _json_answer(state: ProxyState, ex: Exchange, resp: httpx.Response) ->
             raise TypeError("answer is not a JSON object")
         usage = usage_from_headers(resp.headers)
         usage.merge(usage_from_answer(answer, ex.target.wire))
+        model = answer.get("model")
+        ex.obs.response_model = model[:200] if isinstance(model, str) else None
         if ex.target.translate:
             content = exactjson.dumps(translate.response(ex.api, answer, ex.row.model))
     except (httpx.HTTPError, ValueError, TypeError, AttributeError, KeyError, IndexError) as e:
@@ -491,9 +506,10 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         sessions=sessions,
         rewrite_fn=default_rewrite_fn() if rewrite_fn == "default" else rewrite_fn,  # type: ignore[arg-type]
         upstream=Upstream(transport),
-        metrics=ProxyMetrics(),
+        metrics=ProxyMetrics(policy_models(policy.routes)),
         insight=Insight(policy.ledger.store_prompt_text) if analyze else None,
         guard=Guard.from_policy(policy.auth, policy.ledger),
+        otel=telemetry_from_env(policy),
     )
 
     state.metrics.watch_resources(lambda: state.upstream.in_use, state.upstream.pool_stats,
@@ -508,6 +524,8 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         finally:
             await state.loop_lag.stop()
             await state.upstream.close()
+            if state.otel is not None:
+                state.otel.shutdown()  # flush what is batched
 
     # redirect_slashes=False: Starlette's slash redirect builds Location from the client's Host
     app = FastAPI(title="prefixgate", lifespan=lifespan, docs_url=None, redoc_url=None,
