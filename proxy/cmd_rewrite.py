@@ -124,7 +124,8 @@ def explain(body: dict[str, Any], raw: bytes, api: Api, policy: Policy,
             provider: str | None = None) -> tuple[RewriteOutcome, list[PassStep], str]:
     """The proxy's rewrite of ``body`` (``raw``: its bytes) under ``policy``, the per-pass
     trace, and the provider whose rules applied."""
-    model = body.get("model") if isinstance(body.get("model"), str) else ""
+    given = body.get("model")
+    model = given if isinstance(given, str) else ""
     prov = _provider(policy, model, provider)
     ctx = Context(settings=policy.rewrite, model=model, provider=prov, session_id="cli")
     outcome = run_rewrite(default_rewrite_fn(), body, raw, api, ctx)
