@@ -27,7 +27,8 @@ whose API differs from its backend's goes through a bridge (:mod:`proxy.translat
 "backends": [...]}``, 503 when degraded, see :mod:`proxy.health`), ``GET /metrics`` (HEAD too
 wherever GET is served); any other path or method is a 404 / 405 in the caller's shape; a
 trailing slash is served, never redirected. Response headers: ``x-prefixgate-edits`` (the
-rewrite summary, or ``off``), ``x-prefixgate-tokens-pruned``, and ``x-prefixgate-cached-tokens``
+rewrite summary, or ``off``), ``x-prefixgate-tokens-pruned``, ``x-prefixgate-edit-detail`` when
+the policy opts in (:mod:`proxy.edit_detail`), and ``x-prefixgate-cached-tokens``
 on non-streamed answers, and on streams whose backend reports cached tokens in its response
 headers (our engine's ``X-Engine-Cached-Tokens``); other streams' headers leave before usage is
 known.

@@ -121,3 +121,14 @@ def test_savings_and_overspend_are_separate_monotonic_counters() -> None:
     assert value(s, "prefixgate_cost_usd_total", kind="input") == pytest.approx(6.0)
     assert value(s, "prefixgate_cache_breaks_total", kind="reorder") == 1
     assert value(s, "prefixgate_proxy_overhead_seconds_sum") == pytest.approx(0.004)
+
+
+def test_no_info_log_line_per_request(rig: Any, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    caplog.set_level(logging.INFO, logger="prefixgate")
+    rig.upstream.script = Script(body=completion())
+    assert chat(rig.url, "m").status_code == 200
+    wait_rows(rig.ledger, 1)
+    assert not [r for r in caplog.records if r.name.startswith("prefixgate")
+                and r.levelno >= logging.INFO], caplog.text
