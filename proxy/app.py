@@ -526,7 +526,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
             await state.loop_lag.stop()
             await state.upstream.close()
             if state.otel is not None:
-                state.otel.shutdown()  # flush what is batched
+                await anyio.to_thread.run_sync(state.otel.shutdown)  # flush the batches
 
     # redirect_slashes=False: Starlette's slash redirect builds Location from the client's Host
     app = FastAPI(title="prefixgate", lifespan=lifespan, docs_url=None, redoc_url=None,
