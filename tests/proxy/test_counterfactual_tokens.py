@@ -133,3 +133,19 @@ def test_ledger_migration_adds_cf_source(tmp_path: Path) -> None:
     db.close()
     rows = Ledger(path).rows()
     assert rows[0]["cf_source"] == "" and rows[0]["model"] == "m"
+
+
+def test_an_anthropic_client_body_is_bridged_before_it_is_tokenized() -> None:
+    from proxy.engine_tokens import tokenize_body
+
+    body = {"model": "tiny", "max_tokens": 8, "system": "Be brief.",
+            "tools": [{"name": "t", "description": "d", "input_schema": {"type": "object"}}],
+            "messages": [{"role": "user", "content": "hi"}]}
+    out = tokenize_body("anthropic", body, True, 64)
+    assert out["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert out["tools"][0]["type"] == "function" and out["tools"][0]["function"]["name"] == "t"
+    assert out["add_generation_prompt"] is True and "max_tokens" not in out
+    same = tokenize_body("openai", {"model": "m", "messages": [{"role": "user", "content": "x"}]},
+                         False, 64)
+    assert same == {"model": "m", "messages": [{"role": "user", "content": "x"}],
+                    "add_generation_prompt": True}
