@@ -108,7 +108,7 @@ class EngineTokenizer:
             headers["authorization"] = b"Bearer " + key.encode("latin-1", "replace")
         with anyio.move_on_after(self.timeout_s):
             return await self._ask(upstream, target, headers, payload)
-        log.info("tokenize on backend %s over %.1f s; modelled instead", target.backend_name,
+        log.warning("tokenize on backend %s over %.1f s; modelled instead", target.backend_name,
                  self.timeout_s)
         return None
 
