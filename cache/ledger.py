@@ -9,7 +9,11 @@ token columns are tokens (NULL = the upstream did not report it); ``session`` is
 of the session id, never the id itself. ``cf_cached_tokens`` is the counterfactual: what the
 backend would have cached had the client's original body been sent (NULL when not estimated);
 ``input_usd`` / ``cf_input_usd`` price the prompt from the backend's usage and from that
-counterfactual (USD, NULL for unpriced models such as the local engine). ``key_id`` is the
+counterfactual (USD, NULL for unpriced models such as the local engine). ``cf_source`` says how
+the counterfactual was obtained: ``measured`` (the client's own body went upstream, so its
+measured cached tokens are the counterfactual), ``modelled`` (a provider cache model, or the
+radix model over the backend's own token ids), ``holdout`` (a session sent unrewritten on
+purpose), ``""`` (none); reports must not mix them silently. ``key_id`` is the
 public id of the proxy key the request authenticated with ("" without proxy keys), never the key.
 A second table, ``breaks``, keeps cache-break records (:mod:`cache.breaks`) as JSON.
 """
@@ -53,6 +57,7 @@ class LedgerRow:
     cf_cached_tokens: int | None = None
     input_usd: float | None = None
     cf_input_usd: float | None = None
+    cf_source: str = ""           # measured | modelled | holdout | "" (none)
     error: str = ""
     key_id: str = ""              # the proxy key's public id, never the key
 

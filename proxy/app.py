@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,7 +90,6 @@ from proxy.rewriting import (
     RewriteFn,
     RewriteOutcome,
     default_rewrite_fn,
-    off_loop,
     rewrite_off_loop,
     rewrite_wanted,
     session_hash,
@@ -192,7 +191,8 @@ _SENT_AS_IS = ("none", "off", "unavailable")  # edit summaries of bodies sent un
 
 
 async def _finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, http_status: int,
-                  analyze: Callable[[], Analysis] | None = None, memory: bool = False) -> None:
+                  analyze: Callable[[], Awaitable[Analysis]] | None = None,
+                  memory: bool = False) -> None:
     """Fill the row's usage and timing, merge the rewrite's session memory (``memory``), run
     the break / counterfactual analysis (``analyze``), record. Whatever fails in between, the
     row is written (with what is known)."""
@@ -214,13 +214,15 @@ async def _finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, ht
                 log.exception("session memory merge failed")
         row.input_usd = input_cost_usd(row.model, row.prompt_tokens, row.cached_tokens,
                                        row.cache_write_tokens)
-        if analyze is not None:  # CPU work (token counting): off the loop, under the budget
-            a = await off_loop(analyze, state.policy.rewrite.time_budget_ms, Analysis())
+        if analyze is not None:  # tokenize + CPU work off the loop, bounded (proxy.insight)
+            a = await analyze()
             row.cf_cached_tokens, row.cf_input_usd = a.cf_cached_tokens, a.cf_input_usd
+            row.cf_source = a.cf_source
             if row.edits in _SENT_AS_IS and row.cached_tokens is not None:
                 # the client's own body went upstream: what it would have cached is what it did
                 # cache; the model's estimate would only add its error (template tokens, tokenizer)
                 row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
+                row.cf_source = "measured"
             if a.brk is not None:
                 ex.obs.break_kind = a.brk.get("kind")
                 try:
@@ -392,15 +394,16 @@ async def _upstream_error(state: ProxyState, ex: Exchange, resp: httpx.Response)
     return response
 
 
-def _analyzer(state: ProxyState, ex: Exchange) -> Callable[[], Analysis]:
+def _analyzer(state: ProxyState, ex: Exchange) -> Callable[[], Awaitable[Analysis]]:
     """The after-answer analysis of this request (cache breaks, counterfactual)."""
-    def analyze() -> Analysis:
+    async def analyze() -> Analysis:
         if state.insight is None or len(ex.raw) > ANALYZE_MAX_BYTES:
             return Analysis()
         assert ex.target is not None and ex.rw is not None
-        return state.insight.observe(session=ex.row.session, backend=ex.target.backend_name,
-                                     provider=ex.target.provider, api=ex.api,
-                                     model=ex.row.model, original=ex.body, sent=ex.rw.body)
+        return await state.insight.analyze(
+            state.upstream, ex.target, api=ex.api, session=ex.row.session, model=ex.row.model,
+            original=ex.body, sent=ex.rw.body, budget_ms=state.policy.rewrite.time_budget_ms,
+            max_depth=state.policy.limits.max_json_depth)
     return analyze
 
 
