@@ -52,7 +52,7 @@ from starlette.responses import JSONResponse, Response
 from cache.ledger import Ledger, LedgerRow
 from cache.session import MemorySessionStore, RedisSessionStore, SessionStore
 from config.schema import Policy
-from proxy import exactjson, translate, wire
+from proxy import exactjson, savings_api, translate, wire
 from proxy.auth import Guard
 from proxy.errors import (
     Api,
@@ -67,11 +67,18 @@ from proxy.errors import (
 )
 from proxy.headers import downstream_headers, upstream_headers
 from proxy.health import LoopLagMonitor, health_reasons
+from proxy.holdout import in_holdout
 from proxy.insight import Analysis, Insight, input_cost_usd
 from proxy.limits import check_nesting, read_body_within
 from proxy.logsafe import safe
 from proxy.metrics import ProxyMetrics
 from proxy.openapi_schemas import ANTHROPIC_MESSAGES_REQUEST, OPENAI_CHAT_REQUEST, request_body
+from proxy.record_extras import (
+    EngineTimings,
+    apply_reported_timings,
+    engine_timings,
+    pass_tokens_json,
+)
 from proxy.relay import (
     SSE_HEADERS,
     EventMapper,
@@ -169,6 +176,7 @@ class Exchange:
     watcher: StreamWatcher | None = None
     mapper: EventMapper | None = None
     recorded: bool = False
+    reported: EngineTimings = field(default_factory=EngineTimings)  # the backend's timings
 
     def record(self, state: ProxyState, status: str, http_status: int) -> None:
         """Write the row with ``status`` / ``http_status``; a second call is a no-op."""
@@ -199,6 +207,7 @@ async def _finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, ht
         row.ttft_ms = timing.ttft_ms()
         row.tpot_ms = timing.tpot_ms(row.output_tokens)
         row.total_ms = timing.total_ms()
+        apply_reported_timings(row, ex.reported)
         if memory and ex.rw is not None and ex.rw.memory:
             try:
                 state.sessions.merge(ex.session_id, ex.rw.memory)
@@ -290,11 +299,14 @@ async def _passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     ex.session_id = session_id_for(request.headers, ex.body)
     ex.row.session = session_hash(ex.session_id)
     ctx = None
-    if rewrite_wanted(request.headers, policy.rewrite):
+    ex.row.holdout = in_holdout(ex.session_id, policy.holdout)  # A/B: sent as if opted out
+    ex.row.cf_source = "holdout" if ex.row.holdout else ""
+    if rewrite_wanted(request.headers, policy.rewrite) and not ex.row.holdout:
         ctx = Context(settings=policy.rewrite, model=ex.row.model, provider=ex.target.provider,
                       session_id=ex.session_id, session=state.sessions.get(ex.session_id))
     ex.rw = await rewrite_off_loop(state.rewrite_fn, ex.body, ex.raw, ex.api, ctx)
     ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
+    ex.row.pass_tokens = pass_tokens_json(ex.rw.edits)
 
 
 def _bridge(ex: Exchange, max_depth: int) -> None:
@@ -348,6 +360,7 @@ async def _answer(state: ProxyState, ex: Exchange, resp: httpx.Response) -> Resp
 def _ours(ex: Exchange, resp: httpx.Response) -> dict[str, str]:
     """The proxy's own response headers, and the upstream's that the client gets."""
     assert ex.rw is not None
+    ex.reported = engine_timings(resp.headers)
     out = {**downstream_headers(resp.headers), "x-prefixgate-edits": ex.rw.summary,
            "x-prefixgate-tokens-pruned": str(ex.rw.pruned)}
     early = usage_from_headers(resp.headers)  # engines that report usage in headers
@@ -553,6 +566,8 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         return JSONResponse({"status": "degraded" if reasons else "ok", "reasons": reasons,
                              "backends": sorted(policy.backends)},
                             status_code=503 if reasons else 200)
+
+    savings_api.install(app, state.ledger, policy, state.guard)
 
     @app.get("/metrics")  # open: no key (see proxy.auth)
     @app.head("/metrics", include_in_schema=False)
