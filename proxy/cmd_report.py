@@ -6,8 +6,8 @@ have cost, tokens saved (cache reuse gained + pruned), TTFT p50 rewritten minus 
 the policy's holdout sent some sessions unrewritten) — then one row per group
 (:mod:`proxy.report_data`). The layout follows the terminal width (``COLUMNS``): below
 :data:`WIDE` columns a compact table (requests, errors, cached share, saved $ / %, TTFT p50,
-TPOT p50) that fits 80 columns; from :data:`WIDE` on, prompt tokens, the counterfactual cached
-share, input $, pruned tokens and TTFT p95 are added. A TTFT marked ``*`` includes TTFTs the
+TPOT p50) that fits 80 columns; from :data:`WIDE` on prompt tokens, input $ and TTFT p95 are
+added, from :data:`FULL` on the counterfactual cached share and pruned tokens. A TTFT marked ``*`` includes TTFTs the
 backend reported for non-streamed answers (the others were timed by the proxy on streams).
 
 ``--json``: ``{"ledger", "by", "saved": {...}, "groups": [{<by>: key, figures...}],
@@ -39,7 +39,9 @@ from proxy.report_data import BY, error_figures, group_figures, saved_figures
 from proxy.stats import fmt
 
 WIDE = 110
-"""Terminal columns from which the wide layout is used."""
+"""Terminal columns from which prompt tokens, input $ and TTFT p95 are added."""
+FULL = 140
+"""Terminal columns from which the counterfactual cached share and pruned tokens are added."""
 CSV_FIELDS = ("requests", "errors", "prompt_tokens", "cached_tokens", "cached_share",
               "cf_cached_share", "input_usd", "cf_input_usd", "saved_usd", "saved_pct",
               "saved_tokens", "tokens_pruned", "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms",
@@ -77,17 +79,19 @@ def saved_line(s: dict[str, Any], width: int) -> str:
 
 
 def _table(groups: list[dict[str, Any]], by: str, width: int) -> Table:
-    wide = width >= WIDE
+    wide, full = width >= WIDE, width >= FULL
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), show_edge=False)
-    t.add_column(by, overflow="fold", max_width=22 if wide else 16)
+    t.add_column(by, overflow="fold", max_width=28 if wide else 20)
     cols: list[tuple[str, Any]] = [
         ("req", lambda g: fmt(g["requests"])), ("err", lambda g: fmt(g["errors"])),
         ("cached", lambda g: _pct(g["cached_share"]))]
+    if full:
+        cols.append(("cf cached", lambda g: _pct(g["cf_cached_share"])))
     if wide:
         cols += [("prompt tok", lambda g: fmt(g["prompt_tokens"])),
-                 ("cf cached", lambda g: _pct(g["cf_cached_share"])),
-                 ("input $", lambda g: _usd(g["input_usd"])),
-                 ("pruned", lambda g: fmt(g["tokens_pruned"]))]
+                 ("input $", lambda g: _usd(g["input_usd"]))]
+    if full:
+        cols.append(("pruned", lambda g: fmt(g["tokens_pruned"])))
     cols += [("saved $", lambda g: _usd(g["saved_usd"])),
              ("saved", lambda g: _pct(g["saved_pct"])),
              ("TTFT50", lambda g: _ms(g["ttft_p50_ms"]) + ("*" if g["ttft_reported"] else ""))]
@@ -103,7 +107,7 @@ def _table(groups: list[dict[str, Any]], by: str, width: int) -> Table:
 
 def _errors_table(errors: list[dict[str, Any]]) -> Table:
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), show_edge=False,
-              title="errors")
+              title="errors", title_justify="left")
     for name in ("count", "status", "http", "error", "last (UTC)"):
         t.add_column(name, justify="right" if name in ("count", "http") else "left",
                      overflow="fold")

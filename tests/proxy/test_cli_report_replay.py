@@ -46,8 +46,9 @@ def test_volatile_break_and_counterfactual_recorded_and_reported(rig: Any) -> No
     assert res.exit_code == 0, res.output
     assert "m*" in res.output and "volatile_span" in res.output
     res = CliRunner().invoke(app, ["report", "--ledger", rig.ledger.path, "--json"])
-    figures = json.loads(res.output)["m*|up"]
-    assert figures["requests"] == 2 and figures["cached_share"] == 8 / 20
+    figures = json.loads(res.output)["groups"][0]
+    assert figures["route"] == "m*" and figures["requests"] == 2
+    assert figures["cached_share"] == 8 / 20
 
 
 def test_counterfactual_of_a_rewritten_request_comes_from_the_cache_model(
