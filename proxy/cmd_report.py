@@ -7,8 +7,9 @@ the policy's holdout sent some sessions unrewritten) — then one row per group
 (:mod:`proxy.report_data`). The layout follows the terminal width (``COLUMNS``): below
 :data:`WIDE` columns a compact table (requests, errors, cached share, saved $ / %, TTFT p50,
 TPOT p50) that fits 80 columns; from :data:`WIDE` on prompt tokens, input $ and TTFT p95 are
-added, from :data:`FULL` on the counterfactual cached share and pruned tokens. A TTFT marked ``*`` includes TTFTs the
-backend reported for non-streamed answers (the others were timed by the proxy on streams).
+added, from :data:`FULL` on the counterfactual cached share and pruned tokens. A TTFT marked
+``*`` includes TTFTs the backend reported for non-streamed answers (the others were timed by the
+proxy on streams).
 
 ``--json``: ``{"ledger", "by", "saved": {...}, "groups": [{<by>: key, figures...}],
 "errors": [...]}`` with named fields; ``--csv``: one header line and one line per group.
