@@ -132,5 +132,6 @@ def test_prompt_cost_priced_from_usage_and_counterfactual(rig: Any) -> None:
     assert abs(row["input_usd"] - (200 * 2.50 + 800 * 1.25) / 1e6) < 1e-12
     assert row["cf_input_usd"] is not None and row["cf_input_usd"] > 0  # first request: cold
     res = CliRunner().invoke(app, ["report", "--ledger", rig.ledger.path, "--json"])
-    s = json.loads(res.output)["gpt-*|up"]
+    s = json.loads(res.output)["groups"][0]
+    assert s["route"] == "gpt-*"
     assert abs(s["input_usd"] - row["input_usd"]) < 1e-12
