@@ -8,12 +8,13 @@ prompt tokens) and for all requests pooled, four metrics are compared, rewritten
 - ``input_usd_per_request``: mean prompt cost (priced requests);
 - ``ttft_p50_ms`` / ``ttft_p95_ms``: TTFT percentiles (requests with a TTFT).
 
-Each difference gets a 95 % percentile-bootstrap interval: both arms resampled with replacement
-:data:`BOOTSTRAP_ROUNDS` times, the statistic recomputed, the 2.5th and 97.5th percentiles of
-the differences taken. The generator is seeded from the caller's seed and the bucket / metric
-names, so the same records always give the same interval. An arm larger than
-:data:`BOOTSTRAP_MAX_N` is resampled from an evenly spaced subsample of that size (bounded work;
-the point estimate still uses every request).
+Each difference gets a 95 % percentile-bootstrap interval: within each metric, the requests of
+both arms that have the figure are resampled with replacement :data:`BOOTSTRAP_ROUNDS` times
+(numpy, all rounds at once), the statistic recomputed, the 2.5th and 97.5th percentiles of the
+differences taken. The generator is seeded from the caller's seed and the bucket / metric names,
+so the same records always give the same interval. An arm larger than :data:`BOOTSTRAP_MAX_N`
+is resampled from an evenly spaced subsample of that size (bounded work; the point estimate
+still uses every request).
 
 Verdict (per bucket and pooled): ``inconclusive`` when either arm has fewer than
 :data:`MIN_PER_ARM` requests (reason says so); else each metric whose Bonferroni-corrected
@@ -26,14 +27,16 @@ no interval excludes 0; ``inconclusive`` (reason ``mixed``): both.
 from __future__ import annotations
 
 import hashlib
-import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 MIN_PER_ARM = 20
 """Fewer requests than this in either arm: the verdict is ``inconclusive``."""
-BOOTSTRAP_ROUNDS = 300
-BOOTSTRAP_MAX_N = 500
+BOOTSTRAP_ROUNDS = 400
+BOOTSTRAP_MAX_N = 2000
 BUCKETS: list[tuple[str, int, float]] = [
     ("0-1k", 0, 1024), ("1k-4k", 1024, 4096), ("4k-16k", 4096, 16384),
     ("16k-64k", 16384, 65536), ("64k+", 65536, float("inf"))]
@@ -41,84 +44,89 @@ HELPS, HURTS, NO_DIFF, INCONCLUSIVE = ("rewriting helps", "rewriting hurts", "no
                                        "inconclusive")
 
 Rec = Mapping[str, Any]
-Stat = Callable[[Sequence[Rec]], float | None]
 
 
-def _pct(xs: list[float], p: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    k = (len(xs) - 1) * p / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+@dataclass(frozen=True)
+class Metric:
+    """``kind``: ``ratio`` (sum of ``field`` / sum of ``weight``), ``mean`` or ``p<N>``
+    (percentile); ``sign``: +1 when higher is better for rewriting, -1 when lower is."""
+
+    field: str
+    kind: str
+    sign: int
+    weight: str = ""
+
+    def arrays(self, rs: Sequence[Rec]) -> tuple[np.ndarray, np.ndarray]:
+        """(values, weights) of the records that have the figure (weights: ones for
+        non-ratio metrics)."""
+        keep = [r for r in rs if r.get(self.field) is not None
+                and (not self.weight or r.get(self.weight) is not None)]
+        v = np.array([float(r[self.field]) for r in keep], dtype=float)
+        w = np.array([float(r[self.weight]) for r in keep], dtype=float) if self.weight \
+            else np.ones(len(keep))
+        return v, w
+
+    def of(self, v: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """The statistic of each row of ``v`` / ``w`` (shape rounds x n) -> shape (rounds,);
+        NaN where undefined (a zero denominator)."""
+        if self.kind == "ratio":
+            den = w.sum(axis=1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return np.where(den > 0, v.sum(axis=1) / np.where(den > 0, den, 1), np.nan)
+        if self.kind == "mean":
+            return v.mean(axis=1)  # type: ignore[no-any-return]
+        return np.percentile(v, float(self.kind[1:]), axis=1)  # type: ignore[no-any-return]
+
+    def point(self, rs: Sequence[Rec]) -> float | None:
+        """The statistic over all of ``rs``; None when no record has the figure."""
+        v, w = self.arrays(rs)
+        if not len(v):
+            return None
+        x = float(self.of(v[None, :], w[None, :])[0])
+        return None if np.isnan(x) else x
 
 
-def cached_share(rs: Sequence[Rec]) -> float | None:
-    """Cached / prompt tokens over records reporting both; None when none does."""
-    both = [r for r in rs if r.get("prompt_tokens") is not None
-            and r.get("cached_tokens") is not None]
-    p = sum(r["prompt_tokens"] for r in both)
-    return sum(r["cached_tokens"] for r in both) / p if p else None
-
-
-def usd_per_request(rs: Sequence[Rec]) -> float | None:
-    """Mean ``input_usd`` over priced records."""
-    xs = [r["input_usd"] for r in rs if r.get("input_usd") is not None]
-    return sum(xs) / len(xs) if xs else None
-
-
-def ttft_p(p: float) -> Stat:
-    """The ``p``-th TTFT percentile (ms) of records with a TTFT."""
-    return lambda rs: _pct([r["ttft_ms"] for r in rs if r.get("ttft_ms") is not None], p)
-
-
-# name -> (statistic, +1 when higher is better for rewriting / -1 when lower is)
-METRICS: dict[str, tuple[Stat, int]] = {
-    "cached_share": (cached_share, +1),
-    "input_usd_per_request": (usd_per_request, -1),
-    "ttft_p50_ms": (ttft_p(50), -1),
-    "ttft_p95_ms": (ttft_p(95), -1),
+METRICS: dict[str, Metric] = {
+    "cached_share": Metric("cached_tokens", "ratio", +1, weight="prompt_tokens"),
+    "input_usd_per_request": Metric("input_usd", "mean", -1),
+    "ttft_p50_ms": Metric("ttft_ms", "p50", -1),
+    "ttft_p95_ms": Metric("ttft_ms", "p95", -1),
 }
 
 
-def _rng(seed: int, *names: str) -> random.Random:
+def _rng(seed: int, *names: str) -> np.random.Generator:
     h = hashlib.sha256(":".join((str(seed), *names)).encode()).digest()
-    return random.Random(int.from_bytes(h[:8], "big"))
+    return np.random.default_rng(int.from_bytes(h[:8], "big"))
 
 
-def _thin(rs: Sequence[Rec]) -> Sequence[Rec]:
-    if len(rs) <= BOOTSTRAP_MAX_N:
-        return rs
-    step = len(rs) / BOOTSTRAP_MAX_N
-    return [rs[int(i * step)] for i in range(BOOTSTRAP_MAX_N)]
+def _thin(v: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if len(v) <= BOOTSTRAP_MAX_N:
+        return v, w
+    idx = (np.arange(BOOTSTRAP_MAX_N) * (len(v) / BOOTSTRAP_MAX_N)).astype(int)
+    return v[idx], w[idx]
 
 
-def bootstrap_diffs(a: Sequence[Rec], b: Sequence[Rec], stat: Stat, rng: random.Random,
-                    rounds: int = BOOTSTRAP_ROUNDS) -> list[float]:
-    """``stat(resample of a) - stat(resample of b)`` for ``rounds`` resamples (where both are
-    defined); empty when either arm is."""
-    a, b = _thin(a), _thin(b)
-    if not a or not b:
-        return []
-    diffs = []
-    for _ in range(rounds):
-        ra = stat([a[rng.randrange(len(a))] for _ in range(len(a))])
-        rb = stat([b[rng.randrange(len(b))] for _ in range(len(b))])
-        if ra is not None and rb is not None:
-            diffs.append(ra - rb)
-    return diffs
+def bootstrap_diffs(a: Sequence[Rec], b: Sequence[Rec], metric: Metric,
+                    rng: np.random.Generator, rounds: int = BOOTSTRAP_ROUNDS) -> np.ndarray:
+    """``metric(resample of a) - metric(resample of b)`` for ``rounds`` resamples, undefined
+    ones dropped; empty when either arm has no record with the figure."""
+    (va, wa), (vb, wb) = (_thin(*metric.arrays(a)), _thin(*metric.arrays(b)))
+    if not len(va) or not len(vb):
+        return np.array([])
+    ia = rng.integers(0, len(va), size=(rounds, len(va)))
+    ib = rng.integers(0, len(vb), size=(rounds, len(vb)))
+    d = metric.of(va[ia], wa[ia]) - metric.of(vb[ib], wb[ib])
+    return d[~np.isnan(d)]  # type: ignore[no-any-return]
 
 
-def interval(diffs: list[float], alpha: float = 0.05,
+def interval(diffs: np.ndarray, alpha: float = 0.05,
              rounds: int = BOOTSTRAP_ROUNDS) -> tuple[float, float] | None:
     """The ``1 - alpha`` percentile interval of bootstrap ``diffs``; None when the statistic
     was undefined in most of the ``rounds`` resamples."""
     if len(diffs) < rounds // 2:
         return None
-    lo, hi = _pct(diffs, 50 * alpha), _pct(diffs, 100 - 50 * alpha)
-    assert lo is not None and hi is not None
-    return (lo, hi)
+    lo, hi = np.percentile(diffs, [50 * alpha, 100 - 50 * alpha])
+    return (float(lo), float(hi))
 
 
 def compare(rewritten: Sequence[Rec], holdout: Sequence[Rec], seed: int = 0,
@@ -129,18 +137,21 @@ def compare(rewritten: Sequence[Rec], holdout: Sequence[Rec], seed: int = 0,
     out: dict[str, Any] = {"bucket": label, "n_rewritten": len(rewritten),
                            "n_holdout": len(holdout)}
     small = min(len(rewritten), len(holdout)) < MIN_PER_ARM
-    good, bad = [], []
-    for name, (stat, sign) in METRICS.items():
-        va, vb = stat(rewritten), stat(holdout)
+    good: list[str] = []
+    bad: list[str] = []
+    for name, metric in METRICS.items():
+        va, vb = metric.point(rewritten), metric.point(holdout)
         diff = None if va is None or vb is None else va - vb
         ci = strict = None
         if not small and diff is not None:
-            diffs = bootstrap_diffs(rewritten, holdout, stat, _rng(seed, label, name))
+            diffs = bootstrap_diffs(rewritten, holdout, metric, _rng(seed, label, name))
             ci, strict = interval(diffs), interval(diffs, 0.05 / len(METRICS))
         out[name] = {"rewritten": va, "holdout": vb, "diff": diff,
                      "ci95": None if ci is None else [ci[0], ci[1]]}
-        if strict is not None and (strict[0] > 0 or strict[1] < 0):
-            (good if (strict[0] > 0) == (sign > 0) else bad).append(name)
+        # float noise (identical arms give +-1e-18) is not a difference: a relative tolerance
+        eps = 1e-9 * max(abs(va or 0.0), abs(vb or 0.0))
+        if strict is not None and (strict[0] > eps or strict[1] < -eps):
+            (good if (strict[0] > eps) == (metric.sign > 0) else bad).append(name)
     out["verdict"], out["reason"] = verdict(small, good, bad)
     return out
 

@@ -94,10 +94,9 @@ def write_premium(rolls: Iterable[Mapping[str, Any]]) -> float | None:
     return total if any_priced else None
 
 
-def series(rolls: Sequence[Mapping[str, Any]], from_ts: int, to_ts: int,
-           bucket_s: int) -> dict[str, Any]:
-    """The ``series`` object: one point per ``bucket_s`` from ``from_ts`` (aligned) to
-    ``to_ts``; buckets without requests have 0 counts and null shares / percentiles."""
+def slots_of(rolls: Sequence[Mapping[str, Any]], from_ts: int, to_ts: int,
+             bucket_s: int) -> tuple[int, list[dict[str, Any]]]:
+    """(aligned start, one merged rollup ``data`` per ``bucket_s`` from it to ``to_ts``)."""
     start = from_ts // bucket_s * bucket_s
     n = max(1, (to_ts - start + bucket_s - 1) // bucket_s)
     slots: list[dict[str, Any]] = [{} for _ in range(n)]
@@ -105,6 +104,13 @@ def series(rolls: Sequence[Mapping[str, Any]], from_ts: int, to_ts: int,
         i = (r["minute"] - start) // bucket_s
         if 0 <= i < n:
             rollup.merge(slots[i], r["data"])
+    return start, slots
+
+
+def series(start: int, slots: Sequence[Mapping[str, Any]], bucket_s: int) -> dict[str, Any]:
+    """The ``series`` object from :func:`slots_of`; buckets without requests have 0 counts
+    and null shares / percentiles."""
+    n = len(slots)
     out: dict[str, Any] = {"ts": [start + i * bucket_s for i in range(n)], "requests": [],
                            "cached_share": [], "saved_usd": [],
                            "tokens": {"cache_read": [], "cache_write": [], "uncached": [],
@@ -217,7 +223,8 @@ def savings_document(ledger: Ledger, range_: str = "1h", *, slo: SloSettings | N
     from_ts = to_ts - span
     rolls = ledger.rollups(from_ts, to_ts)
     rows = range_rows(ledger, from_ts, to_ts)
-    data = rollup.total(rolls)
+    start, slots = slots_of(rolls, from_ts, to_ts, bucket_s)
+    data = rollup.total({"data": d} for d in slots)
     hs = holdout or HoldoutSettings()
     ho = holdout_report(rows, hs.seed)
     return {
@@ -228,7 +235,7 @@ def savings_document(ledger: Ledger, range_: str = "1h", *, slo: SloSettings | N
         "holdout": {"enabled": hs.fraction > 0, "fraction": hs.fraction,
                     "verdict": ho["verdict"], "reason": ho["reason"], "overall": ho["overall"],
                     "buckets": ho["buckets"]},
-        "series": series(rolls, from_ts, to_ts, bucket_s),
+        "series": series(start, slots, bucket_s),
         "slo": slo_table(rows, slo or SloSettings()),
         "lengths": lengths(data),
         "breaks": top_breaks(ledger.breaks(from_ts)),

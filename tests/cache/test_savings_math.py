@@ -79,7 +79,11 @@ def test_holdout_finds_a_real_difference_with_an_interval_that_excludes_zero() -
 
 
 def test_holdout_says_no_difference_without_effect_and_inconclusive_on_a_tiny_sample() -> None:
-    assert holdout_report(_arms(60, effect=0.0), seed=3)["verdict"] == NO_DIFF
+    # no effect: family-wise 5 % false alarms over the four metrics (Bonferroni), so among 20
+    # independent samples about one may be flagged, not the ~4 of uncorrected intervals
+    verdicts = [holdout_report(_arms(60, effect=0.0, seed=s), seed=3)["verdict"]
+                for s in range(1, 21)]
+    assert verdicts.count(NO_DIFF) >= 18
     tiny = compare(*_split(_arms(MIN_PER_ARM - 1, effect=1.0)))
     assert tiny["verdict"] == INCONCLUSIVE and str(MIN_PER_ARM) in tiny["reason"]
     assert tiny["cached_share"]["diff"] > 0 and tiny["cached_share"]["ci95"] is None
@@ -151,3 +155,10 @@ def test_slo_attainment_and_goodput_per_route_with_defaults() -> None:
     assert fast["ttft_attainment"] == 0.75 and fast["tpot_attainment"] == pytest.approx(2 / 3)
     assert fast["goodput"] == 0.5                      # (100, 5) and (100, None)
     assert (other["ttft_ms"], other["requests"], other["goodput"]) == (2000, 2, 1.0)
+
+
+def test_identical_arms_with_a_constant_price_are_no_difference_not_float_noise() -> None:
+    rs = [_rec(i % 2 == 1, 5000, 40 + i % 7, 100.0 + i % 5, 0.01) for i in range(120)]
+    rep = holdout_report(rs, seed=1)
+    assert rep["verdict"] == NO_DIFF, rep["reason"]
+    assert rep["overall"]["input_usd_per_request"]["diff"] == pytest.approx(0.0, abs=1e-15)
