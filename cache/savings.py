@@ -155,6 +155,13 @@ def slo_table(rows: Sequence[Mapping[str, Any]], slo: SloSettings) -> list[dict[
     return out
 
 
+def hit_rate(rows: Iterable[Mapping[str, Any]]) -> float | None:
+    """Prefix-cache hit rate: share of requests reporting cached tokens that had any (> 0);
+    None when none reported."""
+    known = [r["cached_tokens"] for r in rows if r.get("cached_tokens") is not None]
+    return sum(1 for c in known if c > 0) / len(known) if known else None
+
+
 def routes_table(rolls: Sequence[Mapping[str, Any]],
                  rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per (route, model, backend): counts and shares from rollups, timings from rows."""
@@ -171,6 +178,7 @@ def routes_table(rolls: Sequence[Mapping[str, Any]],
             "route": key[0], "model": key[1], "backend": key[2],
             "requests": d.get("requests", 0), "errors": d.get("errors", 0),
             "cached_share": _r(_ratio(d.get("cached_tokens"), d.get("usage_prompt"))),
+            "cache_hit_rate": _r(hit_rate(rs)),
             "saved_usd": _r(d["cf_input_usd"] - d["input_usd"], 8) if d.get("priced") else None,
             "ttft_p50_ms": _r(_pct((r["ttft_ms"] for r in rs), 50), 3),
             "ttft_p95_ms": _r(_pct((r["ttft_ms"] for r in rs), 95), 3),
