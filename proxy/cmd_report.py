@@ -12,7 +12,9 @@ added, from :data:`FULL` on the counterfactual cached share and pruned tokens. A
 proxy on streams).
 
 ``--json``: ``{"ledger", "by", "saved": {...}, "groups": [{<by>: key, figures...}],
-"errors": [...]}`` with named fields; ``--csv``: one header line and one line per group.
+"by_technique": [{"technique", "tokens_reusable", "tokens_removed", "tokens_added", "usd"}],
+"errors": [...]}`` with named fields (:mod:`cache.attribution`); ``--csv``: one header line
+and one line per group.
 ``--errors`` lists failed requests by status and error; ``--breaks`` the cache-break records
 (:func:`cache.breaks.format_breaks`).
 """
@@ -33,6 +35,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from cache.attribution import by_technique
 from cache.ledger import Ledger
 from config.loader import PolicyError, load_policy
 from config.schema import LedgerSettings
@@ -174,7 +177,8 @@ def report(
     saved = saved_figures(rows, seed)
     errs = error_figures(rows) if errors else []
     if as_json:
-        doc: dict[str, Any] = {"ledger": path, "by": by, "saved": saved, "groups": groups}
+        doc: dict[str, Any] = {"ledger": path, "by": by, "saved": saved, "groups": groups,
+                               "by_technique": [t.to_dict() for t in by_technique(rows)]}
         if errors:
             doc["errors"] = errs
         typer.echo(json.dumps(doc, indent=2))

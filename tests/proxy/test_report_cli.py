@@ -32,7 +32,10 @@ def _ledger(tmp_path: Path) -> str:
             cf_cached_tokens=8_000 if ho else 1_000, tokens_pruned=0 if ho else 250,
             input_usd=0.0191 + i / 1e4, cf_input_usd=(0.0191 + i / 1e4) if ho else 0.0345,
             ttft_ms=850.0 + 10 * i, tpot_ms=24.5, ttft_source="reported" if i % 3 else "measured",
-            holdout=ho, edits="off" if ho else "hoist_volatile", stream=not i % 3))
+            holdout=ho, edits="off" if ho else "hoist_volatile", stream=not i % 3,
+            pass_tokens="" if ho else '{"hoist_volatile":{"reusable":7000,"removed":0,'
+                                      '"added":30},"prune_rag":{"reusable":0,"removed":250,'
+                                      '"added":0}}'))
     led.write(LedgerRow(ts=T0 + 50, route="gpt-*", backend="openai-main", model="gpt-4o",
                         status="upstream_error", http_status=502, error="upstream 502"))
     led.close()
@@ -78,6 +81,10 @@ def test_saved_line_and_json_equal_the_ledger(tmp_path: Path) -> None:
     assert g["requests"] == len(mine) and g["prompt_tokens"] == sum(r["prompt_tokens"]
                                                                     for r in mine)
     assert g["ttft_reported"] == sum(r["ttft_source"] == "reported" for r in mine)
+    tech = {t["technique"]: t for t in doc["by_technique"]}
+    assert tech["prune_rag"]["tokens_removed"] == 250 * 9 and tech["hoist_volatile"][
+        "tokens_added"] == 30 * 9
+    assert sum(t["usd"] for t in tech.values()) == pytest.approx(saved)  # all of it, split
     assert doc["errors"] == [{"status": "upstream_error", "http_status": 502,
                               "error": "upstream 502", "count": 1, "last_ts": T0 + 50,
                               "routes": ["gpt-*"]}]
