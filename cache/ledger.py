@@ -109,6 +109,8 @@ class Ledger:
         self._db.execute(f"CREATE TABLE IF NOT EXISTS requests (id INTEGER PRIMARY KEY, {cols})")
         self._db.execute("CREATE TABLE IF NOT EXISTS breaks (id INTEGER PRIMARY KEY, ts REAL, "
                          "session TEXT, record TEXT)")
+        had_rollups = self._db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND "
+                                       "name=?", (rollup.TABLE,)).fetchone() is not None
         rollup.create(self._db)
         have = {r[1] for r in self._db.execute("PRAGMA table_info(requests)")}
         for f in fields(LedgerRow):  # migration: add the columns a newer version defines
@@ -116,8 +118,23 @@ class Ledger:
                 default = " DEFAULT ''" if _column_type(f.type) == "TEXT" else ""
                 self._db.execute(f"ALTER TABLE requests ADD COLUMN {f.name} "
                                  f"{_column_type(f.type)}{default}")
+        if not had_rollups:
+            self._backfill_rollups()
         if self._db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def _backfill_rollups(self) -> None:
+        """Fold the rows of a ledger written before rollups existed (once, on first open by
+        this version), in one transaction."""
+        cur = self._db.execute(f"SELECT {', '.join(COLUMNS)} FROM requests ORDER BY id")
+        self._db.execute("BEGIN")
+        try:
+            for values in cur.fetchall():
+                rollup.upsert(self._db, dict(zip(COLUMNS, values)))
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def write(self, row: LedgerRow) -> int:
         """Insert ``row`` and fold it into its minute's rollup, in one transaction; return its

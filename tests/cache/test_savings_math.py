@@ -162,3 +162,25 @@ def test_identical_arms_with_a_constant_price_are_no_difference_not_float_noise(
     rep = holdout_report(rs, seed=1)
     assert rep["verdict"] == NO_DIFF, rep["reason"]
     assert rep["overall"]["input_usd_per_request"]["diff"] == pytest.approx(0.0, abs=1e-15)
+
+
+def test_a_ledger_from_before_rollups_is_backfilled_on_open(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE requests (id INTEGER PRIMARY KEY, ts REAL, endpoint TEXT, "
+               "route TEXT, model TEXT, backend TEXT, status TEXT, http_status INTEGER, "
+               "prompt_tokens INTEGER, cached_tokens INTEGER)")
+    for i in range(3):
+        db.execute("INSERT INTO requests (ts, route, model, backend, status, http_status, "
+                   "prompt_tokens, cached_tokens) VALUES (?, 'r', 'm', 'b', 'ok', 200, 100, ?)",
+                   (1_800_000_000.0 + 61 * i, 10 * i))
+    db.commit()
+    db.close()
+    led = Ledger(path)
+    d = rollup.total(led.rollups(0, 2e9))
+    assert (d["requests"], d["prompt_tokens"], d["cached_tokens"]) == (3, 300, 30)
+    led.write(_row(1_800_000_500.0))
+    led.close()
+    assert rollup.total(Ledger(path).rollups(0, 2e9))["requests"] == 4   # not folded twice
