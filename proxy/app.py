@@ -24,7 +24,8 @@ send; from the send on, the upstream response is closed on every path (:func:`_a
 Endpoints: ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic); a client
 whose API differs from its backend's goes through a bridge (:mod:`proxy.translate`),
 ``GET /v1/models``, ``GET /healthz`` (``{"status": "ok" | "degraded", "reasons": [...],
-"backends": [...]}``, 503 when degraded, see :mod:`proxy.health`), ``GET /metrics`` (HEAD too
+"backends": [...]}``, 503 when degraded, see :mod:`proxy.health`), ``GET /api/savings``
+(:mod:`proxy.savings_api`; holdout A/B membership: :mod:`proxy.holdout`), ``GET /metrics`` (HEAD too
 wherever GET is served); any other path or method is a 404 / 405 in the caller's shape; a
 trailing slash is served, never redirected. Response headers: ``x-prefixgate-edits`` (the
 rewrite summary, or ``off``), ``x-prefixgate-tokens-pruned``, and ``x-prefixgate-cached-tokens``
