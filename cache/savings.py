@@ -186,6 +186,7 @@ def routes_table(rolls: Sequence[Mapping[str, Any]],
             "queue_ms_p50": _r(_pct((r["queue_ms"] for r in rs), 50), 3),
             "prefill_ms_p50": _r(_pct((r["prefill_ms"] for r in rs), 50), 3),
             "decode_ms_p50": _r(_pct((r["decode_ms"] for r in rs), 50), 3),
+            "lengths": lengths(d),
         })
     return out
 

@@ -209,6 +209,7 @@ def test_api_savings_has_every_field_of_the_dashboard_contract(rig: Any) -> None
         assert _shape(contract, doc) == [], rng
         assert doc["range"] == rng and doc["totals"]["requests"] == 1
         assert doc["routes"][0]["cache_hit_rate"] == 1.0          # 4 of 10 tokens cached
+        assert sum(doc["routes"][0]["lengths"]["prompt"]["counts"]) == 1
     assert doc["breaks"][0] == {"field": "system", "kind": "volatile_span", "token_offset": 12,
                                 "tokens_lost": 300, "count": 1}
     bad = httpx.get(rig.url + "/api/savings?range=1y", timeout=30)
