@@ -131,8 +131,8 @@ def test_golden_costs_per_provider_convention_reconcile_to_a_hundredth_cent(
     includes ``cached_tokens``. Prices: config.prices as of 2026-11-29."""
     if convention == "anthropic":
         # claude-sonnet-4-5: $3 input, $0.30 read, $3.75 5m write per 1M
-        usage = {"input_tokens": 1000, "cache_read_input_tokens": 5000,
-                 "cache_creation_input_tokens": 2000, "output_tokens": 100}
+        usage: dict[str, Any] = {"input_tokens": 1000, "cache_read_input_tokens": 5000,
+                                 "cache_creation_input_tokens": 2000, "output_tokens": 100}
         golden, prompt, path, model = 0.0120, 8000, "/v1/messages", "claude-sonnet-4-5"
         body: dict[str, Any] = {"model": model, "max_tokens": 10,
                                 "messages": [{"role": "user", "content": "hi"}]}
