@@ -17,7 +17,7 @@ Errors leave as OpenAI's ``{"error": {...}}`` with a 4xx (``ApiError``). A clien
 disconnects aborts its engine request, so its KV slots are freed at once. Answers carry
 ``X-Engine-TTFT-Ms`` (server-side TTFT: arrival -> first token, ms), ``X-Engine-Prompt-Tokens``
 and ``X-Engine-Cached-Tokens`` headers — on streams too, since the response starts only once
-the first token exists.
+the first token exists — and non-streamed answers ``X-Engine-Decode-Ms`` (first -> last token).
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ log = logging.getLogger("local_engine.server")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 HDR_TTFT_MS = "X-Engine-TTFT-Ms"
+HDR_DECODE_MS = "X-Engine-Decode-Ms"  # non-streamed answers: first -> last token, ms
 HDR_PROMPT_TOKENS = "X-Engine-Prompt-Tokens"
 HDR_CACHED_TOKENS = "X-Engine-Cached-Tokens"
 
@@ -264,6 +265,8 @@ class _Server:
                 last = out
         finally:
             watcher.cancel()
+        if timing.first is not None and timing.last is not None:  # decode: first -> last token
+            headers[HDR_DECODE_MS] = f"{(timing.last - timing.first) * 1000.0:.1f}"
         return _json(self._final_body(job, "".join(text), last), headers=headers)
 
     def _final_body(self, job: _Job, text: str, last: RequestOutput) -> dict[str, Any]:

@@ -24,7 +24,8 @@ send; from the send on, the upstream response is closed on every path (:func:`_a
 Endpoints: ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic); a client
 whose API differs from its backend's goes through a bridge (:mod:`proxy.translate`),
 ``GET /v1/models``, ``GET /healthz`` (``{"status": "ok" | "degraded", "reasons": [...],
-"backends": [...]}``, 503 when degraded, see :mod:`proxy.health`), ``GET /metrics`` (HEAD too
+"backends": [...]}``, 503 when degraded, see :mod:`proxy.health`), ``GET /api/savings``
+(:mod:`proxy.savings_api`; holdout A/B membership: :mod:`proxy.holdout`), ``GET /metrics`` (HEAD too
 wherever GET is served); any other path or method is a 404 / 405 in the caller's shape; a
 trailing slash is served, never redirected. Response headers: ``x-prefixgate-edits`` (the
 rewrite summary, or ``off``), ``x-prefixgate-tokens-pruned``, ``x-prefixgate-edit-detail`` when
@@ -53,7 +54,7 @@ from starlette.responses import JSONResponse, Response
 from cache.ledger import Ledger, LedgerRow
 from cache.session import MemorySessionStore, RedisSessionStore, SessionStore
 from config.schema import Policy
-from proxy import exactjson, translate, wire
+from proxy import exactjson, savings_api, translate, wire
 from proxy.auth import Guard
 from proxy.edit_detail import edit_detail_headers
 from proxy.errors import (
@@ -69,12 +70,19 @@ from proxy.errors import (
 )
 from proxy.headers import downstream_headers, upstream_headers
 from proxy.health import LoopLagMonitor, health_reasons
+from proxy.holdout import in_holdout
 from proxy.insight import Analysis, Insight, input_cost_usd
 from proxy.limits import check_nesting, read_body_within
 from proxy.logsafe import safe
 from proxy.metrics import ProxyMetrics, RequestObs, policy_models
 from proxy.openapi_schemas import ANTHROPIC_MESSAGES_REQUEST, OPENAI_CHAT_REQUEST, request_body
 from proxy.otel import GenAITelemetry, telemetry_from_env
+from proxy.record_extras import (
+    EngineTimings,
+    apply_reported_timings,
+    engine_timings,
+    pass_tokens_json,
+)
 from proxy.relay import (
     SSE_HEADERS,
     EventMapper,
@@ -90,6 +98,7 @@ from proxy.rewriting import (
     RewriteFn,
     RewriteOutcome,
     default_rewrite_fn,
+    off_loop,
     rewrite_off_loop,
     rewrite_wanted,
     session_hash,
@@ -175,6 +184,7 @@ class Exchange:
     mapper: EventMapper | None = None
     recorded: bool = False
     obs: RequestObs = field(default_factory=RequestObs)  # for metrics / traces (proxy.metrics)
+    reported: EngineTimings = field(default_factory=EngineTimings)  # the backend's timings
 
     def record(self, state: ProxyState, status: str, http_status: int) -> None:
         """Write the row with ``status`` / ``http_status``; a second call is a no-op."""
@@ -207,6 +217,7 @@ async def _finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, ht
         ex.obs.response_model = ex.obs.response_model or getattr(ex.watcher, "model", None)
         row.tpot_ms = timing.tpot_ms(row.output_tokens)
         row.total_ms = timing.total_ms()
+        apply_reported_timings(row, ex.reported)
         if memory and ex.rw is not None and ex.rw.memory:
             try:
                 state.sessions.merge(ex.session_id, ex.rw.memory)
@@ -217,12 +228,12 @@ async def _finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, ht
         if analyze is not None:  # tokenize + CPU work off the loop, bounded (proxy.insight)
             a = await analyze()
             row.cf_cached_tokens, row.cf_input_usd = a.cf_cached_tokens, a.cf_input_usd
-            row.cf_source = a.cf_source
+            row.cf_source = "holdout" if row.holdout else a.cf_source
             if row.edits in _SENT_AS_IS and row.cached_tokens is not None:
                 # the client's own body went upstream: what it would have cached is what it did
                 # cache; the model's estimate would only add its error (template tokens, tokenizer)
                 row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
-                row.cf_source = "measured"
+                row.cf_source = "holdout" if row.holdout else "measured"
             if a.brk is not None:
                 ex.obs.break_kind = a.brk.get("kind")
                 try:
@@ -302,7 +313,9 @@ async def _passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     ex.session_id = session_id_for(request.headers, ex.body)
     ex.row.session = session_hash(ex.session_id)
     ctx = None
-    if rewrite_wanted(request.headers, policy.rewrite):
+    ex.row.holdout = in_holdout(ex.session_id, policy.holdout)  # A/B: sent as if opted out
+    ex.row.cf_source = "holdout" if ex.row.holdout else ""
+    if rewrite_wanted(request.headers, policy.rewrite) and not ex.row.holdout:
         ctx = Context(settings=policy.rewrite, model=ex.row.model, provider=ex.target.provider,
                       session_id=ex.session_id, session=state.sessions.get(ex.session_id))
     ex.rw = await rewrite_off_loop(state.rewrite_fn, ex.body, ex.raw, ex.api, ctx)
@@ -310,6 +323,7 @@ async def _passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     if policy.rewrite.edit_detail_header and ctx is not None:  # opt-in (proxy.edit_detail)
         ex.obs.headers = await off_loop(lambda: edit_detail_headers(ex.body, ex.rw, ex.api),
                                         policy.rewrite.time_budget_ms, None)
+    ex.row.pass_tokens = pass_tokens_json(ex.rw.edits)
 
 
 def _bridge(ex: Exchange, max_depth: int) -> None:
@@ -364,6 +378,7 @@ async def _answer(state: ProxyState, ex: Exchange, resp: httpx.Response) -> Resp
 def _ours(ex: Exchange, resp: httpx.Response) -> dict[str, str]:
     """The proxy's own response headers, and the upstream's that the client gets."""
     assert ex.rw is not None
+    ex.reported = engine_timings(resp.headers)
     out = {**downstream_headers(resp.headers), "x-prefixgate-edits": ex.rw.summary,
            "x-prefixgate-tokens-pruned": str(ex.rw.pruned), **(ex.obs.headers or {})}
     early = usage_from_headers(resp.headers)  # engines that report usage in headers
@@ -575,6 +590,8 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         return JSONResponse({"status": "degraded" if reasons else "ok", "reasons": reasons,
                              "backends": sorted(policy.backends)},
                             status_code=503 if reasons else 200)
+
+    savings_api.install(app, state.ledger, policy, state.guard)
 
     @app.get("/metrics")  # open: no key (see proxy.auth)
     @app.head("/metrics", include_in_schema=False)
