@@ -122,8 +122,8 @@ class EngineTokenizer:
         try:
             if resp.status_code in UNSUPPORTED_STATUS:
                 self._skip_until[target.backend_name] = time.monotonic() + self.retry_after_s
-                log.info("backend %s has no /tokenize (%d); counterfactual modelled",
-                         target.backend_name, resp.status_code)
+                log.debug("backend %s has no /tokenize (%d); counterfactual modelled",
+                          target.backend_name, resp.status_code)
                 return None
             if resp.status_code != 200:
                 return None
