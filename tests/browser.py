@@ -174,18 +174,15 @@ class Chromium:
              f"--user-data-dir={profile}", f"--window-size={width},{height}",
              "--hide-scrollbars", "about:blank"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        ws: ClientConnection | None = None
         try:
             port = _devtools_port(proc, profile, startup_timeout_s)
             ws_url = _page_ws_url(port, startup_timeout_s)
-            ws = connect(ws_url, max_size=64 * 1024 * 1024, open_timeout=startup_timeout_s)
-            page = Page(ws)
-            for domain in ("Runtime", "Log", "Page", "Network"):
-                page.send(f"{domain}.enable")
-            yield cls(proc, profile, page, ws)
+            with connect(ws_url, max_size=64 * 1024 * 1024, open_timeout=startup_timeout_s) as ws:
+                page = Page(ws)
+                for domain in ("Runtime", "Log", "Page", "Network"):
+                    page.send(f"{domain}.enable")
+                yield cls(proc, profile, page, ws)
         finally:
-            if ws is not None:
-                ws.close()
             proc.kill()
             proc.wait(timeout=10)
             log.close()

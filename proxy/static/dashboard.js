@@ -47,9 +47,9 @@
     return s;
   }
 
-  function card(label, valueNode, note) {
+  function card(label, valueNode, note, small) {
     return el("div", { class: "card" }, el("div", { class: "label" }, label),
-      el("div", { class: "value" }, valueNode), el("div", { class: "note" }, ...(note || [])));
+      el("div", { class: small ? "value small" : "value" }, valueNode), el("div", { class: "note" }, ...(note || [])));
   }
 
   function empty(text) { return el("div", { class: "empty" }, text); }
@@ -86,7 +86,7 @@
          num("totals.no_usage_reported", "int", t.no_usage_reported)]),
       card("TTFT p50", num("totals.ttft_p50_ms", "ms", t.ttft_p50_ms), []),
       card("counterfactual from", el("span", {}, ...["measured", "modelled", "holdout", "none"].flatMap((k, i) =>
-        [i ? " · " : "", k + " ", num(`totals.cf_source.${k}`, "int", (t.cf_source || {})[k])])), []),
+        [i ? " · " : "", k + " ", num(`totals.cf_source.${k}`, "int", (t.cf_source || {})[k])])), [], true),
     );
   }
 
@@ -179,12 +179,12 @@
     const names = [["cache_read", "cache read"], ["cache_write", "cache write"], ["uncached", "uncached"], ["pruned", "pruned"]];
     const raw = names.map(([k]) => tok[k] || []);
     if (!xs.length) { panelBody("p-tokens").append(empty("no requests in this range")); return; }
-    if (raw.every(allNull)) { panelBody("p-tokens").append(empty(NR + " by the backend in this range")); return; }
     const cum = [];
     raw.forEach((ys, li) => cum.push(xs.map((_, i) => {
       const below = li ? cum[li - 1][i] : 0;
       return below === null || ys[i] === null || ys[i] === undefined ? null : below + ys[i];
     })));
+    if (cum.every(allNull)) { panelBody("p-tokens").append(empty(NR + " by the backend in this range")); return; }
     const order = [3, 2, 1, 0];
     const series = order.map((li) => ({ label: names[li][1], color: PALETTE[li], fill: PALETTE[li],
       value: (u, v, si, idx) => (idx === null ? "–" : fmt("int", raw[li][idx])) }));
@@ -313,6 +313,7 @@
     clearTimeout(resizeTimer);
     resizeTimer = setTimeout(() => dash.payload && render(dash.payload), 200);
   });
-  const fromHash = location.hash.slice(1);
-  load(RANGES.includes(fromHash) ? fromHash : "1h");
+  const fromHash = () => (RANGES.includes(location.hash.slice(1)) ? location.hash.slice(1) : "1h");
+  window.addEventListener("hashchange", () => { if (fromHash() !== dash.range) load(fromHash()); });
+  load(fromHash());
 })();
