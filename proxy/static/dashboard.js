@@ -1,8 +1,7 @@
 /* prefixgate dashboard: draws GET /api/savings?range=1h|24h|7d with uPlot.
  *
  * Every number shown sits in an element with data-key (its path in the payload, e.g.
- * "totals.saved_usd", "routes.0.ttft_p50_ms") and data-fmt (usd | int | pct | pct100 | ms |
- * text), so a test can read the page back against the JSON. null is "not reported", never 0.
+ * "totals.saved_usd", "routes.0.ttft_p50_ms") and data-fmt (usd | int | pct | ms | text), so a test can read the page back against the JSON. null is "not reported", never 0.
  * window.dash exposes the state (payload, uPlot instances, their series colours) for tests.
  */
 "use strict";
@@ -26,15 +25,14 @@
   const fmtNum = (v, digits) => v.toLocaleString("en-US",
     { minimumFractionDigits: digits, maximumFractionDigits: digits });
 
-  /* One number as text. kind: usd (4 decimals), int, pct (a 0..1 share), pct100 (already
-   * percent), ms (1 decimal), text. */
+  /* One number as text. kind: usd (4 decimals), int, pct (a 0..1 share shown as percent),
+   * ms (1 decimal), text. */
   function fmt(kind, v) {
     if (v === null || v === undefined) return NR;
     switch (kind) {
       case "usd": return (v < 0 ? "-$" : "$") + fmtNum(Math.abs(v), 4);
       case "int": return fmtNum(v, 0);
       case "pct": return fmtNum(v * 100, 1) + "%";
-      case "pct100": return fmtNum(v, 1) + "%";
       case "ms": return fmtNum(v, 1) + " ms";
       default: return String(v);
     }
@@ -53,6 +51,7 @@
   }
 
   function empty(text) { return el("div", { class: "empty" }, text); }
+  const verdictClass = (v) => (/help|better/.test(v || "") ? "better" : /hurt|worse/.test(v || "") ? "worse" : "");
 
   /* A table: cols = [[header, kind, field]]; rows read from payload[listKey][i][field]. */
   function table(listKey, rows, cols) {
@@ -72,9 +71,11 @@
     const box = document.getElementById("totals");
     box.replaceChildren(
       card("saved", num("totals.saved_usd", "usd", t.saved_usd),
-        [num("totals.saved_pct", "pct100", t.saved_pct), " of ", num("totals.cf_input_usd", "usd", t.cf_input_usd),
+        [num("totals.saved_pct", "pct", t.saved_pct), " of ", num("totals.cf_input_usd", "usd", t.cf_input_usd),
          " unrewritten"]),
-      card("input cost", num("totals.input_usd", "usd", t.input_usd), ["prompt tokens priced from usage"]),
+      card("input cost", num("totals.input_usd", "usd", t.input_usd), "cache_write_premium_usd" in t
+        ? ["incl. cache-write premium ", num("totals.cache_write_premium_usd", "usd", t.cache_write_premium_usd)]
+        : ["prompt tokens priced from usage"]),
       card("saved tokens", num("totals.saved_tokens", "int", t.saved_tokens),
         ["pruned ", num("totals.pruned_tokens", "int", t.pruned_tokens)]),
       card("cached share", num("totals.cached_share", "pct", t.cached_share),
@@ -84,7 +85,8 @@
       card("requests", num("totals.requests", "int", t.requests),
         ["errors ", num("totals.errors", "int", t.errors), " · no usage ",
          num("totals.no_usage_reported", "int", t.no_usage_reported)]),
-      card("TTFT p50", num("totals.ttft_p50_ms", "ms", t.ttft_p50_ms), []),
+      card("TTFT p50", num("totals.ttft_p50_ms", "ms", t.ttft_p50_ms),
+        "ttft_p95_ms" in t ? ["p95 ", num("totals.ttft_p95_ms", "ms", t.ttft_p95_ms)] : []),
       card("counterfactual from", el("span", {}, ...["measured", "modelled", "holdout", "none"].flatMap((k, i) =>
         [i ? " · " : "", k + " ", num(`totals.cf_source.${k}`, "int", (t.cf_source || {})[k])])), [], true),
     );
@@ -94,7 +96,7 @@
     const verdict = document.getElementById("verdict");
     const h = p.holdout || {};
     verdict.replaceChildren(h.enabled
-      ? el("span", { class: "badge " + h.verdict }, "holdout: ", num("holdout.verdict", "text", h.verdict))
+      ? el("span", { class: "badge " + verdictClass(h.verdict) }, "holdout: ", num("holdout.verdict", "text", h.verdict))
       : el("span", { class: "badge" }, "no holdout"));
     const body = panelBody("p-technique");
     const rows = p.by_technique || [];
@@ -111,25 +113,29 @@
       return;
     }
     body.append(el("div", { class: "muted" }, "fraction ", num("holdout.fraction", "pct", h.fraction),
-      " of sessions sent unrewritten · verdict ", num("holdout.verdict", "text", h.verdict)));
+      " of sessions sent unrewritten · verdict ", num("holdout.verdict", "text", h.verdict),
+      ...(h.reason ? [" (", num("holdout.reason", "text", h.reason), ")"] : [])));
     const buckets = h.buckets || [];
     if (!buckets.length) { body.append(empty("no holdout sessions in this range")); return; }
     const metrics = [["cached share", "cached_share", "pct"], ["input $ / request", "input_usd_per_request", "usd"],
       ["TTFT p50", "ttft_p50_ms", "ms"], ["TTFT p95", "ttft_p95_ms", "ms"]];
     const head = el("tr", {}, el("th", {}, "prompt length"), el("th", {}, "n rewritten"), el("th", {}, "n holdout"),
       ...metrics.map(([label]) => el("th", {}, label + " (rewritten / holdout / diff [95% CI])")), el("th", {}, "verdict"));
-    const rows = buckets.map((b, i) => el("tr", {}, el("td", {}, num(`holdout.buckets.${i}.bucket`, "text", b.bucket)),
-      el("td", {}, num(`holdout.buckets.${i}.n_rewritten`, "int", b.n_rewritten)),
-      el("td", {}, num(`holdout.buckets.${i}.n_holdout`, "int", b.n_holdout)),
+    const arms = [...(h.overall ? [["holdout.overall", h.overall, "all lengths"]] : []),
+      ...buckets.map((b, i) => [`holdout.buckets.${i}`, b, null])];
+    const rows = arms.map(([pre, b, label]) => el("tr", {},
+      el("td", {}, label ? el("b", {}, label) : num(`${pre}.bucket`, "text", b.bucket)),
+      el("td", {}, num(`${pre}.n_rewritten`, "int", b.n_rewritten)),
+      el("td", {}, num(`${pre}.n_holdout`, "int", b.n_holdout)),
       ...metrics.map(([, f, kind]) => {
         const m = b[f] || {};
-        const k = `holdout.buckets.${i}.${f}`;
+        const k = `${pre}.${f}`;
         const ci = m.ci95 || [null, null];
         return el("td", {}, num(k + ".rewritten", kind, m.rewritten), " / ", num(k + ".holdout", kind, m.holdout),
           " / ", num(k + ".diff", kind, m.diff), " [", num(k + ".ci95.0", kind, ci[0]), ", ",
           num(k + ".ci95.1", kind, ci[1]), "]");
       }),
-      el("td", {}, num(`holdout.buckets.${i}.verdict`, "text", b.verdict))));
+      el("td", {}, num(`${pre}.verdict`, "text", b.verdict))));
     body.append(el("div", { class: "scroll" }, el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows))));
   }
 

@@ -18,7 +18,7 @@ from tests.browser import Page
 
 NOT_REPORTED = "not reported"
 # half a unit of the last digit shown (pct: the share is shown as percent with 1 decimal)
-TOLERANCE = {"usd": 0.00005, "int": 0.5, "pct": 0.0005, "pct100": 0.05, "ms": 0.05}
+TOLERANCE = {"usd": 0.00005, "int": 0.5, "pct": 0.0005, "ms": 0.05}
 
 READ_NUMBERS_JS = """[...document.querySelectorAll('[data-key]')]
   .map(e => [e.dataset.key, e.dataset.fmt, e.textContent])"""
@@ -81,6 +81,7 @@ def expected_keys(payload: dict[str, Any]) -> set[str]:
                                     "saved_pct", "prompt_tokens", "cached_tokens", "saved_tokens",
                                     "pruned_tokens", "cached_share", "cf_cached_share",
                                     "ttft_p50_ms", "no_usage_reported")}
+    keys |= {k for k in ("totals.ttft_p95_ms", "totals.cache_write_premium_usd") if k.split(".")[1] in payload["totals"]}
     keys |= {f"totals.cf_source.{k}" for k in ("measured", "modelled", "holdout", "none")}
     tables = {"by_technique": ("technique", "tokens_reusable", "tokens_removed", "tokens_added", "usd"),
               "breaks": ("field", "token_offset", "tokens_lost", "count"),
@@ -93,6 +94,10 @@ def expected_keys(payload: dict[str, Any]) -> set[str]:
     holdout = payload.get("holdout") or {}
     if holdout.get("enabled"):
         keys.add("holdout.verdict")
+        if holdout.get("reason"):
+            keys.add("holdout.reason")
+        if holdout.get("overall"):
+            keys |= {f"holdout.overall.{f}" for f in ("n_rewritten", "n_holdout", "verdict")}
         for i in range(len(holdout.get("buckets") or [])):
             keys |= {f"holdout.buckets.{i}.{f}" for f in ("n_rewritten", "n_holdout", "verdict")}
             keys |= {f"holdout.buckets.{i}.{m}.{s}" for m in ("cached_share", "ttft_p50_ms")
