@@ -52,8 +52,9 @@ from starlette.responses import JSONResponse, Response
 from cache.ledger import Ledger, LedgerRow
 from cache.session import MemorySessionStore, RedisSessionStore, SessionStore
 from config.schema import Policy
-from proxy import dashboard, exactjson, translate, wire
+from proxy import exactjson, translate, wire
 from proxy.auth import Guard
+from proxy.dashboard import install as install_dashboard
 from proxy.errors import (
     Api,
     ClientDisconnected,
@@ -559,7 +560,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    dashboard.install(app, state.guard)  # GET /dashboard (proxy.dashboard)
+    install_dashboard(app, state.guard)  # GET /dashboard (proxy.dashboard)
     return app
 
 
