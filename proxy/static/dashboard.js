@@ -160,7 +160,7 @@
       series: [{ label: bars ? "bucket" : "time", value: bars ? (u, v) => o.xLabels[v] ?? "" : undefined },
         ...series.map((s) => ({
           label: s.label, stroke: s.color, width: s.dash ? 1.5 : 2, dash: s.dash, fill: s.fill,
-          spanGaps: false, points: { show: data[0].length < 3 }, value: s.value || ((u, v) => (v === null ? "–" : (o.yTick || String)(v))),
+          spanGaps: false, points: { show: (u, si) => isolated(u.data[si]), size: 6, fill: s.color }, value: s.value || ((u, v) => (v === null ? "–" : (o.yTick || String)(v))),
           paths: bars ? uPlot.paths.bars({ size: [0.8, 80] }) : undefined,
         }))],
     };
@@ -169,6 +169,9 @@
   }
 
   const allNull = (arr) => !arr || arr.every((v) => v === null || v === undefined);
+  const isNull = (v) => v === null || v === undefined;
+  /* Whether a line would hide a value: one with no reported neighbour draws no segment. */
+  const isolated = (ys) => (ys || []).some((v, i) => !isNull(v) && isNull(ys[i - 1]) && isNull(ys[i + 1]));
 
   function timeChart(id, xs, lines, opts) {
     if (!xs.length) { panelBody(id).append(empty("no requests in this range")); return; }
