@@ -173,8 +173,8 @@ def shoot(url: str, rng: str, out: Path) -> dict[str, Any]:
     return {"requests": t["requests"], "cached_share": t["cached_share"],
             "cf_cached_share": t["cf_cached_share"], "saved_usd": t["saved_usd"],
             "saved_pct": t["saved_pct"], "holdout_verdict": payload["holdout"]["verdict"],
-            "charts_drawn": sorted(c["id"] for c in charts if c["series"] > 50),
-            "charts_blank": sorted(c["id"] for c in charts if c["series"] <= 50),
+            "charts_drawn": sorted(c["id"] for c in charts if c["series"] > 15),
+            "charts_blank": sorted(c["id"] for c in charts if c["series"] <= 15),
             "page_numbers_match_api": not mismatches, "mismatches": mismatches[:10],
             "console_errors": errors, "page_bytes": dashboard.page_bytes()}
 

@@ -160,7 +160,7 @@
       series: [{ label: bars ? "bucket" : "time", value: bars ? (u, v) => o.xLabels[v] ?? "" : undefined },
         ...series.map((s) => ({
           label: s.label, stroke: s.color, width: s.dash ? 1.5 : 2, dash: s.dash, fill: s.fill,
-          spanGaps: false, points: { show: (u, si) => isolated(u.data[si]), size: 6, fill: s.color }, value: s.value || ((u, v) => (v === null ? "–" : (o.yTick || String)(v))),
+          spanGaps: false, points: { show: (u, si) => isolated(u.data[si]), size: 8, fill: s.color }, value: s.value || ((u, v) => (v === null ? "–" : (o.yTick || String)(v))),
           paths: bars ? uPlot.paths.bars({ size: [0.8, 80] }) : undefined,
         }))],
     };

@@ -96,7 +96,7 @@ def test_page_numbers_equal_api_savings_equal_the_ledger(proxy: tuple[str, Ledge
     assert number_mismatches(seen, shown) == []
     assert not expected_keys(seen) - {k for k, _, _ in shown}
     for must in ("p-cached", "p-tokens", "p-ttft", "p-len-prompt"):
-        assert must in charts and charts[must]["series"] > 50, (must, charts.get(must))
+        assert must in charts and charts[must]["series"] > 15, (must, charts.get(must))
     for panel in ("p-saved", "p-tpot", "p-len-output"):  # drawn, or said why not
-        assert (panel in charts and charts[panel]["series"] > 50) or "not reported" in texts[panel] \
+        assert (panel in charts and charts[panel]["series"] > 15) or "not reported" in texts[panel] \
             or "no requests" in texts[panel], (panel, texts[panel])
