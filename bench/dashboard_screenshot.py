@@ -57,9 +57,10 @@ from proxy.sim_trace import load_tau, openai_body
 from rewriter.tokens import count_tokens
 from tests.browser import Chromium
 from tests.dashboard.page_check import canvas_report, number_mismatches, shown_numbers
+from tests.paths import DATA
 from tests.servers import serve_app
 
-TRACE = REPO.parent / "shared" / "data" / "traces" / "tau_bench_airline_gpt4o.json"
+TRACE = DATA / "traces" / "tau_bench_airline_gpt4o.json"
 MODEL = "gpt-4o"
 READY = ("document.readyState === 'complete' && ['ready', 'failed'].includes(document.body.dataset.state)"
          " && document.body.dataset.state")
