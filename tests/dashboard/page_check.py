@@ -43,10 +43,16 @@ def shown_numbers(page: Page) -> list[tuple[str, str, str]]:
 
 
 def lookup(payload: Any, key: str) -> Any:
-    """``payload`` at dotted ``key`` (list indices as numbers: ``routes.0.model``)."""
+    """``payload`` at dotted ``key`` (list indices as numbers: ``routes.0.model``); None when a
+    step is null or absent (the page shows "not reported" for both)."""
     node = payload
     for part in key.split("."):
-        node = node[int(part)] if isinstance(node, list) else node[part]
+        if isinstance(node, list):
+            node = node[int(part)] if int(part) < len(node) else None
+        elif isinstance(node, dict):
+            node = node.get(part)
+        else:
+            return None
     return node
 
 
