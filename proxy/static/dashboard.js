@@ -151,9 +151,9 @@
       legend: { live: true },
       cursor: { drag: { x: false, y: false } },
       scales: { x: bars ? { time: false, range: [-0.5, data[0].length - 0.5] } : { time: true },
-                y: { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] } },
+                y: { range: (u, min, max) => yRange(min, max) } },
       axes: [
-        bars ? { values: (u, ticks) => ticks.map((t) => o.xLabels[t] ?? ""), splits: () => data[0] }
+        bars ? { values: (u, ticks) => ticks.map((t) => (o.xTicks || o.xLabels)[t] ?? ""), splits: () => data[0] }
              : {},
         { values: (u, ticks) => ticks.map(o.yTick || ((t) => fmtNum(t, 0))), size: 70 },
       ],
@@ -168,6 +168,11 @@
     dash.colors[id] = series.filter((s) => !s.dash).map((s) => s.color);
   }
 
+  /* Y range holding 0 and every value (negative savings included), 10 % headroom. */
+  const yRange = (min, max) => {
+    const lo = Math.min(0, min ?? 0), hi = Math.max(0, max ?? 0);
+    return lo === hi ? [0, 1] : [lo * 1.1, hi * 1.1];
+  };
   const allNull = (arr) => !arr || arr.every((v) => v === null || v === undefined);
   const isNull = (v) => v === null || v === undefined;
   /* Whether a line would hide a value: one with no reported neighbour draws no segment. */
@@ -224,9 +229,11 @@
   }
 
   function edgeLabel(edges, i) {
-    const k = (v) => (v >= 1000 && v % 1000 === 0 ? v / 1000 + "k" : v >= 1000 ? (v / 1000).toFixed(1) + "k" : String(v));
+    const k = (v) => COMPACT.format(v);
     return i + 1 < edges.length ? `${k(edges[i])}–${k(edges[i + 1])}` : `≥${k(edges[i])}`;
   }
+
+  const COMPACT = new Intl.NumberFormat("en-US", { notation: "compact", maximumFractionDigits: 1 });
 
   function lengthChart(id, hist, color) {
     const counts = (hist && hist.counts) || [];
@@ -234,7 +241,7 @@
     if (counts.every((c) => c === 0)) { panelBody(id).append(empty("no requests in this range")); return; }
     const labels = counts.map((_, i) => edgeLabel(hist.edges, i));
     chart(id, [counts.map((_, i) => i), counts], [{ label: "requests", color, fill: color }],
-      { kind: "bars", xLabels: labels });
+      { kind: "bars", xLabels: labels, xTicks: counts.map((_, i) => (i + 1 < hist.edges.length ? "" : "≥") + COMPACT.format(hist.edges[i])) });
   }
 
   function renderBreaks(breaks) {
@@ -265,7 +272,7 @@
     renderTotals(p.totals || {});
     renderTechnique(p);
     timeChart("p-saved", xs, [{ label: "saved $", color: PALETTE[2], ys: s.saved_usd || [] }],
-      { yTick: (v) => "$" + fmtNum(v, v && Math.abs(v) < 1 ? 4 : 2) });
+      { yTick: (v) => (v < 0 ? "-$" : "$") + fmtNum(Math.abs(v), Math.abs(v) < 1 ? 4 : 2) });
     timeChart("p-cached", xs, [{ label: "cached share", color: PALETTE[0],
       ys: (s.cached_share || []).map((v) => (v === null ? null : v * 100)) }],
     { yTick: (v) => fmtNum(v, 0) + "%" });
