@@ -29,6 +29,7 @@ import asyncio
 import base64
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -180,6 +181,18 @@ def shoot(url: str, rng: str, out: Path) -> dict[str, Any]:
             "console_errors": errors, "page_bytes": dashboard.page_bytes()}
 
 
+def _commit() -> str:
+    """This checkout's commit (``+dirty`` with uncommitted changes), or "" outside git."""
+    try:
+        sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return sha + ("+dirty" if dirty else "")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group()
@@ -190,7 +203,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "dashboard.png")
     ap.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "dashboard.json")
     a = ap.parse_args()
-    setup: dict[str, Any] = {"range": a.range}
+    setup: dict[str, Any] = {"range": a.range, "commit": _commit()}
     if a.proxy_url:
         setup["source"] = "proxy_url"
         figures = shoot(a.proxy_url.rstrip("/"), a.range, a.out)
