@@ -179,7 +179,7 @@
   const isolated = (ys) => (ys || []).some((v, i) => !isNull(v) && isNull(ys[i - 1]) && isNull(ys[i + 1]));
 
   function timeChart(id, xs, lines, opts) {
-    if (!xs.length) { panelBody(id).append(empty("no requests in this range")); return; }
+    if (!xs.length || dash.idle) { panelBody(id).append(empty("no requests in this range")); return; }
     const shown = lines.filter((l) => !allNull(l.ys));
     if (!shown.length) { panelBody(id).append(empty(NR + " by the backend in this range")); return; }
     chart(id, [xs, ...shown.map((l) => l.ys), ...(opts.extra || []).map((l) => l.ys)],
@@ -192,7 +192,7 @@
   function stackedTokens(xs, tok) {
     const names = [["cache_read", "cache read"], ["cache_write", "cache write"], ["uncached", "uncached"], ["pruned", "pruned"]];
     const raw = names.map(([k]) => tok[k] || []);
-    if (!xs.length) { panelBody("p-tokens").append(empty("no requests in this range")); return; }
+    if (!xs.length || dash.idle) { panelBody("p-tokens").append(empty("no requests in this range")); return; }
     const cum = [];
     raw.forEach((ys, li) => cum.push(xs.map((_, i) => {
       const below = li ? cum[li - 1][i] : 0;
@@ -266,6 +266,7 @@
     dash.charts = {}; dash.colors = {};
     const s = p.series || {};
     const xs = s.ts || [];
+    dash.idle = !((p.totals || {}).requests > 0);  // nothing to draw: say so, not "not reported"
     const when = (ts) => new Date(ts * 1000).toISOString().replace("T", " ").slice(0, 16) + " UTC";
     document.getElementById("span").textContent =
       `${when(p.from_ts)} – ${when(p.to_ts)} · ${p.bucket_s} s buckets`;

@@ -9,6 +9,7 @@ page is tested on data that could really come out of the ledger:
   with a verdict, cache breaks, every latency reported except TPOT in some buckets.
 - :func:`quiet_payload` — a range where the backend reported no usage and no timings: every
   latency and token series ``null``, no techniques, no breaks, holdout off.
+- :func:`idle_payload` — a range without requests.
 
 :func:`contract_errors` lists how a payload departs from the contract's fixed names and shapes
 (used on these payloads and on the real endpoint's answers).
@@ -167,6 +168,21 @@ def quiet_payload(rng: str = "1h", to_ts: int = 1_790_000_000, n: int = 6) -> di
                     "ttft_p95_ms": None, "tpot_p50_ms": None, "queue_ms_p50": None,
                     "prefill_ms_p50": None, "decode_ms_p50": None}],
     }
+
+
+def idle_payload(rng: str = "1h", to_ts: int = 1_790_000_000, n: int = 60) -> dict[str, Any]:
+    """A range without a single request: zero counts, null shares and percentiles."""
+    p = quiet_payload(rng, to_ts, n)
+    zeros: list[Any] = [0] * n
+    p["totals"].update(requests=0, no_usage_reported=0, prompt_tokens=0, cached_tokens=0,
+                       cf_cached_tokens=0, saved_tokens=0)
+    p["totals"]["cf_source"]["none"] = 0
+    p["series"].update(requests=zeros, tokens={"cache_read": zeros, "cache_write": zeros,
+                                               "uncached": zeros, "pruned": zeros})
+    p["lengths"] = {"prompt": {"edges": [0, 256, 1024], "counts": [0, 0, 0]},
+                    "output": {"edges": [0, 64, 256], "counts": [0, 0, 0]}}
+    p["routes"] = []
+    return p
 
 
 # The contract's fixed names: section -> fields (numbers or null unless said otherwise).

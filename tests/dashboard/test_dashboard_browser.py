@@ -15,7 +15,7 @@ from tests.dashboard.page_check import (
     number_mismatches,
     shown_numbers,
 )
-from tests.dashboard.savings_fixture import busy_payload, fixture_app, quiet_payload
+from tests.dashboard.savings_fixture import busy_payload, fixture_app, idle_payload, quiet_payload
 from tests.dashboard.test_dashboard_page import KEY, keyed_guard
 from tests.servers import serve_app
 
@@ -112,6 +112,22 @@ def test_nothing_reported_shows_empty_states_not_zeros(page: Page) -> None:
     assert "holdout off" in texts["p-holdout"] and "no cache breaks" in texts["p-breaks"]
     assert "no rewriting pass" in texts["p-technique"] and "no SLO set" in texts["p-slo"]
     assert charts == []
+
+
+def test_a_range_without_requests_says_so(page: Page) -> None:
+    idle = idle_payload()
+    with serve_app(fixture_app({"1h": idle})) as url:
+        assert load(page, url + "/dashboard") == "ready"
+        shown = shown_numbers(page)
+        texts = page.evaluate("Object.fromEntries([...document.querySelectorAll('.panel')]"
+                              ".map(p => [p.id, p.querySelector('.body').textContent]))")
+        charts = canvas_report(page)
+    assert page.errors == [] and charts == []
+    assert number_mismatches(idle, shown) == []
+    assert ("totals.requests", "int", "0") in shown
+    for panel in ("p-saved", "p-cached", "p-tokens", "p-ttft", "p-tpot", "p-len-prompt",
+                  "p-len-output", "p-routes"):
+        assert texts[panel] == "no requests in this range", (panel, texts[panel])
 
 
 def test_a_failed_fetch_is_said_on_the_page(page: Page) -> None:

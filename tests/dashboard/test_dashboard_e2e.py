@@ -45,8 +45,25 @@ def script_for(i: int) -> Any:
     return Script(body=completion("hello", usage=u))
 
 
+def send_traffic(url: str, up: ScriptedUpstream, n: int) -> None:
+    """``n`` chat requests through the proxy at ``url`` (three sessions, odd ones streamed)."""
+    with httpx.Client(base_url=url) as client:
+        for i in range(n):
+            up.script = script_for(i)
+            body = {"model": "m", "stream": bool(i % 2), "tools": TOOLS, "messages": [
+                {"role": "system", "content": "You are an airline agent."},
+                {"role": "user", "content": f"Question {i}: change my flight."}]}
+            if i % 2:
+                body["stream_options"] = {"include_usage": True}
+            r = client.post("/v1/chat/completions", json=body,
+                            headers={"x-prefixgate-session": f"s{i % 3}"})
+            assert r.status_code == 200, r.text
+
+
 @pytest.fixture
-def proxy(tmp_path: Path) -> Iterator[tuple[str, Ledger]]:
+def rig(tmp_path: Path) -> Iterator[tuple[str, Ledger, ScriptedUpstream]]:
+    """A proxy (real pipeline, ledger on disk) in front of a scripted upstream; skipped while
+    the proxy has no /api/savings."""
     up = ScriptedUpstream()
     with serve_app(up.app()) as up_url:
         policy = parse_policy({"backends": {"up": {"kind": "openai_compat", "base_url": up_url + "/v1"}},
@@ -54,28 +71,18 @@ def proxy(tmp_path: Path) -> Iterator[tuple[str, Ledger]]:
                                "ledger": {"path": str(tmp_path / "ledger.sqlite")}})
         ledger = Ledger(policy.ledger.path)
         with serve_app(build_app(policy, ledger=ledger)) as url:
-            probe = httpx.get(url + "/api/savings?range=1h")
-            if probe.status_code == 404:
+            if httpx.get(url + "/api/savings?range=1h").status_code == 404:
                 pytest.skip("the proxy has no GET /api/savings yet (issue 9's savings endpoint, "
                             "branch h/savings, is not merged); the page is tested on fixtures in "
                             "test_dashboard_browser.py")
-            with httpx.Client(base_url=url) as client:
-                for i in range(12):
-                    up.script = script_for(i)
-                    body = {"model": "m", "stream": bool(i % 2), "tools": TOOLS, "messages": [
-                        {"role": "system", "content": "You are an airline agent."},
-                        {"role": "user", "content": f"Question {i}: change my flight."}]}
-                    if i % 2:
-                        body["stream_options"] = {"include_usage": True}
-                    r = client.post("/v1/chat/completions", json=body,
-                                    headers={"x-prefixgate-session": f"s{i % 3}"})
-                    assert r.status_code == 200, r.text
-            wait_rows(ledger, 12)
-            yield url, ledger
+            yield url, ledger, up
 
 
-def test_page_numbers_equal_api_savings_equal_the_ledger(proxy: tuple[str, Ledger], page: Page) -> None:
-    url, ledger = proxy
+def test_page_numbers_equal_api_savings_equal_the_ledger(rig: tuple[str, Ledger, ScriptedUpstream],
+                                                          page: Page) -> None:
+    url, ledger, up = rig
+    send_traffic(url, up, 12)
+    wait_rows(ledger, 12)
     api = httpx.get(url + "/api/savings?range=1h").json()
     assert contract_errors(api) == []
     rows = ledger.rows()
@@ -100,3 +107,19 @@ def test_page_numbers_equal_api_savings_equal_the_ledger(proxy: tuple[str, Ledge
     for panel in ("p-saved", "p-tpot", "p-len-output"):  # drawn, or said why not
         assert (panel in charts and charts[panel]["series"] > 15) or "not reported" in texts[panel] \
             or "no requests" in texts[panel], (panel, texts[panel])
+
+
+def test_a_fresh_proxy_shows_no_requests_without_errors(rig: tuple[str, Ledger, ScriptedUpstream],
+                                                        page: Page) -> None:
+    url, _, _ = rig
+    api = httpx.get(url + "/api/savings?range=24h").json()
+    assert contract_errors(api) == [] and api["totals"]["requests"] == 0
+    page.navigate(url + "/dashboard#24h")
+    assert page.wait_for(READY) == "ready", page.evaluate("window.dash.error")
+    shown = shown_numbers(page)
+    texts = page.evaluate("Object.fromEntries([...document.querySelectorAll('.panel')]"
+                          ".map(p => [p.id, p.querySelector('.body').textContent]))")
+    assert page.errors == [] and canvas_report(page) == []
+    assert number_mismatches(page.evaluate("window.dash.payload"), shown) == []
+    for panel in ("p-cached", "p-tokens", "p-ttft", "p-len-prompt"):
+        assert texts[panel] == "no requests in this range", (panel, texts[panel])

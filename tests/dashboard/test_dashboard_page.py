@@ -17,7 +17,13 @@ from proxy import dashboard
 from proxy.app import build_app
 from proxy.auth import Guard, KeyStore, basic_password, hash_key, presented_key
 from proxy.ratelimit import MemoryLimiter
-from tests.dashboard.savings_fixture import busy_payload, contract_errors, fixture_app, quiet_payload
+from tests.dashboard.savings_fixture import (
+    busy_payload,
+    contract_errors,
+    fixture_app,
+    idle_payload,
+    quiet_payload,
+)
 
 KEY = "pgk-" + "d" * 43
 
@@ -88,7 +94,7 @@ def test_static_files_are_declared_as_package_data() -> None:
 
 
 def test_fixture_payloads_follow_the_savings_contract() -> None:
-    for p in (busy_payload("1h"), busy_payload("24h"), busy_payload("7d"), quiet_payload()):
+    for p in (busy_payload("1h"), busy_payload("24h"), busy_payload("7d"), quiet_payload(), idle_payload()):
         assert contract_errors(p) == []
     broken = busy_payload()
     broken["totals"]["saved_usd"] = "0.1"
