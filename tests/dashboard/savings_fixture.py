@@ -24,11 +24,20 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
+from config.schema import AuthSettings, ProxyKey
 from proxy import dashboard
-from proxy.auth import Guard
+from proxy.auth import Guard, KeyStore, hash_key
 from proxy.errors import Unauthorized, error_response
+from proxy.ratelimit import MemoryLimiter
 
+KEY = "pgk-" + "d" * 43  # a proxy key for the auth tests (see keyed_guard)
 RANGE_SECONDS = {"1h": (3600, 60), "24h": (86400, 900), "7d": (7 * 86400, 3600)}
+
+
+def keyed_guard() -> Guard:
+    """A guard whose only proxy key is :data:`KEY` (id ``k_dash``), no rate limits."""
+    return Guard(KeyStore(AuthSettings(keys=[ProxyKey(id="k_dash", hash=hash_key(KEY))])),
+                 MemoryLimiter())
 
 
 def _times(rng: str, to_ts: int, n: int) -> tuple[int, int, list[int]]:

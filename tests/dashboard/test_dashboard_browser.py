@@ -15,8 +15,14 @@ from tests.dashboard.page_check import (
     number_mismatches,
     shown_numbers,
 )
-from tests.dashboard.savings_fixture import busy_payload, fixture_app, idle_payload, quiet_payload
-from tests.dashboard.test_dashboard_page import KEY, keyed_guard
+from tests.dashboard.savings_fixture import (
+    KEY,
+    busy_payload,
+    fixture_app,
+    idle_payload,
+    keyed_guard,
+    quiet_payload,
+)
 from tests.servers import serve_app
 
 READY = ("document.readyState === 'complete' && ['ready', 'failed'].includes(document.body.dataset.state)"

@@ -12,25 +12,18 @@ from fastapi.testclient import TestClient
 
 from cache.ledger import Ledger
 from config.loader import parse_policy
-from config.schema import AuthSettings, ProxyKey
 from proxy import dashboard
 from proxy.app import build_app
-from proxy.auth import Guard, KeyStore, basic_password, hash_key, presented_key
-from proxy.ratelimit import MemoryLimiter
+from proxy.auth import basic_password, hash_key, presented_key
 from tests.dashboard.savings_fixture import (
+    KEY,
     busy_payload,
     contract_errors,
     fixture_app,
     idle_payload,
+    keyed_guard,
     quiet_payload,
 )
-
-KEY = "pgk-" + "d" * 43
-
-
-def keyed_guard() -> Guard:
-    store = KeyStore(AuthSettings(keys=[ProxyKey(id="k_dash", hash=hash_key(KEY))]))
-    return Guard(store, MemoryLimiter())
 
 
 def basic(user: str, password: str) -> str:
