@@ -218,7 +218,7 @@
 
   function renderSlo(slo) {
     const body = panelBody("p-slo");
-    if (!slo || !slo.length) { body.append(empty("no SLO set: add ttft_ms / tpot_ms to a route in the policy")); return; }
+    if (!slo || !slo.length) { body.append(empty("no SLO set: add slo.default (ttft_ms, tpot_ms) to the policy")); return; }
     body.append(table("slo", slo, [["route", "text", "route"], ["TTFT SLO", "ms", "ttft_ms"],
       ["TPOT SLO", "ms", "tpot_ms"], ["requests", "int", "requests"], ["TTFT attainment", "pct", "ttft_attainment"],
       ["TPOT attainment", "pct", "tpot_attainment"], ["goodput (both)", "pct", "goodput"]]));
