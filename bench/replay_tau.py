@@ -3,10 +3,11 @@ vs on, and record the figures.
 
     .venv/bin/python bench/replay_tau.py [--runs 1] [--max-requests N] [--max-tokens 8]
         [--model-dir ~/.cache/prefixgate/models/SmolLM2-135M-Instruct] [--device cpu]
-        [--out bench/results/replay_tau_airline.json]
+        [--out bench/results/replay_tau_airline.json] [--ledger FILE]
 
 Starts ``prefixgate serve`` on free local ports with a throw-away policy (one ``local`` backend,
-spawned, every model routed to it; its own ledger), waits for the proxy, runs
+spawned, every model routed to it; its own ledger, in a temporary folder unless ``--ledger``
+names a file to keep), waits for the proxy, runs
 ``prefixgate replay ../shared/data/traces/tau_bench_airline_gpt4o.json --volatile-clock ...``
 against it, stops the server (which stops the engine) and writes
 ``{"command": <this command>, "replay_command": ..., "figures": {"off": {...}, "on": {...}},
@@ -49,18 +50,20 @@ def main() -> None:
     ap.add_argument("--model-dir", default=str(DEFAULT_MODEL))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "replay_tau_airline.json"))
+    ap.add_argument("--ledger", default=None, help="ledger file to keep (default: temporary)")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="pg-replay-"))
     proxy_port, engine_port = free_port(), free_port()
     policy = tmp / "policy.yaml"
+    ledger = Path(args.ledger).resolve() if args.ledger else tmp / "ledger.sqlite"
     policy.write_text(
         f"listen: {{host: 127.0.0.1, port: {proxy_port}}}\n"
         "backends:\n"
         f"  local: {{kind: local, base_url: 'http://127.0.0.1:{engine_port}/v1', spawn: true, "
         f"model_path: '{args.model_dir}', device: {args.device}}}\n"
         "routes:\n  - {match: '*', backend: local}\n"
-        f"ledger: {{path: '{tmp / 'ledger.sqlite'}'}}\n")
+        f"ledger: {{path: '{ledger}'}}\n")
     cli = [sys.executable, "-m", "proxy.cli"]
     server = subprocess.Popen([*cli, "serve", "--policy", str(policy), "--log-level", "warning"],
                               cwd=REPO)
@@ -83,7 +86,7 @@ def main() -> None:
         if args.max_requests:
             replay += ["--max-requests", str(args.max_requests)]
         subprocess.run(replay, cwd=REPO, check=True)
-        report = subprocess.run([*cli, "report", "--ledger", str(tmp / "ledger.sqlite"),
+        report = subprocess.run([*cli, "report", "--ledger", str(ledger),
                                  "--json"], cwd=REPO, check=True, capture_output=True, text=True)
     finally:
         server.send_signal(signal.SIGINT)

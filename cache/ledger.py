@@ -9,9 +9,23 @@ token columns are tokens (NULL = the upstream did not report it); ``session`` is
 of the session id, never the id itself. ``cf_cached_tokens`` is the counterfactual: what the
 backend would have cached had the client's original body been sent (NULL when not estimated);
 ``input_usd`` / ``cf_input_usd`` price the prompt from the backend's usage and from that
-counterfactual (USD, NULL for unpriced models such as the local engine). ``key_id`` is the
+counterfactual (USD, NULL for unpriced models such as the local engine). ``cf_source`` says how
+the counterfactual was obtained: ``measured`` (the client's own body went upstream, so its
+measured cached tokens are the counterfactual), ``modelled`` (a provider cache model, or the
+radix model over the backend's own token ids), ``holdout`` (a session sent unrewritten on
+purpose), ``""`` (none); reports must not mix them silently. ``key_id`` is the
 public id of the proxy key the request authenticated with ("" without proxy keys), never the key.
-A second table, ``breaks``, keeps cache-break records (:mod:`cache.breaks`) as JSON.
+A second table, ``breaks``, keeps cache-break records (:mod:`cache.breaks`) as JSON; a third,
+``rollup_minutes``, per-minute sums updated in the same transaction as each row
+(:mod:`cache.rollup`).
+
+Issue 9 columns: ``holdout`` (1 = the session was in the holdout and went out unrewritten),
+``cf_source`` (how the counterfactual was obtained: measured | modelled | holdout | ""),
+``ttft_source`` (``measured`` = timed by the proxy on a stream, ``reported`` = the backend's own
+TTFT header on a non-streamed answer, "" = none), ``queue_ms`` / ``prefill_ms`` /
+``decode_ms`` (where the backend reports them, else NULL), ``pass_tokens`` (JSON
+``{pass: {"reusable", "removed", "added"}}`` of the applied passes, token counts only; see
+:mod:`cache.attribution`).
 """
 
 from __future__ import annotations
@@ -24,7 +38,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 2  # 2: key_id column. Older files are migrated on open (ALTER TABLE ADD COLUMN).
+from cache import rollup
+
+SCHEMA_VERSION = 3  # 2: key_id column; 3: issue 9 columns + rollup_minutes.
+# Older files are migrated on open (ALTER TABLE ADD COLUMN).
 
 
 @dataclass
@@ -53,8 +70,15 @@ class LedgerRow:
     cf_cached_tokens: int | None = None
     input_usd: float | None = None
     cf_input_usd: float | None = None
+    cf_source: str = ""           # measured | modelled | holdout | "" (none)
     error: str = ""
     key_id: str = ""              # the proxy key's public id, never the key
+    holdout: bool = False         # sent unrewritten as part of the holdout A/B
+    ttft_source: str = ""         # measured | reported | ""
+    queue_ms: float | None = None
+    prefill_ms: float | None = None
+    decode_ms: float | None = None
+    pass_tokens: str = ""         # JSON {pass: {reusable, removed, added}}, tokens only
 
 
 def _column_type(tp: Any) -> str:
@@ -89,23 +113,59 @@ class Ledger:
         self._db.execute(f"CREATE TABLE IF NOT EXISTS requests (id INTEGER PRIMARY KEY, {cols})")
         self._db.execute("CREATE TABLE IF NOT EXISTS breaks (id INTEGER PRIMARY KEY, ts REAL, "
                          "session TEXT, record TEXT)")
+        had_rollups = self._db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND "
+                                       "name=?", (rollup.TABLE,)).fetchone() is not None
+        rollup.create(self._db)
         have = {r[1] for r in self._db.execute("PRAGMA table_info(requests)")}
         for f in fields(LedgerRow):  # migration: add the columns a newer version defines
             if f.name not in have:
                 default = " DEFAULT ''" if _column_type(f.type) == "TEXT" else ""
                 self._db.execute(f"ALTER TABLE requests ADD COLUMN {f.name} "
                                  f"{_column_type(f.type)}{default}")
+        if not had_rollups:
+            self._backfill_rollups()
         if self._db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
+    def _backfill_rollups(self) -> None:
+        """Fold the rows of a ledger written before rollups existed (once, on first open by
+        this version), in one transaction."""
+        cur = self._db.execute(f"SELECT {', '.join(COLUMNS)} FROM requests ORDER BY id")
+        self._db.execute("BEGIN")
+        try:
+            for values in cur.fetchall():
+                rollup.upsert(self._db, dict(zip(COLUMNS, values)))
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
     def write(self, row: LedgerRow) -> int:
-        """Insert ``row`` in one transaction; return its id."""
+        """Insert ``row`` and fold it into its minute's rollup, in one transaction; return its
+        id."""
         values = asdict(row)
         sql = (f"INSERT INTO requests ({', '.join(COLUMNS)}) "
                f"VALUES ({', '.join('?' for _ in COLUMNS)})")
         with self._lock:
-            cur = self._db.execute(sql, [values[c] for c in COLUMNS])
+            self._db.execute("BEGIN")
+            try:
+                cur = self._db.execute(sql, [values[c] for c in COLUMNS])
+                rollup.upsert(self._db, values)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
             return int(cur.lastrowid or 0)
+
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Run a read-only ``sql`` under the lock (for :mod:`cache.savings`)."""
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
+    def rollups(self, from_ts: float, to_ts: float) -> list[dict[str, Any]]:
+        """Per-minute rollups in ``[from_ts, to_ts)`` (:func:`cache.rollup.read`)."""
+        with self._lock:
+            return rollup.read(self._db, from_ts, to_ts)
 
     def rows(self, since_ts: float = 0.0) -> list[dict[str, Any]]:
         """All rows with ``ts >= since_ts``, oldest first, as dicts keyed by column name."""

@@ -13,6 +13,8 @@ Shape of a policy file::
     rewrite: {enabled: true, canonicalize_tools: true, hoist_volatile: true, ...}
     ledger: {path: ~/.cache/prefixgate/ledger.sqlite, store_prompt_text: false}
     limits: {max_json_depth: 128, max_header_bytes: 65536, header_timeout_s: 10, ...}
+    holdout: {fraction: 0.1, seed: 7}   # A/B: that share of sessions is sent unrewritten
+    slo: {default: {ttft_ms: 2000, tpot_ms: 200}, routes: {"claude-*": {ttft_ms: 1500}}}
     auth:                               # optional proxy keys (prefixgate keys add)
       keys_file: policy.keys.yaml       # relative to the policy file
       keys: [{id: k_3f9a, name: ci, hash: "sha256:...", rpm: 60, tpm: 100000}]
@@ -112,6 +114,10 @@ class RewriteSettings(_Strict):
     """Wall-clock budget of one request's rewrite (worker thread, queueing included); past it
     the request goes upstream exactly as the client sent it (edit summary ``over_budget``).
     Typical agent requests take 5-15 ms (bench/results/rewrite_overhead.json)."""
+    edit_detail_header: bool = False
+    """Opt-in: answer with ``x-prefixgate-edit-detail``, compact JSON of every Edit (pass,
+    region, tokens before / after, token offsets; no prompt text), bounded in size
+    (:mod:`proxy.edit_detail`)."""
 
     @model_validator(mode="after")
     def _watermarks_ordered(self) -> RewriteSettings:
@@ -152,6 +158,36 @@ class Limits(_Strict):
     keep_alive_s: float = Field(5.0, gt=0)
     max_connections: int = Field(1024, ge=1)
     backlog: int = Field(2048, ge=1)
+
+
+class HoldoutSettings(_Strict):
+    """Holdout A/B (issue 9): ``fraction`` (0-1) of sessions, chosen by a hash of the session
+    id and ``seed``, are sent unrewritten (as with ``x-prefixgate-rewrite: off``) and flagged
+    in the ledger, so rewriting can be compared with not rewriting on the same traffic.
+    0 (the default) = off."""
+
+    fraction: float = Field(0.0, ge=0.0, le=1.0)
+    seed: int = 0
+
+
+class Slo(_Strict):
+    """Latency objectives of a route, milliseconds: TTFT (time to first token) and TPOT (time
+    per output token after the first). A request meets its SLO when both hold (goodput)."""
+
+    ttft_ms: float = Field(2000.0, gt=0)
+    tpot_ms: float = Field(200.0, gt=0)
+
+
+class SloSettings(_Strict):
+    """``default`` applies to every route not named in ``routes`` (keys: a route's ``match``
+    glob, as the ledger's ``route`` column stores it)."""
+
+    default: Slo = Field(default_factory=Slo)
+    routes: dict[str, Slo] = Field(default_factory=dict)
+
+    def for_route(self, route: str) -> Slo:
+        """The SLO of ``route`` (its own, else the default)."""
+        return self.routes.get(route, self.default)
 
 
 class ProxyKey(_Strict):
@@ -197,6 +233,8 @@ class Policy(_Strict):
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
     limits: Limits = Field(default_factory=Limits)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    holdout: HoldoutSettings = Field(default_factory=HoldoutSettings)
+    slo: SloSettings = Field(default_factory=SloSettings)
 
     @model_validator(mode="after")
     def _routes_name_backends(self) -> Policy:

@@ -176,16 +176,18 @@ def _hf_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _chatml(messages: list[dict[str, str]]) -> str:
+def _chatml(messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
     body = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-    return body + "<|im_start|>assistant\n"
+    return body + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
 
 def render_chat(
-    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
 ) -> str:
     """Render OpenAI ``messages`` (dicts) and ``tools`` into the prompt text, ending with the
-    assistant generation prompt. See the module docstring for the rules.
+    assistant generation prompt (unless ``add_generation_prompt`` is False: ``/tokenize`` may
+    ask for the conversation alone). See the module docstring for the rules.
 
     Errors: ApiError(400) for non-text content parts; ApiError(400, code
     ``invalid_chat_template_input``) when the template rejects the conversation (e.g. roles
@@ -194,16 +196,17 @@ def render_chat(
     try:
         if tools and template_supports_tools(tokenizer):
             text = tokenizer.apply_chat_template(
-                _hf_messages(messages), tools=tools, tokenize=False, add_generation_prompt=True
+                _hf_messages(messages), tools=tools, tokenize=False,
+                add_generation_prompt=add_generation_prompt,
             )
         else:
             plain = _hermes_messages(messages, tools)
             if getattr(tokenizer, "chat_template", None):
                 text = tokenizer.apply_chat_template(
-                    plain, tokenize=False, add_generation_prompt=True
+                    plain, tokenize=False, add_generation_prompt=add_generation_prompt
                 )
             else:
-                text = _chatml(plain)
+                text = _chatml(plain, add_generation_prompt)
     except ApiError:
         raise
     except (TemplateError, TypeError, KeyError, ValueError) as exc:  # raise_exception() etc.
@@ -216,9 +219,10 @@ def render_chat(
 
 
 def encode_chat(
-    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
 ) -> list[int]:
     """``render_chat`` then tokenize without adding special tokens (the template already
     holds them). Returns the prompt token ids, length = prompt_tokens."""
-    text = render_chat(tokenizer, messages, tools)
+    text = render_chat(tokenizer, messages, tools, add_generation_prompt)
     return list(tokenizer.encode(text, add_special_tokens=False))

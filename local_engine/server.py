@@ -5,6 +5,9 @@ Routes::
     POST /v1/chat/completions   chat (stream and non-stream, tools -> tool_calls)
     POST /v1/completions        raw prompt (string or token ids)
     GET  /v1/models             {"object": "list", "data": [{"id": <model>, ...}]}
+    POST /tokenize              vLLM's: prompt or messages (+ tools) -> {"tokens", "count",
+                                "max_model_len"}, the ids generation would prefill (no KV work)
+    POST /detokenize            {"tokens": [...]} -> {"prompt": text}
     GET  /health                {"status": "ok"}
     GET  /metrics               Prometheus text (see metrics.py)
 
@@ -14,7 +17,7 @@ Errors leave as OpenAI's ``{"error": {...}}`` with a 4xx (``ApiError``). A clien
 disconnects aborts its engine request, so its KV slots are freed at once. Answers carry
 ``X-Engine-TTFT-Ms`` (server-side TTFT: arrival -> first token, ms), ``X-Engine-Prompt-Tokens``
 and ``X-Engine-Cached-Tokens`` headers — on streams too, since the response starts only once
-the first token exists.
+the first token exists — and non-streamed answers ``X-Engine-Decode-Ms`` (first -> last token).
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from local_engine.chat import encode_chat
 from local_engine.engine import Engine, PromptTooLong, RequestOutput, SamplingParams
 from local_engine.metrics import CONTENT_TYPE, EngineMetrics, stats_log_line
 from local_engine.protocol import (
@@ -53,6 +55,12 @@ from local_engine.sse import (
     sse,
     usage_dict,
 )
+from local_engine.tokenize_api import (
+    chat_prompt_ids,
+    completion_prompt_ids,
+    detokenize,
+    tokenize,
+)
 
 __all__ = ["build_app"]
 
@@ -60,6 +68,7 @@ log = logging.getLogger("local_engine.server")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 HDR_TTFT_MS = "X-Engine-TTFT-Ms"
+HDR_DECODE_MS = "X-Engine-Decode-Ms"  # non-streamed answers: first -> last token, ms
 HDR_PROMPT_TOKENS = "X-Engine-Prompt-Tokens"
 HDR_CACHED_TOKENS = "X-Engine-Cached-Tokens"
 
@@ -142,8 +151,7 @@ def _sampling(
 
 def _chat_job(engine: Engine, req: ChatCompletionRequest) -> _Job:
     _check_common(req)
-    messages = [m.model_dump(exclude_none=True) for m in req.messages]
-    prompt_ids = encode_chat(engine.tokenizer, messages, req.tools or None)
+    prompt_ids = chat_prompt_ids(engine.tokenizer, req.messages, req.tools)
     params = _sampling(req, len(prompt_ids), engine.max_context_len, "messages")
     return _Job(
         kind="chat",
@@ -156,31 +164,12 @@ def _chat_job(engine: Engine, req: ChatCompletionRequest) -> _Job:
     )
 
 
-def _completion_prompt_ids(engine: Engine, prompt: Any) -> list[int]:
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise ApiError("This engine serves one prompt per request.", param="prompt",
-                           code="invalid_value")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        ids = list(engine.tokenizer.encode(prompt))
-    else:
-        ids = [int(t) for t in prompt]
-    if not ids:
-        raise ApiError("The prompt is empty.", param="prompt", code="invalid_value")
-    vocab = len(engine.tokenizer)
-    if any(t < 0 or t >= vocab for t in ids):
-        raise ApiError(f"Prompt token ids must lie in [0, {vocab}).", param="prompt",
-                       code="invalid_value")
-    return ids
-
-
 def _completion_job(engine: Engine, req: CompletionRequest) -> _Job:
     _check_common(req)
     if req.echo or req.suffix:
         raise ApiError("echo and suffix are not supported by this engine.",
                        param="echo" if req.echo else "suffix", code="unsupported_parameter")
-    prompt_ids = _completion_prompt_ids(engine, req.prompt)
+    prompt_ids = completion_prompt_ids(engine.tokenizer, req.prompt)
     params = _sampling(req, len(prompt_ids), engine.max_context_len, "prompt")
     return _Job(
         kind="completion",
@@ -276,6 +265,8 @@ class _Server:
                 last = out
         finally:
             watcher.cancel()
+        if timing.first is not None and timing.last is not None:  # decode: first -> last token
+            headers[HDR_DECODE_MS] = f"{(timing.last - timing.first) * 1000.0:.1f}"
         return _json(self._final_body(job, "".join(text), last), headers=headers)
 
     def _final_body(self, job: _Job, text: str, last: RequestOutput) -> dict[str, Any]:
@@ -336,6 +327,13 @@ class _Server:
         job = _completion_job(self.engine, req)
         job.received = received
         return await self.respond(request, job)
+
+    async def tokenize(self, request: Request) -> Response:
+        payload = await _json_body(request)
+        return _json(tokenize(self.engine.tokenizer, self.engine.max_context_len, payload))
+
+    async def detokenize(self, request: Request) -> Response:
+        return _json(detokenize(self.engine.tokenizer, await _json_body(request)))
 
     def models(self) -> dict[str, Any]:
         return {
@@ -448,6 +446,8 @@ def build_app(engine: Engine, log_stats_interval_s: float | None = None) -> Fast
     app.add_api_route("/v1/chat/completions", server.chat, methods=["POST"])
     app.add_api_route("/v1/completions", server.completions, methods=["POST"])
     app.add_api_route("/v1/models", server.models, methods=["GET"])
+    app.add_api_route("/tokenize", server.tokenize, methods=["POST"])
+    app.add_api_route("/detokenize", server.detokenize, methods=["POST"])
 
     @app.get("/health")
     async def health() -> dict[str, str]:

@@ -24,10 +24,12 @@ send; from the send on, the upstream response is closed on every path (:func:`_a
 Endpoints: ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic); a client
 whose API differs from its backend's goes through a bridge (:mod:`proxy.translate`),
 ``GET /v1/models``, ``GET /healthz`` (``{"status": "ok" | "degraded", "reasons": [...],
-"backends": [...]}``, 503 when degraded, see :mod:`proxy.health`), ``GET /metrics`` (HEAD too
+"backends": [...]}``, 503 when degraded, see :mod:`proxy.health`), ``GET /api/savings``
+(:mod:`proxy.savings_api`; holdout A/B membership: :mod:`proxy.holdout`), ``GET /metrics`` (HEAD too
 wherever GET is served); any other path or method is a 404 / 405 in the caller's shape; a
 trailing slash is served, never redirected. Response headers: ``x-prefixgate-edits`` (the
-rewrite summary, or ``off``), ``x-prefixgate-tokens-pruned``, and ``x-prefixgate-cached-tokens``
+rewrite summary, or ``off``), ``x-prefixgate-tokens-pruned``, ``x-prefixgate-edit-detail`` when
+the policy opts in (:mod:`proxy.edit_detail`), and ``x-prefixgate-cached-tokens``
 on non-streamed answers, and on streams whose backend reports cached tokens in its response
 headers (our engine's ``X-Engine-Cached-Tokens``); other streams' headers leave before usage is
 known.
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,9 +54,10 @@ from starlette.responses import JSONResponse, Response
 from cache.ledger import Ledger, LedgerRow
 from cache.session import MemorySessionStore, RedisSessionStore, SessionStore
 from config.schema import Policy
-from proxy import exactjson, translate, wire
+from proxy import exactjson, savings_api, translate, wire
 from proxy.auth import Guard
 from proxy.dashboard import install as install_dashboard
+from proxy.edit_detail import edit_detail_headers
 from proxy.errors import (
     Api,
     ClientDisconnected,
@@ -68,11 +71,19 @@ from proxy.errors import (
 )
 from proxy.headers import downstream_headers, upstream_headers
 from proxy.health import LoopLagMonitor, health_reasons
+from proxy.holdout import in_holdout
 from proxy.insight import Analysis, Insight, input_cost_usd
 from proxy.limits import check_nesting, read_body_within
 from proxy.logsafe import safe
-from proxy.metrics import ProxyMetrics
+from proxy.metrics import ProxyMetrics, RequestObs, policy_models
 from proxy.openapi_schemas import ANTHROPIC_MESSAGES_REQUEST, OPENAI_CHAT_REQUEST, request_body
+from proxy.otel import GenAITelemetry, telemetry_from_env
+from proxy.record_extras import (
+    EngineTimings,
+    apply_reported_timings,
+    engine_timings,
+    pass_tokens_json,
+)
 from proxy.relay import (
     SSE_HEADERS,
     EventMapper,
@@ -129,16 +140,19 @@ class ProxyState:
     insight: Insight | None
     guard: Guard = field(default_factory=Guard.open)  # proxy keys + rate limits (proxy.auth)
     loop_lag: LoopLagMonitor = field(default_factory=LoopLagMonitor)
+    otel: GenAITelemetry | None = None  # OTLP export, only when OTEL_EXPORTER_OTLP_* is set
 
-    def record(self, row: LedgerRow) -> None:
+    def record(self, row: LedgerRow, obs: RequestObs | None = None) -> None:
         """Write the row and count it; never raises (a ledger failure must not fail a request)."""
         try:
             self.ledger.write(row)
-            self.metrics.observe(row)
+            self.metrics.observe(row, obs)
+            if self.otel is not None:
+                self.otel.observe(row, obs)
         except Exception:
             log.exception("ledger write failed")
         self.guard.charge(row.key_id, row.prompt_tokens, row.output_tokens)
-        log.info("%s %s backend=%s status=%s http=%s prompt=%s cached=%s ttft_ms=%s edits=%s",
+        log.debug("%s %s backend=%s status=%s http=%s prompt=%s cached=%s ttft_ms=%s edits=%s",
                  safe(row.endpoint), safe(row.model), row.backend, row.status, row.http_status,
                  row.prompt_tokens, row.cached_tokens,
                  None if row.ttft_ms is None else round(row.ttft_ms, 1), row.edits)
@@ -170,6 +184,8 @@ class Exchange:
     watcher: StreamWatcher | None = None
     mapper: EventMapper | None = None
     recorded: bool = False
+    obs: RequestObs = field(default_factory=RequestObs)  # for metrics / traces (proxy.metrics)
+    reported: EngineTimings = field(default_factory=EngineTimings)  # the backend's timings
 
     def record(self, state: ProxyState, status: str, http_status: int) -> None:
         """Write the row with ``status`` / ``http_status``; a second call is a no-op."""
@@ -179,14 +195,15 @@ class Exchange:
         self.row.status, self.row.http_status = status, http_status
         if self.row.total_ms is None:
             self.row.total_ms = self.timing.total_ms()
-        state.record(self.row)
+        state.record(self.row, self.obs)
 
 
 _SENT_AS_IS = ("none", "off", "unavailable")  # edit summaries of bodies sent unchanged
 
 
 async def _finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, http_status: int,
-                  analyze: Callable[[], Analysis] | None = None, memory: bool = False) -> None:
+                  analyze: Callable[[], Awaitable[Analysis]] | None = None,
+                  memory: bool = False) -> None:
     """Fill the row's usage and timing, merge the rewrite's session memory (``memory``), run
     the break / counterfactual analysis (``analyze``), record. Whatever fails in between, the
     row is written (with what is known)."""
@@ -198,8 +215,10 @@ async def _finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, ht
         row.output_tokens = usage.output_tokens if usage.output_tokens is not None else (
             deltas if row.stream and deltas else None)
         row.ttft_ms = timing.ttft_ms()
+        ex.obs.response_model = ex.obs.response_model or getattr(ex.watcher, "model", None)
         row.tpot_ms = timing.tpot_ms(row.output_tokens)
         row.total_ms = timing.total_ms()
+        apply_reported_timings(row, ex.reported)
         if memory and ex.rw is not None and ex.rw.memory:
             try:
                 state.sessions.merge(ex.session_id, ex.rw.memory)
@@ -207,14 +226,17 @@ async def _finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, ht
                 log.exception("session memory merge failed")
         row.input_usd = input_cost_usd(row.model, row.prompt_tokens, row.cached_tokens,
                                        row.cache_write_tokens)
-        if analyze is not None:  # CPU work (token counting): off the loop, under the budget
-            a = await off_loop(analyze, state.policy.rewrite.time_budget_ms, Analysis())
+        if analyze is not None:  # tokenize + CPU work off the loop, bounded (proxy.insight)
+            a = await analyze()
             row.cf_cached_tokens, row.cf_input_usd = a.cf_cached_tokens, a.cf_input_usd
+            row.cf_source = "holdout" if row.holdout else a.cf_source
             if row.edits in _SENT_AS_IS and row.cached_tokens is not None:
                 # the client's own body went upstream: what it would have cached is what it did
                 # cache; the model's estimate would only add its error (template tokens, tokenizer)
                 row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
+                row.cf_source = "holdout" if row.holdout else "measured"
             if a.brk is not None:
+                ex.obs.break_kind = a.brk.get("kind")
                 try:
                     state.ledger.write_break(row.session, a.brk)
                 except Exception:
@@ -271,6 +293,7 @@ async def _parse(ex: Exchange, request: Request, policy: Policy) -> None:
     """Read the body once within the body deadline (400 / 408 / 413), check its nesting
     before any pass or bridge and what the proxy relies on (400)."""
     ex.raw = await read_body_within(request, policy.max_body_bytes, policy.limits.body_timeout_s)
+    ex.obs.read_done = time.perf_counter()
     ex.body = wire.parse_json(ex.raw)
     await check_nesting(ex.body, policy.limits.max_json_depth, len(ex.raw))
     (wire.check_anthropic if ex.api == "anthropic" else wire.check_openai)(ex.body)
@@ -291,11 +314,17 @@ async def _passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     ex.session_id = session_id_for(request.headers, ex.body)
     ex.row.session = session_hash(ex.session_id)
     ctx = None
-    if rewrite_wanted(request.headers, policy.rewrite):
+    ex.row.holdout = in_holdout(ex.session_id, policy.holdout)  # A/B: sent as if opted out
+    ex.row.cf_source = "holdout" if ex.row.holdout else ""
+    if rewrite_wanted(request.headers, policy.rewrite) and not ex.row.holdout:
         ctx = Context(settings=policy.rewrite, model=ex.row.model, provider=ex.target.provider,
                       session_id=ex.session_id, session=state.sessions.get(ex.session_id))
     ex.rw = await rewrite_off_loop(state.rewrite_fn, ex.body, ex.raw, ex.api, ctx)
     ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
+    if policy.rewrite.edit_detail_header and ctx is not None:  # opt-in (proxy.edit_detail)
+        ex.obs.headers = await off_loop(lambda: edit_detail_headers(ex.body, ex.rw, ex.api),
+                                        policy.rewrite.time_budget_ms, None)
+    ex.row.pass_tokens = pass_tokens_json(ex.rw.edits)
 
 
 def _bridge(ex: Exchange, max_depth: int) -> None:
@@ -318,6 +347,7 @@ async def _send(ex: Exchange, request: Request, state: ProxyState) -> httpx.Resp
     assert ex.target is not None
     target = ex.target
     headers = upstream_headers(request.headers.items(), target.backend, target.api_key())
+    ex.obs.sent_at = time.perf_counter()
     send = state.upstream.send(target.url(), headers, ex.up_raw, target.backend.timeout_s)
     return await send_unless_gone(send, lambda: _client_gone(request))
 
@@ -349,8 +379,9 @@ async def _answer(state: ProxyState, ex: Exchange, resp: httpx.Response) -> Resp
 def _ours(ex: Exchange, resp: httpx.Response) -> dict[str, str]:
     """The proxy's own response headers, and the upstream's that the client gets."""
     assert ex.rw is not None
+    ex.reported = engine_timings(resp.headers)
     out = {**downstream_headers(resp.headers), "x-prefixgate-edits": ex.rw.summary,
-           "x-prefixgate-tokens-pruned": str(ex.rw.pruned)}
+           "x-prefixgate-tokens-pruned": str(ex.rw.pruned), **(ex.obs.headers or {})}
     early = usage_from_headers(resp.headers)  # engines that report usage in headers
     if early.cached_tokens is not None:
         out["x-prefixgate-cached-tokens"] = str(early.cached_tokens)
@@ -379,15 +410,16 @@ async def _upstream_error(state: ProxyState, ex: Exchange, resp: httpx.Response)
     return response
 
 
-def _analyzer(state: ProxyState, ex: Exchange) -> Callable[[], Analysis]:
+def _analyzer(state: ProxyState, ex: Exchange) -> Callable[[], Awaitable[Analysis]]:
     """The after-answer analysis of this request (cache breaks, counterfactual)."""
-    def analyze() -> Analysis:
+    async def analyze() -> Analysis:
         if state.insight is None or len(ex.raw) > ANALYZE_MAX_BYTES:
             return Analysis()
         assert ex.target is not None and ex.rw is not None
-        return state.insight.observe(session=ex.row.session, backend=ex.target.backend_name,
-                                     provider=ex.target.provider, api=ex.api,
-                                     model=ex.row.model, original=ex.body, sent=ex.rw.body)
+        return await state.insight.analyze(
+            state.upstream, ex.target, api=ex.api, session=ex.row.session, model=ex.row.model,
+            original=ex.body, sent=ex.rw.body, budget_ms=state.policy.rewrite.time_budget_ms,
+            max_depth=state.policy.limits.max_json_depth)
     return analyze
 
 
@@ -425,6 +457,8 @@ async def _json_answer(state: ProxyState, ex: Exchange, resp: httpx.Response) ->
             raise TypeError("answer is not a JSON object")
         usage = usage_from_headers(resp.headers)
         usage.merge(usage_from_answer(answer, ex.target.wire))
+        model = answer.get("model")
+        ex.obs.response_model = model[:200] if isinstance(model, str) else None
         if ex.target.translate:
             content = exactjson.dumps(translate.response(ex.api, answer, ex.row.model))
     except (httpx.HTTPError, ValueError, TypeError, AttributeError, KeyError, IndexError) as e:
@@ -492,9 +526,10 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         sessions=sessions,
         rewrite_fn=default_rewrite_fn() if rewrite_fn == "default" else rewrite_fn,  # type: ignore[arg-type]
         upstream=Upstream(transport),
-        metrics=ProxyMetrics(),
+        metrics=ProxyMetrics(policy_models(policy.routes)),
         insight=Insight(policy.ledger.store_prompt_text) if analyze else None,
         guard=Guard.from_policy(policy.auth, policy.ledger),
+        otel=telemetry_from_env(policy),
     )
 
     state.metrics.watch_resources(lambda: state.upstream.in_use, state.upstream.pool_stats,
@@ -509,6 +544,8 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         finally:
             await state.loop_lag.stop()
             await state.upstream.close()
+            if state.otel is not None:
+                await anyio.to_thread.run_sync(state.otel.shutdown)  # flush the batches
 
     # redirect_slashes=False: Starlette's slash redirect builds Location from the client's Host
     app = FastAPI(title="prefixgate", lifespan=lifespan, docs_url=None, redoc_url=None,
@@ -554,6 +591,8 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         return JSONResponse({"status": "degraded" if reasons else "ok", "reasons": reasons,
                              "backends": sorted(policy.backends)},
                             status_code=503 if reasons else 200)
+
+    savings_api.install(app, state.ledger, policy, state.guard)
 
     @app.get("/metrics")  # open: no key (see proxy.auth)
     @app.head("/metrics", include_in_schema=False)

@@ -2,7 +2,7 @@
 
 Each command lives in its own module with a ``register(app)`` function, so this file only
 assembles them: ``serve``, ``engine``, ``config check``, ``report``, ``replay``, ``simulate``,
-``keys add / list / remove``.
+``keys add / list / remove``, ``rewrite``, ``grafana``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ COMMAND_MODULES = (
     "proxy.cmd_replay",    # prefixgate replay TRACE
     "proxy.cmd_simulate",  # prefixgate simulate TRACE
     "proxy.cmd_keys",      # prefixgate keys add / list / remove
+    "proxy.cmd_rewrite",   # prefixgate rewrite REQUEST.json
+    "proxy.grafana",       # prefixgate grafana > dashboard.json
 )
 
 for _name in COMMAND_MODULES:

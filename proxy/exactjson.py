@@ -168,3 +168,13 @@ def dumps(obj: Any) -> bytes:
         if "64-bit" not in str(e):
             raise
     return orjson.dumps(_big_ints_exact(obj), default=_default, option=opt)
+
+
+def pretty(obj: Any) -> str:
+    """Indented JSON text (2 spaces, key order kept, numbers as :func:`dumps` writes them), for
+    people reading a body (``prefixgate rewrite``)."""
+    opt = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_INDENT_2
+    try:
+        return orjson.dumps(obj, default=_default, option=opt).decode()
+    except orjson.JSONEncodeError:
+        return orjson.dumps(_big_ints_exact(obj), default=_default, option=opt).decode()

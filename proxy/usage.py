@@ -93,6 +93,7 @@ class OpenAIStreamWatcher:
         self.deltas = 0
         self.done = 0
         self.errors = 0
+        self.model: str | None = None  # the model the backend answered with (first seen)
 
     def observe(self, ev: SSEEvent) -> bool:
         """Update usage / counters from one event; return whether it carried content."""
@@ -109,6 +110,8 @@ class OpenAIStreamWatcher:
             return False
         if chunk.get("usage"):
             self.usage.merge(openai_usage(chunk["usage"]))
+        if self.model is None and isinstance(chunk.get("model"), str):
+            self.model = chunk["model"][:200]
         content = False
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") if isinstance(choice, dict) else None
@@ -130,6 +133,7 @@ class AnthropicStreamWatcher:
         self.deltas = 0
         self.done = 0
         self.errors = 0
+        self.model: str | None = None  # the model the backend answered with (first seen)
 
     def observe(self, ev: SSEEvent) -> bool:
         """Update usage / counters from one event; return whether it carried content."""
@@ -141,6 +145,8 @@ class AnthropicStreamWatcher:
         kind = obj.get("type", ev.event)
         if kind == "message_start" and isinstance(obj.get("message"), dict):
             self.usage.merge(anthropic_usage(obj["message"].get("usage")))
+            model = obj["message"].get("model")
+            self.model = model[:200] if isinstance(model, str) else self.model
         elif kind == "message_delta":
             u = obj.get("usage")
             if isinstance(u, dict):  # cumulative; without input_tokens the start's sum stays

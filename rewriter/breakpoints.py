@@ -243,7 +243,8 @@ def _anthropic(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     if notes:
         detail += "; " + "; ".join(notes)
     cached = cum[placed[-1]]
-    return out, [Edit(NAME, True, "messages", detail, cached, cached, memory=memory)]
+    return out, [Edit(NAME, True, "messages", detail, cached, cached, memory=memory,
+                      tokens_reusable=cached)]
 
 
 def _marker(ttl: str) -> dict[str, Any]:

@@ -113,7 +113,7 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     return (
         Prompt(prompt.api, tuple(canon), prompt.system, prompt.messages, prompt.params,
                prompt.key_order, prompt.system_present),
-        [Edit(NAME, True, "tools", detail, tokens, tokens, memory=mem)],
+        [Edit(NAME, True, "tools", detail, tokens, tokens, memory=mem, tokens_reusable=tokens)],
     )
 
 

@@ -251,5 +251,6 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     out, where = placed
     before = after = ctx.count_tokens(note)  # a move: nothing removed
     edits.append(Edit(NAME, True, "system", f"moved {sum(map(len, spans.values()))} volatile "
-                      f"span(s) [{','.join(kinds)}] to {where}", before, after, memory=memory))
+                      f"span(s) [{','.join(kinds)}] to {where}", before, after, memory=memory,
+                      tokens_reusable=verdict.gain, tokens_added=verdict.added))
     return out, edits

@@ -33,10 +33,14 @@ Piece = str | int  # text to count, or a token count already known
 
 @dataclass(frozen=True)
 class Verdict:
-    """``pays``: run the pass; ``why``: the reason when it does not (for the Edit)."""
+    """``pays``: run the pass; ``why``: the reason when it does not (for the Edit); ``gain``:
+    tokens made reusable as counted (a lower bound: counting stops once the answer is known);
+    ``added``: the tokens the pass adds."""
 
     pays: bool
     why: str = ""
+    gain: int = 0
+    added: int = 0
 
 
 def count_upto(pieces: Iterable[Piece], cap: int, count: TokenCounter) -> int:
@@ -104,7 +108,7 @@ def judge(ctx_provider: str, model: str, before: Iterable[Piece], gained: Iterab
                               f"length of {floor} ({ctx_provider} {model or '?'})")
     if added > gain:
         return Verdict(False, f"adds {added} tokens but makes only {gain} reusable")
-    return Verdict(True)
+    return Verdict(True, gain=gain, added=added)
 
 
 def tools_piece(prompt: Prompt) -> Iterator[Piece]:

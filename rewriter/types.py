@@ -25,7 +25,10 @@ class Edit:
     ``pass_name``: e.g. ``"canonicalize_tools"``; ``applied``: False when the pass left the prompt
     unchanged (``detail`` says why); ``region``: ``"tools" | "system" | "messages" | "params"``;
     ``tokens_before`` / ``tokens_after``: tokens of the region touched (for pruning: removed =
-    before - after); ``memory``: session-memory updates for the proxy to write back.
+    before - after); ``memory``: session-memory updates for the proxy to write back;
+    ``tokens_reusable``: prompt tokens the pass made reusable from the prefix cache (its own
+    estimate, for savings attribution; a lower bound where counting stopped early);
+    ``tokens_added``: tokens the pass added to the prompt (a note, placeholders).
     """
 
     pass_name: str
@@ -35,6 +38,8 @@ class Edit:
     tokens_before: int = 0
     tokens_after: int = 0
     memory: Mapping[str, Any] = field(default_factory=dict)
+    tokens_reusable: int = 0
+    tokens_added: int = 0
 
     @property
     def tokens_removed(self) -> int:

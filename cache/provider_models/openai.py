@@ -22,8 +22,14 @@ https://developers.openai.com/cookbook/examples/prompt_caching_201 ("1.1 Basics"
   (``prompt_tokens_details.cached_tokens``); cached tokens are billed at the model's cached-input
   price (:mod:`config.prices`).
 
-Where tools are rendered relative to messages is not documented; we put tools (then a
-``response_format`` schema) before the messages, as the guide lists them as prefix content.
+* **Rendered order**: the caching guide says tools and schemas are part of the cached prefix
+  but not where they are rendered. OpenAI's published prompt format, harmony
+  (https://cookbook.openai.com/articles/openai-harmony, read 2026-12-01: "the developer message
+  ... instructions ... and available function tools", rendered as ``# Instructions`` then
+  ``# Tools``), puts the system/developer text first, then the tool definitions (and a
+  ``response_format`` schema), then the conversation. Blocks are modelled in that order
+  (:func:`~cache.provider_models.radix.rendered_order`), so a volatile span in the system text
+  breaks the prefix before the tools.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from typing import Any
 from cache.prefix_blocks import PrefixBlock, TokenCounter, memo_counter, openai_blocks
 from cache.provider_models.base import CacheOutcome
 from cache.provider_models.block_trie import BlockTrie
+from cache.provider_models.radix import rendered_order
 from config.cache_rules import (
     OPENAI_CACHE_INCREMENT,
     OPENAI_EXTENDED_RETENTION_S,
@@ -146,6 +153,7 @@ class OpenAICacheModel:
         ``blocks``: ``openai_blocks(body, ...)`` when the caller already has them."""
         if blocks is None:
             blocks = openai_blocks(body, self._count)
+        blocks = rendered_order(blocks)
         self._requests += 1
         if self._requests % SWEEP_EVERY == 0:
             self.sweep(now_s)

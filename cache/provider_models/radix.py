@@ -14,7 +14,13 @@ vLLM docs "Automatic Prefix Caching", https://docs.vllm.ai/en/latest/design/pref
   in flight is protected).
 * No TTL, no minimum length, no write premium: ``cache_write_tokens`` is always 0.
 
-Prompts are rendered like OpenAI Chat (tools, then messages); the API of the body is detected.
+Block order is the engine's rendered order, **system text → tools → messages**, whatever the API
+of the body (detected): chat templates put the tool definitions after the system text, in the
+system turn (Hermes / Qwen2.5 function-calling format, ``local_engine/chat.py``; Llama 3.1 and
+Qwen templates likewise), not before it as Anthropic's cache key does. A volatile clock in the
+system text therefore breaks the prefix before the tools (issue 9: modelling tools first credited
+the whole tool list as cached). When the engine can tokenize the request itself, the proxy uses
+:mod:`cache.provider_models.token_radix` over its real token ids instead of this approximation.
 """
 
 from __future__ import annotations
@@ -24,6 +30,16 @@ from typing import Any
 from cache.prefix_blocks import PrefixBlock, TokenCounter, detect_api, flatten, memo_counter
 from cache.provider_models.base import CacheOutcome
 from cache.provider_models.block_trie import BlockTrie
+
+#: Rank of each region in a chat template's rendered prompt (see module docstring; OpenAI's
+#: harmony format renders the same order, :mod:`cache.provider_models.openai`).
+RENDERED_REGION_ORDER = {"system": 0, "tools": 1, "messages": 2}
+
+
+def rendered_order(blocks: list[PrefixBlock]) -> list[PrefixBlock]:
+    """``blocks`` in a chat template's rendered order: system → tools → messages (stable inside
+    each region)."""
+    return sorted(blocks, key=lambda b: RENDERED_REGION_ORDER[b.region])
 
 
 class RadixCacheModel:
@@ -44,9 +60,11 @@ class RadixCacheModel:
     def process(self, body: dict[str, Any], now_s: float,
                 blocks: list[PrefixBlock] | None = None) -> CacheOutcome:
         """Account one request at ``now_s`` seconds; returns reads / uncached tokens.
-        ``blocks``: the body's flattened blocks when the caller already has them."""
+        ``blocks``: the body's flattened blocks (in any region order) when the caller already
+        has them."""
         if blocks is None:
             blocks = flatten(body, detect_api(body), self._count)
+        blocks = rendered_order(blocks)
         total = sum(b.tokens for b in blocks)
         matched = self.trie.match(blocks, now_s).tokens
         cached = (min(matched, max(0, total - 1)) // self.page_size) * self.page_size

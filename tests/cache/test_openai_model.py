@@ -95,3 +95,19 @@ def test_sweep_forgets_expired_machines_so_memory_stays_bounded() -> None:
     assert m.machine_count >= 1
     m.sweep(10_000.0)
     assert m.machine_count == 0
+
+
+def test_system_text_is_rendered_before_tools_so_a_system_clock_breaks_before_them() -> None:
+    # harmony order: instructions, then tools; tools-first credited 1,152 cached tokens here
+    tools = [{"type": "function", "function": {"name": f"t{i}", "description": words(60, f"t{i}")}}
+             for i in range(20)]
+
+    def body(clock: str) -> dict:
+        return {"model": "gpt-4o", "tools": tools, "messages": [
+            {"role": "system", "content": f"Now {clock}. " + words(50, "rules")},
+            {"role": "user", "content": "hi"}]}
+
+    m = OpenAICacheModel(wc)
+    m.process(body("10:15"), 0.0)
+    assert m.process(body("10:16"), 1.0).cached_read_tokens == 0
+    assert m.process(body("10:16"), 2.0).cached_read_tokens >= 1152

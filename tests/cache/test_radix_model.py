@@ -40,3 +40,38 @@ def test_lru_eviction_keeps_capacity_and_evicts_oldest() -> None:
     assert m.process(a, 4.0).cached_read_tokens == 102
     # b's block is gone: only the shared role markup at its start still matches
     assert m.process(b, 5.0).cached_read_tokens < 10
+
+
+def _tool(i: int) -> dict:
+    return {"type": "function", "function": {"name": f"tool_{i}", "description": words(60, f"t{i}"),
+                                             "parameters": {"type": "object"}}}
+
+
+def test_engine_renders_system_text_before_tools_so_a_system_clock_breaks_before_them() -> None:
+    # issue 9: the engine's chat template puts tools after the system text; a volatile clock at
+    # the top of the system prompt must not leave the tool list cached (tools-first order did)
+    def body(clock: str) -> dict:
+        return {"model": "local", "tools": [_tool(i) for i in range(10)], "messages": [
+            {"role": "system", "content": f"Now {clock}. " + words(50, "rules")},
+            {"role": "user", "content": "hi"}]}
+
+    m = RadixCacheModel(wc)
+    m.process(body("10:15"), 0.0)
+    out = m.process(body("10:16"), 1.0)
+    tools_tokens = 10 * 60
+    assert out.input_tokens > tools_tokens
+    assert out.cached_read_tokens < 10  # only the system block's few shared leading tokens
+    same = m.process(body("10:16"), 2.0)
+    assert same.cached_read_tokens == same.input_tokens - 1
+
+
+def test_anthropic_body_to_an_engine_is_ordered_system_tools_messages_too() -> None:
+    def body(clock: str) -> dict:
+        return {"model": "local", "system": f"Now {clock}. " + words(50, "rules"),
+                "tools": [{"name": f"t{i}", "description": words(60, f"t{i}"),
+                           "input_schema": {"type": "object"}} for i in range(5)],
+                "messages": [{"role": "user", "content": "hi"}]}
+
+    m = RadixCacheModel(wc)
+    m.process(body("10:15"), 0.0)
+    assert m.process(body("10:16"), 1.0).cached_read_tokens < 10

@@ -167,6 +167,10 @@ def test_engine_headers_report_ttft_and_cached_tokens(base_url: str) -> None:
         events = resp.read().decode().split("\n\n")
     usage = json.loads([e for e in events if '"usage":{' in e][-1][6:])["usage"]
     assert float(first.headers["x-engine-ttft-ms"]) > 0
+    # non-streamed: decode time first -> last token (0.0 when both came in one step); a stream,
+    # whose headers leave with the first token, has none
+    assert float(first.headers["x-engine-decode-ms"]) >= 0
+    assert "x-engine-decode-ms" not in headers
     first_cached = first.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert int(first.headers["x-engine-cached-tokens"]) == first_cached
     assert int(headers["x-engine-prompt-tokens"]) == usage["prompt_tokens"]

@@ -46,8 +46,9 @@ def test_volatile_break_and_counterfactual_recorded_and_reported(rig: Any) -> No
     assert res.exit_code == 0, res.output
     assert "m*" in res.output and "volatile_span" in res.output
     res = CliRunner().invoke(app, ["report", "--ledger", rig.ledger.path, "--json"])
-    figures = json.loads(res.output)["m*|up"]
-    assert figures["requests"] == 2 and figures["cached_share"] == 8 / 20
+    figures = json.loads(res.output)["groups"][0]
+    assert figures["route"] == "m*" and figures["requests"] == 2
+    assert figures["cached_share"] == 8 / 20
 
 
 def test_counterfactual_of_a_rewritten_request_comes_from_the_cache_model(
@@ -131,5 +132,6 @@ def test_prompt_cost_priced_from_usage_and_counterfactual(rig: Any) -> None:
     assert abs(row["input_usd"] - (200 * 2.50 + 800 * 1.25) / 1e6) < 1e-12
     assert row["cf_input_usd"] is not None and row["cf_input_usd"] > 0  # first request: cold
     res = CliRunner().invoke(app, ["report", "--ledger", rig.ledger.path, "--json"])
-    s = json.loads(res.output)["gpt-*|up"]
+    s = json.loads(res.output)["groups"][0]
+    assert s["route"] == "gpt-*"
     assert abs(s["input_usd"] - row["input_usd"]) < 1e-12

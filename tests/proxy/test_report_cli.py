@@ -1,0 +1,107 @@
+"""``prefixgate report`` (issue 9, item 6): fits the terminal (80 and 120 columns), opens with a
+"saved" line, groups by route / model / tenant / day, lists errors, and its JSON / CSV numbers
+equal the ledger's."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from cache.ledger import Ledger, LedgerRow
+from proxy.cli import app
+
+T0 = 1_800_000_000.0  # 2027-01-15 08:00 UTC
+
+
+def _ledger(tmp_path: Path) -> str:
+    led = Ledger(tmp_path / "ledger.sqlite")
+    for i in range(12):
+        ho = i % 4 == 3
+        led.write(LedgerRow(
+            ts=T0 + i * 7200, route="claude-sonnet-*" if i % 2 else "gpt-*",
+            backend="anthropic-main" if i % 2 else "openai-main",
+            model="claude-sonnet-4-5-20250929" if i % 2 else "gpt-4o-2024-08-06",
+            key_id="k_team_a" if i < 6 else "", prompt_tokens=12_345 + i, cached_tokens=8_000,
+            cache_write_tokens=500 if i % 2 else None, output_tokens=321,
+            cf_cached_tokens=8_000 if ho else 1_000, tokens_pruned=0 if ho else 250,
+            input_usd=0.0191 + i / 1e4, cf_input_usd=(0.0191 + i / 1e4) if ho else 0.0345,
+            ttft_ms=850.0 + 10 * i, tpot_ms=24.5, ttft_source="reported" if i % 3 else "measured",
+            holdout=ho, edits="off" if ho else "hoist_volatile", stream=not i % 3,
+            pass_tokens="" if ho else '{"hoist_volatile":{"reusable":7000,"removed":0,'
+                                      '"added":30},"prune_rag":{"reusable":0,"removed":250,'
+                                      '"added":0}}'))
+    led.write(LedgerRow(ts=T0 + 50, route="gpt-*", backend="openai-main", model="gpt-4o",
+                        status="upstream_error", http_status=502, error="upstream 502"))
+    led.close()
+    return str(tmp_path / "ledger.sqlite")
+
+
+def _run(args: list[str], columns: int = 80) -> str:
+    res = CliRunner().invoke(app, ["report", *args], env={"COLUMNS": str(columns)})
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+@pytest.mark.parametrize("columns", [80, 120, 160])
+@pytest.mark.parametrize("by", ["route", "model", "tenant", "day"])
+def test_every_line_fits_the_terminal(tmp_path: Path, columns: int, by: str) -> None:
+    out = _run(["--ledger", _ledger(tmp_path), "--by", by, "--errors"], columns)
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= columns, "\n" + out
+    assert lines[0].startswith("saved $")
+    assert "…" not in out                                   # nothing cut to an ellipsis
+    assert ("prompt tok" in out and "TTFT95" in out) == (columns >= 110)
+    assert ("cf cached" in out and "pruned" in out) == (columns >= 140)
+    assert "TTFT50" in out and "saved $" in out
+
+
+def test_saved_line_and_json_equal_the_ledger(tmp_path: Path) -> None:
+    path = _ledger(tmp_path)
+    rows = Ledger(path).rows()
+    priced = [r for r in rows if r["input_usd"] is not None]
+    saved = sum(r["cf_input_usd"] - r["input_usd"] for r in priced)
+    cf = sum(r["cf_input_usd"] for r in priced)
+    tokens = sum(r["cached_tokens"] - r["cf_cached_tokens"] for r in priced) + sum(
+        r["tokens_pruned"] for r in rows)
+    out = _run(["--ledger", path])
+    assert out.splitlines()[0].startswith(
+        f"saved ${saved:,.4f} ({100 * saved / cf:.1f}% of ${cf:,.4f}) · {tokens:,} tokens")
+    doc = json.loads(_run(["--ledger", path, "--json", "--by", "model", "--errors"]))
+    assert doc["saved"]["saved_usd"] == pytest.approx(saved)
+    assert doc["saved"]["n_holdout"] == 3 and doc["saved"]["ttft_p50_diff_ms"] is not None
+    groups = {g["model"]: g for g in doc["groups"]}
+    g = groups["claude-sonnet-4-5-20250929"]
+    mine = [r for r in rows if r["model"] == g["model"]]
+    assert g["requests"] == len(mine) and g["prompt_tokens"] == sum(r["prompt_tokens"]
+                                                                    for r in mine)
+    assert g["ttft_reported"] == sum(r["ttft_source"] == "reported" for r in mine)
+    tech = {t["technique"]: t for t in doc["by_technique"]}
+    assert tech["prune_rag"]["tokens_removed"] == 250 * 9 and tech["hoist_volatile"][
+        "tokens_added"] == 30 * 9
+    assert sum(t["usd"] for t in tech.values()) == pytest.approx(saved)  # all of it, split
+    assert doc["errors"] == [{"status": "upstream_error", "http_status": 502,
+                              "error": "upstream 502", "count": 1, "last_ts": T0 + 50,
+                              "routes": ["gpt-*"]}]
+
+
+def test_csv_and_tenant_and_day_groups(tmp_path: Path) -> None:
+    path = _ledger(tmp_path)
+    table = list(csv.DictReader(io.StringIO(_run(["--ledger", path, "--csv", "--by",
+                                                  "tenant"]))))
+    assert [t["tenant"] for t in table] == ["-", "k_team_a"]
+    assert [int(t["requests"]) for t in table] == [7, 6]
+    days: dict[str, Any] = {g["day"]: g for g in json.loads(
+        _run(["--ledger", path, "--json", "--by", "day"]))["groups"]}
+    assert sorted(days) == ["2027-01-15", "2027-01-16"]
+    assert sum(g["requests"] for g in days.values()) == 13
+
+
+def test_unknown_grouping_is_refused(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["report", "--ledger", _ledger(tmp_path), "--by", "colour"])
+    assert res.exit_code == 2 and "--by must be one of" in res.output
