@@ -3,7 +3,6 @@ disk), then /dashboard in headless Chromium against the proxy's own ``/api/savin
 
 The numbers on the page equal ``/api/savings``, which equals the ledger (request count, prompt
 and cached tokens); every chart is drawn or shows an honest empty state; no console errors.
-Skipped only while the proxy has no ``/api/savings`` (the savings endpoint lands separately).
 """
 
 from __future__ import annotations
@@ -62,8 +61,7 @@ def send_traffic(url: str, up: ScriptedUpstream, n: int) -> None:
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[tuple[str, Ledger, ScriptedUpstream]]:
-    """A proxy (real pipeline, ledger on disk) in front of a scripted upstream; skipped while
-    the proxy has no /api/savings."""
+    """A proxy (real pipeline, ledger on disk) in front of a scripted upstream."""
     up = ScriptedUpstream()
     with serve_app(up.app()) as up_url:
         policy = parse_policy({"backends": {"up": {"kind": "openai_compat", "base_url": up_url + "/v1"}},
@@ -71,10 +69,6 @@ def rig(tmp_path: Path) -> Iterator[tuple[str, Ledger, ScriptedUpstream]]:
                                "ledger": {"path": str(tmp_path / "ledger.sqlite")}})
         ledger = Ledger(policy.ledger.path)
         with serve_app(build_app(policy, ledger=ledger)) as url:
-            if httpx.get(url + "/api/savings?range=1h").status_code == 404:
-                pytest.skip("the proxy has no GET /api/savings yet (issue 9's savings endpoint, "
-                            "branch h/savings, is not merged); the page is tested on fixtures in "
-                            "test_dashboard_browser.py")
             yield url, ledger, up
 
 
