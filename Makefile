@@ -6,7 +6,7 @@ PIP    := $(VENV)/bin/pip
 MODEL_DIR ?= $(HOME)/.cache/prefixgate/models/SmolLM2-135M-Instruct
 POLICY ?=
 
-.PHONY: venv install model run test test-fast redis bench clean
+.PHONY: venv install model run test test-fast redis chromium bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,10 +31,20 @@ redis:
 	@redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || \
 	  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no
 
-test: $(MODEL_DIR)/config.json redis
+# Headless Chromium for the dashboard tests (tests/dashboard): installed with apt when missing
+# and we are root; otherwise said, and those tests skip with the reason.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } || \
+	    echo "chromium: apt-get install failed; the dashboard browser tests will skip"; \
+	  else echo "chromium: not installed (needs root + apt-get); the dashboard browser tests will skip"; fi; }
+
+test: $(MODEL_DIR)/config.json redis chromium
 	PREFIXGATE_MODEL_DIR=$(MODEL_DIR) $(PY) -m pytest -q
 
-test-fast: $(VENV)/.installed
+test-fast: $(VENV)/.installed chromium
 	$(PY) -m pytest -q -m "not slow"
 
 clean:

@@ -56,6 +56,7 @@ from cache.session import MemorySessionStore, RedisSessionStore, SessionStore
 from config.schema import Policy
 from proxy import exactjson, savings_api, translate, wire
 from proxy.auth import Guard
+from proxy.dashboard import install as install_dashboard
 from proxy.edit_detail import edit_detail_headers
 from proxy.errors import (
     Api,
@@ -598,6 +599,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
+    install_dashboard(app, state.guard)  # GET /dashboard (proxy.dashboard)
     return app
 
 

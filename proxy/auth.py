@@ -22,6 +22,7 @@ or removed with ``prefixgate keys`` take effect without a restart.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import ipaddress
@@ -61,13 +62,26 @@ def hash_key(key: str) -> str:
 
 def presented_key(headers: Mapping[str, str], api: Api) -> str | None:
     """The key a request carries: ``x-api-key`` or ``Authorization: Bearer`` (the ``api``'s own
-    header first); None when neither holds one."""
+    header first), or the password of ``Authorization: Basic`` (RFC 7617; any user name: what a
+    browser sends for the dashboard, see :mod:`proxy.dashboard`); None when none holds one."""
     bearer = headers.get("authorization", "")
     scheme, _, token = bearer.strip().partition(" ")
-    from_bearer = token.strip() if scheme.lower() == "bearer" else ""
+    from_bearer = (token.strip() if scheme.lower() == "bearer" else
+                   basic_password(token) if scheme.lower() == "basic" else "")
     from_x = headers.get("x-api-key", "").strip()
     first, second = (from_x, from_bearer) if api == "anthropic" else (from_bearer, from_x)
     return first or second or None
+
+
+def basic_password(token: str) -> str:
+    """The password in an HTTP Basic credential (base64 of ``user:password``, RFC 7617), or ""
+    when ``token`` is not valid base64 of text holding a colon."""
+    try:
+        decoded = base64.b64decode(token.strip(), validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    _, colon, password = decoded.partition(":")
+    return password.strip() if colon else ""
 
 
 def needs_keys(host: str) -> bool:

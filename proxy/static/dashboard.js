@@ -1,0 +1,336 @@
+/* prefixgate dashboard: draws GET /api/savings?range=1h|24h|7d with uPlot.
+ *
+ * Every number shown sits in an element with data-key (its path in the payload, e.g.
+ * "totals.saved_usd", "routes.0.ttft_p50_ms") and data-fmt (usd | int | pct | ms | text), so a test can read the page back against the JSON. null is "not reported", never 0.
+ * window.dash exposes the state (payload, uPlot instances, their series colours) for tests.
+ */
+"use strict";
+(function () {
+  const NR = "not reported";
+  const RANGES = ["1h", "24h", "7d"];
+  const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2"];
+  const SLO_COLOR = "#9c27b0";
+  const dash = { range: "1h", payload: null, charts: {}, colors: {}, error: null };
+  window.dash = dash;
+
+  const el = (tag, attrs, ...kids) => {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "class") e.className = v; else e.setAttribute(k, v);
+    }
+    for (const kid of kids) e.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+    return e;
+  };
+  const isNum = (v) => typeof v === "number" && Number.isFinite(v);
+  const fmtNum = (v, digits) => v.toLocaleString("en-US",
+    { minimumFractionDigits: digits, maximumFractionDigits: digits });
+
+  /* One number as text. kind: usd (4 decimals), int, pct (a 0..1 share shown as percent),
+   * ms (1 decimal), text. */
+  function fmt(kind, v) {
+    if (v === null || v === undefined) return NR;
+    switch (kind) {
+      case "usd": return (v < 0 ? "-$" : "$") + fmtNum(Math.abs(v), 4);
+      case "int": return fmtNum(v, 0);
+      case "pct": return fmtNum(v * 100, 1) + "%";
+      case "ms": return fmtNum(v, 1) + " ms";
+      default: return String(v);
+    }
+  }
+
+  /* A <span> holding payload[key] formatted as kind. */
+  function num(key, kind, v) {
+    const s = el("span", { "data-key": key, "data-fmt": kind }, fmt(kind, v));
+    if (v === null || v === undefined) s.classList.add("nr");
+    return s;
+  }
+
+  function card(label, valueNode, note, small) {
+    return el("div", { class: "card" }, el("div", { class: "label" }, label),
+      el("div", { class: small ? "value small" : "value" }, valueNode), el("div", { class: "note" }, ...(note || [])));
+  }
+
+  function empty(text) { return el("div", { class: "empty" }, text); }
+  const verdictClass = (v) => (/help|better/.test(v || "") ? "better" : /hurt|worse/.test(v || "") ? "worse" : "");
+
+  /* A table: cols = [[header, kind, field]]; rows read from payload[listKey][i][field]. */
+  function table(listKey, rows, cols) {
+    const head = el("tr", {}, ...cols.map(([h, kind]) => el("th", kind === "text" ? { class: "text" } : {}, h)));
+    const body = rows.map((r, i) => el("tr", {}, ...cols.map(([, kind, f]) =>
+      el("td", kind === "text" ? { class: "text" } : {}, num(`${listKey}.${i}.${f}`, kind, r[f])))));
+    return el("div", { class: "scroll" }, el("table", {}, el("thead", {}, head), el("tbody", {}, ...body)));
+  }
+
+  function panelBody(id) {
+    const body = document.querySelector(`#${id} .body`);
+    body.replaceChildren();
+    return body;
+  }
+
+  function renderTotals(t) {
+    const box = document.getElementById("totals");
+    box.replaceChildren(
+      card("saved", num("totals.saved_usd", "usd", t.saved_usd),
+        [num("totals.saved_pct", "pct", t.saved_pct), " of ", num("totals.cf_input_usd", "usd", t.cf_input_usd),
+         " unrewritten"]),
+      card("input cost", num("totals.input_usd", "usd", t.input_usd), "cache_write_premium_usd" in t
+        ? ["incl. cache-write premium ", num("totals.cache_write_premium_usd", "usd", t.cache_write_premium_usd)]
+        : ["prompt tokens priced from usage"]),
+      card("saved tokens", num("totals.saved_tokens", "int", t.saved_tokens),
+        ["pruned ", num("totals.pruned_tokens", "int", t.pruned_tokens)]),
+      card("cached share", num("totals.cached_share", "pct", t.cached_share),
+        ["unrewritten ", num("totals.cf_cached_share", "pct", t.cf_cached_share)]),
+      card("prompt tokens", num("totals.prompt_tokens", "int", t.prompt_tokens),
+        ["cached ", num("totals.cached_tokens", "int", t.cached_tokens)]),
+      card("requests", num("totals.requests", "int", t.requests),
+        ["errors ", num("totals.errors", "int", t.errors), " · no usage ",
+         num("totals.no_usage_reported", "int", t.no_usage_reported)]),
+      card("TTFT p50", num("totals.ttft_p50_ms", "ms", t.ttft_p50_ms),
+        "ttft_p95_ms" in t ? ["p95 ", num("totals.ttft_p95_ms", "ms", t.ttft_p95_ms)] : []),
+      card("counterfactual from", el("span", {}, ...["measured", "modelled", "holdout", "none"].flatMap((k, i) =>
+        [i ? " · " : "", k + " ", num(`totals.cf_source.${k}`, "int", (t.cf_source || {})[k])])), [], true),
+    );
+  }
+
+  function renderTechnique(p) {
+    const verdict = document.getElementById("verdict");
+    const h = p.holdout || {};
+    verdict.replaceChildren(h.enabled
+      ? el("span", { class: "badge " + verdictClass(h.verdict) }, "holdout: ", num("holdout.verdict", "text", h.verdict))
+      : el("span", { class: "badge" }, "no holdout"));
+    const body = panelBody("p-technique");
+    const rows = p.by_technique || [];
+    if (!rows.length) { body.append(empty("no rewriting pass applied in this range")); return; }
+    body.append(table("by_technique", rows, [["technique", "text", "technique"],
+      ["tokens made reusable", "int", "tokens_reusable"], ["tokens removed", "int", "tokens_removed"],
+      ["tokens added", "int", "tokens_added"], ["saved $", "usd", "usd"]]));
+  }
+
+  function renderHoldout(h) {
+    const body = panelBody("p-holdout");
+    if (!h || !h.enabled) {
+      body.append(empty("holdout off: set holdout.fraction in the policy to compare with unrewritten sessions"));
+      return;
+    }
+    body.append(el("div", { class: "muted" }, "fraction ", num("holdout.fraction", "pct", h.fraction),
+      " of sessions sent unrewritten · verdict ", num("holdout.verdict", "text", h.verdict),
+      ...(h.reason ? [" (", num("holdout.reason", "text", h.reason), ")"] : [])));
+    const buckets = h.buckets || [];
+    if (!buckets.length) { body.append(empty("no holdout sessions in this range")); return; }
+    const metrics = [["cached share", "cached_share", "pct"], ["input $ / request", "input_usd_per_request", "usd"],
+      ["TTFT p50", "ttft_p50_ms", "ms"], ["TTFT p95", "ttft_p95_ms", "ms"]];
+    const head = el("tr", {}, el("th", {}, "prompt length"), el("th", {}, "n rewritten"), el("th", {}, "n holdout"),
+      ...metrics.map(([label]) => el("th", {}, label + " (rewritten / holdout / diff [95% CI])")), el("th", {}, "verdict"));
+    const arms = [...(h.overall ? [["holdout.overall", h.overall, "all lengths"]] : []),
+      ...buckets.map((b, i) => [`holdout.buckets.${i}`, b, null])];
+    const rows = arms.map(([pre, b, label]) => el("tr", {},
+      el("td", {}, label ? el("b", {}, label) : num(`${pre}.bucket`, "text", b.bucket)),
+      el("td", {}, num(`${pre}.n_rewritten`, "int", b.n_rewritten)),
+      el("td", {}, num(`${pre}.n_holdout`, "int", b.n_holdout)),
+      ...metrics.map(([, f, kind]) => {
+        const m = b[f] || {};
+        const k = `${pre}.${f}`;
+        const ci = m.ci95 || [null, null];
+        return el("td", {}, num(k + ".rewritten", kind, m.rewritten), " / ", num(k + ".holdout", kind, m.holdout),
+          " / ", num(k + ".diff", kind, m.diff), " [", num(k + ".ci95.0", kind, ci[0]), ", ",
+          num(k + ".ci95.1", kind, ci[1]), "]");
+      }),
+      el("td", {}, num(`${pre}.verdict`, "text", b.verdict))));
+    body.append(el("div", { class: "scroll" }, el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows))));
+  }
+
+  /* A uPlot chart in panel id. data: [xs, ...ys]; series: [{label, color, fill?, dash?, value?}].
+   * kind "time" (x in unix seconds) or "bars" (x = bucket index, labels in xLabels). */
+  function chart(id, data, series, opts) {
+    const body = panelBody(id);
+    const width = Math.max(280, body.clientWidth || 500);
+    const o = opts || {};
+    const bars = o.kind === "bars";
+    const config = {
+      width, height: o.height || 220,
+      legend: { live: true },
+      cursor: { drag: { x: false, y: false } },
+      scales: { x: bars ? { time: false, range: [-0.5, data[0].length - 0.5] } : { time: true },
+                y: { range: (u, min, max) => yRange(min, max) } },
+      axes: [
+        bars ? { values: (u, ticks) => ticks.map((t) => (o.xTicks || o.xLabels)[t] ?? ""), splits: () => data[0] }
+             : {},
+        { values: (u, ticks) => ticks.map(o.yTick || ((t) => fmtNum(t, 0))), size: 70 },
+      ],
+      series: [{ label: bars ? "bucket" : "time", value: bars ? (u, v) => o.xLabels[v] ?? "" : undefined },
+        ...series.map((s) => ({
+          label: s.label, stroke: s.color, width: s.dash ? 1.5 : 2, dash: s.dash, fill: s.fill,
+          spanGaps: false, points: { show: (u, si) => isolated(u.data[si]), size: 8, fill: s.color }, value: s.value || ((u, v) => (v === null ? "–" : (o.yTick || String)(v))),
+          paths: bars ? uPlot.paths.bars({ size: [0.8, 80] }) : undefined,
+        }))],
+    };
+    dash.charts[id] = new uPlot(config, data, body);
+    dash.colors[id] = series.filter((s) => !s.dash).map((s) => s.color);
+  }
+
+  /* Y range holding 0 and every value (negative savings included), 10 % headroom. */
+  const yRange = (min, max) => {
+    const lo = Math.min(0, min ?? 0), hi = Math.max(0, max ?? 0);
+    return lo === hi ? [0, 1] : [lo * 1.1, hi * 1.1];
+  };
+  const allNull = (arr) => !arr || arr.every((v) => v === null || v === undefined);
+  const isNull = (v) => v === null || v === undefined;
+  /* Whether a line would hide a value: one with no reported neighbour draws no segment. */
+  const isolated = (ys) => (ys || []).some((v, i) => !isNull(v) && isNull(ys[i - 1]) && isNull(ys[i + 1]));
+
+  function timeChart(id, xs, lines, opts) {
+    if (!xs.length || dash.idle) { panelBody(id).append(empty("no requests in this range")); return; }
+    const shown = lines.filter((l) => !allNull(l.ys));
+    if (!shown.length) { panelBody(id).append(empty(NR + " by the backend in this range")); return; }
+    chart(id, [xs, ...shown.map((l) => l.ys), ...(opts.extra || []).map((l) => l.ys)],
+      [...shown, ...(opts.extra || [])], opts);
+  }
+
+  /* Stacked areas: each layer is drawn as its cumulative sum, largest first, opaque, so each
+   * band shows one source; the legend shows the layer's own value. A null layer value makes
+   * that bucket a gap from that layer up (not reported is not 0). */
+  function stackedTokens(xs, tok) {
+    const names = [["cache_read", "cache read"], ["cache_write", "cache write"], ["uncached", "uncached"], ["pruned", "pruned"]];
+    const raw = names.map(([k]) => tok[k] || []);
+    if (!xs.length || dash.idle) { panelBody("p-tokens").append(empty("no requests in this range")); return; }
+    const cum = [];
+    raw.forEach((ys, li) => cum.push(xs.map((_, i) => {
+      const below = li ? cum[li - 1][i] : 0;
+      return below === null || ys[i] === null || ys[i] === undefined ? null : below + ys[i];
+    })));
+    if (cum.every(allNull)) { panelBody("p-tokens").append(empty(NR + " by the backend in this range")); return; }
+    const order = [3, 2, 1, 0];
+    const series = order.map((li) => ({ label: names[li][1], color: PALETTE[li], fill: PALETTE[li],
+      value: (u, v, si, idx) => (idx === null ? "–" : fmt("int", raw[li][idx])) }));
+    chart("p-tokens", [xs, ...order.map((li) => cum[li])], series, { height: 240 });
+  }
+
+  function sloLines(xs, slo, field) {
+    const seen = new Set();
+    return (slo || []).filter((s) => isNum(s[field]) && !seen.has(s[field]) && seen.add(s[field]))
+      .map((s) => ({ label: `SLO ${s.route}`, color: SLO_COLOR, dash: [6, 4], ys: xs.map(() => s[field]) }));
+  }
+
+  function latencyChart(id, xs, pcts, slo, field) {
+    const lines = ["p50", "p95", "p99"].map((p, i) => ({ label: p, color: PALETTE[i], ys: (pcts || {})[p] || [] }));
+    timeChart(id, xs, lines, { extra: sloLines(xs, slo, field), yTick: (v) => fmtNum(v, 0) + " ms" });
+  }
+
+  function renderSlo(slo) {
+    const body = panelBody("p-slo");
+    if (!slo || !slo.length) { body.append(empty("no SLO set: add slo.default (ttft_ms, tpot_ms) to the policy")); return; }
+    body.append(table("slo", slo, [["route", "text", "route"], ["TTFT SLO", "ms", "ttft_ms"],
+      ["TPOT SLO", "ms", "tpot_ms"], ["requests", "int", "requests"], ["TTFT attainment", "pct", "ttft_attainment"],
+      ["TPOT attainment", "pct", "tpot_attainment"], ["goodput (both)", "pct", "goodput"]]));
+    body.querySelectorAll("td:last-child").forEach((td, i) => {
+      const g = slo[i].goodput;
+      if (isNum(g)) { const b = el("span", { class: "bar" }); b.style.width = Math.round(g * 120) + "px"; td.append(b); }
+    });
+  }
+
+  function edgeLabel(edges, i) {
+    const k = (v) => COMPACT.format(v);
+    return i + 1 < edges.length ? `${k(edges[i])}–${k(edges[i + 1])}` : `≥${k(edges[i])}`;
+  }
+
+  const COMPACT = new Intl.NumberFormat("en-US", { notation: "compact", maximumFractionDigits: 1 });
+
+  function lengthChart(id, hist, color) {
+    const counts = (hist && hist.counts) || [];
+    if (!counts.length || allNull(counts)) { panelBody(id).append(empty(NR + " in this range")); return; }
+    if (counts.every((c) => c === 0)) { panelBody(id).append(empty("no requests in this range")); return; }
+    const labels = counts.map((_, i) => edgeLabel(hist.edges, i));
+    chart(id, [counts.map((_, i) => i), counts], [{ label: "requests", color, fill: color }],
+      { kind: "bars", xLabels: labels, xTicks: counts.map((_, i) => (i + 1 < hist.edges.length ? "" : "≥") + COMPACT.format(hist.edges[i])) });
+  }
+
+  function renderBreaks(breaks) {
+    const body = panelBody("p-breaks");
+    if (!breaks || !breaks.length) { body.append(empty("no cache breaks recorded in this range")); return; }
+    body.append(table("breaks", breaks, [["field", "text", "field"], ["token offset", "int", "token_offset"],
+      ["tokens lost", "int", "tokens_lost"], ["times", "int", "count"]]));
+  }
+
+  function renderRoutes(routes) {
+    const body = panelBody("p-routes");
+    if (!routes || !routes.length) { body.append(empty("no requests in this range")); return; }
+    body.append(table("routes", routes, [["route", "text", "route"], ["model", "text", "model"],
+      ["backend", "text", "backend"], ["requests", "int", "requests"], ["errors", "int", "errors"],
+      ["cached share", "pct", "cached_share"], ["saved $", "usd", "saved_usd"], ["TTFT p50", "ms", "ttft_p50_ms"],
+      ["TTFT p95", "ms", "ttft_p95_ms"], ["TPOT p50", "ms", "tpot_p50_ms"], ["queue p50", "ms", "queue_ms_p50"],
+      ["prefill p50", "ms", "prefill_ms_p50"], ["decode p50", "ms", "decode_ms_p50"]]));
+  }
+
+  function render(p) {
+    for (const u of Object.values(dash.charts)) u.destroy();
+    dash.charts = {}; dash.colors = {};
+    const s = p.series || {};
+    const xs = s.ts || [];
+    dash.idle = !((p.totals || {}).requests > 0);  // nothing to draw: say so, not "not reported"
+    const when = (ts) => new Date(ts * 1000).toISOString().replace("T", " ").slice(0, 16) + " UTC";
+    document.getElementById("span").textContent =
+      `${when(p.from_ts)} – ${when(p.to_ts)} · ${p.bucket_s} s buckets`;
+    renderTotals(p.totals || {});
+    renderTechnique(p);
+    timeChart("p-saved", xs, [{ label: "saved $", color: PALETTE[2], ys: s.saved_usd || [] }],
+      { yTick: (v) => (v < 0 ? "-$" : "$") + fmtNum(Math.abs(v), Math.abs(v) < 1 ? 4 : 2) });
+    timeChart("p-cached", xs, [{ label: "cached share", color: PALETTE[0],
+      ys: (s.cached_share || []).map((v) => (v === null ? null : v * 100)) }],
+    { yTick: (v) => fmtNum(v, 0) + "%" });
+    stackedTokens(xs, s.tokens || {});
+    latencyChart("p-ttft", xs, s.ttft_ms, p.slo, "ttft_ms");
+    latencyChart("p-tpot", xs, s.tpot_ms, p.slo, "tpot_ms");
+    renderSlo(p.slo);
+    lengthChart("p-len-prompt", (p.lengths || {}).prompt, PALETTE[0]);
+    lengthChart("p-len-output", (p.lengths || {}).output, PALETTE[1]);
+    renderHoldout(p.holdout);
+    renderBreaks(p.breaks);
+    renderRoutes(p.routes);
+  }
+
+  function setStatus(text, isError) {
+    const st = document.getElementById("status");
+    st.textContent = text;
+    st.classList.toggle("error", !!isError);
+  }
+
+  /* Fetch and draw one range. Credentials: the browser resends the HTTP Basic credentials it
+   * was given for /dashboard (same origin), so no key ever appears in a URL. */
+  async function load(range) {
+    dash.range = range;
+    document.body.dataset.state = "loading";
+    document.querySelectorAll("#ranges button").forEach((b) => b.classList.toggle("on", b.dataset.range === range));
+    if (location.hash !== "#" + range) history.replaceState(null, "", "#" + range);
+    try {
+      const r = await fetch(`/api/savings?range=${encodeURIComponent(range)}`,
+        { credentials: "same-origin", headers: { accept: "application/json" } });
+      if (!r.ok) {
+        let msg = `HTTP ${r.status}`;
+        try { const j = await r.json(); msg += ": " + ((j.error && j.error.message) || j.detail || ""); } catch (e) { /* not JSON */ }
+        throw new Error(msg);
+      }
+      const p = await r.json();
+      dash.payload = p;
+      render(p);
+      setStatus(`range ${p.range} · ${fmt("int", (p.totals || {}).requests)} requests`);
+      document.body.dataset.state = "ready";
+    } catch (e) {
+      dash.error = String(e.message || e);
+      setStatus("could not load /api/savings: " + dash.error, true);
+      document.body.dataset.state = "failed";
+    }
+  }
+
+  document.getElementById("ranges").addEventListener("click", (ev) => {
+    const r = ev.target.closest("button");
+    if (r && r.dataset.range) load(r.dataset.range);
+  });
+  let resizeTimer = 0;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(() => dash.payload && render(dash.payload), 200);
+  });
+  const fromHash = () => (RANGES.includes(location.hash.slice(1)) ? location.hash.slice(1) : "1h");
+  window.addEventListener("hashchange", () => { if (fromHash() !== dash.range) load(fromHash()); });
+  load(fromHash());
+})();
