@@ -78,8 +78,11 @@ def saved_line(s: dict[str, Any], width: int) -> str:
         d = s["ttft_p50_diff_ms"]
         ttft = (f"TTFT p50 {'-' if d < 0 else '+'}{_ms(abs(d))} ms vs holdout "
                 f"({s['holdout_verdict']}, n={s['n_rewritten']}/{s['n_holdout']})")
-    return "\n".join(textwrap.wrap(f"{money} · {tokens} · {ttft}", width,
-                                   subsequent_indent="  "))
+    src = s.get("cf_source") or {}
+    basis = "counterfactual: " + ", ".join(f"{n:,} {k}" for k, n in src.items() if n) \
+        if any(src.values()) else ""
+    text = f"{money} · {tokens} · {ttft}" + (f" · {basis}" if basis else "")
+    return "\n".join(textwrap.wrap(text, width, subsequent_indent="  "))
 
 
 def _table(groups: list[dict[str, Any]], by: str, width: int) -> Table:

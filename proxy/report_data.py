@@ -92,6 +92,17 @@ def saved_figures(rows: Sequence[Mapping[str, Any]], seed: int = 0) -> dict[str,
                                     50)
     out["n_rewritten"], out["n_holdout"] = len(rw), len(ho)
     out["holdout_verdict"] = holdout_report(rows, seed)["verdict"] if ho else None
+    out["cf_source"] = cf_sources(rows)
+    return out
+
+
+def cf_sources(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """How each row's counterfactual was obtained (ledger ``cf_source``): counts of
+    ``measured`` / ``modelled`` / ``holdout`` / ``none``, so a report never mixes them silently."""
+    out = {"measured": 0, "modelled": 0, "holdout": 0, "none": 0}
+    for r in rows:
+        src = r.get("cf_source") or ("holdout" if r.get("holdout") else "none")
+        out[src if src in out else "none"] += 1
     return out
 
 

@@ -33,6 +33,7 @@ def _ledger(tmp_path: Path) -> str:
             input_usd=0.0191 + i / 1e4, cf_input_usd=(0.0191 + i / 1e4) if ho else 0.0345,
             ttft_ms=850.0 + 10 * i, tpot_ms=24.5, ttft_source="reported" if i % 3 else "measured",
             holdout=ho, edits="off" if ho else "hoist_volatile", stream=not i % 3,
+            cf_source="holdout" if ho else ("measured" if i == 0 else "modelled"),
             pass_tokens="" if ho else '{"hoist_volatile":{"reusable":7000,"removed":0,'
                                       '"added":30},"prune_rag":{"reusable":0,"removed":250,'
                                       '"added":0}}'))
@@ -88,6 +89,18 @@ def test_saved_line_and_json_equal_the_ledger(tmp_path: Path) -> None:
     assert doc["errors"] == [{"status": "upstream_error", "http_status": 502,
                               "error": "upstream 502", "count": 1, "last_ts": T0 + 50,
                               "routes": ["gpt-*"]}]
+
+
+def test_saved_line_says_how_each_counterfactual_was_obtained(tmp_path: Path) -> None:
+    path = _ledger(tmp_path)
+    rows = Ledger(path).rows()
+    want = {k: sum(r["cf_source"] == k for r in rows) for k in ("measured", "modelled", "holdout")}
+    want["none"] = sum(r["cf_source"] == "" for r in rows)
+    doc = json.loads(_run(["--ledger", path, "--json"]))
+    assert doc["saved"]["cf_source"] == want
+    head = " ".join(_run(["--ledger", path]).split("route ")[0].split())
+    assert (f"counterfactual: {want['measured']} measured, {want['modelled']} modelled, "
+            f"{want['holdout']} holdout, {want['none']} none") in head
 
 
 def test_csv_and_tenant_and_day_groups(tmp_path: Path) -> None:
