@@ -94,6 +94,8 @@ class RewriteSettings(_Strict):
     hoist_volatile: bool = True
     hoist_target: Literal["end", "last_user"] = "end"
     learn_volatility: bool = True
+    stabilise_passages: bool = True
+    """Injected passages keep the order the session first saw them in (nothing removed)."""
     place_breakpoints: bool = True
     breakpoint_ttl: Literal["5m", "1h"] = "5m"
     openai_prompt_cache_key: bool = False
