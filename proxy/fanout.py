@@ -140,9 +140,9 @@ class FanoutGate:
         finally:
             if writer:
                 self.core.answered(key, time.monotonic(), ok)
-                event = self._events.pop(key, None)
-                if event is not None:
-                    event.set()
+                done = self._events.pop(key, None)
+                if done is not None:
+                    done.set()
 
 
 def gate_for(state: Any) -> FanoutGate:

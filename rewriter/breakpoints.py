@@ -259,7 +259,8 @@ def _anthropic(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
         chosen.append(x)
     want: str | dict[int, str] = ctx.settings.breakpoint_ttl
     if want == "auto":
-        before = mem.get("tokens") if isinstance(mem.get("tokens"), int) else 0
+        tokens = mem.get("tokens")
+        before = tokens if isinstance(tokens, int) else 0
         want = _auto_ttls(chosen, cum, before, arrival_gaps, notes)
     wants_1h = "1h" in (want.values() if isinstance(want, dict) else (want,))
     if wants_1h and ANTHROPIC_TTL_1H_REQUIRES_BETA and ANTHROPIC_TTL_1H_BETA not in ctx.betas:

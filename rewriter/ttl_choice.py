@@ -109,12 +109,15 @@ def plan(segments: Sequence[tuple[int, int]], gaps: Sequence[float]) -> tuple[li
     order: the cheapest split into 1h breakpoints then 5m ones (module docstring)."""
     k = len(segments)
     if len(gaps) < MIN_SAMPLES or not k:
-        return ["5m"] * k, f"ttl 5m: {len(gaps)} gap(s) measured"
+        default: list[Ttl] = ["5m"]
+        return default * k, f"ttl 5m: {len(gaps)} gap(s) measured"
     c5 = [segment_cost("5m", n, d, gaps) for n, d in segments]
     c1 = [segment_cost("1h", n, d, gaps) for n, d in segments]
     costs = [sum(c1[:j]) + sum(c5[j:]) for j in range(k + 1)]
     best = min(range(k + 1), key=lambda j: (costs[j], j))
-    ttls: list[Ttl] = ["1h"] * best + ["5m"] * (k - best)
+    one_h: list[Ttl] = ["1h"]
+    five_m: list[Ttl] = ["5m"]
+    ttls = one_h * best + five_m * (k - best)
     return ttls, (f"ttl {best} x 1h then {k - best} x 5m: expected cost {costs[best]:.0f} "
                   f"vs all-5m {costs[0]:.0f}, all-1h {costs[k]:.0f} over {len(gaps)} gaps")
 
@@ -123,7 +126,8 @@ def updated(mem: Any, now_s: float, kind: str) -> dict[str, Any]:
     """The arrivals memory after a request of ``kind`` at ``now_s``: the gap since the previous
     request is filed under the previous request's kind."""
     old = mem if isinstance(mem, Mapping) else {}
-    g_old = old.get("g") if isinstance(old.get("g"), Mapping) else {}
+    g_raw = old.get("g")
+    g_old: Mapping[str, Any] = g_raw if isinstance(g_raw, Mapping) else {}
     g = {k: [float(x) for x in (g_old.get(k) or []) if isinstance(x, (int, float))]
          for k in KINDS}
     last, last_kind = old.get("t"), old.get("k")
