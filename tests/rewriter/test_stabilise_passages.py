@@ -198,3 +198,31 @@ def test_session_properties(form: str, turns: list[list[str]], api: Api) -> None
             memory.update(e.memory)
         history[-1] = {"role": "user", "content": history[-1]["content"]}
         history.append({"role": "assistant", "content": f"answer {i}"})
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(form=st.sampled_from(FORMS), turns=turns_st, api=st.sampled_from(["openai", "anthropic"]),
+       budget=st.sampled_from([20, 2000]))
+def test_pipeline_with_every_pass_on_keeps_meaning(form: str, turns: list[list[str]], api: Api,
+                                                   budget: int) -> None:
+    """Re-ranked retrievals in the system prompt and in tool results, prune_rag on (over and
+    under its budget): the whole pipeline's output keeps the client's meaning on every turn."""
+    bodies = []
+    for keys in turns:
+        calls = [{"id": "c1", "type": "function", "function": {"name": "s", "arguments": "{}"}}]
+        msgs: list[dict[str, Any]] = [
+            {"role": "system", "content": render(form, keys)},
+            {"role": "user", "content": "search"},
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "c1", "content": render(form, keys[::-1])}]
+        body: dict[str, Any] = {"model": "m", "max_tokens": 5, "messages": msgs}
+        if api == "anthropic":
+            body = {"model": "m", "max_tokens": 5, "system": msgs[0]["content"], "messages": [
+                msgs[1], {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "c1", "name": "s", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1",
+                                              "content": msgs[3]["content"]}]}]}
+        bodies.append(body)
+    on = {"prune_rag": True, "rag_budget_tokens": budget}
+    for body, r in zip(bodies, replay(bodies, api, **on)):
+        check_meaning(body, r.body, api, settings=ctx(**on).settings)
