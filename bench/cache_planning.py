@@ -6,7 +6,8 @@ Reads what the three benchmarks recorded (run them first):
 
 * ``bench/results/passage_order.json`` — ``python bench/passage_order.py`` (local engine);
 * ``bench/results/ttl_choice.json`` — ``python bench/ttl_choice.py`` (simulator);
-* ``bench/results/fanout.json`` — ``python bench/fanout.py`` (simulator).
+* ``bench/results/fanout.json`` — ``python bench/fanout.py`` (simulator);
+* ``bench/results/fanout_engine.json`` — ``python bench/fanout_engine.py`` (local engine).
 
 Tool masking (part 4) is not built: its figures are ``null``.
 """
@@ -27,8 +28,9 @@ def _load(name: str) -> dict[str, Any]:
 
 def main() -> int:
     po, ttl, fan = _load("passage_order.json"), _load("ttl_choice.json"), _load("fanout.json")
+    eng = _load("fanout_engine.json")
     result = {
-        "command": " && ".join([po["command"], ttl["command"], fan["command"],
+        "command": " && ".join([po["command"], ttl["command"], fan["command"], eng["command"],
                                 "python bench/cache_planning.py"]),
         "figures": {
             "passage_order": {
@@ -42,12 +44,14 @@ def main() -> int:
             "fanout": {
                 "write_cut_share_of_ideal_n8": fan["figures"]["write_cut_share_of_ideal_n8"],
                 "added_wall_s_n8": fan["figures"]["by_n"]["8"]["added_wall_s"],
-                "first_ttft_s": fan["figures"]["by_n"]["8"]["first_ttft_s"]},
+                "first_ttft_s": fan["figures"]["by_n"]["8"]["first_ttft_s"],
+                "local_engine_prefill_cut_by_gating": {
+                    n: r["prefill_cut"] for n, r in eng["figures"]["by_n"].items()}},
             "tool_masking": {"cached_share_masking": None, "cached_share_no_pruning": None,
                              "forced_tool_valid_share": None},
         },
         "sources": ["bench/results/passage_order.json", "bench/results/ttl_choice.json",
-                    "bench/results/fanout.json"],
+                    "bench/results/fanout.json", "bench/results/fanout_engine.json"],
     }
     (RESULTS / "cache_planning.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["figures"], indent=2))

@@ -198,9 +198,12 @@ class FanoutSettings(_Strict):
 
     ``warm_s``: a prefix whose writer answered is sent through without holding for this many
     seconds; ``min_prefix_bytes``: shorter shared prefixes are never held (below any
-    provider's minimum cacheable length)."""
+    provider's minimum cacheable length); ``providers``: whose backends are gated — not
+    ``radix`` by default: our engine already reuses a prefix within one batch
+    (``bench/results/fanout_engine.json``: holding saved no prefill there)."""
 
     enabled: bool = False
+    providers: list[str] = Field(default_factory=lambda: ["anthropic", "openai"])
     max_hold_ms: int = Field(5000, ge=1, le=120_000)
     ttft_factor: float = Field(2.0, gt=0)
     warm_s: float = Field(300.0, gt=0)

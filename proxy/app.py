@@ -319,7 +319,7 @@ async def _send(ex: Exchange, request: Request, state: ProxyState) -> httpx.Resp
     assert ex.target is not None
     target = ex.target
     headers = upstream_headers(request.headers.items(), target.backend, target.api_key())
-    async with gate_for(state).turn(ex.rw.body if ex.rw else ex.body):  # fan-outs: proxy/fanout.py
+    async with gate_for(state).turn(ex.rw.body if ex.rw else ex.body, target.provider):  # fanout.py
         send = state.upstream.send(target.url(), headers, ex.up_raw, target.backend.timeout_s)
         return await send_unless_gone(send, lambda: _client_gone(request))
 

@@ -110,9 +110,11 @@ class FanoutGate:
         """Requests held so far (a counter for tests and metrics)."""
 
     @asynccontextmanager
-    async def turn(self, body: dict[str, Any]) -> AsyncIterator[None]:
-        """Hold (bounded) while another request writes this body's prefix; see module docs."""
-        if not self.settings.enabled:
+    async def turn(self, body: dict[str, Any], provider: str = "anthropic"
+                   ) -> AsyncIterator[None]:
+        """Hold (bounded) while another request writes this body's prefix; see module docs.
+        Only for backends of ``settings.providers`` (``provider``: the route's cache rules)."""
+        if not self.settings.enabled or provider not in self.settings.providers:
             yield
             return
         key, size = fanout_key(body)

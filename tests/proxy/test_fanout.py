@@ -130,15 +130,19 @@ async def _fan_out(url: str, n: int) -> list[float]:
         return await asyncio.gather(*(one(i) for i in range(n)))
 
 
-@pytest.mark.parametrize("enabled", [True, False])
-def test_live_fanout_through_the_proxy(tmp_path: Path, enabled: bool) -> None:
+@pytest.mark.parametrize(("enabled", "providers"), [(True, ["radix"]), (False, ["radix"]),
+                                                   (True, ["anthropic", "openai"])])
+def test_live_fanout_through_the_proxy(tmp_path: Path, enabled: bool,
+                                       providers: list[str]) -> None:
+    """The test backend is OpenAI-compatible (provider ``radix``): gated only when the policy
+    lists ``radix`` (the default list leaves our engine, which shares prefixes in a batch)."""
     up = CachingUpstream()
     with serve_app(up.app()) as up_url:
-        policy = make_policy(up_url, tmp_path / "ledger.sqlite",
-                             fanout={"enabled": enabled, "max_hold_ms": 5000})
+        policy = make_policy(up_url, tmp_path / "ledger.sqlite", fanout={
+            "enabled": enabled, "max_hold_ms": 5000, "providers": providers})
         with serve_app(build_app(policy, ledger=Ledger(policy.ledger.path))) as url:
             times = asyncio.run(_fan_out(url, 4))
-    if enabled:
+    if enabled and "radix" in providers:
         assert (up.writes, up.reads) == (1, 3)
         assert max(times) < 2 * TTFT_S + 1.0  # held at most until the writer's answer
     else:
