@@ -7,8 +7,7 @@ Forms, tried in this order (the first that yields at least two passages wins):
    :func:`rewriter.passages.find_passages`' tag scan.
 2. ``Document N:`` headers — a line starting ``Document`` / ``Doc`` / ``Passage`` / ``Source`` /
    ``Chunk`` / ``Snippet`` / ``Search result`` followed by a label and ``:`` (or ``-``, ``|``).
-3. Markdown sections whose headings (all of one level) start with one of those words, or
-   ``Result`` / ``Context`` / ``Reference`` / ``Article``.
+3. Markdown sections whose headings (all of one level) start with one of those words.
 4. A JSON array of at least two objects that each carry a text field (``content``, ``text``,
    ``page_content``, ``body``, ``snippet``, ``chunk``, ``passage``, ``document``).
 5. ``[n]`` numbered passages (distinct numbers, any order).
@@ -19,9 +18,12 @@ move; the text between them must be structure (whitespace, or ``,`` between JSON
 
 Where the text came from decides what counts (docs/passes.md, "retrieval-only"):
 
-* ``origin="tool"`` (a tool result: retrieved by construction): every form.
-* ``origin="system"`` (text the application wrote, where RAG layers inject context): forms 1-4;
-  ``[n]`` lists only under a retrieval header line (``Sources:``, ``Search results:``, ...).
+* ``origin="tool"`` (a tool result: retrieved by construction): every form, every tag of
+  :data:`rewriter.passages.PASSAGE_TAGS`.
+* ``origin="system"`` (text the application wrote, where RAG layers inject context): tags of
+  :data:`rewriter.passages.RETRIEVAL_TAGS` (a developer's ``<example>``, ``<result>`` or
+  ``<context>`` blocks are instructions, not passages) and forms 2-4; ``[n]`` lists only under
+  a retrieval header line (``Sources:``, ``Search results:``, ...).
 * ``origin="user"`` (a user's own message): tags of :data:`rewriter.passages.RETRIEVAL_TAGS`;
   every other form only directly under a retrieval header line (:data:`RETRIEVAL_HEADER`) — a
   user's own numbered list, ``Document 1:`` notes or markdown sections are the user's content.
@@ -39,7 +41,7 @@ from collections.abc import Sequence
 from itertools import pairwise
 from typing import Literal
 
-from rewriter.passages import PASSAGE_TAGS, RETRIEVAL_TAGS, Passage, _tagged, content_id
+from rewriter.passages import PASSAGE_TAGS, RETRIEVAL_TAGS, Passage, content_id, tagged_passages
 
 Origin = Literal["tool", "system", "user"]
 
@@ -48,7 +50,7 @@ _DOC_HEADER = re.compile(
     rf"(?im)^[ \t]{{0,8}}(?:\*\*)?(?:{_WORDS})[ \t]{{0,4}}(?:#|no\.)?[ \t]{{0,4}}"
     r"\[?([A-Za-z0-9_.\-]{1,40})\]?[ \t]{0,4}(?:\*\*)?[ \t]{0,4}[:|\-]")
 _MD_HEADER = re.compile(
-    rf"(?im)^(#{{1,6}})[ \t]{{1,8}}(?:{_WORDS}|result|context|reference|article)\b[^\n]{{0,200}}$")
+    rf"(?im)^(#{{1,6}})[ \t]{{1,8}}(?:{_WORDS})\b[^\n]{{0,200}}$")
 _NUMBERED = re.compile(r"(?m)^[ \t]{0,16}\[(\d{1,4})\]")
 _JSON_START = re.compile(r"\[\s{0,64}\{")
 RETRIEVAL_HEADER = re.compile(
@@ -170,8 +172,8 @@ def structural_gaps(text: str, passages: Sequence[Passage]) -> bool:
 
 def find_retrieval(text: str, origin: Origin) -> list[Passage]:
     """The retrieval in ``text`` (module docstring), passages in text order; ``[]`` if none."""
-    tags = RETRIEVAL_TAGS if origin == "user" else PASSAGE_TAGS
-    found = _tagged(text, tags)
+    tags = PASSAGE_TAGS if origin == "tool" else RETRIEVAL_TAGS
+    found = tagged_passages(text, tags)
     if len(found) >= 2 and structural_gaps(text, found):
         return found
     for finder, header_needed in ((doc_headers, origin == "user"),

@@ -104,6 +104,17 @@ def test_labels_travel_and_positional_numbers_are_not_renumbered() -> None:
     assert r2.body["messages"][0]["content"] == positional[1]  # never renumbered
 
 
+@pytest.mark.parametrize("texts", [
+    ["<result>rule one</result>\n<result>rule two</result>",
+     "<result>rule two</result>\n<result>rule one</result>"],
+    ["## Context\nbe brief\n## Reference\nuse metric units",
+     "## Reference\nuse metric units\n## Context\nbe brief"],
+])
+def test_a_developers_own_sections_in_system_text_are_not_passages(texts: list[str]) -> None:
+    r2 = replay([system_body(t) for t in texts], "openai")[1]
+    assert r2.body["messages"][0]["content"] == texts[1]
+
+
 def test_gaps_with_content_are_not_reordered() -> None:
     texts = ['<doc id="1">one</doc> and then <doc id="2">two</doc>',
              '<doc id="2">two</doc> and then <doc id="1">one</doc>']
