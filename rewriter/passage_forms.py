@@ -118,7 +118,7 @@ def markdown_sections(text: str) -> list[Passage]:
     if any(m.group(1) != level for m in marks):
         return []
     return _by_headers(text, [m.start() for m in marks],
-                       [content_id(m.group(0)) for m in marks], "markdown", body_below=True)
+                       [m.group(0).strip() for m in marks], "markdown", body_below=True)
 
 
 def numbered(text: str) -> list[Passage]:
