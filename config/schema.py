@@ -96,8 +96,12 @@ class RewriteSettings(_Strict):
     hoist_volatile: bool = True
     hoist_target: Literal["end", "last_user"] = "end"
     learn_volatility: bool = True
+    stabilise_passages: bool = True
+    """Injected passages keep the order the session first saw them in (nothing removed)."""
     place_breakpoints: bool = True
-    breakpoint_ttl: Literal["5m", "1h"] = "5m"
+    breakpoint_ttl: Literal["5m", "1h", "auto"] = "auto"
+    """TTL of the breakpoints prefixgate places; ``auto``: the lower expected cost over the
+    session's measured inter-arrival times (``rewriter/ttl_choice.py``; 5m until 3 are known)."""
     openai_prompt_cache_key: bool = False
     openai_prompt_cache_retention: str | None = None
     tenant: str = "default"
@@ -222,6 +226,26 @@ class AuthSettings(_Strict):
         return self
 
 
+class FanoutSettings(_Strict):
+    """First-writer gating of fan-outs (``proxy/fanout.py``): when requests sharing a prefix
+    nobody has cached yet arrive together, the first goes upstream and the others wait until
+    its response headers arrive (its cache write is then readable) or ``max_hold_ms`` /
+    ``ttft_factor`` x the observed TTFT passes, whichever comes first.
+
+    ``warm_s``: a prefix whose writer answered is sent through without holding for this many
+    seconds; ``min_prefix_bytes``: shorter shared prefixes are never held (below any
+    provider's minimum cacheable length); ``providers``: whose backends are gated — not
+    ``radix`` by default: our engine already reuses a prefix within one batch
+    (``bench/results/fanout_engine.json``: holding saved no prefill there)."""
+
+    enabled: bool = False
+    providers: list[str] = Field(default_factory=lambda: ["anthropic", "openai"])
+    max_hold_ms: int = Field(5000, ge=1, le=120_000)
+    ttft_factor: float = Field(2.0, gt=0)
+    warm_s: float = Field(300.0, gt=0)
+    min_prefix_bytes: int = Field(4096, ge=0)
+
+
 class Policy(_Strict):
     """The whole policy file. Raises ``pydantic.ValidationError`` on bad input."""
 
@@ -235,6 +259,7 @@ class Policy(_Strict):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     holdout: HoldoutSettings = Field(default_factory=HoldoutSettings)
     slo: SloSettings = Field(default_factory=SloSettings)
+    fanout: FanoutSettings = Field(default_factory=FanoutSettings)
 
     @model_validator(mode="after")
     def _routes_name_backends(self) -> Policy:

@@ -69,6 +69,7 @@ from proxy.errors import (
     error_response,
     upstream_error_body,
 )
+from proxy.fanout import gate_for
 from proxy.headers import downstream_headers, upstream_headers
 from proxy.health import LoopLagMonitor, health_reasons
 from proxy.holdout import in_holdout
@@ -318,7 +319,8 @@ async def _passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     ex.row.cf_source = "holdout" if ex.row.holdout else ""
     if rewrite_wanted(request.headers, policy.rewrite) and not ex.row.holdout:
         ctx = Context(settings=policy.rewrite, model=ex.row.model, provider=ex.target.provider,
-                      session_id=ex.session_id, session=state.sessions.get(ex.session_id))
+                      session_id=ex.session_id, session=state.sessions.get(ex.session_id),
+                      now_s=time.time())
     ex.rw = await rewrite_off_loop(state.rewrite_fn, ex.body, ex.raw, ex.api, ctx)
     ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
     if policy.rewrite.edit_detail_header and ctx is not None:  # opt-in (proxy.edit_detail)
@@ -348,8 +350,9 @@ async def _send(ex: Exchange, request: Request, state: ProxyState) -> httpx.Resp
     target = ex.target
     headers = upstream_headers(request.headers.items(), target.backend, target.api_key())
     ex.obs.sent_at = time.perf_counter()
-    send = state.upstream.send(target.url(), headers, ex.up_raw, target.backend.timeout_s)
-    return await send_unless_gone(send, lambda: _client_gone(request))
+    async with gate_for(state).turn(ex.rw.body if ex.rw else ex.body, target.provider):  # fanout.py
+        send = state.upstream.send(target.url(), headers, ex.up_raw, target.backend.timeout_s)
+        return await send_unless_gone(send, lambda: _client_gone(request))
 
 
 async def _client_gone(request: Request) -> None:

@@ -46,6 +46,8 @@ WHAT_THE_MODEL_SEES: dict[str, str] = {
                           "each schema's keys in one canonical order",
     "hoist_volatile": "a system prompt with `[see note n at the end]` where a clock / id / "
                       "changing line was, and that line in a note after the conversation",
+    "stabilise_passages": "the same injected passages, each with its own label, in the order "
+                          "the session first saw them; new passages after them",
     "prune_tools": "only the tools the conversation can need (those called, named in "
                    "`tool_choice` or the system text, pinned, or ranked relevant)",
     "prune_rag": "fewer retrieved passages: the best-scoring ones up to `rag_budget_tokens`, "

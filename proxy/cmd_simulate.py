@@ -18,7 +18,8 @@ import typer
 from cache.provider_models import PROVIDERS
 from config.loader import PolicyError, load_policy
 from proxy.sim_trace import TraceError, load_trace
-from proxy.simulate import STRATEGIES, SimConfig, Simulator
+from proxy.simulate import STRATEGIES, TTL_STRATEGIES, SimConfig, Simulator
+from proxy.think_time import parse as parse_think_time
 
 
 def _table(fig: dict[str, Any]) -> str:
@@ -40,7 +41,12 @@ def _table(fig: dict[str, Any]) -> str:
 def simulate(
     trace: Path = typer.Argument(..., help="tau-bench .json trace or SWE-agent .traj"),  # noqa: B008
     provider: str = typer.Option("anthropic", help="anthropic | openai | radix"),
-    strategy: str = typer.Option("all", help="none | positional | prefixgate | all"),
+    strategy: str = typer.Option(
+        "all", help="none | positional | prefixgate | all | ttl (ttl-5m, ttl-1h, ttl-auto) | "
+        "one of ttl-5m, ttl-1h, ttl-auto"),
+    think_time: str | None = typer.Option(
+        None, help="gap before each request of a run: fixed:30s | lognormal:MU,SIGMA | "
+        "mix:tool=SPEC;user=SPEC (default: uniform 10-30 s)"),
     volatile_clock: bool = typer.Option(
         False, "--volatile-clock", help="put each request's simulated wall-clock time into the "
         "system prompt's 'The current time is ...' line"),
@@ -60,10 +66,15 @@ def simulate(
         typer.echo(f"unknown provider {provider!r}; expected one of {', '.join(PROVIDERS)}",
                    err=True)
         raise typer.Exit(2)
-    if strategy != "all" and strategy not in STRATEGIES:
-        typer.echo(f"unknown strategy {strategy!r}; expected all or one of "
-                   f"{', '.join(STRATEGIES)}", err=True)
+    if strategy not in ("all", "ttl") and strategy not in STRATEGIES + TTL_STRATEGIES:
+        typer.echo(f"unknown strategy {strategy!r}; expected all, ttl or one of "
+                   f"{', '.join(STRATEGIES + TTL_STRATEGIES)}", err=True)
         raise typer.Exit(2)
+    try:
+        think = parse_think_time(think_time) if think_time else None
+    except ValueError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
     settings = None
     if policy is not None:
         try:
@@ -77,9 +88,9 @@ def simulate(
         typer.echo(f"cannot read trace: {e}", err=True)
         raise typer.Exit(2)
     cfg = SimConfig(provider=provider, model=model or "",
-                    strategies=STRATEGIES if strategy == "all" else (strategy,),
+                    strategies={"all": STRATEGIES, "ttl": TTL_STRATEGIES}.get(strategy, (strategy,)),
                     volatile_clock=volatile_clock, seed=seed, concurrency=concurrency,
-                    clock_resolution_s=clock_resolution)
+                    clock_resolution_s=clock_resolution, think_time=think)
     figures = Simulator(cfg, settings=settings).run(loaded)
     typer.echo(json.dumps(figures, indent=2) if as_json else _table(figures))
 

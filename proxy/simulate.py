@@ -11,6 +11,14 @@ strategy, and fed to a fresh provider model (:mod:`cache.provider_models`), a
   message, nothing else changed (Anthropic); as is for OpenAI / radix.
 * ``prefixgate`` — :func:`rewriter.pipeline.rewrite_request` with default ``RewriteSettings``
   and ``Context.provider`` set; each run is a session whose memory is merged from the edits.
+* ``ttl-5m`` / ``ttl-1h`` / ``ttl-auto`` (:data:`TTL_STRATEGIES`, ``--strategy ttl``) —
+  ``prefixgate`` with ``breakpoint_ttl`` fixed at 5m, fixed at 1h, or chosen by expected cost
+  from the session's measured inter-arrival times (:mod:`rewriter.ttl_choice`).
+
+``think_time`` (:mod:`proxy.think_time`) replaces the uniform ``gap_s`` between a run's requests
+with a distribution (fixed, lognormal, or a human-in-the-loop mix keyed by whether the request
+ends with a tool result or a user turn). Every strategy gets the simulated time as
+``Context.now_s``.
 
 ``volatile_clock`` replaces the trace's fixed "The current time is 2024-05-15 15:00:00 EST." with
 the simulated wall-clock time of each request (seconds resolution), as a live agent would send.
@@ -33,11 +41,13 @@ from cache.prefix_blocks import TokenCounter, flatten, memo_counter
 from cache.provider_models import CacheOutcome, make_model
 from config.schema import RewriteSettings
 from proxy.sim_trace import SimRun, openai_body, output_text, to_anthropic
+from proxy.think_time import ThinkTime, message_kind
 from rewriter.pipeline import rewrite_request, session_updates
 from rewriter.tokens import count_tokens as default_counter
 from rewriter.types import Context
 
 STRATEGIES = ("none", "positional", "prefixgate")
+TTL_STRATEGIES = ("ttl-5m", "ttl-1h", "ttl-auto")
 DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4o", "radix": "local"}
 CLOCK_RE = re.compile(r"The current time is \d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} EST\.")
 TRACE_EPOCH = datetime(2024, 5, 15, 15, 0, 0)
@@ -62,6 +72,7 @@ class SimConfig:
     run_gap_s: tuple[float, float] = (10.0, 30.0)
     concurrency: int = 1
     clock_resolution_s: int = 1
+    think_time: ThinkTime | None = None
 
     @property
     def api(self) -> str:
@@ -140,7 +151,7 @@ class _Totals:
 def schedule(runs: Sequence[SimRun], cfg: SimConfig) -> list[tuple[float, int, int]]:
     """``[(t_seconds, run_index, request_index)]`` sorted by time: runs are spread over
     ``cfg.concurrency`` lanes, each lane runs its runs back to back with ``run_gap_s`` between,
-    a run's requests are ``gap_s`` apart. Deterministic for a seed."""
+    a run's requests are ``gap_s`` apart (or ``think_time`` samples). Deterministic for a seed."""
     rng = random.Random(cfg.seed)
     lanes = [0.0] * max(1, cfg.concurrency)
     events: list[tuple[float, int, int]] = []
@@ -148,7 +159,9 @@ def schedule(runs: Sequence[SimRun], cfg: SimConfig) -> list[tuple[float, int, i
         lane = r % len(lanes)
         t = lanes[lane] + (rng.uniform(*cfg.run_gap_s) if r >= len(lanes) else 0.0)
         for k in range(len(run.requests)):
-            if k:
+            if k and cfg.think_time is not None:
+                t += cfg.think_time.sample(rng, message_kind(run.requests[k].messages))
+            elif k:
                 t += rng.uniform(*cfg.gap_s)
             events.append((t, r, k))
         lanes[lane] = t
@@ -213,15 +226,18 @@ class Simulator:
         self.settings = settings or RewriteSettings.model_validate({})
 
     def _apply(self, strategy: str, body: dict[str, Any], state: _RunState,
-               totals: _Totals) -> dict[str, Any]:
+               totals: _Totals, now_s: float = 0.0) -> dict[str, Any]:
         if strategy == "none":
             return body
         if strategy == "positional":
             return positional(body, self.cfg.api)
-        if strategy == "prefixgate":
-            ctx = Context(settings=self.settings, model=self.cfg.model_id,
+        if strategy == "prefixgate" or strategy in TTL_STRATEGIES:
+            settings = self.settings if strategy == "prefixgate" else self.settings.model_copy(
+                update={"breakpoint_ttl": strategy.removeprefix("ttl-")})
+            ctx = Context(settings=settings, model=self.cfg.model_id,
                           provider=self.cfg.provider, session_id=state.run_id,
-                          session=MappingProxyType(dict(state.memory)), count_tokens=self.count)
+                          session=MappingProxyType(dict(state.memory)), count_tokens=self.count,
+                          now_s=now_s)
             t0 = time.perf_counter()
             try:
                 result = rewrite_request(body, self.cfg.api, ctx)  # type: ignore[arg-type]
@@ -233,7 +249,8 @@ class Simulator:
                 totals.rewrite_s += time.perf_counter() - t0
             state.memory.update(session_updates(result))
             return result.body
-        raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of "
+                         f"{STRATEGIES + TTL_STRATEGIES}")
 
     def run_strategy(self, runs: Sequence[SimRun], strategy: str,
                      events: list[tuple[float, int, int]]) -> _Totals:
@@ -244,7 +261,7 @@ class Simulator:
         totals = _Totals()
         for t, r, k in events:
             run = runs[r]
-            wire = self._apply(strategy, client_body(run, k, t, self.cfg), states[r], totals)
+            wire = self._apply(strategy, client_body(run, k, t, self.cfg), states[r], totals, t)
             blocks = flatten(wire, self.cfg.api, self.count)  # type: ignore[arg-type]
             outcome = model.process(wire, t, blocks)
             out_tokens = self.count(output_text(run.requests[k].output))
@@ -268,6 +285,7 @@ class Simulator:
             "runs": len(runs),
             "requests": len(events),
             "volatile_clock": self.cfg.volatile_clock,
+            **({"think_time": self.cfg.think_time.spec} if self.cfg.think_time else {}),
             **({"clock_resolution_s": self.cfg.clock_resolution_s}
                if self.cfg.volatile_clock else {}),
             "simulated_hours": round(events[-1][0] / 3600, 3) if events else 0.0,

@@ -45,6 +45,7 @@ from config.cache_rules import (
     ANTHROPIC_TTL_1H_REQUIRES_BETA,
     min_cacheable_tokens,
 )
+from rewriter import ttl_choice
 from rewriter.ir import Block, Prompt, Tool, iter_blocks
 from rewriter.stable import stable_prefix_hash
 from rewriter.tokens import json_tokens, media_tokens
@@ -148,25 +149,56 @@ def _markable_at_or_before(units: list[Unit], i: int, lo: int) -> int | None:
     return None
 
 
-def _ttl_plan(ours: list[int], client: list[tuple[float, str]], want: str) -> dict[int, str]:
+def _ttl_plan(ours: list[int], client: list[tuple[float, str]],
+              want: str | dict[int, str]) -> dict[int, str]:
     """TTL for each of our positions so that no 1h marker follows a 5m one; a position that
     cannot be given either (a client 5m before it and a client 1h after it) is left out.
     ``client``: ``(position, ttl)`` of the client's markers (a marker nested inside unit ``i``
-    sits at ``i - 0.5``: before the unit's own end)."""
+    sits at ``i - 0.5``: before the unit's own end). ``want``: one TTL, or one per position
+    (already 1h-before-5m among ours)."""
     out: dict[int, str] = {}
     for p in ours:
         earlier_5m = any(t == "5m" for q, t in client if q < p)
         later_1h = any(t == "1h" for q, t in client if q > p)
         if earlier_5m and later_1h:
             continue
-        out[p] = "5m" if earlier_5m else ("1h" if later_1h else want)
+        w = want.get(p, "5m") if isinstance(want, dict) else want
+        out[p] = "5m" if earlier_5m else ("1h" if later_1h else w)
     return out
+
+
+def _arrivals(prompt: Prompt, ctx: Context) -> tuple[list[float], dict[str, Any]]:
+    """``(gaps that decide an auto TTL, arrivals memory update)`` (:mod:`rewriter.ttl_choice`);
+    arrival times are learned whenever ``ctx.now_s`` is known."""
+    mem = ctx.session.get(ttl_choice.MEMORY_KEY)
+    kind = ttl_choice.request_kind(prompt)
+    update = {} if ctx.now_s is None else {
+        ttl_choice.MEMORY_KEY: ttl_choice.updated(mem, ctx.now_s, kind)}
+    return ttl_choice.samples(mem, kind), update
+
+
+def _auto_ttls(chosen: list[int], cum: list[int], cached_before: int, gaps: list[float],
+               notes: list[str]) -> dict[int, str]:
+    """Per-breakpoint TTLs by expected cost (:func:`rewriter.ttl_choice.plan`): segment ``i``
+    runs from breakpoint ``i-1`` to ``i``; the part past ``cached_before`` (tokens the
+    session's previous request cached) is written now."""
+    order = sorted(chosen)
+    segments, prev = [], 0
+    for p in order:
+        segments.append((cum[p] - prev, max(0, cum[p] - max(prev, cached_before))))
+        prev = cum[p]
+    ttls, why = ttl_choice.plan(segments, gaps)
+    if gaps:
+        notes.append(why)
+    return dict(zip(order, ttls))
 
 
 def _anthropic(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     units = _units(prompt)
+    notes: list[str] = []
+    arrival_gaps, arrivals = _arrivals(prompt, ctx)
     if not units:
-        return prompt, [Edit(NAME, False, "messages", "nothing to cache")]
+        return prompt, [Edit(NAME, False, "messages", "nothing to cache", memory=arrivals)]
     found = cache_markers(prompt)
     client_marks = [(i - 0.5 if nested else float(i), ttl) for i, nested, ttl in found]
     auto = prompt.params.get("cache_control")
@@ -176,7 +208,8 @@ def _anthropic(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     budget = ANTHROPIC_MAX_BREAKPOINTS - breakpoint_count(prompt)
     if budget <= 0:
         return prompt, [Edit(NAME, False, "messages", f"client uses all "
-                             f"{ANTHROPIC_MAX_BREAKPOINTS} breakpoints: left as sent")]
+                             f"{ANTHROPIC_MAX_BREAKPOINTS} breakpoints: left as sent",
+                             memory=arrivals)]
     limit = next((i for i, u in enumerate(units) if _is_volatile(u)), len(units))
     cum: list[int] = []
     total = 0
@@ -184,7 +217,6 @@ def _anthropic(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
         total += _unit_tokens(u, ctx)
         cum.append(total)
     floor = min_cacheable_tokens(ctx.model or prompt.model)
-    notes: list[str] = []
     if limit < len(units):
         notes.append(f"volatile from {units[limit].label}")
 
@@ -225,15 +257,20 @@ def _anthropic(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
         if x is None or x in chosen:
             break
         chosen.append(x)
-    want = ctx.settings.breakpoint_ttl
-    if want == "1h" and ANTHROPIC_TTL_1H_REQUIRES_BETA and ANTHROPIC_TTL_1H_BETA not in ctx.betas:
+    want: str | dict[int, str] = ctx.settings.breakpoint_ttl
+    if want == "auto":
+        tokens = mem.get("tokens")
+        before = tokens if isinstance(tokens, int) else 0
+        want = _auto_ttls(chosen, cum, before, arrival_gaps, notes)
+    wants_1h = "1h" in (want.values() if isinstance(want, dict) else (want,))
+    if wants_1h and ANTHROPIC_TTL_1H_REQUIRES_BETA and ANTHROPIC_TTL_1H_BETA not in ctx.betas:
         notes.append(f"ttl 1h needs beta {ANTHROPIC_TTL_1H_BETA}: using 5m")
         want = "5m"
     ttls = _ttl_plan(chosen, client_marks, want)
     placed = sorted(p for p in chosen if p in ttls)
-    memory: dict[str, Any] = {}
+    memory: dict[str, Any] = dict(arrivals)
     if m is not None:
-        memory = {MEMORY_KEY: {"last": m, "hash": _unit_hash(units[m])}}
+        memory[MEMORY_KEY] = {"last": m, "hash": _unit_hash(units[m]), "tokens": cum[m]}
     if not placed:
         return prompt, [Edit(NAME, False, "messages", "no breakpoint placed: "
                              + ("; ".join(notes) or "nothing eligible"), memory=memory)]

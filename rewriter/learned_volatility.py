@@ -6,7 +6,9 @@ the system text with the previous request's, without keeping that text: the sess
 a 48-bit digest per line (:func:`line_digest`), and for long lines (over
 :data:`WORD_DIFF_MIN_CHARS`) an 8-hex hash per whitespace-separated word (crc32).
 
-* A line that changed in place (``difflib`` "replace" over the line hashes) becomes a learned
+* A line that changed in place (``difflib`` "replace" over the line hashes; a line whose exact
+  text the previous request had elsewhere moved, e.g. a re-ranked passage, and is not learned)
+  becomes a learned
   entry ``[anchor, offset]``: ``anchor`` is the hash of the nearest *unique* unchanged line
   before it (``"^"`` for the start of the text) and ``offset`` the distance to it, so the entry
   finds its line again on later requests even when the line's own text (hence hash) changes.
@@ -151,6 +153,7 @@ def learn(prev: list[str], cur: list[str], prev_words: dict[str, list[str]],
     counts: dict[str, int] = {}
     for x in cur:
         counts[x] = counts.get(x, 0) + 1
+    before = set(prev)
     sm = difflib.SequenceMatcher(None, prev, cur, autojunk=False)
     for op, i1, i2, j1, j2 in sm.get_opcodes():
         if op != "replace":
@@ -158,6 +161,8 @@ def learn(prev: list[str], cur: list[str], prev_words: dict[str, list[str]],
         anchor, base = _anchor(cur, counts, j1)
         for k, j in enumerate(range(j1, j2)):
             i = i1 + k
+            if cur[j] in before:  # the previous request had this very line: it moved (a
+                continue          # re-ranked passage), it did not change
             pw, cw = prev_words.get(str(i)), cur_words.get(str(j))
             if i < i2 and pw and cw:
                 p = 0

@@ -117,6 +117,12 @@ def _tagged(text: str, tags: Sequence[str] = PASSAGE_TAGS) -> list[Passage]:
     return []
 
 
+def tagged_passages(text: str, tags: Sequence[str] = PASSAGE_TAGS) -> list[Passage]:
+    """Closed elements of the first of ``tags`` that occurs at least twice (form 1 of the
+    module docstring); ``[]`` when fewer than two are found."""
+    return _tagged(text, tags)
+
+
 def _numbered(text: str) -> list[Passage]:
     marks = list(_NUMBERED.finditer(text))
     if len(marks) < 2:

@@ -2,8 +2,8 @@
 
 Order (DESIGN.md, "A request's path" step 4)::
 
-    canonicalize_tools -> hoist_volatile -> prune_tools -> prune_rag -> prune_history
-    -> place_breakpoints
+    canonicalize_tools -> hoist_volatile -> stabilise_passages -> prune_tools -> prune_rag
+    -> prune_history -> place_breakpoints
 
 Each pass is a module exposing ``run(prompt: Prompt, ctx: Context) -> (Prompt, list[Edit])``,
 listed in :data:`PASSES` with the ``RewriteSettings`` switch that turns it on. A module that is
@@ -114,6 +114,7 @@ class PassSpec:
 PASSES: tuple[PassSpec, ...] = (
     PassSpec("canonicalize_tools", "canonicalize_tools", "rewriter.canonicalize_tools"),
     PassSpec("hoist_volatile", "hoist_volatile", "rewriter.hoist_volatile"),
+    PassSpec("stabilise_passages", "stabilise_passages", "rewriter.stabilise_passages"),
     PassSpec("prune_tools", "prune_tools", "rewriter.prune_tools"),
     PassSpec("prune_rag", "prune_rag", "rewriter.prune_rag"),
     PassSpec("prune_history", "prune_history", "rewriter.prune_history"),

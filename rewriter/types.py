@@ -65,6 +65,9 @@ class Context:
     betas: tuple[str, ...] = ()
     """Anthropic beta flags of the request (``anthropic-beta`` header, comma list split), read
     by the breakpoint planner where a beta changes caching rules (case B20)."""
+    now_s: float | None = None
+    """Wall-clock time of the request, seconds (epoch, or simulated time in the simulator);
+    None = unknown: no arrival times are learned (:mod:`rewriter.ttl_choice`)."""
     deadline: float | None = None
     """``time.monotonic()`` second past which the pipeline stops before its next pass and the
     request goes out as sent (:class:`rewriter.pipeline.OverBudget`); None = no limit."""

@@ -18,6 +18,11 @@ system text — and every client atom must be found in the upstream atoms, in or
 * tool calls match on id, name and canonical arguments (``"{\\"a\\":1}"`` == ``{"a": 1}``);
 * tool results match on id and on content text.
 
+Allowed reorders, only when ``settings.stabilise_passages`` is on (nothing removed): a user text
+or tool result may carry its recognised retrieval (:func:`rewriter.passage_forms.find_retrieval`)
+with the passages permuted — every passage whole, the text outside them unchanged; a run of
+``document`` / ``search_result`` blocks may be permuted.
+
 Allowed differences, only when ``settings`` says the pass was on and the request was over its
 budget (token counts with :func:`rewriter.tokens.json_tokens`, media at a fixed cost, plus
 :data:`FRAMING_TOKENS` per message and per content unit for the history):
@@ -54,6 +59,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from config.schema import RewriteSettings
+from rewriter.passage_forms import find_retrieval
 from rewriter.passages import find_passages
 from rewriter.tokens import TokenCounter, count_tokens, json_tokens
 
@@ -227,9 +233,41 @@ def _outside(text: str, chunks: list[str], delimiters: list[str]) -> str:
     return "".join(text.split())
 
 
+def _passages_permuted(client: str, sent: str, origin: str) -> bool:
+    """True when ``sent`` is ``client`` with the passages of its retrieval permuted: same
+    length, every passage present as often, the same text outside them (whitespace aside)."""
+    ps = find_retrieval(client, origin)  # type: ignore[arg-type]
+    if not ps or len(client) != len(sent):
+        return False
+    chunks = sorted({client[p.start:p.end] for p in ps}, key=len, reverse=True)
+    return all(sent.count(c) >= client.count(c) for c in chunks) and \
+        _outside(client, chunks, []) == _outside(sent, chunks, [])
+
+
+def _sorted_runs(xs: list[Atom]) -> list[Atom]:
+    """``xs`` with each run of consecutive passage atoms of one message sorted by key."""
+    out: list[Atom] = []
+    i = 0
+    while i < len(xs):
+        j = i
+        while j < len(xs) and xs[j].kind == "passage" and xs[j].msg == xs[i].msg:
+            j += 1
+        if j > i:
+            out.extend(sorted(xs[i:j], key=lambda a: a.key))
+            i = j
+        else:
+            out.append(xs[i])
+            i += 1
+    return out
+
+
 def _result_ok(client: str, sent: str, history: bool, rag: RewriteSettings | None,
-               count: TokenCounter) -> bool:
+               count: TokenCounter, stable: bool = False) -> bool:
     if client == sent or client in sent:
+        return True
+    if stable and (_passages_permuted(client, sent, "tool") or (
+            '"search_result"' in client
+            and sorted(client.splitlines()) == sorted(sent.splitlines()))):
         return True
     if history and sent.startswith(ELISION_PREFIX):
         return True
@@ -255,6 +293,9 @@ def check_meaning(client: dict[str, Any], upstream: dict[str, Any], api: str,
     u_atoms, u_sys = atoms(upstream, up_api)
     problems: list[str] = []
     s = settings
+    stable = bool(s and s.enabled and s.stabilise_passages)
+    if stable:
+        c_atoms, u_atoms = _sorted_runs(c_atoms), _sorted_runs(u_atoms)
     msgs = client.get("messages") or []
     framing = FRAMING_TOKENS * (len(msgs) + len(c_atoms))
     over_history = bool(s and s.enabled and s.prune_history and json_tokens(msgs, count)
@@ -283,9 +324,13 @@ def check_meaning(client: dict[str, Any], upstream: dict[str, Any], api: str,
                 if rag and a.kind == "user_text" and start == 0 \
                         and _passages_only_removed(a.text, u.text, False, []):
                     return k, len(u.text)
+                if stable and a.kind == "user_text" and start == 0 \
+                        and _passages_permuted(a.text, u.text, "user"):
+                    return k, len(u.text)
             elif u.key == a.key and (a.kind != "tool_call" or u.text == a.text) and (
                     a.kind != "tool_result"
-                    or _result_ok(a.text, u.text, over_history, s if rag else None, count)):
+                    or _result_ok(a.text, u.text, over_history, s if rag else None, count,
+                                  stable)):
                 return k + 1, 0
         return None
 
