@@ -139,11 +139,12 @@ def test_live_fanout_through_the_proxy(tmp_path: Path, enabled: bool,
     up = CachingUpstream()
     with serve_app(up.app()) as up_url:
         policy = make_policy(up_url, tmp_path / "ledger.sqlite", fanout={
-            "enabled": enabled, "max_hold_ms": 5000, "providers": providers})
+            "enabled": enabled, "max_hold_ms": 60_000, "providers": providers})
         with serve_app(build_app(policy, ledger=Ledger(policy.ledger.path))) as url:
             times = asyncio.run(_fan_out(url, 4))
     if enabled and "radix" in providers:
         assert (up.writes, up.reads) == (1, 3)
-        assert max(times) < 2 * TTFT_S + 1.0  # held at most until the writer's answer
+        # released by the writer's answer, not by the 60 s deadline (a loose bound: shared CI cores)
+        assert max(times) < 20.0
     else:
         assert (up.writes, up.reads) == (4, 0)

@@ -65,7 +65,8 @@ def test_rewrite_json_is_the_pipelines_body_with_a_diff_and_explained_edits(tmp_
     assert "+      \"content\": \"(Current values" in out["diff"]
     assert out["diff"].startswith("--- original\n+++ rewritten\n")
     by_pass = {e["pass"]: e for e in out["edits"]}
-    assert list(by_pass) == ["canonicalize_tools", "hoist_volatile", "place_breakpoints"]
+    assert list(by_pass) == ["canonicalize_tools", "hoist_volatile", "stabilise_passages",
+                            "place_breakpoints"]
     assert by_pass["canonicalize_tools"]["applied"] is True
     assert by_pass["canonicalize_tools"]["first_change_token"] == 0  # the first tool moved
     hoist = by_pass["hoist_volatile"]
@@ -87,7 +88,7 @@ def test_rewrite_text_output_and_numbers_kept(tmp_path: Path) -> None:
     assert re.search(r"1\. canonicalize_tools \[applied\] tools: [\d,]+ -> [\d,]+ tokens, "
                      r"first change at token 0", text)
     assert "the model now sees: a system prompt with" in text
-    assert "3. place_breakpoints [skipped]" in text
+    assert "4. place_breakpoints [skipped]" in text
 
 
 def test_rewrite_with_rewriting_off_shows_no_change(tmp_path: Path) -> None:
