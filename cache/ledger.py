@@ -10,7 +10,8 @@ of the session id, never the id itself. ``cf_cached_tokens`` is the counterfactu
 backend would have cached had the client's original body been sent (NULL when not estimated);
 ``input_usd`` / ``cf_input_usd`` price the prompt from the backend's usage and from that
 counterfactual (USD, NULL for unpriced models such as the local engine). ``key_id`` is the
-public id of the proxy key the request authenticated with ("" without proxy keys), never the key.
+public id of the proxy key the request authenticated with ("" without proxy keys), never the key;
+``tenant`` the request's tenant (:mod:`proxy.tenants`, "" for none).
 A second table, ``breaks``, keeps cache-break records (:mod:`cache.breaks`) as JSON.
 """
 
@@ -24,7 +25,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 2  # 2: key_id column. Older files are migrated on open (ALTER TABLE ADD COLUMN).
+SCHEMA_VERSION = 3  # 2: key_id column; 3: tenant. Older files are migrated on open (ALTER TABLE ADD COLUMN).
 
 
 @dataclass
@@ -55,6 +56,7 @@ class LedgerRow:
     cf_input_usd: float | None = None
     error: str = ""
     key_id: str = ""              # the proxy key's public id, never the key
+    tenant: str = ""              # proxy.tenants: "" = no tenant (single-tenant proxy)
 
 
 def _column_type(tp: Any) -> str:
@@ -129,6 +131,10 @@ class Ledger:
             cur = self._db.execute("SELECT record FROM breaks WHERE ts >= ? ORDER BY id",
                                    (since_ts,))
             return [json.loads(r[0]) for r in cur.fetchall()]
+
+    def flush(self) -> None:
+        """Return once every written row is on disk (each :meth:`write` already is; a batched
+        ledger, :class:`cache.ledger_writer.BatchedLedger`, waits for its queue here)."""
 
     def close(self) -> None:
         """Close the connection."""

@@ -50,7 +50,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from cache.ledger import Ledger, LedgerRow
-from cache.session import MemorySessionStore, RedisSessionStore, SessionStore
+from cache.ledger_writer import open_ledger
+from cache.redis_link import RedisLink
+from cache.session import MemorySessionStore, SessionStore
+from cache.session_redis import SharedSessionStore
+from cache.shared_state import LocalState, RedisState, SharedState
 from config.schema import Policy
 from proxy import exactjson, translate, wire
 from proxy.auth import Guard
@@ -95,6 +99,7 @@ from proxy.rewriting import (
 )
 from proxy.router import Target, pick_target
 from proxy.slashes import TrailingSlash
+from proxy.tenants import namespaced_session, salted_body, tenant_for
 from proxy.usage import (
     AnthropicStreamWatcher,
     OpenAIStreamWatcher,
@@ -128,6 +133,7 @@ class ProxyState:
     insight: Insight | None
     guard: Guard = field(default_factory=Guard.open)  # proxy keys + rate limits (proxy.auth)
     loop_lag: LoopLagMonitor = field(default_factory=LoopLagMonitor)
+    shared: SharedState = field(default_factory=LocalState)  # counters shared by replicas
 
     def record(self, row: LedgerRow) -> None:
         """Write the row and count it; never raises (a ledger failure must not fail a request)."""
@@ -137,7 +143,7 @@ class ProxyState:
         except Exception:
             log.exception("ledger write failed")
         self.guard.charge(row.key_id, row.prompt_tokens, row.output_tokens)
-        log.info("%s %s backend=%s status=%s http=%s prompt=%s cached=%s ttft_ms=%s edits=%s",
+        log.debug("%s %s backend=%s status=%s http=%s prompt=%s cached=%s ttft_ms=%s edits=%s",
                  safe(row.endpoint), safe(row.model), row.backend, row.status, row.http_status,
                  row.prompt_tokens, row.cached_tokens,
                  None if row.ttft_ms is None else round(row.ttft_ms, 1), row.edits)
@@ -201,7 +207,7 @@ async def _finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, ht
         row.total_ms = timing.total_ms()
         if memory and ex.rw is not None and ex.rw.memory:
             try:
-                state.sessions.merge(ex.session_id, ex.rw.memory)
+                await state.sessions.amerge(ex.session_id, ex.rw.memory)
             except Exception:
                 log.exception("session memory merge failed")
         row.input_usd = input_cost_usd(row.model, row.prompt_tokens, row.cached_tokens,
@@ -241,6 +247,7 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
     ex = Exchange(api, LedgerRow(endpoint=request.url.path))
     try:
         ex.row.key_id = await state.guard.admit(request.headers, api)   # 0. auth (401 / 429)
+        ex.row.tenant = tenant_for(request.headers, ex.row.key_id, state.policy, state.guard)
         await _parse(ex, request, state.policy)                        # 1. parse
         _route(ex, state.policy)                                        # 2. route
         await _passes(ex, request, state)                               # 3. passes
@@ -287,12 +294,12 @@ async def _passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     (fail-open: never raises for a pass; over budget the client's bytes go out)."""
     assert ex.target is not None
     policy = state.policy
-    ex.session_id = session_id_for(request.headers, ex.body)
+    ex.session_id = namespaced_session(ex.row.tenant, session_id_for(request.headers, ex.body))
     ex.row.session = session_hash(ex.session_id)
     ctx = None
     if rewrite_wanted(request.headers, policy.rewrite):
         ctx = Context(settings=policy.rewrite, model=ex.row.model, provider=ex.target.provider,
-                      session_id=ex.session_id, session=state.sessions.get(ex.session_id))
+                      session_id=ex.session_id, session=await state.sessions.aget(ex.session_id))
     ex.rw = await rewrite_off_loop(state.rewrite_fn, ex.body, ex.raw, ex.api, ctx)
     ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
 
@@ -305,6 +312,8 @@ def _bridge(ex: Exchange, max_depth: int) -> None:
     target = ex.target
     ex.up_raw = translate.encode(ex.api, ex.rw.body, max_depth) if target.translate else (
         ex.rw.raw)
+    if target.wire == "openai":  # the tenant's prefix-cache namespace (proxy.tenants)
+        ex.up_raw = salted_body(ex.up_raw, ex.row.tenant, target.backend)
     if ex.row.stream:
         ex.watcher = AnthropicStreamWatcher() if target.wire == "anthropic" else (
             OpenAIStreamWatcher())
@@ -475,25 +484,29 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
               ) -> FastAPI:
     """The proxy app for ``policy``.
 
-    ``ledger``: default ``Ledger(policy.ledger.path)``; ``sessions``: default Redis when
-    ``policy.ledger.redis_url`` is set, else in-process LRU; ``rewrite_fn``: the rewrite
+    ``ledger``: default :func:`cache.ledger_writer.open_ledger` (batched writer thread, flushed
+    when the app stops); ``sessions``: default :class:`cache.session_redis.SharedSessionStore`
+    when ``policy.ledger.redis_url`` is set, else in-process LRU; ``rewrite_fn``: the rewrite
     pipeline (default :func:`rewriter.pipeline.rewrite_request`; None = never rewrite);
     ``transport``: httpx transport for the upstream client (tests); ``analyze``: run the
     cache-break detector and the counterfactual cache model after each request
     (:mod:`proxy.insight`).
     """
+    metrics = ProxyMetrics()
+    url = policy.ledger.redis_url  # shared state of replicas (cache.redis_link)
+    link = RedisLink(url, policy.ledger.redis_prefix, registry=metrics.registry) if url else None
     if sessions is None:
-        url = policy.ledger.redis_url
-        sessions = RedisSessionStore(url) if url else MemorySessionStore()
+        sessions = SharedSessionStore(link) if link else MemorySessionStore()
     state = ProxyState(
         policy=policy,
-        ledger=ledger if ledger is not None else Ledger(policy.ledger.path),
+        ledger=ledger if ledger is not None else open_ledger(policy.ledger),
         sessions=sessions,
         rewrite_fn=default_rewrite_fn() if rewrite_fn == "default" else rewrite_fn,  # type: ignore[arg-type]
         upstream=Upstream(transport),
-        metrics=ProxyMetrics(),
+        metrics=metrics,
         insight=Insight(policy.ledger.store_prompt_text) if analyze else None,
         guard=Guard.from_policy(policy.auth, policy.ledger),
+        shared=RedisState(link) if link else LocalState(),
     )
 
     state.metrics.watch_resources(lambda: state.upstream.in_use, state.upstream.pool_stats,
@@ -508,6 +521,9 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         finally:
             await state.loop_lag.stop()
             await state.upstream.close()
+            state.ledger.flush()  # a batched writer's queued rows reach the disk
+            if link is not None:
+                await link.close()
 
     # redirect_slashes=False: Starlette's slash redirect builds Location from the client's Host
     app = FastAPI(title="prefixgate", lifespan=lifespan, docs_url=None, redoc_url=None,
