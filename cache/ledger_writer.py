@@ -1,8 +1,9 @@
 """Ledger rows written by a background thread, many per transaction (issue 10, hot path).
 
 :class:`BatchedLedger` is a :class:`~cache.ledger.Ledger` whose :meth:`~BatchedLedger.write`
-only queues the row (no SQLite call, no lock on the event loop); a writer thread takes what has
-queued — up to :data:`MAX_BATCH` rows — and inserts it in ONE transaction (one WAL append and
+only queues the row (no SQLite call, no lock on the event loop); a writer thread, woken when a
+batch starts, gathers rows for :data:`BATCH_WINDOW_S` and inserts what has queued — up to
+:data:`MAX_BATCH` rows — in ONE transaction (one WAL append and
 fsync-less commit instead of one per request). Rows keep their order.
 
 Never lose a row: :meth:`~BatchedLedger.flush` waits until every queued row is committed;
@@ -35,6 +36,10 @@ from config.schema import LedgerSettings
 log = logging.getLogger("prefixgate.ledger")
 
 MAX_BATCH = 512
+BATCH_WINDOW_S = 0.02
+"""After the first row of a batch arrives, the writer waits this long for more (unless the batch
+fills, a flush is asked for, or the ledger closes): one thread wake-up per window under load,
+not one per request."""
 RETRIES = 5
 _INSERT = (f"INSERT INTO requests ({', '.join(COLUMNS)}) "
            f"VALUES ({', '.join('?' for _ in COLUMNS)})")
@@ -51,6 +56,7 @@ class BatchedLedger(Ledger):
         self._queue: deque[LedgerRow] = deque()
         self._cv = threading.Condition()
         self._pending = 0
+        self._flushing = 0
         self._stopping = False
         self.batches = 0
         self.written = 0
@@ -66,7 +72,8 @@ class BatchedLedger(Ledger):
                 raise RuntimeError("ledger closed")
             self._queue.append(row)
             self._pending += 1
-            self._cv.notify_all()
+            if len(self._queue) == 1 or len(self._queue) >= MAX_BATCH:
+                self._cv.notify_all()  # wake the writer: a batch starts, or one is full
         return 0
 
     def _run(self) -> None:
@@ -76,6 +83,8 @@ class BatchedLedger(Ledger):
                     self._cv.wait()
                 if not self._queue:
                     return
+                self._cv.wait_for(lambda: len(self._queue) >= MAX_BATCH or self._stopping
+                                  or self._flushing > 0, BATCH_WINDOW_S)
                 batch = [self._queue.popleft()
                          for _ in range(min(MAX_BATCH, len(self._queue)))]
             self._commit(batch)
@@ -108,7 +117,12 @@ class BatchedLedger(Ledger):
     def flush(self, timeout_s: float | None = None) -> None:
         """Block until every row queued so far is committed (or ``timeout_s`` passes)."""
         with self._cv:
-            self._cv.wait_for(lambda: self._pending == 0, timeout_s)
+            self._flushing += 1
+            self._cv.notify_all()
+            try:
+                self._cv.wait_for(lambda: self._pending == 0, timeout_s)
+            finally:
+                self._flushing -= 1
 
     def rows(self, since_ts: float = 0.0) -> list[dict[str, Any]]:
         """:meth:`Ledger.rows` after a :meth:`flush`."""

@@ -69,6 +69,11 @@ class Insight:
             self._counters[enc] = make_counter(enc)
         return self._counters[enc]
 
+    def warm_for(self, model: str) -> bool:
+        """Whether ``model``'s token counter is loaded (a first load takes ~0.7 s: then the
+        analysis must run off the event loop whatever the body's size)."""
+        return encoding_for_model(model) in self._counters
+
     def observe(self, *, session: str, backend: str, provider: str, api: str, model: str,
                 original: dict[str, Any], sent: dict[str, Any]) -> Analysis:
         """The :class:`Analysis` of one finished request.
