@@ -175,17 +175,17 @@ class AiohttpClient:
 
         await self.start()
         target = URL(url)
-        auth = None
+        text = {k: v.decode("utf-8") for k, v in headers.items()}
         if target.user is not None:
-            if "authorization" not in headers:
-                auth = aiohttp.BasicAuth(target.user, target.password or "")
-            target = target.with_user(None)
+            if "authorization" not in text:
+                text["authorization"] = aiohttp.encode_basic_auth(target.user,
+                                                                  target.password or "")
+            target = target.with_user(None).with_password(None)
         timeout = aiohttp.ClientTimeout(total=None, connect=min(10.0, timeout_s),
                                         sock_read=timeout_s)
-        text = {k: v.decode("utf-8") for k, v in headers.items()}
         try:
-            resp = await self.session.post(target, data=body, headers=text, auth=auth,
-                                           timeout=timeout, allow_redirects=False)
+            resp = await self.session.post(target, data=body, headers=text, timeout=timeout,
+                                           allow_redirects=False)
         except (TimeoutError, aiohttp.ServerTimeoutError) as e:
             raise UpstreamTimeout(f"upstream {target} timed out ({type(e).__name__})") from None
         except (aiohttp.ClientError, OSError) as e:

@@ -22,7 +22,7 @@ def _proxy_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 def test_newline_in_model_does_not_forge_a_log_line(rig: Any,
                                                     caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="prefixgate.proxy")
+    caplog.set_level(logging.DEBUG, logger="prefixgate.proxy")
     rig.upstream.script = Script(body=completion())
     r = httpx.post(rig.url + "/v1/chat/completions", timeout=30,
                    json={"model": FORGED, "messages": [{"role": "user", "content": "hi"}]})
@@ -37,7 +37,7 @@ def test_other_line_breaking_characters_in_model_are_escaped(
         rig: Any, caplog: pytest.LogCaptureFixture, char: str) -> None:
     # not named by the issue: CR, terminal escapes, Unicode line separator, NEL
     rig.upstream.script = Script(body=completion())
-    caplog.set_level(logging.INFO, logger="prefixgate.proxy")
+    caplog.set_level(logging.DEBUG, logger="prefixgate.proxy")
     httpx.post(rig.url + "/v1/chat/completions", timeout=30,
                json={"model": "m" + char + "forged", "messages": [{"role": "user",
                                                                     "content": "hi"}]})
@@ -47,7 +47,7 @@ def test_other_line_breaking_characters_in_model_are_escaped(
 
 def test_newline_in_path_does_not_forge_a_log_line(rig: Any,
                                                    caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="prefixgate.proxy")
+    caplog.set_level(logging.DEBUG, logger="prefixgate.proxy")
     rig.upstream.script = Script(body=completion())
     r = httpx.post(rig.url + "/v1/chat/completions/%0Aforged%20line", timeout=30,
                    json={"model": "gpt-x", "messages": [{"role": "user", "content": "hi"}]})
