@@ -8,8 +8,8 @@ SSE answer at once) and, each in its own process on loopback, one worker each:
 
 - ``direct``: the client talks to the upstream itself;
 - ``small_off`` / ``agent_off``: ``prefixgate serve`` with ``rewrite.enabled: false``, a 1 KB
-  body and the largest tau-bench airline agent request (~29 KB, tools + history, from
-  ``../shared/data/traces/``);
+  body and the tau-bench airline agent request closest to 29 KB (tools + history, from
+  ``../shared/data/traces/``), both compact JSON as the OpenAI SDK sends them;
 - ``agent_on``: another ``prefixgate serve`` with the shipped rewrite passes on, 29 KB body;
 - ``litellm``: the LiteLLM proxy (``litellm[proxy]`` in its own venv, made on first use under
   ``~/.cache/prefixgate/litellm-venv``; a ``master_key``, no database, no callbacks, one
@@ -54,20 +54,23 @@ from proxy.stats import percentile  # noqa: E402
 TRACE = REPO.parent / "shared" / "data" / "traces" / "tau_bench_airline_gpt4o.json"
 LITELLM_VENV = Path("~/.cache/prefixgate/litellm-venv").expanduser()
 MASTER_KEY = "sk-bench-master"
+AGENT_BYTES = 29_000
 SMALL = {"model": "m", "max_tokens": 16,
          "messages": [{"role": "system", "content": "You are a terse assistant. " * 6},
                       {"role": "user", "content": "Summarise this: " + "lorem ipsum " * 66}]}
 
 
-def agent_body() -> dict[str, Any]:
-    """The largest tau-bench airline request (tools + history), model ``m``."""
-    best: dict[str, Any] = {}
-    for run in load_tau(TRACE):
-        for r in run.requests:
-            b = openai_body("m", run.tools, r.messages)
-            if len(json.dumps(b)) > len(json.dumps(best)):
-                best = b
-    return best
+def wire(body: dict[str, Any]) -> bytes:
+    """``body`` as the OpenAI Python SDK sends it (httpx: compact JSON, UTF-8)."""
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def agent_body(target_bytes: int = AGENT_BYTES) -> dict[str, Any]:
+    """The tau-bench airline request (tools + history, model ``m``) closest to
+    ``target_bytes`` on the wire."""
+    bodies = [openai_body("m", run.tools, r.messages)
+              for run in load_tau(TRACE) for r in run.requests]
+    return min(bodies, key=lambda b: abs(len(wire(b)) - target_bytes))
 
 
 def free_port() -> int:
@@ -216,8 +219,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "proxy_overhead.json"))
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="pg-overhead-"))
-    small, agent = json.dumps(SMALL).encode(), json.dumps(agent_body()).encode()
-    small_stream = json.dumps({**SMALL, "stream": True}).encode()
+    small, agent = wire(SMALL), wire(agent_body())
+    small_stream = wire({**SMALL, "stream": True})
     procs: list[subprocess.Popen[bytes]] = []
     t0 = time.perf_counter()
     try:
@@ -267,6 +270,8 @@ def main() -> None:
            "figures": figures,
            "setup": {"requests": args.requests, "wrk": f"wrk -t1 -c32 -d{args.wrk_seconds}s",
                      "body_bytes": {"small": len(small), "agent": len(agent)},
+                     "bodies": "compact JSON as the OpenAI SDK sends it; agent = the tau-bench "
+                               "airline request closest to 29 KB",
                      "direct_p50_ms": {"small": round(percentile(lat["direct_small"], 50), 3),
                                        "agent": round(percentile(lat["direct_agent"], 50), 3)},
                      "prefixgate": "prefixgate serve, 1 worker, default policy limits, ledger "

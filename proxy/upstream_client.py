@@ -85,6 +85,17 @@ def _mapped() -> Iterator[None]:
         raise httpx.ReadError(f"upstream body broke off ({type(e).__name__})") from None
 
 
+def _received_before_error(content: Any) -> bytes:
+    """Bytes aiohttp buffered before the body broke off (its ``readany`` raises the error first
+    and would drop them); taken out of the buffer, so they are read once."""
+    buffer = getattr(content, "_buffer", None)
+    if not buffer:
+        return b""
+    rest = b"".join(buffer)
+    buffer.clear()
+    return rest
+
+
 class AiohttpResponse:
     """An aiohttp response seen through :class:`UpstreamResponse`; ``on_close`` runs once."""
 
@@ -99,8 +110,14 @@ class AiohttpResponse:
         """Chunks as they arrive (never empty), until the body ends."""
         content = self._resp.content
         while True:
-            with _mapped():
-                chunk = await content.readany()
+            try:
+                with _mapped():
+                    chunk = await content.readany()
+            except httpx.HTTPError:
+                rest = _received_before_error(content)
+                if rest:  # what arrived before the break still reaches the relay, as with httpx
+                    yield rest
+                raise
             if not chunk:
                 self._done = True
                 return
