@@ -33,7 +33,7 @@ MAX_WATCH_RETRIES = 16
 """Conflicting merges into one session retried at most this often (then the merge is kept
 locally only, and logged)."""
 
-_DOWN = object()  # fallback marker: Redis did not answer
+_DOWN: Any = object()  # fallback marker: Redis did not answer
 
 
 class SharedSessionStore:

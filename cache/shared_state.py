@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from cache.redis_link import RedisLink
 
-_DOWN = object()
+_DOWN: Any = object()
 
 
 class SharedState(Protocol):
@@ -111,7 +111,7 @@ class RedisState:
                     p.pexpire(self._key(name), max(1, int(ttl_s * 1000)))
                 return int((await p.execute())[0])
         got = await self.link.run(op, _DOWN)
-        return await self.local.incr(name, by, ttl_s) if got is _DOWN else int(got)  # type: ignore[call-overload]
+        return await self.local.incr(name, by, ttl_s) if got is _DOWN else int(got)
 
     async def count(self, name: str) -> int:
         """GET as an integer."""

@@ -501,9 +501,9 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     cache-break detector and the counterfactual cache model after each request
     (:mod:`proxy.insight`).
     """
-    metrics = ProxyMetrics()
+    counters = ProxyMetrics()
     url = policy.ledger.redis_url  # shared state of replicas (cache.redis_link)
-    link = RedisLink(url, policy.ledger.redis_prefix, registry=metrics.registry) if url else None
+    link = RedisLink(url, policy.ledger.redis_prefix, registry=counters.registry) if url else None
     if sessions is None:
         sessions = SharedSessionStore(link) if link else MemorySessionStore()
     state = ProxyState(
@@ -512,7 +512,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         sessions=sessions,
         rewrite_fn=default_rewrite_fn() if rewrite_fn == "default" else rewrite_fn,  # type: ignore[arg-type]
         upstream=Upstream(transport),
-        metrics=metrics,
+        metrics=counters,
         insight=Insight(policy.ledger.store_prompt_text) if analyze else None,
         guard=Guard.from_policy(policy.auth, policy.ledger),
         shared=RedisState(link) if link else LocalState(),

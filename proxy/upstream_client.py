@@ -172,11 +172,11 @@ class AiohttpClient:
 
     def pool_stats(self) -> dict[str, int]:
         """``{"active", "idle", "queued"}`` read from the connector (``{}`` if unreadable)."""
-        conn = getattr(self.session, "connector", None)
+        conn: Any = getattr(self.session, "connector", None)
         try:
-            active = len(conn._acquired)  # type: ignore[union-attr]
-            idle = sum(len(v) for v in conn._conns.values())  # type: ignore[union-attr]
-            queued = sum(len(w) for w in conn._waiters.values())  # type: ignore[union-attr]
+            active = len(conn._acquired)
+            idle = sum(len(v) for v in conn._conns.values())
+            queued = sum(len(w) for w in conn._waiters.values())
         except (AttributeError, TypeError):
             return {}
         return {"active": active, "idle": idle, "queued": queued}
