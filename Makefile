@@ -6,7 +6,7 @@ PIP    := $(VENV)/bin/pip
 MODEL_DIR ?= $(HOME)/.cache/prefixgate/models/SmolLM2-135M-Instruct
 POLICY ?=
 
-.PHONY: venv install model run test test-fast redis chromium bench clean
+.PHONY: venv install model run test test-fast redis chromium wrk bench bench-overhead clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,14 @@ model: $(MODEL_DIR)/config.json
 run: $(MODEL_DIR)/config.json
 	$(VENV)/bin/prefixgate serve $(if $(POLICY),--policy $(POLICY),) --model $(MODEL_DIR)
 
+# Debian wrk, for bench/proxy_overhead.py's throughput figures (apt-get when missing).
+wrk:
+	@command -v wrk >/dev/null 2>&1 || { apt-get install -y -q wrk 2>/dev/null || \
+	  { apt-get update -q && apt-get install -y -q wrk; }; }
+
+bench-overhead: $(VENV)/.installed wrk
+	nice -n 5 $(PY) bench/proxy_overhead.py
+
 redis:
 	@redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || \
 	  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no
@@ -41,7 +49,7 @@ chromium:
 	    echo "chromium: apt-get install failed; the dashboard browser tests will skip"; \
 	  else echo "chromium: not installed (needs root + apt-get); the dashboard browser tests will skip"; fi; }
 
-test: $(MODEL_DIR)/config.json redis chromium
+test: $(MODEL_DIR)/config.json redis chromium wrk
 	PREFIXGATE_MODEL_DIR=$(MODEL_DIR) $(PY) -m pytest -q
 
 test-fast: $(VENV)/.installed chromium

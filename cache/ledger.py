@@ -14,7 +14,8 @@ the counterfactual was obtained: ``measured`` (the client's own body went upstre
 measured cached tokens are the counterfactual), ``modelled`` (a provider cache model, or the
 radix model over the backend's own token ids), ``holdout`` (a session sent unrewritten on
 purpose), ``""`` (none); reports must not mix them silently. ``key_id`` is the
-public id of the proxy key the request authenticated with ("" without proxy keys), never the key.
+public id of the proxy key the request authenticated with ("" without proxy keys), never the key;
+``tenant`` the request's tenant (:mod:`proxy.tenants`, "" for none).
 A second table, ``breaks``, keeps cache-break records (:mod:`cache.breaks`) as JSON; a third,
 ``rollup_minutes``, per-minute sums updated in the same transaction as each row
 (:mod:`cache.rollup`).
@@ -40,7 +41,7 @@ from typing import Any
 
 from cache import rollup
 
-SCHEMA_VERSION = 3  # 2: key_id column; 3: issue 9 columns + rollup_minutes.
+SCHEMA_VERSION = 4  # 2: key_id column; 3: issue 9 columns + rollup_minutes; 4: tenant.
 # Older files are migrated on open (ALTER TABLE ADD COLUMN).
 
 
@@ -79,6 +80,7 @@ class LedgerRow:
     prefill_ms: float | None = None
     decode_ms: float | None = None
     pass_tokens: str = ""         # JSON {pass: {reusable, removed, added}}, tokens only
+    tenant: str = ""              # proxy.tenants: "" = no tenant (single-tenant proxy)
 
 
 def _column_type(tp: Any) -> str:
@@ -189,6 +191,10 @@ class Ledger:
             cur = self._db.execute("SELECT record FROM breaks WHERE ts >= ? ORDER BY id",
                                    (since_ts,))
             return [json.loads(r[0]) for r in cur.fetchall()]
+
+    def flush(self) -> None:
+        """Return once every written row is on disk (each :meth:`write` already is; a batched
+        ledger, :class:`cache.ledger_writer.BatchedLedger`, waits for its queue here)."""
 
     def close(self) -> None:
         """Close the connection."""

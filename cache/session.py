@@ -5,8 +5,9 @@ Passes read it through ``Context.session`` (a read-only view) and propose update
 shallow ``dict.update`` per session: a pass owns its own top-level keys.
 
 Two stores: :class:`MemorySessionStore` (in-process LRU, the default) and
-:class:`RedisSessionStore` (shared by several proxy processes; one JSON value per session under
-``prefixgate:session:<id>``, expiring after ``ttl_s`` idle seconds).
+:class:`cache.session_redis.SharedSessionStore` (shared by several proxy processes through
+``redis.asyncio``, falling back to a local copy when Redis is down). The proxy awaits
+``aget`` / ``amerge``, so a shared store never blocks the event loop.
 
 Bounded in bytes (issue 8, class 2): a session's memory above its budget loses its largest keys
 until it fits (:func:`fit`; logged by key name, never by content), and the in-process store
@@ -81,6 +82,14 @@ class SessionStore(Protocol):
         """Shallow-update the session's memory with ``updates``."""
         ...
 
+    async def aget(self, session_id: str) -> Mapping[str, Any]:
+        """:meth:`get` for the event loop (a shared store does its I/O here)."""
+        ...
+
+    async def amerge(self, session_id: str, updates: Mapping[str, Any]) -> None:
+        """:meth:`merge` for the event loop."""
+        ...
+
 
 class MemorySessionStore:
     """In-process LRU of sessions, bounded in count and bytes; thread-safe.
@@ -130,61 +139,19 @@ class MemorySessionStore:
             log.warning("session memory over %d bytes: dropped keys %s", self.max_session_bytes,
                         ",".join(k[:40] for k in dropped))
 
+    async def aget(self, session_id: str) -> Mapping[str, Any]:
+        """:meth:`get` (no I/O: nothing to await)."""
+        return self.get(session_id)
+
+    async def amerge(self, session_id: str, updates: Mapping[str, Any]) -> None:
+        """:meth:`merge` (no I/O: nothing to await)."""
+        self.merge(session_id, updates)
+
+    def forget(self, session_id: str) -> None:
+        """Drop a session (no-op when unknown)."""
+        with self._lock:
+            if self._data.pop(session_id, None) is not None:
+                self.bytes_used -= self._sizes.pop(session_id)
+
     def __len__(self) -> int:
         return len(self._data)
-
-
-class RedisSessionStore:
-    """Sessions in Redis at ``url`` (e.g. ``redis://127.0.0.1:6379/0``) as JSON strings.
-
-    ``merge`` is an optimistic transaction (WATCH/MULTI), so two proxies merging into one
-    session do not lose each other's keys. A value is at most ``max_value_bytes`` of JSON (the
-    largest keys are dropped to fit, :func:`fit`); Redis's own ``maxmemory`` policy bounds the
-    total. Raises ``redis.RedisError`` when Redis is down.
-    """
-
-    def __init__(self, url: str, ttl_s: int = 24 * 3600, prefix: str = "prefixgate:session:",
-                 max_value_bytes: int = DEFAULT_MAX_SESSION_BYTES) -> None:
-        import redis
-
-        self._r = redis.Redis.from_url(url)
-        self.ttl_s = ttl_s
-        self.prefix = prefix
-        self.max_value_bytes = max_value_bytes
-
-    def _key(self, session_id: str) -> str:
-        return self.prefix + session_id
-
-    def get(self, session_id: str) -> Mapping[str, Any]:
-        """Read-only view of the stored JSON (empty for an unknown session)."""
-        raw = self._r.get(self._key(session_id))
-        return MappingProxyType(json.loads(raw) if raw else {})
-
-    def merge(self, session_id: str, updates: Mapping[str, Any]) -> None:
-        """Shallow-update atomically and refresh the TTL."""
-        if not updates:
-            return
-        import redis
-
-        key = self._key(session_id)
-        with self._r.pipeline() as pipe:
-            while True:
-                try:
-                    pipe.watch(key)  # type: ignore[no-untyped-call]
-                    raw = pipe.get(key)
-                    mem = json.loads(raw) if raw else {}
-                    mem.update(updates)
-                    mem, _, dropped = fit(mem, self.max_value_bytes, json_bytes)
-                    if dropped:
-                        log.warning("session value over %d bytes: dropped keys %s",
-                                    self.max_value_bytes, ",".join(k[:40] for k in dropped))
-                    pipe.multi()
-                    pipe.set(key, json.dumps(mem, sort_keys=True), ex=self.ttl_s)
-                    pipe.execute()
-                    return
-                except redis.WatchError:
-                    continue
-
-    def delete(self, session_id: str) -> None:
-        """Forget a session."""
-        self._r.delete(self._key(session_id))

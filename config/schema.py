@@ -63,6 +63,10 @@ class Backend(_Strict):
     spawn: bool = False
     device: str = "cpu"
     timeout_s: float = Field(600.0, gt=0)
+    cache_salt: bool | None = None
+    """Send the request's tenant as a ``cache_salt`` body field (our engine and vLLM >= 0.9 key
+    their prefix cache by it, so tenants never share cached KV). None: on for ``local``, off
+    otherwise (a backend that rejects unknown fields would 400); set true for a vLLM fleet."""
 
     @field_validator("api_key")
     @classmethod
@@ -131,11 +135,18 @@ class RewriteSettings(_Strict):
 
 
 class LedgerSettings(_Strict):
-    """Where per-request records go. Prompt text is never stored unless ``store_prompt_text``."""
+    """Where per-request records go. Prompt text is never stored unless ``store_prompt_text``.
+
+    ``redis_url``: shared state of several proxy replicas (session memory, counters; see
+    :mod:`cache.redis_link`); ``redis_prefix``: prefix of every key prefixgate writes there;
+    ``batch_writes``: ledger rows go to SQLite from a background writer thread, many rows per
+    transaction (:mod:`cache.ledger_writer`), flushed on shutdown."""
 
     path: str = "~/.cache/prefixgate/ledger.sqlite"
     redis_url: str | None = None
+    redis_prefix: str = "prefixgate:"
     store_prompt_text: bool = False
+    batch_writes: bool = True
 
 
 class Limits(_Strict):
@@ -206,6 +217,8 @@ class ProxyKey(_Strict):
     rpm: int | None = Field(None, ge=1)
     tpm: int | None = Field(None, ge=1)
     created: str = ""
+    tenant: str | None = Field(None, pattern=KEY_ID_PATTERN)
+    """The tenant this key's requests belong to (None: the key's own ``id``)."""
 
 
 class AuthSettings(_Strict):
@@ -246,6 +259,15 @@ class FanoutSettings(_Strict):
     min_prefix_bytes: int = Field(4096, ge=0)
 
 
+class TenantSettings(_Strict):
+    """Who a request belongs to (:mod:`proxy.tenants`). ``header``: whether the
+    ``x-prefixgate-tenant`` header names the tenant — ``off`` (ignored), ``on`` (without proxy
+    keys it is the tenant; with keys it names a sub-tenant inside the key's own tenant, so a key
+    never reaches another key's namespace)."""
+
+    header: Literal["off", "on"] = "off"
+
+
 class Policy(_Strict):
     """The whole policy file. Raises ``pydantic.ValidationError`` on bad input."""
 
@@ -260,6 +282,7 @@ class Policy(_Strict):
     holdout: HoldoutSettings = Field(default_factory=HoldoutSettings)
     slo: SloSettings = Field(default_factory=SloSettings)
     fanout: FanoutSettings = Field(default_factory=FanoutSettings)
+    tenants: TenantSettings = Field(default_factory=TenantSettings)
 
     @model_validator(mode="after")
     def _routes_name_backends(self) -> Policy:

@@ -52,7 +52,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from cache.ledger import Ledger, LedgerRow
-from cache.session import MemorySessionStore, RedisSessionStore, SessionStore
+from cache.ledger_writer import open_ledger
+from cache.redis_link import RedisLink
+from cache.session import MemorySessionStore, SessionStore
+from cache.session_redis import SharedSessionStore
+from cache.shared_state import LocalState, RedisState, SharedState
 from config.schema import Policy
 from proxy import exactjson, savings_api, translate, wire
 from proxy.auth import Guard
@@ -108,6 +112,7 @@ from proxy.rewriting import (
 )
 from proxy.router import Target, pick_target
 from proxy.slashes import TrailingSlash
+from proxy.tenants import namespaced_session, salted_body, tenant_for
 from proxy.usage import (
     AnthropicStreamWatcher,
     OpenAIStreamWatcher,
@@ -142,6 +147,7 @@ class ProxyState:
     guard: Guard = field(default_factory=Guard.open)  # proxy keys + rate limits (proxy.auth)
     loop_lag: LoopLagMonitor = field(default_factory=LoopLagMonitor)
     otel: GenAITelemetry | None = None  # OTLP export, only when OTEL_EXPORTER_OTLP_* is set
+    shared: SharedState = field(default_factory=LocalState)  # counters shared by replicas
 
     def record(self, row: LedgerRow, obs: RequestObs | None = None) -> None:
         """Write the row and count it; never raises (a ledger failure must not fail a request)."""
@@ -222,7 +228,7 @@ async def _finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, ht
         apply_reported_timings(row, ex.reported)
         if memory and ex.rw is not None and ex.rw.memory:
             try:
-                state.sessions.merge(ex.session_id, ex.rw.memory)
+                await state.sessions.amerge(ex.session_id, ex.rw.memory)
             except Exception:
                 log.exception("session memory merge failed")
         row.input_usd = input_cost_usd(row.model, row.prompt_tokens, row.cached_tokens,
@@ -265,6 +271,7 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
     ex = Exchange(api, LedgerRow(endpoint=request.url.path))
     try:
         ex.row.key_id = await state.guard.admit(request.headers, api)   # 0. auth (401 / 429)
+        ex.row.tenant = tenant_for(request.headers, ex.row.key_id, state.policy, state.guard)
         await _parse(ex, request, state.policy)                        # 1. parse
         _route(ex, state.policy)                                        # 2. route
         await _passes(ex, request, state)                               # 3. passes
@@ -312,14 +319,14 @@ async def _passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     (fail-open: never raises for a pass; over budget the client's bytes go out)."""
     assert ex.target is not None
     policy = state.policy
-    ex.session_id = session_id_for(request.headers, ex.body)
+    ex.session_id = namespaced_session(ex.row.tenant, session_id_for(request.headers, ex.body))
     ex.row.session = session_hash(ex.session_id)
     ctx = None
     ex.row.holdout = in_holdout(ex.session_id, policy.holdout)  # A/B: sent as if opted out
     ex.row.cf_source = "holdout" if ex.row.holdout else ""
     if rewrite_wanted(request.headers, policy.rewrite) and not ex.row.holdout:
         ctx = Context(settings=policy.rewrite, model=ex.row.model, provider=ex.target.provider,
-                      session_id=ex.session_id, session=state.sessions.get(ex.session_id),
+                      session_id=ex.session_id, session=await state.sessions.aget(ex.session_id),
                       now_s=time.time())
     ex.rw = await rewrite_off_loop(state.rewrite_fn, ex.body, ex.raw, ex.api, ctx)
     ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
@@ -337,6 +344,8 @@ def _bridge(ex: Exchange, max_depth: int) -> None:
     target = ex.target
     ex.up_raw = translate.encode(ex.api, ex.rw.body, max_depth) if target.translate else (
         ex.rw.raw)
+    if target.wire == "openai":  # the tenant's prefix-cache namespace (proxy.tenants)
+        ex.up_raw = salted_body(ex.up_raw, ex.row.tenant, target.backend)
     if ex.row.stream:
         ex.watcher = AnthropicStreamWatcher() if target.wire == "anthropic" else (
             OpenAIStreamWatcher())
@@ -513,26 +522,30 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
               ) -> FastAPI:
     """The proxy app for ``policy``.
 
-    ``ledger``: default ``Ledger(policy.ledger.path)``; ``sessions``: default Redis when
-    ``policy.ledger.redis_url`` is set, else in-process LRU; ``rewrite_fn``: the rewrite
+    ``ledger``: default :func:`cache.ledger_writer.open_ledger` (batched writer thread, flushed
+    when the app stops); ``sessions``: default :class:`cache.session_redis.SharedSessionStore`
+    when ``policy.ledger.redis_url`` is set, else in-process LRU; ``rewrite_fn``: the rewrite
     pipeline (default :func:`rewriter.pipeline.rewrite_request`; None = never rewrite);
     ``transport``: httpx transport for the upstream client (tests); ``analyze``: run the
     cache-break detector and the counterfactual cache model after each request
     (:mod:`proxy.insight`).
     """
+    counters = ProxyMetrics(policy_models(policy.routes))
+    url = policy.ledger.redis_url  # shared state of replicas (cache.redis_link)
+    link = RedisLink(url, policy.ledger.redis_prefix, registry=counters.registry) if url else None
     if sessions is None:
-        url = policy.ledger.redis_url
-        sessions = RedisSessionStore(url) if url else MemorySessionStore()
+        sessions = SharedSessionStore(link) if link else MemorySessionStore()
     state = ProxyState(
         policy=policy,
-        ledger=ledger if ledger is not None else Ledger(policy.ledger.path),
+        ledger=ledger if ledger is not None else open_ledger(policy.ledger),
         sessions=sessions,
         rewrite_fn=default_rewrite_fn() if rewrite_fn == "default" else rewrite_fn,  # type: ignore[arg-type]
         upstream=Upstream(transport),
-        metrics=ProxyMetrics(policy_models(policy.routes)),
+        metrics=counters,
         insight=Insight(policy.ledger.store_prompt_text) if analyze else None,
         guard=Guard.from_policy(policy.auth, policy.ledger),
         otel=telemetry_from_env(policy),
+        shared=RedisState(link) if link else LocalState(),
     )
 
     state.metrics.watch_resources(lambda: state.upstream.in_use, state.upstream.pool_stats,
@@ -547,6 +560,9 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         finally:
             await state.loop_lag.stop()
             await state.upstream.close()
+            state.ledger.flush()  # a batched writer's queued rows reach the disk
+            if link is not None:
+                await link.close()
             if state.otel is not None:
                 await anyio.to_thread.run_sync(state.otel.shutdown)  # flush the batches
 

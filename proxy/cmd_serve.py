@@ -11,6 +11,17 @@ deadline, keep-alive, concurrency). Listening on a non-loopback address requires
 (``auth``; :func:`proxy.auth.needs_keys`): without any, serve refuses to start (exit 2) and says
 how to add one. Log messages are escaped (:class:`proxy.logsafe.SafeFormatter`).
 
+``--workers N`` runs N proxy processes on one listening socket (uvicorn's multiprocess
+supervisor; each worker builds its app with :func:`app_from_env` from the policy path handed over
+in ``PREFIXGATE_POLICY``). They share one ledger file — SQLite WAL serialises their batched
+transactions, so ``prefixgate report`` reads every worker's rows from one place — and, when the
+policy sets ``ledger.redis_url``, one session memory. Without Redis each worker keeps its own
+session memory (a session's requests may land on different workers: set ``redis_url`` for
+rewrites that learn across requests). Engines are spawned once, by the parent.
+
+Per-request log lines are off by default (``--access-log`` turns uvicorn's on; the proxy's own
+summary line is DEBUG).
+
 ``engine --model DIR [--host] [--port 8081] [--device cpu] [extra engine flags]``: replaces
 itself with ``python -m local_engine`` (same flags).
 """
@@ -30,9 +41,33 @@ from config.schema import Policy
 from proxy.auth import KeyStore, needs_keys
 from proxy.engine_proc import EngineProcess, EngineStartError, engine_command
 from proxy.logsafe import SafeFormatter
-from proxy.server import uvicorn_options
+from proxy.server import guarded_protocol, uvicorn_options
 
 LOG_FORMAT = "%(asctime)s %(name)s %(message)s"
+POLICY_ENV = "PREFIXGATE_POLICY"
+"""Policy file path handed to ``--workers`` processes ("" = the shipped default policy)."""
+
+
+def _policy_from_env() -> Policy:
+    path = os.environ.get(POLICY_ENV, "")
+    return load_policy(Path(path)) if path else default_policy()
+
+
+def app_from_env() -> object:
+    """The proxy app for the policy named by ``$PREFIXGATE_POLICY`` (uvicorn factory for
+    ``--workers``; each worker process calls it once). Raises PolicyError for a bad policy."""
+    from proxy.app import build_app
+
+    return build_app(_policy_from_env())
+
+
+def __getattr__(name: str) -> object:
+    """``WorkerProtocol``: the guarded h11 protocol for ``$PREFIXGATE_POLICY``'s limits. uvicorn
+    pickles its config into each worker, and a class made per policy does not pickle, so
+    workers import it by name (``proxy.cmd_serve:WorkerProtocol``) and build it there."""
+    if name == "WorkerProtocol":
+        return guarded_protocol(_policy_from_env().limits)
+    raise AttributeError(name)
 
 
 def _load(policy: Path | None) -> Policy:
@@ -67,8 +102,11 @@ def serve(
     host: str | None = typer.Option(None, "--host", help="listen address (default: policy)"),
     port: int | None = typer.Option(None, "--port", help="listen port (default: policy, 8080)"),
     log_level: str = typer.Option("info", "--log-level"),
+    workers: int = typer.Option(1, "--workers", min=1, help="proxy processes (one ledger)"),
+    access_log: bool = typer.Option(False, "--access-log/--no-access-log",
+                                    help="one INFO line per request (off: hot path)"),
 ) -> None:
-    """Start the local engine(s) the policy spawns, then the proxy."""
+    """Start the local engine(s) the policy spawns, then the proxy (``--workers`` processes)."""
     import uvicorn
 
     from proxy.app import build_app
@@ -94,8 +132,15 @@ def serve(
             except EngineStartError as e:
                 typer.echo(f"backend {name!r}: {e}", err=True)
                 raise typer.Exit(1) from None
-        uvicorn.run(build_app(pol), host=listen_host, port=port or pol.listen.port,
-                    log_level=log_level, timeout_graceful_shutdown=5, **uvicorn_options(pol.limits))
+        options = {"host": listen_host, "port": port or pol.listen.port, "log_level": log_level,
+                   "timeout_graceful_shutdown": 5, "access_log": access_log,
+                   **uvicorn_options(pol.limits)}
+        if workers == 1:
+            uvicorn.run(build_app(pol), **options)
+            return
+        os.environ[POLICY_ENV] = str(policy.resolve()) if policy else ""
+        options["http"] = f"{__name__}:WorkerProtocol"
+        uvicorn.run(f"{__name__}:app_from_env", factory=True, workers=workers, **options)
 
 
 def engine(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 import uuid
@@ -12,7 +13,9 @@ import httpx
 import pytest
 
 from cache.ledger import COLUMNS, Ledger, LedgerRow
-from cache.session import MemorySessionStore, RedisSessionStore
+from cache.redis_link import RedisLink
+from cache.session import MemorySessionStore
+from cache.session_redis import SharedSessionStore
 from tests.proxy.upstream import Script, completion
 
 
@@ -92,17 +95,23 @@ def test_redis_store_against_real_redis() -> None:
         redis.Redis.from_url("redis://127.0.0.1:6379/0").ping()
     except redis.RedisError:
         pytest.skip("no Redis at 127.0.0.1:6379 (make test starts one)")
-    s = RedisSessionStore("redis://127.0.0.1:6379/0", ttl_s=60)
-    sid = "test-" + uuid.uuid4().hex
-    try:
-        assert dict(s.get(sid)) == {}
-        s.merge(sid, {"volatile": ["system:0"]})
-        s.merge(sid, {"n": 2})
-        other = RedisSessionStore("redis://127.0.0.1:6379/0")  # a second proxy process
-        assert dict(other.get(sid)) == {"volatile": ["system:0"], "n": 2}
-        assert 0 < s._r.ttl(s.prefix + sid) <= 60
-    finally:
-        s.delete(sid)
+    prefix = f"test-{uuid.uuid4().hex}:"
+
+    async def run() -> None:
+        s = SharedSessionStore(RedisLink("redis://127.0.0.1:6379/0", prefix), ttl_s=60)
+        other = SharedSessionStore(RedisLink("redis://127.0.0.1:6379/0", prefix))  # a 2nd proxy
+        try:
+            assert dict(await s.aget("a")) == {}
+            await s.amerge("a", {"volatile": ["system:0"]})
+            await s.amerge("a", {"n": 2})
+            assert dict(await other.aget("a")) == {"volatile": ["system:0"], "n": 2}
+            assert 0 < await s.link.client.ttl(prefix + "session:a") <= 60
+        finally:
+            await s.delete("a")
+            await s.link.close()
+            await other.link.close()
+
+    asyncio.run(run())
 
 
 def test_models_and_healthz(rig: Any) -> None:
@@ -130,7 +139,8 @@ def test_policy_redis_url_shares_session_memory_between_two_proxies(
         return RewriteResult(body, [Edit("count", False, "params", "x",
                                          memory={"n": ctx.session.get("n", 0) + 1})])
 
-    ledger = {"path": str(tmp_path / "l.sqlite"), "redis_url": url}
+    prefix = f"test-{uuid.uuid4().hex}:"
+    ledger = {"path": str(tmp_path / "l.sqlite"), "redis_url": url, "redis_prefix": prefix}
     a = rig_factory(rewrite_fn=remembering, ledger=ledger)
     b = rig_factory(rewrite_fn=remembering, ledger=ledger)
     a.upstream.script = Script(body=completion())
@@ -142,4 +152,5 @@ def test_policy_redis_url_shares_session_memory_between_two_proxies(
                        headers={"x-prefixgate-session": sid})
         assert views == [{}, {"n": 1}, {"n": 2}]
     finally:
-        RedisSessionStore(url).delete(sid)
+        r = redis.Redis.from_url(url)
+        r.delete(*(r.keys(prefix + "*") or [prefix]))
