@@ -64,7 +64,8 @@ def test_openai_sdk_sync_non_stream_reports_cached_tokens_on_repeat(stack: Any) 
     assert raw.headers["x-prefixgate-cached-tokens"] == str(cached)
     row = ledger.rows()[-1]
     assert (row["status"], row["cached_tokens"], row["stream"]) == ("ok", cached, 0)
-    assert row["ttft_ms"] is None and row["total_ms"] > 0
+    # a non-streamed answer: the TTFT is the engine's own (X-Engine-TTFT-Ms), marked as reported
+    assert row["ttft_ms"] > 0 and row["ttft_source"] == "reported" and row["total_ms"] > 0
 
 
 def test_openai_sdk_sync_stream(stack: Any) -> None:
