@@ -11,6 +11,8 @@ backend would have cached had the client's original body been sent (NULL when no
 ``input_usd`` / ``cf_input_usd`` price the prompt from the backend's usage and from that
 counterfactual (USD, NULL for unpriced models such as the local engine). ``key_id`` is the
 public id of the proxy key the request authenticated with ("" without proxy keys), never the key.
+``deployment`` names the deployment that answered, ``attempts`` counts the sends (retries and
+fallbacks included), ``attempt_reasons`` lists the failed ones (``<deployment>:<why>``).
 A second table, ``breaks``, keeps cache-break records (:mod:`cache.breaks`) as JSON.
 """
 
@@ -24,7 +26,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 2  # 2: key_id column. Older files are migrated on open (ALTER TABLE ADD COLUMN).
+# 2: key_id column; 3: deployment, attempts, attempt_reasons (issue 10). Older files are
+# migrated on open (ALTER TABLE ADD COLUMN).
+SCHEMA_VERSION = 3
 
 
 @dataclass
@@ -55,6 +59,9 @@ class LedgerRow:
     cf_input_usd: float | None = None
     error: str = ""
     key_id: str = ""              # the proxy key's public id, never the key
+    deployment: str = ""          # the deployment that answered (its name, never its URL)
+    attempts: int = 0             # sends made (retries and fallbacks included)
+    attempt_reasons: str = ""     # failed sends, "<deployment>:<why>" comma-joined
 
 
 def _column_type(tp: Any) -> str:

@@ -5,6 +5,9 @@ Routes::
     POST /v1/chat/completions   chat (stream and non-stream, tools -> tool_calls)
     POST /v1/completions        raw prompt (string or token ids)
     GET  /v1/models             {"object": "list", "data": [{"id": <model>, ...}]}
+    POST /v1/cache/match        a chat body, or {"input_ids": [...], "cache_salt"?} ->
+                                {"cached_tokens", "prompt_tokens"}: the prompt's prefix the
+                                radix tree holds now, read-only (for a cache-aware router)
     GET  /health                {"status": "ok"}
     GET  /metrics               Prometheus text (see metrics.py)
 
@@ -337,6 +340,26 @@ class _Server:
         job.received = received
         return await self.respond(request, job)
 
+    async def cache_match(self, request: Request) -> dict[str, int]:
+        """``POST /v1/cache/match`` (see module docstring). Read-only: no node split, no LRU
+        time touched, no ``lock_ref`` (:meth:`RadixCache.peek_prefix_len`). It reads the tree
+        while the engine thread may be changing it, so the answer is a routing hint: exact
+        when the engine is idle, possibly short by what is being inserted or evicted now."""
+        body = await _json_body(request)
+        if isinstance(body, dict) and isinstance(body.get("input_ids"), list):
+            ids = [t for t in body["input_ids"] if isinstance(t, int)]
+            salt = body.get("cache_salt")
+            key = salt.encode() if isinstance(salt, str) and salt else None
+        else:
+            job = _chat_job(self.engine, parse_request(ChatCompletionRequest, body))
+            ids, key = job.prompt_ids, job.extra_key
+        cache = self.engine.cache
+        try:
+            cached = 0 if cache is None else cache.peek_prefix_len(ids, key)
+        except (AttributeError, KeyError, IndexError, TypeError):  # a node changing under us
+            cached = 0
+        return {"cached_tokens": cached, "prompt_tokens": len(ids)}
+
     def models(self) -> dict[str, Any]:
         return {
             "object": "list",
@@ -448,6 +471,7 @@ def build_app(engine: Engine, log_stats_interval_s: float | None = None) -> Fast
     app.add_api_route("/v1/chat/completions", server.chat, methods=["POST"])
     app.add_api_route("/v1/completions", server.completions, methods=["POST"])
     app.add_api_route("/v1/models", server.models, methods=["GET"])
+    app.add_api_route("/v1/cache/match", server.cache_match, methods=["POST"])
 
     @app.get("/health")
     async def health() -> dict[str, str]:
