@@ -99,16 +99,20 @@ class BreakerSettings(_Strict):
 class AffinitySettings(_Strict):
     """How a group's deployment is picked (the two-part rule of SGLang's cache-aware router).
 
-    ``mode``: ``prefix`` — rendezvous hash of the request's stable prefix (the rewritten tools +
-    system region and the session), so one conversation keeps hitting one replica's prefix
-    cache; ``exact`` — ask each deployment ``POST /cache/match`` (our engine: cached tokens for
-    this prompt, read-only) and take the longest match (hash on ties / no match);
+    ``mode``: ``prefix`` — the request's stable-prefix key (its session: system text + first
+    user message) is placed once by rendezvous hashing with bounded loads (no deployment holds
+    more than ``ceil(session_balance * mean)`` of the keys seen in the last ``session_ttl_s``)
+    and kept, so one conversation keeps hitting one replica's prefix cache; ``exact`` — ask
+    each deployment ``POST /cache/match`` (our engine: cached tokens for this prompt,
+    read-only) and take the longest match (the ``prefix`` placement on ties / no match);
     ``least_load`` — fewest requests in flight; ``round_robin``.
     Load guard: when ``max - min > imbalance_abs`` and ``max > imbalance_rel * min`` (in-flight
     requests per deployment), the least loaded deployment is taken whatever the prefix says.
     ``match_timeout_ms``: the budget of the ``exact`` queries (past it: ``prefix``)."""
 
     mode: Literal["prefix", "exact", "least_load", "round_robin"] = "prefix"
+    session_balance: float = Field(1.0, ge=1.0)
+    session_ttl_s: float = Field(600.0, gt=0)
     imbalance_abs: int = Field(2, ge=0)
     imbalance_rel: float = Field(1.5, ge=1)
     match_timeout_ms: int = Field(50, ge=1)

@@ -152,7 +152,11 @@ class Sender:
         matches = None
         if backend.affinity.mode == "exact" and self.match is not None:
             matches = await self.match(step.target, avail, step.body)
-        c = choose(names, loads, key, backend.affinity, self.balancer.turn(name), matches)
+        placed = None
+        if backend.affinity.mode in ("prefix", "exact"):
+            placed = self.balancer.place(key, names, backend.affinity)
+        c = choose(names, loads, key, backend.affinity, self.balancer.turn(name), matches,
+                   placed)
         rest = sorted((i for i in range(len(avail)) if i != c.index),
                       key=lambda i: (loads[i], rendezvous(key, [names[i]])))
         return [(avail[c.index], c.why)] + [(avail[i], "next") for i in rest]
