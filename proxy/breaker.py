@@ -53,6 +53,11 @@ class Breaker:
         if self.state == HALF_OPEN:
             self.probing = True
 
+    def abandoned(self) -> None:
+        """The request sent by :meth:`before_send` ended with no verdict (the client left):
+        a half-open breaker may send its probe again."""
+        self.probing = False
+
     def success(self) -> None:
         """The deployment answered (any status that is not a failure, see BreakerSettings)."""
         self._note(True)

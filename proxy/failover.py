@@ -192,6 +192,7 @@ class Sender:
                     break
                 except BaseException:
                     release()
+                    breaker.abandoned()
                     raise
                 if resp.status_code not in self.retry.on_status:
                     breaker.success()

@@ -100,6 +100,9 @@ def test_breaker_opens_on_consecutive_failures_probes_once_and_closes() -> None:
     assert b.available()
     b.before_send()
     assert b.state == HALF_OPEN and not b.available()  # one probe at a time
+    b.abandoned()  # the probe's client left: no verdict, another probe may go
+    assert b.available()
+    b.before_send()
     b.failure("connect")
     assert b.state == OPEN and not b.available()  # the probe failed: another cooldown
     clock.t += 10
@@ -164,3 +167,22 @@ def test_retry_after_reads_seconds_and_dates_and_backoff_is_capped() -> None:
     r = RetrySettings(backoff_base_s=0.5, backoff_max_s=1.0)
     assert backoff_s(1, r, lambda: 1.0) == 0.5 and backoff_s(5, r, lambda: 1.0) == 1.0
     assert backoff_s(3, r, lambda: 0.0) == 0.0
+
+
+def test_the_fleet_policy_example_of_the_readme_loads() -> None:
+    from pathlib import Path
+
+    from config.loader import load_policy
+    p = load_policy(Path(__file__).resolve().parents[2] / "docs" / "fleet_policy.yaml")
+    assert [d.name for d in p.backends["fleet"].group("fleet")] == ["vllm-a", "vllm-b",
+                                                                    "sglang-c"]
+    assert [t.backend_name for t in plan_targets(p, "fast", "openai")] == ["fleet", "openai"]
+
+
+def test_models_lists_aliases_and_exact_route_names_only() -> None:
+    import asyncio
+
+    from proxy.probes import list_models
+    p = _policy(aliases={"fast": "gpt-4o-mini", "broken": "no-route-matches-this"})
+    got = asyncio.run(list_models(None, p))
+    assert {m["id"]: m["owned_by"] for m in got["data"]} == {"fast": "oa", "gpt-4o-mini": "oa"}
