@@ -131,18 +131,25 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 1)
 
 
-def run_live(n_sessions: int, turns: int, max_tokens: int) -> dict[str, Any]:
+LIVE_MODES = (("round_robin", "round_robin", 3), ("least_load", "least_load", 3),
+              ("prefix", "prefixgate", 3), ("oracle", "oracle", 1))
+
+
+def run_live(n_sessions: int, turns: int, max_tokens: int, only: list[str] | None = None,
+             old: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``live`` block; ``only``: the modes to run, the others kept from ``old``."""
     sessions = sessions_from_trace(n_sessions, turns)
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = dict(old or {})
     with tempfile.TemporaryDirectory() as d:
-        for mode, name, replicas in (("round_robin", "round_robin", 3),
-                                     ("least_load", "least_load", 3),
-                                     ("prefix", "prefixgate", 3), ("oracle", "oracle", 1)):
+        for mode, name, replicas in LIVE_MODES:
+            if only and name not in only:
+                continue
             print(f"live: {name} ...", flush=True)
             out[name] = run_live_mode(mode, replicas, sessions, Path(d), max_tokens)
             print(f"live: {name} {out[name]}", flush=True)
-    out["oracle"] = {"cached_share": out["oracle"]["cached_share"],
-                     "ttft_p50_ms_one_replica": out["oracle"]["ttft_p50_ms"]}
+            if name == "oracle":
+                out["oracle"] = {"cached_share": out["oracle"]["cached_share"],
+                                 "ttft_p50_ms_one_replica": out["oracle"]["ttft_p50_ms"]}
     return out
 
 
@@ -268,6 +275,8 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=6)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--modes", default="", help="live modes to re-run, comma-separated "
+                    "(round_robin,least_load,prefixgate,oracle); the rest are kept")
     args = ap.parse_args()
     old = json.loads(RESULT.read_text()) if RESULT.exists() else {}
     figures = dict(old.get("figures", {}))
@@ -275,8 +284,13 @@ def main() -> None:
         figures["simulated"] = run_sim()
         print(json.dumps(figures["simulated"], indent=1), flush=True)
     if args.only in (None, "live"):
-        figures["live"] = run_live(args.sessions, args.turns, args.max_tokens)
-    out = {"command": "nice python " + " ".join(["bench/routing_affinity.py", *sys.argv[1:]]),
+        modes = [m for m in args.modes.split(",") if m]
+        figures["live"] = run_live(args.sessions, args.turns, args.max_tokens, modes,
+                                   figures.get("live") if modes else None)
+    command = "nice python " + " ".join(["bench/routing_affinity.py", *sys.argv[1:]])
+    if (args.modes or args.only) and old.get("command"):  # what is kept came from before
+        command = f"{old['command']}; then {command}"
+    out = {"command": command,
            "figures": figures,
            "goals": {"cached_share_vs_oracle": "within 0.05",
                      "ttft_p90_ratio_vs_round_robin": ">= 3", "max_min_load": "<= 1.5"}}

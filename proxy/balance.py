@@ -76,8 +76,10 @@ def choose(names: Sequence[str], loads: Sequence[int], key: str, settings: Affin
     mode = settings.mode
     if mode == "round_robin":
         return Choice(turn % len(names), "round_robin")
-    if mode == "least_load":
-        return Choice(_least(loads, key, names), "least_load")
+    if mode == "least_load":  # ties in turn, not by key: no affinity at all
+        lo = min(loads)
+        tied = [i for i, x in enumerate(loads) if x == lo]
+        return Choice(tied[turn % len(tied)], "least_load")
     if imbalanced(loads, settings.imbalance_abs, settings.imbalance_rel):
         return Choice(_least(loads, key, names), "load_guard")
     if mode == "exact" and matches is not None and max(matches) > 0:
