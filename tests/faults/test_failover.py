@@ -209,3 +209,27 @@ def test_a_breaker_opens_half_opens_and_closes(tmp_path: Path) -> None:
         assert httpx.get(p.url + "/healthz").json()["down"] == {}
         rows = wait_rows(p.ledger, 8 + p.a.requests - 2 + 2)
         assert {r["status"] for r in rows} == {"ok"}
+
+
+def test_active_health_checks_open_a_dead_deployments_breaker_and_healthz_names_it(
+        tmp_path: Path) -> None:
+    def make(ua: str, ub: str) -> dict[str, Any]:
+        return {"backends": {"g": {"kind": "openai_compat", "deployments": [
+                    {"base_url": ua + "/v1", "name": "alive"},
+                    {"base_url": _closed_port_url() + "/v1", "name": "dead"}]}},
+                "routes": [{"match": "*", "backend": "g"}],
+                "breaker": {"consecutive_failures": 2},
+                "health_checks": {"interval_s": 0.05, "timeout_s": 1}}
+    with _pair(tmp_path, make) as p:
+        end = time.monotonic() + 20
+        down: dict[str, str] = {}
+        while "dead" not in down and time.monotonic() < end:
+            time.sleep(0.05)
+            down = httpx.get(p.url + "/healthz").json()["down"]
+        assert list(down) == ["dead"] and "health_check" in down["dead"]
+        path = "/v1/chat/completions"
+        for _ in range(4):  # every request goes to the live deployment, first time
+            r = httpx.post(p.url + path, json=body_for(path, "ok", False), timeout=30)
+            assert r.status_code == 200
+        rows = wait_rows(p.ledger, 4)
+        assert {(r["deployment"], r["attempts"]) for r in rows} == {("alive", 1)}
