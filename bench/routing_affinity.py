@@ -290,12 +290,13 @@ def main() -> None:
     command = "nice python " + " ".join(["bench/routing_affinity.py", *sys.argv[1:]])
     if (args.modes or args.only) and old.get("command"):  # what is kept came from before
         command = f"{old['command']}; then {command}"
-    out = {"command": command,
-           "figures": figures,
-           "goals": {"cached_share_vs_oracle": "within 0.05",
-                     "ttft_p90_ratio_vs_round_robin": ">= 3", "max_min_load": "<= 1.5"}}
+    out: dict[str, Any] = {"command": command,
+                           "figures": figures,
+                           "goals": {"cached_share_vs_oracle": "within 0.05",
+                                     "ttft_p90_ratio_vs_round_robin": ">= 3",
+                                     "max_min_load": "<= 1.5"}}
     RESULT.write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps(out["figures"].get("live", {}), indent=1))
+    print(json.dumps(figures.get("live", {}), indent=1))
 
 
 if __name__ == "__main__":
