@@ -233,3 +233,36 @@ def test_active_health_checks_open_a_dead_deployments_breaker_and_healthz_names_
             assert r.status_code == 200
         rows = wait_rows(p.ledger, 4)
         assert {(r["deployment"], r["attempts"]) for r in rows} == {("alive", 1)}
+
+
+def _timeouts(**t: float) -> Any:
+    def make(ua: str, ub: str) -> dict[str, Any]:
+        return {"backends": {"a": {"kind": "openai_compat", "base_url": ua + "/v1",
+                                   "timeout_s": 30, "timeouts": t}},
+                "routes": [{"match": "*", "backend": "a"}], "retry": {**RETRY, "attempts": 1}}
+    return make
+
+
+def test_a_first_byte_timeout_shorter_than_the_idle_one_ends_the_wait_for_the_head(
+        tmp_path: Path) -> None:
+    with _pair(tmp_path, _timeouts(first_byte_s=0.3, idle_s=30)) as p:
+        path = "/v1/chat/completions"
+        t0 = time.monotonic()
+        r = httpx.post(p.url + path, json=body_for(path, "stall-before", False), timeout=30)
+        assert r.status_code == 504 and time.monotonic() - t0 < 10
+        (row,) = wait_rows(p.ledger, 1)
+        assert (row["status"], row["attempt_reasons"]) == ("UpstreamTimeout", "a:timeout")
+        assert p.idle() == (0, 0)
+
+
+def test_an_idle_timeout_shorter_than_the_first_byte_one_ends_a_silent_stream(
+        tmp_path: Path) -> None:
+    with _pair(tmp_path, _timeouts(first_byte_s=30, idle_s=0.3)) as p:
+        path = "/v1/chat/completions"
+        t0 = time.monotonic()
+        r = httpx.post(p.url + path, json=body_for(path, "stall-after", True), timeout=30)
+        assert r.status_code == 200 and time.monotonic() - t0 < 10
+        assert is_error_event(events(r.text)[-1], path)
+        (row,) = wait_rows(p.ledger, 1)
+        assert row["status"] == "upstream_error"
+        assert p.idle() == (0, 0)
