@@ -2,7 +2,9 @@
 
 Names (``prefixgate_`` prefix), labels ``backend`` and, where it matters, ``status``:
 ``requests_total``, ``prompt_tokens_total``, ``cached_tokens_total``, ``output_tokens_total``,
-``pruned_tokens_total``, ``ttft_seconds`` / ``tpot_seconds`` / ``request_seconds`` histograms.
+``pruned_tokens_total``, ``ttft_seconds`` / ``tpot_seconds`` / ``request_seconds`` histograms;
+``upstream_failed_sends_total{deployment, reason}``: sends that were retried or fell over (the
+row's ``attempt_reasons``: ``status-503``, ``connect``, ``reset``, ``timeout``, ...).
 
 Resource gauges, read when scraped (:meth:`ProxyMetrics.watch_resources`):
 ``upstream_responses_in_use`` (upstream responses opened and not yet closed — counted by the
@@ -45,6 +47,9 @@ class ProxyMetrics:
                               ["backend"], buckets=_TPOT_BUCKETS, registry=r)
         self.total = Histogram("prefixgate_request_seconds", "Whole request latency",
                                ["backend"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.failed_sends = Counter("prefixgate_upstream_failed_sends_total",
+                                    "Upstream sends that failed and were retried or fell over",
+                                    ["deployment", "reason"], registry=r)
 
     def watch_resources(self, in_use: Callable[[], float], pool: Callable[[], dict[str, int]],
                         loop_lag_s: Callable[[], float]) -> None:
@@ -77,6 +82,9 @@ class ProxyMetrics:
             self.tpot.labels(b).observe(row.tpot_ms / 1e3)
         if row.total_ms is not None:
             self.total.labels(b).observe(row.total_ms / 1e3)
+        for failed in filter(None, row.attempt_reasons.split(",")):
+            deployment, _, reason = failed.rpartition(":")
+            self.failed_sends.labels(deployment, reason).inc()
 
     def render(self) -> bytes:
         """Text exposition format."""

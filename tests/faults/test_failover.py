@@ -108,6 +108,9 @@ def test_each_failure_kind_falls_back_to_the_next_backend(tmp_path: Path, fault:
             2 if fault == "connect" else sends)
         assert p.a.requests == sends and p.b.requests == 1
         assert p.idle() == (0, 0)
+        rig = FaultRig(p.url, p.a, p.ledger)
+        assert rig.gauge("prefixgate_upstream_failed_sends_total",
+                         f'deployment="{dead}",reason="{why}"') == row["attempts"] - 1
 
 
 def test_an_anthropic_primary_falls_back_to_an_openai_backend_through_its_own_bridge(
