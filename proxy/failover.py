@@ -217,10 +217,12 @@ class Sender:
                         headers: Mapping[str, bytes]) -> httpx.Response:
         connect, first, idle, _total = target.backend.timeouts_s()
         read = max(first, idle)
+        if first >= read:  # the transport's read timeout bounds the head: no timer, no task
+            return await self.send(target.url(), headers, body, read, connect_s=connect)
         sending = asyncio.ensure_future(self.send(target.url(), headers, body, read,
                                                   connect_s=connect))
         try:
-            done, _ = await asyncio.wait((sending,), timeout=first if first < read else None)
+            done, _ = await asyncio.wait((sending,), timeout=first)
         except BaseException:
             await discard(sending)
             raise
