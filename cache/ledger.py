@@ -16,6 +16,8 @@ radix model over the backend's own token ids), ``holdout`` (a session sent unrew
 purpose), ``""`` (none); reports must not mix them silently. ``key_id`` is the
 public id of the proxy key the request authenticated with ("" without proxy keys), never the key;
 ``tenant`` the request's tenant (:mod:`proxy.tenants`, "" for none).
+``deployment`` names the deployment that answered, ``attempts`` counts the sends (retries and
+fallbacks included), ``attempt_reasons`` lists the failed ones (``<deployment>:<why>``).
 A second table, ``breaks``, keeps cache-break records (:mod:`cache.breaks`) as JSON; a third,
 ``rollup_minutes``, per-minute sums updated in the same transaction as each row
 (:mod:`cache.rollup`).
@@ -41,8 +43,8 @@ from typing import Any
 
 from cache import rollup
 
-SCHEMA_VERSION = 4  # 2: key_id column; 3: issue 9 columns + rollup_minutes; 4: tenant.
-# Older files are migrated on open (ALTER TABLE ADD COLUMN).
+SCHEMA_VERSION = 5  # 2: key_id; 3: issue 9 columns + rollup_minutes; 4: tenant;
+# 5: deployment, attempts, attempt_reasons. Older files are migrated on open (ADD COLUMN).
 
 
 @dataclass
@@ -81,6 +83,9 @@ class LedgerRow:
     decode_ms: float | None = None
     pass_tokens: str = ""         # JSON {pass: {reusable, removed, added}}, tokens only
     tenant: str = ""              # proxy.tenants: "" = no tenant (single-tenant proxy)
+    deployment: str = ""          # the deployment that answered (its name, never its URL)
+    attempts: int = 0             # sends made (retries and fallbacks included)
+    attempt_reasons: str = ""     # failed sends, "<deployment>:<why>" comma-joined
 
 
 def _column_type(tp: Any) -> str:

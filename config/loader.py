@@ -131,8 +131,11 @@ def default_policy() -> Policy:
 
 
 def resolve_route(policy: Policy, model: str) -> tuple[str, Backend] | None:
-    """First route whose glob matches ``model`` -> (backend name, Backend); None if none."""
+    """First route whose glob matches ``model`` (or the model ``policy.aliases`` maps it to)
+    -> (its primary backend's name, Backend); None if none."""
+    model = policy.aliases.get(model, model)
     for r in policy.routes:
         if fnmatch.fnmatchcase(model, r.match):
-            return r.backend, policy.backends[r.backend]
+            name = r.chain()[0].backend
+            return name, policy.backends[name]
     return None

@@ -30,6 +30,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from config.routing import (
+    AffinitySettings,
+    BreakerSettings,
+    Deployment,
+    HealthCheckSettings,
+    RetrySettings,
+    RouteTargets,
+    Timeouts,
+    check_base_url,
+)
+
 BackendKind = Literal["local", "openai_compat", "openai", "anthropic"]
 
 _ENV_TEMPLATE = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$")
@@ -54,11 +65,18 @@ class Backend(_Strict):
     ``kind``: ``local`` (our engine, spawned by ``prefixgate serve`` when ``spawn``),
     ``openai_compat`` (vLLM, SGLang, llama.cpp, our engine run elsewhere), ``openai``,
     ``anthropic``. ``api_key`` must be a ``${ENV_VAR}`` template, never a literal key.
+    ``deployments``: several base URLs / keys serving the same models (a deployment group,
+    :mod:`config.routing`); without it the backend is one deployment, ``base_url`` +
+    ``api_key``. ``timeouts``: connect / first byte / idle / total (``timeout_s`` fills the
+    ones left unset). ``affinity``: how a group's deployment is picked.
     """
 
     kind: BackendKind
     base_url: str
     api_key: str | None = None
+    deployments: list[Deployment] = Field(default_factory=list)
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    affinity: AffinitySettings = Field(default_factory=AffinitySettings)
     model_path: str | None = None
     spawn: bool = False
     device: str = "cpu"
@@ -67,6 +85,15 @@ class Backend(_Strict):
     """Send the request's tenant as a ``cache_salt`` body field (our engine and vLLM >= 0.9 key
     their prefix cache by it, so tenants never share cached KV). None: on for ``local``, off
     otherwise (a backend that rejects unknown fields would 400); set true for a vLLM fleet."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _base_url_from_group(cls, data: object) -> object:
+        if isinstance(data, dict) and "base_url" not in data and data.get("deployments"):
+            first = data["deployments"][0]
+            if isinstance(first, dict) and "base_url" in first:
+                return {**data, "base_url": first["base_url"]}
+        return data
 
     @field_validator("api_key")
     @classmethod
@@ -78,16 +105,37 @@ class Backend(_Strict):
     @field_validator("base_url")
     @classmethod
     def _url_has_scheme(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("base_url must start with http:// or https://")
-        return v.rstrip("/")
+        return check_base_url(v)
+
+    @model_validator(mode="after")
+    def _deployment_keys(self) -> Backend:
+        for i, d in enumerate(self.deployments):
+            if d.api_key is not None and not _ENV_TEMPLATE.match(d.api_key):
+                raise ValueError(f"deployments[{i}].api_key must be an environment reference "
+                                 "like ${OPENAI_API_KEY}")
+        return self
+
+    def group(self, name: str) -> list[Deployment]:
+        """This backend's deployments, named (``<name>#<i>`` unless named), keys defaulted to
+        the backend's; one deployment (``base_url``, ``api_key``) for a plain backend."""
+        if not self.deployments:
+            return [Deployment(base_url=self.base_url, api_key=self.api_key, name=name)]
+        return [Deployment(base_url=d.base_url, api_key=d.api_key or self.api_key,
+                           name=d.name or f"{name}#{i}") for i, d in enumerate(self.deployments)]
+
+    def timeouts_s(self) -> tuple[float, float, float, float | None]:
+        """(connect, first byte, idle, total) seconds, unset ones from ``timeout_s``."""
+        t = self.timeouts
+        return (min(t.connect_s, self.timeout_s), t.first_byte_s or self.timeout_s,
+                t.idle_s or self.timeout_s, t.total_s)
 
 
-class Route(_Strict):
-    """Model-name glob (fnmatch, e.g. ``gpt-*``) mapped to a backend name."""
+class Route(RouteTargets):
+    """Model-name glob (fnmatch, e.g. ``gpt-*``) mapped to a backend name (``backend``), or to
+    an ordered list (``backends``) with ``fallbacks`` and an upstream ``model`` name
+    (:class:`config.routing.RouteTargets`)."""
 
     match: str
-    backend: str
 
 
 class RewriteSettings(_Strict):
@@ -283,14 +331,20 @@ class Policy(_Strict):
     slo: SloSettings = Field(default_factory=SloSettings)
     fanout: FanoutSettings = Field(default_factory=FanoutSettings)
     tenants: TenantSettings = Field(default_factory=TenantSettings)
+    aliases: dict[str, str] = Field(default_factory=dict)
+    """Model names a client may use for another: ``{fast: gpt-4o-mini}`` routes and sends
+    ``gpt-4o-mini`` when the client asks for ``fast`` (one level, no chains)."""
+    retry: RetrySettings = Field(default_factory=RetrySettings)
+    breaker: BreakerSettings = Field(default_factory=BreakerSettings)
+    health_checks: HealthCheckSettings = Field(default_factory=HealthCheckSettings)
 
     @model_validator(mode="after")
     def _routes_name_backends(self) -> Policy:
         for i, r in enumerate(self.routes):
-            if r.backend not in self.backends:
-                raise ValueError(
-                    f"routes[{i}].backend {r.backend!r} is not one of {sorted(self.backends)}"
-                )
+            for t in r.chain():
+                if t.backend not in self.backends:
+                    raise ValueError(f"routes[{i}] names backend {t.backend!r}, which is not "
+                                     f"one of {sorted(self.backends)}")
         if not self.routes:
             raise ValueError("routes must not be empty")
         return self

@@ -8,6 +8,9 @@ Routes::
     POST /tokenize              vLLM's: prompt or messages (+ tools) -> {"tokens", "count",
                                 "max_model_len"}, the ids generation would prefill (no KV work)
     POST /detokenize            {"tokens": [...]} -> {"prompt": text}
+    POST /v1/cache/match        a chat body, or {"input_ids": [...], "cache_salt"?} ->
+                                {"cached_tokens", "prompt_tokens"}: the prompt's prefix the
+                                radix tree holds now, read-only (for a cache-aware router)
     GET  /health                {"status": "ok"}
     GET  /metrics               Prometheus text (see metrics.py)
 
@@ -334,6 +337,25 @@ class _Server:
 
     async def detokenize(self, request: Request) -> Response:
         return _json(detokenize(self.engine.tokenizer, await _json_body(request)))
+    async def cache_match(self, request: Request) -> dict[str, int]:
+        """``POST /v1/cache/match`` (see module docstring). Read-only: no node split, no LRU
+        time touched, no ``lock_ref`` (:meth:`RadixCache.peek_prefix_len`). It reads the tree
+        while the engine thread may be changing it, so the answer is a routing hint: exact
+        when the engine is idle, possibly short by what is being inserted or evicted now."""
+        body = await _json_body(request)
+        if isinstance(body, dict) and isinstance(body.get("input_ids"), list):
+            ids = [t for t in body["input_ids"] if isinstance(t, int)]
+            salt = body.get("cache_salt")
+            key = salt.encode() if isinstance(salt, str) and salt else None
+        else:
+            job = _chat_job(self.engine, parse_request(ChatCompletionRequest, body))
+            ids, key = job.prompt_ids, job.extra_key
+        cache = self.engine.cache
+        try:
+            cached = 0 if cache is None else cache.peek_prefix_len(ids, key)
+        except (AttributeError, KeyError, IndexError, TypeError):  # a node changing under us
+            cached = 0
+        return {"cached_tokens": cached, "prompt_tokens": len(ids)}
 
     def models(self) -> dict[str, Any]:
         return {
@@ -448,6 +470,7 @@ def build_app(engine: Engine, log_stats_interval_s: float | None = None) -> Fast
     app.add_api_route("/v1/models", server.models, methods=["GET"])
     app.add_api_route("/tokenize", server.tokenize, methods=["POST"])
     app.add_api_route("/detokenize", server.detokenize, methods=["POST"])
+    app.add_api_route("/v1/cache/match", server.cache_match, methods=["POST"])
 
     @app.get("/health")
     async def health() -> dict[str, str]:

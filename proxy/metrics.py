@@ -8,32 +8,7 @@ backend) sets every new one is ``other`` too, so a client sending random model i
 
 Names (``prefixgate_`` prefix):
 
-==============================================  ====================================  =========
-``requests_total``                              route, model, backend, status         counter
-``prompt_tokens_total`` / ``cached_tokens_total`` / ``output_tokens_total`` /
-``pruned_tokens_total``                         route, model, backend                 counter
-``tokens_total``                                route, model, backend, kind           counter
-``cost_usd_total``                              route, model, backend, kind           counter
-``unrewritten_input_cost_usd_total``            route, model, backend                 counter
-``saved_usd_total`` / ``overspent_usd_total``   route, model, backend                 counter
-``cache_breaks_total``                          route, model, backend, kind           counter
-``ttft_seconds`` / ``tpot_seconds`` / ``request_seconds``   route, model, backend     histogram
-``proxy_overhead_seconds``                      route, backend                        histogram
-==============================================  ====================================  =========
-
-``tokens_total{kind}``: ``prompt`` (all input tokens, cache reads and writes included),
-``cached`` (cache reads), ``cache_write``, ``output``, ``pruned`` (removed by rewriting),
-``unrewritten_cached`` (the counterfactual: what the client's own body would have had cached).
-A count the backend did not report adds nothing (never a 0 in disguise).
-``cost_usd_total{kind}``: ``input`` (priced from the backend's usage, :mod:`config.prices`) and
-``output``. ``saved_usd_total`` / ``overspent_usd_total``: per request with both prices,
-``max(0, unrewritten - input)`` and ``max(0, input - unrewritten)`` — counters cannot go down,
-so net savings are ``saved - overspent``. ``cache_breaks_total{kind}``: the kinds of
-:mod:`cache.breaks`. ``proxy_overhead_seconds``: the time the proxy adds before the send
-(parse + route + passes + bridge), from the end of the body read to the send.
-
-The ``prefixgate_`` names, label sets included, are what :mod:`proxy.grafana` queries.
-
+==============================================  ====================================  ==
 Resource gauges, read when scraped (:meth:`ProxyMetrics.watch_resources`):
 ``upstream_responses_in_use`` (upstream responses opened and not yet closed — counted by the
 proxy itself), ``upstream_pool_connections{state="active"|"idle"}`` and
@@ -185,6 +160,9 @@ class ProxyMetrics:
         self.overhead = Histogram("prefixgate_proxy_overhead_seconds",
                                   "Time the proxy adds before the send (parse, route, passes)",
                                   ["route", "backend"], buckets=_OVERHEAD_BUCKETS, registry=r)
+        self.failed_sends = Counter("prefixgate_upstream_failed_sends_total",
+                                    "Upstream sends that failed and were retried or fell over",
+                                    ["deployment", "reason"], registry=r)
 
     def watch_resources(self, in_use: Callable[[], float], pool: Callable[[], dict[str, int]],
                         loop_lag_s: Callable[[], float]) -> None:
@@ -228,6 +206,9 @@ class ProxyMetrics:
                 self.breaks.labels(*lab, obs.break_kind).inc()
             if obs.overhead_s is not None:
                 self.overhead.labels(lab[0], lab[2]).observe(obs.overhead_s)
+        for failed in filter(None, row.attempt_reasons.split(",")):
+            deployment, _, reason = failed.rpartition(":")
+            self.failed_sends.labels(deployment, reason).inc()
 
     def _money(self, lab: tuple[str, str, str], row: LedgerRow) -> None:
         if row.input_usd is not None:

@@ -206,24 +206,26 @@ class Upstream:
         return {"active": idle.count(False), "idle": idle.count(True), "queued": queued}
 
     async def send(self, url: str, headers: Mapping[str, bytes], body: bytes,
-                   timeout_s: float) -> httpx.Response:
+                   timeout_s: float, connect_s: float | None = None) -> httpx.Response:
         """POST ``body`` and return the response with its body NOT yet read (stream mode).
 
         Credentials in ``url`` (``http://user:secret@host/v1``) are sent as HTTP Basic auth
         (unless ``headers`` already carry the backend key) and taken out of the URL, so they
         never reach an error message, the ledger or httpx's request log. Raises
         UpstreamUnavailable (502) when the backend cannot be reached, UpstreamTimeout (504)
-        when it does not answer in ``timeout_s``. The caller must close the response; until it
-        does, it counts in ``in_use``.
+        when it does not answer in ``timeout_s`` (seconds between two reads; connecting:
+        ``connect_s``, default ``min(10, timeout_s)``). The caller must close the response;
+        until it does, it counts in ``in_use``.
         """
         if self.fast is not None and sendable(headers):
-            fast = await self.fast.send(url, headers, body, timeout_s, self._released)
+            fast = await self.fast.send(url, headers, body, timeout_s, self._released, connect_s)
             self.in_use += 1  # no await between the send and here: the count cannot miss it
             return cast(httpx.Response, fast)  # an UpstreamResponse: read as httpx's is
         if self.client is None:
             await self.start()
         assert self.client is not None
-        timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
+        timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s) if connect_s is None
+                                else connect_s)
         target = httpx.URL(url)
         auth = None
         if target.userinfo:
@@ -342,9 +344,11 @@ class StreamRelay:
 
     def __init__(self, resp: httpx.Response, watcher: StreamWatcher, timing: Timing,
                  on_end: OnEnd, mapper: EventMapper | None = None, api: Api = "openai",
-                 status_code: int = 200) -> None:
+                 status_code: int = 200, idle_s: float | None = None,
+                 deadline: float | None = None) -> None:
         self.resp, self.watcher, self.timing = resp, watcher, timing
         self.mapper, self.api, self.status_code = mapper, api, status_code
+        self.idle_s, self.deadline = idle_s, deadline  # s between chunks; loop.time() limit
         self._on_end: OnEnd | None = on_end
         self.status = "client_disconnect"  # until the relay knows better
         self.headers_sent = False
@@ -354,7 +358,7 @@ class StreamRelay:
         splitter = EventSplitter()
         try:
             try:
-                async for chunk in self.resp.aiter_bytes():
+                async for chunk in self._chunks():
                     for raw in splitter.feed(chunk):
                         content, outs = _handle(raw, self.watcher, self.mapper)
                         for out in outs:
@@ -364,6 +368,9 @@ class StreamRelay:
                 tail = self._ended(splitter.flush())
             except httpx.HTTPError as e:
                 self.status, tail = "upstream_error", [stream_error_event(_broke_off(e), self.api)]
+            except TimeoutError:
+                self.status, tail = "upstream_error", [stream_error_event(UpstreamTimeout(
+                    "upstream went silent mid-stream past its idle or total timeout"), self.api)]
             except Exception as e:  # noqa: BLE001 - a bug here must still end the stream shaped
                 exc = InternalError.wrap(e)
                 self.status, tail = type(exc).__name__, [stream_error_event(exc, self.api)]
@@ -371,6 +378,26 @@ class StreamRelay:
                 yield out
         finally:
             await self.close()
+
+    def _chunks(self) -> AsyncIterator[bytes]:
+        """The upstream's body chunks; with ``idle_s`` / ``deadline`` each wait is bounded
+        (TimeoutError past it)."""
+        if self.idle_s is None and self.deadline is None:
+            return self.resp.aiter_bytes()
+        return self._bounded_chunks()
+
+    async def _bounded_chunks(self) -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        it = self.resp.aiter_bytes().__aiter__()
+        while True:
+            limit = [t for t in (self.deadline, None if self.idle_s is None else
+                                 loop.time() + self.idle_s) if t is not None]
+            async with asyncio.timeout_at(min(limit)):
+                try:
+                    chunk = await it.__anext__()
+                except StopAsyncIteration:
+                    return
+            yield chunk
 
     def _ended(self, rest: bytes) -> list[bytes]:
         """Set the status of a stream the upstream ended cleanly; return what still goes out.

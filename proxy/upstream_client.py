@@ -182,11 +182,13 @@ class AiohttpClient:
         return {"active": active, "idle": idle, "queued": queued}
 
     async def send(self, url: str, headers: Mapping[str, bytes], body: bytes, timeout_s: float,
-                   on_close: Callable[[], None]) -> AiohttpResponse:
+                   on_close: Callable[[], None], connect_s: float | None = None
+                   ) -> AiohttpResponse:
         """POST ``body``; the response with its body not yet read. ``url`` may carry
         ``user:secret@`` (sent as Basic auth unless ``headers`` hold ``authorization``; never in
         an error message). Raises UpstreamUnavailable (502) / UpstreamTimeout (504).
-        ``on_close`` runs when the returned response is closed."""
+        ``on_close`` runs when the returned response is closed. ``timeout_s``: seconds between
+        two reads; ``connect_s``: to connect (default ``min(10, timeout_s)``)."""
         import aiohttp
         from yarl import URL
 
@@ -198,7 +200,8 @@ class AiohttpClient:
                 text["authorization"] = aiohttp.encode_basic_auth(target.user,
                                                                   target.password or "")
             target = target.with_user(None).with_password(None)
-        timeout = aiohttp.ClientTimeout(total=None, connect=min(10.0, timeout_s),
+        timeout = aiohttp.ClientTimeout(total=None, connect=min(10.0, timeout_s)
+                                        if connect_s is None else connect_s,
                                         sock_read=timeout_s)
         try:
             resp = await self.session.post(target, data=body, headers=text, timeout=timeout,

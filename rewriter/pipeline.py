@@ -6,8 +6,8 @@ Order (DESIGN.md, "A request's path" step 4)::
     -> prune_history -> place_breakpoints
 
 Each pass is a module exposing ``run(prompt: Prompt, ctx: Context) -> (Prompt, list[Edit])``,
-listed in :data:`PASSES` with the ``RewriteSettings`` switch that turns it on. A module that is
-not installed yet is skipped. Fail-open, per pass: if a pass raises, or its output breaks an API
+listed in :data:`PASSES` (plain imports) with the ``RewriteSettings`` switch that turns it on.
+Fail-open, per pass: if a pass raises, or its output breaks an API
 rule its input did not break (:func:`rewriter.validate.introduced`), its output is dropped, its
 memory updates too, and an ``Edit(applied=False)`` says why; the next pass runs on its input.
 When nothing applied, the caller's body object is returned as is (byte-identical forwarding).
@@ -24,18 +24,26 @@ render) that would start past it; the caller sends the client's request unchange
 
 from __future__ import annotations
 
-import importlib
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import lru_cache
-from types import ModuleType
 from typing import Any
 
 import orjson
 
-from rewriter import wire, wire_anthropic, wire_openai
+from rewriter import (
+    breakpoints,
+    canonicalize_tools,
+    hoist_volatile,
+    prune_history,
+    prune_rag,
+    prune_tools,
+    stabilise_passages,
+    wire,
+    wire_anthropic,
+    wire_openai,
+)
 from rewriter.ir import Api, Prompt
 from rewriter.stable import stable_prefix_hash
 from rewriter.types import Context, Edit, RewriteResult
@@ -100,10 +108,8 @@ def _unapplied(edits: list[Edit], why: str) -> list[Edit]:
 
 @dataclass(frozen=True)
 class PassSpec:
-    """One pipeline stage: Edit name, ``RewriteSettings`` switch, module path (has ``run``).
-
-    ``fn`` overrides the module lookup (tests, experiments).
-    """
+    """One pipeline stage: Edit name, ``RewriteSettings`` switch, module path (documentation:
+    where ``fn`` lives), and ``fn``, the pass itself (None: the stage is skipped)."""
 
     name: str
     switch: str
@@ -112,32 +118,20 @@ class PassSpec:
 
 
 PASSES: tuple[PassSpec, ...] = (
-    PassSpec("canonicalize_tools", "canonicalize_tools", "rewriter.canonicalize_tools"),
-    PassSpec("hoist_volatile", "hoist_volatile", "rewriter.hoist_volatile"),
-    PassSpec("stabilise_passages", "stabilise_passages", "rewriter.stabilise_passages"),
-    PassSpec("prune_tools", "prune_tools", "rewriter.prune_tools"),
-    PassSpec("prune_rag", "prune_rag", "rewriter.prune_rag"),
-    PassSpec("prune_history", "prune_history", "rewriter.prune_history"),
-    PassSpec("place_breakpoints", "place_breakpoints", "rewriter.breakpoints"),
+    PassSpec("canonicalize_tools", "canonicalize_tools", "rewriter.canonicalize_tools",
+             canonicalize_tools.run),
+    PassSpec("hoist_volatile", "hoist_volatile", "rewriter.hoist_volatile", hoist_volatile.run),
+    PassSpec("stabilise_passages", "stabilise_passages", "rewriter.stabilise_passages",
+             stabilise_passages.run),
+    PassSpec("prune_tools", "prune_tools", "rewriter.prune_tools", prune_tools.run),
+    PassSpec("prune_rag", "prune_rag", "rewriter.prune_rag", prune_rag.run),
+    PassSpec("prune_history", "prune_history", "rewriter.prune_history", prune_history.run),
+    PassSpec("place_breakpoints", "place_breakpoints", "rewriter.breakpoints", breakpoints.run),
 )
 
 
 def _load(spec: PassSpec) -> PassFn | None:
-    if spec.fn is not None:
-        return spec.fn
-    return _load_module(spec.module)
-
-
-@lru_cache(maxsize=64)
-def _load_module(module: str) -> PassFn | None:
-    try:
-        mod: ModuleType = importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name == module:
-            return None
-        raise
-    fn = getattr(mod, "run", None)
-    return fn if callable(fn) else None
+    return spec.fn
 
 
 def run_passes(prompt: Prompt, ctx: Context,

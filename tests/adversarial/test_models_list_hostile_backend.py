@@ -28,10 +28,10 @@ def test_any_unexpected_proxy_failure_is_a_shaped_500(hostile: Any,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     import proxy.app
 
-    async def boom(state: Any) -> Any:
+    async def boom(client: Any, policy: Any) -> Any:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(proxy.app, "_list_models", boom)
+    monkeypatch.setattr(proxy.app, "list_models", boom)
     r = httpx.get(hostile.url + "/v1/models", timeout=30)
     assert r.status_code == 500
     assert r.json()["error"]["code"] == "internal_error"

@@ -11,7 +11,8 @@ request's ``model`` (its last ``/`` part, ``claude-`` prefix removed) picks the 
     reset-before    the request is read, then the connection is reset before any byte
     reset-after     status line, headers and the first event (or half the JSON), then a reset
     status-429      429 with ``retry-after: 7`` and an error body in the API's shape
-    status-500      500 with an error body;  status-529: 529 (Anthropic's "overloaded")
+    status-500      500 with an error body;  status-529: 529 (Anthropic's "overloaded");
+                    any ``status-NNN`` works; ``status-NNN-raS``: with ``retry-after: S``
     huge-error      500 with a 4 MiB JSON error body
     stall-before    nothing at all for ``stall_s`` (past the backend's timeout)
     stall-after     headers and the first event, then nothing for ``stall_s`` (or until the
@@ -26,7 +27,9 @@ request's ``model`` (its last ``/`` part, ``claude-`` prefix removed) picks the 
                     requests have arrived (round after round): proof they were all open at once
 
 Counters (read from the test thread): ``requests`` received, ``cancelled`` (see delay-headers),
-``finished`` answers written to the end.
+``finished`` answers written to the end. ``force``: a fault answered to every request whatever
+its model (a deployment that is down); ``script``: ``{name: [fault, ...]}``, model ``seq/<name>``
+takes the next fault of the list (the last one repeats): a deployment that recovers.
 """
 
 from __future__ import annotations
@@ -149,6 +152,18 @@ class FaultServer:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _arrived: int = 0  # barrier requests so far; touched on the server's loop only
     _gates: dict[int, asyncio.Event] = field(default_factory=dict)
+    force: str | None = None
+    script: dict[str, list[str]] = field(default_factory=dict)
+
+    def _pick(self, fault: str, model: str) -> str:
+        """The fault to answer: ``force``, the next of a ``seq/`` script, or the model's."""
+        if self.force is not None:
+            return self.force
+        if model.startswith("seq/"):
+            with self._lock:
+                steps = self.script[model[4:]]
+                return steps.pop(0) if len(steps) > 1 else steps[0]
+        return fault
 
     def _count(self, name: str) -> None:
         with self._lock:
@@ -191,7 +206,7 @@ class FaultServer:
     async def _answer(self, req: _Req, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> bool:
         """Write the fault's answer; False when the connection is finished with."""
-        fault = req.fault
+        fault = self._pick(req.fault, str(req.body.get("model", "")))
         events, end, err = req.events()
         if fault == "reset-before":
             _reset(writer)
@@ -202,12 +217,14 @@ class FaultServer:
                 return False
             fault = "ok"
         if fault.startswith("status-") or fault == "huge-error":
-            status = 500 if fault == "huge-error" else int(fault[7:])
+            code, _, ra = fault[7:].partition("-ra")
+            status = 500 if fault == "huge-error" else int(code)
             body = _error_body(req.anthropic, status)
             if fault == "huge-error":
                 body = body.replace(b'"no"', b'"' + b"x" * (4 << 20) + b'"')
+            ra = ra or ("7" if status == 429 else "")
             writer.write(_head(status, "application/json", length=len(body),
-                               extra={"retry-after": "7"} if status == 429 else None) + body)
+                               extra={"retry-after": ra} if ra else None) + body)
             await writer.drain()
             self._count("finished")
             return True

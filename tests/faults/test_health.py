@@ -75,7 +75,7 @@ def test_healthz_degraded_while_the_pool_is_used_up_and_ok_after(tmp_path: Path)
                     s.__exit__(None, None, None)
             assert _wait(lambda: httpx.get(url + "/healthz").status_code == 200)
             assert httpx.get(url + "/healthz").json() == {"status": "ok", "reasons": [],
-                                                          "backends": ["oa"]}
+                                                          "backends": ["oa"], "down": {}}
         rows = sorted((r["status"], r["http_status"]) for r in ledger.rows())
         assert rows == [("client_disconnect", 200)] * POOL + [("client_disconnect", 499)]
 
