@@ -9,7 +9,8 @@ Shape of a policy file::
       openai: {kind: openai, base_url: https://api.openai.com/v1, api_key: ${OPENAI_API_KEY}}
     routes:
       - {match: "claude-*", backend: anthropic}
-      - {match: "*", backend: local}
+      - {match: "*", backend: local, default_max_tokens: 512}
+    default_max_tokens: 1024            # cap for requests that name none (0 = no cap)
     rewrite: {enabled: true, canonicalize_tools: true, hoist_volatile: true, ...}
     ledger: {path: ~/.cache/prefixgate/ledger.sqlite, store_prompt_text: false}
     limits: {max_json_depth: 128, max_header_bytes: 65536, header_timeout_s: 10, ...}
@@ -78,10 +79,16 @@ class Backend(_Strict):
 
 
 class Route(_Strict):
-    """Model-name glob (fnmatch, e.g. ``gpt-*``) mapped to a backend name."""
+    """Model-name glob (fnmatch, e.g. ``gpt-*``) mapped to a backend name.
+
+    ``default_max_tokens``: the output cap a request of this route gets when it names none
+    (OpenAI ``max_tokens`` / ``max_completion_tokens``, Responses ``max_output_tokens``); unset =
+    the policy's ``default_max_tokens``; ``0`` = no cap for this route (the backend's own).
+    """
 
     match: str
     backend: str
+    default_max_tokens: int | None = Field(None, ge=0)
 
 
 class RewriteSettings(_Strict):
@@ -197,6 +204,11 @@ class Policy(_Strict):
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
     limits: Limits = Field(default_factory=Limits)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    default_max_tokens: int = Field(1024, ge=0)
+    """Output-token cap (tokens) given to a request that names none, unless its route says
+    otherwise; ``0`` = no cap. A client that sends no cap (LangChain sends none) would otherwise
+    get the backend's own: for our engine and vLLM, the rest of the context window — minutes of
+    decode on a CPU."""
 
     @model_validator(mode="after")
     def _routes_name_backends(self) -> Policy:

@@ -54,6 +54,7 @@ from cache.session import MemorySessionStore, RedisSessionStore, SessionStore
 from config.schema import Policy
 from proxy import exactjson, translate, wire
 from proxy.auth import Guard
+from proxy.bounded import with_default_cap
 from proxy.errors import (
     Api,
     ClientDisconnected,
@@ -277,9 +278,11 @@ async def _parse(ex: Exchange, request: Request, policy: Policy) -> None:
 
 
 def _route(ex: Exchange, policy: Policy) -> None:
-    """Pick the backend (404 / 501)."""
+    """Pick the backend (404 / 501); a body without an output cap gets the route's
+    (:mod:`proxy.bounded`)."""
     ex.target = pick_target(policy, ex.row.model, ex.api, can_translate=True)
     ex.row.route, ex.row.backend = ex.target.route, ex.target.backend_name
+    ex.body, ex.raw = with_default_cap(ex.body, ex.raw, ex.api, ex.target, policy)
 
 
 async def _passes(ex: Exchange, request: Request, state: ProxyState) -> None:

@@ -25,7 +25,7 @@ def proxy_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "llm-comply").exists():
         pytest.skip("llm-comply is not installed (pip install -e '.[test]')")
     tiny = make_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
-    with proxy_in_front_of_engine(tiny, "tiny") as url:
+    with proxy_in_front_of_engine(tiny, "tiny", default_max_tokens=24) as url:
         yield url
 
 
