@@ -52,7 +52,7 @@ from starlette.responses import JSONResponse, Response
 from cache.ledger import Ledger, LedgerRow
 from cache.session import MemorySessionStore, RedisSessionStore, SessionStore
 from config.schema import Policy
-from proxy import exactjson, translate, wire
+from proxy import exactjson, responses_api, translate, wire
 from proxy.auth import Guard
 from proxy.bounded import with_default_cap
 from proxy.errors import (
@@ -547,6 +547,8 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     async def models(request: Request) -> JSONResponse:
         await state.guard.admit(request.headers, "openai", limit=False)  # 401 without a key
         return JSONResponse(await _list_models(state))
+
+    responses_api.install(app, state)  # /v1/responses (proxy.responses_api)
 
     @app.get("/healthz")  # open: no key (see proxy.auth)
     @app.head("/healthz", include_in_schema=False)

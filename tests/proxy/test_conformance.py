@@ -16,7 +16,7 @@ from tests.tiny_model import make_tiny_model_dir
 
 pytestmark = pytest.mark.slow
 
-SUITES = ("openai-chat", "anthropic")
+SUITES = ("openai-chat", "anthropic", "open-responses")
 
 
 @pytest.fixture(scope="module")
