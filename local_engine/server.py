@@ -5,6 +5,7 @@ Routes::
     POST /v1/chat/completions   chat (stream and non-stream, tools -> tool_calls)
     POST /v1/completions        raw prompt (string or token ids)
     GET  /v1/models             {"object": "list", "data": [{"id": <model>, ...}]}
+    POST /tokenize              {"count", "max_model_len", "tokens"} (tokenize_route.py)
     GET  /health                {"status": "ok"}
     GET  /metrics               Prometheus text (see metrics.py)
 
@@ -34,6 +35,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from local_engine import tokenize_route
 from local_engine.chat import encode_chat
 from local_engine.engine import Engine, PromptTooLong, RequestOutput, SamplingParams
 from local_engine.metrics import CONTENT_TYPE, EngineMetrics, stats_log_line
@@ -448,6 +450,7 @@ def build_app(engine: Engine, log_stats_interval_s: float | None = None) -> Fast
     app.add_api_route("/v1/chat/completions", server.chat, methods=["POST"])
     app.add_api_route("/v1/completions", server.completions, methods=["POST"])
     app.add_api_route("/v1/models", server.models, methods=["GET"])
+    tokenize_route.install(app, engine)  # POST /tokenize (exact prompt token counts)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

@@ -52,8 +52,9 @@ from starlette.responses import JSONResponse, Response
 from cache.ledger import Ledger, LedgerRow
 from cache.session import MemorySessionStore, RedisSessionStore, SessionStore
 from config.schema import Policy
-from proxy import exactjson, responses_api, translate, wire
+from proxy import count_tokens, exactjson, passthrough, responses_api, translate, wire
 from proxy.auth import Guard
+from proxy.bare_paths import BarePaths
 from proxy.bounded import with_default_cap
 from proxy.errors import (
     Api,
@@ -516,6 +517,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     app = FastAPI(title="prefixgate", lifespan=lifespan, docs_url=None, redoc_url=None,
                   redirect_slashes=False)
     app.add_middleware(TrailingSlash)  # /v1/messages/ is served as /v1/messages, no redirect
+    app.add_middleware(BarePaths)  # /chat/completions is served as /v1/chat/completions
     app.state.proxy = state
 
     @app.exception_handler(ProxyError)
@@ -549,6 +551,8 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         return JSONResponse(await _list_models(state))
 
     responses_api.install(app, state)  # /v1/responses (proxy.responses_api)
+    passthrough.install(app, state)  # /v1/embeddings, /v1/completions, /v1/models/{id}
+    count_tokens.install(app, state)  # /v1/messages/count_tokens
 
     @app.get("/healthz")  # open: no key (see proxy.auth)
     @app.head("/healthz", include_in_schema=False)

@@ -432,18 +432,15 @@ async def _no_such_endpoint(request: Request, response_id: str) -> Response:
 
 
 def install(app: FastAPI, state: Any, store: ResponseStore | None = None) -> ResponseStore:
-    """Add the Responses routes (with and without ``/v1``) to ``app``; return the store
-    (default: a :class:`MemoryResponseStore`)."""
+    """Add the Responses routes to ``app`` (served without ``/v1`` too, by
+    :class:`proxy.bare_paths.BarePaths`); return the store (default: a
+    :class:`MemoryResponseStore`)."""
     store = store if store is not None else MemoryResponseStore()
     ep = ResponsesEndpoint(state, store)
-    for prefix in ("/v1", ""):
-        app.add_api_route(prefix + "/responses", ep.create, methods=["POST"],
-                          include_in_schema=prefix == "/v1")
-        app.add_api_route(prefix + "/responses/{response_id}", ep.retrieve, methods=["GET"],
-                          include_in_schema=prefix == "/v1")
-        app.add_api_route(prefix + "/responses/{response_id}", ep.delete, methods=["DELETE"],
-                          include_in_schema=prefix == "/v1")
-        app.add_api_route(prefix + "/responses/{response_id}", _no_such_endpoint,
-                          methods=["POST"], include_in_schema=False)
+    app.add_api_route("/v1/responses", ep.create, methods=["POST"])
+    app.add_api_route("/v1/responses/{response_id}", ep.retrieve, methods=["GET"])
+    app.add_api_route("/v1/responses/{response_id}", ep.delete, methods=["DELETE"])
+    app.add_api_route("/v1/responses/{response_id}", _no_such_endpoint, methods=["POST"],
+                      include_in_schema=False)
     app.state.responses = store
     return store

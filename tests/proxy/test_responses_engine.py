@@ -64,3 +64,18 @@ def test_langchain_with_use_responses_api(url: str) -> None:
     assert msg.usage_metadata["output_tokens"] == 8  # no cap sent: the route's default
     chunks: Any = list(llm.stream("Say hello"))
     assert chunks and sum(len(c.content) for c in chunks) > 0
+
+
+def test_anthropic_count_tokens_is_exact_for_our_engine(url: str) -> None:
+    from anthropic import Anthropic
+
+    client = Anthropic(base_url=url, api_key="sk-proxy", max_retries=0)
+    kw: Any = {"model": "tiny", "system": "You are terse.", "messages": [
+        {"role": "user", "content": "What is the capital of France?"}],
+        "tools": [{"name": "lookup", "description": "Look a thing up.",
+                   "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}}}]}
+    raw = client.messages.with_raw_response.count_tokens(**kw)
+    counted = raw.parse().input_tokens
+    assert raw.headers["x-prefixgate-token-count"] == "exact"
+    used = client.messages.create(max_tokens=2, **kw).usage
+    assert counted == used.input_tokens + used.cache_read_input_tokens
