@@ -101,9 +101,9 @@ def figures(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def proxy_in_front_of_engine(model_dir: Path, name: str, max_context: int = 2048,
-                             **policy: Any) -> Iterator[str]:
+                             **extra: Any) -> Iterator[str]:
     """Our engine on ``model_dir`` (served as ``name``) behind the proxy (default rewriting);
-    yields the proxy's base URL (no ``/v1``). ``policy``: more policy keys."""
+    yields the proxy's base URL (no ``/v1``). ``extra``: more policy keys."""
     from config.loader import parse_policy
     from local_engine.engine import Engine, EngineConfig
     from local_engine.server import build_app as engine_app
@@ -117,7 +117,7 @@ def proxy_in_front_of_engine(model_dir: Path, name: str, max_context: int = 2048
             policy = parse_policy({
                 "backends": {"local": {"kind": "openai_compat", "base_url": engine_url + "/v1"}},
                 "routes": [{"match": "*", "backend": "local"}],
-                "ledger": {"path": str(Path(tmp) / "ledger.sqlite")}, **policy})
+                "ledger": {"path": str(Path(tmp) / "ledger.sqlite")}, **extra})
             with serve_app(build_app(policy)) as url:
                 yield url
     finally:

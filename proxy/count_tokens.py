@@ -40,8 +40,9 @@ def estimate(body: dict[str, Any]) -> int:
     role markers."""
     count = make_counter(encoding_for_model(str(body.get("model", ""))))
     parts = [body.get("system"), body.get("messages"), body.get("tools")]
-    msgs = body.get("messages") if isinstance(body.get("messages"), list) else []
-    return sum(json_tokens(p, count) for p in parts if p is not None) + 4 * len(msgs)
+    msgs = body.get("messages")
+    roles = len(msgs) if isinstance(msgs, list) else 0
+    return sum(json_tokens(p, count) for p in parts if p is not None) + 4 * roles
 
 
 def _engine_root(base_url: str) -> str:

@@ -48,7 +48,15 @@ from proxy.errors import (
 )
 from proxy.headers import downstream_headers, upstream_headers
 from proxy.limits import check_nesting, read_body_within
-from proxy.relay import SSE_HEADERS, SSEResponse, StreamRelay, Timing, read_at_most, send_unless_gone
+from proxy.relay import (
+    SSE_HEADERS,
+    EventMapper,
+    SSEResponse,
+    StreamRelay,
+    Timing,
+    read_at_most,
+    send_unless_gone,
+)
 from proxy.responses_items import (
     input_items,
     new_id,
@@ -310,7 +318,7 @@ class ResponsesEndpoint:
 
     def _stream(self, resp: httpx.Response, target: Target, row: LedgerRow, timing: Timing,
                 body: dict[str, Any], items: list[dict[str, Any]] | None) -> Response:
-        mapper = None
+        mapper: EventMapper | None = None
         if items is None:
             watcher: Any = ResponsesWatcher()
         else:
