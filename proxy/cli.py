@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import importlib
 
+import click
 import typer
+from typer.core import TyperOption
 
 app = typer.Typer(help="prefixgate: prefix-cache-aware reverse proxy for agents.",
                   no_args_is_help=True, add_completion=False)
@@ -22,6 +24,19 @@ COMMAND_MODULES = (
     "proxy.cmd_simulate",  # prefixgate simulate TRACE
     "proxy.cmd_keys",      # prefixgate keys add / list / remove
 )
+
+_display_type_rich = TyperOption.display_type_rich
+
+
+def _flag_aware_type(self: TyperOption, ctx: click.Context) -> str | None:
+    """Help shows a flag as a flag (``--json``), not ``--json <bool>``: typer 0.29 labels every
+    option with its type, boolean flags included, though a flag takes no value."""
+    if self.is_flag and not self.count:
+        return None
+    return _display_type_rich(self, ctx)
+
+
+TyperOption.display_type_rich = _flag_aware_type  # type: ignore[method-assign]
 
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)

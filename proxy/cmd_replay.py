@@ -125,6 +125,16 @@ def side_figures(results: list[Sent]) -> dict[str, Any]:
             "tpot_p50_ms": percentile(tpot, 50), "engine_ttft_p50_ms": percentile(eng, 50)}
 
 
+def probe_proxy(proxy: str) -> None:
+    """Exit 2 with one line when nothing answers ``GET /healthz`` at ``proxy``."""
+    try:
+        httpx.get(proxy.rstrip("/") + "/healthz", timeout=5.0)
+    except httpx.HTTPError as e:
+        typer.echo(f"replay: no answer from {proxy} ({type(e).__name__}): is the proxy running "
+                   f"at {proxy}? Start it with `prefixgate serve`.", err=True)
+        raise typer.Exit(2) from None
+
+
 def replay(
     trace: Path = typer.Argument(..., help="tau-bench trace JSON"),
     proxy: str = typer.Option("http://127.0.0.1:8080", "--proxy", help="proxy base URL"),
@@ -140,9 +150,18 @@ def replay(
     json_out: Path | None = typer.Option(None, "--json-out"),
     timeout_s: float = typer.Option(600.0, "--timeout"),
 ) -> None:
-    """Replay TRACE through the proxy with rewriting off, then on; print both sides."""
-    tool_defs = json.loads((tools or default_tools_path(trace)).read_text())
-    all_runs = load_runs(trace)[first_run:first_run + runs]
+    """Replay TRACE through the proxy with rewriting off, then on; print both sides.
+
+    Fails in one line (exit 2) when the trace or tools file cannot be read, or when nothing
+    answers at PROXY."""
+    try:
+        tool_defs = json.loads((tools or default_tools_path(trace)).read_text())
+        all_runs = load_runs(trace)[first_run:first_run + runs]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        typer.echo(f"replay: cannot read trace {trace}: {getattr(e, 'strerror', None) or e}",
+                   err=True)
+        raise typer.Exit(2) from None
+    probe_proxy(proxy)
     plans = []
     for i, run in enumerate(all_runs, start=first_run):
         reqs = run_requests(run["traj"], tool_defs, model)

@@ -55,18 +55,31 @@ def refuse_unauthenticated(pol: Policy, host: str, policy_path: Path | None) -> 
             "'Authorization: Bearer <key>' or 'x-api-key: <key>'), or listen on 127.0.0.1.")
 
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def _check_log_level(value: str) -> str:
+    """``--log-level``: one of :data:`LOG_LEVELS` (case-insensitive), else a usage error."""
+    if value.lower() not in LOG_LEVELS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(LOG_LEVELS)}")
+    return value.lower()
+
+
 def _configure_logging(level: str) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(SafeFormatter(LOG_FORMAT))
-    logging.basicConfig(level=level.upper(), handlers=[handler])
+    # uvicorn's "trace" is below DEBUG; the standard library has no such level
+    logging.basicConfig(level="DEBUG" if level == "trace" else level.upper(), handlers=[handler])
 
 
 def serve(
     policy: Path | None = typer.Option(None, "--policy", help="policy YAML (default: shipped)"),
     model: Path | None = typer.Option(None, "--model", help="model dir for spawned local engines"),
     host: str | None = typer.Option(None, "--host", help="listen address (default: policy)"),
-    port: int | None = typer.Option(None, "--port", help="listen port (default: policy, 8080)"),
-    log_level: str = typer.Option("info", "--log-level"),
+    port: int | None = typer.Option(None, "--port", min=1, max=65535,
+                                    help="listen port (default: policy, 8080)"),
+    log_level: str = typer.Option("info", "--log-level", callback=_check_log_level,
+                                  help="one of " + ", ".join(LOG_LEVELS)),
 ) -> None:
     """Start the local engine(s) the policy spawns, then the proxy."""
     import uvicorn
