@@ -37,7 +37,8 @@ KEY_HASH_PATTERN = r"^sha256:[0-9a-f]{64}$"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # attribute docstrings become field descriptions (docs/policy.md, config/reference.py)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class Listen(_Strict):

@@ -31,8 +31,16 @@ def check(file: Path = typer.Argument(..., help="policy YAML file")) -> None:
     typer.echo(f"{file}: ok ({len(policy.backends)} backends, {len(policy.routes)} routes)")
 
 
+def reference() -> None:
+    """Print the policy reference (every key, type, default, example) as Markdown."""
+    from config.reference import policy_reference
+
+    typer.echo(policy_reference(), nl=False)
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``config`` command group."""
     group = typer.Typer(help="Check policy files.", no_args_is_help=True)
     group.command("check")(check)
+    group.command("reference")(reference)
     app.add_typer(group, name="config")
