@@ -207,3 +207,45 @@ def test_openai_agents_sdk_runs_a_tool_loop_through_the_bridge(rig: Any) -> None
     assert result.final_output == "It is 4C in Oslo."
     tool_msg = rig.upstream.seen[-1].json["messages"][-1]
     assert tool_msg == {"role": "tool", "tool_call_id": "call_7", "content": "4C in Oslo"}
+
+
+def test_passthrough_stream_is_relayed_and_recorded(rig_factory: Any, upstream: Any) -> None:
+    rig = rig_factory(backends={"oai": {"kind": "openai", "base_url": upstream[1] + "/v1"}},
+                      routes=[{"match": "gpt-*", "backend": "oai"}])
+
+    def ev(kind: str, **data: Any) -> bytes:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
+    done = {"id": "resp_s", "object": "response", "status": "completed", "output": [],
+            "usage": {"input_tokens": 11, "output_tokens": 2, "total_tokens": 13,
+                      "input_tokens_details": {"cached_tokens": 8}}}
+    pieces = [ev("response.created", response={**done, "status": "in_progress"}),
+              ev("response.output_text.delta", delta="Hi"),
+              ev("response.output_text.delta", delta="!"),
+              ev("response.completed", response=done)]
+    rig.upstream.script = Script(pieces=pieces)
+    r = httpx.post(rig.url + "/v1/responses", timeout=10,
+                   json={"model": "gpt-x", "input": "hi", "stream": True})
+    assert r.content == b"".join(pieces)
+    row = rig.ledger.rows()[-1]
+    assert (row["status"], row["prompt_tokens"], row["cached_tokens"], row["output_tokens"]) == (
+        "ok", 11, 8, 2)
+    httpx.delete(rig.url + "/v1/responses/resp_s", timeout=10)
+    assert (rig.upstream.seen[-1].path, rig.upstream.seen[-1].raw) == ("/v1/responses/resp_s", b"")
+
+
+def test_passthrough_passes_canonicalise_tools_and_set_prompt_cache_key(
+        rig_factory: Any, upstream: Any) -> None:
+    rig = rig_factory(rewrite_fn="default",
+                      rewrite={"openai_prompt_cache_key": True, "tenant": "acme"},
+                      backends={"oai": {"kind": "openai", "base_url": upstream[1] + "/v1"}},
+                      routes=[{"match": "gpt-*", "backend": "oai"}])
+    rig.upstream.script = Script(body={"id": "resp_1", "object": "response", "output": []})
+    tools = [{"type": "function", "name": n, "description": f"{n} tool",
+              "parameters": {"type": "object", "properties": {}}} for n in ("zeta", "alpha")]
+    body = {"model": "gpt-x", "instructions": "You are an agent.", "input": "go", "tools": tools}
+    httpx.post(rig.url + "/v1/responses", json=body, timeout=10)
+    sent = rig.upstream.seen[-1].json
+    assert [t["name"] for t in sent["tools"]] == ["alpha", "zeta"]
+    assert all(t["type"] == "function" for t in sent["tools"])
+    assert sent["prompt_cache_key"].startswith("acme-")
+    assert (sent["instructions"], sent["input"]) == ("You are an agent.", "go")
