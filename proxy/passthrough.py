@@ -26,7 +26,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from cache.ledger import LedgerRow
-from proxy import wire
+from proxy import translate, wire
 from proxy.bounded import route_cap
 from proxy.errors import (
     Api,
@@ -124,7 +124,7 @@ class SideCall:
         event, a JSON body as is; record the row."""
         try:
             if resp.status_code >= 400:
-                return await self._error(resp)
+                return await self.error(resp)
             if self.row.stream:
                 return self._stream(resp)
             return await self._json(resp)
@@ -133,7 +133,10 @@ class SideCall:
                 await resp.aclose()
             raise
 
-    async def _error(self, resp: httpx.Response) -> Response:
+    async def error(self, resp: httpx.Response) -> Response:
+        """The upstream's own error (``resp`` closed): its status and rate-limit headers, its
+        body in the caller's shape (bridged from the backend's API when they differ)."""
+        assert self.target is not None
         try:
             err = await read_at_most(resp, ERROR_BODY_MAX_BYTES)
         except httpx.HTTPError:
@@ -146,6 +149,8 @@ class SideCall:
             ok = False
         if not ok:
             err = orjson.dumps(upstream_error_body(err, resp.status_code, self.api))
+        elif self.target.translate:
+            err = orjson.dumps(translate.error(self.api, err, resp.status_code))
         self.row.error = f"upstream {resp.status_code}"
         self.record(Usage(), "upstream_error", resp.status_code)
         return Response(err, status_code=resp.status_code, media_type=JSON,

@@ -34,29 +34,19 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from cache.ledger import LedgerRow
-from proxy import exactjson, translate, wire
+from proxy import exactjson, translate
 from proxy.bounded import with_default_cap
 from proxy.bridge_openai import ChunkMapper
 from proxy.errors import (
-    InternalError,
     InvalidRequest,
     ProxyError,
     UnknownEndpoint,
     UpstreamUnavailable,
     error_response,
-    upstream_error_body,
 )
 from proxy.headers import downstream_headers, upstream_headers
-from proxy.limits import check_nesting, read_body_within
-from proxy.relay import (
-    SSE_HEADERS,
-    EventMapper,
-    SSEResponse,
-    StreamRelay,
-    Timing,
-    read_at_most,
-    send_unless_gone,
-)
+from proxy.passthrough import SideCall
+from proxy.relay import SSE_HEADERS, EventMapper, SSEResponse, StreamRelay
 from proxy.responses_items import (
     input_items,
     new_id,
@@ -68,14 +58,13 @@ from proxy.responses_items import (
 from proxy.responses_store import MemoryResponseStore, ResponseStore, StoredResponse
 from proxy.responses_stream import ResponsesStream
 from proxy.rewriting import rewrite_off_loop, rewrite_wanted, session_hash, session_id_for
-from proxy.router import Target, pick_target
+from proxy.router import Target
 from proxy.sse import SSEEvent, parse_event
 from proxy.usage import AnthropicStreamWatcher, OpenAIStreamWatcher, Usage, usage_from_answer
 from rewriter.types import Context
 
 log = logging.getLogger("prefixgate.responses")
 JSON = "application/json"
-ERROR_BODY_MAX_BYTES = 1 << 20
 
 
 class ResponseNotFound(ProxyError):
@@ -154,34 +143,39 @@ class ResponsesEndpoint:
 
     async def create(self, request: Request) -> Response:
         """``POST /v1/responses`` (module docstring)."""
-        state, policy = self.state, self.state.policy
-        row, timing = LedgerRow(endpoint=request.url.path), Timing()
+        policy = self.state.policy
+        call = SideCall(self.state, request, "openai", LedgerRow(endpoint=request.url.path))
+        items: list[dict[str, Any]] | None = None
         try:
-            row.key_id = await state.guard.admit(request.headers, "openai")
-            raw = await read_body_within(request, policy.max_body_bytes,
-                                         policy.limits.body_timeout_s)
-            body = wire.parse_json(raw)
-            await check_nesting(body, policy.limits.max_json_depth, len(raw))
-            check_body(body)
-            row.model, row.stream = body["model"], body.get("stream") is True
-            target = pick_target(policy, row.model, "openai", can_translate=True)
-            row.route, row.backend = target.route, target.backend_name
-            body, raw = with_default_cap(body, raw, "responses", target, policy)
+            await call.read()
+            check_body(call.body)
+            target, row = call.target, call.row
+            assert target is not None
+            body, raw = with_default_cap(call.body, call.raw, "responses", target, policy)
             session = session_id_for(request.headers, body)
             row.session = session_hash(session)
             if target.backend.kind == "openai":
                 up_raw = await self._passthrough_passes(request, body, raw, target, row, session)
                 url = target.backend.base_url + "/responses"
-                return await self._send(request, target, url, up_raw, row, timing, body, None)
-            chat, items = self._bridge_body(body, target)
-            up_raw = await self._chat_passes(request, chat, target, row, session, body)
-            url = target.url()
-            return await self._send(request, target, url, up_raw, row, timing, body, items)
+            else:
+                chat, items = self._bridge_body(body)
+                up_raw = await self._chat_passes(request, chat, target, row, session)
+                url = target.url()
+            resp = await call.send(url, up_raw)
         except BaseException as e:
-            return self._refuse(row, timing, e)
+            return call.refuse(e)
+        try:
+            if resp.status_code >= 400:
+                return await call.error(resp)
+            if row.stream:
+                return self._stream(call, resp, body, items)
+            return await self._json(call, resp, body, items)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await resp.aclose()
+            raise
 
-    def _bridge_body(self, body: dict[str, Any], target: Target
-                     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def _bridge_body(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """(Chat Completions body, the input items incl. history) for a bridged backend."""
         history: list[dict[str, Any]] = []
         prev = body.get("previous_response_id")
@@ -195,7 +189,7 @@ class ResponsesEndpoint:
         return to_chat(body, history), history + input_items(body)
 
     async def _chat_passes(self, request: Request, chat: dict[str, Any], target: Target,
-                           row: LedgerRow, session: str, body: dict[str, Any]) -> bytes:
+                           row: LedgerRow, session: str) -> bytes:
         """The rewrite passes on the bridged Chat body, then (Anthropic) the O->A bridge."""
         depth = self.state.policy.limits.max_json_depth
         rw = await rewrite_off_loop(self.state.rewrite_fn, chat, exactjson.dumps(chat), "openai",
@@ -242,48 +236,14 @@ class ResponsesEndpoint:
         return Context(settings=policy.rewrite, model=row.model, provider=target.provider,
                        session_id=session, session=self.state.sessions.get(session))
 
-    # ---- send and answer ----------------------------------------------------------------
+    # ---- answer -----------------------------------------------------------------------
 
-    async def _send(self, request: Request, target: Target, url: str, up_raw: bytes,
-                    row: LedgerRow, timing: Timing, body: dict[str, Any],
+    async def _json(self, call: SideCall, resp: httpx.Response, body: dict[str, Any],
                     items: list[dict[str, Any]] | None) -> Response:
-        headers = upstream_headers(request.headers.items(), target.backend, target.api_key())
-        send = self.state.upstream.send(url, headers, up_raw, target.backend.timeout_s)
-        resp = await send_unless_gone(send, lambda: _client_gone(request))
-        try:
-            if resp.status_code >= 400:
-                return await self._upstream_error(resp, target, row, timing)
-            if row.stream:
-                return self._stream(resp, target, row, timing, body, items)
-            return await self._json(resp, target, row, timing, body, items)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await resp.aclose()
-            raise
-
-    async def _upstream_error(self, resp: httpx.Response, target: Target, row: LedgerRow,
-                              timing: Timing) -> Response:
-        try:
-            err = await read_at_most(resp, ERROR_BODY_MAX_BYTES)
-        except httpx.HTTPError:
-            err = b""
-        finally:
-            await resp.aclose()
-        try:
-            ok = isinstance(orjson.loads(err), dict)
-        except orjson.JSONDecodeError:
-            ok = False
-        if not ok:
-            err = orjson.dumps(upstream_error_body(err, resp.status_code, "openai"))
-        elif target.wire == "anthropic":
-            err = orjson.dumps(translate.error("openai", err, resp.status_code))
-        row.error = f"upstream {resp.status_code}"
-        self._record(row, timing, Usage(), "upstream_error", resp.status_code)
-        return Response(err, status_code=resp.status_code, media_type=JSON,
-                        headers=downstream_headers(resp.headers))
-
-    async def _json(self, resp: httpx.Response, target: Target, row: LedgerRow, timing: Timing,
-                    body: dict[str, Any], items: list[dict[str, Any]] | None) -> Response:
+        """A non-streamed answer: passed through (the id kept as a pointer), or the Chat /
+        Anthropic answer as a ``response`` object (stored with its items)."""
+        target, row = call.target, call.row
+        assert target is not None
         try:
             content = await resp.aread()
             answer = exactjson.loads(content)
@@ -307,17 +267,21 @@ class ResponsesEndpoint:
             response = error_response(UpstreamUnavailable(
                 f"upstream {target.backend_name!r} broke off or sent an unreadable answer"),
                 "openai")
-            self._record(row, timing, Usage(), "upstream_error", response.status_code)
+            call.record(Usage(), "upstream_error", response.status_code)
             return response
         finally:
             await resp.aclose()
-        timing.end = time.perf_counter()
-        self._record(row, timing, usage, "ok", resp.status_code)
+        call.timing.end = time.perf_counter()
+        call.record(usage, "ok", resp.status_code)
         return Response(content, status_code=resp.status_code, media_type=JSON,
                         headers=downstream_headers(resp.headers))
 
-    def _stream(self, resp: httpx.Response, target: Target, row: LedgerRow, timing: Timing,
-                body: dict[str, Any], items: list[dict[str, Any]] | None) -> Response:
+    def _stream(self, call: SideCall, resp: httpx.Response, body: dict[str, Any],
+                items: list[dict[str, Any]] | None) -> Response:
+        """A stream: passthrough relayed as is, or Chat chunks (Anthropic events through the
+        O->A mapper first) mapped to Responses events."""
+        target, row = call.target, call.row
+        assert target is not None
         mapper: EventMapper | None = None
         if items is None:
             watcher: Any = ResponsesWatcher()
@@ -334,38 +298,15 @@ class ResponsesEndpoint:
             if items is None and status == "ok" and body.get("store", True) and \
                     watcher.response_id:
                 self.store.put(StoredResponse(watcher.response_id, target.backend_name))
-            self._record(row, timing, watcher.usage, status, http_status, watcher.deltas)
+            call.record(watcher.usage, status, http_status, watcher.deltas)
 
-        relay = StreamRelay(resp, watcher, timing, on_end, mapper, "openai")
+        relay = StreamRelay(resp, watcher, call.timing, on_end, mapper, "openai")
         return SSEResponse(relay, headers={**downstream_headers(resp.headers), **SSE_HEADERS})
 
     def _keep(self, body: dict[str, Any], final: dict[str, Any],
               items: list[dict[str, Any]] | None, target: Target) -> None:
         if body.get("store", True) is not False and items is not None:
             self.store.put(StoredResponse(final["id"], target.backend_name, final, items))
-
-    # ---- record -------------------------------------------------------------------------
-
-    def _record(self, row: LedgerRow, timing: Timing, usage: Usage, status: str,
-                http_status: int, deltas: int = 0) -> None:
-        row.prompt_tokens, row.cached_tokens = usage.prompt_tokens, usage.cached_tokens
-        row.output_tokens = usage.output_tokens if usage.output_tokens is not None else (
-            deltas or None)
-        row.ttft_ms, row.tpot_ms = timing.ttft_ms(), timing.tpot_ms(row.output_tokens)
-        row.total_ms = timing.total_ms()
-        row.status, row.http_status = status, http_status
-        self.state.record(row)
-
-    def _refuse(self, row: LedgerRow, timing: Timing, e: BaseException) -> Response:
-        if not isinstance(e, Exception):
-            row.error = type(e).__name__
-            self._record(row, timing, Usage(), "client_disconnect", 499)
-            raise e
-        exc = e if isinstance(e, ProxyError) else InternalError.wrap(e)
-        response = error_response(exc, "openai")
-        row.error = exc.message[:200]
-        self._record(row, timing, Usage(), type(exc).__name__, response.status_code)
-        return response
 
     # ---- GET / DELETE -------------------------------------------------------------------
 
@@ -427,11 +368,6 @@ def _chained(first: Callable[[bytes, SSEEvent], list[bytes]],
     def both(raw: bytes, ev: SSEEvent) -> list[bytes]:
         return [out for mid in first(raw, ev) for out in second(mid, parse_event(mid))]
     return both
-
-
-async def _client_gone(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        await anyio.sleep(0.05)
 
 
 async def _no_such_endpoint(request: Request, response_id: str) -> Response:

@@ -249,3 +249,17 @@ def test_passthrough_passes_canonicalise_tools_and_set_prompt_cache_key(
     assert all(t["type"] == "function" for t in sent["tools"])
     assert sent["prompt_cache_key"].startswith("acme-")
     assert (sent["instructions"], sent["input"]) == ("You are an agent.", "go")
+
+
+def test_backend_errors_keep_their_status_in_openai_shape(rig: Any) -> None:
+    rig.upstream.script = Script(status=429, body={"type": "error", "error": {
+        "type": "rate_limit_error", "message": "slow down"}})
+    r = httpx.post(rig.url + "/v1/responses", json={"model": "claude-x", "input": "a"},
+                   timeout=10)
+    assert r.status_code == 429 and r.json()["error"]["message"] == "slow down"
+    rig.upstream.script = Script(status=400, body={"error": {
+        "message": "context too long", "type": "invalid_request_error", "param": "messages",
+        "code": "context_length_exceeded"}})
+    r = httpx.post(rig.url + "/v1/responses", json={"model": "m1", "input": "a"}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert [row["status"] for row in rig.ledger.rows()[-2:]] == ["upstream_error"] * 2
