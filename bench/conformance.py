@@ -130,12 +130,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="smollm2", help="model name served")
     ap.add_argument("--suites", default=",".join(SUITES))
     ap.add_argument("--out", type=Path, default=None, help="write the figures JSON here")
+    ap.add_argument("--default-max-tokens", type=int, default=256,
+                    help="the policy's output cap for requests that name none (llm-comply's "
+                         "name none; a 135M model may ramble to the cap on CPU)")
+    ap.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
     args = ap.parse_args(argv)
     out: dict[str, Any] = {"command": "python -m bench.conformance " + " ".join(
         sys.argv[1:] if argv is None else argv), "figures": {}, "errors": {}}
-    with proxy_in_front_of_engine(args.model.expanduser(), args.name) as url:
+    with proxy_in_front_of_engine(args.model.expanduser(), args.name,
+                                  default_max_tokens=args.default_max_tokens) as url:
         for suite in args.suites.split(","):
-            results = run_suite(url, args.name, suite)
+            results = run_suite(url, args.name, suite, args.timeout)
             out["figures"][suite] = figures(results)
             out["errors"][suite] = {r["id"]: r.get("errors", []) for r in results
                                     if r["status"] == "failed"}

@@ -23,7 +23,10 @@ send; from the send on, the upstream response is closed on every path (:func:`_a
 
 Endpoints: ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic); a client
 whose API differs from its backend's goes through a bridge (:mod:`proxy.translate`),
-``GET /v1/models``, ``GET /healthz`` (``{"status": "ok" | "degraded", "reasons": [...],
+``GET /v1/models``, the Responses API (:mod:`proxy.responses_api`), ``/v1/messages/count_tokens``
+(:mod:`proxy.count_tokens`), ``/v1/embeddings``, ``/v1/completions`` and ``/v1/models/{id}``
+(:mod:`proxy.passthrough`), every API route also without ``/v1`` (:mod:`proxy.bare_paths`),
+``GET /healthz`` (``{"status": "ok" | "degraded", "reasons": [...],
 "backends": [...]}``, 503 when degraded, see :mod:`proxy.health`), ``GET /metrics`` (HEAD too
 wherever GET is served); any other path or method is a 404 / 405 in the caller's shape; a
 trailing slash is served, never redirected. Response headers: ``x-prefixgate-edits`` (the
