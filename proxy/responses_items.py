@@ -20,7 +20,8 @@ refused with a 400 naming it:
 - Refused (400): built-in tools (``web_search``, ``file_search``, ...), ``background: true``,
   item types a Chat backend cannot take (``item_reference``, computer / code calls).
 
-Answer (:func:`response_object`): ``message.content`` -> a ``message`` output item with one
+Answer (:func:`response_object`): ``message.reasoning_content`` (vLLM / SGLang reasoning
+parsers) -> a ``reasoning`` output item, ``message.content`` -> a ``message`` output item with one
 ``output_text`` part, ``tool_calls`` -> ``function_call`` items, ``finish_reason: length`` ->
 ``status: incomplete`` with ``incomplete_details.reason = max_output_tokens``; usage ->
 ``input_tokens`` / ``input_tokens_details.cached_tokens`` / ``output_tokens``.
@@ -219,6 +220,13 @@ def output_text(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    """A ``reasoning`` output item carrying a backend's reasoning text (vLLM / SGLang
+    ``reasoning_content``) as one ``reasoning_text`` part; no summary is made."""
+    return {"type": "reasoning", "id": item_id, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}], "status": status}
+
+
 def call_item(item_id: str, call_id: str, name: str, arguments: str,
               status: str = "completed") -> dict[str, Any]:
     """A ``function_call`` output item."""
@@ -266,6 +274,9 @@ def output_from_chat(answer: dict[str, Any]) -> tuple[list[dict[str, Any]], str]
     choice = (answer.get("choices") or [{}])[0]
     msg = choice.get("message") or {}
     output: list[dict[str, Any]] = []
+    thought = msg.get("reasoning_content") or msg.get("reasoning")
+    if isinstance(thought, str) and thought:
+        output.append(reasoning_item(new_id("rs"), thought))
     text = msg.get("content") or msg.get("refusal")
     if text:
         output.append(text_item(new_id("msg"), text))

@@ -10,6 +10,8 @@ spec), every event with a strictly increasing ``sequence_number``::
     response.function_call_arguments.delta ...
     response.output_text.done, response.content_part.done, response.output_item.done
     response.function_call_arguments.done, response.output_item.done
+    (a backend's ``reasoning_content``: one ``reasoning`` item, added at its first delta and
+    done with its whole text at the end; no reasoning delta events)
     response.completed | response.incomplete (cap reached)       (on ``data: [DONE]``)
 
 An upstream in-stream error (``data: {"error": ...}``) becomes ``response.failed``. When the
@@ -30,6 +32,7 @@ from proxy.responses_items import (
     call_item,
     new_id,
     output_text,
+    reasoning_item,
     response_object,
     text_item,
     usage_object,
@@ -66,6 +69,7 @@ class ResponsesStream:
     started: bool = False
     finished: bool = False
     text: _Text | None = None
+    thought: _Text | None = None  # reasoning_content deltas (one reasoning item, no deltas out)
     calls: dict[int, _Call] = field(default_factory=dict)  # chat tool_call index -> call
     items: int = 0
     finish_reason: str | None = None
@@ -94,6 +98,16 @@ class ResponsesStream:
         return [self._ev("response.output_item.added", output_index=self.text.index, item=item),
                 self._ev("response.content_part.added", item_id=self.text.item_id,
                          output_index=self.text.index, content_index=0, part=output_text(""))]
+
+    def _thought_delta(self, delta: str) -> list[bytes]:
+        out: list[bytes] = []
+        if self.thought is None:
+            self.thought = _Text(new_id("rs"), self.items)
+            self.items += 1
+            out.append(self._ev("response.output_item.added", output_index=self.thought.index,
+                                item=reasoning_item(self.thought.item_id, "", "in_progress")))
+        self.thought.text += delta
+        return out
 
     def _text_delta(self, delta: str) -> list[bytes]:
         out = [] if self.text is not None else self._open_text()
@@ -126,6 +140,11 @@ class ResponsesStream:
         self.finished = True
         out = [] if self.started else self._start()
         done: list[tuple[int, dict[str, Any]]] = []
+        if self.thought is not None:
+            item = reasoning_item(self.thought.item_id, self.thought.text)
+            out.append(self._ev("response.output_item.done", output_index=self.thought.index,
+                                item=item))
+            done.append((self.thought.index, item))
         if self.text is not None:
             t = self.text
             item = text_item(t.item_id, t.text)
@@ -176,6 +195,9 @@ class ResponsesStream:
             self.usage = usage_object(chunk["usage"])
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
+            thought = delta.get("reasoning_content") or delta.get("reasoning")
+            if isinstance(thought, str) and thought:
+                out += self._thought_delta(thought)
             for text in (delta.get("content"), delta.get("refusal")):
                 if text:
                     out += self._text_delta(text)

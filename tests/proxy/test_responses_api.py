@@ -263,3 +263,70 @@ def test_backend_errors_keep_their_status_in_openai_shape(rig: Any) -> None:
     r = httpx.post(rig.url + "/v1/responses", json={"model": "m1", "input": "a"}, timeout=10)
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
     assert [row["status"] for row in rig.ledger.rows()[-2:]] == ["upstream_error"] * 2
+
+
+def test_backend_reasoning_becomes_a_reasoning_item(rig: Any) -> None:
+    body = completion("42")
+    body["choices"][0]["message"]["reasoning_content"] = "6 times 7"
+    rig.upstream.script = Script(body=body)
+    r = _client(rig).responses.create(model="m1", input="6*7?")
+    assert [o.type for o in r.output] == ["reasoning", "message"]
+    assert r.output[0].content[0].text == "6 times 7" and r.output_text == "42"
+    obj = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [
+        {"index": 0, "finish_reason": None, "delta": {"reasoning_content": "think"}}]}
+    rig.upstream.script = Script(pieces=[b"data: " + json.dumps(obj).encode() + b"\n\n",
+                                         chunk("ok"), chunk(finish="stop"), DONE])
+    with _client(rig).responses.stream(model="m1", input="x") as stream:
+        final = stream.get_final_response()
+    assert [o.type for o in final.output] == ["reasoning", "message"]
+    assert final.output[0].content[0].text == "think"
+
+
+def test_response_objects_with_every_item_kind_pass_the_open_responses_schema() -> None:
+    pytest.importorskip("llm_comply")
+    from pathlib import Path
+
+    import llm_comply
+    from llm_comply.schema import SpecLoader
+
+    from proxy.responses_items import output_from_chat, response_object, usage_object
+
+    answer = _call_answer()
+    msg = answer["choices"][0]["message"]
+    msg.update(content="Checking.", reasoning_content="need weather")
+    output, status = output_from_chat(answer)
+    assert [o["type"] for o in output] == ["reasoning", "message", "function_call"]
+    body = {"model": "m1", "input": "x", "tools": TOOLS, "tool_choice": "auto"}
+    obj = response_object(body, "resp_1", 1, output, usage_object(answer["usage"]), status)
+    spec = SpecLoader(str(Path(llm_comply.__file__).parent / "specs" / "openresponses.json"))
+    assert spec.validate(obj, "ResponseResource") == []
+
+
+def test_stream_events_with_reasoning_text_and_calls_pass_the_open_responses_schema() -> None:
+    pytest.importorskip("llm_comply")
+    from pathlib import Path
+
+    import llm_comply
+    from llm_comply.schema import SpecLoader
+
+    from proxy.responses_stream import ResponsesStream
+    from proxy.sse import parse_event
+
+    def raw(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return b"data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 1,
+                                       "model": "m", "choices": [{"index": 0, "delta": delta,
+                                                                  "finish_reason": finish}]}
+                                      ).encode() + b"\n\n"
+    pieces = [raw({"reasoning_content": "hm"}), raw({"content": "Let me check."}),
+              raw({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                   "function": {"name": "get_weather", "arguments": "{}"}}]}),
+              raw({}, "tool_calls"), DONE]
+    stream = ResponsesStream({"model": "m1", "input": "x", "tools": TOOLS}, "resp_1")
+    events = [json.loads(parse_event(out).data or "{}")
+              for p in pieces for out in stream.map(p, parse_event(p))]
+    spec = SpecLoader(str(Path(llm_comply.__file__).parent / "specs" / "openresponses.json"))
+    errors = [(e["type"], spec.validate_sse_event(e["type"], e)) for e in events]
+    assert [x for x in errors if x[1]] == []
+    assert events[-1]["type"] == "response.completed"
+    assert [o["type"] for o in events[-1]["response"]["output"]] == [
+        "reasoning", "message", "function_call"]
