@@ -190,11 +190,17 @@ class ResponsesEndpoint:
 
     async def _chat_passes(self, request: Request, chat: dict[str, Any], target: Target,
                            row: LedgerRow, session: str) -> bytes:
-        """The rewrite passes on the bridged Chat body, then (Anthropic) the O->A bridge."""
+        """The rewrite passes on the bridged Chat body, then (Anthropic) the O->A bridge. The
+        passes' session-memory updates are merged as the request goes out."""
         depth = self.state.policy.limits.max_json_depth
         rw = await rewrite_off_loop(self.state.rewrite_fn, chat, exactjson.dumps(chat), "openai",
                                     self._ctx(request, row, target, session))
         row.rewrite, row.edits, row.tokens_pruned = rw.summary not in ("off",), rw.summary, rw.pruned
+        if rw.memory:
+            try:
+                self.state.sessions.merge(session, rw.memory)
+            except Exception:
+                log.exception("session memory merge failed")
         if target.wire == "anthropic":
             return translate.encode("openai", rw.body, depth)
         return rw.raw
@@ -274,7 +280,7 @@ class ResponsesEndpoint:
         call.timing.end = time.perf_counter()
         call.record(usage, "ok", resp.status_code)
         return Response(content, status_code=resp.status_code, media_type=JSON,
-                        headers=downstream_headers(resp.headers))
+                        headers=_ours(call, resp))
 
     def _stream(self, call: SideCall, resp: httpx.Response, body: dict[str, Any],
                 items: list[dict[str, Any]] | None) -> Response:
@@ -301,7 +307,7 @@ class ResponsesEndpoint:
             call.record(watcher.usage, status, http_status, watcher.deltas)
 
         relay = StreamRelay(resp, watcher, call.timing, on_end, mapper, "openai")
-        return SSEResponse(relay, headers={**downstream_headers(resp.headers), **SSE_HEADERS})
+        return SSEResponse(relay, headers={**_ours(call, resp), **SSE_HEADERS})
 
     def _keep(self, body: dict[str, Any], final: dict[str, Any],
               items: list[dict[str, Any]] | None, target: Target) -> None:
@@ -359,6 +365,13 @@ class ResponsesEndpoint:
                                       ) from None
         return Response(resp.content, status_code=resp.status_code, media_type=JSON,
                         headers=downstream_headers(resp.headers))
+
+
+def _ours(call: SideCall, resp: httpx.Response) -> dict[str, str]:
+    """The upstream's headers the client gets, and the rewrite summary (``x-prefixgate-edits``,
+    ``x-prefixgate-tokens-pruned``) as on the chat endpoints."""
+    return {**downstream_headers(resp.headers), "x-prefixgate-edits": call.row.edits or "off",
+            "x-prefixgate-tokens-pruned": str(call.row.tokens_pruned)}
 
 
 def _chained(first: Callable[[bytes, SSEEvent], list[bytes]],

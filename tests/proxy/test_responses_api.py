@@ -330,3 +330,18 @@ def test_stream_events_with_reasoning_text_and_calls_pass_the_open_responses_sch
     assert events[-1]["type"] == "response.completed"
     assert [o["type"] for o in events[-1]["response"]["output"]] == [
         "reasoning", "message", "function_call"]
+
+
+def test_bridged_request_runs_the_passes_and_says_so(rig_factory: Any) -> None:
+    rig = rig_factory(rewrite_fn="default")
+    rig.upstream.script = Script(body=completion("ok"))
+    tools = [{"type": "function", "name": n, "parameters": {"type": "object", "properties": {}}}
+             for n in ("zeta", "alpha")]
+    r = httpx.post(rig.url + "/v1/responses", timeout=10, json={
+        "model": "m1", "input": "go", "tools": tools,
+        "instructions": "Agent. Today is 2026-12-01 10:42:17 UTC."})
+    assert r.status_code == 200
+    sent = rig.upstream.seen[-1].json
+    assert [t["function"]["name"] for t in sent["tools"]] == ["alpha", "zeta"]
+    assert "canonicalize_tools" in r.headers["x-prefixgate-edits"]
+    assert rig.ledger.rows()[-1]["edits"] == r.headers["x-prefixgate-edits"]
