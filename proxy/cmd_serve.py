@@ -2,7 +2,8 @@
 
 ``serve [--policy FILE] [--model DIR] [--host H] [--port P]``: loads the policy (default: the
 shipped one, every model to the local engine), spawns the engine for each ``local`` backend with
-``spawn: true`` (model from the backend's ``model_path`` or ``--model``), waits for its
+``spawn: true`` (model from the backend's ``model_path``, ``--model``, or the one ``make model``
+fetched into ``~/.cache/prefixgate/models/SmolLM2-135M-Instruct``), waits for its
 ``/health``, then serves the proxy with uvicorn (default 127.0.0.1:8080, or the policy's
 ``listen``). The engines are stopped when the proxy exits.
 
@@ -55,6 +56,15 @@ def refuse_unauthenticated(pol: Policy, host: str, policy_path: Path | None) -> 
             "'Authorization: Bearer <key>' or 'x-api-key: <key>'), or listen on 127.0.0.1.")
 
 
+DEFAULT_MODEL_DIR = Path("~/.cache/prefixgate/models/SmolLM2-135M-Instruct")
+
+
+def fetched_model() -> str | None:
+    """The model ``make model`` fetches, when it is there (``config.json`` present)."""
+    d = DEFAULT_MODEL_DIR.expanduser()
+    return str(d) if (d / "config.json").is_file() else None
+
+
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
@@ -97,10 +107,11 @@ def serve(
         for name, b in pol.backends.items():
             if b.kind != "local" or not b.spawn:
                 continue
-            model_dir = b.model_path or (str(model) if model else None)
+            model_dir = b.model_path or (str(model) if model else None) or fetched_model()
             if not model_dir:
                 typer.echo(f"backend {name!r} spawns a local engine: give --model DIR or set "
-                           f"backends.{name}.model_path", err=True)
+                           f"backends.{name}.model_path (or fetch the default model with "
+                           f"`make model`, into {DEFAULT_MODEL_DIR})", err=True)
                 raise typer.Exit(2)
             try:
                 stack.enter_context(EngineProcess(b, os.path.expanduser(model_dir)))

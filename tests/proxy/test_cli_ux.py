@@ -69,3 +69,27 @@ def test_flags_render_as_flags_in_help() -> None:
     line = next(x for x in out.splitlines() if "--json" in x)
     assert "<bool>" not in line
     assert "<path>" in next(x for x in out.splitlines() if "--ledger" in x)
+
+
+def test_a_reused_engine_must_serve_the_model_asked_for() -> None:
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from config.schema import Backend
+    from proxy.engine_proc import EngineProcess, EngineStartError
+    from tests.servers import serve_app
+
+    async def health(_: object) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    async def models(_: object) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": "other-model"}]})
+
+    app = Starlette(routes=[Route("/health", health), Route("/v1/models", models)])
+    with serve_app(app) as url:
+        backend = Backend(kind="local", base_url=url + "/v1", spawn=True)
+        with pytest.raises(EngineStartError, match="serves \\['other-model'\\], not 'SmolLM2'"):
+            EngineProcess(backend, "/models/SmolLM2").__enter__()
+        with EngineProcess(backend, "/somewhere/other-model") as proc:
+            assert proc.proc is None  # reused, not spawned
