@@ -93,3 +93,13 @@ def test_a_reused_engine_must_serve_the_model_asked_for() -> None:
             EngineProcess(backend, "/models/SmolLM2").__enter__()
         with EngineProcess(backend, "/somewhere/other-model") as proc:
             assert proc.proc is None  # reused, not spawned
+
+
+@pytest.mark.parametrize("cmd", ["serve", "engine", "config check", "config reference", "report",
+                                 "replay", "simulate", "keys add", "keys list", "keys remove"])
+def test_every_command_help_opens_with_a_summary(cmd: str) -> None:
+    code, out = _run(*cmd.split(), "--help")
+    lines = [x.strip(" │") for x in out.splitlines() if x.strip(" │")]
+    assert code == 0 and lines[0].startswith("Usage:")
+    summary = lines[1]
+    assert summary[0].isupper() and not summary.startswith(("Exit", "Usage")), summary
