@@ -11,6 +11,8 @@ import pytest
 from bench.conformance import proxy_in_front_of_engine
 from tests.tiny_model import make_tiny_model_dir
 
+pytestmark = pytest.mark.slow  # ~20 s: a real engine (tiny random Llama) behind the proxy
+
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
