@@ -4,6 +4,7 @@ replay fails in one line, flags render as flags."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -103,3 +104,15 @@ def test_every_command_help_opens_with_a_summary(cmd: str) -> None:
     assert code == 0 and lines[0].startswith("Usage:")
     summary = lines[1]
     assert summary[0].isupper() and not summary.startswith(("Exit", "Usage")), summary
+
+
+def test_replay_takes_a_swe_agent_trace_as_simulate_does(rig: Any) -> None:
+    from tests.proxy.upstream import DONE, Script, chunk
+
+    rig.upstream.script = Script(pieces=[chunk("a"), chunk(finish="stop"), DONE])
+    trace = next(Path("../shared/data/traces/swe_agent").glob("*.traj"))
+    code, out = _run("replay", str(trace), "--proxy", rig.url, "--max-requests", "2",
+                     "--model", "m1", "--no-cache-salt")
+    assert code == 0, out
+    sent = rig.upstream.seen
+    assert len(sent) == 4 and all(s.json["tools"] for s in sent)
