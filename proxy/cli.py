@@ -8,8 +8,8 @@ assembles them: ``serve``, ``engine``, ``config check``, ``report``, ``replay``,
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
-import click
 import typer
 from typer.core import TyperOption
 
@@ -28,7 +28,7 @@ COMMAND_MODULES = (
 _display_type_rich = TyperOption.display_type_rich
 
 
-def _flag_aware_type(self: TyperOption, ctx: click.Context) -> str | None:
+def _flag_aware_type(self: TyperOption, ctx: Any) -> str | None:
     """Help shows a flag as a flag (``--json``), not ``--json <bool>``: typer 0.29 labels every
     option with its type, boolean flags included, though a flag takes no value."""
     if self.is_flag and not self.count:
@@ -36,7 +36,7 @@ def _flag_aware_type(self: TyperOption, ctx: click.Context) -> str | None:
     return _display_type_rich(self, ctx)
 
 
-TyperOption.display_type_rich = _flag_aware_type  # type: ignore[method-assign]
+TyperOption.display_type_rich = _flag_aware_type  # type: ignore[method-assign,assignment]
 
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
