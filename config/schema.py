@@ -9,7 +9,8 @@ Shape of a policy file::
       openai: {kind: openai, base_url: https://api.openai.com/v1, api_key: ${OPENAI_API_KEY}}
     routes:
       - {match: "claude-*", backend: anthropic}
-      - {match: "*", backend: local}
+      - {match: "*", backend: local, default_max_tokens: 512}
+    default_max_tokens: 1024            # cap for requests that name none (0 = no cap)
     rewrite: {enabled: true, canonicalize_tools: true, hoist_volatile: true, ...}
     ledger: {path: ~/.cache/prefixgate/ledger.sqlite, store_prompt_text: false}
     limits: {max_json_depth: 128, max_header_bytes: 65536, header_timeout_s: 10, ...}
@@ -49,7 +50,8 @@ KEY_HASH_PATTERN = r"^sha256:[0-9a-f]{64}$"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # attribute docstrings become field descriptions (docs/policy.md, config/reference.py)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class Listen(_Strict):
@@ -133,9 +135,15 @@ class Backend(_Strict):
 class Route(RouteTargets):
     """Model-name glob (fnmatch, e.g. ``gpt-*``) mapped to a backend name (``backend``), or to
     an ordered list (``backends``) with ``fallbacks`` and an upstream ``model`` name
-    (:class:`config.routing.RouteTargets`)."""
+    (:class:`config.routing.RouteTargets`).
+
+    ``default_max_tokens``: the output cap a request of this route gets when it names none
+    (OpenAI ``max_tokens`` / ``max_completion_tokens``, Responses ``max_output_tokens``); unset =
+    the policy's ``default_max_tokens``; ``0`` = no cap for this route (the backend's own).
+    """
 
     match: str
+    default_max_tokens: int | None = Field(None, ge=0)
 
 
 class RewriteSettings(_Strict):
@@ -337,6 +345,11 @@ class Policy(_Strict):
     retry: RetrySettings = Field(default_factory=RetrySettings)
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)
     health_checks: HealthCheckSettings = Field(default_factory=HealthCheckSettings)
+    default_max_tokens: int = Field(1024, ge=0)
+    """Output-token cap (tokens) given to a request that names none, unless its route says
+    otherwise; ``0`` = no cap. A client that sends no cap (LangChain sends none) would otherwise
+    get the backend's own: for our engine and vLLM, the rest of the context window — minutes of
+    decode on a CPU."""
 
     @model_validator(mode="after")
     def _routes_name_backends(self) -> Policy:

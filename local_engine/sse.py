@@ -241,10 +241,12 @@ def chat_message(text: str, finish_reason: str | None, parse_tools: bool
                  ) -> tuple[dict[str, Any], str | None]:
     """The non-stream assistant ``message`` and finish reason for generated ``text``: with
     ``parse_tools`` and at least one well-formed ``<tool_call>``, ``content`` is the text around
-    the calls (or null), ``tool_calls`` the calls, and the finish reason ``tool_calls``."""
+    the calls (or null), ``tool_calls`` the calls, and the finish reason ``tool_calls``.
+    ``refusal`` (null: this engine never refuses) and ``annotations`` (``[]``) are fields the
+    current OpenAI schema requires of every answer message."""
     if parse_tools:
         parsed = parse_tool_calls(text)
         if parsed.tool_calls:
-            return ({"role": "assistant", "content": parsed.content,
-                     "tool_calls": parsed.tool_calls}, "tool_calls")
-    return {"role": "assistant", "content": text}, finish_reason
+            return ({"role": "assistant", "content": parsed.content, "refusal": None,
+                     "annotations": [], "tool_calls": parsed.tool_calls}, "tool_calls")
+    return {"role": "assistant", "content": text, "refusal": None, "annotations": []}, finish_reason

@@ -28,7 +28,10 @@ send; from the send on, the upstream response is closed on every path (:func:`pr
 
 Endpoints: ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic); a client
 whose API differs from its backend's goes through a bridge (:mod:`proxy.translate`),
-``GET /v1/models`` (exactly what a client can call, :func:`proxy.probes.list_models`),
+``GET /v1/models`` (exactly what a client can call, :func:`proxy.probes.list_models`), the
+Responses API (:mod:`proxy.responses_api`), ``/v1/messages/count_tokens``
+(:mod:`proxy.count_tokens`), ``/v1/embeddings``, ``/v1/completions`` and ``/v1/models/{id}``
+(:mod:`proxy.passthrough`), every API route also without ``/v1`` (:mod:`proxy.bare_paths`),
 ``GET /healthz`` (``{"status": "ok" | "degraded", "reasons": [...], "backends": [...],
 "down": {deployment: why}}``, 503 when degraded, see :mod:`proxy.health`; a deployment whose
 breaker is not closed is named in ``down`` without degrading the proxy, which still serves
@@ -66,9 +69,11 @@ from cache.session_redis import SharedSessionStore
 from cache.shared_state import LocalState, RedisState
 from config.routing import Deployment
 from config.schema import Policy
-from proxy import savings_api, wire
+from proxy import count_tokens, passthrough, responses_api, savings_api, wire
 from proxy.answer import answer, refuse
 from proxy.auth import Guard
+from proxy.bare_paths import BarePaths
+from proxy.bounded import with_default_cap
 from proxy.bridges import bridge_for
 from proxy.dashboard import install as install_dashboard
 from proxy.edit_detail import edit_detail_headers
@@ -134,6 +139,8 @@ async def _prepare(ex: Exchange, request: Request, state: ProxyState) -> None:
     await _parse(ex, request, state.policy)
     ex.targets = plan_targets(state.policy, ex.row.model, ex.api, can_translate=True)
     ex.row.route, ex.row.backend = ex.targets[0].route, ex.targets[0].backend_name
+    # a body without an output cap gets the route's (proxy.bounded)
+    ex.body, ex.raw = with_default_cap(ex.body, ex.raw, ex.api, ex.targets[0], state.policy)
     await _passes(ex, request, state)
     ex.steps = _bridges(ex, state.policy.limits.max_json_depth)
     for s in ex.steps:  # the tenant's prefix-cache namespace on the backend (proxy.tenants)
@@ -297,6 +304,8 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     app = FastAPI(title="prefixgate", lifespan=lifespan, docs_url=None, redoc_url=None,
                   redirect_slashes=False)
     app.add_middleware(TrailingSlash)  # /v1/messages/ is served as /v1/messages, no redirect
+    app.add_middleware(BarePaths)  # /chat/completions is served as /v1/chat/completions
+    app.add_middleware(BarePaths)  # /chat/completions is served as /v1/chat/completions
     app.state.proxy = state
 
     @app.exception_handler(ProxyError)
@@ -328,6 +337,14 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     async def models(request: Request) -> JSONResponse:
         await state.guard.admit(request.headers, "openai", limit=False)  # 401 without a key
         return JSONResponse(await list_models(state.side, state.policy))
+
+    responses_api.install(app, state)  # /v1/responses (proxy.responses_api)
+    passthrough.install(app, state)  # /v1/embeddings, /v1/completions, /v1/models/{id}
+    count_tokens.install(app, state)  # /v1/messages/count_tokens
+
+    responses_api.install(app, state)  # /v1/responses (proxy.responses_api)
+    passthrough.install(app, state)  # /v1/embeddings, /v1/completions, /v1/models/{id}
+    count_tokens.install(app, state)  # /v1/messages/count_tokens
 
     @app.get("/healthz")  # open: no key (see proxy.auth)
     @app.head("/healthz", include_in_schema=False)

@@ -21,8 +21,9 @@ from proxy.a2o_request import request_to_openai
 from proxy.limits import first_too_deep
 from proxy.sse import SSEEvent
 
-__all__ = ["RESPONSE", "STREAM", "StreamMapper", "error_to_anthropic", "request_to_openai",
-           "response_to_anthropic", "usage_to_anthropic"]
+__all__ = ["RESPONSE", "STREAM", "StreamMapper", "error_to_anthropic", "message_shell",
+           "message_usage", "request_to_openai", "response_to_anthropic", "text_block",
+           "tool_use_block", "usage_to_anthropic"]
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                  "function_call": "tool_use", "content_filter": "refusal"}
@@ -60,14 +61,47 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error"}
 
 
-def usage_to_anthropic(u: Any) -> dict[str, int]:
-    """OpenAI usage -> Anthropic usage (B08 mapping, see module docstring)."""
+def usage_to_anthropic(u: Any) -> dict[str, Any]:
+    """OpenAI usage -> Anthropic ``message_delta`` usage (B08 mapping, see module docstring),
+    with every field the Messages schema requires of ``MessageDeltaUsage`` (the sub-objects a
+    non-Anthropic backend cannot report are null)."""
     u = u if isinstance(u, dict) else {}
     prompt = int(u.get("prompt_tokens") or 0)
     cached = int((u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
     return {"input_tokens": max(0, prompt - cached), "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": cached,
-            "output_tokens": int(u.get("completion_tokens") or 0)}
+            "output_tokens": int(u.get("completion_tokens") or 0),
+            "output_tokens_details": None, "server_tool_use": None}
+
+
+def message_usage(delta_usage: dict[str, Any]) -> dict[str, Any]:
+    """A ``message_delta`` usage (:func:`usage_to_anthropic`) as the ``usage`` of a ``message``
+    object: the Messages schema (``Usage``) also requires ``cache_creation`` (the write split by
+    TTL: an OpenAI-compatible cache writes nothing it reports), ``inference_geo`` and
+    ``service_tier`` (null: not reported)."""
+    return {**delta_usage,
+            "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
+            "inference_geo": None, "service_tier": None}
+
+
+def message_shell(msg_id: str, model: str) -> dict[str, Any]:
+    """A ``message`` object with every field the Messages schema requires, content empty and
+    the stop fields null (``message_start``'s message; the answer fills it)."""
+    return {"id": msg_id, "type": "message", "role": "assistant", "model": model,
+            "content": [], "stop_reason": None, "stop_sequence": None, "stop_details": None,
+            "usage": message_usage(usage_to_anthropic({})), "container": None}
+
+
+def text_block(text: str) -> dict[str, Any]:
+    """A response ``text`` block (``citations`` is required: null, no citations asked)."""
+    return {"type": "text", "text": text, "citations": None}
+
+
+def tool_use_block(call_id: str, name: str, tool_input: dict[str, Any]) -> dict[str, Any]:
+    """A response ``tool_use`` block; ``caller`` says the model called it itself (the schema's
+    default, ``{"type": "direct"}``)."""
+    return {"type": "tool_use", "id": call_id, "name": name, "input": tool_input,
+            "caller": {"type": "direct"}}
 
 
 # Deepest parsed ``arguments`` an answer carries as an object: the answer's own four levels
@@ -100,18 +134,18 @@ def response_to_anthropic(resp: dict[str, Any], model: str) -> dict[str, Any]:
     msg = choice.get("message") or {}
     content: list[dict[str, Any]] = []
     if msg.get("content"):
-        content.append({"type": "text", "text": msg["content"]})
+        content.append(text_block(msg["content"]))
     if msg.get("refusal"):
-        content.append({"type": "text", "text": msg["refusal"]})
+        content.append(text_block(msg["refusal"]))
     for c in msg.get("tool_calls") or []:
         fn = c.get("function") or {}
-        content.append({"type": "tool_use", "id": c.get("id", ""), "name": fn.get("name", ""),
-                        "input": _tool_input(fn.get("arguments"))})
+        content.append(tool_use_block(c.get("id", ""), fn.get("name", ""),
+                                      _tool_input(fn.get("arguments"))))
     stop = _STOP_REASONS.get(choice.get("finish_reason") or "stop", "end_turn")
-    return {"id": "msg_" + str(resp.get("id", "")), "type": "message", "role": "assistant",
-            "model": model, "content": content,
-            "stop_reason": "refusal" if msg.get("refusal") else stop,
-            "stop_sequence": None, "usage": usage_to_anthropic(resp.get("usage"))}
+    out = message_shell("msg_" + str(resp.get("id", "")), model)
+    out.update(content=content, stop_reason="refusal" if msg.get("refusal") else stop,
+               usage=message_usage(usage_to_anthropic(resp.get("usage"))))
+    return out
 
 
 def error_to_anthropic(raw: bytes, status: int) -> dict[str, Any]:
@@ -145,7 +179,7 @@ class StreamMapper:
         self.block_kind = ""                 # "text" | "tool"
         self.tool_blocks: dict[int, int] = {}  # OpenAI tool_call index -> block index
         self.stop_reason = "end_turn"
-        self.usage: dict[str, int] = usage_to_anthropic({})
+        self.usage: dict[str, Any] = usage_to_anthropic({})
         self.finished = False
         self.refused = False                 # a refusal delta was seen: stop_reason "refusal"
 
@@ -165,10 +199,7 @@ class StreamMapper:
 
     def _start(self, chunk_id: str) -> list[bytes]:
         self.started = True
-        msg: dict[str, Any] = {"id": "msg_" + chunk_id, "type": "message", "role": "assistant",
-                               "model": self.model, "content": [], "stop_reason": None,
-                               "stop_sequence": None,
-                               "usage": {"input_tokens": 0, "output_tokens": 0}}
+        msg = message_shell("msg_" + chunk_id, self.model)
         return [_sse("message_start", {"type": "message_start", "message": msg})]
 
     def _finish(self) -> list[bytes]:
@@ -213,7 +244,7 @@ class StreamMapper:
                 if not text:
                     continue
                 if self.block_kind != "text":
-                    out += self._open("text", {"type": "text", "text": ""})
+                    out += self._open("text", text_block(""))
                 out.append(_sse("content_block_delta", {
                     "type": "content_block_delta", "index": self.block,
                     "delta": {"type": "text_delta", "text": text}}))
@@ -221,8 +252,8 @@ class StreamMapper:
                 i = tc.get("index", 0)
                 fn = tc.get("function") or {}
                 if i not in self.tool_blocks:
-                    out += self._open("tool", {"type": "tool_use", "id": tc.get("id", ""),
-                                               "name": fn.get("name", ""), "input": {}})
+                    out += self._open("tool", tool_use_block(tc.get("id", ""),
+                                                             fn.get("name", ""), {}))
                     self.tool_blocks[i] = self.block
                 if fn.get("arguments"):
                     out.append(_sse("content_block_delta", {

@@ -68,7 +68,8 @@ def response_to_openai(msg: dict[str, Any], model: str) -> dict[str, Any]:
               "function": {"name": b.get("name", ""),
                            "arguments": exactjson.dumps(b.get("input", {})).decode()}}
              for b in msg.get("content") or [] if b.get("type") == "tool_use"]
-    message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    message: dict[str, Any] = {"role": "assistant", "content": text or None, "refusal": None,
+                               "annotations": []}
     if calls:
         message["tool_calls"] = calls
     return {"id": "chatcmpl-" + str(msg.get("id", "")), "object": "chat.completion",

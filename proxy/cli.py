@@ -7,7 +7,10 @@ this file only assembles them: ``serve``, ``engine``, ``config check``, ``report
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
+from typer.core import TyperOption
 
 from proxy import (
     cmd_config,
@@ -33,6 +36,19 @@ COMMAND_MODULES = (
     cmd_rewrite,   # prefixgate rewrite REQUEST.json
     grafana,       # prefixgate grafana > dashboard.json
 )
+
+_display_type_rich = TyperOption.display_type_rich
+
+
+def _flag_aware_type(self: TyperOption, ctx: Any) -> str | None:
+    """Help shows a flag as a flag (``--json``), not ``--json <bool>``: typer 0.29 labels every
+    option with its type, boolean flags included, though a flag takes no value."""
+    if self.is_flag and not self.count:
+        return None
+    return _display_type_rich(self, ctx)
+
+
+TyperOption.display_type_rich = _flag_aware_type  # type: ignore[method-assign,assignment]
 
 for _module in COMMAND_MODULES:
     _module.register(app)

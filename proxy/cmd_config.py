@@ -6,22 +6,41 @@ from pathlib import Path
 
 import typer
 
+from config.diagnose import diagnose
 from config.loader import PolicyError, load_policy
 
 
 def check(file: Path = typer.Argument(..., help="policy YAML file")) -> None:
-    """Print ``ok`` and exit 0, or print ``<yaml.path>: <message>`` per problem and exit 1."""
+    """Check a policy file: every problem in one run, then warnings.
+
+    Prints ``<file>: <yaml.path>: <message>`` per problem (exit 1) and ``<file>: warning:
+    <yaml.path>: <message>`` per warning (an unset ``${ENV}`` key), or ``ok``."""
+    problems, warnings = diagnose(file)
+    for path, msg in problems:
+        typer.echo(f"{file}: {path or '<root>'}: {msg}", err=True)
+    for path, msg in warnings:
+        typer.echo(f"{file}: warning: {path}: {msg}", err=True)
+    if problems:
+        raise typer.Exit(1)
     try:
         policy = load_policy(file)
-    except PolicyError as e:
+    except PolicyError as e:  # a check diagnose() does not make: still every problem
         for path, msg in e.problems:
             typer.echo(f"{file}: {path or '<root>'}: {msg}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     typer.echo(f"{file}: ok ({len(policy.backends)} backends, {len(policy.routes)} routes)")
+
+
+def reference() -> None:
+    """Print the policy reference (every key, type, default, example) as Markdown."""
+    from config.reference import policy_reference
+
+    typer.echo(policy_reference(), nl=False)
 
 
 def register(app: typer.Typer) -> None:
     """Add the ``config`` command group."""
-    group = typer.Typer(help="Policy file commands.", no_args_is_help=True)
+    group = typer.Typer(help="Check policy files.", no_args_is_help=True)
     group.command("check")(check)
+    group.command("reference")(reference)
     app.add_typer(group, name="config")

@@ -1,7 +1,8 @@
 """``prefixgate replay TRACE``: send a recorded agent trace through the proxy, rewriting off then
 on, and compare cached-token share, TTFT and TPOT.
 
-Each run's requests (:mod:`proxy.traces`) are sent in order, streamed, with a small
+Each run's requests (a tau-bench JSON or a SWE-agent ``.traj``, read by
+:func:`proxy.sim_trace.load_trace` as ``simulate`` reads them) are sent in order, streamed, with a small
 ``max_tokens`` and ``temperature: 0``; first the whole run with ``x-prefixgate-rewrite: off``,
 then the same run with rewriting on. Timings are measured here, at the client: TTFT = until the
 first content chunk arrived, TPOT = (last content chunk - first) / (completion tokens - 1).
@@ -36,9 +37,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from proxy.sim_trace import TraceError, load_trace, openai_body
 from proxy.sse import EventSplitter, parse_event
 from proxy.stats import fmt, percentile
-from proxy.traces import default_tools_path, load_runs, run_requests, with_wall_clock
+from proxy.traces import with_wall_clock
 
 
 @dataclass
@@ -125,8 +127,18 @@ def side_figures(results: list[Sent]) -> dict[str, Any]:
             "tpot_p50_ms": percentile(tpot, 50), "engine_ttft_p50_ms": percentile(eng, 50)}
 
 
+def probe_proxy(proxy: str) -> None:
+    """Exit 2 with one line when nothing answers ``GET /healthz`` at ``proxy``."""
+    try:
+        httpx.get(proxy.rstrip("/") + "/healthz", timeout=5.0)
+    except httpx.HTTPError as e:
+        typer.echo(f"replay: no answer from {proxy} ({type(e).__name__}): is the proxy running "
+                   f"at {proxy}? Start it with `prefixgate serve`.", err=True)
+        raise typer.Exit(2) from None
+
+
 def replay(
-    trace: Path = typer.Argument(..., help="tau-bench trace JSON"),
+    trace: Path = typer.Argument(..., help="tau-bench JSON or SWE-agent .traj (as simulate)"),
     proxy: str = typer.Option("http://127.0.0.1:8080", "--proxy", help="proxy base URL"),
     runs: int = typer.Option(1, "--runs", help="number of runs to replay"),
     first_run: int = typer.Option(0, "--first-run", help="index of the first run"),
@@ -135,17 +147,25 @@ def replay(
                                         help="system-prompt clock = wall clock of each request"),
     max_tokens: int = typer.Option(8, "--max-tokens"),
     model: str = typer.Option("smollm2", "--model"),
-    tools: Path | None = typer.Option(None, "--tools", help="tool definitions JSON"),
+    tools: Path | None = typer.Option(None, "--tools", help="tool definitions JSON (tau-bench)"),
     cache_salt: bool = typer.Option(True, "--cache-salt/--no-cache-salt"),
     json_out: Path | None = typer.Option(None, "--json-out"),
     timeout_s: float = typer.Option(600.0, "--timeout"),
 ) -> None:
-    """Replay TRACE through the proxy with rewriting off, then on; print both sides."""
-    tool_defs = json.loads((tools or default_tools_path(trace)).read_text())
-    all_runs = load_runs(trace)[first_run:first_run + runs]
+    """Replay TRACE through the proxy with rewriting off, then on; print both sides.
+
+    Fails in one line (exit 2) when the trace or tools file cannot be read, or when nothing
+    answers at PROXY."""
+    try:
+        picked = load_trace(trace, tools, first_run + runs)[first_run:]
+    except (TraceError, OSError, ValueError, KeyError, TypeError) as e:
+        typer.echo(f"replay: cannot read trace {trace}: {getattr(e, 'strerror', None) or e}",
+                   err=True)
+        raise typer.Exit(2) from None
+    probe_proxy(proxy)
     plans = []
-    for i, run in enumerate(all_runs, start=first_run):
-        reqs = run_requests(run["traj"], tool_defs, model)
+    for i, run in enumerate(picked, start=first_run):
+        reqs = [openai_body(model, run.tools, r.messages) for r in run.requests]
         plans.append((i, reqs[:max_requests] if max_requests else reqs))
     total = 2 * sum(len(r) for _, r in plans)
     results: list[Sent] = []

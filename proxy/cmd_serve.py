@@ -2,7 +2,8 @@
 
 ``serve [--policy FILE] [--model DIR] [--host H] [--port P]``: loads the policy (default: the
 shipped one, every model to the local engine), spawns the engine for each ``local`` backend with
-``spawn: true`` (model from the backend's ``model_path`` or ``--model``), waits for its
+``spawn: true`` (model from the backend's ``model_path``, ``--model``, or the one ``make model``
+fetched into ``~/.cache/prefixgate/models/SmolLM2-135M-Instruct``), waits for its
 ``/health``, then serves the proxy with uvicorn (default 127.0.0.1:8080, or the policy's
 ``listen``). The engines are stopped when the proxy exits.
 
@@ -90,18 +91,40 @@ def refuse_unauthenticated(pol: Policy, host: str, policy_path: Path | None) -> 
             "'Authorization: Bearer <key>' or 'x-api-key: <key>'), or listen on 127.0.0.1.")
 
 
+DEFAULT_MODEL_DIR = Path("~/.cache/prefixgate/models/SmolLM2-135M-Instruct")
+
+
+def fetched_model() -> str | None:
+    """The model ``make model`` fetches, when it is there (``config.json`` present)."""
+    d = DEFAULT_MODEL_DIR.expanduser()
+    return str(d) if (d / "config.json").is_file() else None
+
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def _check_log_level(value: str) -> str:
+    """``--log-level``: one of :data:`LOG_LEVELS` (case-insensitive), else a usage error."""
+    if value.lower() not in LOG_LEVELS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(LOG_LEVELS)}")
+    return value.lower()
+
+
 def _configure_logging(level: str) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(SafeFormatter(LOG_FORMAT))
-    logging.basicConfig(level=level.upper(), handlers=[handler])
+    # uvicorn's "trace" is below DEBUG; the standard library has no such level
+    logging.basicConfig(level="DEBUG" if level == "trace" else level.upper(), handlers=[handler])
 
 
 def serve(
     policy: Path | None = typer.Option(None, "--policy", help="policy YAML (default: shipped)"),
     model: Path | None = typer.Option(None, "--model", help="model dir for spawned local engines"),
     host: str | None = typer.Option(None, "--host", help="listen address (default: policy)"),
-    port: int | None = typer.Option(None, "--port", help="listen port (default: policy, 8080)"),
-    log_level: str = typer.Option("info", "--log-level"),
+    port: int | None = typer.Option(None, "--port", min=1, max=65535,
+                                    help="listen port (default: policy, 8080)"),
+    log_level: str = typer.Option("info", "--log-level", callback=_check_log_level,
+                                  help="one of " + ", ".join(LOG_LEVELS)),
     workers: int = typer.Option(1, "--workers", min=1, help="proxy processes (one ledger)"),
     access_log: bool = typer.Option(False, "--access-log/--no-access-log",
                                     help="one INFO line per request (off: hot path)"),
@@ -122,10 +145,11 @@ def serve(
         for name, b in pol.backends.items():
             if b.kind != "local" or not b.spawn:
                 continue
-            model_dir = b.model_path or (str(model) if model else None)
+            model_dir = b.model_path or (str(model) if model else None) or fetched_model()
             if not model_dir:
                 typer.echo(f"backend {name!r} spawns a local engine: give --model DIR or set "
-                           f"backends.{name}.model_path", err=True)
+                           f"backends.{name}.model_path (or fetch the default model with "
+                           f"`make model`, into {DEFAULT_MODEL_DIR})", err=True)
                 raise typer.Exit(2)
             try:
                 stack.enter_context(EngineProcess(b, os.path.expanduser(model_dir)))

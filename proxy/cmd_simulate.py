@@ -61,7 +61,9 @@ def simulate(
         None, "--policy", help="take the prefixgate strategy's rewrite settings from this policy"),
     as_json: bool = typer.Option(False, "--json", help="print the figures as JSON"),
 ) -> None:
-    """Exit 2 on a bad provider/strategy or an unreadable trace."""
+    """Estimate offline what each rewrite strategy would cache on TRACE, for a provider.
+
+    Exits 2 on a bad provider / strategy or an unreadable trace."""
     if provider not in PROVIDERS:
         typer.echo(f"unknown provider {provider!r}; expected one of {', '.join(PROVIDERS)}",
                    err=True)

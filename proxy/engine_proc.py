@@ -6,7 +6,9 @@
 
 where ``H:P`` come from the backend's ``base_url``. It waits for ``GET /health`` to answer 200
 and stops the process (SIGTERM, then SIGKILL after a grace period) when the proxy exits. If an
-engine already answers at that address, it is reused and not spawned again.
+engine already answers at that address, it is reused and not spawned again — only when it serves
+the model asked for (its ``/v1/models`` lists the model directory's name, the engine's default
+model name); otherwise serve stops with an error saying what answers there.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Self
 from urllib.parse import urlsplit
@@ -58,6 +61,28 @@ def is_healthy(url: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
+def served_models(backend: Backend, timeout_s: float = 2.0) -> list[str] | None:
+    """The model ids ``GET base_url/models`` lists, or None when it cannot be read."""
+    try:
+        data = httpx.get(backend.base_url + "/models", timeout=timeout_s).json().get("data")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    if not isinstance(data, list):
+        return None
+    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
+def check_reused(backend: Backend, model_dir: str) -> None:
+    """Raise EngineStartError when the engine answering at ``backend`` does not serve the model
+    in ``model_dir`` (named by its directory, as ``python -m local_engine`` names it)."""
+    want = Path(model_dir).expanduser().name
+    got = served_models(backend)
+    if got is not None and want not in got:
+        raise EngineStartError(f"an engine already answers at {backend.base_url} but serves "
+                               f"{got}, not {want!r} ({model_dir}): stop it, or give this "
+                               "backend another port")
+
+
 @dataclass
 class EngineProcess:
     """Context manager: spawn the engine for ``backend`` with ``model_dir``; wait for health.
@@ -75,6 +100,7 @@ class EngineProcess:
     def __enter__(self) -> Self:
         url = health_url(self.backend)
         if is_healthy(url):
+            check_reused(self.backend, self.model_dir)
             log.info("engine already serving at %s: reusing it", url)
             return self
         host, port = engine_address(self.backend)

@@ -83,7 +83,7 @@ def test_non_stream_message_with_tool_call_validates_as_chat_completion() -> Non
 
 def test_non_stream_without_calls_keeps_text_and_reason() -> None:
     assert chat_message("plain", "length", parse_tools=True) == (
-        {"role": "assistant", "content": "plain"}, "length")
+        {"role": "assistant", "content": "plain", "refusal": None, "annotations": []}, "length")
 
 
 def test_completion_stream_validates_as_completion() -> None:

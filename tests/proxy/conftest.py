@@ -31,6 +31,9 @@ def make_policy(upstream_url: str, ledger_path: Path, **extra: Any) -> Policy:
                    {"match": "m*", "backend": "up"},
                    {"match": "gpt-*", "backend": "up"}],
         "ledger": {"path": str(ledger_path)},
+        # the scripted upstream checks bodies byte for byte: no default output cap added
+        # (tests/proxy/test_bounded_defaults.py turns it on)
+        "default_max_tokens": 0,
     }
     data.update(extra)
     return parse_policy(data)

@@ -102,8 +102,12 @@ def test_b08_non_stream_usage_mapping() -> None:
                                       "prompt_tokens_details": {"cached_tokens": 11008}})
     msg = response_to_anthropic(resp, "local")
     assert msg["usage"] == {"input_tokens": 992, "cache_creation_input_tokens": 0,
-                            "cache_read_input_tokens": 11008, "output_tokens": 40}
-    assert msg["content"] == [{"type": "text", "text": "hello"}]
+                            "cache_read_input_tokens": 11008, "output_tokens": 40,
+                            "output_tokens_details": None, "server_tool_use": None,
+                            "cache_creation": {"ephemeral_5m_input_tokens": 0,
+                                               "ephemeral_1h_input_tokens": 0},
+                            "inference_geo": None, "service_tier": None}
+    assert msg["content"] == [{"type": "text", "text": "hello", "citations": None}]
     assert msg["stop_reason"] == "end_turn"
 
 
@@ -125,7 +129,8 @@ def test_b08_stream_usage_in_message_delta_through_the_proxy(rig: Any) -> None:
                      "message_stop"]
     delta = json.loads(events[5].data)
     assert delta["usage"] == {"input_tokens": 992, "cache_creation_input_tokens": 0,
-                              "cache_read_input_tokens": 11008, "output_tokens": 40}
+                              "cache_read_input_tokens": 11008, "output_tokens": 40,
+                              "output_tokens_details": None, "server_tool_use": None}
     assert delta["delta"]["stop_reason"] == "end_turn"
     row = wait_rows(rig.ledger, 1)[-1]
     assert (row["prompt_tokens"], row["cached_tokens"]) == (12000, 11008)
@@ -143,7 +148,8 @@ def test_stream_mapper_turns_tool_call_deltas_into_tool_use_blocks() -> None:
     out += m.map(b"", parse_event(DONE))
     evs = [json.loads(parse_event(e).data) for e in out]
     start = evs[1]["content_block"]
-    assert start == {"type": "tool_use", "id": "call_1", "name": "calc", "input": {}}
+    assert start == {"type": "tool_use", "id": "call_1", "name": "calc", "input": {},
+                     "caller": {"type": "direct"}}
     partial = "".join(e["delta"]["partial_json"] for e in evs
                       if e["type"] == "content_block_delta")
     assert json.loads(partial) == {"e": "2"}
@@ -225,7 +231,8 @@ def test_b07_stream_and_non_stream_report_the_same_numbers(rig: Any) -> None:
     r = httpx.post(rig.url + "/v1/chat/completions", timeout=30,
                    json={**B07_BODY, "stream": False})
     full = r.json()
-    assert full["choices"][0]["message"] == {"role": "assistant", "content": "Hi"}
+    assert full["choices"][0]["message"] == {"role": "assistant", "content": "Hi",
+                                             "refusal": None, "annotations": []}
     assert full["usage"]["prompt_tokens"] == 5 + 100 + 2048
     assert full["usage"]["prompt_tokens_details"] == {"cached_tokens": 2048}
     assert r.headers["x-prefixgate-cached-tokens"] == "2048"

@@ -139,7 +139,7 @@ def test_a2o_refusal_answer_becomes_text_with_stop_reason_refusal() -> None:
     msg = response_to_anthropic({"id": "c", "choices": [{"index": 0, "finish_reason": "stop",
                                  "message": {"role": "assistant", "content": None,
                                              "refusal": "I can't help with that."}}]}, "m")
-    assert msg["content"] == [{"type": "text", "text": "I can't help with that."}]
+    assert msg["content"] == [{"type": "text", "text": "I can't help with that.", "citations": None}]
     assert msg["stop_reason"] == "refusal"
 
 

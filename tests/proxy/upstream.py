@@ -59,7 +59,8 @@ class ScriptedUpstream:
             raw = await request.body()
             self.seen.append(Seen(request.url.path, {k.lower(): v for k, v in
                                                     request.headers.items()}, raw))
-            script = self.script(json.loads(raw)) if callable(self.script) else self.script
+            script = self.script(json.loads(raw or b"null")) if callable(self.script) else (
+                self.script)
             if script.pieces is None:
                 return Response(json.dumps(script.body).encode(), status_code=script.status,
                                 media_type="application/json", headers=script.headers)
@@ -72,6 +73,11 @@ class ScriptedUpstream:
 
         return Starlette(routes=[Route("/v1/chat/completions", handle, methods=["POST"]),
                                  Route("/v1/messages", handle, methods=["POST"]),
+                                 Route("/v1/responses", handle, methods=["POST"]),
+                                 Route("/v1/responses/{rid}", handle, methods=["GET", "DELETE"]),
+                                 Route("/v1/embeddings", handle, methods=["POST"]),
+                                 Route("/v1/completions", handle, methods=["POST"]),
+                                 Route("/v1/messages/count_tokens", handle, methods=["POST"]),
                                  Route("/v1/models", models)])
 
     async def _stream(self, script: Script):  # type: ignore[no-untyped-def]

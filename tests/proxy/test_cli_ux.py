@@ -1,0 +1,118 @@
+"""The CLI helps: config check reports every problem at once, serve validates its flags,
+replay fails in one line, flags render as flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from proxy.cli import app
+
+BAD = """\
+backends:
+  local: {kind: local, base_url: http://127.0.0.1:8081/v1}
+  oai: {kind: openai, base_url: https://api.openai.com/v1, api_key: "${PG_TEST_UNSET_KEY}"}
+routes:
+  - {match: "gpt-*", backend: opena}
+  - {match: "*", backend: locl}
+rewrite: {enabeld: true}
+listen: {port: 99999}
+"""
+
+
+def _run(*args: str) -> tuple[int, str]:
+    r = CliRunner().invoke(app, list(args), env={"COLUMNS": "120"})
+    return r.exit_code, r.output  # stdout and stderr together
+
+
+def test_config_check_reports_every_problem_in_one_run(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PG_TEST_UNSET_KEY", raising=False)
+    f = tmp_path / "p.yaml"
+    f.write_text(BAD)
+    code, out = _run("config", "check", str(f))
+    assert code == 1
+    assert f"{f}: listen.port: " in out
+    assert "rewrite.enabeld: unknown key (did you mean 'enabled'?)" in out
+    assert "routes[0].backend: unknown backend 'opena'" in out
+    assert "routes[1].backend: unknown backend 'locl' (did you mean 'local'?)" in out
+    assert "warning: backends.oai.api_key: ${PG_TEST_UNSET_KEY} is not set" in out
+
+
+def test_config_check_names_the_file_in_yaml_errors(tmp_path: Path) -> None:
+    f = tmp_path / "broken.yaml"
+    f.write_text("backends: {a: [1\n")
+    code, out = _run("config", "check", str(f))
+    assert code == 1 and f'in "{f}", line 1' in out
+
+
+@pytest.mark.parametrize("args", [("--port", "99999"), ("--port", "0"),
+                                  ("--log-level", "verbose")])
+def test_serve_refuses_a_bad_port_or_log_level_before_starting(args: tuple[str, str]) -> None:
+    code, out = _run("serve", *args)
+    assert code == 2 and "Invalid value for" in out and "Traceback" not in out
+
+
+def test_replay_fails_in_one_line(tmp_path: Path) -> None:
+    code, out = _run("replay", str(tmp_path / "missing.json"))
+    assert code == 2 and out.strip().count("\n") == 0 and "cannot read trace" in out
+    code, out = _run("replay", "../shared/data/traces/tau_bench_airline_gpt4o.json",
+                     "--proxy", "http://127.0.0.1:9")
+    assert code == 2 and "is the proxy running at http://127.0.0.1:9?" in out
+
+
+def test_flags_render_as_flags_in_help() -> None:
+    code, out = _run("report", "--help")
+    assert code == 0
+    line = next(x for x in out.splitlines() if "--json" in x)
+    assert "<bool>" not in line
+    assert "<path>" in next(x for x in out.splitlines() if "--ledger" in x)
+
+
+def test_a_reused_engine_must_serve_the_model_asked_for() -> None:
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from config.schema import Backend
+    from proxy.engine_proc import EngineProcess, EngineStartError
+    from tests.servers import serve_app
+
+    async def health(_: object) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    async def models(_: object) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": "other-model"}]})
+
+    app = Starlette(routes=[Route("/health", health), Route("/v1/models", models)])
+    with serve_app(app) as url:
+        backend = Backend(kind="local", base_url=url + "/v1", spawn=True)
+        with pytest.raises(EngineStartError, match="serves \\['other-model'\\], not 'SmolLM2'"):
+            EngineProcess(backend, "/models/SmolLM2").__enter__()
+        with EngineProcess(backend, "/somewhere/other-model") as proc:
+            assert proc.proc is None  # reused, not spawned
+
+
+@pytest.mark.parametrize("cmd", ["serve", "engine", "config check", "config reference", "report",
+                                 "replay", "simulate", "keys add", "keys list", "keys remove"])
+def test_every_command_help_opens_with_a_summary(cmd: str) -> None:
+    code, out = _run(*cmd.split(), "--help")
+    lines = [x.strip(" │") for x in out.splitlines() if x.strip(" │")]
+    assert code == 0 and lines[0].startswith("Usage:")
+    summary = lines[1]
+    assert summary[0].isupper() and not summary.startswith(("Exit", "Usage")), summary
+
+
+def test_replay_takes_a_swe_agent_trace_as_simulate_does(rig: Any) -> None:
+    from tests.proxy.upstream import DONE, Script, chunk
+
+    rig.upstream.script = Script(pieces=[chunk("a"), chunk(finish="stop"), DONE])
+    trace = next(Path("../shared/data/traces/swe_agent").glob("*.traj"))
+    code, out = _run("replay", str(trace), "--proxy", rig.url, "--max-requests", "2",
+                     "--model", "m1", "--no-cache-salt")
+    assert code == 0, out
+    sent = rig.upstream.seen
+    assert len(sent) == 4 and all(s.json["tools"] for s in sent)
