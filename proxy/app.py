@@ -305,7 +305,6 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
                   redirect_slashes=False)
     app.add_middleware(TrailingSlash)  # /v1/messages/ is served as /v1/messages, no redirect
     app.add_middleware(BarePaths)  # /chat/completions is served as /v1/chat/completions
-    app.add_middleware(BarePaths)  # /chat/completions is served as /v1/chat/completions
     app.state.proxy = state
 
     @app.exception_handler(ProxyError)
@@ -337,10 +336,6 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     async def models(request: Request) -> JSONResponse:
         await state.guard.admit(request.headers, "openai", limit=False)  # 401 without a key
         return JSONResponse(await list_models(state.side, state.policy))
-
-    responses_api.install(app, state)  # /v1/responses (proxy.responses_api)
-    passthrough.install(app, state)  # /v1/embeddings, /v1/completions, /v1/models/{id}
-    count_tokens.install(app, state)  # /v1/messages/count_tokens
 
     responses_api.install(app, state)  # /v1/responses (proxy.responses_api)
     passthrough.install(app, state)  # /v1/embeddings, /v1/completions, /v1/models/{id}

@@ -1,5 +1,5 @@
-"""A request the proxy has no endpoint for (wrong method, unknown path such as ``/v1/responses``
-or ``/v1/messages/count_tokens``) gets 404 / 405 in the caller's API shape — Anthropic's for
+"""A request the proxy has no endpoint for (wrong method, unknown path such as ``/v1/audio/speech``
+or ``/v1/messages/batches``) gets 404 / 405 in the caller's API shape — Anthropic's for
 ``/v1/messages*`` paths, OpenAI's otherwise — never FastAPI's ``{"detail": ...}``."""
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ import pytest
 @pytest.mark.parametrize("method,path,status", [
     ("GET", "/v1/chat/completions", 405),
     ("PUT", "/v1/chat/completions", 405),
-    ("POST", "/v1/responses", 404),
-    ("POST", "/v1/completions", 404),
+    ("POST", "/v1/audio/speech", 404),
+    ("PUT", "/v1/responses", 405),
+    ("DELETE", "/v1/completions", 405),
     ("GET", "/nothing/here", 404),
     ("GET", "/v1/messages", 405),
-    ("POST", "/v1/messages/count_tokens", 404),
+    ("POST", "/v1/messages/batches", 404),
+    ("GET", "/v1/messages/count_tokens", 405),
 ])
 def test_unknown_endpoint_or_method_is_shaped(rig: Any, method: str, path: str,
                                               status: int) -> None:

@@ -91,6 +91,8 @@ class RecordingUpstream:
     async def handle(self, request: httpx.Request) -> httpx.Response:
         """The transport's handler."""
         raw = await request.aread()
+        if request.url.path.endswith("/tokenize"):  # the after-answer counterfactual's side
+            return httpx.Response(404)               # call (proxy.engine_tokens): not a model call
         api = "anthropic" if request.url.path.endswith("/messages") else "openai"
         self.seen.append(Recorded(api, raw, dict(request.headers)))
         try:
