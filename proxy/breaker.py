@@ -73,6 +73,14 @@ class Breaker:
         if self.state == HALF_OPEN or self._tripped():
             self.state, self.opened_at, self.probing = OPEN, self.now(), False
 
+    def open_from_peer(self, reason: str, age_s: float) -> None:
+        """Another replica opened this deployment's breaker ``age_s`` seconds ago
+        (:mod:`proxy.shared_routing`): a closed breaker opens with the rest of that cooldown;
+        one already open or half-open here keeps its own state."""
+        if self.settings.enabled and self.state == CLOSED:
+            self.state, self.probing = OPEN, False
+            self.opened_at, self.last_reason = self.now() - max(0.0, age_s), reason
+
     def _note(self, ok: bool) -> None:
         now = self.now()
         self.outcomes.append((now, ok))

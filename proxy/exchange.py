@@ -32,6 +32,7 @@ from proxy.record_extras import EngineTimings, apply_reported_timings
 from proxy.relay import EventMapper, StreamWatcher, Timing, Upstream
 from proxy.rewriting import RewriteFn, RewriteOutcome
 from proxy.router import Target
+from proxy.shared_routing import SharedRouting
 from proxy.usage import Usage
 
 log = logging.getLogger("prefixgate.proxy")
@@ -56,10 +57,13 @@ class ProxyState:
     side: httpx.AsyncClient | None = None  # cache-match queries, health checks, /v1/models
     otel: GenAITelemetry | None = None  # OTLP export, only when OTEL_EXPORTER_OTLP_* is set
     shared: SharedState = field(default_factory=LocalState)  # counters shared by replicas
+    routing: SharedRouting | None = None  # breakers / loads shared (None with LocalState)
 
     def __post_init__(self) -> None:
         if self.breakers is None:
             self.breakers = BreakerBoard(self.policy.breaker)
+        if self.routing is None and not isinstance(self.shared, LocalState):
+            self.routing = SharedRouting(self.shared, self.breakers, self.balancer)
 
     def record(self, row: LedgerRow, obs: RequestObs | None = None) -> None:
         """Write the row and count it (metrics, OTel); never raises (a ledger failure must not
