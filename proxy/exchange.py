@@ -26,7 +26,7 @@ from proxy.failover import Attempts, Picked, Step
 from proxy.health import LoopLagMonitor, health_reasons
 from proxy.insight import Analysis, Insight, input_cost_usd
 from proxy.logsafe import safe
-from proxy.metrics import ProxyMetrics, RequestObs
+from proxy.metrics import BREAKERS_OPEN, ProxyMetrics, RequestObs
 from proxy.otel import GenAITelemetry
 from proxy.record_extras import EngineTimings, apply_reported_timings
 from proxy.relay import EventMapper, StreamWatcher, Timing, Upstream
@@ -137,6 +137,8 @@ class Exchange:
         if self.release is not None:
             self.release()
         self.row.status, self.row.http_status = status, http_status
+        if self.attempts.all_open and status != "ok":  # a rejection (proxy.metrics.rejected_by)
+            self.row.error = f"{BREAKERS_OPEN}; {self.row.error or ''}"[:200]
         self.row.attempts = self.attempts.count
         self.row.attempt_reasons = ",".join(self.attempts.reasons)[:1000]
         if self.row.total_ms is None:

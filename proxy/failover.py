@@ -64,10 +64,12 @@ class Step:
 @dataclass
 class Attempts:
     """Every send of one request: ``reasons`` holds ``<deployment>:<why>`` for each failed one
-    (``status-503``, ``connect``, ``reset``, ``timeout``); ``count``: sends made."""
+    (``status-503``, ``connect``, ``reset``, ``timeout``); ``count``: sends made;
+    ``all_open``: every deployment of every step had its breaker open (tried anyway)."""
 
     count: int = 0
     reasons: list[str] = field(default_factory=list)
+    all_open: bool = False
 
     def failed(self, deployment: str, why: str) -> None:
         """Note a failed send."""
@@ -143,13 +145,18 @@ class Sender:
         self.send, self.retry, self.breakers, self.balancer = send, retry, breakers, balancer
         self.match, self.sleep, self.rand, self.shared = match, sleep, rand, shared
 
-    async def order(self, step: Step, key: str) -> list[tuple[Deployment, str]]:
-        """The deployments of ``step``'s backend to try, in order, each with why it is there."""
+    async def order(self, step: Step, key: str,
+                    opened: list[bool] | None = None) -> list[tuple[Deployment, str]]:
+        """The deployments of ``step``'s backend to try, in order, each with why it is there;
+        ``opened`` gets whether every one's breaker was open."""
         backend, name = step.target.backend, step.target.backend_name
         deps = backend.group(name)
         if self.shared is not None and len(deps) > 1:
             await self.shared.refresh([d.name for d in deps])
-        avail = [d for d in deps if self.breakers.get(d.name).available()] or deps
+        avail = [d for d in deps if self.breakers.get(d.name).available()]
+        if opened is not None:
+            opened.append(not avail)
+        avail = avail or deps
         if len(avail) == 1:
             return [(avail[0], "single")]
         names = [d.name for d in avail]
@@ -172,7 +179,9 @@ class Sender:
         """Send until a deployment answers (see module docstring); ``on_pick`` learns which
         before the response is returned. Raises the last UpstreamUnavailable / UpstreamTimeout
         when no deployment answered."""
-        plan = [(s, d, why) for s in steps for d, why in await self.order(s, key)]
+        opened: list[bool] = []
+        plan = [(s, d, why) for s in steps for d, why in await self.order(s, key, opened)]
+        log.all_open = bool(opened) and all(opened)
         last: ProxyError = UpstreamUnavailable("no deployment to send to")
         for i, (step, dep, why) in enumerate(plan):
             final = i == len(plan) - 1
