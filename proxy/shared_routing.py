@@ -8,7 +8,9 @@ through three kinds of shared names, per deployment ``<dep>``:
 - ``breaker:<dep>`` — ``"open|<unix s>|<reason>"`` with the cooldown as TTL, written when a
   breaker opens here; ``"closed|<unix s>|"`` when a probe here closes it. A replica that reads an
   ``open`` it has not applied yet opens its own breaker for the rest of that cooldown
-  (:meth:`Breaker.open_from_peer`); then its own half-open probe decides, as for a local opening.
+  (:meth:`Breaker.open_from_peer`); then its own half-open probe decides, as for a local opening,
+  unless another replica's probe closes it first (a ``closed`` newer than the opening applied:
+  :meth:`Breaker.close_from_peer`).
 - ``fail:<dep>`` — failures in a row across replicas (INCRBY, TTL = the breaker's ``window_s``,
   so an old streak expires); a success here resets it when this replica last saw it non-zero.
   Reaching ``consecutive_failures`` opens the breaker everywhere even when no single replica
@@ -141,11 +143,13 @@ class SharedRouting:
 
     def _apply_breaker(self, name: str, seen: tuple[str, float, str] | None,
                        now: float) -> None:
-        if seen is None or seen[0] != OPEN or self._applied.get(name) == seen[1]:
+        if seen is None or self._applied.get(name, float("-inf")) >= seen[1]:
             return
         self._applied[name] = seen[1]
         age = now - seen[1]
-        if age < self.board.settings.cooldown_s:
+        if seen[0] == CLOSED:
+            self.board.get(name).close_from_peer()
+        elif seen[0] == OPEN and age < self.board.settings.cooldown_s:
             self.board.get(name).open_from_peer(f"{seen[2]} (another replica)", age)
 
     # ---- writes ----------------------------------------------------------------------------
@@ -180,8 +184,7 @@ class SharedRouting:
 
     async def _publish(self, name: str, state: str, reason: str, ttl_s: float) -> None:
         stamp = self.clock()
-        if state == OPEN:
-            self._applied[name] = stamp  # our own opening: nothing to apply when read back
+        self._applied[name] = stamp  # our own news: nothing to apply when read back
         await self.shared.put(f"breaker:{name}", f"{state}|{stamp:.3f}|{reason}", ttl_s)
 
     def load_changed(self, name: str) -> None:

@@ -215,3 +215,27 @@ def test_local_state_makes_no_shared_routing(tmp_path: Path) -> None:
                            "ledger": {"path": str(tmp_path / "l.sqlite")}})
     state = build_app(policy, rewrite_fn=None, analyze=False).state.proxy
     assert state.routing is None and state.balancer.on_change is None
+
+
+def test_a_probe_that_closes_the_breaker_on_one_replica_closes_it_on_the_other() -> None:
+    now = [0.0]
+    store = LocalState(clock=lambda: now[0])
+    a, b = _replica(store, "a", now), _replica(store, "b", now)
+
+    async def run() -> None:
+        for _ in range(2):
+            a.board.get("d1").failure("status-503")
+            await a.failed("d1", CLOSED)
+        await b.refresh(["d1"])
+        assert b.board.get("d1").state == OPEN
+        now[0] = 31.0  # a's cooldown is over: its probe succeeds
+        brk = a.board.get("d1")
+        brk.before_send()
+        was = brk.state
+        brk.success()
+        a.succeeded("d1", was)
+        await asyncio.sleep(0.01)
+        await b.refresh(["d1"])
+        assert b.board.get("d1").state == CLOSED and b.board.down() == {}
+
+    asyncio.run(run())
