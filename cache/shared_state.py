@@ -10,7 +10,12 @@ prefix-affinity load counters) without knowing whether state is shared:
 - :meth:`SharedState.count` ``(name) -> int``: the counter now (0 when absent or expired);
 - :meth:`SharedState.put` ``(name, value, ttl_s=None)`` / :meth:`SharedState.get`
   ``(name) -> str | None``: a short string value (a breaker's ``open`` / ``half_open`` with its
-  cooldown as ``ttl_s``).
+  cooldown as ``ttl_s``);
+- :meth:`SharedState.put_field` ``(name, field, value, ttl_s=None)``: one field of a small table
+  (a Redis hash; ``ttl_s`` is the whole table's expiry, refreshed on every call) — one replica's
+  entry in a deployment's load table;
+- :meth:`SharedState.read_many` ``(values, tables) -> (list[str | None], list[dict[str, str]])``:
+  several values and tables in ONE round trip (a pipeline) — what routing reads before a send.
 
 Two implementations: :class:`LocalState` (one process, the default) and :class:`RedisState`
 (keys ``<prefix>state:<name>`` through :class:`cache.redis_link.RedisLink`). While Redis is down a
@@ -21,7 +26,7 @@ degradation for breakers and load guards — and is back on Redis when Redis is.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from cache.redis_link import RedisLink
@@ -46,6 +51,16 @@ class SharedState(Protocol):
 
     async def get(self, name: str) -> str | None:
         """Value ``name`` (None when absent or expired)."""
+        ...
+
+    async def put_field(self, name: str, field: str, value: str,
+                        ttl_s: float | None = None) -> None:
+        """Set ``field`` of table ``name``; the table expires ``ttl_s`` seconds after."""
+        ...
+
+    async def read_many(self, values: Sequence[str], tables: Sequence[str]
+                        ) -> tuple[list[str | None], list[dict[str, str]]]:
+        """Values ``values`` and tables ``tables`` (absent: None / {}), in one round trip."""
         ...
 
 
@@ -91,6 +106,24 @@ class LocalState:
         v = self._live(name)
         return None if v is None else str(v)
 
+    async def put_field(self, name: str, field: str, value: str,
+                        ttl_s: float | None = None) -> None:
+        """Set one field of a table."""
+        table = self._live(name)
+        table = dict(table) if isinstance(table, dict) else {}
+        table[field] = value
+        self._items[name] = (table, self._expiry(name, ttl_s))
+
+    async def read_many(self, values: Sequence[str], tables: Sequence[str]
+                        ) -> tuple[list[str | None], list[dict[str, str]]]:
+        """Values and tables by name."""
+        vals = [await self.get(n) for n in values]
+        tabs = []
+        for n in tables:
+            t = self._live(n)
+            tabs.append(dict(t) if isinstance(t, dict) else {})
+        return vals, tabs
+
 
 class RedisState:
     """:class:`SharedState` in Redis behind ``link``; ``local`` answers while it is down."""
@@ -132,3 +165,35 @@ class RedisState:
         if got is _DOWN:
             return await self.local.get(name)
         return None if got is None else got.decode("utf-8", "replace")
+
+    async def put_field(self, name: str, field: str, value: str,
+                        ttl_s: float | None = None) -> None:
+        """HSET (+ PEXPIRE on the table when ``ttl_s``) in one transaction; kept locally too."""
+        await self.local.put_field(name, field, value, ttl_s)
+
+        async def op(r: Any) -> None:
+            async with r.pipeline(transaction=True) as p:
+                p.hset(self._key(name), field, value)
+                if ttl_s is not None:
+                    p.pexpire(self._key(name), max(1, int(ttl_s * 1000)))
+                await p.execute()
+        await self.link.run(op, None)
+
+    async def read_many(self, values: Sequence[str], tables: Sequence[str]
+                        ) -> tuple[list[str | None], list[dict[str, str]]]:
+        """MGET + one HGETALL per table, pipelined (one round trip)."""
+        async def op(r: Any) -> Any:
+            async with r.pipeline(transaction=False) as p:
+                if values:
+                    p.mget([self._key(n) for n in values])
+                for n in tables:
+                    p.hgetall(self._key(n))
+                return await p.execute()
+        got = await self.link.run(op, _DOWN)
+        if got is _DOWN:
+            return await self.local.read_many(values, tables)
+        raw_vals = got[0] if values else []
+        vals = [None if v is None else v.decode("utf-8", "replace") for v in raw_vals]
+        tabs = [{k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
+                 for k, v in t.items()} for t in got[1 if values else 0:]]
+        return vals, tabs

@@ -82,6 +82,8 @@ class RequestOutput:
     emitted). finish_reason: ``stop`` (EOS / stop id / stop string), ``length`` (max_tokens or
     context full), ``abort``, or None while running. prompt_tokens / cached_tokens (prompt tokens
     whose KV came from the prefix cache) / completion_tokens: running usage counts.
+    scheduled_at: ``time.perf_counter()`` when the request first joined a forward step (the end
+    of its queueing), None before.
     """
 
     request_id: str
@@ -92,6 +94,7 @@ class RequestOutput:
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+    scheduled_at: float | None = None
 
 
 class PromptTooLong(ValueError):

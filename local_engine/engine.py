@@ -319,6 +319,9 @@ class Engine:
         if not batch:
             return
         t0 = time.perf_counter()
+        for it in batch:  # the end of each new request's queueing (RequestOutput.scheduled_at)
+            if it.seq.scheduled_at is None:
+                it.seq.scheduled_at = t0
         logits, ready_seqs = self.runner.run(batch)
         tokens = sample(logits, [s.params for s in ready_seqs], [s.generator for s in ready_seqs])
         dt = time.perf_counter() - t0

@@ -64,6 +64,7 @@ class Sequence:
         self.prompt_cached = False  # prompt KV inserted into the radix tree (after its prefill)
         self.aborted = False
         self.meta: dict[str, Any] = {}
+        self.scheduled_at: float | None = None  # perf_counter s of its first forward step
 
     @property
     def num_completion(self) -> int:
@@ -91,6 +92,7 @@ class Sequence:
             prompt_tokens=self.num_prompt,
             cached_tokens=self.cached_tokens or 0,
             completion_tokens=self.num_completion,
+            scheduled_at=self.scheduled_at,
         )
         self.pending_ids = []
         return out

@@ -18,9 +18,11 @@ A request's path: parse JSON -> validate (protocol.py) -> render + tokenize (cha
 context check -> ``engine.generate`` -> answer JSON or SSE (``sse.py`` builds the bodies).
 Errors leave as OpenAI's ``{"error": {...}}`` with a 4xx (``ApiError``). A client that
 disconnects aborts its engine request, so its KV slots are freed at once. Answers carry
-``X-Engine-TTFT-Ms`` (server-side TTFT: arrival -> first token, ms), ``X-Engine-Prompt-Tokens``
-and ``X-Engine-Cached-Tokens`` headers — on streams too, since the response starts only once
-the first token exists — and non-streamed answers ``X-Engine-Decode-Ms`` (first -> last token).
+``X-Engine-TTFT-Ms`` (server-side TTFT: arrival -> first token, ms) split into
+``X-Engine-Queue-Ms`` (arrival -> first scheduled in a forward step) and ``X-Engine-Prefill-Ms``
+(first scheduled -> first token), ``X-Engine-Prompt-Tokens`` and ``X-Engine-Cached-Tokens``
+headers — on streams too, since the response starts only once the first token exists — and
+non-streamed answers ``X-Engine-Decode-Ms`` (first -> last token).
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ log = logging.getLogger("local_engine.server")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 HDR_TTFT_MS = "X-Engine-TTFT-Ms"
 HDR_DECODE_MS = "X-Engine-Decode-Ms"  # non-streamed answers: first -> last token, ms
+HDR_QUEUE_MS = "X-Engine-Queue-Ms"  # arrival -> first scheduled, ms
+HDR_PREFILL_MS = "X-Engine-Prefill-Ms"  # first scheduled -> first token, ms
 HDR_PROMPT_TOKENS = "X-Engine-Prompt-Tokens"
 HDR_CACHED_TOKENS = "X-Engine-Cached-Tokens"
 
@@ -402,14 +406,20 @@ def _json(body: dict[str, Any], headers: dict[str, str] | None = None) -> Respon
 
 def _engine_headers(job: _Job, timing: _Timing, first: RequestOutput) -> dict[str, str]:
     """What the engine knows once the first token exists, as response headers (sent before
-    the stream body): server-side TTFT (ms, request arrival -> first token: queueing +
-    prefill), prompt tokens and prompt tokens served from the radix cache."""
+    the stream body): server-side TTFT (ms, request arrival -> first token) and its two parts,
+    queue (arrival -> first scheduled) and prefill (first scheduled -> first token), prompt
+    tokens and prompt tokens served from the radix cache."""
     headers = {
         HDR_PROMPT_TOKENS: str(first.prompt_tokens),
         HDR_CACHED_TOKENS: str(first.cached_tokens),
     }
     if timing.first is not None:
         headers[HDR_TTFT_MS] = f"{(timing.first - job.received) * 1000.0:.1f}"
+        if first.scheduled_at is not None:
+            queue = max(0.0, first.scheduled_at - job.received)
+            prefill = max(0.0, timing.first - max(first.scheduled_at, job.received))
+            headers[HDR_QUEUE_MS] = f"{queue * 1000.0:.1f}"
+            headers[HDR_PREFILL_MS] = f"{prefill * 1000.0:.1f}"
     return headers
 
 

@@ -223,7 +223,8 @@ def _sender(state: ProxyState) -> Sender:
         return await cache_matches(state.side, t, deps, body)
 
     assert state.breakers is not None
-    return Sender(state.upstream.send, state.policy.retry, state.breakers, state.balancer, match)
+    return Sender(state.upstream.send, state.policy.retry, state.breakers, state.balancer, match,
+                  shared=state.routing)
 
 
 async def _client_gone(request: Request) -> None:

@@ -109,6 +109,8 @@ class Balancer:
         self._keys: collections.OrderedDict[str, tuple[str, float]] = collections.OrderedDict()
         self._live: collections.Counter[str] = collections.Counter()
         self.now = now
+        self.others: dict[str, int] = {}  # other replicas' in flight (proxy.shared_routing)
+        self.on_change: Callable[[str], None] | None = None  # an in-flight count changed
 
     def place(self, key: str, names: Sequence[str], settings: AffinitySettings) -> int:
         """Index in ``names`` where ``key`` goes (see module docstring): where it was placed
@@ -148,13 +150,18 @@ class Balancer:
         return next(self._turns.setdefault(group, itertools.count()))
 
     def loads(self, names: Sequence[str]) -> list[int]:
-        """In-flight counts of ``names``."""
-        return [self.inflight[n] for n in names]
+        """In-flight counts of ``names``: this proxy's plus, with shared state, the other
+        replicas' last read (:mod:`proxy.shared_routing`)."""
+        if not self.others:
+            return [self.inflight[n] for n in names]
+        return [self.inflight[n] + self.others.get(n, 0) for n in names]
 
     def acquire(self, name: str, why: str = "") -> Callable[[], None]:
         """Count one request in flight on ``name``; returns its release (idempotent)."""
         self.inflight[name] += 1
         self.served[(name, why)] += 1
+        if self.on_change is not None:
+            self.on_change(name)
         done = False
 
         def release() -> None:
@@ -162,4 +169,6 @@ class Balancer:
             if not done:
                 done = True
                 self.inflight[name] -= 1
+                if self.on_change is not None:
+                    self.on_change(name)
         return release

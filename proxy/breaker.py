@@ -73,6 +73,22 @@ class Breaker:
         if self.state == HALF_OPEN or self._tripped():
             self.state, self.opened_at, self.probing = OPEN, self.now(), False
 
+    def open_from_peer(self, reason: str, age_s: float) -> None:
+        """Another replica opened this deployment's breaker ``age_s`` seconds ago
+        (:mod:`proxy.shared_routing`): a closed breaker, or one open here since earlier, opens
+        with the rest of that cooldown; a half-open one (its probe in flight) is left alone."""
+        opened_at = self.now() - max(0.0, age_s)
+        if self.settings.enabled and (self.state == CLOSED
+                                      or (self.state == OPEN and opened_at > self.opened_at)):
+            self.state, self.probing = OPEN, False
+            self.opened_at, self.last_reason = opened_at, reason
+
+    def close_from_peer(self) -> None:
+        """Another replica's probe succeeded: an open breaker here closes (a half-open one waits
+        for its own probe)."""
+        if self.state == OPEN:
+            self.state, self.consecutive, self.last_reason = CLOSED, 0, ""
+
     def _note(self, ok: bool) -> None:
         now = self.now()
         self.outcomes.append((now, ok))

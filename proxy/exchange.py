@@ -26,12 +26,13 @@ from proxy.failover import Attempts, Picked, Step
 from proxy.health import LoopLagMonitor, health_reasons
 from proxy.insight import Analysis, Insight, input_cost_usd
 from proxy.logsafe import safe
-from proxy.metrics import ProxyMetrics, RequestObs
+from proxy.metrics import BREAKERS_OPEN, ProxyMetrics, RequestObs
 from proxy.otel import GenAITelemetry
 from proxy.record_extras import EngineTimings, apply_reported_timings
 from proxy.relay import EventMapper, StreamWatcher, Timing, Upstream
 from proxy.rewriting import RewriteFn, RewriteOutcome
 from proxy.router import Target
+from proxy.shared_routing import SharedRouting
 from proxy.usage import Usage
 
 log = logging.getLogger("prefixgate.proxy")
@@ -56,10 +57,13 @@ class ProxyState:
     side: httpx.AsyncClient | None = None  # cache-match queries, health checks, /v1/models
     otel: GenAITelemetry | None = None  # OTLP export, only when OTEL_EXPORTER_OTLP_* is set
     shared: SharedState = field(default_factory=LocalState)  # counters shared by replicas
+    routing: SharedRouting | None = None  # breakers / loads shared (None with LocalState)
 
     def __post_init__(self) -> None:
         if self.breakers is None:
             self.breakers = BreakerBoard(self.policy.breaker)
+        if self.routing is None and not isinstance(self.shared, LocalState):
+            self.routing = SharedRouting(self.shared, self.breakers, self.balancer)
 
     def record(self, row: LedgerRow, obs: RequestObs | None = None) -> None:
         """Write the row and count it (metrics, OTel); never raises (a ledger failure must not
@@ -133,6 +137,8 @@ class Exchange:
         if self.release is not None:
             self.release()
         self.row.status, self.row.http_status = status, http_status
+        if self.attempts.all_open and status != "ok":  # a rejection (proxy.metrics.rejected_by)
+            self.row.error = f"{BREAKERS_OPEN}; {self.row.error or ''}"[:200]
         self.row.attempts = self.attempts.count
         self.row.attempt_reasons = ",".join(self.attempts.reasons)[:1000]
         if self.row.total_ms is None:

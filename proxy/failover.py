@@ -47,6 +47,7 @@ from proxy.breaker import BreakerBoard
 from proxy.bridges import Bridge
 from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from proxy.router import Target
+from proxy.shared_routing import SharedRouting
 
 SendFn = Callable[..., Awaitable[httpx.Response]]
 
@@ -63,10 +64,12 @@ class Step:
 @dataclass
 class Attempts:
     """Every send of one request: ``reasons`` holds ``<deployment>:<why>`` for each failed one
-    (``status-503``, ``connect``, ``reset``, ``timeout``); ``count``: sends made."""
+    (``status-503``, ``connect``, ``reset``, ``timeout``); ``count``: sends made;
+    ``all_open``: every deployment of every step had its breaker open (tried anyway)."""
 
     count: int = 0
     reasons: list[str] = field(default_factory=list)
+    all_open: bool = False
 
     def failed(self, deployment: str, why: str) -> None:
         """Note a failed send."""
@@ -129,22 +132,31 @@ class Sender:
     """Retries, fallbacks, breakers and deployment choice around ``send`` (the upstream client's
     ``send(url, headers, body, timeout_s, connect_s=...)``). ``sleep`` / ``rand`` are
     injectable for tests. ``match``: ``async (target, deployments, body) -> cached tokens per
-    deployment`` for ``exact`` affinity (None: not asked)."""
+    deployment`` for ``exact`` affinity (None: not asked). ``shared``: the replicas' shared
+    breakers and loads (None: this process's only, no I/O)."""
 
     def __init__(self, send: SendFn, retry: RetrySettings, breakers: BreakerBoard,
                  balancer: Balancer,
                  match: Callable[[Target, list[Deployment], bytes], Awaitable[list[int]]]
                  | None = None,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-                 rand: Callable[[], float] = random.random) -> None:
+                 rand: Callable[[], float] = random.random,
+                 shared: SharedRouting | None = None) -> None:
         self.send, self.retry, self.breakers, self.balancer = send, retry, breakers, balancer
-        self.match, self.sleep, self.rand = match, sleep, rand
+        self.match, self.sleep, self.rand, self.shared = match, sleep, rand, shared
 
-    async def order(self, step: Step, key: str) -> list[tuple[Deployment, str]]:
-        """The deployments of ``step``'s backend to try, in order, each with why it is there."""
+    async def order(self, step: Step, key: str,
+                    opened: list[bool] | None = None) -> list[tuple[Deployment, str]]:
+        """The deployments of ``step``'s backend to try, in order, each with why it is there;
+        ``opened`` gets whether every one's breaker was open."""
         backend, name = step.target.backend, step.target.backend_name
         deps = backend.group(name)
-        avail = [d for d in deps if self.breakers.get(d.name).available()] or deps
+        if self.shared is not None and len(deps) > 1:
+            await self.shared.refresh([d.name for d in deps])
+        avail = [d for d in deps if self.breakers.get(d.name).available()]
+        if opened is not None:
+            opened.append(not avail)
+        avail = avail or deps
         if len(avail) == 1:
             return [(avail[0], "single")]
         names = [d.name for d in avail]
@@ -167,7 +179,9 @@ class Sender:
         """Send until a deployment answers (see module docstring); ``on_pick`` learns which
         before the response is returned. Raises the last UpstreamUnavailable / UpstreamTimeout
         when no deployment answered."""
-        plan = [(s, d, why) for s in steps for d, why in await self.order(s, key)]
+        opened: list[bool] = []
+        plan = [(s, d, why) for s in steps for d, why in await self.order(s, key, opened)]
+        log.all_open = bool(opened) and all(opened)
         last: ProxyError = UpstreamUnavailable("no deployment to send to")
         for i, (step, dep, why) in enumerate(plan):
             final = i == len(plan) - 1
@@ -183,7 +197,10 @@ class Sender:
                 except (UpstreamUnavailable, UpstreamTimeout) as e:
                     release()
                     kind = failure_kind(e)
+                    was = breaker.state
                     breaker.failure(kind)
+                    if self.shared is not None:
+                        await self.shared.failed(dep.name, was)
                     log.failed(dep.name, kind)
                     last = e
                     if kind == "connect" and more_here:
@@ -195,10 +212,16 @@ class Sender:
                     breaker.abandoned()
                     raise
                 if resp.status_code not in self.retry.on_status:
+                    was = breaker.state
                     breaker.success()
+                    if self.shared is not None:
+                        self.shared.succeeded(dep.name, was)
                     on_pick(Picked(step, target, release))
                     return resp
+                was = breaker.state
                 breaker.failure(f"status-{resp.status_code}")
+                if self.shared is not None:
+                    await self.shared.failed(dep.name, was)
                 log.failed(dep.name, f"status-{resp.status_code}")
                 wait = retry_after_s(resp.headers)
                 retry_here = more_here and (wait is None or wait <= self.retry.max_retry_after_s)

@@ -9,6 +9,9 @@ backend) sets every new one is ``other`` too, so a client sending random model i
 Names (``prefixgate_`` prefix):
 
 ==============================================  ====================================  ==
+``rejections_total{route, model, backend, by}``: requests rejected — by the proxy's rate limit,
+by open breakers, by a 429 / 529 upstream (:func:`rejected_by`); they are ledger rows too, so
+``prefixgate report --errors`` lists them.
 Resource gauges, read when scraped (:meth:`ProxyMetrics.watch_resources`):
 ``upstream_responses_in_use`` (upstream responses opened and not yet closed — counted by the
 proxy itself), ``upstream_pool_connections{state="active"|"idle"}`` and
@@ -38,6 +41,26 @@ MODELS_PER_ROUTE = 20
 """Models a glob route keeps as label values before the next ones read ``other``."""
 TOKEN_KINDS = ("prompt", "cached", "cache_write", "output", "pruned", "unrewritten_cached")
 BASE = ["route", "model", "backend"]
+BREAKERS_OPEN = "breakers open"
+"""How a failed row's ``error`` starts when every deployment's breaker was open."""
+REJECTING_STATUSES = (429, 529)
+"""Upstream answers that refuse the request for load (rate limit, Anthropic's overloaded)."""
+
+
+def rejected_by(status: str, http_status: int, error: str | None) -> str | None:
+    """Who rejected a finished request, for ``prefixgate_rejections_total{by}`` (None: not a
+    rejection): ``proxy_rate_limit`` (a proxy key over its rpm / tpm, :mod:`proxy.auth`),
+    ``breakers_open`` (every deployment's breaker was open and the attempt anyway failed),
+    ``upstream_429`` / ``upstream_529`` (the backend refused, after the retries)."""
+    if status == "RateLimited":
+        return "proxy_rate_limit"
+    if status == "ok":
+        return None
+    if (error or "").startswith(BREAKERS_OPEN):
+        return "breakers_open"
+    if status == "upstream_error" and http_status in REJECTING_STATUSES:
+        return f"upstream_{http_status}"
+    return None
 
 
 @dataclass
@@ -163,6 +186,9 @@ class ProxyMetrics:
         self.failed_sends = Counter("prefixgate_upstream_failed_sends_total",
                                     "Upstream sends that failed and were retried or fell over",
                                     ["deployment", "reason"], registry=r)
+        self.rejections = Counter("prefixgate_rejections", "Requests rejected, by whom "
+                                  "(rejected_by): the proxy's rate limit, open breakers, a 429 / "
+                                  "529 upstream", BASE + ["by"], registry=r)
 
     def watch_resources(self, in_use: Callable[[], float], pool: Callable[[], dict[str, int]],
                         loop_lag_s: Callable[[], float]) -> None:
@@ -185,6 +211,9 @@ class ProxyMetrics:
         """Count one finished request (``obs``: what the row does not hold)."""
         lab = self.guard.labels(row.route, row.model, row.backend)
         self.requests.labels(*lab, row.status).inc()
+        by = rejected_by(row.status, row.http_status, row.error)
+        if by is not None:
+            self.rejections.labels(*lab, by).inc()
         self.prompt.labels(*lab).inc(row.prompt_tokens or 0)
         self.cached.labels(*lab).inc(row.cached_tokens or 0)
         self.output.labels(*lab).inc(row.output_tokens or 0)

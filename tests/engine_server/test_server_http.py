@@ -191,3 +191,18 @@ def test_stream_is_not_buffered(base_url: str, engine: Any) -> None:
                 running_at_first_token = int(engine.stats()["num_running"])
                 break
     assert running_at_first_token is not None and running_at_first_token >= 1
+
+
+def test_engine_headers_split_ttft_into_queue_and_prefill(base_url: str) -> None:
+    """X-Engine-Queue-Ms (arrival -> first scheduled) + X-Engine-Prefill-Ms (first scheduled ->
+    first token) make X-Engine-TTFT-Ms, on a JSON answer and on a stream's headers."""
+    body = {"messages": [{"role": "system", "content": "Queue split prompt. " * 8},
+                         {"role": "user", "content": "hi"}], "max_tokens": 2}
+    plain = httpx.post(base_url + CHAT, json=body).headers
+    with httpx.stream("POST", base_url + CHAT, json={**body, "stream": True}) as resp:
+        streamed = resp.headers
+        resp.read()
+    for h in (plain, streamed):
+        queue, prefill = float(h["x-engine-queue-ms"]), float(h["x-engine-prefill-ms"])
+        assert queue >= 0 and prefill > 0  # a forward step ran between them
+        assert abs(queue + prefill - float(h["x-engine-ttft-ms"])) <= 0.15  # 0.1 ms rounding

@@ -66,6 +66,9 @@ def test_openai_sdk_sync_non_stream_reports_cached_tokens_on_repeat(stack: Any) 
     assert (row["status"], row["cached_tokens"], row["stream"]) == ("ok", cached, 0)
     # a non-streamed answer: the TTFT is the engine's own (X-Engine-TTFT-Ms), marked as reported
     assert row["ttft_ms"] > 0 and row["ttft_source"] == "reported" and row["total_ms"] > 0
+    # the engine's queue (arrival -> scheduled) and prefill (scheduled -> first token) beside it
+    assert row["queue_ms"] >= 0 and row["prefill_ms"] > 0
+    assert abs(row["queue_ms"] + row["prefill_ms"] - row["ttft_ms"]) <= 0.15
 
 
 def test_openai_sdk_sync_stream(stack: Any) -> None:

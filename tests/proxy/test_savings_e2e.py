@@ -159,12 +159,15 @@ def test_stream_ttft_is_measured_and_json_ttft_is_reported(rig: Any) -> None:
     usage = {"prompt_tokens": 10, "completion_tokens": 5,
              "prompt_tokens_details": {"cached_tokens": 0}}
     rig.upstream.script = Script(body=completion("ok", usage),
-                                 headers={"x-engine-ttft-ms": "42.5", "x-engine-decode-ms": "80"})
+                                 headers={"x-engine-ttft-ms": "42.5", "x-engine-decode-ms": "80",
+                                          "x-engine-queue-ms": "30.0",
+                                          "x-engine-prefill-ms": "12.5"})
     httpx.post(rig.url + "/v1/chat/completions", json={"model": "m", "messages": [
         {"role": "user", "content": "hi"}]}, timeout=30)
     rig.upstream.script = Script(pieces=[chunk("a"), chunk("b"), chunk(finish="stop"),
                                          chunk(usage=usage), DONE],
-                                 headers={"x-engine-ttft-ms": "nan"})
+                                 headers={"x-engine-ttft-ms": "nan", "x-engine-queue-ms": "4",
+                                          "x-engine-prefill-ms": "-1"})
     httpx.post(rig.url + "/v1/chat/completions", json={"model": "m", "stream": True,
                                                        "messages": [{"role": "user",
                                                                      "content": "hi"}]},
@@ -175,6 +178,9 @@ def test_stream_ttft_is_measured_and_json_ttft_is_reported(rig: Any) -> None:
     assert (js["ttft_ms"], js["ttft_source"], js["decode_ms"]) == (42.5, "reported", 80.0)
     assert js["tpot_ms"] == 20.0                                    # 80 ms / (5 - 1)
     assert st["ttft_source"] == "measured" and st["ttft_ms"] != 42.5 and st["decode_ms"] is None
+    # queueing and prefill beside TTFT, as the engine reported them (a bad value: not reported)
+    assert (js["queue_ms"], js["prefill_ms"]) == (30.0, 12.5)
+    assert (st["queue_ms"], st["prefill_ms"]) == (4.0, None)
 
 
 def _shape(contract: Any, got: Any, where: str = "$") -> list[str]:
