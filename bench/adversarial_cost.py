@@ -1,14 +1,14 @@
 """Cost of hostile-sized requests (issue 8, class 2): rewrite time by body size, event-loop lag
 while a 30 MB request is rewritten, and session memory after 10,000 sessions.
 
-* ``rewrite_ms_by_size`` — :func:`rewriter.pipeline.rewrite_request` with every pass on (the
+* ``rewrite_ms_by_size`` — :func:`prefixgate.rewriter.pipeline.rewrite_request` with every pass on (the
   pruning passes too), Anthropic form, for 10 KB / 1 MB / 10 MB / 30 MB bodies: a system prompt
   of rule lines with a clock and a request id (1/5 of the body), 40 tools, and a conversation of
   tool calls whose results carry six ``<document>`` passages each. Median of 3 runs (1 for
   10 MB and 30 MB), run as the proxy runs it: bodies of 1 MB and more with the objects alive at
-  the start frozen out of the garbage collector (``proxy/rewriting.py``, ``GC_FREEZE``). Goal:
+  the start frozen out of the garbage collector (``prefixgate/proxy/rewriting.py``, ``GC_FREEZE``). Goal:
   linear growth, ``30m <= 45 x 1m``.
-* ``loop_lag_p99_ms`` — the proxy app (:func:`proxy.app.build_app`, in-process ASGI, upstream
+* ``loop_lag_p99_ms`` — the proxy app (:func:`prefixgate.proxy.app.build_app`, in-process ASGI, upstream
   an httpx mock) serves one 30 MB request (rewrite budget raised so it is rewritten whole) while
   small chat requests are sent back to back and a ticker sleeps 5 ms at a time on the same loop;
   lag = how late each tick wakes. p99 of the ticks from the 30 MB request's start to its answer.
@@ -16,7 +16,7 @@ while a 30 MB request is rewritten, and session memory after 10,000 sessions.
 * ``session_memory_mb`` — growth of the process's resident memory after 10,000 sessions, each a
   request (full pipeline, default passes) whose system prompt is a 1 MB rule block shared by all
   plus a per-session header with a clock, its memory merged into the default
-  :class:`cache.session.MemorySessionStore`; measured in a fresh child process (resident memory
+  :class:`prefixgate.cache.session.MemorySessionStore`; measured in a fresh child process (resident memory
   after warm-up vs after the last session), so freed heap of the other phases cannot hide
   growth; the figure is the larger of that growth and the store's own byte count
   (``MemorySessionStore.bytes_used``). Goal <= 64 MB.
@@ -47,14 +47,14 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 
-from cache.ledger import Ledger  # noqa: E402
-from cache.session import MemorySessionStore  # noqa: E402
-from config.loader import parse_policy  # noqa: E402
-from config.schema import RewriteSettings  # noqa: E402
-from proxy.app import build_app  # noqa: E402
-from proxy.rewriting import LARGE_BODY_BYTES  # noqa: E402
-from rewriter.pipeline import rewrite_request, session_updates  # noqa: E402
-from rewriter.types import Context  # noqa: E402
+from prefixgate.cache.ledger import Ledger  # noqa: E402
+from prefixgate.cache.session import MemorySessionStore  # noqa: E402
+from prefixgate.config.loader import parse_policy  # noqa: E402
+from prefixgate.config.schema import RewriteSettings  # noqa: E402
+from prefixgate.proxy.app import build_app  # noqa: E402
+from prefixgate.proxy.rewriting import LARGE_BODY_BYTES  # noqa: E402
+from prefixgate.rewriter.pipeline import rewrite_request, session_updates  # noqa: E402
+from prefixgate.rewriter.types import Context  # noqa: E402
 
 MODEL = "claude-sonnet-4-5"
 SIZES = {"10k": 10_000, "1m": 1_000_000, "10m": 10_000_000, "30m": 30_000_000}

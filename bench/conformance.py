@@ -104,10 +104,10 @@ def proxy_in_front_of_engine(model_dir: Path, name: str, max_context: int = 2048
                              **extra: Any) -> Iterator[str]:
     """Our engine on ``model_dir`` (served as ``name``) behind the proxy (default rewriting);
     yields the proxy's base URL (no ``/v1``). ``extra``: more policy keys."""
-    from config.loader import parse_policy
-    from local_engine.engine import Engine, EngineConfig
-    from local_engine.server import build_app as engine_app
-    from proxy.app import build_app
+    from prefixgate.config.loader import parse_policy
+    from prefixgate.local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.server import build_app as engine_app
+    from prefixgate.proxy.app import build_app
     from tests.servers import serve_app
 
     eng = Engine(EngineConfig(model_path=str(model_dir), num_kv_slots=16384,

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 
-    from local_engine.engine import Engine, EngineConfig, SamplingParams
+    from prefixgate.local_engine.engine import Engine, EngineConfig, SamplingParams
 
     eng = Engine(EngineConfig(model_path=str(args.model), enable_prefix_cache=False,
                               num_kv_slots=32 * 512, max_context_len=2048))

@@ -52,7 +52,7 @@ def text_tokens(tok: Any, n: int, salt: int) -> list[int]:
 
 def ttft_ms(eng: Any, prompt: list[int]) -> float:
     """Time to the first output of a 1-token greedy request, ms."""
-    from local_engine.engine import SamplingParams
+    from prefixgate.local_engine.engine import SamplingParams
 
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.engine import Engine, EngineConfig
 
     eng = Engine(EngineConfig(model_path=str(args.model), num_kv_slots=3 * (max(sizes) + 256),
                               max_context_len=max(sizes) + 256))

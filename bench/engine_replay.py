@@ -11,7 +11,7 @@ one agent session; ``--sessions`` sessions run concurrently, each sending its re
 after the other, so consecutive requests of a session share a growing prefix and all sessions
 share the system + tools prefix — the shape prefix caching is for.
 
-- ours: ``python -m local_engine`` (radix prefix cache, continuous batching, chunked prefill),
+- ours: ``python -m prefixgate.local_engine`` (radix prefix cache, continuous batching, chunked prefill),
   driven over HTTP by ``--sessions`` client threads; streamed, timed on the client.
 - transformers: ``model.generate_batch(..., ContinuousBatchingConfig(allow_block_sharing=True))``
   (transformers 5.x built-in continuous batching with prefix block sharing), same token ids,
@@ -83,7 +83,7 @@ def tokenize_sessions(
     Returns (sessions of (body, ids), number skipped)."""
     from transformers import AutoTokenizer
 
-    from local_engine.chat import encode_chat
+    from prefixgate.local_engine.chat import encode_chat
 
     tok = AutoTokenizer.from_pretrained(str(MODEL_DIR))
     kept, skipped = [], 0
@@ -133,7 +133,7 @@ def replay_ours(
     sessions: list[list[tuple[dict[str, Any], list[int]]]], n_concurrent: int, max_tokens: int,
     threads: int,
 ) -> dict[str, Any]:
-    """Replay over HTTP against ``python -m local_engine``; ``n_concurrent`` client threads."""
+    """Replay over HTTP against ``python -m prefixgate.local_engine``; ``n_concurrent`` client threads."""
     rows: list[dict[str, Any]] = []
     lock = threading.Lock()
     peak = [0.0]

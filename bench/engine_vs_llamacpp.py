@@ -6,7 +6,7 @@
 Both servers run as their own processes and are timed the same way from this client over
 their OpenAI-compatible streaming API (``serving_client.timed_stream``):
 
-- ours: ``python -m local_engine`` on the converted safetensors directory (fp32 weights),
+- ours: ``python -m prefixgate.local_engine`` on the converted safetensors directory (fp32 weights),
   torch limited to ``--threads`` threads;
 - llama.cpp: ``xllamacpp`` (PyPI, prebuilt llama.cpp server) on the original GGUF
   (Q4_1 weights — a 4-bit quantization, so it moves ~6x fewer weight bytes per token than our

@@ -48,7 +48,7 @@ def tokens(tok: Any, n: int, salt: int) -> list[int]:
 
 async def first_token(eng: Any, prompt: list[int]) -> tuple[float, int]:
     """``(seconds to the first output, cached tokens)`` of one request."""
-    from local_engine.engine import SamplingParams
+    from prefixgate.local_engine.engine import SamplingParams
 
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     t0 = time.perf_counter()
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path,
                     default=Path(os.environ.get("PREFIXGATE_MODEL_DIR", DEFAULT_MODEL)))
     args = ap.parse_args(argv)
-    from local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.engine import Engine, EngineConfig
 
     eng = Engine(EngineConfig(model_path=str(args.model), num_kv_slots=32768,
                               max_context_len=2048))

@@ -93,8 +93,8 @@ def conversation(form: str, where: str, keys: list[str], turn: int, salt: int
 
 def run_engine(eng: Any, tok: Any, body: dict[str, Any]) -> tuple[int, int]:
     """``(prompt tokens, cached tokens)`` of one greedy 1-token request."""
-    from local_engine.chat import encode_chat
-    from local_engine.engine import SamplingParams
+    from prefixgate.local_engine.chat import encode_chat
+    from prefixgate.local_engine.engine import SamplingParams
 
     ids = encode_chat(tok, body["messages"])
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
@@ -110,10 +110,10 @@ def run_engine(eng: Any, tok: Any, body: dict[str, Any]) -> tuple[int, int]:
 def measure(eng: Any, tok: Any, form: str, where: str, turn2_keys: list[str], stabilise: bool,
             salt: int) -> dict[str, Any]:
     """Rewrite and send turn 1 then turn 2; the turn-2 cached share of turn 1's tokens."""
-    from config.schema import RewriteSettings
-    from proxy.a2o_request import request_to_openai
-    from rewriter.pipeline import rewrite_request, session_updates
-    from rewriter.types import Context
+    from prefixgate.config.schema import RewriteSettings
+    from prefixgate.proxy.a2o_request import request_to_openai
+    from prefixgate.rewriter.pipeline import rewrite_request, session_updates
+    from prefixgate.rewriter.types import Context
 
     memory: dict[str, Any] = {}
     settings = RewriteSettings(stabilise_passages=stabilise)
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                     default=Path(os.environ.get("PREFIXGATE_MODEL_DIR", DEFAULT_MODEL)))
     ap.add_argument("--out", type=Path, default=REPO / "bench/results/passage_order.json")
     args = ap.parse_args(argv)
-    from local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.engine import Engine, EngineConfig
 
     eng = Engine(EngineConfig(model_path=str(args.model), num_kv_slots=16384,
                               max_context_len=2048))

@@ -48,8 +48,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from proxy.sim_trace import load_tau, openai_body  # noqa: E402
-from proxy.stats import percentile  # noqa: E402
+from prefixgate.proxy.sim_trace import load_tau, openai_body  # noqa: E402
+from prefixgate.proxy.stats import percentile  # noqa: E402
 
 TRACE = REPO.parent / "shared" / "data" / "traces" / "tau_bench_airline_gpt4o.json"
 LITELLM_VENV = Path("~/.cache/prefixgate/litellm-venv").expanduser()
@@ -115,7 +115,7 @@ def start_prefixgate(up: str, tmp: Path, name: str, rewrite: bool
         "routes": [{"match": "*", "backend": "up"}],
         "rewrite": {"enabled": rewrite},
         "ledger": {"path": str(tmp / f"{name}.sqlite")}}))
-    proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--policy", str(policy),
+    proc = subprocess.Popen([sys.executable, "-m", "prefixgate.proxy.cli", "serve", "--policy", str(policy),
                              "--log-level", "warning"], cwd=REPO)
     url = f"http://127.0.0.1:{port}"
     wait_up(url + "/healthz", proc, 120)

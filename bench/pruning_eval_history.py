@@ -17,7 +17,7 @@ probe wrapped around ``prune_history`` inside the real pipeline (same input, sam
 
 - ``raw_compactions_invalid``: the pass's RAW output — the remembered or new plan applied
   (:func:`raw_compaction`), before its self-check — checked with
-  :func:`rewriter.validate.violations` (independent of the pass) for violations its input did
+  :func:`prefixgate.rewriter.validate.violations` (independent of the pass) for violations its input did
   not have; ``raw_violations`` counts them by kind;
 - ``self_check_reverts``: ``prune_history`` Edits saying "would be invalid, input kept";
 - ``pipeline_reverts``: Edits of any pass the pipeline reverted or that failed ("output
@@ -35,16 +35,16 @@ from types import MappingProxyType
 from typing import Any
 
 from bench import pruning_data as data
-from cache.provider_models import make_model
-from config.schema import RewriteSettings
-from rewriter import prune_history, wire
-from rewriter.ir import Api, Prompt
-from rewriter.pipeline import PASSES, run_passes, session_updates
-from rewriter.prune_history import _msg_json
-from rewriter.stable import stable_prefix_hash
-from rewriter.tokens import count_tokens
-from rewriter.types import Context, Edit, RewriteResult
-from rewriter.validate import violations
+from prefixgate.cache.provider_models import make_model
+from prefixgate.config.schema import RewriteSettings
+from prefixgate.rewriter import prune_history, wire
+from prefixgate.rewriter.ir import Api, Prompt
+from prefixgate.rewriter.pipeline import PASSES, run_passes, session_updates
+from prefixgate.rewriter.prune_history import _msg_json
+from prefixgate.rewriter.stable import stable_prefix_hash
+from prefixgate.rewriter.tokens import count_tokens
+from prefixgate.rewriter.types import Context, Edit, RewriteResult
+from prefixgate.rewriter.validate import violations
 
 GAP_S = 15.0
 
@@ -109,7 +109,7 @@ def reverts(edits: list[Edit]) -> tuple[int, Counter[str]]:
 
 
 def _client_body(api: Api, run: Any, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    from proxy.sim_trace import openai_body, to_anthropic
+    from prefixgate.proxy.sim_trace import openai_body, to_anthropic
 
     if api == "openai":
         return openai_body("gpt-4o", run.tools, messages)
@@ -160,7 +160,7 @@ def _replay(runs: list[Any], api: Api, provider: str, mode: str, high: int, low:
 
 def tau_history(quick: bool) -> dict[str, Any]:
     """Watermark vs sliding window vs none, per API and provider model (module docstring)."""
-    from proxy.sim_trace import load_tau
+    from prefixgate.proxy.sim_trace import load_tau
 
     runs = load_tau(data.DATA / "traces" / "tau_bench_airline_gpt4o.json",
                     data.DATA / "tools" / "tau_bench_airline.json", runs=8 if quick else None)

@@ -26,13 +26,13 @@ from types import MappingProxyType
 from typing import Any
 
 from bench import pruning_data as data
-from config.schema import RewriteSettings
-from rewriter import prune_rag, wire
-from rewriter.bm25 import bm25_scores, terms
-from rewriter.dedupe import near_duplicates
-from rewriter.prune_rag import select_passages
-from rewriter.tokens import count_tokens
-from rewriter.types import Context, Edit
+from prefixgate.config.schema import RewriteSettings
+from prefixgate.rewriter import prune_rag, wire
+from prefixgate.rewriter.bm25 import bm25_scores, terms
+from prefixgate.rewriter.dedupe import near_duplicates
+from prefixgate.rewriter.prune_rag import select_passages
+from prefixgate.rewriter.tokens import count_tokens
+from prefixgate.rewriter.types import Context, Edit
 
 KB_SHARES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 TOP50_SHARES = (0.2, 0.3, 0.5, 0.7)

@@ -1,7 +1,7 @@
 """Tool-pruning evaluation: gold-tool recall vs tool tokens removed (see bench/pruning_eval.py).
 
-Ranking is the production ranker (:func:`rewriter.tool_rank.tool_terms` + BM25 +
-:class:`rewriter.tool_rank.KeepRule`); per-tool terms and token counts are computed once per
+Ranking is the production ranker (:func:`prefixgate.rewriter.tool_rank.tool_terms` + BM25 +
+:class:`prefixgate.rewriter.tool_rank.KeepRule`); per-tool terms and token counts are computed once per
 tool so the ~2,000-tool catalogs stay fast. The tau-bench replays run the real pipeline.
 """
 
@@ -15,12 +15,12 @@ from types import MappingProxyType
 from typing import Any
 
 from bench import pruning_data as data
-from config.schema import RewriteSettings
-from rewriter.bm25 import bm25_scores
-from rewriter.pipeline import rewrite_request, session_updates
-from rewriter.tokens import count_tokens
-from rewriter.tool_rank import KeepRule, ToolInfo, query_terms, select_tools, tool_terms
-from rewriter.types import Context
+from prefixgate.config.schema import RewriteSettings
+from prefixgate.rewriter.bm25 import bm25_scores
+from prefixgate.rewriter.pipeline import rewrite_request, session_updates
+from prefixgate.rewriter.tokens import count_tokens
+from prefixgate.rewriter.tool_rank import KeepRule, ToolInfo, query_terms, select_tools, tool_terms
+from prefixgate.rewriter.types import Context
 
 KEEP_KS = (3, 5, 10, 15, 20, 30, 50)
 SHARES = (0.0, 0.1, 0.2, 0.25, 0.3, 0.4)
@@ -193,7 +193,7 @@ def _tau_replay(runs: list[Any], tools: list[dict[str, Any]], settings: RewriteS
 
 def tau_airline(quick: bool, min_catalog: int) -> dict[str, Any]:
     """tau-bench airline: every tool the agent calls must be in the request that calls it."""
-    from proxy.sim_trace import load_tau
+    from prefixgate.proxy.sim_trace import load_tau
 
     runs = load_tau(data.DATA / "traces" / "tau_bench_airline_gpt4o.json",
                     data.DATA / "tools" / "tau_bench_airline.json", runs=4 if quick else None)

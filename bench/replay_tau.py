@@ -64,7 +64,7 @@ def main() -> None:
         f"model_path: '{args.model_dir}', device: {args.device}}}\n"
         "routes:\n  - {match: '*', backend: local}\n"
         f"ledger: {{path: '{ledger}'}}\n")
-    cli = [sys.executable, "-m", "proxy.cli"]
+    cli = [sys.executable, "-m", "prefixgate.proxy.cli"]
     server = subprocess.Popen([*cli, "serve", "--policy", str(policy), "--log-level", "warning"],
                               cwd=REPO)
     try:

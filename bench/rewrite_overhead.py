@@ -23,10 +23,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from config.schema import RewriteSettings  # noqa: E402
-from proxy.sim_trace import load_tau, openai_body, to_anthropic  # noqa: E402
-from rewriter.pipeline import rewrite_request, session_updates  # noqa: E402
-from rewriter.types import Context  # noqa: E402
+from prefixgate.config.schema import RewriteSettings  # noqa: E402
+from prefixgate.proxy.sim_trace import load_tau, openai_body, to_anthropic  # noqa: E402
+from prefixgate.rewriter.pipeline import rewrite_request, session_updates  # noqa: E402
+from prefixgate.rewriter.types import Context  # noqa: E402
 
 TRACE = REPO.parent / "shared" / "data" / "traces" / "tau_bench_airline_gpt4o.json"
 FIXED = "2024-05-15 15:00:00"

@@ -1,6 +1,6 @@
 """Prefix affinity across replicas (issue 10): round-robin vs least-load vs prefixgate vs oracle.
 
-(a) ``live``: 3 real engine replicas (SmolLM2-135M, one thread each, ``python -m local_engine``)
+(a) ``live``: 3 real engine replicas (SmolLM2-135M, one thread each, ``python -m prefixgate.local_engine``)
     behind the proxy as one deployment group, under concurrent multi-turn tau-bench airline
     sessions (system prompt and turns cut short to fit 2 shared cores). Each routing mode gets
     fresh replicas (cold caches). Per mode: cached share (cached / prompt tokens, from the
@@ -11,7 +11,7 @@
     FIFO prefill server with an LRU prefix cache, priced with the engine's measured prefill
     cost per token (``bench/results/engine_prefix.json``, cold 2048-token prompt) at 70 %
     load (offered prefill work without any cache / capacity). The routing decisions are the
-    proxy's own code (:mod:`proxy.balance`).
+    proxy's own code (:mod:`prefixgate.proxy.balance`).
 
 Run: ``nice python bench/routing_affinity.py`` (``--only sim`` / ``--only live``);
 writes ``bench/results/routing_affinity.json`` in the issue's shape.
@@ -39,11 +39,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.serving_client import EngineProcess, percentile  # noqa: E402
-from cache.ledger import Ledger  # noqa: E402
-from config.loader import parse_policy  # noqa: E402
-from config.routing import AffinitySettings  # noqa: E402
-from proxy.app import build_app  # noqa: E402
-from proxy.balance import Balancer, choose  # noqa: E402
+from prefixgate.cache.ledger import Ledger  # noqa: E402
+from prefixgate.config.loader import parse_policy  # noqa: E402
+from prefixgate.config.routing import AffinitySettings  # noqa: E402
+from prefixgate.proxy.app import build_app  # noqa: E402
+from prefixgate.proxy.balance import Balancer, choose  # noqa: E402
 from tests.servers import serve_app  # noqa: E402
 from tests.tiny_model import model_dir  # noqa: E402
 

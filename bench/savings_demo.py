@@ -20,10 +20,10 @@ from typing import Any
 import httpx
 from starlette.testclient import TestClient
 
-from cache.ledger import Ledger
-from config.loader import parse_policy
-from proxy.app import build_app
-from rewriter.pipeline import rewrite_request
+from prefixgate.cache.ledger import Ledger
+from prefixgate.config.loader import parse_policy
+from prefixgate.proxy.app import build_app
+from prefixgate.rewriter.pipeline import rewrite_request
 
 RULES = "Follow the airline policy. Be brief. Verify the user id first. " * 60
 

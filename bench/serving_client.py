@@ -10,7 +10,7 @@
 - usage: the server's usage object (``prompt_tokens``, ``completion_tokens``,
   ``prompt_tokens_details.cached_tokens``).
 
-``EngineProcess`` starts ``python -m local_engine`` (or any command) in the background and
+``EngineProcess`` starts ``python -m prefixgate.local_engine`` (or any command) in the background and
 waits for ``/health``; leaving the ``with`` block terminates it.
 """
 
@@ -115,7 +115,7 @@ def free_port() -> int:
 
 
 class EngineProcess:
-    """``python -m local_engine --model DIR --port P [extra...]`` as a background process.
+    """``python -m prefixgate.local_engine --model DIR --port P [extra...]`` as a background process.
 
     ``threads`` caps torch's intra-op threads (OMP_NUM_THREADS). The process's output goes to
     ``log_path``. Errors: RuntimeError when ``/health`` is not up within ``timeout_s``.
@@ -134,7 +134,7 @@ class EngineProcess:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.cmd = command or [
-            sys.executable, "-m", "local_engine", "--model", str(model_dir),
+            sys.executable, "-m", "prefixgate.local_engine", "--model", str(model_dir),
             "--port", str(self.port), "--log-level", "warning", *(extra_args or []),
         ]
         self.env = dict(os.environ)

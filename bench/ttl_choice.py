@@ -34,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--out", type=Path, default=REPO / "bench/results/ttl_choice.json")
     args = ap.parse_args(argv)
-    from proxy.sim_trace import load_trace
-    from proxy.simulate import TTL_STRATEGIES, SimConfig, Simulator
-    from proxy.think_time import parse
+    from prefixgate.proxy.sim_trace import load_trace
+    from prefixgate.proxy.simulate import TTL_STRATEGIES, SimConfig, Simulator
+    from prefixgate.proxy.think_time import parse
 
     runs = load_trace(TRACE, runs=args.runs)
     seeds = [int(s) for s in args.seeds.split(",")]

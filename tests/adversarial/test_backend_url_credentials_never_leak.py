@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from cache.ledger import Ledger
-from config.loader import parse_policy
-from proxy.app import build_app
+from prefixgate.cache.ledger import Ledger
+from prefixgate.config.loader import parse_policy
+from prefixgate.proxy.app import build_app
 from tests.proxy.upstream import Script, ScriptedUpstream, completion
 from tests.servers import serve_app
 

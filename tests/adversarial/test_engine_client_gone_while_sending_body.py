@@ -20,8 +20,8 @@ from tests.tiny_model import make_tiny_model_dir
 
 @pytest.fixture(scope="module")
 def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from local_engine.engine import Engine, EngineConfig
-    from local_engine.server import build_app
+    from prefixgate.local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.server import build_app
 
     d = make_tiny_model_dir(tmp_path_factory.mktemp("tiny_adv"))
     eng = Engine(EngineConfig(model_path=str(d), num_kv_slots=1024, max_context_len=256,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from local_engine.protocol import (
+from prefixgate.local_engine.protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,

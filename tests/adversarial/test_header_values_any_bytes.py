@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-from config.schema import Backend
-from proxy.errors import InvalidHeader, MissingBackendKey
-from proxy.headers import upstream_headers, wire_value
+from prefixgate.config.schema import Backend
+from prefixgate.proxy.errors import InvalidHeader, MissingBackendKey
+from prefixgate.proxy.headers import upstream_headers, wire_value
 from tests.proxy.upstream import Script, completion
 
 UTF8 = "Agent/1.0 (café; 日本)".encode()      # multi-byte UTF-8: decodes past U+00FF

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.logsafe import SafeFormatter, safe
+from prefixgate.proxy.logsafe import SafeFormatter, safe
 from tests.proxy.upstream import Script, completion
 
 FORGED = "gpt-x\n2026-01-01 00:00:00 prefixgate.proxy admin login ok"
@@ -132,8 +132,8 @@ def test_openapi_schema_has_one_operation_id_per_operation_and_no_duplicate_warn
         recwarn: pytest.WarningsRecorder) -> None:
     # HEAD is served (above) but left out of the schema: FastAPI gave GET and HEAD of one
     # api_route the same operation id ("Duplicate Operation ID models_v1_models_head")
-    from config.loader import parse_policy
-    from proxy.app import build_app
+    from prefixgate.config.loader import parse_policy
+    from prefixgate.proxy.app import build_app
 
     policy = parse_policy({"backends": {"up": {"kind": "openai_compat", "base_url": "http://x/v1"}},
                            "routes": [{"match": "*", "backend": "up"}], "ledger": {"path": ":memory:"}})

@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from cache.ledger import Ledger
-from proxy.app import build_app
-from proxy.server import uvicorn_options
+from prefixgate.cache.ledger import Ledger
+from prefixgate.proxy.app import build_app
+from prefixgate.proxy.server import uvicorn_options
 from tests.proxy.conftest import make_policy
 from tests.proxy.upstream import Script, completion
 from tests.servers import serve_app

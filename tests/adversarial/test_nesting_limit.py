@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from config.loader import PolicyError, parse_policy
-from proxy.limits import first_too_deep
+from prefixgate.config.loader import PolicyError, parse_policy
+from prefixgate.proxy.limits import first_too_deep
 from tests.proxy.upstream import Script, completion
 
 ALL_PASSES = {"prune_tools": True, "prune_history": True, "prune_rag": True,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from config.loader import PolicyError, load_policy
-from proxy.cli import app
+from prefixgate.config.loader import PolicyError, load_policy
+from prefixgate.proxy.cli import app
 
 
 @pytest.mark.parametrize("data", [b"\xff\xfe\x00\x01", "routes: [{match: 'café'}]".encode("latin-1")])

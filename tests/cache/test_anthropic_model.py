@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cache.cost import price_outcome
-from cache.provider_models import AnthropicCacheModel, CacheRuleError
+from prefixgate.cache.cost import price_outcome
+from prefixgate.cache.provider_models import AnthropicCacheModel, CacheRuleError
 from tests.cache.helpers import anthropic_body, text, wc, words
 
 

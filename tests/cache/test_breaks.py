@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 import json
 
-from cache.breaks import BreakDetector, count_by_kind, format_breaks
-from cache.volatile_spans import find_spans, kinds_in_diff, mask
+from prefixgate.cache.breaks import BreakDetector, count_by_kind, format_breaks
+from prefixgate.cache.volatile_spans import find_spans, kinds_in_diff, mask
 from tests.cache.helpers import wc, words
 from tests.paths import DATA
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import httpx
 
-from cache.ledger import Ledger, LedgerRow
-from cache.ledger_writer import BatchedLedger, open_ledger
-from config.loader import parse_policy
-from config.schema import LedgerSettings
-from proxy.app import build_app
+from prefixgate.cache.ledger import Ledger, LedgerRow
+from prefixgate.cache.ledger_writer import BatchedLedger, open_ledger
+from prefixgate.config.loader import parse_policy
+from prefixgate.config.schema import LedgerSettings
+from prefixgate.proxy.app import build_app
 from tests.proxy.upstream import Script, ScriptedUpstream, completion
 from tests.servers import serve_app
 

@@ -1,11 +1,11 @@
 """config.prices: a model id gets the price of its LONGEST matching table id (dated snapshots and
-mini / nano variants share a prefix with their base model), per config/prices.py's sources."""
+mini / nano variants share a prefix with their base model), per prefixgate/config/prices.py's sources."""
 
 from __future__ import annotations
 
 import pytest
 
-from config.prices import PRICES, price_for
+from prefixgate.config.prices import PRICES, price_for
 
 
 @pytest.mark.parametrize("model", sorted(PRICES))

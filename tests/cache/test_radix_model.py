@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cache.provider_models import RadixCacheModel
+from prefixgate.cache.provider_models import RadixCacheModel
 from tests.cache.helpers import wc, words
 
 

@@ -20,10 +20,10 @@ from typing import Any
 import httpx
 import pytest
 
-from cache.redis_link import RETRY_EVERY_S, RedisLink
-from cache.shared_state import LocalState, RedisState
-from config.loader import parse_policy
-from proxy.app import build_app
+from prefixgate.cache.redis_link import RETRY_EVERY_S, RedisLink
+from prefixgate.cache.shared_state import LocalState, RedisState
+from prefixgate.config.loader import parse_policy
+from prefixgate.proxy.app import build_app
 from tests.proxy.upstream import Script, ScriptedUpstream, completion
 from tests.servers import serve_app
 
@@ -157,7 +157,7 @@ def test_redis_outage_mid_test_serves_requests_and_recovers(
         private_redis: PrivateRedis, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     import redis
 
-    from rewriter.types import Edit, RewriteResult
+    from prefixgate.rewriter.types import Edit, RewriteResult
 
     views: list[dict[str, Any]] = []
 

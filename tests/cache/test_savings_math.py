@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from cache import rollup
-from cache.attribution import UNATTRIBUTED, attribute_usd, by_technique
-from cache.holdout_stats import (
+from prefixgate.cache import rollup
+from prefixgate.cache.attribution import UNATTRIBUTED, attribute_usd, by_technique
+from prefixgate.cache.holdout_stats import (
     HELPS,
     INCONCLUSIVE,
     MIN_PER_ARM,
@@ -20,9 +20,9 @@ from cache.holdout_stats import (
     compare,
     holdout_report,
 )
-from cache.ledger import Ledger, LedgerRow
-from cache.savings import savings_document, slo_table
-from config.schema import Slo, SloSettings
+from prefixgate.cache.ledger import Ledger, LedgerRow
+from prefixgate.cache.savings import savings_document, slo_table
+from prefixgate.config.schema import Slo, SloSettings
 
 PASSES = {"prune_rag": {"reusable": 0, "removed": 1000, "added": 0},
           "hoist_volatile": {"reusable": 3000, "removed": 0, "added": 50},

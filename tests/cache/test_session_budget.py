@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cache.session import (
+from prefixgate.cache.session import (
     ENTRY_OVERHEAD_BYTES,
     MemorySessionStore,
     fit,
     json_bytes,
     value_bytes,
 )
-from rewriter import hoist_volatile, wire
-from rewriter.learned_volatility import LINE_DIGEST_CHARS, MAX_TRACKED_LINES, unpack
+from prefixgate.rewriter import hoist_volatile, wire
+from prefixgate.rewriter.learned_volatility import LINE_DIGEST_CHARS, MAX_TRACKED_LINES, unpack
 from tests.rewriter.helpers import ctx
 
 

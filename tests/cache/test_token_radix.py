@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cache.provider_models.token_radix import (
+from prefixgate.cache.provider_models.token_radix import (
     SessionTokenCaches,
     TokenRadix,
     common_prefix,

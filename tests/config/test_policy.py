@@ -8,9 +8,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from config import PolicyError, default_policy, load_policy, parse_policy, resolve_route
-from config.secrets import MissingSecret, redact, resolve_secret
-from proxy.cli import app
+from prefixgate.config import PolicyError, default_policy, load_policy, parse_policy, resolve_route
+from prefixgate.config.secrets import MissingSecret, redact, resolve_secret
+from prefixgate.proxy.cli import app
 
 
 def _minimal() -> dict:

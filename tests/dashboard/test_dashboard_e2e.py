@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from cache.ledger import Ledger
-from config.loader import parse_policy
-from proxy.app import build_app
+from prefixgate.cache.ledger import Ledger
+from prefixgate.config.loader import parse_policy
+from prefixgate.proxy.app import build_app
 from tests.browser import Page
 from tests.dashboard.page_check import canvas_report, expected_keys, number_mismatches, shown_numbers
 from tests.dashboard.savings_fixture import contract_errors

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from cache.ledger import Ledger
-from config.loader import parse_policy
-from proxy import dashboard
-from proxy.app import build_app
-from proxy.auth import basic_password, hash_key, presented_key
+from prefixgate.cache.ledger import Ledger
+from prefixgate.config.loader import parse_policy
+from prefixgate.proxy import dashboard
+from prefixgate.proxy.app import build_app
+from prefixgate.proxy.auth import basic_password, hash_key, presented_key
 from tests.dashboard.savings_fixture import (
     KEY,
     busy_payload,
@@ -81,7 +81,7 @@ def test_unknown_static_name_is_a_404_in_openai_shape() -> None:
 
 def test_static_files_are_declared_as_package_data() -> None:
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
-    line = next(x for x in pyproject.splitlines() if x.startswith("proxy = ["))
+    line = next(x for x in pyproject.splitlines() if x.startswith('"prefixgate.proxy" = ['))
     for pattern in ("static/*.html", "static/*.js", "static/*.css", "static/uplot/*"):
         assert f'"{pattern}"' in line
 

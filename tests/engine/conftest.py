@@ -19,7 +19,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def make_engine(tiny_dir: Path) -> Iterator[Callable[..., Any]]:
     """``make_engine(**EngineConfig fields)`` → an Engine on the tiny model, shut down after."""
-    from local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.engine import Engine, EngineConfig
 
     made: list[Any] = []
 
@@ -38,7 +38,7 @@ def make_engine(tiny_dir: Path) -> Iterator[Callable[..., Any]]:
 @pytest.fixture(scope="module")
 def tiny_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One shared default engine on the tiny model (module scope)."""
-    from local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.engine import Engine, EngineConfig
 
     d = make_tiny_model_dir(tmp_path_factory.mktemp("tiny_llama_shared"))
     eng = Engine(EngineConfig(model_path=str(d), num_kv_slots=8192, max_context_len=1024))

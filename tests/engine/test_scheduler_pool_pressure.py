@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from local_engine.api_types import SamplingParams
-from local_engine.kv_pool import KVPool, PoolExhausted, ReqToTokenTable
-from local_engine.radix_cache import RadixCache, TreeNode
-from local_engine.scheduler import Scheduler
-from local_engine.sequence import Sequence, Status
+from prefixgate.local_engine.api_types import SamplingParams
+from prefixgate.local_engine.kv_pool import KVPool, PoolExhausted, ReqToTokenTable
+from prefixgate.local_engine.radix_cache import RadixCache, TreeNode
+from prefixgate.local_engine.scheduler import Scheduler
+from prefixgate.local_engine.sequence import Sequence, Status
 
 CPU = torch.device("cpu")
 TOKEN = 7

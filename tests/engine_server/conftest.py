@@ -21,7 +21,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(tiny_dir: Path) -> Iterator[Any]:
-    from local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.engine import Engine, EngineConfig
 
     eng = Engine(EngineConfig(
         model_path=str(tiny_dir), num_kv_slots=4096, max_context_len=MAX_CONTEXT,
@@ -35,7 +35,7 @@ def engine(tiny_dir: Path) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def base_url(engine: Any) -> Iterator[str]:
-    from local_engine.server import build_app
+    from prefixgate.local_engine.server import build_app
 
     with serve_app(build_app(engine)) as url:
         yield url

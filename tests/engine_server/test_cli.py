@@ -1,4 +1,4 @@
-"""``python -m local_engine`` as the proxy spawns it: a real process serving the tiny model."""
+"""``python -m prefixgate.local_engine`` as the proxy spawns it: a real process serving the tiny model."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _free_port() -> int:
 def test_module_entry_point_serves_openai_api(tiny_dir: Path, tmp_path: Path) -> None:
     port = _free_port()
     log = tmp_path / "engine.log"
-    cmd = [sys.executable, "-m", "local_engine", "--model", str(tiny_dir), "--port", str(port),
+    cmd = [sys.executable, "-m", "prefixgate.local_engine", "--model", str(tiny_dir), "--port", str(port),
            "--num-kv-slots", "2048", "--max-context-len", "256", "--model-name", "tiny-cli",
            "--threads", "1", "--log-level", "warning"]
     with open(log, "wb") as out:

@@ -131,7 +131,7 @@ def test_client_disconnect_mid_stream_aborts_and_frees_slots(base_url: str, engi
 def test_status_line_is_logged_while_busy(engine: Any, caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from local_engine.server import build_app
+    from prefixgate.local_engine.server import build_app
     from tests.servers import serve_app
 
     body = {"messages": [{"role": "user", "content": "busy"}], "max_tokens": 150,

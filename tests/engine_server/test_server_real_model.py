@@ -19,8 +19,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def real_client() -> Iterator[openai.OpenAI]:
-    from local_engine.engine import Engine, EngineConfig
-    from local_engine.server import build_app
+    from prefixgate.local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.server import build_app
 
     engine = Engine(EngineConfig(model_path=str(real_model_dir()), num_kv_slots=8192))
     try:

@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from config.cache_rules import DEFAULT_MIN_CACHEABLE_TOKENS, OPENAI_MIN_PROMPT_TOKENS
+from prefixgate.config.cache_rules import DEFAULT_MIN_CACHEABLE_TOKENS, OPENAI_MIN_PROMPT_TOKENS
 from tests.fuzz.answers import ANSWER_NUMBERS, answer_tool
 from tests.fuzz.fields import field_violations
 from tests.fuzz.gen_anthropic import anthropic_body
@@ -153,7 +153,7 @@ MIN_CACHEABLE = min(DEFAULT_MIN_CACHEABLE_TOKENS, OPENAI_MIN_PROMPT_TOKENS)
 
 def _surely_below_min_cacheable(case: Case, client: dict[str, Any], msgs: list[Any]) -> bool:
     """True when the prompt is certainly shorter than the backend's minimum cacheable length
-    (config/cache_rules.py: 1024 tokens for Anthropic's default and OpenAI): under 1024
+    (prefixgate/config/cache_rules.py: 1024 tokens for Anthropic's default and OpenAI): under 1024
     characters of text and tool definitions, no media (a token is at least one character).
     Radix backends have no minimum: never True for them."""
     if not (case.model.startswith("claude-") or case.model.startswith("gpt-4o")):

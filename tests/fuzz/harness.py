@@ -1,6 +1,6 @@
 """The whole proxy in-process, every rewrite pass on, in front of a recording upstream.
 
-:class:`FuzzRig` builds :func:`proxy.app.build_app` with a policy whose every pass is on with
+:class:`FuzzRig` builds :func:`prefixgate.proxy.app.build_app` with a policy whose every pass is on with
 small budgets (so pruning fires on fuzz-sized bodies), a ``:memory:`` ledger, and an
 ``httpx.MockTransport`` upstream that records each body it receives and answers (see
 :mod:`tests.fuzz.answers`) in the backend's API, JSON or SSE. Requests go through
@@ -27,9 +27,9 @@ from typing import Any
 
 import httpx
 
-from cache.ledger import Ledger
-from config.loader import parse_policy
-from proxy.app import build_app
+from prefixgate.cache.ledger import Ledger
+from prefixgate.config.loader import parse_policy
+from prefixgate.proxy.app import build_app
 from tests.fuzz.answers import answer_tool, anthropic_answer, openai_answer
 
 UPSTREAM = "http://upstream.fuzz/v1"
@@ -105,7 +105,7 @@ class RecordingUpstream:
         return httpx.Response(200, content=content, headers={"content-type": ctype})
 
     def transport(self) -> httpx.MockTransport:
-        """A transport for :func:`proxy.app.build_app`."""
+        """A transport for :func:`prefixgate.proxy.app.build_app`."""
         return httpx.MockTransport(self.handle)
 
 

@@ -1,6 +1,6 @@
 """schemathesis against the proxy's own OpenAPI document, both model endpoints, in-process.
 
-The document (``/openapi.json``, request-body schemas from :mod:`proxy.openapi_schemas`) drives
+The document (``/openapi.json``, request-body schemas from :mod:`prefixgate.proxy.openapi_schemas`) drives
 generation: positive bodies (what the schema allows) and negative ones (what it does not). Each
 goes through the ASGI app — fuzz policy, every pass on, recording upstream — and the answer must
 be below 500 and in the caller's API shape: an error body of its API (a 400 naming the param),
@@ -18,7 +18,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 
-from cache.ledger import Ledger
+from prefixgate.cache.ledger import Ledger
 from tests.fuzz.harness import RecordingUpstream, fuzz_app
 from tests.fuzz.jsontext import loads
 from tests.fuzz.known_defects import uncovered

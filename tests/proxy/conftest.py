@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from cache.ledger import Ledger
-from config.loader import parse_policy
-from config.schema import Policy
-from proxy.app import build_app
+from prefixgate.cache.ledger import Ledger
+from prefixgate.config.loader import parse_policy
+from prefixgate.config.schema import Policy
+from prefixgate.proxy.app import build_app
 from tests.proxy.upstream import ScriptedUpstream
 from tests.servers import serve_app
 

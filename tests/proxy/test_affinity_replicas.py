@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from cache.ledger import Ledger
-from config.loader import parse_policy
-from proxy.app import build_app
+from prefixgate.cache.ledger import Ledger
+from prefixgate.config.loader import parse_policy
+from prefixgate.proxy.app import build_app
 from tests.proxy.upstream import wait_rows
 from tests.servers import serve_app
 from tests.tiny_model import make_tiny_model_dir
@@ -33,8 +33,8 @@ TURNS = 3
 
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[str], list[Any]]]:
-    from local_engine.engine import Engine, EngineConfig
-    from local_engine.server import build_app as engine_app
+    from prefixgate.local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.server import build_app as engine_app
 
     tiny = make_tiny_model_dir(tmp_path_factory.mktemp("tiny_llama"))
     with ExitStack() as stack:

@@ -1,7 +1,7 @@
 """Both bridges' answer mappings, one rule per test, on the mapping functions themselves.
 
-Sources: the tables in ``proxy/bridge_anthropic.py`` (A->O: OpenAI answers to an Anthropic
-client) and ``proxy/bridge_openai.py`` (O->A: Anthropic answers to an OpenAI client), rendered in
+Sources: the tables in ``prefixgate/proxy/bridge_anthropic.py`` (A->O: OpenAI answers to an Anthropic
+client) and ``prefixgate/proxy/bridge_openai.py`` (O->A: Anthropic answers to an OpenAI client), rendered in
 docs/bridges.md. Streams: parallel tool calls must keep each call's arguments with its own call.
 """
 
@@ -13,10 +13,10 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.bridge_anthropic import StreamMapper, response_to_anthropic
-from proxy.bridge_openai import ChunkMapper, response_to_openai
-from proxy.sse import parse_event
-from proxy.usage import AnthropicStreamWatcher
+from prefixgate.proxy.bridge_anthropic import StreamMapper, response_to_anthropic
+from prefixgate.proxy.bridge_openai import ChunkMapper, response_to_openai
+from prefixgate.proxy.sse import parse_event
+from prefixgate.proxy.usage import AnthropicStreamWatcher
 
 
 def _openai_answer(finish: str) -> dict[str, Any]:

@@ -16,12 +16,12 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from config.schema import RewriteSettings
-from proxy import exactjson, translate
-from proxy.errors import InvalidRequest
-from proxy.usage import AnthropicStreamWatcher, OpenAIStreamWatcher
-from rewriter.pipeline import rewrite_request
-from rewriter.types import Context
+from prefixgate.config.schema import RewriteSettings
+from prefixgate.proxy import exactjson, translate
+from prefixgate.proxy.errors import InvalidRequest
+from prefixgate.proxy.usage import AnthropicStreamWatcher, OpenAIStreamWatcher
+from prefixgate.rewriter.pipeline import rewrite_request
+from prefixgate.rewriter.types import Context
 
 # Keys whose string values are tags or switches the bridge consumes (mapped to structure, or
 # hints documented as such in docs/bridges.md), not content the client wrote.

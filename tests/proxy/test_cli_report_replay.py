@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 from typer.testing import CliRunner
 
-from proxy.cli import app
+from prefixgate.proxy.cli import app
 from tests.paths import DATA
 from tests.proxy.upstream import DONE, Script, chunk, wait_rows
 
@@ -53,7 +53,7 @@ def test_volatile_break_and_counterfactual_recorded_and_reported(rig: Any) -> No
 
 def test_counterfactual_of_a_rewritten_request_comes_from_the_cache_model(
         rig_factory: Any) -> None:
-    from rewriter.pipeline import rewrite_request
+    from prefixgate.rewriter.pipeline import rewrite_request
     from tests.proxy.upstream import completion
 
     rig = rig_factory(rewrite_fn=rewrite_request)
@@ -128,7 +128,7 @@ def test_prompt_cost_priced_from_usage_and_counterfactual(rig: Any) -> None:
     httpx.post(rig.url + "/v1/chat/completions", timeout=30, json={
         "model": "gpt-4o", "messages": [{"role": "user", "content": "x " * 900}]})
     row = rig.ledger.rows()[-1]
-    # gpt-4o: $2.50 / 1M input, $1.25 / 1M cached input (config/prices.py)
+    # gpt-4o: $2.50 / 1M input, $1.25 / 1M cached input (prefixgate/config/prices.py)
     assert abs(row["input_usd"] - (200 * 2.50 + 800 * 1.25) / 1e6) < 1e-12
     assert row["cf_input_usd"] is not None and row["cf_input_usd"] > 0  # first request: cold
     res = CliRunner().invoke(app, ["report", "--ledger", rig.ledger.path, "--json"])

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from proxy.cli import app
+from prefixgate.proxy.cli import app
 
 BAD = """\
 backends:
@@ -77,8 +77,8 @@ def test_a_reused_engine_must_serve_the_model_asked_for() -> None:
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from config.schema import Backend
-    from proxy.engine_proc import EngineProcess, EngineStartError
+    from prefixgate.config.schema import Backend
+    from prefixgate.proxy.engine_proc import EngineProcess, EngineStartError
     from tests.servers import serve_app
 
     async def health(_: object) -> JSONResponse:

@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
-from cache.ledger import Ledger
-from config.loader import parse_policy
-from proxy.app import build_app
-from proxy.engine_tokens import parse_ids, tokenize_url
-from rewriter.pipeline import rewrite_request
+from prefixgate.cache.ledger import Ledger
+from prefixgate.config.loader import parse_policy
+from prefixgate.proxy.app import build_app
+from prefixgate.proxy.engine_tokens import parse_ids, tokenize_url
+from prefixgate.rewriter.pipeline import rewrite_request
 from tests.proxy.upstream import Script, completion, wait_rows
 from tests.servers import serve_app
 from tests.tiny_model import make_tiny_model_dir
@@ -51,8 +51,8 @@ def session_bodies() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Ledger]]:
     """(proxy URL, ledger): proxy (real rewrite pipeline) -> tiny engine."""
-    from local_engine.engine import Engine, EngineConfig
-    from local_engine.server import build_app as engine_app
+    from prefixgate.local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.server import build_app as engine_app
 
     tiny = make_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
     eng = Engine(EngineConfig(model_path=str(tiny), num_kv_slots=16384, max_context_len=2048,
@@ -136,7 +136,7 @@ def test_ledger_migration_adds_cf_source(tmp_path: Path) -> None:
 
 
 def test_an_anthropic_client_body_is_bridged_before_it_is_tokenized() -> None:
-    from proxy.engine_tokens import tokenize_body
+    from prefixgate.proxy.engine_tokens import tokenize_body
 
     body = {"model": "tiny", "max_tokens": 8, "system": "Be brief.",
             "tools": [{"name": "t", "description": "d", "input_schema": {"type": "object"}}],

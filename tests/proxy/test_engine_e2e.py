@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from cache.ledger import Ledger
-from config.loader import parse_policy
-from proxy.app import build_app
+from prefixgate.cache.ledger import Ledger
+from prefixgate.config.loader import parse_policy
+from prefixgate.proxy.app import build_app
 from tests.proxy.upstream import wait_rows
 from tests.servers import serve_app
 from tests.tiny_model import make_tiny_model_dir, real_model_dir
@@ -21,8 +21,8 @@ MSGS = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hell
 
 
 def _engine_app(model_dir: Path, name: str, max_context: int = 1024) -> Any:
-    from local_engine.engine import Engine, EngineConfig
-    from local_engine.server import build_app as engine_app
+    from prefixgate.local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.server import build_app as engine_app
 
     eng = Engine(EngineConfig(model_path=str(model_dir), num_kv_slots=8192,
                               max_context_len=max_context, model_name=name))

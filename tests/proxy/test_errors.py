@@ -98,9 +98,9 @@ def test_body_under_limit_with_a_3mb_image_passes_through_unchanged(rig: Any) ->
 
 
 def test_upstream_down_is_502(rig_factory: Any, tmp_path: Any) -> None:
-    from cache.ledger import Ledger
-    from config.loader import parse_policy
-    from proxy.app import build_app
+    from prefixgate.cache.ledger import Ledger
+    from prefixgate.config.loader import parse_policy
+    from prefixgate.proxy.app import build_app
     from tests.servers import serve_app
 
     policy = parse_policy({"backends": {"dead": {"kind": "openai_compat",
@@ -138,9 +138,9 @@ def test_anthropic_endpoint_checks_max_tokens(rig: Any) -> None:
 
 
 def test_route_to_the_other_api_without_a_bridge_is_a_clear_501() -> None:
-    from config.loader import parse_policy
-    from proxy.errors import NotSupported
-    from proxy.router import pick_target
+    from prefixgate.config.loader import parse_policy
+    from prefixgate.proxy.errors import NotSupported
+    from prefixgate.proxy.router import pick_target
 
     policy = parse_policy({"backends": {"a": {"kind": "anthropic",
                                               "base_url": "http://127.0.0.1:9/v1"}},
@@ -153,7 +153,7 @@ def test_route_to_the_other_api_without_a_bridge_is_a_clear_501() -> None:
 
 def test_a_proxy_bug_is_a_shaped_500_and_still_recorded(rig: Any,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from proxy import translate
+    from prefixgate.proxy import translate
 
     def boom(api: str, body: Any, *limits: Any) -> Any:
         raise KeyError("unexpected")

@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from proxy.headers import redacted
+from prefixgate.proxy.headers import redacted
 from tests.proxy.upstream import Script, completion
 
 

@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from cache.ledger import COLUMNS, Ledger, LedgerRow
-from cache.redis_link import RedisLink
-from cache.session import MemorySessionStore
-from cache.session_redis import SharedSessionStore
+from prefixgate.cache.ledger import COLUMNS, Ledger, LedgerRow
+from prefixgate.cache.redis_link import RedisLink
+from prefixgate.cache.session import MemorySessionStore
+from prefixgate.cache.session_redis import SharedSessionStore
 from tests.proxy.upstream import Script, completion
 
 
@@ -132,7 +132,7 @@ def test_policy_redis_url_shares_session_memory_between_two_proxies(
         redis.Redis.from_url(url).ping()
     except redis.RedisError:
         pytest.skip("no Redis at 127.0.0.1:6379 (make test starts one)")
-    from rewriter.types import Edit, RewriteResult
+    from prefixgate.rewriter.types import Edit, RewriteResult
 
     views: list[dict[str, Any]] = []
 

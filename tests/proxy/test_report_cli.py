@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cache.ledger import Ledger, LedgerRow
-from proxy.cli import app
+from prefixgate.cache.ledger import Ledger, LedgerRow
+from prefixgate.proxy.cli import app
 
 T0 = 1_800_000_000.0  # 2027-01-15 08:00 UTC
 

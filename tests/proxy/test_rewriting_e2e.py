@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.rewriting import default_rewrite_fn, session_id_for
+from prefixgate.proxy.rewriting import default_rewrite_fn, session_id_for
 from tests.proxy.upstream import Script, completion
 
 RULES = "Follow the airline policy. Be brief. Verify the user id first. " * 40
@@ -104,7 +104,7 @@ def test_pipeline_failure_fails_open(rig_factory: Any) -> None:
 
 
 def test_session_memory_from_edits_is_merged_and_read_back(rig_factory: Any) -> None:
-    from rewriter.types import Edit, RewriteResult
+    from prefixgate.rewriter.types import Edit, RewriteResult
 
     views: list[dict[str, Any]] = []
 

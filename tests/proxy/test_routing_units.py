@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from config.loader import PolicyError, default_policy, parse_policy
-from config.routing import AffinitySettings, BreakerSettings
-from proxy.balance import choose, imbalanced, rendezvous
-from proxy.breaker import CLOSED, HALF_OPEN, OPEN, Breaker
-from proxy.errors import ModelNotFound
-from proxy.failover import backoff_s, retry_after_s
-from proxy.router import plan_targets
+from prefixgate.config.loader import PolicyError, default_policy, parse_policy
+from prefixgate.config.routing import AffinitySettings, BreakerSettings
+from prefixgate.proxy.balance import choose, imbalanced, rendezvous
+from prefixgate.proxy.breaker import CLOSED, HALF_OPEN, OPEN, Breaker
+from prefixgate.proxy.errors import ModelNotFound
+from prefixgate.proxy.failover import backoff_s, retry_after_s
+from prefixgate.proxy.router import plan_targets
 
 GROUP = {"kind": "openai_compat", "deployments": [
     {"base_url": "http://10.0.0.1:8000/v1"}, {"base_url": "http://10.0.0.2:8000/v1",
@@ -163,7 +163,7 @@ def test_retry_after_reads_seconds_and_dates_and_backoff_is_capped() -> None:
     assert retry_after_s({"retry-after": "3"}) == 3.0
     assert retry_after_s({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, now=1445412470) == 10
     assert retry_after_s({"retry-after": "soon"}) is None and retry_after_s({}) is None
-    from config.routing import RetrySettings
+    from prefixgate.config.routing import RetrySettings
     r = RetrySettings(backoff_base_s=0.5, backoff_max_s=1.0)
     assert backoff_s(1, r, lambda: 1.0) == 0.5 and backoff_s(5, r, lambda: 1.0) == 1.0
     assert backoff_s(3, r, lambda: 0.0) == 0.0
@@ -172,7 +172,7 @@ def test_retry_after_reads_seconds_and_dates_and_backoff_is_capped() -> None:
 def test_the_fleet_policy_example_of_the_readme_loads() -> None:
     from pathlib import Path
 
-    from config.loader import load_policy
+    from prefixgate.config.loader import load_policy
     p = load_policy(Path(__file__).resolve().parents[2] / "docs" / "fleet_policy.yaml")
     assert [d.name for d in p.backends["fleet"].group("fleet")] == ["vllm-a", "vllm-b",
                                                                     "sglang-c"]
@@ -182,7 +182,7 @@ def test_the_fleet_policy_example_of_the_readme_loads() -> None:
 def test_models_lists_aliases_and_exact_route_names_only() -> None:
     import asyncio
 
-    from proxy.probes import list_models
+    from prefixgate.proxy.probes import list_models
     p = _policy(aliases={"fast": "gpt-4o-mini", "broken": "no-route-matches-this"})
     got = asyncio.run(list_models(None, p))
     assert {m["id"]: m["owned_by"] for m in got["data"]} == {"fast": "oa", "gpt-4o-mini": "oa"}

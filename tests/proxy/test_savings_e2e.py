@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from cache.holdout_stats import HELPS, INCONCLUSIVE, holdout_report
-from config.schema import HoldoutSettings
-from proxy.holdout import holdout_point, in_holdout
+from prefixgate.cache.holdout_stats import HELPS, INCONCLUSIVE, holdout_report
+from prefixgate.config.schema import HoldoutSettings
+from prefixgate.proxy.holdout import holdout_point, in_holdout
 from tests.proxy.upstream import DONE, Script, chunk, completion
 
 RULES = "Follow the airline policy. Be brief. Verify the user id first. " * 40
@@ -75,7 +75,7 @@ def test_holdout_membership_is_deterministic_per_session_and_close_to_the_fracti
 
 
 def test_holdout_sends_sessions_unrewritten_and_finds_the_difference(rig_factory: Any) -> None:
-    from rewriter.pipeline import rewrite_request
+    from prefixgate.rewriter.pipeline import rewrite_request
 
     rig = rig_factory(rewrite_fn=rewrite_request, holdout={"fraction": 0.5, "seed": 11})
     rig.upstream.script = PrefixCachingUpstream()
@@ -223,7 +223,7 @@ def test_api_savings_has_every_field_of_the_dashboard_contract(rig: Any) -> None
 
 
 def test_api_savings_is_behind_the_proxy_keys_when_keys_are_on(rig_factory: Any) -> None:
-    from proxy.auth import hash_key, new_key
+    from prefixgate.proxy.auth import hash_key, new_key
 
     key = new_key()
     rig = rig_factory(auth={"keys": [{"id": "k1", "hash": hash_key(key)}]})

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from config.schema import Backend
-from proxy.engine_proc import engine_address, engine_command, health_url
+from prefixgate.config.schema import Backend
+from prefixgate.proxy.engine_proc import engine_address, engine_command, health_url
 from tests.paths import REPO
 from tests.tiny_model import make_tiny_model_dir
 
@@ -29,7 +29,7 @@ def test_engine_address_and_command_come_from_the_backend() -> None:
     assert engine_address(b) == ("127.0.0.1", 9123)
     assert health_url(b) == "http://127.0.0.1:9123/health"
     cmd = engine_command("/m", "127.0.0.1", 9123, "cpu")
-    assert cmd[1:] == ["-m", "local_engine", "--model", "/m", "--host", "127.0.0.1",
+    assert cmd[1:] == ["-m", "prefixgate.local_engine", "--model", "/m", "--host", "127.0.0.1",
                        "--port", "9123", "--device", "cpu"]
 
 
@@ -44,7 +44,7 @@ def test_serve_spawns_the_engine_proxies_and_stops_it(tmp_path: Path) -> None:
         f"spawn: true, model_path: '{tiny}'}}\n"
         "routes:\n  - {match: '*', backend: local}\n"
         f"ledger: {{path: '{tmp_path / 'ledger.sqlite'}'}}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--policy", str(policy),
+    proc = subprocess.Popen([sys.executable, "-m", "prefixgate.proxy.cli", "serve", "--policy", str(policy),
                              "--log-level", "warning"], cwd=REPO)
     url = f"http://127.0.0.1:{proxy_port}"
     try:
@@ -75,13 +75,13 @@ def test_engine_command_execs_the_engine_with_extra_flags(monkeypatch: pytest.Mo
                                                            ) -> None:
     from typer.testing import CliRunner
 
-    from proxy import cmd_serve
-    from proxy.cli import app
+    from prefixgate.proxy import cmd_serve
+    from prefixgate.proxy.cli import app
 
     calls: list[list[str]] = []
     monkeypatch.setattr(cmd_serve.os, "execv", lambda path, argv: calls.append(argv))
     res = CliRunner().invoke(app, ["engine", "--model", "/m", "--port", "9000",
                                    "--disable-prefix-cache"])
     assert res.exit_code == 0, res.output
-    assert calls[0][1:] == ["-m", "local_engine", "--model", "/m", "--host", "127.0.0.1",
+    assert calls[0][1:] == ["-m", "prefixgate.local_engine", "--model", "/m", "--host", "127.0.0.1",
                             "--port", "9000", "--device", "cpu", "--disable-prefix-cache"]

@@ -16,15 +16,15 @@ from typing import Any
 
 import httpx
 
-from cache.redis_link import RETRY_EVERY_S
-from cache.shared_state import LocalState
-from config.loader import parse_policy
-from config.routing import BreakerSettings
-from proxy.app import build_app
-from proxy.balance import Balancer
-from proxy.breaker import CLOSED, OPEN, BreakerBoard
-from proxy.shared_routing import SharedRouting, others_load, parse_breaker
-from rewriter.types import Edit, RewriteResult
+from prefixgate.cache.redis_link import RETRY_EVERY_S
+from prefixgate.cache.shared_state import LocalState
+from prefixgate.config.loader import parse_policy
+from prefixgate.config.routing import BreakerSettings
+from prefixgate.proxy.app import build_app
+from prefixgate.proxy.balance import Balancer
+from prefixgate.proxy.breaker import CLOSED, OPEN, BreakerBoard
+from prefixgate.proxy.shared_routing import SharedRouting, others_load, parse_breaker
+from prefixgate.rewriter.types import Edit, RewriteResult
 from tests.cache.test_redis_shared import (
     SHARED,
     PrivateRedis,

@@ -21,9 +21,9 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from cache.ledger import Ledger
-from proxy.app import build_app
-from proxy.sse import EventSplitter, parse_event
+from prefixgate.cache.ledger import Ledger
+from prefixgate.proxy.app import build_app
+from prefixgate.proxy.sse import EventSplitter, parse_event
 from tests.proxy.conftest import make_policy
 from tests.servers import serve_app
 

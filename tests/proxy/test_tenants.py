@@ -11,13 +11,13 @@ from typing import Any
 import httpx
 import pytest
 
-from cache.ledger import Ledger
-from config.loader import parse_policy
-from config.schema import AuthSettings, Backend, LedgerSettings, ProxyKey
-from proxy.app import build_app
-from proxy.auth import Guard, KeyStore, MemoryLimiter, hash_key
-from proxy.errors import InvalidHeader
-from proxy.tenants import namespaced_session, salted_body, tenant_for, tenant_salt
+from prefixgate.cache.ledger import Ledger
+from prefixgate.config.loader import parse_policy
+from prefixgate.config.schema import AuthSettings, Backend, LedgerSettings, ProxyKey
+from prefixgate.proxy.app import build_app
+from prefixgate.proxy.auth import Guard, KeyStore, MemoryLimiter, hash_key
+from prefixgate.proxy.errors import InvalidHeader
+from prefixgate.proxy.tenants import namespaced_session, salted_body, tenant_for, tenant_salt
 from tests.proxy.upstream import Script, completion
 from tests.servers import serve_app
 from tests.tiny_model import make_tiny_model_dir, real_model_dir
@@ -93,7 +93,7 @@ def test_a_clients_own_cache_salt_is_folded_in_not_dropped() -> None:
 def test_tenant_reaches_ledger_upstream_salt_and_session_memory(tmp_path: Path) -> None:
     """Through the real app: the upstream body carries the tenant's salt, the ledger row its
     tenant, and session memory written for one tenant is invisible to another."""
-    from rewriter.types import Edit, RewriteResult
+    from prefixgate.rewriter.types import Edit, RewriteResult
     from tests.proxy.upstream import ScriptedUpstream
 
     up = ScriptedUpstream(script=Script(body=completion()))
@@ -130,8 +130,8 @@ def test_tenant_reaches_ledger_upstream_salt_and_session_memory(tmp_path: Path) 
 
 
 def _engine_stack(model_dir: Path, tmp: Path, name: str) -> Iterator[str]:
-    from local_engine.engine import Engine, EngineConfig
-    from local_engine.server import build_app as engine_app
+    from prefixgate.local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.server import build_app as engine_app
 
     eng = Engine(EngineConfig(model_path=str(model_dir), num_kv_slots=4096,
                               max_context_len=1024, model_name=name))

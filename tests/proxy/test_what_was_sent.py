@@ -12,12 +12,12 @@ import httpx
 import orjson
 from typer.testing import CliRunner
 
-from config.schema import RewriteSettings
-from proxy.cli import app as cli
-from proxy.cmd_rewrite import WHAT_THE_MODEL_SEES
-from proxy.edit_detail import HEADER, MAX_HEADER_BYTES, blocks_of, bounded_json
-from rewriter.pipeline import PASSES, rewrite_request
-from rewriter.types import Context
+from prefixgate.config.schema import RewriteSettings
+from prefixgate.proxy.cli import app as cli
+from prefixgate.proxy.cmd_rewrite import WHAT_THE_MODEL_SEES
+from prefixgate.proxy.edit_detail import HEADER, MAX_HEADER_BYTES, blocks_of, bounded_json
+from prefixgate.rewriter.pipeline import PASSES, rewrite_request
+from prefixgate.rewriter.types import Context
 from tests.proxy.upstream import Script, completion
 
 ROOT = Path(__file__).resolve().parents[2]

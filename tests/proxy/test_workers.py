@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cache.ledger import Ledger
+from prefixgate.cache.ledger import Ledger
 from tests.paths import REPO
 from tests.proxy.upstream import Script, ScriptedUpstream, completion
 from tests.servers import serve_app
@@ -33,7 +33,7 @@ def _children(pid: int) -> list[int]:
 
 def test_app_from_env_builds_the_policys_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                              ) -> None:
-    from proxy import cmd_serve
+    from prefixgate.proxy import cmd_serve
 
     policy = tmp_path / "p.yaml"
     policy.write_text("backends: {e: {kind: openai_compat, base_url: 'http://h/v1'}}\n"
@@ -57,7 +57,7 @@ def test_two_workers_share_one_ledger(tmp_path: Path) -> None:
             f"backends: {{e: {{kind: openai_compat, base_url: '{up_url}/v1'}}}}\n"
             "routes: [{match: '*', backend: e}]\n"
             f"ledger: {{path: '{ledger}'}}\nrewrite: {{enabled: false}}\n")
-        proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--policy",
+        proc = subprocess.Popen([sys.executable, "-m", "prefixgate.proxy.cli", "serve", "--policy",
                                  str(policy), "--port", str(port), "--workers", "2",
                                  "--log-level", "warning"], cwd=REPO)
         url = f"http://127.0.0.1:{port}"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rewriter import wire
-from rewriter.prune_history import run
-from rewriter.validate import violations
+from prefixgate.rewriter import wire
+from prefixgate.rewriter.prune_history import run
+from prefixgate.rewriter.validate import violations
 from tests.rewriter.helpers import ctx, replay
 
 FILLER = "lorem ipsum dolor sit amet " * 200  # ~1,000 tokens

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rewriter import wire
-from rewriter.passages import find_passages, splice
-from rewriter.prune_rag import run, select_passages
+from prefixgate.rewriter import wire
+from prefixgate.rewriter.passages import find_passages, splice
+from prefixgate.rewriter.prune_rag import run, select_passages
 from tests.rewriter.helpers import ctx, replay
 
 TOPICS = {

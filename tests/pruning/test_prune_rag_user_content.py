@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rewriter import wire
-from rewriter.prune_rag import run
+from prefixgate.rewriter import wire
+from prefixgate.rewriter.prune_rag import run
 from tests.rewriter.helpers import ctx
 
 CLAUSE = "The supplier shall deliver the goods within thirty days of the purchase order. " * 6

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rewriter import wire
-from rewriter.prune_tools import run
-from rewriter.validate import violations
+from prefixgate.rewriter import wire
+from prefixgate.rewriter.prune_tools import run
+from prefixgate.rewriter.validate import violations
 from tests.rewriter.helpers import ctx, replay
 
 TOPICS = [

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rewriter import wire
-from rewriter.prune_tools import run
-from rewriter.validate import violations
+from prefixgate.rewriter import wire
+from prefixgate.rewriter.prune_tools import run
+from prefixgate.rewriter.validate import violations
 from tests.pruning.test_prune_tools import catalog, names
 from tests.rewriter.helpers import ctx
 

@@ -12,9 +12,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rewriter import prune_history, prune_rag, prune_tools, wire
-from rewriter.ir import Api
-from rewriter.validate import violations
+from prefixgate.rewriter import prune_history, prune_rag, prune_tools, wire
+from prefixgate.rewriter.ir import Api
+from prefixgate.rewriter.validate import violations
 from tests.rewriter.helpers import ctx
 from tests.rewriter.strategies import anthropic_requests, openai_requests
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
-from config.schema import RewriteSettings
-from rewriter.ir import Api
-from rewriter.pipeline import rewrite_request, session_updates
-from rewriter.types import Context, RewriteResult
+from prefixgate.config.schema import RewriteSettings
+from prefixgate.rewriter.ir import Api
+from prefixgate.rewriter.pipeline import rewrite_request, session_updates
+from prefixgate.rewriter.types import Context, RewriteResult
 
 
 def ctx(provider: str = "radix", session: dict[str, Any] | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rewriter.pipeline import rewrite_request
+from prefixgate.rewriter.pipeline import rewrite_request
 from tests.rewriter.helpers import ctx
 
 BIG = "Static reference text for the assistant to follow. " * 300

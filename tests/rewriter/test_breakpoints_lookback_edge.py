@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-import config.cache_rules as rules
-from rewriter import breakpoints, wire
-from rewriter.validate import cache_markers
+import prefixgate.config.cache_rules as rules
+from prefixgate.rewriter import breakpoints, wire
+from prefixgate.rewriter.validate import cache_markers
 from tests.rewriter.helpers import ctx
 
 BIG = "Static instructions about the product and its policies. " * 300  # over the minimum

@@ -8,9 +8,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rewriter import canonicalize_tools, wire
-from rewriter.ir import tool_choice_name
-from rewriter.pipeline import rewrite_request
+from prefixgate.rewriter import canonicalize_tools, wire
+from prefixgate.rewriter.ir import tool_choice_name
+from prefixgate.rewriter.pipeline import rewrite_request
 from tests.rewriter.helpers import ctx
 from tests.rewriter.strategies import anthropic_requests, openai_requests
 from tests.trace_requests import DATA

@@ -1,13 +1,13 @@
-"""hoist_volatile runs only when it pays (issue 8, class 8; rule in ``rewriter/pays.py``)."""
+"""hoist_volatile runs only when it pays (issue 8, class 8; rule in ``prefixgate/rewriter/pays.py``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from config.cache_rules import RADIX_MIN_CACHEABLE_TOKENS, min_cacheable_for
-from rewriter.pays import count_upto
-from rewriter.pipeline import rewrite_request
-from rewriter.tokens import count_tokens
+from prefixgate.config.cache_rules import RADIX_MIN_CACHEABLE_TOKENS, min_cacheable_for
+from prefixgate.rewriter.pays import count_upto
+from prefixgate.rewriter.pipeline import rewrite_request
+from prefixgate.rewriter.tokens import count_tokens
 from tests.rewriter.helpers import ctx
 
 CLOCK = "Current time: 2025-03-04 10:15:00 UTC."
@@ -84,7 +84,7 @@ def test_a_short_text_document_counts_as_its_text_not_as_an_opaque_media_block()
 
 
 def test_a_pdf_document_still_counts_as_an_opaque_media_block() -> None:
-    from rewriter.pays import OPAQUE_BLOCK_TOKENS, document_text
+    from prefixgate.rewriter.pays import OPAQUE_BLOCK_TOKENS, document_text
 
     pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBE"}}
     assert document_text(pdf) is None and OPAQUE_BLOCK_TOKENS == 1_000

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rewriter import wire
-from rewriter.pipeline import rewrite_request
-from rewriter.stable import stable_region
-from rewriter.volatile_spans import find_spans
+from prefixgate.rewriter import wire
+from prefixgate.rewriter.pipeline import rewrite_request
+from prefixgate.rewriter.stable import stable_region
+from prefixgate.rewriter.volatile_spans import find_spans
 from tests.rewriter.helpers import ctx, replay
 
 RULES = "Rule: answer briefly and cite the docs. " * 60

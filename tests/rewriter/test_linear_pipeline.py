@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rewriter.pipeline import rewrite_request
+from prefixgate.rewriter.pipeline import rewrite_request
 from tests.rewriter.helpers import ctx
 from tests.rewriter.test_linear_scans import assert_linear
 

@@ -20,19 +20,19 @@ from typing import Any
 
 import pytest
 
-from cache import volatile_spans as cache_spans
-from rewriter import passages
-from rewriter import volatile_spans as spans
+from prefixgate.cache import volatile_spans as cache_spans
+from prefixgate.rewriter import passages
+from prefixgate.rewriter import volatile_spans as spans
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_REACH = spans.MAX_REACH
 LINEAR_BY_ARGUMENT = {
     # one greedy run of a single character class per alternative, lookahead of 2 characters,
     # and finditer resumes after the run: each character is examined a bounded number of times
-    "rewriter.bm25._WORD",
+    "prefixgate.rewriter.bm25._WORD",
     # a word then one greedy run of one character class, no alternation: finditer resumes
     # after the run, so each character is examined a bounded number of times
-    "rewriter.prune_tools._WORD",
+    "prefixgate.rewriter.prune_tools._WORD",
 }
 
 
@@ -62,7 +62,7 @@ def _reach(parsed: Any) -> float:
 
 
 def _patterns() -> Iterator[tuple[str, re.Pattern[str]]]:
-    for pkg in ("rewriter", "cache"):
+    for pkg in ("prefixgate.rewriter", "prefixgate.cache"):
         root = importlib.import_module(pkg)
         for info in pkgutil.walk_packages(root.__path__, pkg + "."):
             mod = importlib.import_module(info.name)
@@ -93,7 +93,7 @@ def test_the_old_labelled_id_pattern_is_caught_by_the_reach_check() -> None:
 def test_regexes_are_compiled_at_module_level_where_the_reach_check_sees_them() -> None:
     calls = ("compile", "search", "match", "fullmatch", "finditer", "findall", "sub", "split")
     for folder in ("rewriter", "cache"):
-        for path in (REPO / folder).rglob("*.py"):
+        for path in (REPO / "prefixgate" / folder).rglob("*.py"):
             tree = ast.parse(path.read_text())
             for fn in ast.walk(tree):
                 if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from config.schema import RewriteSettings
+from prefixgate.config.schema import RewriteSettings
 from tests.rewriter.meaning import MeaningViolation, check_meaning
 
 ON = RewriteSettings(prune_history=True, history_high_watermark_tokens=50,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rewriter import wire
-from rewriter.ir import Api
-from rewriter.validate import introduced, violations
+from prefixgate.rewriter import wire
+from prefixgate.rewriter.ir import Api
+from prefixgate.rewriter.validate import introduced, violations
 
 
 def _kinds(body: dict[str, Any], api: Api) -> set[str]:

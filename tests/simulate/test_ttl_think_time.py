@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from proxy.cli import app
-from proxy.sim_trace import SimRequest, SimRun, load_trace
-from proxy.simulate import SimConfig, Simulator, schedule
-from proxy.think_time import message_kind, parse
+from prefixgate.proxy.cli import app
+from prefixgate.proxy.sim_trace import SimRequest, SimRun, load_trace
+from prefixgate.proxy.simulate import SimConfig, Simulator, schedule
+from prefixgate.proxy.think_time import message_kind, parse
 from tests.paths import DATA
 
 TRACE = DATA / "traces" / "tau_bench_airline_gpt4o.json"
-PRICE_IN = 3.0 / 1e6  # claude-sonnet-4-5, USD per input token (config/prices.py)
+PRICE_IN = 3.0 / 1e6  # claude-sonnet-4-5, USD per input token (prefixgate/config/prices.py)
 
 
 def test_think_time_specs() -> None:

@@ -1,0 +1,363 @@
+"""Pydantic schema of the policy file (YAML).
+
+Shape of a policy file::
+
+    listen: {host: 127.0.0.1, port: 8080}
+    max_body_bytes: 33554432            # bodies above this get a 413 (case B19)
+    backends:
+      local: {kind: local, base_url: http://127.0.0.1:8081/v1, model_path: null, spawn: true}
+      openai: {kind: openai, base_url: https://api.openai.com/v1, api_key: ${OPENAI_API_KEY}}
+    routes:
+      - {match: "claude-*", backend: anthropic}
+      - {match: "*", backend: local, default_max_tokens: 512}
+    default_max_tokens: 1024            # cap for requests that name none (0 = no cap)
+    rewrite: {enabled: true, canonicalize_tools: true, hoist_volatile: true, ...}
+    ledger: {path: ~/.cache/prefixgate/ledger.sqlite, store_prompt_text: false}
+    limits: {max_json_depth: 128, max_header_bytes: 65536, header_timeout_s: 10, ...}
+    holdout: {fraction: 0.1, seed: 7}   # A/B: that share of sessions is sent unrewritten
+    slo: {default: {ttft_ms: 2000, tpot_ms: 200}, routes: {"claude-*": {ttft_ms: 1500}}}
+    auth:                               # optional proxy keys (prefixgate keys add)
+      keys_file: policy.keys.yaml       # relative to the policy file
+      keys: [{id: k_3f9a, name: ci, hash: "sha256:...", rpm: 60, tpm: 100000}]
+
+API keys are kept as the literal ``${ENV_VAR}`` template and resolved only when a request is sent
+(:func:`prefixgate.config.secrets.resolve_secret`), so a key never sits in a parsed policy object or a log.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from prefixgate.config.routing import (
+    AffinitySettings,
+    BreakerSettings,
+    Deployment,
+    HealthCheckSettings,
+    RetrySettings,
+    RouteTargets,
+    Timeouts,
+    check_base_url,
+)
+
+BackendKind = Literal["local", "openai_compat", "openai", "anthropic"]
+
+_ENV_TEMPLATE = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$")
+KEY_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+KEY_HASH_PATTERN = r"^sha256:[0-9a-f]{64}$"
+
+
+class _Strict(BaseModel):
+    # attribute docstrings become field descriptions (docs/policy.md, prefixgate/config/reference.py)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class Listen(_Strict):
+    """Address the proxy listens on."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+
+
+class Backend(_Strict):
+    """One upstream.
+
+    ``kind``: ``local`` (our engine, spawned by ``prefixgate serve`` when ``spawn``),
+    ``openai_compat`` (vLLM, SGLang, llama.cpp, our engine run elsewhere), ``openai``,
+    ``anthropic``. ``api_key`` must be a ``${ENV_VAR}`` template, never a literal key.
+    ``deployments``: several base URLs / keys serving the same models (a deployment group,
+    :mod:`prefixgate.config.routing`); without it the backend is one deployment, ``base_url`` +
+    ``api_key``. ``timeouts``: connect / first byte / idle / total (``timeout_s`` fills the
+    ones left unset). ``affinity``: how a group's deployment is picked.
+    """
+
+    kind: BackendKind
+    base_url: str
+    api_key: str | None = None
+    deployments: list[Deployment] = Field(default_factory=list)
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    affinity: AffinitySettings = Field(default_factory=AffinitySettings)
+    model_path: str | None = None
+    spawn: bool = False
+    device: str = "cpu"
+    timeout_s: float = Field(600.0, gt=0)
+    cache_salt: bool | None = None
+    """Send the request's tenant as a ``cache_salt`` body field (our engine and vLLM >= 0.9 key
+    their prefix cache by it, so tenants never share cached KV). None: on for ``local``, off
+    otherwise (a backend that rejects unknown fields would 400); set true for a vLLM fleet."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _base_url_from_group(cls, data: object) -> object:
+        if isinstance(data, dict) and "base_url" not in data and data.get("deployments"):
+            first = data["deployments"][0]
+            if isinstance(first, dict) and "base_url" in first:
+                return {**data, "base_url": first["base_url"]}
+        return data
+
+    @field_validator("api_key")
+    @classmethod
+    def _key_is_env_template(cls, v: str | None) -> str | None:
+        if v is not None and not _ENV_TEMPLATE.match(v):
+            raise ValueError("api_key must be an environment reference like ${OPENAI_API_KEY}")
+        return v
+
+    @field_validator("base_url")
+    @classmethod
+    def _url_has_scheme(cls, v: str) -> str:
+        return check_base_url(v)
+
+    @model_validator(mode="after")
+    def _deployment_keys(self) -> Backend:
+        for i, d in enumerate(self.deployments):
+            if d.api_key is not None and not _ENV_TEMPLATE.match(d.api_key):
+                raise ValueError(f"deployments[{i}].api_key must be an environment reference "
+                                 "like ${OPENAI_API_KEY}")
+        return self
+
+    def group(self, name: str) -> list[Deployment]:
+        """This backend's deployments, named (``<name>#<i>`` unless named), keys defaulted to
+        the backend's; one deployment (``base_url``, ``api_key``) for a plain backend."""
+        if not self.deployments:
+            return [Deployment(base_url=self.base_url, api_key=self.api_key, name=name)]
+        return [Deployment(base_url=d.base_url, api_key=d.api_key or self.api_key,
+                           name=d.name or f"{name}#{i}") for i, d in enumerate(self.deployments)]
+
+    def timeouts_s(self) -> tuple[float, float, float, float | None]:
+        """(connect, first byte, idle, total) seconds, unset ones from ``timeout_s``."""
+        t = self.timeouts
+        return (min(t.connect_s, self.timeout_s), t.first_byte_s or self.timeout_s,
+                t.idle_s or self.timeout_s, t.total_s)
+
+
+class Route(RouteTargets):
+    """Model-name glob (fnmatch, e.g. ``gpt-*``) mapped to a backend name (``backend``), or to
+    an ordered list (``backends``) with ``fallbacks`` and an upstream ``model`` name
+    (:class:`prefixgate.config.routing.RouteTargets`).
+
+    ``default_max_tokens``: the output cap a request of this route gets when it names none
+    (OpenAI ``max_tokens`` / ``max_completion_tokens``, Responses ``max_output_tokens``); unset =
+    the policy's ``default_max_tokens``; ``0`` = no cap for this route (the backend's own).
+    """
+
+    match: str
+    default_max_tokens: int | None = Field(None, ge=0)
+
+
+class RewriteSettings(_Strict):
+    """Switches for each rewrite pass; ``enabled: false`` turns the whole pipeline off."""
+
+    enabled: bool = True
+    canonicalize_tools: bool = True
+    tool_order: Literal["name", "first_seen"] = "name"
+    tool_schema_sort_properties: bool = False
+    hoist_volatile: bool = True
+    hoist_target: Literal["end", "last_user"] = "end"
+    learn_volatility: bool = True
+    stabilise_passages: bool = True
+    """Injected passages keep the order the session first saw them in (nothing removed)."""
+    place_breakpoints: bool = True
+    breakpoint_ttl: Literal["5m", "1h", "auto"] = "auto"
+    """TTL of the breakpoints prefixgate places; ``auto``: the lower expected cost over the
+    session's measured inter-arrival times (``prefixgate/rewriter/ttl_choice.py``; 5m until 3 are known)."""
+    openai_prompt_cache_key: bool = False
+    openai_prompt_cache_retention: str | None = None
+    tenant: str = "default"
+    prune_tools: bool = False
+    prune_tools_min_catalog: int = Field(30, ge=1)
+    pinned_tools: list[str] = Field(default_factory=list)
+    prune_history: bool = False
+    history_high_watermark_tokens: int = Field(6000, ge=1)
+    history_low_watermark_tokens: int = Field(3000, ge=1)
+    prune_rag: bool = False
+    rag_budget_tokens: int = Field(2000, ge=1)
+    rag_delimiters: list[str] = Field(default_factory=list)
+    time_budget_ms: int = Field(1000, ge=1, le=600_000)
+    """Wall-clock budget of one request's rewrite (worker thread, queueing included); past it
+    the request goes upstream exactly as the client sent it (edit summary ``over_budget``).
+    Typical agent requests take 5-15 ms (bench/results/rewrite_overhead.json)."""
+    edit_detail_header: bool = False
+    """Opt-in: answer with ``x-prefixgate-edit-detail``, compact JSON of every Edit (pass,
+    region, tokens before / after, token offsets; no prompt text), bounded in size
+    (:mod:`prefixgate.proxy.edit_detail`)."""
+
+    @model_validator(mode="after")
+    def _watermarks_ordered(self) -> RewriteSettings:
+        if self.history_low_watermark_tokens > self.history_high_watermark_tokens:
+            raise ValueError("history_low_watermark_tokens must not exceed the high watermark")
+        return self
+
+
+class LedgerSettings(_Strict):
+    """Where per-request records go. Prompt text is never stored unless ``store_prompt_text``.
+
+    ``redis_url``: shared state of several proxy replicas (session memory, counters; see
+    :mod:`prefixgate.cache.redis_link`); ``redis_prefix``: prefix of every key prefixgate writes there;
+    ``batch_writes``: ledger rows go to SQLite from a background writer thread, many rows per
+    transaction (:mod:`prefixgate.cache.ledger_writer`), flushed on shutdown."""
+
+    path: str = "~/.cache/prefixgate/ledger.sqlite"
+    redis_url: str | None = None
+    redis_prefix: str = "prefixgate:"
+    store_prompt_text: bool = False
+    batch_writes: bool = True
+
+
+class Limits(_Strict):
+    """Bounds on what one client connection or request may cost (issue 8, HTTP hygiene).
+
+    - ``max_json_depth``: arrays / objects nested deeper than this are a 400 before any pass or
+      bridge runs. 128 is far above real bodies (deep JSON schemas stay under ~20) and well
+      under orjson's serialisation limit of 255 levels, leaving room for the levels a bridge
+      adds when it wraps content; capped at 200 for that reason.
+    - ``max_header_bytes``: request line + headers of one request, bytes (431 above it).
+    - ``header_timeout_s``: a request's headers must be complete this many seconds after its
+      first byte (or after the connection opened); else the connection is closed.
+    - ``body_timeout_s``: the whole body must arrive within this many seconds after the headers
+      (408 in the caller's shape); 60 s means at least ~0.5 MB/s for a 32 MB body.
+    - ``keep_alive_s``: an idle keep-alive connection is closed after this many seconds.
+    - ``max_connections``: open connections + running requests; above it new requests get 503
+      (uvicorn ``limit_concurrency``). ``backlog``: the listen socket's accept queue.
+    """
+
+    max_json_depth: int = Field(128, ge=8, le=200)
+    max_header_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(60.0, gt=0)
+    keep_alive_s: float = Field(5.0, gt=0)
+    max_connections: int = Field(1024, ge=1)
+    backlog: int = Field(2048, ge=1)
+
+
+class HoldoutSettings(_Strict):
+    """Holdout A/B (issue 9): ``fraction`` (0-1) of sessions, chosen by a hash of the session
+    id and ``seed``, are sent unrewritten (as with ``x-prefixgate-rewrite: off``) and flagged
+    in the ledger, so rewriting can be compared with not rewriting on the same traffic.
+    0 (the default) = off."""
+
+    fraction: float = Field(0.0, ge=0.0, le=1.0)
+    seed: int = 0
+
+
+class Slo(_Strict):
+    """Latency objectives of a route, milliseconds: TTFT (time to first token) and TPOT (time
+    per output token after the first). A request meets its SLO when both hold (goodput)."""
+
+    ttft_ms: float = Field(2000.0, gt=0)
+    tpot_ms: float = Field(200.0, gt=0)
+
+
+class SloSettings(_Strict):
+    """``default`` applies to every route not named in ``routes`` (keys: a route's ``match``
+    glob, as the ledger's ``route`` column stores it)."""
+
+    default: Slo = Field(default_factory=Slo)
+    routes: dict[str, Slo] = Field(default_factory=dict)
+
+    def for_route(self, route: str) -> Slo:
+        """The SLO of ``route`` (its own, else the default)."""
+        return self.routes.get(route, self.default)
+
+
+class ProxyKey(_Strict):
+    """One proxy-facing key, as stored: never the key itself, only ``hash`` =
+    ``sha256:<hex>`` of it (see :mod:`prefixgate.proxy.auth` for why a plain SHA-256 suffices for a
+    256-bit random key). ``id`` is public (it goes into the ledger); ``rpm`` / ``tpm``: requests
+    and tokens (prompt + output) per minute, None = unlimited."""
+
+    id: str = Field(pattern=KEY_ID_PATTERN)
+    name: str = ""
+    hash: str = Field(pattern=KEY_HASH_PATTERN)
+    rpm: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1)
+    created: str = ""
+    tenant: str | None = Field(None, pattern=KEY_ID_PATTERN)
+    """The tenant this key's requests belong to (None: the key's own ``id``)."""
+
+
+class AuthSettings(_Strict):
+    """Optional proxy keys: inline ``keys`` and / or a ``keys_file`` (YAML ``{keys: [...]}``,
+    written by ``prefixgate keys add``; a relative path is resolved against the policy file's
+    folder by :func:`prefixgate.config.loader.load_policy`). No key at all = no authentication, allowed
+    only on a loopback address."""
+
+    keys: list[ProxyKey] = Field(default_factory=list)
+    keys_file: str | None = None
+
+    @model_validator(mode="after")
+    def _ids_unique(self) -> AuthSettings:
+        ids = [k.id for k in self.keys]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"auth.keys ids must be unique; repeated: {dup}")
+        return self
+
+
+class FanoutSettings(_Strict):
+    """First-writer gating of fan-outs (``prefixgate/proxy/fanout.py``): when requests sharing a prefix
+    nobody has cached yet arrive together, the first goes upstream and the others wait until
+    its response headers arrive (its cache write is then readable) or ``max_hold_ms`` /
+    ``ttft_factor`` x the observed TTFT passes, whichever comes first.
+
+    ``warm_s``: a prefix whose writer answered is sent through without holding for this many
+    seconds; ``min_prefix_bytes``: shorter shared prefixes are never held (below any
+    provider's minimum cacheable length); ``providers``: whose backends are gated — not
+    ``radix`` by default: our engine already reuses a prefix within one batch
+    (``bench/results/fanout_engine.json``: holding saved no prefill there)."""
+
+    enabled: bool = False
+    providers: list[str] = Field(default_factory=lambda: ["anthropic", "openai"])
+    max_hold_ms: int = Field(5000, ge=1, le=120_000)
+    ttft_factor: float = Field(2.0, gt=0)
+    warm_s: float = Field(300.0, gt=0)
+    min_prefix_bytes: int = Field(4096, ge=0)
+
+
+class TenantSettings(_Strict):
+    """Who a request belongs to (:mod:`prefixgate.proxy.tenants`). ``header``: whether the
+    ``x-prefixgate-tenant`` header names the tenant — ``off`` (ignored), ``on`` (without proxy
+    keys it is the tenant; with keys it names a sub-tenant inside the key's own tenant, so a key
+    never reaches another key's namespace)."""
+
+    header: Literal["off", "on"] = "off"
+
+
+class Policy(_Strict):
+    """The whole policy file. Raises ``pydantic.ValidationError`` on bad input."""
+
+    listen: Listen = Field(default_factory=Listen)
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    backends: dict[str, Backend]
+    routes: list[Route]
+    rewrite: RewriteSettings = Field(default_factory=RewriteSettings)
+    ledger: LedgerSettings = Field(default_factory=LedgerSettings)
+    limits: Limits = Field(default_factory=Limits)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    holdout: HoldoutSettings = Field(default_factory=HoldoutSettings)
+    slo: SloSettings = Field(default_factory=SloSettings)
+    fanout: FanoutSettings = Field(default_factory=FanoutSettings)
+    tenants: TenantSettings = Field(default_factory=TenantSettings)
+    aliases: dict[str, str] = Field(default_factory=dict)
+    """Model names a client may use for another: ``{fast: gpt-4o-mini}`` routes and sends
+    ``gpt-4o-mini`` when the client asks for ``fast`` (one level, no chains)."""
+    retry: RetrySettings = Field(default_factory=RetrySettings)
+    breaker: BreakerSettings = Field(default_factory=BreakerSettings)
+    health_checks: HealthCheckSettings = Field(default_factory=HealthCheckSettings)
+    default_max_tokens: int = Field(1024, ge=0)
+    """Output-token cap (tokens) given to a request that names none, unless its route says
+    otherwise; ``0`` = no cap. A client that sends no cap (LangChain sends none) would otherwise
+    get the backend's own: for our engine and vLLM, the rest of the context window — minutes of
+    decode on a CPU."""
+
+    @model_validator(mode="after")
+    def _routes_name_backends(self) -> Policy:
+        for i, r in enumerate(self.routes):
+            for t in r.chain():
+                if t.backend not in self.backends:
+                    raise ValueError(f"routes[{i}] names backend {t.backend!r}, which is not "
+                                     f"one of {sorted(self.backends)}")
+        if not self.routes:
+            raise ValueError("routes must not be empty")
+        return self

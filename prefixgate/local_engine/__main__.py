@@ -1,0 +1,83 @@
+"""``python -m prefixgate.local_engine --model DIR [--host 127.0.0.1] [--port 8081] [--device cpu] ...``
+
+Loads the model into an ``Engine`` and serves its OpenAI-compatible API (``server.py``) with
+uvicorn. Flags mirror ``EngineConfig``; ``--num-kv-slots`` / ``--kv-memory-gb`` size the KV
+pool (tokens / GiB), ``--max-num-batched-tokens`` and ``--chunk-size`` bound each step's
+prefill work (chunked prefill), ``--disable-prefix-cache`` turns the radix cache off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+
+__all__ = ["main", "parse_args"]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse the command line (see the module docstring)."""
+    p = argparse.ArgumentParser(
+        prog="python -m prefixgate.local_engine",
+        description="Serve a model with the prefixgate engine over an OpenAI-compatible API.")
+    p.add_argument("--model", required=True, help="HF model directory (safetensors + tokenizer)")
+    p.add_argument("--model-name", default=None, help="name served in /v1/models and answers")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8081)
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:0, mps")
+    p.add_argument("--dtype", default=None, help="weights dtype: float32, bfloat16, float16")
+    p.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: weights dtype)")
+    p.add_argument("--num-kv-slots", type=int, default=None, help="KV pool size in tokens")
+    p.add_argument("--kv-memory-gb", type=float, default=None, help="KV pool size in GiB")
+    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--chunk-size", type=int, default=512)
+    p.add_argument("--max-running", type=int, default=64)
+    p.add_argument("--max-context-len", type=int, default=None,
+                   help="cap on prompt + completion tokens (default: the model's)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--disable-prefix-cache", action="store_true")
+    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-stats-interval", type=float, default=10.0,
+                   help="seconds between engine status log lines while busy (0: off)")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Build the engine from the flags and serve it until interrupted."""
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    import uvicorn
+
+    from prefixgate.local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.server import build_app
+
+    cfg = EngineConfig(
+        model_path=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        kv_dtype=args.kv_dtype,
+        num_kv_slots=args.num_kv_slots,
+        kv_memory_gb=args.kv_memory_gb,
+        page_size=args.page_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        chunk_size=args.chunk_size,
+        max_running=args.max_running,
+        enable_prefix_cache=not args.disable_prefix_cache,
+        model_name=args.model_name,
+        max_context_len=args.max_context_len,
+    )
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    engine = Engine(cfg)
+    try:
+        app = build_app(engine, log_stats_interval_s=args.log_stats_interval or None)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,353 @@
+"""The engine: a background step loop and the facade the HTTP server and benchmarks use.
+
+One daemon thread owns the model, the KV pool, the radix tree and the scheduler. Callers talk to
+it through a command queue (add / abort / stop); results come back through a per-request sink
+called on the engine thread (``generate`` forwards them into its asyncio loop). Each step:
+schedule → forward → sample → stop checks → release finished requests → emit outputs.
+
+    engine = Engine(EngineConfig(model_path="~/.cache/prefixgate/models/SmolLM2-135M-Instruct"))
+    async for out in engine.generate(ids, SamplingParams(max_tokens=32, temperature=0)):
+        print(out.text_delta, end="")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from prefixgate.local_engine.api_types import EngineConfig, PromptTooLong, RequestOutput, SamplingParams
+from prefixgate.local_engine.detokenizer import IncrementalDetokenizer
+from prefixgate.local_engine.kv_pool import KVPool, ReqToTokenTable
+from prefixgate.local_engine.model import load_model, split_model_path
+from prefixgate.local_engine.model_runner import ModelRunner
+from prefixgate.local_engine.radix_cache import RadixCache
+from prefixgate.local_engine.sampler import make_generator, sample
+from prefixgate.local_engine.scheduler import Scheduler
+from prefixgate.local_engine.sequence import Sequence, Status
+
+__all__ = ["Engine", "EngineConfig", "PromptTooLong", "RequestOutput", "SamplingParams"]
+
+log = logging.getLogger("local_engine")
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+DEFAULT_KV_GB = {"cpu": 1.0, "cuda": 16.0}
+
+Sink = Callable[[RequestOutput | BaseException], None]
+
+
+def _dtype(name: str | None, default: torch.dtype) -> torch.dtype:
+    if name is None:
+        return default
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r} (one of {sorted(DTYPES)})")
+    return DTYPES[name]
+
+
+def _load_tokenizer(model_path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    d, gguf = split_model_path(model_path)
+    return AutoTokenizer.from_pretrained(d, gguf_file=gguf) if gguf else AutoTokenizer.from_pretrained(d)
+
+
+def _eos_ids(model_path: str, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    try:
+        from transformers import GenerationConfig
+
+        d, _ = split_model_path(model_path)
+        eos = GenerationConfig.from_pretrained(d).eos_token_id
+        ids.update([eos] if isinstance(eos, int) else list(eos or []))
+    except (OSError, ValueError):
+        pass
+    return ids
+
+
+class Engine:
+    """Continuous-batching engine with radix-tree prefix KV reuse (see module docstring).
+
+    Attributes: ``tokenizer`` (HF tokenizer of the model), ``model_name``, ``max_context_len``
+    (prompt + completion tokens one request may hold), ``cfg``.
+    Raises ``OSError`` / ``ValueError`` from loading when the model is missing or unsupported.
+    """
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        self.cfg = cfg
+        self.device = torch.device(cfg.device)
+        dev_kind = self.device.type
+        self.dtype = _dtype(cfg.dtype, torch.float32 if dev_kind == "cpu" else torch.bfloat16)
+        kv_dtype = _dtype(cfg.kv_dtype, self.dtype)
+        path = str(Path(cfg.model_path).expanduser())
+        self.tokenizer = _load_tokenizer(path)
+        self.model = load_model(path, self.device, self.dtype)
+        args = self.model.args
+        self.model_name = cfg.model_name or Path(split_model_path(path)[1] or path).name.removesuffix(".gguf")
+        ctx = min(cfg.max_context_len or args.max_position_embeddings, args.max_position_embeddings)
+        if cfg.num_kv_slots is not None:
+            slots = cfg.num_kv_slots
+        else:
+            gb = cfg.kv_memory_gb or DEFAULT_KV_GB.get(dev_kind, 1.0)
+            slots = KVPool.slots_for_budget(gb, args.num_layers, args.num_kv_heads, args.head_dim, kv_dtype)
+            if cfg.kv_memory_gb is None:
+                slots = min(slots, cfg.max_running * ctx)
+        self.pool = KVPool(args.num_layers, slots, args.num_kv_heads, args.head_dim, kv_dtype,
+                           self.device, cfg.page_size)
+        self.max_context_len = min(ctx, self.pool.num_slots)
+        self.table = ReqToTokenTable(cfg.max_running, self.max_context_len, self.device)
+        self.cache = RadixCache(cfg.page_size) if cfg.enable_prefix_cache else None
+        self.scheduler = Scheduler(self.pool, self.table, self.cache, cfg.max_num_batched_tokens,
+                                   cfg.chunk_size, cfg.max_running)
+        self.runner = ModelRunner(self.model, self.pool, self.table, self.max_context_len,
+                                  self.device, self.dtype)
+        self.eos_ids = _eos_ids(path, self.tokenizer)
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._seqs: dict[str, Sequence] = {}
+        self._timing = {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "decode_tokens": 0}
+        self._stopped = False
+
+    # -- request construction (caller's thread) ------------------------------------------------
+    def _make_seq(self, prompt_ids: list[int], params: SamplingParams, extra_key: bytes | None,
+                  request_id: str | None, sink: Sink) -> Sequence:
+        params.validate()
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty")
+        if len(prompt_ids) >= self.max_context_len:
+            raise PromptTooLong(
+                f"prompt of {len(prompt_ids)} tokens leaves no room for a completion within the "
+                f"context of {self.max_context_len} tokens")
+        vocab = self.model.args.vocab_size
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise ValueError(f"token id out of range [0, {vocab})")
+        max_tokens = min(params.max_tokens, self.max_context_len - len(prompt_ids))
+        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)
+        return Sequence(
+            request_id=request_id or uuid.uuid4().hex,
+            prompt_ids=list(prompt_ids),
+            params=params,
+            max_tokens=max_tokens,
+            extra_key=extra_key,
+            generator=make_generator(params.seed, self.device),  # same device as the logits
+            detok=IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop),
+            stop_ids=stop_ids,
+            sink=sink,
+        )
+
+    def _submit(self, seq: Sequence) -> None:
+        if self._stopped:
+            raise RuntimeError("engine is shut down")
+        self._ensure_thread()
+        self._inbox.put(("add", seq))
+
+    def _ensure_thread(self) -> None:
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
+                self._thread.start()
+
+    # -- facade --------------------------------------------------------------------------------
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       extra_key: bytes | None = None,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream one request: one ``RequestOutput`` per decode step, the last has ``finished``.
+
+        Raises ``PromptTooLong`` / ``ValueError`` before streaming for bad input. Closing or
+        cancelling the iterator aborts the request and frees its slots.
+        """
+        loop = asyncio.get_running_loop()
+        outq: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+        def sink(item: RequestOutput | BaseException) -> None:
+            loop.call_soon_threadsafe(outq.put_nowait, item)
+
+        seq = self._make_seq(prompt_ids, params, extra_key, request_id, sink)
+        self._submit(seq)
+        done = False
+        try:
+            while True:
+                item = await outq.get()
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                done = item.finished
+                yield item
+                if done:
+                    return
+        finally:
+            if not done:
+                self.abort(seq.request_id)
+
+    def generate_batch(self, prompts: list[list[int]],
+                       params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
+        """Run ``prompts`` to completion (blocking); returns each one's completion token ids."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError("one SamplingParams per prompt, or a single one")
+        results: list[list[int]] = [[] for _ in prompts]
+        errors: list[BaseException] = []
+        remaining = [len(prompts)]
+        cond = threading.Condition()
+
+        def make_sink(i: int) -> Sink:
+            def sink(item: RequestOutput | BaseException) -> None:
+                with cond:
+                    if isinstance(item, BaseException):
+                        errors.append(item)
+                        remaining[0] -= 1
+                    else:
+                        results[i].extend(item.new_token_ids)
+                        if item.finished:
+                            remaining[0] -= 1
+                    cond.notify_all()
+            return sink
+
+        seqs = [self._make_seq(p, sp, None, None, make_sink(i))
+                for i, (p, sp) in enumerate(zip(prompts, plist))]
+        for s in seqs:
+            self._submit(s)
+        with cond:
+            while remaining[0] > 0:
+                cond.wait(timeout=1.0)
+        if errors:
+            raise errors[0]
+        return results
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request (waiting or running) and free its slots; unknown ids are ignored."""
+        self._inbox.put(("abort", request_id))
+
+    def stats(self) -> dict[str, float | int]:
+        """Counters: KV slots used/total, cache hit and prompt tokens (totals), queue sizes,
+        prefill / decode throughput (tokens/s over steps that did prefill / only decode),
+        retractions and evicted slots (totals)."""
+        st = self.scheduler.stats
+        t = self._timing
+        return {
+            "kv_slots_used": self.pool.used_slots,
+            "kv_slots_total": self.pool.num_slots,
+            "kv_slots_cached": self.cache.total_size if self.cache else 0,
+            "cache_hit_tokens_total": st.cache_hit_tokens,
+            "prompt_tokens_total": st.prompt_tokens,
+            "prefill_tokens_total": st.prefill_tokens,
+            "decode_tokens_total": st.decode_tokens,
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "retractions_total": st.retractions,
+            "evicted_slots_total": st.evicted_slots,
+            "prefill_tokens_per_s": t["prefill_tokens"] / t["prefill_s"] if t["prefill_s"] else 0.0,
+            "decode_tokens_per_s": t["decode_tokens"] / t["decode_s"] if t["decode_s"] else 0.0,
+        }
+
+    def shutdown(self) -> None:
+        """Stop the step loop (running requests get an abort output) and join the thread."""
+        self._stopped = True
+        if self._thread is not None:
+            self._inbox.put(("stop", None))
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    # -- the loop (engine thread) --------------------------------------------------------------
+    def _loop(self) -> None:
+        with torch.inference_mode():
+            while True:
+                try:
+                    cmd = self._inbox.get(block=not self.scheduler.has_work())
+                except queue.Empty:
+                    cmd = None
+                while cmd is not None:
+                    if not self._handle(cmd):
+                        self._abort_all()
+                        return
+                    try:
+                        cmd = self._inbox.get_nowait()
+                    except queue.Empty:
+                        cmd = None
+                if self.scheduler.has_work():
+                    try:
+                        self.step()
+                    except Exception as exc:
+                        log.exception("engine step failed")
+                        self._fail_all(exc)
+
+    def _handle(self, cmd: tuple[str, Any]) -> bool:
+        kind, arg = cmd
+        if kind == "stop":
+            return False
+        if kind == "add":
+            self._seqs[arg.request_id] = arg
+            self.scheduler.add(arg)
+        elif kind == "abort":
+            seq = self.scheduler.abort(arg)
+            if seq is not None:
+                self._emit(seq, final=True)
+        return True
+
+    def _abort_all(self) -> None:
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self.scheduler.abort(seq.request_id)
+            self._emit(seq, final=True)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self.scheduler.abort(seq.request_id)
+            self._seqs.pop(seq.request_id, None)
+            seq.sink(exc)
+
+    def _emit(self, seq: Sequence, final: bool = False) -> None:
+        text = seq.detok.take(final=final)
+        if seq.status is Status.FINISHED:
+            self._seqs.pop(seq.request_id, None)
+        seq.sink(seq.output(text))
+
+    def step(self) -> None:
+        """One scheduling + forward + sampling step (engine thread only)."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return
+        t0 = time.perf_counter()
+        for it in batch:  # the end of each new request's queueing (RequestOutput.scheduled_at)
+            if it.seq.scheduled_at is None:
+                it.seq.scheduled_at = t0
+        logits, ready_seqs = self.runner.run(batch)
+        tokens = sample(logits, [s.params for s in ready_seqs], [s.generator for s in ready_seqs])
+        dt = time.perf_counter() - t0
+        n_tokens = sum(it.n for it in batch)
+        if all(it.n == 1 and it.start > 0 for it in batch):
+            self._timing["decode_s"] += dt
+            self._timing["decode_tokens"] += n_tokens
+        else:
+            self._timing["prefill_s"] += dt
+            self._timing["prefill_tokens"] += n_tokens
+        self.scheduler.complete_step(batch)
+        for seq, tok in zip(ready_seqs, tokens):
+            self._append(seq, tok)
+
+    def _append(self, seq: Sequence, tok: int) -> None:
+        seq.token_ids.append(tok)
+        seq.pending_ids.append(tok)
+        if tok in seq.stop_ids or seq.detok.add(tok):
+            seq.finish_reason = "stop"
+        elif seq.num_completion >= seq.max_tokens:
+            seq.finish_reason = "length"
+        if seq.finish_reason is not None:
+            self.scheduler.finish(seq)
+        self._emit(seq, final=seq.finish_reason is not None)
+
+
+def clone_params(params: SamplingParams, **changes: Any) -> SamplingParams:
+    """A copy of ``params`` with ``changes`` applied (convenience for callers and tests)."""
+    return replace(params, **changes)

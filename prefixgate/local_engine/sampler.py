@@ -1,0 +1,55 @@
+"""Next-token sampling: greedy, temperature, top-k, top-p, with a generator per request.
+
+Rows with temperature 0 take the argmax. Other rows are scaled by 1/temperature, filtered by
+top-k then top-p (nucleus, Holtzman et al. 2019: keep the smallest set of tokens whose
+probability mass reaches p, always at least one), and drawn with ``torch.multinomial`` from the
+request's own ``torch.Generator`` — so a seeded request gives the same tokens whatever else is in
+the batch.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from prefixgate.local_engine.api_types import SamplingParams
+
+
+def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    """A generator seeded with ``seed`` (or a fresh random seed when None)."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed if seed is not None else random.getrandbits(63))
+    return gen
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask ``logits [V]`` outside top-k and top-p to -inf (returns a new tensor)."""
+    out = logits
+    if 0 < top_k < out.shape[-1]:
+        kth = torch.topk(out, top_k).values[-1]
+        out = out.masked_fill(out < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(out, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        drop_sorted = mass_before >= top_p
+        drop_sorted[0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        out = out.masked_fill(drop, float("-inf"))
+    return out
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams],
+           generators: list[torch.Generator]) -> list[int]:
+    """Pick one token per row of ``logits [B, V]`` (fp32) with row ``i``'s params and generator."""
+    greedy = logits.argmax(dim=-1).tolist()
+    out: list[int] = []
+    for i, p in enumerate(params):
+        if p.temperature == 0 or p.top_k == 1:
+            out.append(int(greedy[i]))
+            continue
+        row = filter_logits(logits[i] / p.temperature, p.top_k, p.top_p)
+        probs = torch.softmax(row, dim=-1)
+        out.append(int(torch.multinomial(probs, 1, generator=generators[i]).item()))
+    return out

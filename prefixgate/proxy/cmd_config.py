@@ -1,0 +1,46 @@
+"""``prefixgate config check FILE``: validate a policy file, print each error with its YAML path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from prefixgate.config.diagnose import diagnose
+from prefixgate.config.loader import PolicyError, load_policy
+
+
+def check(file: Path = typer.Argument(..., help="policy YAML file")) -> None:
+    """Check a policy file: every problem in one run, then warnings.
+
+    Prints ``<file>: <yaml.path>: <message>`` per problem (exit 1) and ``<file>: warning:
+    <yaml.path>: <message>`` per warning (an unset ``${ENV}`` key), or ``ok``."""
+    problems, warnings = diagnose(file)
+    for path, msg in problems:
+        typer.echo(f"{file}: {path or '<root>'}: {msg}", err=True)
+    for path, msg in warnings:
+        typer.echo(f"{file}: warning: {path}: {msg}", err=True)
+    if problems:
+        raise typer.Exit(1)
+    try:
+        policy = load_policy(file)
+    except PolicyError as e:  # a check diagnose() does not make: still every problem
+        for path, msg in e.problems:
+            typer.echo(f"{file}: {path or '<root>'}: {msg}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{file}: ok ({len(policy.backends)} backends, {len(policy.routes)} routes)")
+
+
+def reference() -> None:
+    """Print the policy reference (every key, type, default, example) as Markdown."""
+    from prefixgate.config.reference import policy_reference
+
+    typer.echo(policy_reference(), nl=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``config`` command group."""
+    group = typer.Typer(help="Check policy files.", no_args_is_help=True)
+    group.command("check")(check)
+    group.command("reference")(reference)
+    app.add_typer(group, name="config")

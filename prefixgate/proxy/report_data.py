@@ -1,0 +1,123 @@
+"""The figures ``prefixgate report`` prints (:mod:`prefixgate.proxy.cmd_report`), computed from ledger rows.
+
+:func:`group_figures` summarizes rows per ``route`` / ``model`` / ``tenant`` (the proxy key id
+a request authenticated with, ``-`` without keys) / ``day`` (UTC date); :func:`saved_figures`
+is the opening "saved" line; :func:`error_figures` the ``--errors`` table. Every figure is a
+plain sum or percentile of ledger columns, so the report equals the ledger.
+
+Money: ``input_usd`` / ``cf_input_usd`` are summed over rows priced both ways (the request as
+sent, and the client's own body); ``saved_usd`` is their difference, ``saved_pct`` its share of
+``cf_input_usd``. Tokens: ``saved_tokens = (cached - cf_cached) + pruned`` over rows with a
+counterfactual. TTFT: ``ttft_reported`` counts rows whose TTFT the backend reported (a
+non-streamed answer; ledger ``ttft_source = reported``), the others were timed by the proxy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from prefixgate.cache.holdout_stats import holdout_report
+from prefixgate.proxy.stats import percentile, summarize
+
+BY = ("route", "model", "tenant", "day")
+
+
+def group_key(row: Mapping[str, Any], by: str) -> str:
+    """The group of ``row`` for ``by`` (one of :data:`BY`)."""
+    if by == "day":
+        return time.strftime("%Y-%m-%d", time.gmtime(row.get("ts") or 0))
+    if by == "tenant":
+        return row.get("key_id") or "-"
+    return row.get(by) or "-"
+
+
+def money(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``input_usd``, ``cf_input_usd``, ``saved_usd``, ``saved_pct``, ``priced`` (rows
+    priced both ways); None figures when no row is."""
+    priced = [r for r in rows if r.get("input_usd") is not None
+              and r.get("cf_input_usd") is not None]
+    if not priced:
+        return {"priced": 0, "input_usd": None, "cf_input_usd": None, "saved_usd": None,
+                "saved_pct": None}
+    inp = sum(r["input_usd"] for r in priced)
+    cf = sum(r["cf_input_usd"] for r in priced)
+    return {"priced": len(priced), "input_usd": inp, "cf_input_usd": cf, "saved_usd": cf - inp,
+            "saved_pct": (cf - inp) / cf if cf else None}
+
+
+def token_savings(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``cf_cached_share`` and ``saved_tokens`` (module docstring)."""
+    cf = [r for r in rows if r.get("cf_cached_tokens") is not None
+          and r.get("prompt_tokens") is not None]
+    p = sum(r["prompt_tokens"] for r in cf)
+    reuse = sum((r.get("cached_tokens") or 0) - r["cf_cached_tokens"] for r in cf)
+    return {"cf_cached_share": (sum(r["cf_cached_tokens"] for r in cf) / p) if p else None,
+            "saved_tokens": reuse + sum(r.get("tokens_pruned") or 0 for r in rows)}
+
+
+def figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Every figure of one group of rows (see module docstring)."""
+    s = summarize(rows)
+    s.update(money(rows))
+    s.update(token_savings(rows))
+    s["ttft_reported"] = sum(1 for r in rows if r.get("ttft_source") == "reported")
+    s["no_usage"] = sum(1 for r in rows if r.get("prompt_tokens") is None)
+    s["holdout"] = sum(1 for r in rows if r.get("holdout"))
+    return s
+
+
+def group_figures(rows: Iterable[Mapping[str, Any]], by: str) -> list[dict[str, Any]]:
+    """``[{by: key, **figures}]`` sorted by key. Raises ValueError for an unknown ``by``."""
+    if by not in BY:
+        raise ValueError(f"--by must be one of {', '.join(BY)}")
+    groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in rows:
+        groups[group_key(r, by)].append(r)
+    return [{by: k, **figures(rs)} for k, rs in sorted(groups.items())]
+
+
+def saved_figures(rows: Sequence[Mapping[str, Any]], seed: int = 0) -> dict[str, Any]:
+    """The "saved" line: money, tokens, and TTFT p50 rewritten minus holdout (ms, negative =
+    faster; None without holdout requests on both sides) with the holdout verdict."""
+    out = {**money(rows), **token_savings(rows), "requests": len(rows)}
+    ok = [r for r in rows if (r.get("status") or "ok") == "ok"]
+    rw = [r["ttft_ms"] for r in ok if not r.get("holdout") and r.get("ttft_ms") is not None]
+    ho = [r["ttft_ms"] for r in ok if r.get("holdout") and r.get("ttft_ms") is not None]
+    a, b = percentile(rw, 50), percentile(ho, 50)
+    out["ttft_p50_diff_ms"] = None if a is None or b is None else a - b
+    out["ttft_p50_ms"] = percentile([r["ttft_ms"] for r in ok if r.get("ttft_ms") is not None],
+                                    50)
+    out["n_rewritten"], out["n_holdout"] = len(rw), len(ho)
+    out["holdout_verdict"] = holdout_report(rows, seed)["verdict"] if ho else None
+    out["cf_source"] = cf_sources(rows)
+    return out
+
+
+def cf_sources(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """How each row's counterfactual was obtained (ledger ``cf_source``): counts of
+    ``measured`` / ``modelled`` / ``holdout`` / ``none``, so a report never mixes them silently."""
+    out = {"measured": 0, "modelled": 0, "holdout": 0, "none": 0}
+    for r in rows:
+        src = r.get("cf_source") or ("holdout" if r.get("holdout") else "none")
+        out[src if src in out else "none"] += 1
+    return out
+
+
+def error_figures(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Failed requests grouped by (status, http_status, error): ``count``, ``last_ts``,
+    ``routes`` (sorted), largest count first."""
+    acc: dict[tuple[str, int, str], dict[str, Any]] = {}
+    for r in rows:
+        if (r.get("status") or "ok") == "ok":
+            continue
+        key = (r["status"], int(r.get("http_status") or 0), (r.get("error") or "")[:60])
+        e = acc.setdefault(key, {"status": key[0], "http_status": key[1], "error": key[2],
+                                 "count": 0, "last_ts": 0.0, "routes": set()})
+        e["count"] += 1
+        e["last_ts"] = max(e["last_ts"], r.get("ts") or 0.0)
+        e["routes"].add(r.get("route") or "-")
+    out = [{**e, "routes": sorted(e["routes"])} for e in acc.values()]
+    return sorted(out, key=lambda e: (-e["count"], e["status"]))

@@ -1,0 +1,197 @@
+"""The rewrite pipeline: :func:`rewrite_request`, the public entry point of ``rewriter``.
+
+Order (DESIGN.md, "A request's path" step 4)::
+
+    canonicalize_tools -> hoist_volatile -> stabilise_passages -> prune_tools -> prune_rag
+    -> prune_history -> place_breakpoints
+
+Each pass is a module exposing ``run(prompt: Prompt, ctx: Context) -> (Prompt, list[Edit])``,
+listed in :data:`PASSES` (plain imports) with the ``RewriteSettings`` switch that turns it on.
+Fail-open, per pass: if a pass raises, or its output breaks an API
+rule its input did not break (:func:`prefixgate.rewriter.validate.introduced`), its output is dropped, its
+memory updates too, and an ``Edit(applied=False)`` says why; the next pass runs on its input.
+When nothing applied, the caller's body object is returned as is (byte-identical forwarding).
+
+Honest edits, by construction: a pass whose output renders to its input's bytes (key order
+included, :func:`same_wire`) has its applied Edits turned into ``applied=False`` ("left the
+prompt unchanged"; its memory updates are kept), and when the rendered body's bytes equal the
+client's body's, every Edit is, and the client's body object is returned. So
+``edits`` / ``x-prefixgate-edits`` name a pass only when the body it produced differs.
+
+Time budget: with ``ctx.deadline`` set, :class:`OverBudget` is raised before a pass (or the
+render) that would start past it; the caller sends the client's request unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from prefixgate.rewriter import (
+    breakpoints,
+    canonicalize_tools,
+    hoist_volatile,
+    prune_history,
+    prune_rag,
+    prune_tools,
+    stabilise_passages,
+    wire,
+    wire_anthropic,
+    wire_openai,
+)
+from prefixgate.rewriter.ir import Api, Prompt
+from prefixgate.rewriter.stable import stable_prefix_hash
+from prefixgate.rewriter.types import Context, Edit, RewriteResult
+from prefixgate.rewriter.validate import introduced
+
+PassFn = Callable[[Prompt, Context], tuple[Prompt, list[Edit]]]
+UNCHANGED = "left the prompt unchanged"
+
+
+class OverBudget(Exception):
+    """The rewrite passed ``ctx.deadline``; ``stage`` names the pass (or ``render``) not run."""
+
+    def __init__(self, stage: str) -> None:
+        super().__init__(f"time budget spent before {stage}")
+        self.stage = stage
+
+
+def check_deadline(ctx: Context, stage: str) -> None:
+    """Raise :class:`OverBudget` when ``ctx.deadline`` (monotonic seconds) has passed."""
+    if ctx.deadline is not None and time.monotonic() > ctx.deadline:
+        raise OverBudget(stage)
+
+
+def wire_bytes(value: Any) -> bytes:
+    """Compact JSON of ``value`` in key order (orjson; stdlib json for integers over 64 bits)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def same_wire(a: Prompt, b: Prompt) -> bool:
+    """True when ``a`` and ``b`` render to the same bytes. Key order counts (dict ``==`` does
+    not see a reordering); nodes shared by identity are not rendered, so a pass that touched
+    one message costs one message's rendering."""
+    if a is b:
+        return True
+    if (a.api, a.key_order, a.system_present) != (b.api, b.key_order, b.system_present):
+        return False
+    if a.params is not b.params and wire_bytes(a.params) != wire_bytes(b.params):
+        return False
+    if (a.tools is None) != (b.tools is None) or len(a.tools or ()) != len(b.tools or ()):
+        return False
+    for t, u in zip(a.tools or (), b.tools or ()):
+        if t is not u and wire_bytes(t.raw) != wire_bytes(u.raw):
+            return False
+    render = wire_openai.render_message if a.api == "openai" else wire_anthropic.render_message
+    for xs, ys in ((a.system, b.system), (a.messages, b.messages)):
+        if len(xs) != len(ys):
+            return False
+        for m, n in zip(xs, ys):
+            if m is not n and wire_bytes(render(m)) != wire_bytes(render(n)):
+                return False
+    return True
+
+
+def _unapplied(edits: list[Edit], why: str) -> list[Edit]:
+    """``edits`` with every applied one turned into ``applied=False`` (``why`` appended)."""
+    return [replace(e, applied=False, detail=f"{e.detail} ({why})") if e.applied else e
+            for e in edits]
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    """One pipeline stage: Edit name, ``RewriteSettings`` switch, module path (documentation:
+    where ``fn`` lives), and ``fn``, the pass itself (None: the stage is skipped)."""
+
+    name: str
+    switch: str
+    module: str
+    fn: PassFn | None = None
+
+
+PASSES: tuple[PassSpec, ...] = (
+    PassSpec("canonicalize_tools", "canonicalize_tools", "prefixgate.rewriter.canonicalize_tools",
+             canonicalize_tools.run),
+    PassSpec("hoist_volatile", "hoist_volatile", "prefixgate.rewriter.hoist_volatile", hoist_volatile.run),
+    PassSpec("stabilise_passages", "stabilise_passages", "prefixgate.rewriter.stabilise_passages",
+             stabilise_passages.run),
+    PassSpec("prune_tools", "prune_tools", "prefixgate.rewriter.prune_tools", prune_tools.run),
+    PassSpec("prune_rag", "prune_rag", "prefixgate.rewriter.prune_rag", prune_rag.run),
+    PassSpec("prune_history", "prune_history", "prefixgate.rewriter.prune_history", prune_history.run),
+    PassSpec("place_breakpoints", "place_breakpoints", "prefixgate.rewriter.breakpoints", breakpoints.run),
+)
+
+
+def _load(spec: PassSpec) -> PassFn | None:
+    return spec.fn
+
+
+def run_passes(prompt: Prompt, ctx: Context,
+               passes: tuple[PassSpec, ...] = PASSES) -> tuple[Prompt, list[Edit]]:
+    """Run the enabled passes in order with per-pass validation (see module docstring)."""
+    edits: list[Edit] = []
+    for spec in passes:
+        if not getattr(ctx.settings, spec.switch, False):
+            continue
+        fn = _load(spec)
+        if fn is None:
+            continue
+        check_deadline(ctx, spec.name)
+        try:
+            out, pass_edits = fn(prompt, ctx)
+        except Exception as e:  # noqa: BLE001 - fail-open: a broken pass must not break the request
+            edits.append(Edit(spec.name, False, "all", f"pass failed, input kept: "
+                              f"{type(e).__name__}: {str(e)[:200]}"))
+            continue
+        bad = introduced(prompt, out)
+        if bad:
+            edits.append(Edit(spec.name, False, "all",
+                              "output invalid, input kept: " + ",".join(bad[:5])))
+            continue
+        if same_wire(out, prompt):  # the body it produced is its input: listed, never as applied
+            edits.extend(_unapplied(pass_edits, UNCHANGED))
+            prompt = out  # same bytes; IR-only flags (``volatile``) still reach later passes
+            continue
+        edits.extend(pass_edits)
+        prompt = out
+    return prompt, edits
+
+
+def rewrite_request(body: dict[str, Any], api: Api, ctx: Context) -> RewriteResult:
+    """Rewrite one request body for prefix-cache reuse.
+
+    ``body``: Chat Completions (``api="openai"``) or Messages (``api="anthropic"``) request
+    JSON; never mutated. Returns the body to send upstream (the same object when nothing
+    changed, including when ``ctx.settings.enabled`` is False), every pass's Edits, and the
+    ``stable_prefix_hash`` of the rewritten tools + system region. Deterministic: the same
+    body and ``ctx.session`` give the same bytes. Raises ``ValueError`` only for an unknown api,
+    :class:`OverBudget` past ``ctx.deadline``.
+    """
+    prompt = wire.parse(body, api)
+    if not ctx.settings.enabled:
+        return RewriteResult(body, [Edit("pipeline", False, "all", "rewrite disabled")],
+                             stable_prefix_hash(prompt))
+    out, edits = run_passes(prompt, ctx)
+    if not any(e.applied for e in edits):
+        return RewriteResult(body, edits, stable_prefix_hash(out))
+    check_deadline(ctx, "render")
+    final = wire.render(out)
+    if wire_bytes(final) == wire_bytes(body):  # e.g. only IR-only flags changed
+        return RewriteResult(body, _unapplied(edits, UNCHANGED), stable_prefix_hash(out))
+    return RewriteResult(final, edits, stable_prefix_hash(out))
+
+
+def session_updates(result: RewriteResult) -> dict[str, Any]:
+    """Merged ``Edit.memory`` of a result (later edits win): what the proxy writes back."""
+    merged: dict[str, Any] = {}
+    for e in result.edits:
+        merged.update(e.memory)
+    return merged
