@@ -176,7 +176,7 @@ def test_off_without_otlp_variables_imports_no_sdk(tmp_path: Path) -> None:
     code = (
         "import sys\n"
         "from tests.proxy.conftest import make_policy\n"
-        "from proxy.app import build_app\n"
+        "from prefixgate.proxy.app import build_app\n"
         f"app = build_app(make_policy('http://127.0.0.1:9', {str(tmp_path / 'l.sqlite')!r}),"
         " rewrite_fn=None)\n"
         "assert app.state.proxy.otel is None\n"
