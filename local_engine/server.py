@@ -37,6 +37,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from local_engine.constrained import tool_call_processor
 from local_engine.engine import Engine, PromptTooLong, RequestOutput, SamplingParams
 from local_engine.metrics import CONTENT_TYPE, EngineMetrics, stats_log_line
 from local_engine.protocol import (
@@ -61,6 +62,7 @@ from local_engine.tokenize_api import (
     detokenize,
     tokenize,
 )
+from local_engine.tool_mask import resolve_tool_constraint
 
 __all__ = ["build_app"]
 
@@ -153,6 +155,10 @@ def _chat_job(engine: Engine, req: ChatCompletionRequest) -> _Job:
     _check_common(req)
     prompt_ids = chat_prompt_ids(engine.tokenizer, req.messages, req.tools)
     params = _sampling(req, len(prompt_ids), engine.max_context_len, "messages")
+    constraint = resolve_tool_constraint(req.tools, req.tool_choice)
+    if constraint is not None:  # tool_choice binds: calls masked at decode time
+        params.logits_processors = [tool_call_processor(engine.tokenizer, req.tools or [],
+                                                        constraint)]
     return _Job(
         kind="chat",
         prompt_ids=prompt_ids,
