@@ -320,7 +320,7 @@ async def _passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     if rewrite_wanted(request.headers, policy.rewrite) and not ex.row.holdout:
         ctx = Context(settings=policy.rewrite, model=ex.row.model, provider=ex.target.provider,
                       session_id=ex.session_id, session=state.sessions.get(ex.session_id),
-                      now_s=time.time())
+                      now_s=time.time(), masks_tools=ex.target.backend.kind == "local")
     ex.rw = await rewrite_off_loop(state.rewrite_fn, ex.body, ex.raw, ex.api, ctx)
     ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
     if policy.rewrite.edit_detail_header and ctx is not None:  # opt-in (proxy.edit_detail)
