@@ -71,3 +71,20 @@ def test_none_forbids_calls(base_url: str) -> None:
 def test_unknown_named_tool_is_a_400(base_url: str) -> None:
     r = _chat(base_url, "hi", {"type": "function", "function": {"name": "nope"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+
+
+@pytest.mark.slow
+def test_forced_choice_on_smollm2_is_always_a_valid_call() -> None:
+    from local_engine.engine import Engine, EngineConfig
+    from local_engine.server import build_app
+    from tests.tiny_model import real_model_dir
+
+    eng = Engine(EngineConfig(model_path=str(real_model_dir()), max_context_len=2048))
+    try:
+        with serve_app(build_app(eng)) as url:
+            for choice in CHOICES:
+                for prompt in PROMPTS[:2]:
+                    r = _chat(url, prompt, choice, temperature=0, max_tokens=200)
+                    assert valid_forced_answer(r.json(), choice), r.json()["choices"][0]
+    finally:
+        eng.shutdown()
