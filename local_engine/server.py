@@ -2,7 +2,8 @@
 
 Routes::
 
-    POST /v1/chat/completions   chat (stream and non-stream, tools -> tool_calls)
+    POST /v1/chat/completions   chat (stream and non-stream, tools -> tool_calls; a forcing
+                                tool_choice / allowed_tools binds: tool_mask.py, constrained.py)
     POST /v1/completions        raw prompt (string or token ids)
     GET  /v1/models             {"object": "list", "data": [{"id": <model>, ...}]}
     POST /tokenize              vLLM's: prompt or messages (+ tools) -> {"tokens", "count",

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import lru_cache
 
@@ -183,7 +183,7 @@ def allowed_tools_choice(names: Sequence[str], client_choice: object) -> dict[st
 
 
 def _mask(prompt: Prompt, tools: Sequence[Tool], keep: set[str], how: str,
-          memory: dict[str, object]) -> tuple[Prompt, list[Edit]]:
+          memory: Mapping[str, object]) -> tuple[Prompt, list[Edit]]:
     """Masking instead of removal (``ctx.masks_tools``): the tool list stays byte-identical,
     ``tool_choice`` becomes ``allowed_tools`` over the kept names; nothing is removed."""
     names = [t.name for t in tools if t.name in keep]
