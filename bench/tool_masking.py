@@ -111,10 +111,12 @@ def main() -> int:
     ap.add_argument("--phase", choices=["forced", "replay", "all"], default="all")
     ap.add_argument("--requests", type=int, default=6)
     ap.add_argument("--model-dir", default=str(model_dir()))
+    ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
     engine = Engine(EngineConfig(model_path=args.model_dir, max_context_len=8192,
                                  model_name="m"))
-    result = json.loads(OUT.read_text()) if OUT.exists() else {"figures": {}}
+    out = Path(args.out)
+    result = json.loads(out.read_text()) if out.exists() else {"figures": {}}
     t0 = time.perf_counter()
     try:
         with serve_app(engine_app(engine)) as engine_url:
@@ -127,7 +129,7 @@ def main() -> int:
     result["command"] = f"nice python bench/tool_masking.py --phase all --requests {args.requests}"
     result["model"] = Path(args.model_dir).name
     result["wall_s"] = round(time.perf_counter() - t0, 1)
-    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["figures"], indent=2))
     f = result["figures"]
     return 0 if f.get("forced_tool_valid_share") in (None, 1.0) else 1
