@@ -37,7 +37,6 @@ from local_engine.engine import Engine, EngineConfig  # noqa: E402
 from local_engine.server import build_app as engine_app  # noqa: E402
 from proxy.app import build_app as proxy_app  # noqa: E402
 from proxy.cmd_replay import send_streaming  # noqa: E402
-from proxy.traces import load_runs, run_requests  # noqa: E402
 from tests.engine_server.forced_tools import (  # noqa: E402
     CHOICES,
     PROMPTS,
@@ -94,9 +93,18 @@ def _side(engine_url: str, kind: str, prune: bool, reqs: list[dict[str, Any]],
             "cached_share": round(cached / prompt, 4) if prompt else None}
 
 
+def tau_requests(n: int) -> list[dict[str, Any]]:
+    """The first ``n`` Chat Completions bodies of tau-bench run 0: one per assistant turn, the
+    conversation before it, with the 14 airline tools."""
+    traj = json.loads(TRACE.read_text())[0]["traj"]
+    tools = json.loads(TAU_TOOLS.read_text())
+    ends = [i for i, m in enumerate(traj) if m.get("role") == "assistant" and i > 0][:n]
+    return [{"model": "m", "messages": traj[:i], "tools": tools} for i in ends]
+
+
 def replay(engine_url: str, n: int) -> dict[str, Any]:
     """Cached share per side over the first ``n`` requests of run 0."""
-    reqs = run_requests(load_runs(TRACE)[0]["traj"], json.loads(TAU_TOOLS.read_text()), "m")[:n]
+    reqs = tau_requests(n)
     with tempfile.TemporaryDirectory() as tmp:
         sides = {name: _side(engine_url, kind, prune, reqs, Path(tmp))
                  for name, (kind, prune) in SIDES.items()}
