@@ -68,6 +68,36 @@ def forced(engine_url: str) -> dict[str, Any]:
     return {"forced_tool_valid_share": valid / total, "forced_requests": total}
 
 
+def mask_cost(model_path: str, steps: int = 300) -> dict[str, Any]:
+    """Per-step cost of the mask on CPU (ms, p50 / p95): a forced call decoded from random
+    logits (the grammar's worst case: long free strings) with the model's tokenizer."""
+    import statistics
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from local_engine.constrained import tool_call_processor
+    from local_engine.tool_mask import resolve_tool_constraint
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    gen = torch.Generator().manual_seed(0)
+    times: list[float] = []
+    while len(times) < steps:
+        proc = tool_call_processor(tok, TOOLS, resolve_tool_constraint(TOOLS, "required"))
+        ids: list[int] = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            logits = proc(ids, torch.randn(len(tok), generator=gen))
+            times.append((time.perf_counter() - t0) * 1e3)
+            nxt = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=gen))
+            if nxt == tok.eos_token_id:
+                break
+            ids.append(nxt)
+    times.sort()
+    return {"mask_ms_per_step_p50": round(statistics.median(times), 3),
+            "mask_ms_per_step_p95": round(times[int(0.95 * len(times))], 3)}
+
+
 def _side(engine_url: str, kind: str, prune: bool, reqs: list[dict[str, Any]],
           tmp: Path) -> dict[str, Any]:
     policy = parse_policy({
@@ -130,6 +160,7 @@ def main() -> int:
         with serve_app(engine_app(engine)) as engine_url:
             if args.phase in ("forced", "all"):
                 result["figures"].update(forced(engine_url))
+                result["figures"].update(mask_cost(args.model_dir))
             if args.phase in ("replay", "all"):
                 result["figures"].update(replay(engine_url, args.requests))
     finally:
