@@ -29,9 +29,10 @@ def _load(name: str) -> dict[str, Any]:
 def main() -> int:
     po, ttl, fan = _load("passage_order.json"), _load("ttl_choice.json"), _load("fanout.json")
     eng = _load("fanout_engine.json")
+    mask = _load("tool_masking.json")
     result = {
         "command": " && ".join([po["command"], ttl["command"], fan["command"], eng["command"],
-                                "python bench/cache_planning.py"]),
+                                mask["command"], "python bench/cache_planning.py"]),
         "figures": {
             "passage_order": {
                 "min_turn2_cached_share": po["figures"]["min_turn2_cached_share"],
@@ -47,11 +48,13 @@ def main() -> int:
                 "first_ttft_s": fan["figures"]["by_n"]["8"]["first_ttft_s"],
                 "local_engine_prefill_cut_by_gating": {
                     n: r["prefill_cut"] for n, r in eng["figures"]["by_n"].items()}},
-            "tool_masking": {"cached_share_masking": None, "cached_share_no_pruning": None,
-                             "forced_tool_valid_share": None},
+            "tool_masking": {k: mask["figures"].get(k) for k in (
+                "cached_share_masking", "cached_share_no_pruning", "cached_share_pruning",
+                "forced_tool_valid_share")},
         },
         "sources": ["bench/results/passage_order.json", "bench/results/ttl_choice.json",
-                    "bench/results/fanout.json", "bench/results/fanout_engine.json"],
+                    "bench/results/fanout.json", "bench/results/fanout_engine.json",
+                    "bench/results/tool_masking.json"],
     }
     (RESULTS / "cache_planning.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["figures"], indent=2))

@@ -1,7 +1,8 @@
 """One async Redis connection for the proxy's shared state, and what happens when Redis is down.
 
 Several proxy replicas (or ``--workers``) share state through Redis: session memory
-(:mod:`prefixgate.cache.session_redis`), and small counters / values (:mod:`prefixgate.cache.shared_state`) for
+(:mod:`prefixgate.cache.session_redis`), and small counters / values (:mod:`prefixgate.cache.shared_state`)
+for
 breakers and affinity load. Every call goes through :meth:`RedisLink.run`, which is
 ``redis.asyncio`` (never a blocking call on the event loop) with a short per-operation timeout.
 

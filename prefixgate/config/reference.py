@@ -75,7 +75,8 @@ def _example(path: str, model: type[BaseModel], example: Any) -> str:
 def policy_reference() -> str:
     """The Markdown text of ``docs/policy.md``."""
     out = ["# Policy file reference", "",
-           "Generated from `prefixgate/config/schema.py` by `python -m prefixgate.config.reference` (do not edit by "
+           "Generated from `prefixgate/config/schema.py` by `python -m prefixgate.config.reference` (do "
+           "not edit by "
            "hand). Check a file with `prefixgate config check FILE`.", ""]
     for path, model, example in SECTIONS:
         out += [f"## `{path}`", "", inspect.cleandoc(model.__doc__ or ""), "",

@@ -5,7 +5,9 @@ These are what the HTTP server and the benchmarks build and read; ``engine.Engin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -50,6 +52,9 @@ class SamplingParams:
     (same seed + same prompt → same tokens, whatever else is in the batch). stop: strings that end
     the completion and are not emitted. stop_token_ids: token ids that end it (EOS too unless
     ``ignore_eos``). max_tokens: completion cap, clipped to what fits the context.
+    logits_processors: per-sequence ``(completion_ids, logits [V]) -> logits [V]`` callables
+    applied in order before sampling (e.g. ``constrained.GrammarProcessor``); stateful, so one
+    set per request.
     """
 
     max_tokens: int = 256
@@ -60,6 +65,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    logits_processors: list[Callable[[list[int], Any], Any]] = field(default_factory=list)
 
     def validate(self) -> None:
         """Raise ``ValueError`` for out-of-range values."""

@@ -31,7 +31,7 @@ from prefixgate.local_engine.kv_pool import KVPool, ReqToTokenTable
 from prefixgate.local_engine.model import load_model, split_model_path
 from prefixgate.local_engine.model_runner import ModelRunner
 from prefixgate.local_engine.radix_cache import RadixCache
-from prefixgate.local_engine.sampler import make_generator, sample
+from prefixgate.local_engine.sampler import apply_logits_processors, make_generator, sample
 from prefixgate.local_engine.scheduler import Scheduler
 from prefixgate.local_engine.sequence import Sequence, Status
 
@@ -323,6 +323,9 @@ class Engine:
             if it.seq.scheduled_at is None:
                 it.seq.scheduled_at = t0
         logits, ready_seqs = self.runner.run(batch)
+        logits = apply_logits_processors(logits, [s.params for s in ready_seqs],
+                                         [s.token_ids[s.num_prompt:] if s.params.logits_processors
+                                          else [] for s in ready_seqs])
         tokens = sample(logits, [s.params for s in ready_seqs], [s.generator for s in ready_seqs])
         dt = time.perf_counter() - t0
         n_tokens = sum(it.n for it in batch)

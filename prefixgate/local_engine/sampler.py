@@ -40,6 +40,20 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return out
 
 
+def apply_logits_processors(logits: torch.Tensor, params: list[SamplingParams],
+                            completions: list[list[int]] | None) -> torch.Tensor:
+    """Run each row's ``params[i].logits_processors`` on row ``i`` of ``logits [B, V]``
+    (``completions[i]``: that row's completion token ids so far). Returns ``logits`` itself
+    when no row has a processor, else a copy with the processed rows replaced."""
+    if not any(p.logits_processors for p in params):
+        return logits
+    out = logits.clone()
+    for i, p in enumerate(params):
+        for proc in p.logits_processors:
+            out[i] = proc(completions[i] if completions else [], out[i])
+    return out
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator]) -> list[int]:
     """Pick one token per row of ``logits [B, V]`` (fp32) with row ``i``'s params and generator."""

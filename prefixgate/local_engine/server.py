@@ -2,7 +2,8 @@
 
 Routes::
 
-    POST /v1/chat/completions   chat (stream and non-stream, tools -> tool_calls)
+    POST /v1/chat/completions   chat (stream and non-stream, tools -> tool_calls; a forcing
+                                tool_choice / allowed_tools binds: tool_mask.py, constrained.py)
     POST /v1/completions        raw prompt (string or token ids)
     GET  /v1/models             {"object": "list", "data": [{"id": <model>, ...}]}
     POST /tokenize              vLLM's: prompt or messages (+ tools) -> {"tokens", "count",
@@ -42,6 +43,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from prefixgate.local_engine.constrained import tool_call_processor
 from prefixgate.local_engine.engine import Engine, PromptTooLong, RequestOutput, SamplingParams
 from prefixgate.local_engine.metrics import CONTENT_TYPE, EngineMetrics, stats_log_line
 from prefixgate.local_engine.protocol import (
@@ -66,6 +68,7 @@ from prefixgate.local_engine.tokenize_api import (
     detokenize,
     tokenize,
 )
+from prefixgate.local_engine.tool_mask import resolve_tool_constraint
 
 __all__ = ["build_app"]
 
@@ -160,6 +163,10 @@ def _chat_job(engine: Engine, req: ChatCompletionRequest) -> _Job:
     _check_common(req)
     prompt_ids = chat_prompt_ids(engine.tokenizer, req.messages, req.tools)
     params = _sampling(req, len(prompt_ids), engine.max_context_len, "messages")
+    constraint = resolve_tool_constraint(req.tools, req.tool_choice)
+    if constraint is not None:  # tool_choice binds: calls masked at decode time
+        params.logits_processors = [tool_call_processor(engine.tokenizer, req.tools or [],
+                                                        constraint)]
     return _Job(
         kind="chat",
         prompt_ids=prompt_ids,

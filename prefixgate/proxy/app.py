@@ -22,7 +22,8 @@ each step is a call into the module that owns it, the request's state in one
              proxy.insight     session memory merged, cache breaks + counterfactual
 
 Invariants (issue 8, classes 1 and 7): whatever can fail on the client's body fails before the
-send; from the send on, the upstream response is closed on every path (:func:`prefixgate.proxy.answer.answer`, then
+send; from the send on, the upstream response is closed on every path
+(:func:`prefixgate.proxy.answer.answer`, then
 :class:`~prefixgate.proxy.relay.StreamRelay`); each request writes exactly one ledger row whose
 ``http_status`` is the status of the response the client got (499 when it got none).
 
@@ -31,12 +32,14 @@ whose API differs from its backend's goes through a bridge (:mod:`prefixgate.pro
 ``GET /v1/models`` (exactly what a client can call, :func:`prefixgate.proxy.probes.list_models`), the
 Responses API (:mod:`prefixgate.proxy.responses_api`), ``/v1/messages/count_tokens``
 (:mod:`prefixgate.proxy.count_tokens`), ``/v1/embeddings``, ``/v1/completions`` and ``/v1/models/{id}``
-(:mod:`prefixgate.proxy.passthrough`), every API route also without ``/v1`` (:mod:`prefixgate.proxy.bare_paths`),
+(:mod:`prefixgate.proxy.passthrough`), every API route also without ``/v1``
+(:mod:`prefixgate.proxy.bare_paths`),
 ``GET /healthz`` (``{"status": "ok" | "degraded", "reasons": [...], "backends": [...],
 "down": {deployment: why}}``, 503 when degraded, see :mod:`prefixgate.proxy.health`; a deployment whose
 breaker is not closed is named in ``down`` without degrading the proxy, which still serves
 every other route), ``GET /api/savings`` (:mod:`prefixgate.proxy.savings_api`; holdout A/B membership:
-:mod:`prefixgate.proxy.holdout`), ``GET /dashboard`` (:mod:`prefixgate.proxy.dashboard`), ``GET /metrics`` (HEAD too
+:mod:`prefixgate.proxy.holdout`), ``GET /dashboard`` (:mod:`prefixgate.proxy.dashboard`), ``GET /metrics``
+(HEAD too
 wherever GET is served); any other path or method is a 404 / 405 in the caller's shape; a
 trailing slash is served, never redirected. Response headers: ``x-prefixgate-edits`` (the
 rewrite summary, or ``off``), ``x-prefixgate-tokens-pruned``, ``x-prefixgate-edit-detail`` when
@@ -172,7 +175,7 @@ async def _passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     if rewrite_wanted(request.headers, policy.rewrite) and not ex.row.holdout:
         ctx = Context(settings=policy.rewrite, model=ex.row.model, provider=primary.provider,
                       session_id=ex.session_id, session=await state.sessions.aget(ex.session_id),
-                      now_s=time.time())
+                      now_s=time.time(), masks_tools=primary.backend.kind == "local")
     ex.rw = await rewrite_off_loop(state.rewrite_fn, ex.body, ex.raw, ex.api, ctx)
     ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
     if policy.rewrite.edit_detail_header and ctx is not None:  # opt-in (proxy.edit_detail)

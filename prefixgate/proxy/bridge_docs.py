@@ -14,7 +14,8 @@ from prefixgate.proxy import a2o_request, bridge_anthropic, bridge_openai, o2a_r
 INTRO = """# Bridges: what each field becomes
 
 A client whose API differs from its backend's goes through a bridge: **A->O** (Anthropic
-Messages client, OpenAI-compatible backend: `prefixgate/proxy/a2o_request.py`, `prefixgate/proxy/bridge_anthropic.py`)
+Messages client, OpenAI-compatible backend: `prefixgate/proxy/a2o_request.py`,
+`prefixgate/proxy/bridge_anthropic.py`)
 or **O->A** (Chat Completions client, Anthropic backend: `prefixgate/proxy/o2a_request.py`,
 `prefixgate/proxy/bridge_openai.py`).
 

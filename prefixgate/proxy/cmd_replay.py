@@ -2,7 +2,8 @@
 on, and compare cached-token share, TTFT and TPOT.
 
 Each run's requests (a tau-bench JSON or a SWE-agent ``.traj``, read by
-:func:`prefixgate.proxy.sim_trace.load_trace` as ``simulate`` reads them) are sent in order, streamed, with a small
+:func:`prefixgate.proxy.sim_trace.load_trace` as ``simulate`` reads them) are sent in order, streamed, with
+a small
 ``max_tokens`` and ``temperature: 0``; first the whole run with ``x-prefixgate-rewrite: off``,
 then the same run with rewriting on. Timings are measured here, at the client: TTFT = until the
 first content chunk arrived, TPOT = (last content chunk - first) / (completion tokens - 1).

@@ -1,7 +1,8 @@
 """``prefixgate rewrite REQUEST.json [--policy FILE] [--provider P] [--api A] [--json]``.
 
 What the proxy would send upstream for one request, offline: the same pass pipeline
-(:func:`prefixgate.proxy.rewriting.run_rewrite` over :func:`prefixgate.rewriter.pipeline.rewrite_request`, the policy's
+(:func:`prefixgate.proxy.rewriting.run_rewrite` over :func:`prefixgate.rewriter.pipeline.rewrite_request`,
+the policy's
 ``rewrite`` switches, an empty session memory, no time budget), then
 
 1. the rewritten body (pretty JSON, numbers as the client wrote them),
@@ -49,7 +50,8 @@ WHAT_THE_MODEL_SEES: dict[str, str] = {
     "stabilise_passages": "the same injected passages, each with its own label, in the order "
                           "the session first saw them; new passages after them",
     "prune_tools": "only the tools the conversation can need (those called, named in "
-                   "`tool_choice` or the system text, pinned, or ranked relevant)",
+                   "`tool_choice` or the system text, pinned, or ranked relevant); on our "
+                   "engine every tool, with calls outside that set masked (`allowed_tools`)",
     "prune_rag": "fewer retrieved passages: the best-scoring ones up to `rag_budget_tokens`, "
                  "without passages another one wholly contains, in canonical id order",
     "prune_history": "the first user turn and the newest turns; old tool results elided to "
@@ -129,7 +131,10 @@ def explain(body: dict[str, Any], raw: bytes, api: Api, policy: Policy,
     given = body.get("model")
     model = given if isinstance(given, str) else ""
     prov = _provider(policy, model, provider)
-    ctx = Context(settings=policy.rewrite, model=model, provider=prov, session_id="cli")
+    hit = resolve_route(policy, model)
+    masks = provider is None and hit is not None and hit[1].kind == "local"  # as the proxy does
+    ctx = Context(settings=policy.rewrite, model=model, provider=prov, session_id="cli",
+                  masks_tools=masks)
     outcome = run_rewrite(default_rewrite_fn(), body, raw, api, ctx)
     return outcome, trace_passes(body, api, ctx), prov
 

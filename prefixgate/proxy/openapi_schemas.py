@@ -4,7 +4,8 @@ The handlers read the raw body themselves (one read under ``max_body_bytes``, or
 :mod:`prefixgate.proxy.wire`), so FastAPI cannot infer a body schema; these are attached with
 ``openapi_extra`` so ``/openapi.json`` describes what a client sends, and contract fuzzers
 (schemathesis, in ``tests/fuzz``) can generate bodies. They state what the proxy itself
-requires — the fields :func:`prefixgate.proxy.wire.check_openai` / :func:`prefixgate.proxy.wire.check_anthropic`
+requires — the fields :func:`prefixgate.proxy.wire.check_openai` /
+:func:`prefixgate.proxy.wire.check_anthropic`
 check — and the common optional fields; every other field is allowed
 (``additionalProperties``): the proxy forwards what it does not read.
 

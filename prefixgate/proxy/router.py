@@ -4,7 +4,8 @@
 the policy's routes (first matching model glob wins, see :func:`prefixgate.config.loader.resolve_route`)
 and returns one :class:`Target` per backend the request may use, in order: the route's own
 backends, then its fallbacks. Which deployment of a group serves is decided at send time
-(:mod:`prefixgate.proxy.balance`, :mod:`prefixgate.proxy.failover`); a Target given a ``deployment`` (:meth:`Target.on`)
+(:mod:`prefixgate.proxy.balance`, :mod:`prefixgate.proxy.failover`); a Target given a ``deployment``
+(:meth:`Target.on`)
 names it. It raises :class:`~prefixgate.proxy.errors.ModelNotFound` (404) when no route matches and
 :class:`~prefixgate.proxy.errors.NotSupported` (501) when the primary backend cannot take the client's API.
 """

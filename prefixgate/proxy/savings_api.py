@@ -1,4 +1,5 @@
-"""``GET /api/savings?range=1h|24h|7d``: the savings document (:func:`prefixgate.cache.savings.savings_document`)
+"""``GET /api/savings?range=1h|24h|7d``: the savings document
+(:func:`prefixgate.cache.savings.savings_document`)
 as JSON, for the dashboard (h/dash) and scripts.
 
 Behind the proxy's keys when keys are configured (:meth:`prefixgate.proxy.auth.Guard.admit`, no rate

@@ -1,7 +1,8 @@
 """Breaker state and affinity load shared by proxy replicas through :mod:`prefixgate.cache.shared_state`
 (issue 10, item 6).
 
-Each replica keeps its own :class:`prefixgate.proxy.breaker.BreakerBoard` and :class:`prefixgate.proxy.balance.Balancer`
+Each replica keeps its own :class:`prefixgate.proxy.breaker.BreakerBoard` and
+:class:`prefixgate.proxy.balance.Balancer`
 (the hot path reads them without I/O); :class:`SharedRouting` links them to the other replicas'
 through three kinds of shared names, per deployment ``<dep>``:
 

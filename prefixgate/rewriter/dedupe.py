@@ -6,7 +6,8 @@ inside a larger overlapping one. Dropping it loses no character of information, 
 Near-duplicates that merely *look* alike are not redundant: version 2 of a contract differs from
 version 1 by the clause the user asks about, and item 2 of a list by its number, so a similarity
 threshold (the earlier rule: rapidfuzz ratio >= 92) deleted exactly what mattered. Passages that
-are only similar compete for the budget like any other (:func:`prefixgate.rewriter.prune_rag.select_passages`).
+are only similar compete for the budget like any other
+(:func:`prefixgate.rewriter.prune_rag.select_passages`).
 """
 
 from __future__ import annotations

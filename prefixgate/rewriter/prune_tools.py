@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import lru_cache
 
@@ -170,6 +170,33 @@ def _move_markers(tools: Sequence[Tool], keep: set[str]) -> list[Tool]:
     return out
 
 
+def allowed_tools_choice(names: Sequence[str], client_choice: object) -> dict[str, object] | None:
+    """OpenAI's ``{"type": "allowed_tools", "allowed_tools": {"mode", "tools"}}`` for ``names``
+    (catalog order): mode ``required`` when the client's ``tool_choice`` was ``"required"``,
+    ``auto`` when absent or ``"auto"``; None for any other choice (``"none"``, a named
+    function, the client's own ``allowed_tools``), which already binds and is left as sent."""
+    if client_choice not in (None, "auto", "required"):
+        return None
+    return {"type": "allowed_tools", "allowed_tools": {
+        "mode": "required" if client_choice == "required" else "auto",
+        "tools": [{"type": "function", "function": {"name": n}} for n in names]}}
+
+
+def _mask(prompt: Prompt, tools: Sequence[Tool], keep: set[str], how: str,
+          memory: Mapping[str, object]) -> tuple[Prompt, list[Edit]]:
+    """Masking instead of removal (``ctx.masks_tools``): the tool list stays byte-identical,
+    ``tool_choice`` becomes ``allowed_tools`` over the kept names; nothing is removed."""
+    names = [t.name for t in tools if t.name in keep]
+    choice = allowed_tools_choice(names, prompt.params.get("tool_choice"))
+    if choice is None:
+        return prompt, [Edit(NAME, False, "tools", f"{how}: tool_choice already binds; "
+                             "tools kept for the engine's mask", memory=memory)]
+    detail = (f"bm25 {how}: masked {len(tools) - len(names)} of {len(tools)} tools (kept in the "
+              f"prompt, not callable: tool_choice allowed_tools over {len(names)})")
+    return prompt.with_param("tool_choice", choice), [
+        Edit(NAME, True, "params", detail, memory=memory)]
+
+
 def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     """Prune ``prompt.tools``; one Edit (``region="tools"``, tokens of the tools JSON)."""
     tools = prompt.tools
@@ -185,6 +212,8 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     memory = {} if how.startswith("no conversation") else {MEMORY_KEY: {"kept": sorted(keep)}}
     if len(keep) >= len(tools):
         return prompt, [Edit(NAME, False, "tools", f"{how}: every tool kept", memory=memory)]
+    if ctx.masks_tools and prompt.api == "openai":
+        return _mask(prompt, tools, keep, how, memory)
     kept = _move_markers(tools, keep)
     before = ctx.count_tokens(json.dumps([t.raw for t in tools], ensure_ascii=False))
     after = ctx.count_tokens(json.dumps([t.raw for t in kept], ensure_ascii=False))

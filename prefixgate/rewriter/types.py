@@ -68,6 +68,10 @@ class Context:
     now_s: float | None = None
     """Wall-clock time of the request, seconds (epoch, or simulated time in the simulator);
     None = unknown: no arrival times are learned (:mod:`prefixgate.rewriter.ttl_choice`)."""
+    masks_tools: bool = False
+    """The backend masks tool calls at decode time (our local engine honours OpenAI's
+    ``allowed_tools`` tool_choice): ``prune_tools`` then keeps the whole tool list (its
+    prefix-cache bytes) and sends the set it would keep as ``allowed_tools``."""
     deadline: float | None = None
     """``time.monotonic()`` second past which the pipeline stops before its next pass and the
     request goes out as sent (:class:`prefixgate.rewriter.pipeline.OverBudget`); None = no limit."""

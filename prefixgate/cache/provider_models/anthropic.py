@@ -103,7 +103,8 @@ class AnthropicCacheModel:
     """One organization's Anthropic prompt cache (shared by all its sessions).
 
     ``count_tokens``: text -> tokens (memoized internally); ``min_tokens``: override of the
-    per-model minimum cacheable length (tokens), else :func:`prefixgate.config.cache_rules.min_cacheable_tokens`.
+    per-model minimum cacheable length (tokens), else
+    :func:`prefixgate.config.cache_rules.min_cacheable_tokens`.
     """
 
     provider = "anthropic"
