@@ -25,6 +25,11 @@ class EngineConfig:
     model_name: name reported by ``/v1/models`` (default: the directory name).
     max_context_len: cap on prompt + completion tokens (default: the model's
     ``max_position_embeddings``, further capped by the pool size).
+    speculative: None (off), ``ngram``, ``suffix``, ``ngram+suffix`` or ``draft`` (needs
+    ``draft_model_path``, a model sharing the tokenizer). num_speculative_tokens: most draft
+    tokens per request and step (k). spec_max_batch_tokens: decode rows + draft tokens per step
+    above which drafting stops (compute-bound; measured by ``bench/engine_speculative.py``).
+    quantization: None (weights in ``dtype``) or ``int8`` (weight-only, per-channel scales).
     """
 
     model_path: str
@@ -40,6 +45,11 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     model_name: str | None = None
     max_context_len: int | None = None
+    speculative: str | None = None
+    num_speculative_tokens: int = 4
+    spec_max_batch_tokens: int = 16
+    draft_model_path: str | None = None
+    quantization: str | None = None
 
 
 @dataclass
@@ -82,6 +92,8 @@ class RequestOutput:
     emitted). finish_reason: ``stop`` (EOS / stop id / stop string), ``length`` (max_tokens or
     context full), ``abort``, or None while running. prompt_tokens / cached_tokens (prompt tokens
     whose KV came from the prefix cache) / completion_tokens: running usage counts.
+    spec_drafts / spec_draft_tokens / spec_accepted_tokens: speculative decoding so far (drafts
+    verified, tokens proposed, tokens accepted; 0 with speculation off).
     """
 
     request_id: str
@@ -92,6 +104,9 @@ class RequestOutput:
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
 
 class PromptTooLong(ValueError):
