@@ -28,6 +28,10 @@ draft up to ``k_max``, else becomes accepted + 1); a request whose acceptance ra
 (decodes + draft tokens) are capped at ``max_batch_tokens`` — above it a forward pass is
 compute-bound on this hardware and verifying drafts costs more than it saves (the cap is measured
 by ``bench/engine_speculative.py``, see its ``knee`` figure).
+
+Seeded sampled requests: verification draws its uniforms from the request's own generator, so a
+run is reproducible for the same engine state and batch; as ``k`` depends on the batch (the cap)
+and on the draft, the random stream — not the distribution — differs from a non-speculative run.
 """
 
 from __future__ import annotations

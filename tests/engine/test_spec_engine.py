@@ -47,11 +47,16 @@ def draft_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_ngram_and_suffix_greedy_equals_plain_greedy(make_engine: Any,
                                                      reference: list[list[int]]) -> None:
+    """Half the prompts ran before: their earlier outputs sit in the tree, so the suffix drafter
+    proposes them (the random model never repeats itself, so n-gram lookup rarely fires); the
+    other half get no draft — drafted and undrafted requests decode in the same batches."""
     eng = make_engine(max_context_len=512, speculative="ngram+suffix", spec_max_batch_tokens=512)
+    assert eng.generate_batch(prompts()[:12], GREEDY) == reference[:12]
+    assert eng.stats()["spec_num_drafts"] == 0
     assert eng.generate_batch(prompts(), GREEDY) == reference
     st = eng.stats()
-    assert st["spec_num_drafts"] > 0 and st["spec_num_accepted_tokens"] > 0
-    assert 0 < st["spec_no_draft_steps"] < st["spec_decode_steps"]  # mixed batches
+    assert st["spec_num_drafts"] > 0 and st["spec_acceptance_rate"] > 0.9
+    assert st["spec_no_draft_steps"] > 24 * 12  # the unseen half never had a draft
 
 
 def test_draft_model_with_the_target_weights_accepts_everything(
@@ -61,7 +66,7 @@ def test_draft_model_with_the_target_weights_accepts_everything(
     assert eng.generate_batch(prompts(), GREEDY) == reference
     st = eng.stats()
     assert st["spec_acceptance_rate"] == 1.0 and st["spec_mean_accepted_len"] > 3.0
-    assert st["spec_accepted_pos_0"] == st["spec_accepted_pos_2"] == st["spec_num_drafts"]
+    assert st["spec_accepted_pos_0"] == st["spec_num_drafts"] >= st["spec_accepted_pos_2"] > 0
 
 
 def test_random_draft_model_is_rejected_often_and_changes_nothing(
@@ -75,28 +80,35 @@ def test_random_draft_model_is_rejected_often_and_changes_nothing(
 
 def test_compute_bound_cap_turns_drafting_off(make_engine: Any,
                                               reference: list[list[int]]) -> None:
-    eng = make_engine(max_context_len=512, speculative="ngram", spec_max_batch_tokens=8)
+    eng = make_engine(max_context_len=512, speculative="suffix", spec_max_batch_tokens=8)
+    eng.generate_batch(prompts(), GREEDY)
     assert eng.generate_batch(prompts(), GREEDY) == reference
-    st = eng.stats()
-    # 24 requests decode together: above the cap of 8 rows no draft is proposed at all
-    assert st["spec_no_draft_steps"] >= 24 * 10
+    # 24 requests decode together: past the cap of 8 rows no draft is proposed at all
+    assert eng.stats()["spec_num_drafts"] == 0
+    assert eng.generate_batch(prompts(4), GREEDY) == reference[:4]  # 4 rows: drafts again
+    assert eng.stats()["spec_num_drafts"] > 0
 
 
-def test_page_size_and_rollback_keep_outputs(make_engine: Any,
+def test_page_size_and_rollback_keep_outputs(make_engine: Any, draft_dir: Path,
                                              reference: list[list[int]]) -> None:
-    eng = make_engine(max_context_len=512, speculative="ngram", page_size=4,
-                      spec_max_batch_tokens=512, num_kv_slots=2048)
+    """Pages of 4 and a small pool (eviction, retraction) with drafts rejected and accepted."""
+    eng = make_engine(max_context_len=512, speculative="suffix+draft", page_size=4,
+                      spec_max_batch_tokens=512, num_kv_slots=1024,
+                      draft_model_path=str(draft_dir))
     assert eng.generate_batch(prompts(), GREEDY) == reference
+    assert eng.generate_batch(prompts(), GREEDY) == reference  # now with suffix drafts too
+    assert eng.stats()["spec_num_accepted_tokens"] > 0
     assert eng.stats()["kv_slots_used"] == eng.cache.total_size  # drafts' slots all returned
 
 
 def test_sampled_requests_are_reproducible_with_a_seed(make_engine: Any, tiny_dir: Path) -> None:
-    eng = make_engine(max_context_len=512, speculative="draft", draft_model_path=str(tiny_dir))
     p = SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, seed=11, ignore_eos=True)
-    a = eng.generate_batch(prompts(4), p)
-    b = eng.generate_batch(prompts(4), p)
-    assert a == b and all(len(x) == 16 for x in a)
-    assert eng.stats()["spec_num_accepted_tokens"] > 0
+    runs = []
+    for _ in range(2):
+        eng = make_engine(max_context_len=512, speculative="draft", draft_model_path=str(tiny_dir))
+        runs.append(eng.generate_batch(prompts(4), p))
+        assert eng.stats()["spec_num_accepted_tokens"] > 0
+    assert runs[0] == runs[1] and all(len(x) == 16 for x in runs[0])
 
 
 def test_unknown_method_and_missing_draft_path_are_rejected(make_engine: Any) -> None:
