@@ -25,7 +25,8 @@ applied: ``sampler.probs_of``). If all ``k`` are accepted the bonus token is dra
 Policy (``SpecDecoder.propose``): ``k`` adapts per request (grows by one after a fully accepted
 draft up to ``k_max``, else becomes accepted + 1); a request whose acceptance rate stays below
 ``PAUSE_BELOW`` pauses drafting for ``PAUSE_STEPS`` steps; and the step's total decode rows
-(decodes + draft tokens) are capped at ``max_batch_tokens`` — above it a forward pass is
+(decodes + draft tokens) are capped at ``max_batch_tokens``, the spare rows spread evenly over
+the batch (a draft's first positions are the likeliest accepted) — above it a forward pass is
 compute-bound on this hardware and verifying drafts costs more than it saves (the cap is measured
 by ``bench/engine_speculative.py``, see its ``knee`` figure).
 
@@ -163,9 +164,11 @@ class SpecDecoder:
         self.metrics.decode_steps += len(decodes)
         allowance = min(budget, self.max_batch_tokens - len(decodes))
         out: list[Draft | None] = []
-        for seq in decodes:
+        for i, seq in enumerate(decodes):
             st = self._st(seq)
-            k = min(st.k, allowance, seq.max_tokens - seq.num_completion - 1)
+            share = allowance // (len(decodes) - i) if allowance >= len(decodes) - i else (
+                1 if allowance > 0 else 0)  # spread the spare rows: early positions pay most
+            k = min(st.k, share, seq.max_tokens - seq.num_completion - 1)
             d: Draft | None = None
             if st.paused > 0:
                 st.paused -= 1
