@@ -94,8 +94,8 @@ def quantize_model(model: CausalLM, method: str) -> CausalLM:
         raise ValueError(f"unknown quantization {method!r} (one of {list(METHODS)})")
     for layer in model.decoder_layers():
         w_in, w_qkv, b_qkv, w_o, w_post, w_gu, w_down = layer._w
-        layer._w = (w_in, Int8Linear(w_qkv, b_qkv), None, Int8Linear(w_o, None), w_post,
-                    Int8Linear(w_gu, None), Int8Linear(w_down, None))
+        layer._w = (w_in, Int8Linear(w_qkv, b_qkv), None, Int8Linear(w_o, None),  # type: ignore[assignment]
+                    w_post, Int8Linear(w_gu, None), Int8Linear(w_down, None))
         layer._mm = linear_any
     head = Int8Linear(model.head_weight(), None)
     model._head = head
