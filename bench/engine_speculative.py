@@ -5,8 +5,11 @@
 Same run, same process, engines built side by side on SmolLM2-135M-Instruct (fp32 unless said):
 
 - knee: decode step time vs rows per step (1 .. 32 requests decoding together, spec off). The
-  compute-bound threshold ``spec_max_batch_tokens`` of the speculative engines is the largest
-  row count whose step costs at most ``KNEE_FACTOR`` × a 1-row step (measured here, not guessed).
+  speculative engines get this curve (``spec_cost_curve``): each step they draft only as many
+  tokens as raise expected tokens per step time (``spec_decode.choose_k_cap``), so drafting turns
+  itself off where the step is compute-bound. Recorded beside it: ``threshold_rows`` (largest
+  row count within ``KNEE_FACTOR`` × a 1-row step) and the draft cap the policy picks at batch
+  1 / 8 for high and low acceptance.
 - grounded: agent outputs that copy their inputs — prompts from the tau-bench airline trace that
   ask to restate a JSON tool result, to quote a reservation's ids and values, or to answer the
   customer from a tool result. open: open-ended chat (the trace's first customer turns and
@@ -179,7 +182,12 @@ def knee(eng: Any, tok_ids: list[list[int]], sizes: list[int]) -> dict[str, Any]
         step_ms[b] = round((t["decode_s"] - s0) / steps * 1000, 2)
     base = step_ms[sizes[0]]
     within = [b for b in sizes if step_ms[b] <= KNEE_FACTOR * base]
-    return {"step_ms": step_ms, "threshold_rows": max(within)}
+    from local_engine.spec_decode import choose_k_cap
+
+    curve = sorted(step_ms.items())
+    caps = {f"b{b}_alpha{a}": choose_k_cap([a] * b, [8] * b, curve, 8)
+            for b in (1, 8) for a in (0.9, 0.5, 0.2)}
+    return {"step_ms": step_ms, "threshold_rows": max(within), "k_cap_chosen": caps}
 
 
 def spec_figures(eng: Any, before: dict[str, Any]) -> dict[str, float]:
@@ -224,6 +232,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--k", type=int, default=6, help="most draft tokens per request and step")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
     import torch
@@ -250,8 +259,9 @@ def main() -> None:
     phases: dict[str, float] = {"load": round(time.time() - t0, 1)}
     kn = knee(plain, g_ids + o_ids, sizes)
     phases["knee"] = round(time.time() - t0, 1)
-    spec_cfg = dict(speculative="ngram+suffix", num_speculative_tokens=4,
-                    spec_max_batch_tokens=kn["threshold_rows"])
+    spec_cfg = dict(speculative="ngram+suffix", num_speculative_tokens=args.k,
+                    spec_max_batch_tokens=max(sizes),
+                    spec_cost_curve=sorted(kn["step_ms"].items()))
     spec = Engine(EngineConfig(**base, **spec_cfg))
     spec.generate_batch([o_ids[0][:30]], SamplingParams(max_tokens=4, temperature=0.0))
     engines = {"plain": plain, "spec": spec}

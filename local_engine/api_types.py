@@ -29,6 +29,8 @@ class EngineConfig:
     ``draft_model_path``, a model sharing the tokenizer). num_speculative_tokens: most draft
     tokens per request and step (k). spec_max_batch_tokens: decode rows + draft tokens per step
     above which drafting stops (compute-bound; measured by ``bench/engine_speculative.py``).
+    spec_cost_curve: measured ``(rows, step ms)`` points; with it each step's draft length is
+    chosen by expected tokens per step time (``spec_decode.choose_k_cap``).
     quantization: None (weights in ``dtype``) or ``int8`` (weight-only, per-channel scales).
     """
 
@@ -48,6 +50,7 @@ class EngineConfig:
     speculative: str | None = None
     num_speculative_tokens: int = 4
     spec_max_batch_tokens: int = 16
+    spec_cost_curve: list[tuple[int, float]] | None = None
     draft_model_path: str | None = None
     quantization: str | None = None
 

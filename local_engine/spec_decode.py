@@ -28,7 +28,11 @@ draft up to ``k_max``, else becomes accepted + 1); a request whose acceptance ra
 (decodes + draft tokens) are capped at ``max_batch_tokens``, the spare rows spread evenly over
 the batch (a draft's first positions are the likeliest accepted) — above it a forward pass is
 compute-bound on this hardware and verifying drafts costs more than it saves (the cap is measured
-by ``bench/engine_speculative.py``, see its ``knee`` figure).
+by ``bench/engine_speculative.py``, see its ``knee`` figure). Given the measured step-cost curve
+(``cost_curve``: rows → step time), the per-step draft length cap is chosen to maximise expected
+tokens per unit of step time (``choose_k_cap``): with per-token acceptance ``a`` and ``k`` draft
+tokens a request expects ``1 + a (1 − a^k) / (1 − a)`` tokens (Leviathan et al. 2023, eq. 1), and
+the step costs ``cost(rows)``; when no ``k > 0`` beats plain decoding, nothing is drafted.
 
 Seeded sampled requests: verification draws its uniforms from the request's own generator, so a
 run is reproducible for the same engine state and batch; as ``k`` depends on the batch (the cap)
@@ -88,6 +92,43 @@ def verify_sampled(probs: torch.Tensor, draft: Draft,
     return list(draft.tokens), _draw(probs[len(draft.tokens)], gen)
 
 
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens a step yields for a request drafting ``k`` tokens accepted i.i.d. with ``alpha``."""
+    if k <= 0:
+        return 1.0
+    if alpha >= 1.0:
+        return float(k + 1)
+    return 1.0 + alpha * (1 - alpha ** k) / (1 - alpha)
+
+
+def interpolate(curve: list[tuple[int, float]], rows: int) -> float:
+    """Step cost at ``rows`` from measured ``(rows, cost)`` points (sorted), linear between
+    points, extended linearly past the last two."""
+    if rows <= curve[0][0]:
+        return curve[0][1]
+    for (r0, c0), (r1, c1) in zip(curve, curve[1:]):
+        if rows <= r1:
+            return c0 + (c1 - c0) * (rows - r0) / (r1 - r0)
+    (r0, c0), (r1, c1) = curve[-2] if len(curve) > 1 else curve[-1], curve[-1]
+    slope = (c1 - c0) / (r1 - r0) if r1 != r0 else 0.0
+    return c1 + slope * (rows - r1)
+
+
+def choose_k_cap(alphas: list[float], ks: list[int], curve: list[tuple[int, float]],
+                 k_max: int) -> int:
+    """The draft-length cap (0..k_max) maximising expected tokens per step time for requests
+    with acceptance estimates ``alphas`` and own limits ``ks`` (0 = will not draft)."""
+    b = len(alphas)
+    best_k, best = 0, b / interpolate(curve, b)
+    for cap in range(1, k_max + 1):
+        kk = [min(k, cap) for k in ks]
+        gain = sum(expected_tokens(a, k) for a, k in zip(alphas, kk))
+        rate = gain / interpolate(curve, b + sum(kk))
+        if rate > best * 1.02:  # a margin: the estimate is rough, plain decoding is the default
+            best_k, best = cap, rate
+    return best_k
+
+
 @dataclass
 class SpecMetrics:
     """Monotonic counters, named after vLLM's ``spec_decode`` metrics.
@@ -135,7 +176,7 @@ class SpecMetrics:
 @dataclass
 class _ReqState:
     k: int
-    ema: float = 1.0
+    ema: float = 0.7  # acceptance estimate before the first draft
     drafts: int = 0
     paused: int = 0
 
@@ -143,12 +184,14 @@ class _ReqState:
 class SpecDecoder:
     """Drafting policy + verification for the engine (one instance, engine thread only)."""
 
-    def __init__(self, drafter: Drafter, k_max: int = 4, max_batch_tokens: int = 16) -> None:
+    def __init__(self, drafter: Drafter, k_max: int = 4, max_batch_tokens: int = 16,
+                 cost_curve: list[tuple[int, float]] | None = None) -> None:
         if k_max < 1:
             raise ValueError("num_speculative_tokens must be >= 1")
         self.drafter = drafter
         self.k_max = k_max
         self.max_batch_tokens = max_batch_tokens
+        self.cost_curve = sorted(cost_curve) if cost_curve else None
         self.metrics = SpecMetrics(accepted_per_pos=[0] * k_max)
         self._state: dict[str, _ReqState] = {}
 
@@ -163,12 +206,17 @@ class SpecDecoder:
         compute-bound cap (module docstring)."""
         self.metrics.decode_steps += len(decodes)
         allowance = min(budget, self.max_batch_tokens - len(decodes))
+        cap = self.k_max
+        if self.cost_curve is not None and allowance > 0:
+            states = [self._st(s) for s in decodes]
+            ks = [0 if st.paused else st.k for st in states]
+            cap = choose_k_cap([st.ema for st in states], ks, self.cost_curve, self.k_max)
         out: list[Draft | None] = []
         for i, seq in enumerate(decodes):
             st = self._st(seq)
             share = allowance // (len(decodes) - i) if allowance >= len(decodes) - i else (
                 1 if allowance > 0 else 0)  # spread the spare rows: early positions pay most
-            k = min(st.k, share, seq.max_tokens - seq.num_completion - 1)
+            k = min(st.k, cap, share, seq.max_tokens - seq.num_completion - 1)
             d: Draft | None = None
             if st.paused > 0:
                 st.paused -= 1
@@ -202,7 +250,8 @@ class SpecDecoder:
         seq.spec_accepted_tokens += m
         st = self._st(seq)
         st.k = min(self.k_max, st.k + 1) if m == k else max(1, m + 1)
-        st.ema = (1 - EMA) * st.ema + EMA * (m / k)
+        trials = m + (1 if m < k else 0)  # Bernoulli trials seen: accepted ones + the rejection
+        st.ema = (1 - EMA) * st.ema + EMA * (m / trials)
         st.drafts += 1
         if st.drafts >= 4 and st.ema < PAUSE_BELOW:
             st.paused, st.ema = PAUSE_STEPS, 0.5

@@ -44,4 +44,5 @@ def build_spec_decoder(cfg: EngineConfig, kv: KVManager, device: torch.device,
         else:
             raise ValueError(f"unknown speculative method {name!r} (one of {list(METHODS)})")
     drafter: Drafter = drafters[0] if len(drafters) == 1 else ChainDrafter(drafters)
-    return SpecDecoder(drafter, cfg.num_speculative_tokens, cfg.spec_max_batch_tokens)
+    return SpecDecoder(drafter, cfg.num_speculative_tokens, cfg.spec_max_batch_tokens,
+                       cfg.spec_cost_curve)

@@ -116,3 +116,15 @@ def test_unknown_method_and_missing_draft_path_are_rejected(make_engine: Any) ->
         make_engine(speculative="medusa")
     with pytest.raises(ValueError, match="draft_model_path"):
         make_engine(speculative="draft")
+
+
+@pytest.mark.parametrize(("curve", "drafts"), [([(1, 50.0), (2, 100.0), (64, 3200.0)], False),
+                                               ([(1, 50.0), (64, 60.0)], True)])
+def test_measured_cost_curve_decides_whether_to_draft(make_engine: Any, reference: list[list[int]],
+                                                      curve: list[tuple[int, float]],
+                                                      drafts: bool) -> None:
+    eng = make_engine(max_context_len=512, speculative="suffix", spec_max_batch_tokens=512,
+                      spec_cost_curve=curve)
+    eng.generate_batch(prompts(4), GREEDY)
+    assert eng.generate_batch(prompts(4), GREEDY) == reference[:4]
+    assert (eng.stats()["spec_num_drafts"] > 0) is drafts

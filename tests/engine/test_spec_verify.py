@@ -86,3 +86,23 @@ def test_greedy_accepts_the_argmax_prefix_and_corrects_the_first_miss() -> None:
     assert verify_greedy(logits, [3, 7, 2]) == ([3, 7], 1)
     assert verify_greedy(logits, [3, 7, 1]) == ([3, 7, 1], 9)
     assert verify_greedy(logits, [0, 7, 1]) == ([], 3)
+
+
+def test_expected_tokens_follows_the_geometric_series() -> None:
+    from local_engine.spec_decode import expected_tokens
+
+    assert expected_tokens(0.5, 0) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert abs(expected_tokens(0.5, 3) - (1 + 0.5 + 0.25 + 0.125)) < 1e-12
+
+
+def test_k_cap_drafts_on_a_flat_curve_and_stops_on_a_steep_one() -> None:
+    from local_engine.spec_decode import choose_k_cap
+
+    flat = [(1, 50.0), (8, 60.0), (32, 90.0)]   # memory-bound: extra rows nearly free
+    steep = [(1, 50.0), (2, 100.0), (8, 400.0)]  # compute-bound: cost grows with every row
+    assert choose_k_cap([0.8], [6], flat, 6) == 6
+    assert choose_k_cap([0.8], [6], steep, 6) == 0
+    assert choose_k_cap([0.8] * 8, [6] * 8, flat, 6) >= 2
+    assert choose_k_cap([0.05] * 8, [6] * 8, flat, 6) == 0  # nothing gets accepted: no drafts
+    assert choose_k_cap([0.9, 0.9], [0, 0], flat, 6) == 0   # nobody may draft
