@@ -115,13 +115,7 @@ class Scheduler:
                 return seq
         return None
 
-    # -- memory (delegated to the KV manager) ----------------------------------------------------
-    def _reserve(self, pages: int) -> bool:
-        return self.kv.reserve(pages)
-
-    def _pages_needed(self, seq: Sequence, n: int) -> int:
-        return self.kv.pages_needed(seq, n)
-
+    # -- lifecycle ------------------------------------------------------------------------------
     def retract(self, seq: Sequence) -> None:
         """Send a running request back to the front of the queue, keeping its completion."""
         self.running.remove(seq)
@@ -214,7 +208,7 @@ class Scheduler:
         budget = self.budget
         decodes = [s for s in self.running if s.num_uncomputed == 1 and s.num_computed > 0]
         # 1. decode: one token each; retract newest requests while memory is short
-        while decodes and not self._reserve(sum(self._pages_needed(s, 1) for s in decodes)):
+        while decodes and not self.kv.reserve(sum(self.kv.pages_needed(s, 1) for s in decodes)):
             victim = self.running[-1]
             if victim in decodes:
                 decodes.remove(victim)
@@ -231,13 +225,13 @@ class Scheduler:
             if s.num_uncomputed < 1:
                 continue
             n = min(s.num_uncomputed, self.chunk_size, budget)
-            if not self._reserve(self._pages_needed(s, n)):
+            if not self.kv.reserve(self.kv.pages_needed(s, n)):
                 if decodes or prefills:
                     break
                 others = [o for o in self.running if o is not s]
-                while others and not self._reserve(self._pages_needed(s, n)):
+                while others and not self.kv.reserve(self.kv.pages_needed(s, n)):
                     self.retract(others.pop())
-                if not self._reserve(self._pages_needed(s, n)):
+                if not self.kv.reserve(self.kv.pages_needed(s, n)):
                     break
             prefills.append(ScheduledSeq(s, len(s.slots), n))
             self.kv.grow(s, n)
@@ -253,7 +247,7 @@ class Scheduler:
                 continue
             self._admit(seq)  # locks its cached prefix first: making room cannot evict it
             n = min(seq.num_uncomputed, self.chunk_size, budget)
-            if not self._reserve(self._pages_needed(seq, n)):
+            if not self.kv.reserve(self.kv.pages_needed(seq, n)):
                 self._unadmit(seq)
                 break
             start = len(seq.slots)
