@@ -32,6 +32,8 @@ class EngineConfig:
     spec_cost_curve: measured ``(rows, step ms)`` points; with it each step's draft length is
     chosen by expected tokens per step time (``spec_decode.choose_k_cap``).
     quantization: None (weights in ``dtype``) or ``int8`` (weight-only, per-channel scales).
+    packed_linear: fp32 on CPU, run linear layers through oneDNN with pre-packed weights
+    (``cpu_linear``; skinny products such as speculative verification are ~2x cheaper).
     """
 
     model_path: str
@@ -53,6 +55,7 @@ class EngineConfig:
     spec_cost_curve: list[tuple[int, float]] | None = None
     draft_model_path: str | None = None
     quantization: str | None = None
+    packed_linear: bool = True
 
 
 @dataclass

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from local_engine import cpu_linear
 from local_engine.api_types import EngineConfig, PromptTooLong, RequestOutput, SamplingParams
 from local_engine.detokenizer import IncrementalDetokenizer
 from local_engine.kv_pool import KVPool, ReqToTokenTable
@@ -120,6 +121,8 @@ class Engine:
         self.model = load_model(path, self.device, self.dtype)
         if cfg.quantization is not None:
             quantize_model(self.model, cfg.quantization)
+        elif cfg.packed_linear and cpu_linear.available(self.device, self.dtype):
+            cpu_linear.pack_model(self.model)
         args = self.model.args
         self.model_name = cfg.model_name or Path(split_model_path(path)[1] or path).name.removesuffix(".gguf")
         ctx = min(cfg.max_context_len or args.max_position_embeddings, args.max_position_embeddings)

@@ -78,10 +78,11 @@ class Int8Linear:
 
 
 def linear_any(x: torch.Tensor, w: Any, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for tensors, the quantized product for ``Int8Linear`` (its bias is inside)."""
-    if isinstance(w, Int8Linear):
-        return w(x)
-    return F.linear(x, w, b)
+    """``F.linear`` for tensors; a prepared product (``Int8Linear``, ``cpu_linear.PackedLinear``:
+    bias inside) is called."""
+    if isinstance(w, torch.Tensor):
+        return F.linear(x, w, b)
+    return w(x)
 
 
 def quantize_model(model: CausalLM, method: str) -> CausalLM:
