@@ -327,7 +327,8 @@ def main() -> None:
             "speculative": spec_cfg, "knee_factor": KNEE_FACTOR,
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
             "note": "ours timed in-process from streamed engine outputs; llama.cpp over its "
-                    "HTTP streaming API; greedy, EOS on; shared CPU box",
+                    "HTTP streaming API; greedy, EOS on; fp32 engines (plain and speculative) "
+                    "use oneDNN pre-packed linear weights (local_engine/cpu_linear.py)",
             "wall_s": round(time.time() - t0, 1),
             "phases_s_since_start": phases,
         },

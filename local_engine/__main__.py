@@ -45,6 +45,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spec-max-batch-tokens", type=int, default=16,
                    help="no drafts when a step's decode rows + drafts would exceed this")
     p.add_argument("--draft-model", default=None, help="draft model dir (--speculative draft)")
+    p.add_argument("--no-packed-linear", action="store_true",
+                   help="fp32 CPU: use plain F.linear instead of oneDNN pre-packed weights")
     p.add_argument("--quantization", default=None, choices=["int8"],
                    help="weight quantization (default: none, weights in --dtype)")
     p.add_argument("--log-level", default="info")
@@ -81,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         spec_max_batch_tokens=args.spec_max_batch_tokens,
         draft_model_path=args.draft_model,
         quantization=args.quantization,
+        packed_linear=not args.no_packed_linear,
     )
     if args.threads:
         import torch

@@ -68,8 +68,11 @@ class Int8Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.cpu:
             xf = x.float()
-            r = xf.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12)
-            y = torch.ops.quantized.linear_dynamic(xf / r, self.packed, self.reduce_range) * r
+            if xf.shape[0] == 1:  # one row: the per-tensor scale is already per token
+                y = torch.ops.quantized.linear_dynamic(xf, self.packed, self.reduce_range)
+            else:
+                r = xf.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12)
+                y = torch.ops.quantized.linear_dynamic(xf / r, self.packed, self.reduce_range) * r
             if self.bias is not None:
                 y = y + self.bias
             return y if y.dtype == x.dtype else y.to(x.dtype)
