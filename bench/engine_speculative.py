@@ -14,9 +14,10 @@ Same run, same process, engines built side by side on SmolLM2-135M-Instruct (fp3
   ask to restate a JSON tool result, to quote a reservation's ids and values, or to answer the
   customer from a tool result. open: open-ended chat (the trace's first customer turns and
   general questions). Greedy, EOS on (plain and speculative give the same tokens: exactness).
-  Plain and speculative (``ngram+suffix``, k = 4) engines take turns on each prompt; batch 1
-  (one request at a time) and batch 8 (8 at once, disjoint prompts so the suffix index never
-  holds a prompt's own earlier output). TPOT per request = (last token time − first token
+  One engine per weight format (``ngram+suffix``, k = ``--k``); each prompt group runs
+  speculative first, then plain with the speculative decoder detached (so the suffix index never
+  holds a prompt's own earlier output); batch 1 (one request at a time) and batch 8 (8 at once,
+  prompts disjoint from batch 1's). TPOT per request = (last token time − first token
   time) / (tokens − 1), from the engine's streamed outputs; the figure is mean TPOT.
 - int8: ``quantization="int8"`` decode tokens/s vs fp32 at batch 1 (plain), and greedy top-1
   agreement with fp32 on the first completion token of tau-bench prompts (prefixes of the
@@ -43,6 +44,8 @@ import shlex
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -154,16 +157,25 @@ def mean_tpot(rows: list[dict[str, float]]) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
-def compare(engines: dict[str, Any], prompts: list[list[int]], params: Any,
-            batch: int) -> dict[str, float]:
-    """Alternate the engines over groups of ``batch`` prompts; mean TPOT (ms) per engine."""
-    rows: dict[str, list[dict[str, float]]] = {k: [] for k in engines}
-    names = list(engines)
+@contextmanager
+def spec_off(eng: Any) -> Iterator[None]:
+    """Detach ``eng``'s speculative decoder while the block runs (the engine must be idle)."""
+    saved, eng.spec = eng.spec, None
+    try:
+        yield
+    finally:
+        eng.spec = saved
+
+
+def compare(eng: Any, prompts: list[list[int]], params: Any, batch: int) -> dict[str, float]:
+    """Groups of ``batch`` prompts, each run speculative first then plain on the same engine
+    (so the suffix index never holds a prompt's own plain output); mean TPOT (ms) of each."""
+    rows: dict[str, list[dict[str, float]]] = {"spec": [], "plain": []}
     for g in range(0, len(prompts), batch):
         group = prompts[g:g + batch]
-        order = names if (g // batch) % 2 == 0 else names[::-1]
-        for name in order:
-            rows[name] += run_batch(engines[name], group, params)
+        rows["spec"] += run_batch(eng, group, params)
+        with spec_off(eng):
+            rows["plain"] += run_batch(eng, group, params)
     return {k: round(mean_tpot(v) * 1000, 2) for k, v in rows.items()}
 
 
@@ -247,31 +259,28 @@ def main() -> None:
     if args.quick:
         args.max_tokens, n_b1, n_b8, n_agree, sizes = 20, 1, 0, 4, [1, 4, 8]
     base = dict(model_path=str(MODEL_DIR), device=args.device, num_kv_slots=32768,
-                max_context_len=2048)
-    plain = Engine(EngineConfig(**base))
-    tok = plain.tokenizer
+                max_context_len=2048, speculative="ngram+suffix", num_speculative_tokens=args.k,
+                spec_max_batch_tokens=max(sizes))
+    warm = SamplingParams(max_tokens=4, temperature=0.0)
+    e32 = Engine(EngineConfig(**base))
+    tok = e32.tokenizer
     greedy = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     g_msgs = grounded_messages(n_b1 + n_b8)
     o_msgs = open_messages(n_b1 + n_b8)
     g_ids = [encode_chat(tok, m) for m in g_msgs]
     o_ids = [encode_chat(tok, m) for m in o_msgs]
-    plain.generate_batch([g_ids[0][:30]], SamplingParams(max_tokens=4, temperature=0.0))  # warm
-    phases: dict[str, float] = {"load": round(time.time() - t0, 1)}
-    kn = knee(plain, g_ids + o_ids, sizes)
-    phases["knee"] = round(time.time() - t0, 1)
-    spec_cfg = dict(speculative="ngram+suffix", num_speculative_tokens=args.k,
-                    spec_max_batch_tokens=max(sizes),
-                    spec_cost_curve=sorted(kn["step_ms"].items()))
-    spec = Engine(EngineConfig(**base, **spec_cfg))
-    spec.generate_batch([o_ids[0][:30]], SamplingParams(max_tokens=4, temperature=0.0))
-    engines = {"plain": plain, "spec": spec}
+    with spec_off(e32):
+        e32.generate_batch([g_ids[0][:30]], warm)
+        kn = knee(e32, g_ids + o_ids, sizes)
+    e32.spec.cost_curve = sorted(kn["step_ms"].items())
+    phases: dict[str, float] = {"load+knee": round(time.time() - t0, 1)}
     details: dict[str, Any] = {"knee": kn}
     figures: dict[str, Any] = {}
     for name, ids in (("grounded", g_ids), ("open", o_ids)):
-        before = spec.stats()
-        b1 = compare(engines, ids[:n_b1], greedy, 1)
-        b8 = compare(engines, ids[n_b1:n_b1 + n_b8], greedy, 8) if n_b8 else None
-        sf = spec_figures(spec, before)
+        before = e32.stats()
+        b1 = compare(e32, ids[:n_b1], greedy, 1)
+        b8 = compare(e32, ids[n_b1:n_b1 + n_b8], greedy, 8) if n_b8 else None
+        sf = spec_figures(e32, before)
         figures[name] = {
             "tpot_ratio_b1": round(b1["plain"] / b1["spec"], 3),
             "tpot_ratio_b8": round(b8["plain"] / b8["spec"], 3) if b8 else None,
@@ -280,32 +289,36 @@ def main() -> None:
             figures[name].update(acceptance_rate=sf["acceptance_rate"],
                                  mean_accepted_len=sf["mean_accepted_len"])
         details[name] = {"tpot_ms_b1": b1, "tpot_ms_b8": b8, **sf}
-    spec.shutdown()
     phases["spec"] = round(time.time() - t0, 1)
-    # int8
-    q = Engine(EngineConfig(**base, quantization="int8"))
-    q.generate_batch([g_ids[0][:30]], SamplingParams(max_tokens=4, temperature=0.0))
-    dec = compare({"fp32": plain, "int8": q}, g_ids[:max(1, n_b1 // 2)] + o_ids[:max(1, n_b1 // 2)],
-                  SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True), 1)
-    agree_ids = agreement_prompts(tok, n_agree, 200 if args.quick else 700)
-    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    ref = plain.generate_batch(agree_ids, one)
-    got = q.generate_batch(agree_ids, one)
+    # int8: plain decode vs fp32 plain decode, top-1 agreement, then int8 + speculation
+    q8 = Engine(EngineConfig(**base, quantization="int8"))
+    dec_prompts = g_ids[:max(1, n_b1 // 2)] + o_ids[:max(1, n_b1 // 2)]
+    fixed = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    with spec_off(e32), spec_off(q8):
+        q8.generate_batch([g_ids[0][:30]], warm)
+        kn8 = knee(q8, g_ids + o_ids, sizes)
+        rows: dict[str, list[dict[str, float]]] = {"fp32": [], "int8": []}
+        for i, ids in enumerate(dec_prompts):
+            for name, eng in ((("fp32", e32), ("int8", q8)) if i % 2 == 0 else
+                              (("int8", q8), ("fp32", e32))):
+                rows[name] += run_batch(eng, [ids], fixed)
+        dec = {k: round(mean_tpot(v) * 1000, 2) for k, v in rows.items()}
+        agree_ids = agreement_prompts(tok, n_agree, 200 if args.quick else 700)
+        one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+        ref = e32.generate_batch(agree_ids, one)
+        got = q8.generate_batch(agree_ids, one)
+    e32.shutdown()
     figures["int8"] = {"decode_ratio_b1": round(dec["fp32"] / dec["int8"], 3),
                        "top1_agreement": round(sum(a == b for a, b in zip(ref, got))
                                                / max(1, len(ref)), 4)}
-    details["int8"] = {"tpot_ms_b1": dec, "agreement_prompts": len(ref)}
-    q.shutdown()
-    plain.shutdown()
+    details["int8"] = {"tpot_ms_b1": dec, "agreement_prompts": len(ref), "knee": kn8}
     phases["int8"] = round(time.time() - t0, 1)
-    # int8 + speculation vs llama.cpp, grounded, batch 1
-    qs = Engine(EngineConfig(**base, quantization="int8", **spec_cfg))
-    qs.generate_batch([o_ids[0][:30]], SamplingParams(max_tokens=4, temperature=0.0))
-    rows = []
+    q8.spec.cost_curve = sorted(kn8["step_ms"].items())
+    spec_rows = []
     for ids in g_ids[:n_b1]:
-        rows += run_batch(qs, [ids], greedy)
-    ours = round(1.0 / mean_tpot(rows), 2)
-    qs.shutdown()
+        spec_rows += run_batch(q8, [ids], greedy)
+    ours = round(1.0 / mean_tpot(spec_rows), 2)
+    q8.shutdown()
     phases["int8_spec"] = round(time.time() - t0, 1)
     llama = None
     if not args.no_llamacpp:
@@ -324,7 +337,10 @@ def main() -> None:
             "model": "SmolLM2-135M-Instruct (fp32 safetensors; llama.cpp: Q4_1 GGUF)",
             "device": args.device, "threads": args.threads, "max_tokens": args.max_tokens,
             "prompts": {"b1": n_b1, "b8": n_b8, "agreement": n_agree},
-            "speculative": spec_cfg, "knee_factor": KNEE_FACTOR,
+            "speculative": {k: base[k] for k in ("speculative", "num_speculative_tokens",
+                                                 "spec_max_batch_tokens")},
+            "spec_cost_curve": "the knee's step_ms of the same engine (fp32 / int8)",
+            "knee_factor": KNEE_FACTOR,
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
             "note": "ours timed in-process from streamed engine outputs; llama.cpp over its "
                     "HTTP streaming API; greedy, EOS on; fp32 engines (plain and speculative) "
