@@ -187,11 +187,14 @@ def knee(eng: Any, tok_ids: list[list[int]], sizes: list[int]) -> dict[str, Any]
     p = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     step_ms: dict[int, float] = {}
     for b in sizes:
-        t = eng._timing
-        s0, n0 = t["decode_s"], t["decode_tokens"]
-        eng.generate_batch([tok_ids[i % len(tok_ids)][: 40 + i] for i in range(b)], p)
-        steps = (t["decode_tokens"] - n0) / b
-        step_ms[b] = round((t["decode_s"] - s0) / steps * 1000, 2)
+        runs = []
+        for _ in range(2):  # the faster of two: other load on the box only ever adds time
+            t = eng._timing
+            s0, n0 = t["decode_s"], t["decode_tokens"]
+            eng.generate_batch([tok_ids[i % len(tok_ids)][: 40 + i] for i in range(b)], p)
+            steps = (t["decode_tokens"] - n0) / b
+            runs.append((t["decode_s"] - s0) / steps * 1000)
+        step_ms[b] = round(min(runs), 2)
     base = step_ms[sizes[0]]
     within = [b for b in sizes if step_ms[b] <= KNEE_FACTOR * base]
     from local_engine.spec_decode import choose_k_cap
@@ -244,6 +247,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--b1", type=int, default=4, help="prompts run one at a time")
+    ap.add_argument("--b8", type=int, default=8, help="prompts run 8 at a time (0: skip)")
+    ap.add_argument("--agree", type=int, default=30, help="prompts for int8 top-1 agreement")
     ap.add_argument("--k", type=int, default=6, help="most draft tokens per request and step")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
@@ -255,7 +261,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     t0 = time.time()
-    n_b1, n_b8, n_agree, sizes = (4, 8, 40, [1, 2, 4, 6, 8, 12, 16, 24, 32])
+    n_b1, n_b8, n_agree, sizes = args.b1, args.b8, args.agree, [1, 2, 4, 6, 8, 12, 16, 24, 32]
     if args.quick:
         args.max_tokens, n_b1, n_b8, n_agree, sizes = 20, 1, 0, 4, [1, 4, 8]
     base = dict(model_path=str(MODEL_DIR), device=args.device, num_kv_slots=32768,
@@ -303,7 +309,7 @@ def main() -> None:
                               (("int8", q8), ("fp32", e32))):
                 rows[name] += run_batch(eng, [ids], fixed)
         dec = {k: round(mean_tpot(v) * 1000, 2) for k, v in rows.items()}
-        agree_ids = agreement_prompts(tok, n_agree, 200 if args.quick else 700)
+        agree_ids = agreement_prompts(tok, n_agree, 200 if args.quick else 500)
         one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
         ref = e32.generate_batch(agree_ids, one)
         got = q8.generate_batch(agree_ids, one)

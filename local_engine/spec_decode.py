@@ -52,6 +52,7 @@ from local_engine.sequence import Sequence
 PAUSE_BELOW = 0.15   # acceptance rate (EMA) under which a request stops drafting for a while
 PAUSE_STEPS = 8
 EMA = 0.3
+MIN_GAIN = 1.1       # expected tokens per step time must beat plain decoding by 10 % to draft
 
 
 def verify_greedy(logits: torch.Tensor, draft: list[int]) -> tuple[list[int], int]:
@@ -124,7 +125,7 @@ def choose_k_cap(alphas: list[float], ks: list[int], curve: list[tuple[int, floa
         kk = [min(k, cap) for k in ks]
         gain = sum(expected_tokens(a, k) for a, k in zip(alphas, kk))
         rate = gain / interpolate(curve, b + sum(kk))
-        if rate > best * 1.02:  # a margin: the estimate is rough, plain decoding is the default
+        if rate > best * MIN_GAIN:  # the estimate is rough: plain decoding is the default
             best_k, best = cap, rate
     return best_k
 
