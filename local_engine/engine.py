@@ -337,6 +337,8 @@ class Engine:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.abort(seq.request_id)
             self._seqs.pop(seq.request_id, None)
+            if self.spec is not None:
+                self.spec.release(seq)
             seq.sink(exc)
 
     def _emit(self, seq: Sequence, final: bool = False) -> None:

@@ -17,6 +17,10 @@ Each ``schedule()`` builds one forward step within ``max_num_batched_tokens``, i
    request sharing a long uncached prefix with a prompt still being prefilled waits one round for
    that prompt to enter the tree, so a shared prefix is computed once (SGLang's in-batch prefix
    check).
+4. **Drafts** (speculative decoding, when a proposer is given): each decoding request may carry
+   draft tokens in the rows left under the budget; their slots are allocated now (without
+   evicting locked KV or retracting anyone) and rolled back by ``accept_draft`` after
+   verification.
 
 A prompt's KV enters the radix tree as soon as its prefill completes (not only at finish), and the
 whole computed sequence enters it when the request finishes or is retracted. Where K/V lives and
