@@ -210,9 +210,14 @@ def spec_figures(eng: Any, before: dict[str, Any]) -> dict[str, float]:
     drafts = st["spec_num_drafts"] - before.get("spec_num_drafts", 0)
     prop = st["spec_num_draft_tokens"] - before.get("spec_num_draft_tokens", 0)
     acc = st["spec_num_accepted_tokens"] - before.get("spec_num_accepted_tokens", 0)
+    per_pos = [st[k] - before.get(k, 0) for k in sorted(st) if k.startswith("spec_accepted_pos_")]
+    steps = st["spec_decode_steps"] - before.get("spec_decode_steps", 0)
+    no_draft = st["spec_no_draft_steps"] - before.get("spec_no_draft_steps", 0)
     return {"acceptance_rate": round(acc / prop, 3) if prop else 0.0,
             "mean_accepted_len": round(1 + acc / drafts, 3) if drafts else 0.0,
-            "drafts": drafts}
+            "drafts": drafts, "draft_tokens": prop,
+            "accepted_per_position": [round(n / drafts, 3) if drafts else 0.0 for n in per_pos],
+            "no_draft_share": round(no_draft / steps, 3) if steps else 0.0}
 
 
 def llamacpp_tok_s(messages: list[list[dict[str, str]]], threads: int, max_tokens: int,
