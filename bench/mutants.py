@@ -45,6 +45,7 @@ COST = ["tests/cache/test_prices.py", "tests/cache/test_anthropic_model.py",
 RADIX = ["tests/engine/test_radix_cache.py", "tests/engine/test_radix_lock_shapes.py",
          "tests/engine/test_radix_machine_shared_prefixes.py"]
 SCHED = ["tests/engine/test_scheduler_pool_pressure.py"]
+SPEC = ["tests/engine/test_spec_rollback.py", "tests/engine/test_spec_verify.py"]
 
 
 def m(id: str, file: str, original: str, replacement: str, tests: list[str], bug: str) -> Mutant:
@@ -197,18 +198,29 @@ MUTANTS: list[Mutant] = [
     m("sched_retracts_oldest", "prefixgate/local_engine/scheduler.py",
       "victim = self.running[-1]", "victim = self.running[0]", SCHED,
       "retraction picks the oldest request, not the newest"),
-    m("sched_leaks_duplicate_slots", "prefixgate/local_engine/scheduler.py",
+    m("sched_leaks_duplicate_slots", "prefixgate/local_engine/kv_manager.py",
       "self.pool.free(seq.slots[own_from:prefix])  # duplicates of what the tree holds",
       "pass  # duplicates of what the tree holds", SCHED,
       "slots duplicating tree content never freed (leak)"),
-    m("sched_admit_without_lock", "prefixgate/local_engine/scheduler.py",
+    m("sched_admit_without_lock", "prefixgate/local_engine/kv_manager.py",
       "self.cache.lock(match.handle)\n            seq.handle, seq.slots",
       "seq.handle, seq.slots", SCHED,
       "a running request's cached prefix is not locked (eviction frees its slots)"),
-    m("sched_cache_prompt_keeps_old_lock", "prefixgate/local_engine/scheduler.py",
+    m("sched_cache_prompt_keeps_old_lock", "prefixgate/local_engine/kv_manager.py",
       "        if seq.handle is not None:\n            self.cache.unlock(seq.handle)\n        dup_from",
       "        dup_from", SCHED, "the shorter lock is never released (lock leak)"),
-    m("sched_page_spare_ignored", "prefixgate/local_engine/scheduler.py",
+    m("sched_page_spare_ignored", "prefixgate/local_engine/kv_manager.py",
       "spare = (-len(seq.slots)) % self.ps\n        need", "spare = 0\n        need", SCHED,
       "a partly filled page is ignored: a page allocated per token"),
+    # -- speculative decoding ---------------------------------------------------------------------
+    m("spec_rollback_leaks_pages", "prefixgate/local_engine/kv_manager.py",
+      "        self.pool.free(seq.slots[first_free:])\n", "", SPEC,
+      "the pages of rejected draft tokens never return to the pool"),
+    m("spec_residual_keeps_rejected", "prefixgate/local_engine/spec_decode.py",
+      "            residual[x] = 0.0\n", "", SPEC,
+      "after rejecting x the resample may draw x again (distribution skewed toward drafts)"),
+    m("spec_greedy_accepts_one_past_mismatch", "prefixgate/local_engine/spec_decode.py",
+      "    while m < len(draft) and draft[m] == target[m]:",
+      "    while m < len(draft) and (m == 0 or draft[m - 1] == target[m - 1]):", SPEC,
+      "greedy verification accepts the first mismatching draft token"),
 ]

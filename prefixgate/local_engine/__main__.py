@@ -4,6 +4,8 @@ Loads the model into an ``Engine`` and serves its OpenAI-compatible API (``serve
 uvicorn. Flags mirror ``EngineConfig``; ``--num-kv-slots`` / ``--kv-memory-gb`` size the KV
 pool (tokens / GiB), ``--max-num-batched-tokens`` and ``--chunk-size`` bound each step's
 prefill work (chunked prefill), ``--disable-prefix-cache`` turns the radix cache off.
+``--speculative ngram+suffix`` (or ``draft`` with ``--draft-model``) turns speculative decoding
+on; ``--quantization int8`` stores the linear weights as int8 with per-channel scales.
 """
 
 from __future__ import annotations
@@ -37,6 +39,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="cap on prompt + completion tokens (default: the model's)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--disable-prefix-cache", action="store_true")
+    p.add_argument("--speculative", default=None,
+                   help="speculative decoding drafters joined by '+': ngram, suffix, draft")
+    p.add_argument("--num-speculative-tokens", type=int, default=4, help="most draft tokens (k)")
+    p.add_argument("--spec-max-batch-tokens", type=int, default=16,
+                   help="no drafts when a step's decode rows + drafts would exceed this")
+    p.add_argument("--draft-model", default=None, help="draft model dir (--speculative draft)")
+    p.add_argument("--no-packed-linear", action="store_true",
+                   help="fp32 CPU: use plain F.linear instead of oneDNN pre-packed weights")
+    p.add_argument("--quantization", default=None, choices=["int8"],
+                   help="weight quantization (default: none, weights in --dtype)")
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-stats-interval", type=float, default=10.0,
                    help="seconds between engine status log lines while busy (0: off)")
@@ -66,6 +78,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         enable_prefix_cache=not args.disable_prefix_cache,
         model_name=args.model_name,
         max_context_len=args.max_context_len,
+        speculative=args.speculative,
+        num_speculative_tokens=args.num_speculative_tokens,
+        spec_max_batch_tokens=args.spec_max_batch_tokens,
+        draft_model_path=args.draft_model,
+        quantization=args.quantization,
+        packed_linear=not args.no_packed_linear,
     )
     if args.threads:
         import torch

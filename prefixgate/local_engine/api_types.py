@@ -27,6 +27,15 @@ class EngineConfig:
     model_name: name reported by ``/v1/models`` (default: the directory name).
     max_context_len: cap on prompt + completion tokens (default: the model's
     ``max_position_embeddings``, further capped by the pool size).
+    speculative: None (off), ``ngram``, ``suffix``, ``ngram+suffix`` or ``draft`` (needs
+    ``draft_model_path``, a model sharing the tokenizer). num_speculative_tokens: most draft
+    tokens per request and step (k). spec_max_batch_tokens: decode rows + draft tokens per step
+    above which drafting stops (compute-bound; measured by ``bench/engine_speculative.py``).
+    spec_cost_curve: measured ``(rows, step ms)`` points; with it each step's draft length is
+    chosen by expected tokens per step time (``spec_decode.choose_k_cap``).
+    quantization: None (weights in ``dtype``) or ``int8`` (weight-only, per-channel scales).
+    packed_linear: fp32 on CPU, run linear layers through oneDNN with pre-packed weights
+    (``cpu_linear``; skinny products such as speculative verification are ~2x cheaper).
     """
 
     model_path: str
@@ -42,6 +51,13 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     model_name: str | None = None
     max_context_len: int | None = None
+    speculative: str | None = None
+    num_speculative_tokens: int = 4
+    spec_max_batch_tokens: int = 16
+    spec_cost_curve: list[tuple[int, float]] | None = None
+    draft_model_path: str | None = None
+    quantization: str | None = None
+    packed_linear: bool = True
 
 
 @dataclass
@@ -90,6 +106,8 @@ class RequestOutput:
     whose KV came from the prefix cache) / completion_tokens: running usage counts.
     scheduled_at: ``time.perf_counter()`` when the request first joined a forward step (the end
     of its queueing), None before.
+    spec_drafts / spec_draft_tokens / spec_accepted_tokens: speculative decoding so far (drafts
+    verified, tokens proposed, tokens accepted; 0 with speculation off).
     """
 
     request_id: str
@@ -101,6 +119,9 @@ class RequestOutput:
     cached_tokens: int
     completion_tokens: int
     scheduled_at: float | None = None
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
 
 class PromptTooLong(ValueError):

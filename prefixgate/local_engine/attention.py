@@ -93,6 +93,35 @@ def decode_group(start: int, lengths: list[int], kv_index: torch.Tensor,
                      kv_flat=kv.reshape(-1), mask=mask)
 
 
+def verify_group(start: int, cached: list[int], ns: list[int], kv_index: torch.Tensor, gqa: int,
+                 device: torch.device) -> AttnGroup:
+    """Group of ``B`` decode rows carrying draft tokens: sequence ``b`` has ``ns[b]`` new rows
+    (its newest token + drafts) after ``cached[b]`` computed tokens, packed back to back.
+
+    Rows are padded to a ``[B, max(ns)]`` grid (a padded row repeats the sequence's last real
+    row and is dropped after attention). Row ``t`` of ``b`` sees keys ``j <= cached[b] + t`` and
+    ``j < cached[b] + ns[b]``. ``kv_index [B, >= max(cached + ns)]`` holds each one's slots.
+    """
+    b, n = len(ns), max(ns)
+    lengths = [c + k for c, k in zip(cached, ns)]
+    lmax = max(lengths)
+    offsets = [0]
+    for k in ns[:-1]:
+        offsets.append(offsets[-1] + k)
+    q_index = torch.tensor([o + min(t, k - 1) for o, k in zip(offsets, ns) for t in range(n)],
+                           device=device)
+    out_index = torch.tensor([i * n + t for i, k in enumerate(ns) for t in range(k)], device=device)
+    q_pos = torch.tensor(cached, device=device)[:, None] + torch.arange(n, device=device)[None, :]
+    keys = torch.arange(lmax, device=device)
+    mask = (keys[None, None, :] <= q_pos[:, :, None]) & (
+        keys[None, None, :] < torch.tensor(lengths, device=device)[:, None, None])  # [B, n, L]
+    if gqa > 1:
+        mask = mask.repeat(1, gqa, 1)
+    return AttnGroup(start=start, end=start + sum(ns), batch=b, n=n, kv_len=lmax,
+                     kv_flat=kv_index[:, :lmax].reshape(-1), mask=mask.view(b, 1, gqa * n, lmax),
+                     q_index=q_index, out_index=out_index)
+
+
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            meta: AttnMeta) -> torch.Tensor:
     """``q [T, heads, D]`` against the pool's ``k_cache, v_cache [S, kv_heads, D]`` → ``[T, heads*D]``.

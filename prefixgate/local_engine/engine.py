@@ -1,9 +1,10 @@
 """The engine: a background step loop and the facade the HTTP server and benchmarks use.
 
 One daemon thread owns the model, the KV pool, the radix tree and the scheduler. Callers talk to
-it through a command queue (add / abort / stop); results come back through a per-request sink
-called on the engine thread (``generate`` forwards them into its asyncio loop). Each step:
-schedule → forward → sample → stop checks → release finished requests → emit outputs.
+it through a queue of typed commands (``AddCmd`` / ``AbortCmd`` / ``StopCmd``); results come back
+through a per-request sink called on the engine thread (``generate`` forwards them into its
+asyncio loop). Each step: schedule (with drafts when speculative decoding is on) → forward →
+sample / verify drafts → stop checks → release finished requests → emit outputs.
 
     engine = Engine(EngineConfig(model_path="~/.cache/prefixgate/models/SmolLM2-135M-Instruct"))
     async for out in engine.generate(ids, SamplingParams(max_tokens=32, temperature=0)):
@@ -19,21 +20,24 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from prefixgate.local_engine import cpu_linear
 from prefixgate.local_engine.api_types import EngineConfig, PromptTooLong, RequestOutput, SamplingParams
 from prefixgate.local_engine.detokenizer import IncrementalDetokenizer
 from prefixgate.local_engine.kv_pool import KVPool, ReqToTokenTable
 from prefixgate.local_engine.model import load_model, split_model_path
 from prefixgate.local_engine.model_runner import ModelRunner
+from prefixgate.local_engine.quant import quantize_model
 from prefixgate.local_engine.radix_cache import RadixCache
 from prefixgate.local_engine.sampler import apply_logits_processors, make_generator, sample
-from prefixgate.local_engine.scheduler import Scheduler
+from prefixgate.local_engine.scheduler import ScheduledSeq, Scheduler
 from prefixgate.local_engine.sequence import Sequence, Status
+from prefixgate.local_engine.spec_factory import build_spec_decoder
 
 __all__ = ["Engine", "EngineConfig", "PromptTooLong", "RequestOutput", "SamplingParams"]
 
@@ -44,6 +48,28 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 DEFAULT_KV_GB = {"cpu": 1.0, "cuda": 16.0}
 
 Sink = Callable[[RequestOutput | BaseException], None]
+
+
+@dataclass(frozen=True)
+class AddCmd:
+    """Queue ``seq`` for admission."""
+
+    seq: Sequence
+
+
+@dataclass(frozen=True)
+class AbortCmd:
+    """Abort the request ``request_id`` (waiting or running; unknown ids are ignored)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class StopCmd:
+    """Abort everything and end the step loop."""
+
+
+Command = AddCmd | AbortCmd | StopCmd
 
 
 def _dtype(name: str | None, default: torch.dtype) -> torch.dtype:
@@ -93,6 +119,10 @@ class Engine:
         path = str(Path(cfg.model_path).expanduser())
         self.tokenizer = _load_tokenizer(path)
         self.model = load_model(path, self.device, self.dtype)
+        if cfg.quantization is not None:
+            quantize_model(self.model, cfg.quantization)
+        elif cfg.packed_linear and cpu_linear.available(self.device, self.dtype):
+            cpu_linear.pack_model(self.model)
         args = self.model.args
         self.model_name = cfg.model_name or Path(split_model_path(path)[1] or path).name.removesuffix(".gguf")
         ctx = min(cfg.max_context_len or args.max_position_embeddings, args.max_position_embeddings)
@@ -113,7 +143,9 @@ class Engine:
         self.runner = ModelRunner(self.model, self.pool, self.table, self.max_context_len,
                                   self.device, self.dtype)
         self.eos_ids = _eos_ids(path, self.tokenizer)
-        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.spec = build_spec_decoder(cfg, self.scheduler.kv, self.device, self.dtype,
+                                       args.vocab_size, self.max_context_len)
+        self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._seqs: dict[str, Sequence] = {}
@@ -151,7 +183,7 @@ class Engine:
         if self._stopped:
             raise RuntimeError("engine is shut down")
         self._ensure_thread()
-        self._inbox.put(("add", seq))
+        self._inbox.put(AddCmd(seq))
 
     def _ensure_thread(self) -> None:
         with self._start_lock:
@@ -228,7 +260,7 @@ class Engine:
 
     def abort(self, request_id: str) -> None:
         """Stop a request (waiting or running) and free its slots; unknown ids are ignored."""
-        self._inbox.put(("abort", request_id))
+        self._inbox.put(AbortCmd(request_id))
 
     def stats(self) -> dict[str, float | int]:
         """Counters: KV slots used/total, cache hit and prompt tokens (totals), queue sizes,
@@ -236,7 +268,8 @@ class Engine:
         retractions and evicted slots (totals)."""
         st = self.scheduler.stats
         t = self._timing
-        return {
+        spec = self.spec.metrics.as_dict() if self.spec is not None else {}
+        return spec | {
             "kv_slots_used": self.pool.used_slots,
             "kv_slots_total": self.pool.num_slots,
             "kv_slots_cached": self.cache.total_size if self.cache else 0,
@@ -256,7 +289,7 @@ class Engine:
         """Stop the step loop (running requests get an abort output) and join the thread."""
         self._stopped = True
         if self._thread is not None:
-            self._inbox.put(("stop", None))
+            self._inbox.put(StopCmd())
             self._thread.join(timeout=30)
             self._thread = None
 
@@ -283,15 +316,14 @@ class Engine:
                         log.exception("engine step failed")
                         self._fail_all(exc)
 
-    def _handle(self, cmd: tuple[str, Any]) -> bool:
-        kind, arg = cmd
-        if kind == "stop":
+    def _handle(self, cmd: Command) -> bool:
+        if isinstance(cmd, StopCmd):
             return False
-        if kind == "add":
-            self._seqs[arg.request_id] = arg
-            self.scheduler.add(arg)
-        elif kind == "abort":
-            seq = self.scheduler.abort(arg)
+        if isinstance(cmd, AddCmd):
+            self._seqs[cmd.seq.request_id] = cmd.seq
+            self.scheduler.add(cmd.seq)
+        else:
+            seq = self.scheduler.abort(cmd.request_id)
             if seq is not None:
                 self._emit(seq, final=True)
         return True
@@ -305,49 +337,80 @@ class Engine:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.abort(seq.request_id)
             self._seqs.pop(seq.request_id, None)
+            if self.spec is not None:
+                self.spec.release(seq)
             seq.sink(exc)
 
     def _emit(self, seq: Sequence, final: bool = False) -> None:
         text = seq.detok.take(final=final)
         if seq.status is Status.FINISHED:
             self._seqs.pop(seq.request_id, None)
+            if self.spec is not None:
+                self.spec.release(seq)
         seq.sink(seq.output(text))
 
     def step(self) -> None:
-        """One scheduling + forward + sampling step (engine thread only)."""
-        batch = self.scheduler.schedule()
+        """One scheduling + forward + sampling / verification step (engine thread only)."""
+        batch = self.scheduler.schedule(self.spec.propose if self.spec is not None else None)
         if not batch:
             return
         t0 = time.perf_counter()
         for it in batch:  # the end of each new request's queueing (RequestOutput.scheduled_at)
             if it.seq.scheduled_at is None:
                 it.seq.scheduled_at = t0
-        logits, ready_seqs = self.runner.run(batch)
-        logits = apply_logits_processors(logits, [s.params for s in ready_seqs],
-                                         [s.token_ids[s.num_prompt:] if s.params.logits_processors
-                                          else [] for s in ready_seqs])
-        tokens = sample(logits, [s.params for s in ready_seqs], [s.generator for s in ready_seqs])
+        logits, items = self.runner.run(batch)
+        new_tokens = self._choose(logits, items)
         dt = time.perf_counter() - t0
-        n_tokens = sum(it.n for it in batch)
-        if all(it.n == 1 and it.start > 0 for it in batch):
-            self._timing["decode_s"] += dt
-            self._timing["decode_tokens"] += n_tokens
-        else:
-            self._timing["prefill_s"] += dt
-            self._timing["prefill_tokens"] += n_tokens
+        n_rows = sum(it.num_rows for it in batch)
+        kind = "decode" if all(it.is_decode for it in batch) else "prefill"
+        self._timing[f"{kind}_s"] += dt
+        self._timing[f"{kind}_tokens"] += n_rows if kind == "prefill" else sum(
+            len(t) for t in new_tokens)
         self.scheduler.complete_step(batch)
-        for seq, tok in zip(ready_seqs, tokens):
-            self._append(seq, tok)
+        for it, toks in zip(items, new_tokens):
+            if it.draft is not None:
+                self.scheduler.accept_draft(it.seq, toks[:-1])
+            self._append(it.seq, toks)
 
-    def _append(self, seq: Sequence, tok: int) -> None:
-        seq.token_ids.append(tok)
-        seq.pending_ids.append(tok)
-        if tok in seq.stop_ids or seq.detok.add(tok):
-            seq.finish_reason = "stop"
-        elif seq.num_completion >= seq.max_tokens:
-            seq.finish_reason = "length"
-        if seq.finish_reason is not None:
-            self.scheduler.finish(seq)
+    def _choose(self, logits: torch.Tensor, items: list[ScheduledSeq]) -> list[list[int]]:
+        """Tokens each item's request gains this step: one sampled token, or the accepted draft
+        tokens + one (speculative items, ``spec_decode.verify``)."""
+        starts, r = [], 0
+        for it in items:
+            starts.append(r)
+            r += it.num_rows if it.draft is not None else 1
+        plain = [i for i, it in enumerate(items) if it.draft is None]
+        out: list[list[int]] = [[] for _ in items]
+        if plain:
+            rows = torch.tensor([starts[i] for i in plain], device=logits.device)
+            seqs = [items[i].seq for i in plain]
+            picked = apply_logits_processors(  # constrained decoding (tool_mask), per sequence
+                logits.index_select(0, rows), [s.params for s in seqs],
+                [s.token_ids[s.num_prompt:] if s.params.logits_processors else [] for s in seqs])
+            toks = sample(picked, [s.params for s in seqs], [s.generator for s in seqs])
+            for i, tok in zip(plain, toks):
+                out[i] = [tok]
+        for i, it in enumerate(items):
+            if it.draft is not None:
+                assert self.spec is not None
+                k = len(it.draft.tokens)
+                accepted, nxt = self.spec.verify(it.seq, logits[starts[i]:starts[i] + k + 1],
+                                                 it.draft)
+                out[i] = accepted + [nxt]
+        return out
+
+    def _append(self, seq: Sequence, tokens: list[int]) -> None:
+        """Append ``tokens`` one by one with stop checks (a stop drops the rest), then emit."""
+        for tok in tokens:
+            seq.token_ids.append(tok)
+            seq.pending_ids.append(tok)
+            if tok in seq.stop_ids or seq.detok.add(tok):
+                seq.finish_reason = "stop"
+            elif seq.num_completion >= seq.max_tokens:
+                seq.finish_reason = "length"
+            if seq.finish_reason is not None:
+                self.scheduler.finish(seq)
+                break
         self._emit(seq, final=seq.finish_reason is not None)
 
 

@@ -38,6 +38,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from prefixgate.local_engine.spec_metrics import SpecCollector
+
 __all__ = ["CONTENT_TYPE", "EngineMetrics", "stats_log_line"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -103,6 +105,7 @@ class EngineMetrics:
     def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_StatsCollector(stats))
+        self.registry.register(SpecCollector(stats))  # spec_metrics.py documents its names
         self.ttft = Histogram(
             "engine_time_to_first_token_seconds", "Time to first token (s).",
             buckets=TTFT_BUCKETS_S, registry=self.registry,

@@ -14,6 +14,7 @@ each sequence's keys/values from the pool by slot index, see ``attention.AttnGro
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -185,6 +186,7 @@ class DecoderLayer(nn.Module):
                    self.post_attn_norm.weight, self.gate_up.weight, self.down.weight)
         self._split = [self.inter, self.inter]
         self._eps = self.input_norm.eps
+        self._mm: Callable[..., torch.Tensor] = F.linear  # quant.linear_any when quantized
 
     def forward(self, x: torch.Tensor, meta: AttnMeta, pool: KVPool) -> torch.Tensor:
         """``x [T, hidden]`` → ``[T, hidden]``; writes this layer's new K/V at ``meta.out_slots``.
@@ -194,14 +196,15 @@ class DecoderLayer(nn.Module):
         """
         w_in, w_qkv, b_qkv, w_o, w_post, w_gu, w_down = self._w
         t, nh, nkv, d, eps = x.shape[0], self.nh, self.nkv, self.hd, self._eps
-        qkv = F.linear(rms_norm(x, w_in, eps), w_qkv, b_qkv)
+        mm = self._mm
+        qkv = mm(rms_norm(x, w_in, eps), w_qkv, b_qkv)
         qk = apply_rope(qkv[:, : self.q_size + self.kv_size].view(t, nh + nkv, d),
                         meta.cos, meta.sin)
         li = self.layer_id
         pool.write(li, meta.out_slots, qk[:, nh:], qkv[:, self.q_size + self.kv_size:].view(t, nkv, d))
-        x = x + F.linear(attend(qk[:, :nh], pool.k[li], pool.v[li], meta), w_o)
-        gate, up = F.linear(rms_norm(x, w_post, eps), w_gu).split_with_sizes(self._split, dim=-1)
-        return x + F.linear(F.silu(gate) * up, w_down)
+        x = x + mm(attend(qk[:, :nh], pool.k[li], pool.v[li], meta), w_o)
+        gate, up = mm(rms_norm(x, w_post, eps), w_gu).split_with_sizes(self._split, dim=-1)
+        return x + mm(F.silu(gate) * up, w_down)
 
 
 class CausalLM(nn.Module):
@@ -221,6 +224,7 @@ class CausalLM(nn.Module):
             args.hidden_size, args.vocab_size, bias=False)
         self.requires_grad_(False)
         self._layers = self.decoder_layers()
+        self._head: Callable[[torch.Tensor], torch.Tensor] | None = None  # set by quant
 
     def decoder_layers(self) -> list[DecoderLayer]:
         """The layers, typed (``nn.ModuleList`` iterates as plain ``Module``)."""
@@ -238,6 +242,8 @@ class CausalLM(nn.Module):
         for layer in self._layers:
             x = layer.forward(x, meta, pool)
         x = rms_norm(x.index_select(0, logit_rows), self.norm.weight, self.norm.eps)
+        if self._head is not None:
+            return self._head(x).float()
         return F.linear(x, self.head_weight()).float()
 
 

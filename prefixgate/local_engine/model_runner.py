@@ -1,19 +1,19 @@
 """Turns a scheduled step into tensors, runs the model, returns logits (nano-vllm's model_runner).
 
 Packing of one step (``T`` rows): prefill chunks first (one attention group each), then all
-decode rows (one attention group). For every row: its token id, its position (= its index in its
-sequence, continuing from the cached length) and the slot its K/V is written to.
+decode rows (one attention group; when any decode carries draft tokens, a padded ``verify_group``
+holds every decode's newest token + drafts). For every row: its token id, its position (= its
+index in its sequence, continuing from the cached length) and the slot its K/V is written to.
 """
 
 from __future__ import annotations
 
 import torch
 
-from prefixgate.local_engine.attention import AttnMeta, decode_group, prefill_group
+from prefixgate.local_engine.attention import AttnMeta, decode_group, prefill_group, verify_group
 from prefixgate.local_engine.kv_pool import KVPool, ReqToTokenTable
 from prefixgate.local_engine.model import CausalLM, rope_tables
 from prefixgate.local_engine.scheduler import ScheduledSeq
-from prefixgate.local_engine.sequence import Sequence
 
 
 class ModelRunner:
@@ -32,28 +32,34 @@ class ModelRunner:
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64).to(self.device, non_blocking=True)
 
-    def run(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, list[Sequence]]:
-        """Forward ``batch``; returns ``(logits [R, vocab] fp32, the R sequences they belong to)``.
+    def run(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, list[ScheduledSeq]]:
+        """Forward ``batch``; returns ``(logits [R, vocab] fp32, the items they belong to)``.
 
-        Only sequences whose every token is computed after this step get a logits row.
+        Only items whose sequence has every token computed after this step get logits rows:
+        ``item.num_rows`` consecutive rows for a decode carrying a draft (its newest token and
+        each draft token), one row otherwise. Items come back in packing order.
         """
         ids: list[int] = []
         positions: list[int] = []
         out_slots: list[int] = []
         groups = []
         logit_rows: list[int] = []
-        sampled: list[Sequence] = []
-        decode_items = [it for it in batch if it.n == 1 and it.start > 0]
-        prefill_items = [it for it in batch if not (it.n == 1 and it.start > 0)]
+        with_logits: list[ScheduledSeq] = []
+        decode_items = [it for it in batch if it.is_decode]
+        prefill_items = [it for it in batch if not it.is_decode]
         table = self.table.table
         for it in prefill_items + decode_items:
             seq, s, e = it.seq, it.start, it.start + it.n
+            rows = it.num_rows
             ids.extend(seq.token_ids[s:e])
-            positions.extend(range(s, e))
-            out_slots.extend(seq.slots[s:e])
+            if it.draft is not None:
+                ids.extend(it.draft.tokens)
+            positions.extend(range(s, s + rows))
+            out_slots.extend(seq.slots[s:s + rows])
             if e == len(seq.token_ids):
-                logit_rows.append(len(ids) - 1)
-                sampled.append(seq)
+                first = len(ids) - (rows if it.draft is not None else 1)
+                logit_rows.extend(range(first, len(ids)))
+                with_logits.append(it)
         row = 0
         for it in prefill_items:
             assert it.seq.row is not None
@@ -61,10 +67,15 @@ class ModelRunner:
             groups.append(prefill_group(row, it.start, it.n, slots, self.gqa, self.device))
             row += it.n
         if decode_items:
-            rows = self._tensor([it.seq.row for it in decode_items])  # type: ignore[misc]
-            lengths = [it.start + 1 for it in decode_items]
-            kv_index = table[:, : max(lengths)].index_select(0, rows)
-            groups.append(decode_group(row, lengths, kv_index, self.device))
+            rows_t = self._tensor([it.seq.row for it in decode_items])  # type: ignore[misc]
+            ns = [it.num_rows for it in decode_items]
+            lengths = [it.start + k for it, k in zip(decode_items, ns)]
+            kv_index = table[:, : max(lengths)].index_select(0, rows_t)
+            if max(ns) == 1:
+                groups.append(decode_group(row, lengths, kv_index, self.device))
+            else:
+                groups.append(verify_group(row, [it.start for it in decode_items], ns, kv_index,
+                                           self.gqa, self.device))
         pos_t = self._tensor(positions)
         meta = AttnMeta(
             cos=self.cos.index_select(0, pos_t).unsqueeze(1),
@@ -74,4 +85,4 @@ class ModelRunner:
             gqa=self.gqa,
         )
         logits = self.model(self._tensor(ids), meta, self.pool, self._tensor(logit_rows))
-        return logits, sampled
+        return logits, with_logits

@@ -67,3 +67,13 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         probs = torch.softmax(row, dim=-1)
         out.append(int(torch.multinomial(probs, 1, generator=generators[i]).item()))
     return out
+
+
+def probs_of(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The distribution ``sample`` draws from, for each row of ``logits [R, V]``: softmax of the
+    temperature-scaled, top-k / top-p filtered logits (``[R, V]`` fp32). Greedy params give the
+    one-hot of the argmax."""
+    if p.temperature == 0 or p.top_k == 1:
+        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
+    rows = [filter_logits(r / p.temperature, p.top_k, p.top_p) for r in logits]
+    return torch.softmax(torch.stack(rows), dim=-1)

@@ -17,16 +17,25 @@ Each ``schedule()`` builds one forward step within ``max_num_batched_tokens``, i
    request sharing a long uncached prefix with a prompt still being prefilled waits one round for
    that prompt to enter the tree, so a shared prefix is computed once (SGLang's in-batch prefix
    check).
+4. **Drafts** (speculative decoding, when a proposer is given): each decoding request may carry
+   draft tokens in the rows left under the budget; their slots are allocated now (without
+   evicting locked KV or retracting anyone) and rolled back by ``accept_draft`` after
+   verification.
 
 A prompt's KV enters the radix tree as soon as its prefill completes (not only at finish), and the
-whole computed sequence enters it when the request finishes or is retracted.
+whole computed sequence enters it when the request finishes or is retracted. Where K/V lives and
+how it returns to the tree is ``kv_manager.KVManager``'s business (its docstring has the region
+table); speculative draft tokens ride on decode items and are verified in the same step.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from prefixgate.local_engine.drafters import Draft
+from prefixgate.local_engine.kv_manager import KVManager, KVStats
 from prefixgate.local_engine.kv_pool import KVPool, ReqToTokenTable
 from prefixgate.local_engine.radix_cache import RadixCache, common_prefix_len
 from prefixgate.local_engine.sequence import Sequence, Status
@@ -37,30 +46,46 @@ DEFER_MIN_SHARED = 32    # tokens of shared uncached prefix that justify waiting
 
 @dataclass
 class ScheduledSeq:
-    """``n`` new tokens of ``seq`` starting at token ``start`` (slots already allocated)."""
+    """``n`` tokens of ``seq`` starting at token ``start`` (slots already allocated), then the
+    ``draft`` tokens to verify after them (decode steps only; their slots follow).
+
+    ``is_decode`` is decided once, by the scheduler: the request computes only its newest sampled
+    token (plus drafts). Every consumer (model runner, stats, timing) reads this flag.
+    """
 
     seq: Sequence
     start: int
     n: int
+    is_decode: bool = False
+    draft: Draft | None = None
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of this item in the packed forward batch (tokens + draft tokens)."""
+        return self.n + (len(self.draft.tokens) if self.draft else 0)
 
 
 @dataclass
-class SchedulerStats:
-    """Monotonic counters (tokens) for ``Engine.stats``."""
+class SchedulerStats(KVStats):
+    """Monotonic counters (tokens) for ``Engine.stats`` (the KV manager's slot counters too)."""
 
     prompt_tokens: int = 0
     cache_hit_tokens: int = 0
     prefill_tokens: int = 0
     decode_tokens: int = 0
     retractions: int = 0
-    evicted_slots: int = 0
+
+
+ProposeFn = Callable[[list[Sequence], int], list[Draft | None]]
 
 
 class Scheduler:
-    """Owns the waiting queue, the running batch, slot allocation and the radix tree."""
+    """Owns the waiting queue and the running batch; KV memory goes through ``self.kv``."""
 
     def __init__(self, pool: KVPool, table: ReqToTokenTable, cache: RadixCache | None,
                  max_num_batched_tokens: int, chunk_size: int, max_running: int) -> None:
+        self.stats = SchedulerStats()
+        self.kv = KVManager(pool, table, cache, self.stats)
         self.pool = pool
         self.table = table
         self.cache = cache
@@ -69,8 +94,6 @@ class Scheduler:
         self.max_running = max_running
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.stats = SchedulerStats()
-        self.ps = pool.page_size
 
     # -- queue --------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -96,75 +119,11 @@ class Scheduler:
                 return seq
         return None
 
-    # -- memory -------------------------------------------------------------------------------
-    def _pages_needed(self, seq: Sequence, n: int) -> int:
-        spare = (-len(seq.slots)) % self.ps
-        need = max(0, n - spare)
-        return -(-need // self.ps)
-
-    def _reserve(self, pages: int) -> bool:
-        """Make ``pages`` free pages available, evicting unlocked tree leaves if needed."""
-        short = pages * self.ps - self.pool.free_slots
-        if short > 0 and self.cache is not None:
-            freed = self.cache.evict(short)
-            self.stats.evicted_slots += len(freed)
-            self.pool.free(freed)
-        return self.pool.free_slots >= pages * self.ps
-
-    def _grow(self, seq: Sequence, n: int) -> None:
-        """Allocate slots for ``seq``'s next ``n`` tokens (room must be reserved)."""
-        start = len(seq.slots)
-        spare = (-start) % self.ps
-        new = [seq.slots[-1] + 1 + i for i in range(min(spare, n))] if spare else []
-        pages = self.pool.alloc_pages(self._pages_needed(seq, n))
-        new += self.pool.page_slots(pages)[: n - len(new)]
-        seq.slots.extend(new)
-        assert seq.row is not None
-        self.table.set(seq.row, start, new)
-
-    def _release_slots(self, seq: Sequence) -> None:
-        """Hand ``seq``'s computed KV to the tree (if enabled), drop its lock, free the rest."""
-        own_from = seq.num_tree_tokens
-        if self.cache is not None and seq.num_computed > 0:
-            tokens = seq.token_ids[: seq.num_computed]
-            slots = seq.slots[: seq.num_computed]
-            prefix = self.cache.insert(tokens, slots, seq.extra_key)
-            aligned = seq.num_computed - seq.num_computed % self.ps
-            self.pool.free(seq.slots[own_from:prefix])  # duplicates of what the tree holds
-            own_from = max(aligned, own_from)
-        if seq.handle is not None and self.cache is not None:
-            self.cache.unlock(seq.handle)
-        self.pool.free(seq.slots[own_from:])
-        seq.slots, seq.handle, seq.num_tree_tokens, seq.num_computed = [], None, 0, 0
-        if seq.row is not None:
-            self.table.release(seq.row)
-            seq.row = None
-
-    def cache_prompt(self, seq: Sequence) -> None:
-        """Insert ``seq``'s computed tokens into the tree now and re-lock the longer match.
-
-        Other requests with the same prefix can then reuse it while ``seq`` still decodes.
-        """
-        if self.cache is None or seq.num_computed == 0:
-            return
-        tokens = seq.token_ids[: seq.num_computed]
-        prefix = self.cache.insert(tokens, seq.slots[: seq.num_computed], seq.extra_key)
-        match = self.cache.match_prefix(tokens, seq.extra_key)
-        self.cache.lock(match.handle)
-        if seq.handle is not None:
-            self.cache.unlock(seq.handle)
-        dup_from, dup_to = seq.num_tree_tokens, max(prefix, seq.num_tree_tokens)
-        self.pool.free(seq.slots[dup_from:dup_to])
-        n = match.handle.cached_len
-        seq.slots[:n] = match.slots
-        assert seq.row is not None
-        self.table.set(seq.row, dup_from, match.slots[dup_from:dup_to])
-        seq.handle, seq.num_tree_tokens = match.handle, n
-
+    # -- lifecycle ------------------------------------------------------------------------------
     def retract(self, seq: Sequence) -> None:
         """Send a running request back to the front of the queue, keeping its completion."""
         self.running.remove(seq)
-        self._release_slots(seq)
+        self.kv.cache_seq(seq, finished=True)
         seq.prompt_cached = False
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
@@ -174,7 +133,7 @@ class Scheduler:
         """Release a finished (or aborted) request at once."""
         if seq in self.running:
             self.running.remove(seq)
-        self._release_slots(seq)
+        self.kv.cache_seq(seq, finished=True)
         seq.status = Status.FINISHED
 
     # -- admission ----------------------------------------------------------------------------
@@ -195,18 +154,12 @@ class Scheduler:
             if other.prompt_cached or other.extra_key != seq.extra_key:
                 continue
             shared = common_prefix_len(mine, other.token_ids[: other.num_prompt])
-            if shared - cached >= max(DEFER_MIN_SHARED, self.ps):
+            if shared - cached >= max(DEFER_MIN_SHARED, self.kv.ps):
                 return True
         return False
 
     def _admit(self, seq: Sequence) -> None:
-        seq.row = self.table.acquire()
-        if self.cache is not None:
-            match = self.cache.match_prefix(seq.token_ids[:-1], seq.extra_key)
-            self.cache.lock(match.handle)
-            seq.handle, seq.slots = match.handle, list(match.slots)
-            seq.num_tree_tokens = seq.num_computed = match.handle.cached_len
-            self.table.set(seq.row, 0, seq.slots)
+        self.kv.admit(seq)
         seq.first_admission = seq.cached_tokens is None
         if seq.first_admission:
             seq.cached_tokens = min(seq.num_computed, seq.num_prompt)
@@ -218,7 +171,7 @@ class Scheduler:
     def _unadmit(self, seq: Sequence) -> None:
         """Undo ``_admit`` of a request that got no room (nothing was computed for it)."""
         self.running.remove(seq)
-        self._release_slots(seq)
+        self.kv.cache_seq(seq, finished=True)
         if seq.first_admission:
             self.stats.cache_hit_tokens -= seq.cached_tokens or 0
             seq.cached_tokens = None
@@ -226,36 +179,66 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     # -- the step -----------------------------------------------------------------------------
-    def schedule(self) -> list[ScheduledSeq]:
-        """Pick this step's work and allocate its slots. Prefill chunks first, then decodes."""
+    def _attach_drafts(self, decodes: list[Sequence], budget: int,
+                       propose: ProposeFn | None) -> list[ScheduledSeq]:
+        """Decode items for ``decodes`` (one slot each already grown), with drafts where the
+        proposer gives one and memory allows (a draft never causes eviction of locked KV or a
+        retraction: without room it is dropped)."""
+        drafts: list[Draft | None] = [None] * len(decodes)
+        if propose is not None and decodes and budget > 0:
+            drafts = propose(decodes, budget)
+        items = []
+        for s, d in zip(decodes, drafts):
+            start = len(s.slots) - 1
+            if d is not None and d.tokens:
+                k = min(len(d.tokens), budget)
+                if k > 0 and self.kv.reserve(self.kv.pages_needed(s, k)):
+                    d = d.truncated(k)
+                    self.kv.grow(s, k)
+                    budget -= k
+                else:
+                    d = None
+            else:
+                d = None
+            items.append(ScheduledSeq(s, start, 1, is_decode=True, draft=d))
+        return items
+
+    def schedule(self, propose: ProposeFn | None = None) -> list[ScheduledSeq]:
+        """Pick this step's work and allocate its slots. Prefill chunks first, then decodes.
+
+        ``propose(decoding_requests, spare_budget)`` (speculative decoding) returns one draft
+        (or None) per decoding request; its tokens are verified in this same step.
+        """
         budget = self.budget
-        decodes = [s for s in self.running if s.num_uncomputed == 1]
+        decodes = [s for s in self.running if s.num_uncomputed == 1 and s.num_computed > 0]
         # 1. decode: one token each; retract newest requests while memory is short
-        while decodes and not self._reserve(sum(self._pages_needed(s, 1) for s in decodes)):
+        while decodes and not self.kv.reserve(sum(self.kv.pages_needed(s, 1) for s in decodes)):
             victim = self.running[-1]
             if victim in decodes:
                 decodes.remove(victim)
             self.retract(victim)
         decodes = decodes[:budget]
         for s in decodes:
-            self._grow(s, 1)
+            self.kv.grow(s, 1)
         budget -= len(decodes)
         # 2. chunked prefill of admitted requests
         prefills: list[ScheduledSeq] = []
         for s in list(self.running):  # a copy: making room may retract others
-            if budget <= 0 or s.num_uncomputed <= 1 or s.status is not Status.RUNNING:
+            if budget <= 0 or s in decodes or s.status is not Status.RUNNING:
+                continue
+            if s.num_uncomputed < 1:
                 continue
             n = min(s.num_uncomputed, self.chunk_size, budget)
-            if not self._reserve(self._pages_needed(s, n)):
+            if not self.kv.reserve(self.kv.pages_needed(s, n)):
                 if decodes or prefills:
                     break
                 others = [o for o in self.running if o is not s]
-                while others and not self._reserve(self._pages_needed(s, n)):
+                while others and not self.kv.reserve(self.kv.pages_needed(s, n)):
                     self.retract(others.pop())
-                if not self._reserve(self._pages_needed(s, n)):
+                if not self.kv.reserve(self.kv.pages_needed(s, n)):
                     break
             prefills.append(ScheduledSeq(s, len(s.slots), n))
-            self._grow(s, n)
+            self.kv.grow(s, n)
             budget -= n
         # 3. admission
         for seq in self._order_waiting():
@@ -268,21 +251,19 @@ class Scheduler:
                 continue
             self._admit(seq)  # locks its cached prefix first: making room cannot evict it
             n = min(seq.num_uncomputed, self.chunk_size, budget)
-            if not self._reserve(self._pages_needed(seq, n)):
+            if not self.kv.reserve(self.kv.pages_needed(seq, n)):
                 self._unadmit(seq)
                 break
             start = len(seq.slots)
-            self._grow(seq, n)
-            item = ScheduledSeq(seq, start, n)
-            if n == 1 and seq.num_uncomputed == 1 and start > 0:
-                decodes.append(seq)
-            else:
-                prefills.append(item)
+            self.kv.grow(seq, n)
+            prefills.append(ScheduledSeq(seq, start, n, is_decode=n == 1 and start > 0
+                                         and seq.num_uncomputed == 1))
             budget -= n
-        out = prefills + [ScheduledSeq(s, len(s.slots) - 1, 1) for s in decodes]
+        decode_items = self._attach_drafts(decodes, budget, propose)
+        out = prefills + decode_items
         for item in out:
-            if item.n == 1 and item.start + 1 == len(item.seq.token_ids) and item.start > 0:
-                self.stats.decode_tokens += 1
+            if item.is_decode:
+                self.stats.decode_tokens += item.num_rows
             else:
                 self.stats.prefill_tokens += item.n
         return out
@@ -290,15 +271,26 @@ class Scheduler:
     def complete_step(self, batch: list[ScheduledSeq]) -> list[Sequence]:
         """Mark the step's tokens computed; cache prompts whose prefill just ended.
 
-        Returns the requests that now have logits to sample from (all their tokens computed).
+        Draft tokens are not marked computed here: the caller verifies them and calls
+        ``accept_draft``. Returns the requests that now have logits to sample from.
         """
         ready = []
         for item in batch:
             seq = item.seq
             seq.num_computed = item.start + item.n
             if not seq.prompt_cached and seq.num_computed >= seq.num_prompt:
-                self.cache_prompt(seq)
+                self.kv.cache_seq(seq, finished=False)
                 seq.prompt_cached = True
             if seq.num_computed == len(seq.token_ids):
                 ready.append(seq)
         return ready
+
+    def accept_draft(self, seq: Sequence, accepted: list[int]) -> None:
+        """Keep the K/V of the first ``len(accepted)`` draft tokens, roll back the rest.
+
+        Call before appending ``accepted`` (and the token sampled after them) to ``seq``: the
+        accepted drafts' K/V were computed in the verification step.
+        """
+        keep = seq.num_computed + len(accepted)
+        self.kv.rollback(seq, keep)
+        seq.num_computed = keep

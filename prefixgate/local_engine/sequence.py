@@ -4,7 +4,8 @@ Token bookkeeping: ``token_ids = prompt + completion``. ``slots[i]`` is the KV s
 for ``i < num_computed`` (those tokens' K/V are in the pool). The first ``num_tree_tokens`` slots
 belong to the radix tree (locked through ``handle``); the rest were allocated for this request.
 The request needs ``len(token_ids) - num_computed`` tokens computed before it can sample
-again: 1 in decode, more in (chunked) prefill or after being retracted and re-admitted.
+again: 1 in decode, more in (chunked) prefill or after being retracted and re-admitted. During a
+speculative step ``slots`` also covers the draft tokens being verified (``kv_manager`` regions).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import enum
 import itertools
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -63,8 +63,10 @@ class Sequence:
         self.pending_ids: list[int] = []
         self.prompt_cached = False  # prompt KV inserted into the radix tree (after its prefill)
         self.aborted = False
-        self.meta: dict[str, Any] = {}
         self.scheduled_at: float | None = None  # perf_counter s of its first forward step
+        self.spec_drafts = 0           # speculative decoding: drafts verified for this request,
+        self.spec_draft_tokens = 0     # tokens proposed in them,
+        self.spec_accepted_tokens = 0  # and of those, accepted
 
     @property
     def num_completion(self) -> int:
@@ -75,11 +77,6 @@ class Sequence:
     def num_uncomputed(self) -> int:
         """Tokens to run through the model before the next token can be sampled."""
         return len(self.token_ids) - self.num_computed
-
-    @property
-    def in_decode(self) -> bool:
-        """True when only the newest sampled token is left to compute (a decode step)."""
-        return self.num_uncomputed == 1 and self.num_computed > 0
 
     def output(self, text: str) -> RequestOutput:
         """Build the output for what was produced since the last one and clear it."""
@@ -93,6 +90,9 @@ class Sequence:
             cached_tokens=self.cached_tokens or 0,
             completion_tokens=self.num_completion,
             scheduled_at=self.scheduled_at,
+            spec_drafts=self.spec_drafts,
+            spec_draft_tokens=self.spec_draft_tokens,
+            spec_accepted_tokens=self.spec_accepted_tokens,
         )
         self.pending_ids = []
         return out

@@ -39,13 +39,30 @@ class _UsageSource(Protocol):
 def usage_dict(out: _UsageSource) -> dict[str, Any]:
     """OpenAI ``usage`` (tokens): ``{"prompt_tokens", "completion_tokens", "total_tokens",
     "prompt_tokens_details": {"cached_tokens"}}``; cached tokens are the prompt tokens whose
-    KV came from the radix prefix cache."""
-    return {
+    KV came from the radix prefix cache.
+
+    With speculative decoding, ``completion_tokens_details`` carries OpenAI's predicted-output
+    fields (``accepted_prediction_tokens`` / ``rejected_prediction_tokens``: draft tokens accepted
+    / rejected) and the extension ``speculative`` ``{"num_drafts", "num_draft_tokens",
+    "num_accepted_tokens", "mean_accepted_length"}`` (vLLM's names, this request only)."""
+    usage: dict[str, Any] = {
         "prompt_tokens": out.prompt_tokens,
         "completion_tokens": out.completion_tokens,
         "total_tokens": out.prompt_tokens + out.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": out.cached_tokens},
     }
+    drafts = int(getattr(out, "spec_drafts", 0) or 0)
+    if drafts:
+        proposed, accepted = int(out.spec_draft_tokens), int(out.spec_accepted_tokens)  # type: ignore[attr-defined]
+        usage["completion_tokens_details"] = {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": proposed - accepted,
+        }
+        usage["speculative"] = {
+            "num_drafts": drafts, "num_draft_tokens": proposed, "num_accepted_tokens": accepted,
+            "mean_accepted_length": round(1 + accepted / drafts, 4),
+        }
+    return usage
 
 
 def sse(obj: dict[str, Any]) -> bytes:

@@ -65,8 +65,8 @@ def test_step_respects_token_budget_and_chunk_size(make_engine: Any) -> None:
             assert all(it.n <= 40 for it in batch)
             logits, ready = eng.runner.run(batch)
             eng.scheduler.complete_step(batch)
-            for s, tok in zip(ready, logits.argmax(-1).tolist()):
-                eng._append(s, tok)
+            for item, tok in zip(ready, logits.argmax(-1).tolist()):
+                eng._append(item.seq, [tok])
     drain(eng)
     assert eng.scheduler.stats.prefill_tokens == 3 * 90
 

@@ -1,0 +1,368 @@
+"""Speculative decoding and int8 weights vs plain fp32 decode: TPOT on grounded and open outputs.
+
+    .venv/bin/python bench/engine_speculative.py [--quick] [--threads 2] [--no-llamacpp]
+
+Same run, same process, engines built side by side on SmolLM2-135M-Instruct (fp32 unless said):
+
+- knee: decode step time vs rows per step (1 .. 32 requests decoding together, spec off). The
+  speculative engines get this curve (``spec_cost_curve``): each step they draft only as many
+  tokens as raise expected tokens per step time (``spec_decode.choose_k_cap``), so drafting turns
+  itself off where the step is compute-bound. Recorded beside it: ``threshold_rows`` (largest
+  row count within ``KNEE_FACTOR`` × a 1-row step) and the draft cap the policy picks at batch
+  1 / 8 for high and low acceptance.
+- grounded: agent outputs that copy their inputs — prompts from the tau-bench airline trace that
+  ask to restate a JSON tool result, to quote a reservation's ids and values, or to answer the
+  customer from a tool result. open: open-ended chat (the trace's first customer turns and
+  general questions). Greedy, EOS on (plain and speculative give the same tokens: exactness).
+  One engine per weight format (``ngram+suffix``, k = ``--k``); each prompt group runs
+  speculative first, then plain with the speculative decoder detached (so the suffix index never
+  holds a prompt's own earlier output); batch 1 (one request at a time) and batch 8 (8 at once,
+  prompts disjoint from batch 1's). TPOT per request = (last token time − first token
+  time) / (tokens − 1), from the engine's streamed outputs; the figure is mean TPOT.
+- int8: ``quantization="int8"`` decode tokens/s vs fp32 at batch 1 (plain), and greedy top-1
+  agreement with fp32 on the first completion token of tau-bench prompts (prefixes of the
+  conversations cut at every assistant turn).
+- vs_llamacpp: int8 + speculation on the grounded prompts at batch 1 (tokens/s = 1000 / TPOT ms)
+  against llama.cpp's plain decode of the same model (Q4_1 GGUF, ``bench/llamacpp_server.py``,
+  no busy-polling) on the same prompts over its streaming API, in the same run.
+
+Writes ``bench/results/engine_speculative.json``::
+
+    {"command", "figures": {"grounded": {"tpot_ratio_b1", "tpot_ratio_b8", "acceptance_rate",
+     "mean_accepted_len"}, "open": {"tpot_ratio_b1", "tpot_ratio_b8"}, "int8": {"decode_ratio_b1",
+     "top1_agreement"}, "vs_llamacpp": {"ours_grounded_tok_s", "llamacpp_tok_s"}},
+     "details": {...}, "setup": {...}}
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.serving_client import EngineProcess, median, timed_stream  # noqa: E402
+
+DATA = REPO.parent / "shared" / "data"
+MODEL_DIR = Path("~/.cache/prefixgate/models/SmolLM2-135M-Instruct").expanduser()
+GGUF = MODEL_DIR / "SmolLM2-135M-Instruct.Q4_1.gguf"
+OUT = REPO / "bench" / "results" / "engine_speculative.json"
+KNEE_FACTOR = 2.0
+SYSTEM = "You are an airline customer service agent. Be precise: copy ids and values exactly."
+OPEN_QUESTIONS = [
+    "Write a short poem about the sea.", "Why is the sky blue? Explain simply.",
+    "Give me three ideas for a birthday party.", "What makes a good cup of coffee?",
+    "Tell me a short story about a robot who learns to paint.",
+    "How do airplanes stay in the air?", "Describe your ideal weekend.",
+    "What are the benefits of learning a second language?",
+]
+
+
+# -- prompts ---------------------------------------------------------------------------------
+def _trace() -> list[dict[str, Any]]:
+    return json.loads((DATA / "traces" / "tau_bench_airline_gpt4o.json").read_text())
+
+
+def grounded_messages(n: int) -> list[list[dict[str, str]]]:
+    """``n`` chats whose answer copies a tau-bench tool result (three kinds, interleaved)."""
+    results: list[tuple[str, str]] = []  # (tool JSON, the customer's last request)
+    seen: set[str] = set()
+    for run in _trace():
+        last_user = ""
+        for m in run["traj"]:
+            content = str(m.get("content") or "")
+            if m["role"] == "user":
+                last_user = content
+            if m["role"] == "tool" and 200 <= len(content) <= 900 and content not in seen:
+                seen.add(content)
+                results.append((content, last_user))
+    out = []
+    for i, (tool, user) in enumerate(results[:n]):
+        if i % 3 == 0:
+            ask = f"Here is a tool result:\n{tool}\n\nRestate it exactly, as JSON."
+        elif i % 3 == 1:
+            ask = f"Tool result:\n{tool}\n\nList every id and value in it, quoting them exactly."
+        else:
+            ask = (f"Customer: {user[:300]}\n\nTool result:\n{tool}\n\n"
+                   "Answer the customer with the details from the tool result.")
+        out.append([{"role": "system", "content": SYSTEM}, {"role": "user", "content": ask}])
+    return out
+
+
+def open_messages(n: int) -> list[list[dict[str, str]]]:
+    """``n`` open-ended chats: general questions, then the trace's first customer turns."""
+    firsts = [next(m["content"] for m in r["traj"] if m["role"] == "user") for r in _trace()]
+    asks = OPEN_QUESTIONS + [f"{u} Please tell me what you would need from me." for u in firsts]
+    return [[{"role": "system", "content": "You are a helpful assistant."},
+             {"role": "user", "content": a}] for a in asks[:n]]
+
+
+def agreement_prompts(tok: Any, n: int, max_len: int = 700) -> list[list[int]]:
+    """Conversation prefixes (system policy cut short) ending before an assistant turn."""
+    from prefixgate.local_engine.chat import encode_chat
+
+    out: list[list[int]] = []
+    for run in _trace():
+        msgs = [{"role": "system", "content": run["traj"][0]["content"][:600]}]
+        for m in run["traj"][1:]:
+            if m["role"] == "assistant" and len(msgs) > 1 and msgs[-1]["role"] != "assistant":
+                out.append(encode_chat(tok, msgs)[-max_len:])
+                if len(out) >= n:
+                    return out
+            content = str(m.get("content") or "")
+            if m.get("tool_calls"):
+                content = json.dumps([c["function"] for c in m["tool_calls"]])
+            role = "user" if m["role"] == "tool" else m["role"]
+            msgs.append({"role": role, "content": content[:600]})
+    return out
+
+
+# -- timing ----------------------------------------------------------------------------------
+async def _one(eng: Any, ids: list[int], params: Any) -> dict[str, float]:
+    first = last = None
+    n = 0
+    async for out in eng.generate(ids, params):
+        now = time.perf_counter()
+        if out.new_token_ids:
+            if first is None:
+                first, n0 = now, len(out.new_token_ids)
+            last = now
+            n += len(out.new_token_ids)
+    tpot = (last - first) / (n - n0) if first is not None and n > n0 else None  # type: ignore[operator]
+    return {"tpot_s": tpot or 0.0, "tokens": n, "ok": tpot is not None}
+
+
+def run_batch(eng: Any, prompts: list[list[int]], params: Any) -> list[dict[str, float]]:
+    """Run ``prompts`` concurrently; per-request TPOT (s) and token counts."""
+    async def all_() -> list[dict[str, float]]:
+        return list(await asyncio.gather(*[_one(eng, p, params) for p in prompts]))
+    return asyncio.run(all_())
+
+
+def mean_tpot(rows: list[dict[str, float]]) -> float:
+    vals = [r["tpot_s"] for r in rows if r["ok"]]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
+@contextmanager
+def spec_off(eng: Any) -> Iterator[None]:
+    """Detach ``eng``'s speculative decoder while the block runs (the engine must be idle)."""
+    saved, eng.spec = eng.spec, None
+    try:
+        yield
+    finally:
+        eng.spec = saved
+
+
+def compare(eng: Any, prompts: list[list[int]], params: Any, batch: int) -> dict[str, float]:
+    """Groups of ``batch`` prompts, each run speculative first then plain on the same engine
+    (so the suffix index never holds a prompt's own plain output); mean TPOT (ms) of each."""
+    rows: dict[str, list[dict[str, float]]] = {"spec": [], "plain": []}
+    for g in range(0, len(prompts), batch):
+        group = prompts[g:g + batch]
+        rows["spec"] += run_batch(eng, group, params)
+        with spec_off(eng):
+            rows["plain"] += run_batch(eng, group, params)
+    return {k: round(mean_tpot(v) * 1000, 2) for k, v in rows.items()}
+
+
+def knee(eng: Any, tok_ids: list[list[int]], sizes: list[int]) -> dict[str, Any]:
+    """Decode step time (ms) vs rows per step (spec off); threshold = largest size within
+    ``KNEE_FACTOR`` × the 1-row step."""
+    from prefixgate.local_engine.api_types import SamplingParams
+
+    p = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    step_ms: dict[int, float] = {}
+    for b in sizes:
+        runs = []
+        for _ in range(2):  # the faster of two: other load on the box only ever adds time
+            t = eng._timing
+            s0, n0 = t["decode_s"], t["decode_tokens"]
+            eng.generate_batch([tok_ids[i % len(tok_ids)][: 40 + i] for i in range(b)], p)
+            steps = (t["decode_tokens"] - n0) / b
+            runs.append((t["decode_s"] - s0) / steps * 1000)
+        step_ms[b] = round(min(runs), 2)
+    base = step_ms[sizes[0]]
+    within = [b for b in sizes if step_ms[b] <= KNEE_FACTOR * base]
+    from prefixgate.local_engine.spec_decode import choose_k_cap
+
+    curve = sorted(step_ms.items())
+    caps = {f"b{b}_alpha{a}": choose_k_cap([a] * b, [8] * b, curve, 8)
+            for b in (1, 8) for a in (0.9, 0.5, 0.2)}
+    return {"step_ms": step_ms, "threshold_rows": max(within), "k_cap_chosen": caps}
+
+
+def spec_figures(eng: Any, before: dict[str, Any]) -> dict[str, float]:
+    st = eng.stats()
+    drafts = st["spec_num_drafts"] - before.get("spec_num_drafts", 0)
+    prop = st["spec_num_draft_tokens"] - before.get("spec_num_draft_tokens", 0)
+    acc = st["spec_num_accepted_tokens"] - before.get("spec_num_accepted_tokens", 0)
+    per_pos = [st[k] - before.get(k, 0) for k in sorted(st) if k.startswith("spec_accepted_pos_")]
+    steps = st["spec_decode_steps"] - before.get("spec_decode_steps", 0)
+    no_draft = st["spec_no_draft_steps"] - before.get("spec_no_draft_steps", 0)
+    return {"acceptance_rate": round(acc / prop, 3) if prop else 0.0,
+            "mean_accepted_len": round(1 + acc / drafts, 3) if drafts else 0.0,
+            "drafts": drafts, "draft_tokens": prop,
+            "accepted_per_position": [round(n / drafts, 3) if drafts else 0.0 for n in per_pos],
+            "no_draft_share": round(no_draft / steps, 3) if steps else 0.0}
+
+
+def llamacpp_tok_s(messages: list[list[dict[str, str]]], threads: int, max_tokens: int,
+                   log: Path) -> float | None:
+    """llama.cpp plain decode tokens/s (median over ``messages``, batch 1), or None if absent."""
+    if not GGUF.exists():
+        return None
+    cmd = [sys.executable, str(REPO / "bench" / "llamacpp_server.py"), "--gguf", str(GGUF),
+           "--threads", str(threads), "--poll", "0", "--port"]
+    server = EngineProcess(GGUF, log_path=log, command=cmd)
+    server.cmd.append(str(server.port))
+    rates = []
+    # a fresh connection per request: llama.cpp's server may drop a kept-alive one
+    with server, httpx.Client(timeout=600,
+                              limits=httpx.Limits(max_keepalive_connections=0)) as client:
+        timed_stream(client, server.base_url, {"messages": [{"role": "user", "content": "hi"}],
+                                               "max_tokens": 2})
+        for msgs in messages:
+            t = timed_stream(client, server.base_url, {"model": "m", "messages": msgs,
+                                                       "max_tokens": max_tokens,
+                                                       "temperature": 0})
+            if t.decode_tokens_per_s:
+                rates.append(t.decode_tokens_per_s)
+    return round(median(rates) or 0.0, 2) if rates else None
+
+
+def main() -> None:
+    """Measure and write the JSON (module docstring)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes, <= 60 s")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--b1", type=int, default=4, help="prompts run one at a time")
+    ap.add_argument("--b8", type=int, default=8, help="prompts run 8 at a time (0: skip)")
+    ap.add_argument("--agree", type=int, default=30, help="prompts for int8 top-1 agreement")
+    ap.add_argument("--k", type=int, default=6, help="most draft tokens per request and step")
+    ap.add_argument("--out", default=str(OUT))
+    args = ap.parse_args()
+    import torch
+
+    from prefixgate.local_engine.api_types import SamplingParams
+    from prefixgate.local_engine.chat import encode_chat
+    from prefixgate.local_engine.engine import Engine, EngineConfig
+
+    torch.set_num_threads(args.threads)
+    t0 = time.time()
+    n_b1, n_b8, n_agree, sizes = args.b1, args.b8, args.agree, [1, 2, 4, 6, 8, 12, 16, 24, 32]
+    if args.quick:
+        args.max_tokens, n_b1, n_b8, n_agree, sizes = 20, 1, 0, 4, [1, 4, 8]
+    base = dict(model_path=str(MODEL_DIR), device=args.device, num_kv_slots=32768,
+                max_context_len=2048, speculative="ngram+suffix", num_speculative_tokens=args.k,
+                spec_max_batch_tokens=max(sizes))
+    warm = SamplingParams(max_tokens=4, temperature=0.0)
+    e32 = Engine(EngineConfig(**base))
+    tok = e32.tokenizer
+    greedy = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    g_msgs = grounded_messages(n_b1 + n_b8)
+    o_msgs = open_messages(n_b1 + n_b8)
+    g_ids = [encode_chat(tok, m) for m in g_msgs]
+    o_ids = [encode_chat(tok, m) for m in o_msgs]
+    with spec_off(e32):
+        e32.generate_batch([g_ids[0][:30]], warm)
+        kn = knee(e32, g_ids + o_ids, sizes)
+    e32.spec.cost_curve = sorted(kn["step_ms"].items())
+    phases: dict[str, float] = {"load+knee": round(time.time() - t0, 1)}
+    details: dict[str, Any] = {"knee": kn}
+    figures: dict[str, Any] = {}
+    for name, ids in (("grounded", g_ids), ("open", o_ids)):
+        before = e32.stats()
+        b1 = compare(e32, ids[:n_b1], greedy, 1)
+        b8 = compare(e32, ids[n_b1:n_b1 + n_b8], greedy, 8) if n_b8 else None
+        sf = spec_figures(e32, before)
+        figures[name] = {
+            "tpot_ratio_b1": round(b1["plain"] / b1["spec"], 3),
+            "tpot_ratio_b8": round(b8["plain"] / b8["spec"], 3) if b8 else None,
+        }
+        if name == "grounded":
+            figures[name].update(acceptance_rate=sf["acceptance_rate"],
+                                 mean_accepted_len=sf["mean_accepted_len"])
+        details[name] = {"tpot_ms_b1": b1, "tpot_ms_b8": b8, **sf}
+    phases["spec"] = round(time.time() - t0, 1)
+    # int8: plain decode vs fp32 plain decode, top-1 agreement, then int8 + speculation
+    q8 = Engine(EngineConfig(**base, quantization="int8"))
+    dec_prompts = g_ids[:max(1, n_b1 // 2)] + o_ids[:max(1, n_b1 // 2)]
+    fixed = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    with spec_off(e32), spec_off(q8):
+        q8.generate_batch([g_ids[0][:30]], warm)
+        kn8 = knee(q8, g_ids + o_ids, sizes)
+        rows: dict[str, list[dict[str, float]]] = {"fp32": [], "int8": []}
+        for i, ids in enumerate(dec_prompts):
+            for name, eng in ((("fp32", e32), ("int8", q8)) if i % 2 == 0 else
+                              (("int8", q8), ("fp32", e32))):
+                rows[name] += run_batch(eng, [ids], fixed)
+        dec = {k: round(mean_tpot(v) * 1000, 2) for k, v in rows.items()}
+        agree_ids = agreement_prompts(tok, n_agree, 200 if args.quick else 500)
+        one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+        ref = e32.generate_batch(agree_ids, one)
+        got = q8.generate_batch(agree_ids, one)
+    e32.shutdown()
+    figures["int8"] = {"decode_ratio_b1": round(dec["fp32"] / dec["int8"], 3),
+                       "top1_agreement": round(sum(a == b for a, b in zip(ref, got))
+                                               / max(1, len(ref)), 4)}
+    details["int8"] = {"tpot_ms_b1": dec, "agreement_prompts": len(ref), "knee": kn8}
+    phases["int8"] = round(time.time() - t0, 1)
+    q8.spec.cost_curve = sorted(kn8["step_ms"].items())
+    spec_rows = []
+    for ids in g_ids[:n_b1]:
+        spec_rows += run_batch(q8, [ids], greedy)
+    ours = round(1.0 / mean_tpot(spec_rows), 2)
+    q8.shutdown()
+    phases["int8_spec"] = round(time.time() - t0, 1)
+    llama = None
+    if not args.no_llamacpp:
+        try:
+            llama = llamacpp_tok_s(g_msgs[:n_b1], args.threads, args.max_tokens,
+                                   Path(tempfile.gettempdir()) / "engine_speculative_llamacpp.log")
+        except (RuntimeError, httpx.HTTPError) as exc:
+            details["llamacpp_error"] = str(exc)
+    phases["llamacpp"] = round(time.time() - t0, 1)
+    figures["vs_llamacpp"] = {"ours_grounded_tok_s": ours, "llamacpp_tok_s": llama}
+    result = {
+        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]),
+        "figures": figures,
+        "details": details,
+        "setup": {
+            "model": "SmolLM2-135M-Instruct (fp32 safetensors; llama.cpp: Q4_1 GGUF)",
+            "device": args.device, "threads": args.threads, "max_tokens": args.max_tokens,
+            "prompts": {"b1": n_b1, "b8": n_b8, "agreement": n_agree},
+            "speculative": {k: base[k] for k in ("speculative", "num_speculative_tokens",
+                                                 "spec_max_batch_tokens")},
+            "spec_cost_curve": "the knee's step_ms of the same engine (fp32 / int8)",
+            "knee_factor": KNEE_FACTOR,
+            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+            "note": "ours timed in-process from streamed engine outputs; llama.cpp over its "
+                    "HTTP streaming API; greedy, EOS on; fp32 engines (plain and speculative) "
+                    "use oneDNN pre-packed linear weights (prefixgate/local_engine/cpu_linear.py)",
+            "wall_s": round(time.time() - t0, 1),
+            "phases_s_since_start": phases,
+        },
+    }
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["figures"], indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""int8 weight-only quantization of the decoder's linear layers (per-output-channel scales).
+
+CPU decode reads every weight once per token, so its speed is bounded by weight bytes; int8 reads
+a quarter of fp32's. Each weight ``W [out, in]`` becomes ``Wq = round(W / s)`` with one scale per
+output channel ``s[o] = max|W[o, :]| / 127`` (symmetric, zero point 0), so ``W ≈ s[:, None] * Wq``.
+
+On CPU the product runs in torch's fbgemm / oneDNN int8 kernels
+(``torch.ops.quantized.linear_dynamic``: activations are quantized on the fly, int8 × int8 →
+int32, rescaled to fp32). That kernel scales activations per tensor; dividing each row by its
+absolute max first (and multiplying the output row back — the product is linear) makes the
+activation scale per token, which keeps prefill rows of very different magnitudes accurate.
+(The weights are int8 and the activations are quantized per token on the fly: "weight-only" in
+storage; torch's weight-only int8 kernel ``_weight_int8pack_mm`` measured ~50x slower than fp32
+here.) ``reduce_range`` (7-bit activations) is used only on CPUs without VNNI, where the AVX2
+kernel's int16 accumulation can saturate. On other devices the int8 weights are dequantized
+inside the matmul (``F.linear(x, Wq.to(dtype)) * s``): it saves weight memory, not time.
+Embedding lookups keep the full-precision table; the (tied) LM head is quantized too — it is
+~20 % of SmolLM2-135M's weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from prefixgate.local_engine.model import CausalLM
+
+METHODS = ("int8",)
+
+
+def _cpu_has_vnni() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_vnni" in flags or "avx_vnni" in flags or "amx_int8" in flags
+
+
+class Int8Linear:
+    """``y = x @ W.T (+ b)`` with ``W`` stored as int8 + per-output-channel fp32 scales.
+
+    ``__call__(x [T, in]) -> [T, out]`` in ``x``'s dtype. ``weight``: the float ``[out, in]``
+    matrix to quantize (not kept).
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        w = weight.detach().float()
+        self.out_features = w.shape[0]
+        self.scale = (w.abs().amax(dim=1).clamp_min(1e-12) / 127.0)
+        self.bias = bias
+        self.cpu = w.device.type == "cpu"
+        if self.cpu:
+            q = torch.quantize_per_channel(w, self.scale.double(), torch.zeros(
+                w.shape[0], dtype=torch.long), 0, torch.qint8)
+            self.packed = torch.ops.quantized.linear_prepack(q, None)
+            self.reduce_range = not _cpu_has_vnni()
+            self.qweight = q.int_repr()
+        else:
+            self.qweight = torch.round(w / self.scale[:, None]).clamp(-127, 127).to(torch.int8)
+
+    def dequantized(self) -> torch.Tensor:
+        """``s[:, None] * Wq`` as fp32 ``[out, in]`` (tests and error analysis)."""
+        return self.qweight.float() * self.scale[:, None]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cpu:
+            xf = x.float()
+            if xf.shape[0] == 1:  # one row: the per-tensor scale is already per token
+                y = torch.ops.quantized.linear_dynamic(xf, self.packed, self.reduce_range)
+            else:
+                r = xf.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12)
+                y = torch.ops.quantized.linear_dynamic(xf / r, self.packed, self.reduce_range) * r
+            if self.bias is not None:
+                y = y + self.bias
+            return y if y.dtype == x.dtype else y.to(x.dtype)
+        y = F.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+
+def linear_any(x: torch.Tensor, w: Any, b: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` for tensors; a prepared product (``Int8Linear``, ``cpu_linear.PackedLinear``:
+    bias inside) is called."""
+    if isinstance(w, torch.Tensor):
+        return F.linear(x, w, b)
+    return w(x)
+
+
+def quantize_model(model: CausalLM, method: str) -> CausalLM:
+    """Quantize ``model``'s linear weights in place (``method``: ``int8``); returns it.
+
+    Raises ``ValueError`` for an unknown method. Norm weights and the embedding table stay in the
+    model dtype. Call after ``load_model`` (layers bound).
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown quantization {method!r} (one of {list(METHODS)})")
+    for layer in model.decoder_layers():
+        w_in, w_qkv, b_qkv, w_o, w_post, w_gu, w_down = layer._w
+        layer._w = (w_in, Int8Linear(w_qkv, b_qkv), None, Int8Linear(w_o, None),  # type: ignore[assignment]
+                    w_post, Int8Linear(w_gu, None), Int8Linear(w_down, None))
+        layer._mm = linear_any
+    head = Int8Linear(model.head_weight(), None)
+    model._head = head
+    for lyr in model.decoder_layers():  # free the float copies no longer read
+        for mod in (lyr.qkv, lyr.o_proj, lyr.gate_up, lyr.down):
+            mod.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+    if model.lm_head is not None:
+        model.lm_head.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+    return model

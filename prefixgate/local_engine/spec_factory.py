@@ -1,0 +1,48 @@
+"""Builds the engine's ``SpecDecoder`` from ``EngineConfig`` (or None with speculation off).
+
+``speculative`` names drafters joined by ``+`` (``ngram``, ``suffix``, ``draft``); several are
+chained (``drafters.ChainDrafter``: the longest proposal wins). ``suffix`` subscribes its index
+to the KV manager's tree insertions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from prefixgate.local_engine.api_types import EngineConfig
+from prefixgate.local_engine.drafters import ChainDrafter, Drafter, NgramDrafter, SuffixDrafter, SuffixIndex
+from prefixgate.local_engine.kv_manager import KVManager
+from prefixgate.local_engine.spec_decode import SpecDecoder
+
+METHODS = ("ngram", "suffix", "draft")
+
+
+def build_spec_decoder(cfg: EngineConfig, kv: KVManager, device: torch.device,
+                       dtype: torch.dtype, vocab: int, max_context_len: int) -> SpecDecoder | None:
+    """The decoder for ``cfg.speculative`` (None when off).
+
+    Raises ``ValueError`` for an unknown method, ``draft`` without ``draft_model_path``, or a
+    draft model whose vocabulary differs from the target's.
+    """
+    if not cfg.speculative:
+        return None
+    drafters: list[Drafter] = []
+    for name in cfg.speculative.split("+"):
+        if name == "ngram":
+            drafters.append(NgramDrafter())
+        elif name == "suffix":
+            index = SuffixIndex()
+            kv.on_insert.append(index.add)
+            drafters.append(SuffixDrafter(index))
+        elif name == "draft":
+            if not cfg.draft_model_path:
+                raise ValueError("speculative 'draft' needs draft_model_path")
+            from prefixgate.local_engine.draft_model import DraftModelDrafter
+
+            drafters.append(DraftModelDrafter(cfg.draft_model_path, device, dtype,
+                                              max_context_len, vocab, cfg.max_running))
+        else:
+            raise ValueError(f"unknown speculative method {name!r} (one of {list(METHODS)})")
+    drafter: Drafter = drafters[0] if len(drafters) == 1 else ChainDrafter(drafters)
+    return SpecDecoder(drafter, cfg.num_speculative_tokens, cfg.spec_max_batch_tokens,
+                       cfg.spec_cost_curve)
