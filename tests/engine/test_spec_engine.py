@@ -128,3 +128,25 @@ def test_measured_cost_curve_decides_whether_to_draft(make_engine: Any, referenc
     eng.generate_batch(prompts(4), GREEDY)
     assert eng.generate_batch(prompts(4), GREEDY) == reference[:4]
     assert (eng.stats()["spec_num_drafts"] > 0) is drafts
+
+
+def test_a_constrained_request_is_never_drafted_and_keeps_its_mask(make_engine: Any) -> None:
+    """Constrained decoding (tool_choice masks, ``logits_processors``) and speculation: the
+    verifier does not run the mask at draft positions, so such a request gets no draft — its
+    tokens all obey the mask even where the suffix drafter holds a continuation for it."""
+    import torch
+
+    eng = make_engine(max_context_len=512, speculative="ngram+suffix", spec_max_batch_tokens=512)
+    eng.generate_batch(prompts()[:4], GREEDY)  # their outputs are now in the tree: draftable
+
+    def only_7(ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+        out = torch.full_like(logits, float("-inf"))
+        out[7] = 0.0
+        return out
+
+    masked = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True,
+                            logits_processors=[only_7])
+    before = eng.stats()["spec_num_drafts"]
+    assert eng.generate_batch(prompts()[:4], masked) == [[7] * 16] * 4
+    assert eng.stats()["spec_num_drafts"] == before
+    assert eng.generate_batch(prompts()[:4], GREEDY) and eng.stats()["spec_num_drafts"] > before
