@@ -41,6 +41,9 @@ from prefixgate.proxy.usage import Usage, usage_from_headers
 # Bodies above this (base64 images, B19) skip the break / counterfactual analysis: counting
 # tokens of megabytes of base64 costs ~0.25 s per MB and says nothing about the text prefix.
 ANALYZE_MAX_BYTES = 1 << 20
+# Bodies up to this size are analysed on the event loop once their model's token counter is
+# loaded (proxy.insight.Insight.analyze ``inline``): the thread hop costs more than the work.
+INLINE_ANALYZE_BYTES = 4096
 # An upstream error body is read up to this much; the rest is dropped (cut, it is no longer JSON
 # and is answered in the caller's shape, quoting its start).
 ERROR_BODY_MAX_BYTES = 1 << 20
@@ -145,7 +148,8 @@ def _analyzer(state: ProxyState, ex: Exchange) -> Callable[[], Awaitable[Analysi
         return await state.insight.analyze(
             state.upstream, ex.target, api=ex.api, session=ex.row.session, model=ex.row.model,
             original=ex.body, sent=ex.rw.body, budget_ms=state.policy.rewrite.time_budget_ms,
-            max_depth=state.policy.limits.max_json_depth)
+            max_depth=state.policy.limits.max_json_depth,
+            inline=len(ex.raw) <= INLINE_ANALYZE_BYTES)
     return analyze
 
 
