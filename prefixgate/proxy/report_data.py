@@ -1,7 +1,8 @@
 """The figures ``prefixgate report`` prints (:mod:`prefixgate.proxy.cmd_report`), computed from ledger rows.
 
-:func:`group_figures` summarizes rows per ``route`` / ``model`` / ``tenant`` (the proxy key id
-a request authenticated with, ``-`` without keys) / ``day`` (UTC date); :func:`saved_figures`
+:func:`group_figures` summarizes rows per ``route`` / ``model`` / ``tenant`` (the ledger's
+``tenant``, :mod:`prefixgate.proxy.tenants`; else the proxy key id a request authenticated with,
+``-`` without either) / ``day`` (UTC date); :func:`saved_figures`
 is the opening "saved" line; :func:`error_figures` the ``--errors`` table. Every figure is a
 plain sum or percentile of ledger columns, so the report equals the ledger.
 
@@ -29,8 +30,8 @@ def group_key(row: Mapping[str, Any], by: str) -> str:
     """The group of ``row`` for ``by`` (one of :data:`BY`)."""
     if by == "day":
         return time.strftime("%Y-%m-%d", time.gmtime(row.get("ts") or 0))
-    if by == "tenant":
-        return row.get("key_id") or "-"
+    if by == "tenant":  # the ledger's tenant (proxy.tenants); rows from before it: the key id
+        return row.get("tenant") or row.get("key_id") or "-"
     return row.get(by) or "-"
 
 

@@ -103,6 +103,17 @@ def test_saved_line_says_how_each_counterfactual_was_obtained(tmp_path: Path) ->
             f"{want['holdout']} holdout, {want['none']} none") in head
 
 
+def test_by_tenant_groups_by_the_ledger_tenant_before_the_key(tmp_path: Path) -> None:
+    led = Ledger(tmp_path / "t.sqlite")
+    for tenant, key in (("acme", "k1"), ("acme/team-a", "k1"), ("", "k2"), ("", "")):
+        led.write(LedgerRow(ts=T0, route="r", model="m", tenant=tenant, key_id=key,
+                            prompt_tokens=10, cached_tokens=0))
+    led.close()
+    doc = json.loads(_run(["--ledger", str(tmp_path / "t.sqlite"), "--json", "--by", "tenant"]))
+    assert sorted((g["tenant"], g["requests"]) for g in doc["groups"]) == [
+        ("-", 1), ("acme", 1), ("acme/team-a", 1), ("k2", 1)]
+
+
 def test_csv_and_tenant_and_day_groups(tmp_path: Path) -> None:
     path = _ledger(tmp_path)
     table = list(csv.DictReader(io.StringIO(_run(["--ledger", path, "--csv", "--by",
