@@ -13,8 +13,9 @@ from prefixgate.config.loader import PolicyError, load_policy
 def check(file: Path = typer.Argument(..., help="policy YAML file")) -> None:
     """Check a policy file: every problem in one run, then warnings.
 
-    Prints ``<file>: <yaml.path>: <message>`` per problem (exit 1) and ``<file>: warning:
-    <yaml.path>: <message>`` per warning (an unset ``${ENV}`` key), or ``ok``."""
+    Prints "FILE: YAML.PATH: MESSAGE" per problem (exit 1).
+
+    Prints "FILE: warning: YAML.PATH: MESSAGE" per warning (an unset ${ENV} key), else "FILE: ok"."""
     problems, warnings = diagnose(file)
     for path, msg in problems:
         typer.echo(f"{file}: {path or '<root>'}: {msg}", err=True)

@@ -155,8 +155,7 @@ def replay(
 ) -> None:
     """Replay TRACE through the proxy with rewriting off, then on; print both sides.
 
-    Fails in one line (exit 2) when the trace or tools file cannot be read, or when nothing
-    answers at PROXY."""
+    Exits 2 with one line when the trace or tools file cannot be read or nothing answers."""
     try:
         picked = load_trace(trace, tools, first_run + runs)[first_run:]
     except (TraceError, OSError, ValueError, KeyError, TypeError) as e:

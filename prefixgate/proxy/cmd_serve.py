@@ -129,7 +129,7 @@ def serve(
     access_log: bool = typer.Option(False, "--access-log/--no-access-log",
                                     help="one INFO line per request (off: hot path)"),
 ) -> None:
-    """Start the local engine(s) the policy spawns, then the proxy (``--workers`` processes)."""
+    """Start the local engine(s) the policy spawns, then the proxy (--workers processes)."""
     import uvicorn
 
     from prefixgate.proxy.app import build_app
