@@ -32,10 +32,8 @@ from prefixgate.config.loader import PolicyError, default_policy, load_policy, r
 from prefixgate.config.schema import Policy
 from prefixgate.proxy import exactjson
 from prefixgate.proxy.edit_detail import blocks_of, first_diff
-from prefixgate.proxy.errors import ProxyError
 from prefixgate.proxy.rewriting import RewriteOutcome, default_rewrite_fn, run_rewrite
 from prefixgate.proxy.router import PROVIDER_OF_KIND
-from prefixgate.proxy.wire import parse_json
 from prefixgate.rewriter import wire as rwire
 from prefixgate.rewriter.ir import Api, Prompt
 from prefixgate.rewriter.pipeline import PASSES, run_passes
@@ -179,10 +177,18 @@ def rewrite(
         raise typer.Exit(2) from None
     try:
         raw = request.read_bytes()
-        body = parse_json(raw)
-    except (OSError, ProxyError) as e:
-        typer.echo(f"{request}: {getattr(e, 'message', e)}", err=True)
+    except OSError as e:
+        typer.echo(f"{request}: cannot read: {e.strerror or e}", err=True)
         raise typer.Exit(2) from None
+    try:
+        body = exactjson.loads(raw)  # the proxy's own parser: every number's text kept
+    except ValueError as e:
+        typer.echo(f"{request}: not valid JSON: {e}", err=True)
+        raise typer.Exit(2) from None
+    if not isinstance(body, dict):
+        typer.echo(f"{request}: not a request body (a JSON object: a Chat Completions or "
+                   "Messages request)", err=True)
+        raise typer.Exit(2)
     from prefixgate.cache.prefix_blocks import detect_api
 
     wire_api: Literal["openai", "anthropic"] = api or detect_api(body)  # type: ignore[assignment]

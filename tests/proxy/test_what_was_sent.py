@@ -108,6 +108,11 @@ def test_rewrite_refuses_bad_input_with_exit_2(tmp_path: Path) -> None:
     bad.write_text("{not json")
     res = CliRunner().invoke(cli, ["rewrite", str(bad)])
     assert res.exit_code == 2
+    assert f"{bad}: not valid JSON: " in res.output  # about the file, not "your request"
+    assert f"{tmp_path / 'req.json'}: not a request body" in run_cli(tmp_path, body=[1]).output
+    missing = CliRunner().invoke(cli, ["rewrite", str(tmp_path / "nope.json")])
+    assert missing.exit_code == 2
+    assert "nope.json: cannot read: No such file or directory" in missing.output
     assert run_cli(tmp_path, "--provider", "bogus").exit_code == 2
 
 
