@@ -234,15 +234,15 @@ def _anthropic(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
 
     last_msg = _markable_at_or_before(units, limit - 1, -1) if limit else None
     m = ok(last_msg if last_msg is not None and units[last_msg].region == "messages" else None,
-           "M")
-    s = ok(last_in("system"), "S")
+           "messages breakpoint")
+    s = ok(last_in("system"), "system breakpoint")
     mem = ctx.session.get(MEMORY_KEY) or {}
     prev = None
     p_i = mem.get("last")
     if isinstance(p_i, int) and m is not None and 0 <= p_i < m - ANTHROPIC_LOOKBACK_BLOCKS \
             and _unit_hash(units[p_i]) == mem.get("hash") and _markable(units[p_i]):
-        prev = ok(p_i, "previous M")
-    t = ok(last_in("tools"), "T")
+        prev = ok(p_i, "previous messages breakpoint")
+    t = ok(last_in("tools"), "tools breakpoint")
     chosen: list[int] = []
     for c in (m, s, prev, t):
         if c is not None and c not in client and c not in chosen and len(chosen) < budget:
@@ -253,7 +253,7 @@ def _anthropic(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
         if not gaps:
             break
         _, a, b = max(gaps)
-        x = ok(_markable_at_or_before(units, b - ANTHROPIC_LOOKBACK_BLOCKS, a), "spacing")
+        x = ok(_markable_at_or_before(units, b - ANTHROPIC_LOOKBACK_BLOCKS, a), "spacing breakpoint")
         if x is None or x in chosen:
             break
         chosen.append(x)

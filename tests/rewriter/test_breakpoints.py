@@ -49,7 +49,7 @@ def test_no_marker_on_tools_below_the_minimum_cacheable_length() -> None:
     # rule: a prefix shorter than min_cacheable_tokens(model) is never cached
     r = rewrite_request(_body(), "anthropic", ctx("anthropic"))
     assert not any(w.startswith("tools") for w, _ in _markers(r.body))
-    assert any("T skipped: prefix" in e.detail for e in r.edits)
+    assert any("tools breakpoint skipped: prefix" in e.detail for e in r.edits)
 
 
 @pytest.mark.parametrize("model,floor", [("claude-sonnet-4-5", 1024),
