@@ -67,7 +67,11 @@ class ProxyState:
 
     def record(self, row: LedgerRow, obs: RequestObs | None = None) -> None:
         """Write the row and count it (metrics, OTel); never raises (a ledger failure must not
-        fail a request)."""
+        fail a request). A row whose body went upstream as the client sent it (no pass edited
+        it; the side endpoints never rewrite) and that has no counterfactual yet gets its own
+        measured cached tokens as one (``cf_source`` ``measured``, or ``holdout``), so cached
+        and counterfactual shares are taken over the same rows."""
+        measured_counterfactual(row)
         try:
             self.ledger.write(row)
             self.metrics.observe(row, obs)
@@ -147,6 +151,18 @@ class Exchange:
 
 
 _SENT_AS_IS = ("none", "off", "unavailable")  # edit summaries of bodies sent unchanged
+
+
+def measured_counterfactual(row: LedgerRow) -> None:
+    """Fill ``row``'s counterfactual from its own usage when its body went upstream unchanged
+    (edits ``""`` — never rewritten, as on the side endpoints — or one of :data:`_SENT_AS_IS`)
+    and nothing set one: the client's own body is what was sent, so what it would have cached is
+    what it did cache. Rows without reported cached tokens, or with an edited body, keep none."""
+    if (row.cf_cached_tokens is not None or row.cached_tokens is None
+            or (row.edits and row.edits not in _SENT_AS_IS)):
+        return
+    row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
+    row.cf_source = "holdout" if row.holdout else "measured"
 
 
 async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, http_status: int,
