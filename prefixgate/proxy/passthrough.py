@@ -49,6 +49,7 @@ from prefixgate.proxy.relay import (
     send_unless_gone,
 )
 from prefixgate.proxy.router import Target, pick_target
+from prefixgate.proxy.tenants import tenant_for
 from prefixgate.proxy.usage import OpenAIStreamWatcher, Usage, usage_from_answer
 
 JSON = "application/json"
@@ -70,10 +71,13 @@ class SideCall:
     ledger: bool = True  # False: not a model call, no ledger row (count_tokens)
 
     async def read(self) -> None:
-        """Auth (401 / 429), body under the limits (400 / 408 / 413), ``model`` a string,
+        """Auth (401 / 429), the tenant (400 for a malformed tenant header), body under the
+        limits (400 / 408 / 413), ``model`` a string,
         ``stream`` a boolean; then route (404 / 501 for the other API's backend)."""
         policy = self.state.policy
         self.row.key_id = await self.state.guard.admit(self.request.headers, self.api)
+        self.row.tenant = tenant_for(self.request.headers, self.row.key_id, policy,
+                                     self.state.guard)
         self.raw = await read_body_within(self.request, policy.max_body_bytes,
                                           policy.limits.body_timeout_s)
         self.body = wire.parse_json(self.raw)
