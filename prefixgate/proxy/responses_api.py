@@ -73,6 +73,7 @@ from prefixgate.rewriter.types import Context
 
 log = logging.getLogger("prefixgate.responses")
 JSON = "application/json"
+MAX_OUTPUT_TOKENS = 2**31 - 1
 _ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
 
 
@@ -123,7 +124,9 @@ class ResponsesWatcher:
 
 def check_body(body: dict[str, Any]) -> None:
     """What the proxy relies on: ``model`` string, ``input`` present (string or array),
-    ``stream`` / ``store`` booleans, ``previous_response_id`` string. InvalidRequest (400)."""
+    ``stream`` / ``store`` booleans, ``max_output_tokens`` an integer in 1..2**31-1 (it is
+    echoed in the response object; a huge one cannot be encoded), ``previous_response_id``
+    string. InvalidRequest (400)."""
     if not isinstance(body.get("model"), str):
         raise InvalidRequest("Missing required parameter: 'model'." if "model" not in body else
                              "Invalid type for 'model': expected a string.", param="model",
@@ -136,6 +139,12 @@ def check_body(body: dict[str, Any]) -> None:
         if body.get(key) is not None and not isinstance(body[key], bool):
             raise InvalidRequest(f"Invalid type for '{key}': expected a boolean.", param=key,
                                  code="invalid_type")
+    cap = body.get("max_output_tokens")
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool)
+                            or not 0 < cap <= MAX_OUTPUT_TOKENS):
+        raise InvalidRequest(f"Invalid 'max_output_tokens': expected an integer from 1 to "
+                             f"{MAX_OUTPUT_TOKENS}.", param="max_output_tokens",
+                             code="invalid_value")
     prev = body.get("previous_response_id")
     if prev is not None and not isinstance(prev, str):
         raise InvalidRequest("Invalid type for 'previous_response_id': expected a string.",
