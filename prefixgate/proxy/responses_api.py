@@ -335,7 +335,8 @@ class ResponsesEndpoint:
                                               tenant=row.tenant))
             call.record(watcher.usage, status, http_status, watcher.deltas)
 
-        relay = StreamRelay(resp, watcher, call.timing, on_end, mapper, "openai")
+        relay = StreamRelay(resp, watcher, call.timing, on_end, mapper, "openai",
+                            end_mapper=None if items is None else stream.map)
         return SSEResponse(relay, headers={**_ours(call, resp), **SSE_HEADERS})
 
     def _keep(self, body: dict[str, Any], final: dict[str, Any],
