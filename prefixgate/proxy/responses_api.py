@@ -101,6 +101,7 @@ class ResponsesWatcher:
     def __init__(self) -> None:
         self.usage, self.deltas, self.done, self.errors = Usage(), 0, 0, 0
         self.response_id = ""
+        self.last_seq = -1  # the highest sequence_number seen
 
     def observe(self, ev: SSEEvent) -> bool:
         """True for an event carrying output (text, arguments, reasoning)."""
@@ -109,6 +110,9 @@ class ResponsesWatcher:
         except orjson.JSONDecodeError:
             return False
         kind = obj.get("type", ev.event) if isinstance(obj, dict) else ev.event
+        seq = obj.get("sequence_number") if isinstance(obj, dict) else None
+        if isinstance(seq, int) and not isinstance(seq, bool):
+            self.last_seq = max(self.last_seq, seq)
         if kind in ("response.completed", "response.incomplete"):
             self.done += 1
             self.usage.merge(responses_usage((obj.get("response") or {}).get("usage")))
@@ -336,7 +340,7 @@ class ResponsesEndpoint:
             call.record(watcher.usage, status, http_status, watcher.deltas)
 
         relay = StreamRelay(resp, watcher, call.timing, on_end, mapper, "openai",
-                            end_mapper=None if items is None else stream.map)
+                            end_mapper=_error_event(watcher) if items is None else stream.map)
         return SSEResponse(relay, headers={**_ours(call, resp), **SSE_HEADERS})
 
     def _keep(self, body: dict[str, Any], final: dict[str, Any],
@@ -410,6 +414,18 @@ def _ours(call: SideCall, resp: httpx.Response) -> dict[str, str]:
     ``x-prefixgate-tokens-pruned``) as on the chat endpoints."""
     return {**downstream_headers(resp.headers), "x-prefixgate-edits": call.row.edits or "off",
             "x-prefixgate-tokens-pruned": str(call.row.tokens_pruned)}
+
+
+def _error_event(watcher: ResponsesWatcher) -> Callable[[bytes, SSEEvent], list[bytes]]:
+    """The relay's own closing error (Chat-shaped ``data: {"error": {...}}``) as a Responses
+    stream ``error`` event (``type``, ``code``, ``message``, ``param``, ``sequence_number``
+    following the upstream's last), for a passthrough Responses stream."""
+    def end(raw: bytes, ev: SSEEvent) -> list[bytes]:
+        err = orjson.loads(ev.data or "{}").get("error") or {}
+        obj = {"type": "error", "code": err.get("code"), "message": err.get("message", ""),
+               "param": err.get("param"), "sequence_number": watcher.last_seq + 1}
+        return [b"event: error\ndata: " + orjson.dumps(obj) + b"\n\n"]
+    return end
 
 
 def _chained(first: Callable[[bytes, SSEEvent], list[bytes]],

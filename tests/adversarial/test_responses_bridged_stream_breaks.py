@@ -2,7 +2,8 @@
 silent past its timeout, or ends without its final event: every event the client gets is a
 Responses event (``type`` set), the last one ``response.failed`` (status ``failed``, the error
 named) — not a Chat-shaped ``data: {"error": ...}`` a Responses client cannot read; one
-ledger row (``upstream_error``); the half answer is not stored."""
+ledger row (``upstream_error``); the half answer is not stored. A passthrough Responses stream
+(OpenAI backend) ending early ends in a Responses ``error`` event the same way."""
 
 from __future__ import annotations
 
@@ -54,3 +55,28 @@ def test_upstream_ending_without_its_final_event_ends_in_response_failed(
         rig: Any, pieces: list[bytes]) -> None:
     rig.upstream.script = Script(pieces=pieces)
     _check(rig.url, "m1", rig.ledger)
+
+
+def _created(seq: int) -> bytes:
+    obj = {"type": "response.created", "sequence_number": seq,
+           "response": {"id": "resp_up9", "object": "response", "status": "in_progress"}}
+    return b"event: response.created\ndata: " + json.dumps(obj).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("pieces", [[_created(0)], [_created(0), b"data: {trunc"], []],
+                         ids=["no-completed", "truncated-last-event", "empty"])
+def test_passthrough_responses_stream_ending_early_ends_in_a_responses_error_event(
+        rig_factory: Any, upstream: Any, pieces: list[bytes]) -> None:
+    rig = rig_factory(backends={"oai": {"kind": "openai", "base_url": upstream[1] + "/v1"}},
+                      routes=[{"match": "gpt-*", "backend": "oai"}])
+    rig.upstream.script = Script(pieces=pieces)
+    with httpx.stream("POST", rig.url + "/v1/responses", timeout=15,
+                      json={"model": "gpt-x", "input": "hi", "stream": True}) as r:
+        text = r.read().decode()
+    events = _events(text)
+    assert all(isinstance(e.get("type"), str) for e in events), text
+    last = events[-1]
+    assert last["type"] == "error" and last["message"] and last["code"] == "upstream_unavailable"
+    assert last["sequence_number"] == len(events) - 1
+    assert "event: error\n" in text
+    assert [row["status"] for row in wait_rows(rig.ledger, 1)] == ["upstream_error"]
