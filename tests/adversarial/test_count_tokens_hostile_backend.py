@@ -39,9 +39,13 @@ def backend() -> Iterator[tuple[list[tuple[int, bytes, str]], str]]:
         yield answer, url
 
 
-@pytest.mark.parametrize("kind", ["openai_compat", "anthropic"])
-@pytest.mark.parametrize("status,content,media", ANSWERS,
-                         ids=[f"{s}-{c[:12]!r}" for s, c, _ in ANSWERS])
+# a JSON object from Anthropic's own count endpoint is its answer: not a lie to catch
+CASES = [(k, *a) for k in ("openai_compat", "anthropic") for a in ANSWERS
+         if not (k == "anthropic" and a[1].startswith(b"{"))]
+
+
+@pytest.mark.parametrize("kind,status,content,media", CASES,
+                         ids=[f"{k}-{s}-{c[:12]!r}" for k, s, c, _ in CASES])
 def test_a_failing_or_lying_backend_is_an_anthropic_shaped_error_never_a_500(
         rig_factory: Any, backend: Any, kind: str, status: int, content: bytes,
         media: str) -> None:
@@ -49,8 +53,6 @@ def test_a_failing_or_lying_backend_is_an_anthropic_shaped_error_never_a_500(
     answer[0] = (status, content, media)
     rig = rig_factory(backends={"b": {"kind": kind, "base_url": url + "/v1"}},
                       routes=[{"match": "*", "backend": "b"}])
-    if kind == "anthropic" and content.startswith(b"{"):
-        pytest.skip("a JSON object from Anthropic's own count endpoint is its answer")
     r = httpx.post(rig.url + "/v1/messages/count_tokens", json=BODY, timeout=10)
     # Anthropic's own error keeps its status; a failed /tokenize is the engine failing: 502
     assert r.status_code == (status if status >= 400 and kind == "anthropic" else 502), r.text
