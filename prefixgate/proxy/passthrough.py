@@ -49,7 +49,7 @@ from prefixgate.proxy.relay import (
     send_unless_gone,
 )
 from prefixgate.proxy.router import Target, pick_target
-from prefixgate.proxy.tenants import tenant_for
+from prefixgate.proxy.tenants import salted_body, tenant_for
 from prefixgate.proxy.usage import OpenAIStreamWatcher, Usage, usage_from_answer
 
 JSON = "application/json"
@@ -211,6 +211,8 @@ async def _pass(state: Any, request: Request, path: str) -> Response:
         cap = route_cap(state.policy, call.target)
         if path == "completions" and cap > 0 and call.body.get("max_tokens") is None:
             raw = orjson.dumps({**call.body, "max_tokens": cap})
+        if path == "completions":  # the tenant's prefix-cache namespace (proxy.tenants)
+            raw = salted_body(raw, call.row.tenant, call.target.backend)
         resp = await call.send(f"{call.target.backend.base_url}/{path}", raw)
     except BaseException as e:
         return call.refuse(e)

@@ -19,11 +19,13 @@ A request's path (the chat path's steps, :mod:`prefixgate.proxy.app`, in the Res
 Errors are OpenAI-shaped (``{"error": {...}}``); an unknown ``previous_response_id`` is a 404
 ``previous_response_not_found``, an unknown id on GET / DELETE a 404 ``not_found``.
 
-Tenants (:mod:`prefixgate.proxy.tenants`): a stored response belongs to the tenant that created it.
-Another tenant's id reads exactly as an unknown one (404, on GET, DELETE and as
-``previous_response_id``), and with a tenant an id not in the store is never forwarded to an
-OpenAI backend (the backend's one key cannot tell tenants apart). An id that is not
-``[A-Za-z0-9_-]{1,200}`` is a 404 and never reaches a backend's URL (no ``..``, ``/``, ``?``).
+Tenants (:mod:`prefixgate.proxy.tenants`): as on the chat path, the session id is namespaced by
+the tenant and a bridged body carries the tenant's ``cache_salt`` (backends that take one).
+A stored response belongs to the tenant that created it. Another tenant's id reads exactly
+as an unknown one (404, on GET, DELETE and as ``previous_response_id``), and with a tenant an
+id not in the store is never forwarded to an OpenAI backend (the backend's one key cannot tell
+tenants apart). An id that is not ``[A-Za-z0-9_-]{1,200}`` is a 404 and never reaches a
+backend's URL (no ``..``, ``/``, ``?``).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ from prefixgate.proxy.responses_stream import ResponsesStream
 from prefixgate.proxy.rewriting import rewrite_off_loop, rewrite_wanted, session_hash, session_id_for
 from prefixgate.proxy.router import Target
 from prefixgate.proxy.sse import SSEEvent, parse_event
-from prefixgate.proxy.tenants import tenant_for
+from prefixgate.proxy.tenants import namespaced_session, salted_body, tenant_for
 from prefixgate.proxy.usage import AnthropicStreamWatcher, OpenAIStreamWatcher, Usage, usage_from_answer
 from prefixgate.rewriter.types import Context
 
@@ -174,7 +176,7 @@ class ResponsesEndpoint:
             target, row = call.target, call.row
             assert target is not None
             body, raw = with_default_cap(call.body, call.raw, "responses", target, policy)
-            session = session_id_for(request.headers, body)
+            session = namespaced_session(row.tenant, session_id_for(request.headers, body))
             row.session = session_hash(session)
             if target.backend.kind == "openai":
                 prev = body.get("previous_response_id")
@@ -232,7 +234,7 @@ class ResponsesEndpoint:
                 log.exception("session memory merge failed")
         if target.wire == "anthropic":
             return translate.encode("openai", rw.body, depth)
-        return rw.raw
+        return salted_body(rw.raw, row.tenant, target.backend)  # the tenant's cache namespace
 
     async def _passthrough_passes(self, request: Request, body: dict[str, Any], raw: bytes,
                                   target: Target, row: LedgerRow, session: str) -> bytes:
