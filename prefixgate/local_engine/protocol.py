@@ -131,7 +131,7 @@ class CompletionRequest(_SamplingFields):
     """``POST /v1/completions`` body: ``prompt`` is a string, a list of token ids, or a
     one-element list of either (this engine serves one prompt per request)."""
 
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]  # no true -> 1
     echo: StrictBool = False
     suffix: str | None = None
 

@@ -66,6 +66,7 @@ from prefixgate.local_engine.tokenize_api import (
     chat_prompt_ids,
     completion_prompt_ids,
     detokenize,
+    match_ids,
     tokenize,
 )
 from prefixgate.local_engine.tool_mask import resolve_tool_constraint
@@ -355,9 +356,7 @@ class _Server:
         when the engine is idle, possibly short by what is being inserted or evicted now."""
         body = await _json_body(request)
         if isinstance(body, dict) and isinstance(body.get("input_ids"), list):
-            ids = [t for t in body["input_ids"] if isinstance(t, int)]
-            salt = body.get("cache_salt")
-            key = salt.encode() if isinstance(salt, str) and salt else None
+            ids, key = match_ids(self.engine.tokenizer, body)
         else:
             job = _chat_job(self.engine, parse_request(ChatCompletionRequest, body))
             ids, key = job.prompt_ids, job.extra_key

@@ -31,6 +31,7 @@ __all__ = [
     "chat_prompt_ids",
     "completion_prompt_ids",
     "detokenize",
+    "match_ids",
     "tokenize",
 ]
 
@@ -39,7 +40,7 @@ class PromptTokenizeRequest(_Tolerant):
     """``/tokenize`` with a raw ``prompt`` (string or ids, as ``/v1/completions`` takes it)."""
 
     model: str | None = None
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]  # no true -> 1
     return_token_strs: StrictBool = False
 
 
@@ -95,6 +96,23 @@ def completion_prompt_ids(tokenizer: Any, prompt: Any) -> list[int]:
         raise ApiError("The prompt is empty.", param="prompt", code="invalid_value")
     _check_vocab(tokenizer, ids, "prompt")
     return ids
+
+
+def match_ids(tokenizer: Any, body: dict[str, Any]) -> tuple[list[int], bytes | None]:
+    """``/v1/cache/match``'s ids form ``{"input_ids": [int], "cache_salt"?: str}`` -> (ids, the
+    radix key of the salt or None). ApiError(400) for an id that is not an integer (a boolean
+    or float is not one) or lies outside the vocabulary, or a salt that is not a string:
+    filtering them out would answer for a prompt nobody sent."""
+    ids = body["input_ids"]
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise ApiError("'input_ids' must be an array of integer token ids.", param="input_ids",
+                       code="invalid_type")
+    _check_vocab(tokenizer, ids, "input_ids")
+    salt = body.get("cache_salt")
+    if salt is not None and not isinstance(salt, str):
+        raise ApiError("Invalid type for 'cache_salt': expected a string.", param="cache_salt",
+                       code="invalid_type")
+    return ids, (salt.encode() if salt else None)
 
 
 def tokenize(tokenizer: Any, max_model_len: int, payload: Any) -> dict[str, Any]:

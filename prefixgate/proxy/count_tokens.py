@@ -13,6 +13,9 @@ By the routed backend's kind:
   the body and ``x-prefixgate-token-count: estimated``.
 
 Answer: ``{"input_tokens": int}`` (Anthropic's shape). Not a model call: no ledger row.
+Errors are Anthropic-shaped: the backend's own error keeps its status (a non-JSON body is
+wrapped); a ``/tokenize`` that fails or answers anything but ``{"count": int >= 0}`` is a 502.
+Backend answers are read up to 1 MiB.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from prefixgate.cache.ledger import LedgerRow
 from prefixgate.proxy import translate
 from prefixgate.proxy.errors import InvalidRequest, UpstreamUnavailable, error_response
 from prefixgate.proxy.headers import downstream_headers
-from prefixgate.proxy.passthrough import SideCall
+from prefixgate.proxy.passthrough import ERROR_BODY_MAX_BYTES, SideCall
+from prefixgate.proxy.relay import read_at_most
 from prefixgate.rewriter.tokens import encoding_for_model, json_tokens, make_counter
 
 HEADER = "x-prefixgate-token-count"
@@ -62,14 +66,27 @@ async def _exact(call: SideCall) -> int | None:
     try:
         if resp.status_code == 404:
             return None
-        content = await resp.aread()
+        content = await read_at_most(resp, ERROR_BODY_MAX_BYTES)
         if resp.status_code >= 400:
             raise UpstreamUnavailable(f"the backend's /tokenize answered {resp.status_code}: "
                                       f"{content[:200].decode(errors='replace')}")
-        count = orjson.loads(content).get("count")
-        return count if isinstance(count, int) else None
+        try:
+            answer = orjson.loads(content)
+        except orjson.JSONDecodeError:
+            answer = None
+        count = answer.get("count") if isinstance(answer, dict) else None
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise UpstreamUnavailable("the backend's /tokenize sent an unreadable answer")
+        return count
     finally:
         await resp.aclose()
+
+
+def _is_object(content: bytes) -> bool:
+    try:
+        return isinstance(orjson.loads(content), dict)
+    except orjson.JSONDecodeError:
+        return False
 
 
 async def count_tokens(state: Any, request: Request) -> Response:
@@ -86,10 +103,14 @@ async def count_tokens(state: Any, request: Request) -> Response:
         if kind == "anthropic":
             resp = await call.send(call.target.backend.base_url + "/messages/count_tokens",
                                    call.raw)
+            if resp.status_code >= 400:  # its error, in Anthropic's shape even when not JSON
+                return await call.error(resp)
             try:
-                content = await resp.aread()
+                content = await read_at_most(resp, ERROR_BODY_MAX_BYTES)
             finally:
                 await resp.aclose()
+            if not _is_object(content):
+                raise UpstreamUnavailable("the backend's count_tokens sent an unreadable answer")
             return Response(content, status_code=resp.status_code,
                             media_type=resp.headers.get("content-type", "application/json"),
                             headers=downstream_headers(resp.headers))

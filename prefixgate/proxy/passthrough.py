@@ -49,6 +49,7 @@ from prefixgate.proxy.relay import (
     send_unless_gone,
 )
 from prefixgate.proxy.router import Target, pick_target
+from prefixgate.proxy.tenants import salted_body, tenant_for
 from prefixgate.proxy.usage import OpenAIStreamWatcher, Usage, usage_from_answer
 
 JSON = "application/json"
@@ -70,10 +71,13 @@ class SideCall:
     ledger: bool = True  # False: not a model call, no ledger row (count_tokens)
 
     async def read(self) -> None:
-        """Auth (401 / 429), body under the limits (400 / 408 / 413), ``model`` a string,
+        """Auth (401 / 429), the tenant (400 for a malformed tenant header), body under the
+        limits (400 / 408 / 413), ``model`` a string,
         ``stream`` a boolean; then route (404 / 501 for the other API's backend)."""
         policy = self.state.policy
         self.row.key_id = await self.state.guard.admit(self.request.headers, self.api)
+        self.row.tenant = tenant_for(self.request.headers, self.row.key_id, policy,
+                                     self.state.guard)
         self.raw = await read_body_within(self.request, policy.max_body_bytes,
                                           policy.limits.body_timeout_s)
         self.body = wire.parse_json(self.raw)
@@ -207,6 +211,8 @@ async def _pass(state: Any, request: Request, path: str) -> Response:
         cap = route_cap(state.policy, call.target)
         if path == "completions" and cap > 0 and call.body.get("max_tokens") is None:
             raw = orjson.dumps({**call.body, "max_tokens": cap})
+        if path == "completions":  # the tenant's prefix-cache namespace (proxy.tenants)
+            raw = salted_body(raw, call.row.tenant, call.target.backend)
         resp = await call.send(f"{call.target.backend.base_url}/{path}", raw)
     except BaseException as e:
         return call.refuse(e)

@@ -28,7 +28,8 @@ How a stream ends (``status`` given to ``on_end``):
 - ``upstream_error``: the upstream broke off or stayed silent past the backend's ``timeout_s``,
   or ended cleanly WITHOUT its final event (passthrough or bridged: a client would otherwise
   take half an answer for a whole one). The client's stream ends with one error event in its API
-  shape (:func:`prefixgate.proxy.errors.stream_error_event`). An incomplete last event (bytes after the
+  shape (:func:`prefixgate.proxy.errors.stream_error_event`; through ``end_mapper`` when given:
+  the Responses bridge turns it into ``response.failed``). An incomplete last event (bytes after the
   last blank line) is dropped then: the SSE spec discards it anyway, and glued to the error event
   it would corrupt both. (A final event missing only its blank line still counts as final.)
   Also ``upstream_error``: the upstream sent its own error event — the
@@ -345,8 +346,10 @@ class StreamRelay:
     def __init__(self, resp: httpx.Response, watcher: StreamWatcher, timing: Timing,
                  on_end: OnEnd, mapper: EventMapper | None = None, api: Api = "openai",
                  status_code: int = 200, idle_s: float | None = None,
-                 deadline: float | None = None) -> None:
+                 deadline: float | None = None, end_mapper: EventMapper | None = None
+                 ) -> None:
         self.resp, self.watcher, self.timing = resp, watcher, timing
+        self.end_mapper = end_mapper  # the relay's own error event -> the client's API
         self.mapper, self.api, self.status_code = mapper, api, status_code
         self.idle_s, self.deadline = idle_s, deadline  # s between chunks; loop.time() limit
         self._on_end: OnEnd | None = on_end
@@ -367,13 +370,13 @@ class StreamRelay:
                             self.timing.content_written()
                 tail = self._ended(splitter.flush())
             except httpx.HTTPError as e:
-                self.status, tail = "upstream_error", [stream_error_event(_broke_off(e), self.api)]
+                self.status, tail = "upstream_error", self._own_error(_broke_off(e))
             except TimeoutError:
-                self.status, tail = "upstream_error", [stream_error_event(UpstreamTimeout(
-                    "upstream went silent mid-stream past its idle or total timeout"), self.api)]
+                self.status, tail = "upstream_error", self._own_error(UpstreamTimeout(
+                    "upstream went silent mid-stream past its idle or total timeout"))
             except Exception as e:  # noqa: BLE001 - a bug here must still end the stream shaped
                 exc = InternalError.wrap(e)
-                self.status, tail = type(exc).__name__, [stream_error_event(exc, self.api)]
+                self.status, tail = type(exc).__name__, self._own_error(exc)
             for out in tail:
                 yield out
         finally:
@@ -418,8 +421,19 @@ class StreamRelay:
             self.status = "ok"
             return tail
         self.status = "upstream_error"
-        return [stream_error_event(UpstreamUnavailable(
-            "upstream stream ended without its final event"), self.api)]
+        return self._own_error(UpstreamUnavailable(
+            "upstream stream ended without its final event"))
+
+    def _own_error(self, exc: ProxyError) -> list[bytes]:
+        """The relay's closing error event for ``exc``, in the client's API (``end_mapper``)."""
+        ev = stream_error_event(exc, self.api)
+        if self.end_mapper is None:
+            return [ev]
+        try:
+            return self.end_mapper(ev, parse_event(ev)) or [ev]
+        except Exception:  # noqa: BLE001 - the plain error event still ends the stream
+            log.exception("end mapper failed")
+            return [ev]
 
     async def close(self) -> None:
         """Close the upstream response and report the end, once; never raises."""

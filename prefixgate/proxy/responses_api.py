@@ -18,11 +18,20 @@ A request's path (the chat path's steps, :mod:`prefixgate.proxy.app`, in the Res
 
 Errors are OpenAI-shaped (``{"error": {...}}``); an unknown ``previous_response_id`` is a 404
 ``previous_response_not_found``, an unknown id on GET / DELETE a 404 ``not_found``.
+
+Tenants (:mod:`prefixgate.proxy.tenants`): as on the chat path, the session id is namespaced by
+the tenant and a bridged body carries the tenant's ``cache_salt`` (backends that take one).
+A stored response belongs to the tenant that created it. Another tenant's id reads exactly
+as an unknown one (404, on GET, DELETE and as ``previous_response_id``), and with a tenant an
+id not in the store is never forwarded to an OpenAI backend (the backend's one key cannot tell
+tenants apart). An id that is not ``[A-Za-z0-9_-]{1,200}`` is a 404 and never reaches a
+backend's URL (no ``..``, ``/``, ``?``).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -60,11 +69,14 @@ from prefixgate.proxy.responses_stream import ResponsesStream
 from prefixgate.proxy.rewriting import rewrite_off_loop, rewrite_wanted, session_hash, session_id_for
 from prefixgate.proxy.router import Target
 from prefixgate.proxy.sse import SSEEvent, parse_event
+from prefixgate.proxy.tenants import namespaced_session, salted_body, tenant_for
 from prefixgate.proxy.usage import AnthropicStreamWatcher, OpenAIStreamWatcher, Usage, usage_from_answer
 from prefixgate.rewriter.types import Context
 
 log = logging.getLogger("prefixgate.responses")
 JSON = "application/json"
+MAX_OUTPUT_TOKENS = 2**31 - 1
+_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
 
 
 class ResponseNotFound(ProxyError):
@@ -91,6 +103,7 @@ class ResponsesWatcher:
     def __init__(self) -> None:
         self.usage, self.deltas, self.done, self.errors = Usage(), 0, 0, 0
         self.response_id = ""
+        self.last_seq = -1  # the highest sequence_number seen
 
     def observe(self, ev: SSEEvent) -> bool:
         """True for an event carrying output (text, arguments, reasoning)."""
@@ -99,6 +112,9 @@ class ResponsesWatcher:
         except orjson.JSONDecodeError:
             return False
         kind = obj.get("type", ev.event) if isinstance(obj, dict) else ev.event
+        seq = obj.get("sequence_number") if isinstance(obj, dict) else None
+        if isinstance(seq, int) and not isinstance(seq, bool):
+            self.last_seq = max(self.last_seq, seq)
         if kind in ("response.completed", "response.incomplete"):
             self.done += 1
             self.usage.merge(responses_usage((obj.get("response") or {}).get("usage")))
@@ -114,7 +130,9 @@ class ResponsesWatcher:
 
 def check_body(body: dict[str, Any]) -> None:
     """What the proxy relies on: ``model`` string, ``input`` present (string or array),
-    ``stream`` / ``store`` booleans, ``previous_response_id`` string. InvalidRequest (400)."""
+    ``stream`` / ``store`` booleans, ``max_output_tokens`` an integer in 1..2**31-1 (it is
+    echoed in the response object; a huge one cannot be encoded), ``previous_response_id``
+    string. InvalidRequest (400)."""
     if not isinstance(body.get("model"), str):
         raise InvalidRequest("Missing required parameter: 'model'." if "model" not in body else
                              "Invalid type for 'model': expected a string.", param="model",
@@ -127,6 +145,12 @@ def check_body(body: dict[str, Any]) -> None:
         if body.get(key) is not None and not isinstance(body[key], bool):
             raise InvalidRequest(f"Invalid type for '{key}': expected a boolean.", param=key,
                                  code="invalid_type")
+    cap = body.get("max_output_tokens")
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool)
+                            or not 0 < cap <= MAX_OUTPUT_TOKENS):
+        raise InvalidRequest(f"Invalid 'max_output_tokens': expected an integer from 1 to "
+                             f"{MAX_OUTPUT_TOKENS}.", param="max_output_tokens",
+                             code="invalid_value")
     prev = body.get("previous_response_id")
     if prev is not None and not isinstance(prev, str):
         raise InvalidRequest("Invalid type for 'previous_response_id': expected a string.",
@@ -152,13 +176,18 @@ class ResponsesEndpoint:
             target, row = call.target, call.row
             assert target is not None
             body, raw = with_default_cap(call.body, call.raw, "responses", target, policy)
-            session = session_id_for(request.headers, body)
+            session = namespaced_session(row.tenant, session_id_for(request.headers, body))
             row.session = session_hash(session)
             if target.backend.kind == "openai":
+                prev = body.get("previous_response_id")
+                if prev and row.tenant and self._owned(prev, row.tenant) is None:
+                    raise ResponseNotFound(f"Previous response with id '{prev}' not found.",
+                                           param="previous_response_id",
+                                           code="previous_response_not_found")
                 up_raw = await self._passthrough_passes(request, body, raw, target, row, session)
                 url = target.backend.base_url + "/responses"
             else:
-                chat, items = self._bridge_body(body)
+                chat, items = self._bridge_body(body, row.tenant)
                 up_raw = await self._chat_passes(request, chat, target, row, session)
                 url = target.url()
             resp = await call.send(url, up_raw)
@@ -175,12 +204,14 @@ class ResponsesEndpoint:
                 await resp.aclose()
             raise
 
-    def _bridge_body(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """(Chat Completions body, the input items incl. history) for a bridged backend."""
+    def _bridge_body(self, body: dict[str, Any], tenant: str
+                     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """(Chat Completions body, the input items incl. history) for a bridged backend;
+        ``previous_response_id`` must name a response of ``tenant`` (else 404)."""
         history: list[dict[str, Any]] = []
         prev = body.get("previous_response_id")
         if prev:
-            rec = self.store.get(prev)
+            rec = self._owned(prev, tenant)
             if rec is None or rec.response is None:
                 raise ResponseNotFound(f"Previous response with id '{prev}' not found.",
                                        param="previous_response_id",
@@ -203,7 +234,7 @@ class ResponsesEndpoint:
                 log.exception("session memory merge failed")
         if target.wire == "anthropic":
             return translate.encode("openai", rw.body, depth)
-        return rw.raw
+        return salted_body(rw.raw, row.tenant, target.backend)  # the tenant's cache namespace
 
     async def _passthrough_passes(self, request: Request, body: dict[str, Any], raw: bytes,
                                   target: Target, row: LedgerRow, session: str) -> bytes:
@@ -259,7 +290,8 @@ class ResponsesEndpoint:
             if items is None:  # passthrough
                 usage = responses_usage(answer.get("usage"))
                 if body.get("store", True) and isinstance(answer.get("id"), str):
-                    self.store.put(StoredResponse(answer["id"], target.backend_name))
+                    self.store.put(StoredResponse(answer["id"], target.backend_name,
+                                                  tenant=row.tenant))
             else:
                 usage = usage_from_answer(answer, target.wire)
                 if target.wire == "anthropic":
@@ -267,7 +299,7 @@ class ResponsesEndpoint:
                 output, status = output_from_chat(answer)
                 final = response_object(body, new_id("resp"), int(time.time()), output,
                                         usage_object(answer.get("usage")), status)
-                self._keep(body, final, items, target)
+                self._keep(body, final, items, target, row.tenant)
                 content = exactjson.dumps(final)
         except (httpx.HTTPError, ValueError, TypeError, AttributeError, KeyError) as e:
             row.error = type(e).__name__
@@ -296,7 +328,8 @@ class ResponsesEndpoint:
             watcher = AnthropicStreamWatcher() if target.wire == "anthropic" else (
                 OpenAIStreamWatcher())
             stream = ResponsesStream(body, new_id("resp"),
-                                     on_done=lambda r: self._keep(body, r, items, target))
+                                     on_done=lambda r: self._keep(body, r, items, target,
+                                                                  row.tenant))
             mapper = stream.map
             if target.wire == "anthropic":
                 mapper = _chained(ChunkMapper(row.model, watcher, True).map, stream.map)
@@ -304,16 +337,24 @@ class ResponsesEndpoint:
         async def on_end(status: str, http_status: int) -> None:
             if items is None and status == "ok" and body.get("store", True) and \
                     watcher.response_id:
-                self.store.put(StoredResponse(watcher.response_id, target.backend_name))
+                self.store.put(StoredResponse(watcher.response_id, target.backend_name,
+                                              tenant=row.tenant))
             call.record(watcher.usage, status, http_status, watcher.deltas)
 
-        relay = StreamRelay(resp, watcher, call.timing, on_end, mapper, "openai")
+        relay = StreamRelay(resp, watcher, call.timing, on_end, mapper, "openai",
+                            end_mapper=_error_event(watcher) if items is None else stream.map)
         return SSEResponse(relay, headers={**_ours(call, resp), **SSE_HEADERS})
 
     def _keep(self, body: dict[str, Any], final: dict[str, Any],
-              items: list[dict[str, Any]] | None, target: Target) -> None:
+              items: list[dict[str, Any]] | None, target: Target, tenant: str) -> None:
         if body.get("store", True) is not False and items is not None:
-            self.store.put(StoredResponse(final["id"], target.backend_name, final, items))
+            self.store.put(StoredResponse(final["id"], target.backend_name, final, items,
+                                          tenant))
+
+    def _owned(self, response_id: str, tenant: str) -> StoredResponse | None:
+        """The stored response if it is ``tenant``'s (another tenant's reads as absent)."""
+        rec = self.store.get(response_id) if _ID_RE.match(response_id) else None
+        return rec if rec is not None and rec.tenant == tenant else None
 
     # ---- GET / DELETE -------------------------------------------------------------------
 
@@ -328,15 +369,17 @@ class ResponsesEndpoint:
 
     async def _by_id(self, request: Request, response_id: str, method: str) -> Response:
         try:
-            await self.state.guard.admit(request.headers, "openai", limit=False)
-            rec = self.store.get(response_id)
+            key_id = await self.state.guard.admit(request.headers, "openai", limit=False)
+            tenant = tenant_for(request.headers, key_id, self.state.policy, self.state.guard)
+            rec = self._owned(response_id, tenant)
             if rec is not None and rec.response is not None:
                 if method == "DELETE":
                     self.store.delete(response_id)
                     return JSONResponse({"id": response_id, "object": "response.deleted",
                                          "deleted": True})
                 return Response(exactjson.dumps(rec.response), media_type=JSON)
-            backend = rec.backend if rec is not None else self._only_openai_backend()
+            backend = rec.backend if rec is not None else (
+                None if tenant or not _ID_RE.match(response_id) else self._only_openai_backend())
             if backend is None:
                 raise ResponseNotFound(f"No response found with id '{response_id}'.",
                                        param="response_id")
@@ -373,6 +416,18 @@ def _ours(call: SideCall, resp: httpx.Response) -> dict[str, str]:
     ``x-prefixgate-tokens-pruned``) as on the chat endpoints."""
     return {**downstream_headers(resp.headers), "x-prefixgate-edits": call.row.edits or "off",
             "x-prefixgate-tokens-pruned": str(call.row.tokens_pruned)}
+
+
+def _error_event(watcher: ResponsesWatcher) -> Callable[[bytes, SSEEvent], list[bytes]]:
+    """The relay's own closing error (Chat-shaped ``data: {"error": {...}}``) as a Responses
+    stream ``error`` event (``type``, ``code``, ``message``, ``param``, ``sequence_number``
+    following the upstream's last), for a passthrough Responses stream."""
+    def end(raw: bytes, ev: SSEEvent) -> list[bytes]:
+        err = orjson.loads(ev.data or "{}").get("error") or {}
+        obj = {"type": "error", "code": err.get("code"), "message": err.get("message", ""),
+               "param": err.get("param"), "sequence_number": watcher.last_seq + 1}
+        return [b"event: error\ndata: " + orjson.dumps(obj) + b"\n\n"]
+    return end
 
 
 def _chained(first: Callable[[bytes, SSEEvent], list[bytes]],

@@ -47,12 +47,25 @@ def _bad(param: str, why: str) -> InvalidRequest:
     return InvalidRequest(f"'{param}': {why}.", param=param, code="unsupported_parameter")
 
 
+def _str(item: dict[str, Any], key: str, param: str, default: str = "") -> str:
+    """``item[key]`` when a string (``default`` when absent or null); InvalidRequest (400,
+    ``invalid_type``) for any other type: a number or object where the spec has a string
+    would otherwise reach the backend, the store and the next turn's history."""
+    value = item.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise InvalidRequest(f"Invalid type for '{param}.{key}': expected a string.",
+                             param=f"{param}.{key}", code="invalid_type")
+    return value
+
+
 def _text_of(content: Any, param: str) -> str:
     """Text of a ``function_call_output.output`` (a string or a list of ``input_text``)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content
+        return "".join(_str(p, "text", f"{param}[{j}]") for j, p in enumerate(content)
                        if isinstance(p, dict) and p.get("type") in ("input_text", "output_text"))
     raise InvalidRequest(f"'{param}' must be a string or a list of text parts.", param=param,
                          code="invalid_type")
@@ -63,15 +76,16 @@ def _part(p: Any, param: str) -> dict[str, Any]:
         raise InvalidRequest(f"'{param}' must be an object.", param=param, code="invalid_type")
     kind = p.get("type")
     if kind in ("input_text", "output_text", "text"):
-        return {"type": "text", "text": p.get("text", "")}
+        return {"type": "text", "text": _str(p, "text", param)}
     if kind == "refusal":
-        return {"type": "text", "text": p.get("refusal", "")}
+        return {"type": "text", "text": _str(p, "refusal", param)}
     if kind == "input_image":
         url = p.get("image_url")
         if not isinstance(url, str):
             raise _bad(param, "only images given by URL or data URL can be bridged (file_id "
                               "names a file stored at OpenAI)")
-        return {"type": "image_url", "image_url": {"url": url, "detail": p.get("detail", "auto")}}
+        return {"type": "image_url", "image_url": {"url": url,
+                                                   "detail": _str(p, "detail", param, "auto")}}
     raise _bad(param, f"content part type {kind!r} cannot be bridged to Chat Completions")
 
 
@@ -114,10 +128,10 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if kind == "message":
             out.append(_message(item, param))
         elif kind == "function_call":
-            call = {"id": item.get("call_id") or item.get("id") or new_id("call"),
-                    "type": "function",
-                    "function": {"name": item.get("name", ""),
-                                 "arguments": item.get("arguments") or "{}"}}
+            call = {"id": _str(item, "call_id", param) or _str(item, "id", param)
+                    or new_id("call"), "type": "function",
+                    "function": {"name": _str(item, "name", param),
+                                 "arguments": _str(item, "arguments", param) or "{}"}}
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant" and (
                     "tool_calls" in last or not last.get("content")):
@@ -126,7 +140,7 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
-            out.append({"role": "tool", "tool_call_id": item.get("call_id", ""),
+            out.append({"role": "tool", "tool_call_id": _str(item, "call_id", param),
                         "content": _text_of(item.get("output", ""), f"{param}.output")})
         elif kind == "reasoning":
             continue  # Chat Completions takes no reasoning input (module docstring)

@@ -28,12 +28,14 @@ import orjson
 class StoredResponse:
     """One stored response. ``response``: the response object (None for a passthrough
     pointer); ``input_items``: what the backend was given, history included; ``backend``: the
-    policy backend that produced it."""
+    policy backend that produced it; ``tenant``: whose it is (:mod:`prefixgate.proxy.tenants`, "" for
+    none): only requests of the same tenant may read, continue or delete it."""
 
     id: str
     backend: str
     response: dict[str, Any] | None = None
     input_items: list[dict[str, Any]] = field(default_factory=list)
+    tenant: str = ""
 
     def history(self) -> list[dict[str, Any]]:
         """The items a follow-up request starts with: input items, then this response's
