@@ -6,7 +6,7 @@ while a 30 MB request is rewritten, and session memory after 10,000 sessions.
   of rule lines with a clock and a request id (1/5 of the body), 40 tools, and a conversation of
   tool calls whose results carry six ``<document>`` passages each. Median of 3 runs (1 for
   10 MB and 30 MB), run as the proxy runs it: bodies of 1 MB and more with the objects alive at
-  the start frozen out of the garbage collector (``prefixgate/proxy/rewriting.py``, ``GC_FREEZE``). Goal:
+  the start frozen out of the garbage collector (``prefixgate/proxy/pipeline/rewrite.py``, ``GC_FREEZE``). Goal:
   linear growth, ``30m <= 45 x 1m``.
 * ``loop_lag_p99_ms`` — the proxy app (:func:`prefixgate.proxy.app.build_app`, in-process ASGI, upstream
   an httpx mock) serves one 30 MB request (rewrite budget raised so it is rewritten whole) while
@@ -52,7 +52,7 @@ from prefixgate.cache.session import MemorySessionStore  # noqa: E402
 from prefixgate.config.loader import parse_policy  # noqa: E402
 from prefixgate.config.schema import RewriteSettings  # noqa: E402
 from prefixgate.proxy.app import build_app  # noqa: E402
-from prefixgate.proxy.rewriting import LARGE_BODY_BYTES  # noqa: E402
+from prefixgate.proxy.pipeline.rewrite import LARGE_BODY_BYTES  # noqa: E402
 from prefixgate.rewriter.pipeline import rewrite_request, session_updates  # noqa: E402
 from prefixgate.rewriter.types import Context  # noqa: E402
 

@@ -11,7 +11,7 @@ ledger:
 * ``measured_unrewritten_cached_share``: over the rewrite-off rows (the client's bodies sent as
   they are), cached tokens / prompt tokens as the engine reported them;
 * ``modelled_cached_share``: over the rewrite-on rows, ``cf_cached_tokens`` (what the client's
-  original bodies would have cached, :mod:`prefixgate.proxy.insight`) / ``prompt_tokens``.
+  original bodies would have cached, :mod:`prefixgate.proxy.observe.insight`) / ``prompt_tokens``.
 
 The two sides replay the same requests, each with its own session and ``cache_salt``, so the
 modelled counterfactual of the "on" side should equal the measured share of the "off" side (goal:

@@ -52,9 +52,9 @@ from prefixgate.cache.prefix_blocks import memo_counter
 from prefixgate.cache.provider_models import make_model
 from prefixgate.config.loader import parse_policy
 from prefixgate.config.schema import Policy
-from prefixgate.proxy import dashboard
 from prefixgate.proxy.app import build_app
-from prefixgate.proxy.sim_trace import load_tau, openai_body
+from prefixgate.proxy.observe import dashboard
+from prefixgate.proxy.sim.traces import load_tau, openai_body
 from prefixgate.rewriter.tokens import count_tokens
 from tests.browser import Chromium
 from tests.dashboard.page_check import canvas_report, number_mismatches, shown_numbers

@@ -1,4 +1,4 @@
-"""Cost of parsing request bodies with exact numbers (prefixgate/proxy/exactjson.py) against plain orjson.
+"""Cost of parsing request bodies with exact numbers (prefixgate/proxy/core/exactjson.py) against plain orjson.
 
 Bodies of ~1 MB and ~10 MB (chat turns of random words, ``temperature: 0.7``), in three forms:
 compact (what orjson / JS / httpx>=0.28 clients send: the fast path's one extra ``dumps`` +
@@ -24,7 +24,7 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from prefixgate.proxy import exactjson  # noqa: E402
+from prefixgate.proxy.core import exactjson
 
 WORDS = "the quick brown fox jumps over the lazy dog 1.5 price: 2.50, v1.10 2024-05-01".split()
 

@@ -3,7 +3,7 @@
     .venv/bin/python bench/fanout.py
 
 N = 4, 8, 16 requests arriving within 10 ms, sharing a new 8,000-token prefix, 200 own tokens
-each, TTFT = 0.3 s + uncached tokens / 20,000 tok/s (``prefixgate/proxy/fanout_sim.py``; a cache entry is
+each, TTFT = 0.3 s + uncached tokens / 20,000 tok/s (``prefixgate/proxy/sim/fanout.py``; a cache entry is
 readable once its writer's response has begun, Anthropic's rule). Goals: write cut >= 90 % of
 the ideal (N-1)/N, added wall time <= the first request's TTFT. Writes
 ``bench/results/fanout.json``.
@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from prefixgate.proxy.fanout_sim import FanoutCase, figures
+    from prefixgate.proxy.sim.fanout import FanoutCase, figures
 
     rows = {str(n): figures(FanoutCase(n)) for n in (4, 8, 16)}
     for n, row in rows.items():

@@ -1,5 +1,5 @@
-"""What observability costs per request: :meth:`prefixgate.proxy.metrics.ProxyMetrics.observe` (Prometheus)
-and :meth:`prefixgate.proxy.otel.GenAITelemetry.observe` (one span + the GenAI metric points), in
+"""What observability costs per request: :meth:`prefixgate.proxy.observe.metrics.ProxyMetrics.observe` (Prometheus)
+and :meth:`prefixgate.proxy.observe.otel.GenAITelemetry.observe` (one span + the GenAI metric points), in
 microseconds, each run on the event loop once per finished request.
 
     python bench/observability_overhead.py [--n 1000] [--out bench/results/observability_overhead.json]
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prefixgate.cache.ledger import LedgerRow  # noqa: E402
 from prefixgate.config.loader import parse_policy  # noqa: E402
-from prefixgate.proxy.metrics import ProxyMetrics, RequestObs  # noqa: E402
+from prefixgate.proxy.observe.metrics import ProxyMetrics, RequestObs  # noqa: E402
 
 
 def rows(n: int) -> list[tuple[LedgerRow, RequestObs]]:
@@ -63,7 +63,7 @@ def main() -> None:
     os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:9"
     os.environ["OTEL_METRIC_EXPORT_INTERVAL"] = "3600000"
     os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "3600000"
-    from prefixgate.proxy.otel import telemetry_from_env
+    from prefixgate.proxy.observe.otel import telemetry_from_env
 
     otel = telemetry_from_env(policy)
     assert otel is not None, "pip install 'prefixgate[otel]'"

@@ -111,7 +111,7 @@ def measure(eng: Any, tok: Any, form: str, where: str, turn2_keys: list[str], st
             salt: int) -> dict[str, Any]:
     """Rewrite and send turn 1 then turn 2; the turn-2 cached share of turn 1's tokens."""
     from prefixgate.config.schema import RewriteSettings
-    from prefixgate.proxy.a2o_request import request_to_openai
+    from prefixgate.proxy.bridges.anthropic_openai_request import request_to_openai
     from prefixgate.rewriter.pipeline import rewrite_request, session_updates
     from prefixgate.rewriter.types import Context
 

@@ -48,8 +48,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from prefixgate.proxy.sim_trace import load_tau, openai_body  # noqa: E402
-from prefixgate.proxy.stats import percentile  # noqa: E402
+from prefixgate.cache.report import percentile  # noqa: E402
+from prefixgate.proxy.sim.traces import load_tau, openai_body  # noqa: E402
 
 TRACE = REPO.parent / "shared" / "data" / "traces" / "tau_bench_airline_gpt4o.json"
 LITELLM_VENV = Path("~/.cache/prefixgate/litellm-venv").expanduser()

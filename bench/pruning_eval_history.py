@@ -109,7 +109,7 @@ def reverts(edits: list[Edit]) -> tuple[int, Counter[str]]:
 
 
 def _client_body(api: Api, run: Any, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    from prefixgate.proxy.sim_trace import openai_body, to_anthropic
+    from prefixgate.proxy.sim.traces import openai_body, to_anthropic
 
     if api == "openai":
         return openai_body("gpt-4o", run.tools, messages)
@@ -160,7 +160,7 @@ def _replay(runs: list[Any], api: Api, provider: str, mode: str, high: int, low:
 
 def tau_history(quick: bool) -> dict[str, Any]:
     """Watermark vs sliding window vs none, per API and provider model (module docstring)."""
-    from prefixgate.proxy.sim_trace import load_tau
+    from prefixgate.proxy.sim.traces import load_tau
 
     runs = load_tau(data.DATA / "traces" / "tau_bench_airline_gpt4o.json",
                     data.DATA / "tools" / "tau_bench_airline.json", runs=8 if quick else None)

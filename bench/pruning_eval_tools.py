@@ -193,7 +193,7 @@ def _tau_replay(runs: list[Any], tools: list[dict[str, Any]], settings: RewriteS
 
 def tau_airline(quick: bool, min_catalog: int) -> dict[str, Any]:
     """tau-bench airline: every tool the agent calls must be in the request that calls it."""
-    from prefixgate.proxy.sim_trace import load_tau
+    from prefixgate.proxy.sim.traces import load_tau
 
     runs = load_tau(data.DATA / "traces" / "tau_bench_airline_gpt4o.json",
                     data.DATA / "tools" / "tau_bench_airline.json", runs=4 if quick else None)

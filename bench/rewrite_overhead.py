@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from prefixgate.config.schema import RewriteSettings  # noqa: E402
-from prefixgate.proxy.sim_trace import load_tau, openai_body, to_anthropic  # noqa: E402
+from prefixgate.proxy.sim.traces import load_tau, openai_body, to_anthropic  # noqa: E402
 from prefixgate.rewriter.pipeline import rewrite_request, session_updates  # noqa: E402
 from prefixgate.rewriter.types import Context  # noqa: E402
 

@@ -11,7 +11,7 @@
     FIFO prefill server with an LRU prefix cache, priced with the engine's measured prefill
     cost per token (``bench/results/engine_prefix.json``, cold 2048-token prompt) at 70 %
     load (offered prefill work without any cache / capacity). The routing decisions are the
-    proxy's own code (:mod:`prefixgate.proxy.balance`).
+    proxy's own code (:mod:`prefixgate.proxy.routing.balance`).
 
 Run: ``nice python bench/routing_affinity.py`` (``--only sim`` / ``--only live``);
 writes ``bench/results/routing_affinity.json`` in the issue's shape.
@@ -43,7 +43,7 @@ from prefixgate.cache.ledger import Ledger  # noqa: E402
 from prefixgate.config.loader import parse_policy  # noqa: E402
 from prefixgate.config.routing import AffinitySettings  # noqa: E402
 from prefixgate.proxy.app import build_app  # noqa: E402
-from prefixgate.proxy.balance import Balancer, choose  # noqa: E402
+from prefixgate.proxy.routing.balance import Balancer, choose  # noqa: E402
 from tests.servers import serve_app  # noqa: E402
 from tests.tiny_model import model_dir  # noqa: E402
 

@@ -18,8 +18,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from prefixgate.proxy.sim_trace import load_trace
-from prefixgate.proxy.simulate import SimConfig, Simulator
+from prefixgate.proxy.sim.simulate import SimConfig, Simulator
+from prefixgate.proxy.sim.traces import load_trace
 
 TRACE = REPO.parent / "shared" / "data" / "traces" / "tau_bench_airline_gpt4o.json"
 OUT = {"anthropic": REPO / "bench" / "results" / "simulate_tau_airline.json",

@@ -34,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--out", type=Path, default=REPO / "bench/results/ttl_choice.json")
     args = ap.parse_args(argv)
-    from prefixgate.proxy.sim_trace import load_trace
-    from prefixgate.proxy.simulate import TTL_STRATEGIES, SimConfig, Simulator
-    from prefixgate.proxy.think_time import parse
+    from prefixgate.proxy.sim.simulate import TTL_STRATEGIES, SimConfig, Simulator
+    from prefixgate.proxy.sim.think_time import parse
+    from prefixgate.proxy.sim.traces import load_trace
 
     runs = load_trace(TRACE, runs=args.runs)
     seeds = [int(s) for s in args.seeds.split(",")]

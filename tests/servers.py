@@ -28,7 +28,7 @@ __all__ = ["serve_app"]
 def serve_app(app: Any, host: str = "127.0.0.1", startup_timeout_s: float = 30.0,
               **options: Any) -> Iterator[str]:
     """Serve ``app`` (any ASGI callable) on a free local port; yield its base URL.
-    ``options``: more ``uvicorn.Config`` arguments (e.g. :func:`prefixgate.proxy.server.uvicorn_options`).
+    ``options``: more ``uvicorn.Config`` arguments (e.g. :func:`prefixgate.proxy.http.server.uvicorn_options`).
 
     Errors: RuntimeError when uvicorn has not started within ``startup_timeout_s`` seconds
     or its thread died during startup.

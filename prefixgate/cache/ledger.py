@@ -15,7 +15,7 @@ measured cached tokens are the counterfactual), ``modelled`` (a provider cache m
 radix model over the backend's own token ids), ``holdout`` (a session sent unrewritten on
 purpose), ``""`` (none); reports must not mix them silently. ``key_id`` is the
 public id of the proxy key the request authenticated with ("" without proxy keys), never the key;
-``tenant`` the request's tenant (:mod:`prefixgate.proxy.tenants`, "" for none).
+``tenant`` the request's tenant (:mod:`prefixgate.proxy.http.tenants`, "" for none).
 ``deployment`` names the deployment that answered, ``attempts`` counts the sends (retries and
 fallbacks included), ``attempt_reasons`` lists the failed ones (``<deployment>:<why>``).
 A second table, ``breaks``, keeps cache-break records (:mod:`prefixgate.cache.breaks`) as JSON; a third,

@@ -181,7 +181,7 @@ class RewriteSettings(_Strict):
     edit_detail_header: bool = False
     """Opt-in: answer with ``x-prefixgate-edit-detail``, compact JSON of every Edit (pass,
     region, tokens before / after, token offsets; no prompt text), bounded in size
-    (:mod:`prefixgate.proxy.edit_detail`)."""
+    (:mod:`prefixgate.proxy.pipeline.edit_detail`)."""
 
     @model_validator(mode="after")
     def _watermarks_ordered(self) -> RewriteSettings:
@@ -263,7 +263,7 @@ class SloSettings(_Strict):
 
 class ProxyKey(_Strict):
     """One proxy-facing key, as stored: never the key itself, only ``hash`` =
-    ``sha256:<hex>`` of it (see :mod:`prefixgate.proxy.auth` for why a plain SHA-256 suffices for a
+    ``sha256:<hex>`` of it (see :mod:`prefixgate.proxy.http.auth` for why a plain SHA-256 suffices for a
     256-bit random key). ``id`` is public (it goes into the ledger); ``rpm`` / ``tpm``: requests
     and tokens (prompt + output) per minute, None = unlimited."""
 
@@ -296,8 +296,8 @@ class AuthSettings(_Strict):
 
 
 class FanoutSettings(_Strict):
-    """First-writer gating of fan-outs (``prefixgate/proxy/fanout.py``): when requests sharing a prefix
-    nobody has cached yet arrive together, the first goes upstream and the others wait until
+    """First-writer gating of fan-outs (``prefixgate/proxy/routing/fanout.py``): when requests sharing a
+    prefix nobody has cached yet arrive together, the first goes upstream and the others wait until
     its response headers arrive (its cache write is then readable) or ``max_hold_ms`` /
     ``ttft_factor`` x the observed TTFT passes, whichever comes first.
 
@@ -316,7 +316,7 @@ class FanoutSettings(_Strict):
 
 
 class TenantSettings(_Strict):
-    """Who a request belongs to (:mod:`prefixgate.proxy.tenants`). ``header``: whether the
+    """Who a request belongs to (:mod:`prefixgate.proxy.http.tenants`). ``header``: whether the
     ``x-prefixgate-tenant`` header names the tenant — ``off`` (ignored), ``on`` (without proxy
     keys it is the tenant; with keys it names a sub-tenant inside the key's own tenant, so a key
     never reaches another key's namespace)."""

@@ -2,7 +2,7 @@
 
 A request's path reads prepare -> send (with retries) -> answer -> record in :func:`_proxy`;
 each step is a call into the module that owns it, the request's state in one
-:class:`~prefixgate.proxy.exchange.Exchange`::
+:class:`~prefixgate.proxy.pipeline.exchange.Exchange`::
 
     prepare  proxy.auth        proxy key (when configured), per-key rate limits   (401 / 429)
              proxy.limits      body read once under max_body_bytes and its deadline,
@@ -23,27 +23,27 @@ each step is a call into the module that owns it, the request's state in one
 
 Invariants (issue 8, classes 1 and 7): whatever can fail on the client's body fails before the
 send; from the send on, the upstream response is closed on every path
-(:func:`prefixgate.proxy.answer.answer`, then
-:class:`~prefixgate.proxy.relay.StreamRelay`); each request writes exactly one ledger row whose
+(:func:`prefixgate.proxy.pipeline.answer.answer`, then
+:class:`~prefixgate.proxy.upstream.relay.StreamRelay`); each request writes exactly one ledger row whose
 ``http_status`` is the status of the response the client got (499 when it got none).
 
 Endpoints: ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic); a client
-whose API differs from its backend's goes through a bridge (:mod:`prefixgate.proxy.translate`),
-``GET /v1/models`` (exactly what a client can call, :func:`prefixgate.proxy.probes.list_models`), the
-Responses API (:mod:`prefixgate.proxy.responses_api`), ``/v1/messages/count_tokens``
-(:mod:`prefixgate.proxy.count_tokens`), ``/v1/embeddings``, ``/v1/completions`` and ``/v1/models/{id}``
-(:mod:`prefixgate.proxy.passthrough`), every API route also without ``/v1``
-(:mod:`prefixgate.proxy.bare_paths`),
+whose API differs from its backend's goes through a bridge (:mod:`prefixgate.proxy.bridges.translate`),
+``GET /v1/models`` (exactly what a client can call, :func:`prefixgate.proxy.routing.probes.list_models`), the
+Responses API (:mod:`prefixgate.proxy.api.responses`), ``/v1/messages/count_tokens``
+(:mod:`prefixgate.proxy.api.count_tokens`), ``/v1/embeddings``, ``/v1/completions`` and ``/v1/models/{id}``
+(:mod:`prefixgate.proxy.api.passthrough`), every API route also without ``/v1``
+(:mod:`prefixgate.proxy.http.middleware`),
 ``GET /healthz`` (``{"status": "ok" | "degraded", "reasons": [...], "backends": [...],
-"down": {deployment: why}}``, 503 when degraded, see :mod:`prefixgate.proxy.health`; a deployment whose
-breaker is not closed is named in ``down`` without degrading the proxy, which still serves
-every other route), ``GET /api/savings`` (:mod:`prefixgate.proxy.savings_api`; holdout A/B membership:
-:mod:`prefixgate.proxy.holdout`), ``GET /dashboard`` (:mod:`prefixgate.proxy.dashboard`), ``GET /metrics``
-(HEAD too
+"down": {deployment: why}}``, 503 when degraded, see :mod:`prefixgate.proxy.observe.health`; a deployment
+whose breaker is not closed is named in ``down`` without degrading the proxy, which still serves
+every other route), ``GET /api/savings`` (:mod:`prefixgate.proxy.observe.savings_api`; holdout A/B membership:
+:mod:`prefixgate.proxy.pipeline.holdout`), ``GET /dashboard`` (:mod:`prefixgate.proxy.observe.dashboard`),
+``GET /metrics`` (HEAD too
 wherever GET is served); any other path or method is a 404 / 405 in the caller's shape; a
 trailing slash is served, never redirected. Response headers: ``x-prefixgate-edits`` (the
 rewrite summary, or ``off``), ``x-prefixgate-tokens-pruned``, ``x-prefixgate-edit-detail`` when
-the policy opts in (:mod:`prefixgate.proxy.edit_detail`), and ``x-prefixgate-cached-tokens``
+the policy opts in (:mod:`prefixgate.proxy.pipeline.edit_detail`), and ``x-prefixgate-cached-tokens``
 on non-streamed answers, and on streams whose backend reports cached tokens in its response
 headers (our engine's ``X-Engine-Cached-Tokens``); other streams' headers leave before usage is
 known.
@@ -72,15 +72,11 @@ from prefixgate.cache.session_redis import SharedSessionStore
 from prefixgate.cache.shared_state import LocalState, RedisState
 from prefixgate.config.routing import Deployment
 from prefixgate.config.schema import Policy
-from prefixgate.proxy import count_tokens, passthrough, responses_api, savings_api, wire
-from prefixgate.proxy.answer import answer, refuse
-from prefixgate.proxy.auth import Guard
-from prefixgate.proxy.bare_paths import BarePaths
-from prefixgate.proxy.bounded import with_default_cap
-from prefixgate.proxy.bridges import bridge_for
-from prefixgate.proxy.dashboard import install as install_dashboard
-from prefixgate.proxy.edit_detail import edit_detail_headers
-from prefixgate.proxy.errors import (
+from prefixgate.proxy.api import count_tokens, passthrough
+from prefixgate.proxy.api import responses as responses_api
+from prefixgate.proxy.api.openapi_schemas import ANTHROPIC_MESSAGES_REQUEST, OPENAI_CHAT_REQUEST, request_body
+from prefixgate.proxy.bridges.base import bridge_for
+from prefixgate.proxy.core.errors import (
     Api,
     InternalError,
     ProxyError,
@@ -88,20 +84,24 @@ from prefixgate.proxy.errors import (
     api_for_path,
     error_response,
 )
-from prefixgate.proxy.exchange import Exchange, ProxyState
-from prefixgate.proxy.failover import Sender, Step
-from prefixgate.proxy.fanout import gate_for
-from prefixgate.proxy.headers import upstream_headers
-from prefixgate.proxy.holdout import in_holdout
-from prefixgate.proxy.insight import Insight
-from prefixgate.proxy.limits import check_nesting, read_body_within
-from prefixgate.proxy.metrics import ProxyMetrics, policy_models
-from prefixgate.proxy.openapi_schemas import ANTHROPIC_MESSAGES_REQUEST, OPENAI_CHAT_REQUEST, request_body
-from prefixgate.proxy.otel import telemetry_from_env
-from prefixgate.proxy.probes import cache_matches, health_check_loop, list_models
-from prefixgate.proxy.record_extras import pass_tokens_json
-from prefixgate.proxy.relay import Upstream, send_unless_gone
-from prefixgate.proxy.rewriting import (
+from prefixgate.proxy.http import body as wire
+from prefixgate.proxy.http.auth import Guard
+from prefixgate.proxy.http.headers import upstream_headers
+from prefixgate.proxy.http.limits import check_nesting, read_body_within
+from prefixgate.proxy.http.middleware import BarePaths, TrailingSlash
+from prefixgate.proxy.http.tenants import namespaced_session, salted_body, tenant_for
+from prefixgate.proxy.observe import savings_api
+from prefixgate.proxy.observe.dashboard import install as install_dashboard
+from prefixgate.proxy.observe.insight import Insight
+from prefixgate.proxy.observe.metrics import ProxyMetrics, policy_models
+from prefixgate.proxy.observe.otel import telemetry_from_env
+from prefixgate.proxy.pipeline.answer import answer, refuse
+from prefixgate.proxy.pipeline.edit_detail import edit_detail_headers
+from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
+from prefixgate.proxy.pipeline.holdout import in_holdout
+from prefixgate.proxy.pipeline.output_cap import with_default_cap
+from prefixgate.proxy.pipeline.record import pass_tokens_json
+from prefixgate.proxy.pipeline.rewrite import (
     RewriteFn,
     default_rewrite_fn,
     off_loop,
@@ -110,9 +110,11 @@ from prefixgate.proxy.rewriting import (
     session_hash,
     session_id_for,
 )
-from prefixgate.proxy.router import Target, pick_target, plan_targets
-from prefixgate.proxy.slashes import TrailingSlash
-from prefixgate.proxy.tenants import namespaced_session, salted_body, tenant_for
+from prefixgate.proxy.routing.fanout import gate_for
+from prefixgate.proxy.routing.probes import cache_matches, health_check_loop, list_models
+from prefixgate.proxy.routing.retries import Sender, Step
+from prefixgate.proxy.routing.router import Target, pick_target, plan_targets
+from prefixgate.proxy.upstream.relay import Upstream, send_unless_gone
 from prefixgate.rewriter.types import Context
 
 __all__ = ["ProxyState", "build_app", "route_for"]
@@ -122,8 +124,8 @@ async def _proxy(state: ProxyState, request: Request, api: Api) -> Response:
     """Serve one model request end to end (see module docstring).
 
     Everything that can be checked or translated happens before the send; from the send on, the
-    upstream response is owned by :func:`prefixgate.proxy.answer.answer`, which closes it on every path.
-    Every request writes exactly one ledger row (:meth:`Exchange.record`).
+    upstream response is owned by :func:`prefixgate.proxy.pipeline.answer.answer`, which closes it on every
+    path. Every request writes exactly one ledger row (:meth:`Exchange.record`).
     """
     ex = Exchange(api, LedgerRow(endpoint=request.url.path))
     try:
@@ -256,7 +258,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     pipeline (default :func:`prefixgate.rewriter.pipeline.rewrite_request`; None = never rewrite);
     ``transport``: httpx transport for the upstream client (tests); ``analyze``: run the
     cache-break detector and the counterfactual cache model after each request
-    (:mod:`prefixgate.proxy.insight`).
+    (:mod:`prefixgate.proxy.observe.insight`).
     """
     counters = ProxyMetrics(policy_models(policy.routes))
     url = policy.ledger.redis_url  # shared state of replicas (cache.redis_link)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from prefixgate.cache.prefix_blocks import detect_api, flatten
-from prefixgate.proxy.insight import Insight
+from prefixgate.proxy.observe.insight import Insight
 
 USER = {"role": "user", "content": "hi"}
 

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from prefixgate.config.schema import Backend
-from prefixgate.proxy.errors import InvalidHeader, MissingBackendKey
-from prefixgate.proxy.headers import upstream_headers, wire_value
+from prefixgate.proxy.core.errors import InvalidHeader, MissingBackendKey
+from prefixgate.proxy.http.headers import upstream_headers, wire_value
 from tests.proxy.upstream import Script, completion
 
 UTF8 = "Agent/1.0 (café; 日本)".encode()      # multi-byte UTF-8: decodes past U+00FF

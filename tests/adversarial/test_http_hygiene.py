@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.proxy.logsafe import SafeFormatter, safe
+from prefixgate.proxy.core.logsafe import SafeFormatter, safe
 from tests.proxy.upstream import Script, completion
 
 FORGED = "gpt-x\n2026-01-01 00:00:00 prefixgate.proxy admin login ok"

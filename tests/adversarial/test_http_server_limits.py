@@ -19,7 +19,7 @@ import pytest
 
 from prefixgate.cache.ledger import Ledger
 from prefixgate.proxy.app import build_app
-from prefixgate.proxy.server import uvicorn_options
+from prefixgate.proxy.http.server import uvicorn_options
 from tests.proxy.conftest import make_policy
 from tests.proxy.upstream import Script, completion
 from tests.servers import serve_app

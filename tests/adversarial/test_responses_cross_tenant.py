@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.proxy.auth import hash_key
+from prefixgate.proxy.http.auth import hash_key
 from tests.proxy.upstream import Script, completion
 
 KEY_A = "pgk-tenant-a-0123456789abcdefghijklmnopqrstuvwxyz"

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.proxy.tenants import tenant_salt
+from prefixgate.proxy.http.tenants import tenant_salt
 from tests.proxy.upstream import Script, completion, wait_rows
 
 CALLS = [("/v1/responses", {"model": "m1", "input": "hi"}),

@@ -25,10 +25,10 @@ from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
 from prefixgate.config.schema import AuthSettings, ProxyKey
-from prefixgate.proxy import dashboard
-from prefixgate.proxy.auth import Guard, KeyStore, hash_key
-from prefixgate.proxy.errors import Unauthorized, error_response
-from prefixgate.proxy.ratelimit import MemoryLimiter
+from prefixgate.proxy.core.errors import Unauthorized, error_response
+from prefixgate.proxy.http.auth import Guard, KeyStore, hash_key
+from prefixgate.proxy.http.ratelimit import MemoryLimiter
+from prefixgate.proxy.observe import dashboard
 
 KEY = "pgk-" + "d" * 43  # a proxy key for the auth tests (see keyed_guard)
 RANGE_SECONDS = {"1h": (3600, 60), "24h": (86400, 900), "7d": (7 * 86400, 3600)}
@@ -261,7 +261,7 @@ def contract_errors(p: dict[str, Any]) -> list[str]:
 
 
 def fixture_app(payloads: dict[str, dict[str, Any]], guard: Guard | None = None) -> FastAPI:
-    """An app serving the dashboard (:func:`prefixgate.proxy.dashboard.install`, behind ``guard``) and a
+    """An app serving the dashboard (:func:`prefixgate.proxy.observe.dashboard.install`, behind ``guard``) and a
     stand-in ``GET /api/savings?range=`` answering ``payloads[range]`` (behind the same guard;
     a range not in ``payloads``: 400). ``app.state.served``: (range, Authorization header) per answer given."""
     app = FastAPI()

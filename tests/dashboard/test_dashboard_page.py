@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 
 from prefixgate.cache.ledger import Ledger
 from prefixgate.config.loader import parse_policy
-from prefixgate.proxy import dashboard
 from prefixgate.proxy.app import build_app
-from prefixgate.proxy.auth import basic_password, hash_key, presented_key
+from prefixgate.proxy.http.auth import basic_password, hash_key, presented_key
+from prefixgate.proxy.observe import dashboard
 from tests.dashboard.savings_fixture import (
     KEY,
     busy_payload,

@@ -16,7 +16,7 @@ import pytest
 from prefixgate.cache.ledger import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
-from prefixgate.proxy.health import LAG_DEGRADED_S, LoopLagMonitor, health_reasons
+from prefixgate.proxy.observe.health import LAG_DEGRADED_S, LoopLagMonitor, health_reasons
 from tests.faults.conftest import STALL_S, FaultRig
 from tests.faults.fault_server import FaultServer, serve_faults
 from tests.servers import serve_app

@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.proxy.errors import ClientDisconnected, UpstreamUnavailable
-from prefixgate.proxy.relay import SSEResponse, StreamRelay, Timing, Upstream, send_unless_gone
-from prefixgate.proxy.usage import OpenAIStreamWatcher
+from prefixgate.proxy.core.errors import ClientDisconnected, UpstreamUnavailable
+from prefixgate.proxy.core.usage import OpenAIStreamWatcher
+from prefixgate.proxy.upstream.relay import SSEResponse, StreamRelay, Timing, Upstream, send_unless_gone
 
 
 class _Body(httpx.AsyncByteStream):

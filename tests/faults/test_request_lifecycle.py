@@ -15,7 +15,7 @@ import pytest
 from prefixgate.cache.ledger import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
-from prefixgate.proxy.insight import Insight
+from prefixgate.proxy.observe.insight import Insight
 from tests.faults.conftest import FaultRig, body_for
 from tests.faults.fault_server import FaultServer, serve_faults
 from tests.faults.outcomes import events, is_error_event

@@ -1,6 +1,6 @@
 """schemathesis against the proxy's own OpenAPI document, both model endpoints, in-process.
 
-The document (``/openapi.json``, request-body schemas from :mod:`prefixgate.proxy.openapi_schemas`) drives
+The document (``/openapi.json``, request-body schemas from :mod:`prefixgate.proxy.api.openapi_schemas`) drives
 generation: positive bodies (what the schema allows) and negative ones (what it does not). Each
 goes through the ASGI app — fuzz policy, every pass on, recording upstream — and the answer must
 be below 500 and in the caller's API shape: an error body of its API (a 400 naming the param),

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.proxy.bridge_anthropic import StreamMapper, request_to_openai, response_to_anthropic
-from prefixgate.proxy.sse import EventSplitter, parse_event
+from prefixgate.proxy.bridges.anthropic_openai import StreamMapper, request_to_openai, response_to_anthropic
+from prefixgate.proxy.core.sse import EventSplitter, parse_event
 from tests.paths import DATA
 from tests.proxy.upstream import DONE, Script, chunk, completion, wait_rows
 
@@ -246,7 +246,7 @@ def test_b07_stream_and_non_stream_report_the_same_numbers(rig: Any) -> None:
 
 
 def test_o2a_tool_loop_request_translation() -> None:
-    from prefixgate.proxy.bridge_openai import request_to_anthropic
+    from prefixgate.proxy.bridges.openai_anthropic import request_to_anthropic
 
     out = request_to_anthropic({"model": "claude-x", "max_tokens": 64, "stop": "END",
         "tools": [{"type": "function", "function": {"name": "calc", "parameters": {

@@ -14,14 +14,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import prefixgate.proxy.auth
+import prefixgate.proxy.http.auth
 from prefixgate.cache.ledger import SCHEMA_VERSION, Ledger, LedgerRow
 from prefixgate.config.loader import load_policy, parse_policy
 from prefixgate.config.schema import AuthSettings, ProxyKey
-from prefixgate.proxy.auth import KeyStore, hash_key, needs_keys, new_key, presented_key
 from prefixgate.proxy.cli import app as cli
-from prefixgate.proxy.cmd_serve import refuse_unauthenticated
-from prefixgate.proxy.ratelimit import MemoryLimiter, RedisLimiter
+from prefixgate.proxy.cli.serve import refuse_unauthenticated
+from prefixgate.proxy.http.auth import KeyStore, hash_key, needs_keys, new_key, presented_key
+from prefixgate.proxy.http.ratelimit import MemoryLimiter, RedisLimiter
 
 POLICY = ("# my policy: comments survive `keys add`\n"
           "backends:\n  b: {kind: openai_compat, base_url: 'http://127.0.0.1:9/v1'}\n"
@@ -61,7 +61,7 @@ def test_lookup_compares_every_stored_hash_whichever_key_matches(
         calls.append(b)
         return real(a, b)
 
-    monkeypatch.setattr(prefixgate.proxy.auth.hmac, "compare_digest", counting)
+    monkeypatch.setattr(prefixgate.proxy.http.auth.hmac, "compare_digest", counting)
     found = store.lookup(keys[which])
     assert found is not None and found.id == f"k{which}"
     assert len(calls) == 8  # no early exit: time does not say which key matched

@@ -1,7 +1,7 @@
 """Both bridges' answer mappings, one rule per test, on the mapping functions themselves.
 
-Sources: the tables in ``prefixgate/proxy/bridge_anthropic.py`` (A->O: OpenAI answers to an Anthropic
-client) and ``prefixgate/proxy/bridge_openai.py`` (O->A: Anthropic answers to an OpenAI client), rendered in
+Sources: the tables in ``prefixgate/proxy/bridges/anthropic_openai.py`` (A->O: OpenAI answers to an Anthropic
+client) and ``prefixgate/proxy/bridges/openai_anthropic.py`` (O->A: Anthropic answers to an OpenAI client), rendered in
 docs/bridges.md. Streams: parallel tool calls must keep each call's arguments with its own call.
 """
 
@@ -13,10 +13,10 @@ from typing import Any
 import orjson
 import pytest
 
-from prefixgate.proxy.bridge_anthropic import StreamMapper, response_to_anthropic
-from prefixgate.proxy.bridge_openai import ChunkMapper, response_to_openai
-from prefixgate.proxy.sse import parse_event
-from prefixgate.proxy.usage import AnthropicStreamWatcher
+from prefixgate.proxy.bridges.anthropic_openai import StreamMapper, response_to_anthropic
+from prefixgate.proxy.bridges.openai_anthropic import ChunkMapper, response_to_openai
+from prefixgate.proxy.core.sse import parse_event
+from prefixgate.proxy.core.usage import AnthropicStreamWatcher
 
 
 def _openai_answer(finish: str) -> dict[str, Any]:

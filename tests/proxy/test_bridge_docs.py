@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefixgate.proxy import a2o_request, bridge_docs, o2a_request
+from prefixgate.proxy.bridges import anthropic_openai_request as a2o_request
+from prefixgate.proxy.bridges import docs as bridge_docs
+from prefixgate.proxy.bridges import openai_anthropic_request as o2a_request
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "bridges.md"
 
@@ -26,7 +28,7 @@ ANTHROPIC_FIELDS = {
 
 def test_docs_table_is_the_rendering_of_the_bridges_field_tables() -> None:
     assert DOC.read_text(encoding="utf-8") == bridge_docs.render(), (
-        "docs/bridges.md is stale: run python -m prefixgate.proxy.bridge_docs > docs/bridges.md")
+        "docs/bridges.md is stale: run python -m prefixgate.proxy.bridges.docs > docs/bridges.md")
 
 
 def test_every_request_field_of_both_apis_has_a_row() -> None:

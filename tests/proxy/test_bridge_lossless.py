@@ -8,9 +8,9 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.proxy import translate
-from prefixgate.proxy.errors import InvalidRequest
-from prefixgate.proxy.usage import AnthropicStreamWatcher
+from prefixgate.proxy.bridges import translate
+from prefixgate.proxy.core.errors import InvalidRequest
+from prefixgate.proxy.core.usage import AnthropicStreamWatcher
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -135,7 +135,7 @@ def test_a2o_unknown_key_inside_a_block_is_400_naming_its_path() -> None:
 
 
 def test_a2o_refusal_answer_becomes_text_with_stop_reason_refusal() -> None:
-    from prefixgate.proxy.bridge_anthropic import response_to_anthropic
+    from prefixgate.proxy.bridges.anthropic_openai import response_to_anthropic
     msg = response_to_anthropic({"id": "c", "choices": [{"index": 0, "finish_reason": "stop",
                                  "message": {"role": "assistant", "content": None,
                                              "refusal": "I can't help with that."}}]}, "m")
@@ -268,8 +268,8 @@ def test_a2o_refused_field_is_an_anthropic_400_naming_the_field(rig: Any) -> Non
 def test_a2o_streamed_refusal_becomes_text_and_stop_reason_refusal() -> None:
     import json
 
-    from prefixgate.proxy.bridge_anthropic import StreamMapper
-    from prefixgate.proxy.sse import SSEEvent
+    from prefixgate.proxy.bridges.anthropic_openai import StreamMapper
+    from prefixgate.proxy.core.sse import SSEEvent
 
     m = StreamMapper("m")
     chunks = ({"id": "c", "choices": [{"index": 0, "delta": {"refusal": "No."}}]},

@@ -17,9 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prefixgate.config.schema import RewriteSettings
-from prefixgate.proxy import exactjson, translate
-from prefixgate.proxy.errors import InvalidRequest
-from prefixgate.proxy.usage import AnthropicStreamWatcher, OpenAIStreamWatcher
+from prefixgate.proxy.bridges import translate
+from prefixgate.proxy.core import exactjson
+from prefixgate.proxy.core.errors import InvalidRequest
+from prefixgate.proxy.core.usage import AnthropicStreamWatcher, OpenAIStreamWatcher
 from prefixgate.rewriter.pipeline import rewrite_request
 from prefixgate.rewriter.types import Context
 

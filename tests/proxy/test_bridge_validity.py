@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.proxy import translate
-from prefixgate.proxy.bridge_validity import anthropic_problem, openai_problem
-from prefixgate.proxy.errors import InvalidRequest, NestingTooDeep, ProxyError
+from prefixgate.proxy.bridges import translate
+from prefixgate.proxy.bridges.validity import anthropic_problem, openai_problem
+from prefixgate.proxy.core.errors import InvalidRequest, NestingTooDeep, ProxyError
 
 
 def nested(depth: int) -> str:
@@ -167,7 +167,7 @@ def test_nesting_error_quotes_a_plain_param_name_when_the_path_is_elided() -> No
     import asyncio
     import re
 
-    from prefixgate.proxy.limits import check_nesting
+    from prefixgate.proxy.http.limits import check_nesting
 
     deep: Any = 1
     for _ in range(200):

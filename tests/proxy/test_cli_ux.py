@@ -78,7 +78,7 @@ def test_a_reused_engine_must_serve_the_model_asked_for() -> None:
     from starlette.routing import Route
 
     from prefixgate.config.schema import Backend
-    from prefixgate.proxy.engine_proc import EngineProcess, EngineStartError
+    from prefixgate.proxy.cli.engine_proc import EngineProcess, EngineStartError
     from tests.servers import serve_app
 
     async def health(_: object) -> JSONResponse:

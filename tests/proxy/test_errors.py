@@ -139,8 +139,8 @@ def test_anthropic_endpoint_checks_max_tokens(rig: Any) -> None:
 
 def test_route_to_the_other_api_without_a_bridge_is_a_clear_501() -> None:
     from prefixgate.config.loader import parse_policy
-    from prefixgate.proxy.errors import NotSupported
-    from prefixgate.proxy.router import pick_target
+    from prefixgate.proxy.core.errors import NotSupported
+    from prefixgate.proxy.routing.router import pick_target
 
     policy = parse_policy({"backends": {"a": {"kind": "anthropic",
                                               "base_url": "http://127.0.0.1:9/v1"}},
@@ -153,7 +153,7 @@ def test_route_to_the_other_api_without_a_bridge_is_a_clear_501() -> None:
 
 def test_a_proxy_bug_is_a_shaped_500_and_still_recorded(rig: Any,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from prefixgate.proxy import translate
+    from prefixgate.proxy.bridges import translate
 
     def boom(api: str, body: Any, *limits: Any) -> Any:
         raise KeyError("unexpected")

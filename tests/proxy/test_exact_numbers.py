@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixgate.proxy import exactjson
-from prefixgate.proxy.wire import parse_json
+from prefixgate.proxy.core import exactjson
+from prefixgate.proxy.http.body import parse_json
 from prefixgate.rewriter.types import Edit, RewriteResult
 from tests.proxy.upstream import Script, completion
 
@@ -166,8 +166,8 @@ def test_o2a_bridge_sends_arguments_numbers_exactly_in_tool_input(rig: Any) -> N
 
 
 def test_bridged_answers_keep_tool_argument_numbers_exact() -> None:
-    from prefixgate.proxy.bridge_anthropic import response_to_anthropic
-    from prefixgate.proxy.bridge_openai import response_to_openai
+    from prefixgate.proxy.bridges.anthropic_openai import response_to_anthropic
+    from prefixgate.proxy.bridges.openai_anthropic import response_to_openai
 
     anthropic = exactjson.loads(
         '{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"tool_use",'
@@ -195,8 +195,8 @@ def test_bridged_answer_through_the_proxy_keeps_a_big_integer(rig: Any) -> None:
 
 
 def test_exact_number_of_the_wrong_type_is_named_by_its_json_type() -> None:
-    from prefixgate.proxy.errors import InvalidRequest
-    from prefixgate.proxy.wire import check_anthropic
+    from prefixgate.proxy.core.errors import InvalidRequest
+    from prefixgate.proxy.http.body import check_anthropic
 
     with pytest.raises(InvalidRequest) as e:
         check_anthropic(parse_json(b'{"model":"m","max_tokens":1e3,"messages":[]}'))

@@ -1,4 +1,4 @@
-"""First-writer gating of fan-outs (``prefixgate/proxy/fanout.py``): the gate's state machine, the fan-out
+"""First-writer gating of fan-outs (``prefixgate/proxy/routing/fanout.py``): the gate's state machine, the fan-out
 simulation with hand-computed figures, and a live fan-out through the proxy against an upstream
 that caches like Anthropic (an entry is readable once the writer's response has begun)."""
 
@@ -19,8 +19,8 @@ from starlette.routing import Route
 from prefixgate.cache.ledger import Ledger
 from prefixgate.config.schema import FanoutSettings
 from prefixgate.proxy.app import build_app
-from prefixgate.proxy.fanout import MAX_KEYS, GateCore, fanout_key
-from prefixgate.proxy.fanout_sim import FanoutCase, figures, simulate
+from prefixgate.proxy.routing.fanout import MAX_KEYS, GateCore, fanout_key
+from prefixgate.proxy.sim.fanout import FanoutCase, figures, simulate
 from tests.proxy.conftest import make_policy
 from tests.proxy.upstream import completion
 from tests.servers import serve_app

@@ -1,4 +1,4 @@
-"""The Grafana dashboard (:mod:`prefixgate.proxy.grafana`): valid JSON, current in the repository, and every
+"""The Grafana dashboard (:mod:`prefixgate.proxy.observe.grafana`): valid JSON, current in the repository, and every
 PromQL expression reads only metrics the proxy exports."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from prefixgate.proxy.cli import app as cli
-from prefixgate.proxy.grafana import dashboard, expressions, metrics_referenced, render
-from prefixgate.proxy.metrics import ProxyMetrics
+from prefixgate.proxy.observe.grafana import dashboard, expressions, metrics_referenced, render
+from prefixgate.proxy.observe.metrics import ProxyMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from prefixgate.proxy.headers import redacted
+from prefixgate.proxy.http.headers import redacted
 from tests.proxy.upstream import Script, completion
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from prefixgate.cache.ledger import LedgerRow
-from prefixgate.proxy.exchange import measured_counterfactual
+from prefixgate.proxy.pipeline.exchange import measured_counterfactual
 
 
 @pytest.mark.parametrize("edits", ["", "none", "off", "unavailable"])

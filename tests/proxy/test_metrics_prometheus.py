@@ -1,6 +1,6 @@
 """``/metrics`` after real traffic through the proxy, parsed with prometheus-client's parser:
 route / model / backend labels, tokens by kind, cost, cache breaks, proxy overhead; and the
-label bounds and money arithmetic of :mod:`prefixgate.proxy.metrics` on their own."""
+label bounds and money arithmetic of :mod:`prefixgate.proxy.observe.metrics` on their own."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from prefixgate.cache.ledger import LedgerRow
 from prefixgate.config.prices import price_for
-from prefixgate.proxy.metrics import OTHER, LabelGuard, ProxyMetrics, RequestObs
+from prefixgate.proxy.observe.metrics import OTHER, LabelGuard, ProxyMetrics, RequestObs
 from tests.proxy.upstream import DONE, Script, chunk, completion, wait_rows
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

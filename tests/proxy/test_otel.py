@@ -1,4 +1,4 @@
-"""OpenTelemetry export (:mod:`prefixgate.proxy.otel`): an in-test OTLP/HTTP receiver gets each request's
+"""OpenTelemetry export (:mod:`prefixgate.proxy.observe.otel`): an in-test OTLP/HTTP receiver gets each request's
 span and the GenAI metrics, parsed with opentelemetry-proto's protobuf classes; without the
 ``OTEL_EXPORTER_OTLP_*`` variables nothing of the SDK is even imported."""
 
@@ -27,7 +27,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: 
 
 from prefixgate.cache.ledger import Ledger  # noqa: E402
 from prefixgate.proxy.app import build_app  # noqa: E402
-from prefixgate.proxy.otel import telemetry_from_env  # noqa: E402
+from prefixgate.proxy.observe.otel import telemetry_from_env  # noqa: E402
 from tests.proxy.conftest import make_policy  # noqa: E402
 from tests.proxy.upstream import DONE, Script, chunk, completion, wait_rows  # noqa: E402
 from tests.servers import serve_app  # noqa: E402

@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
-from prefixgate.proxy.auth import hash_key, new_key
 from prefixgate.proxy.cli import app as cli
-from prefixgate.proxy.metrics import rejected_by
+from prefixgate.proxy.http.auth import hash_key, new_key
+from prefixgate.proxy.observe.metrics import rejected_by
 from tests.proxy.upstream import Script, ScriptedUpstream, completion, wait_rows
 from tests.servers import serve_app
 

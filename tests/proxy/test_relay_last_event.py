@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import anyio
 import httpx
 
-from prefixgate.proxy.relay import StreamRelay, Timing
-from prefixgate.proxy.usage import OpenAIStreamWatcher
+from prefixgate.proxy.core.usage import OpenAIStreamWatcher
+from prefixgate.proxy.upstream.relay import StreamRelay, Timing
 
 EVENTS = [b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n',
           b'data: {"choices":[{"index":0,"delta":{"content":"b"}}]}\n\n', b"data: [DONE]"]

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.proxy.sse import EventSplitter, parse_event
+from prefixgate.proxy.core.sse import EventSplitter, parse_event
 from tests.paths import DATA
 from tests.proxy.upstream import DONE, Script, chunk, wait_rows
 

@@ -289,7 +289,7 @@ def test_response_objects_with_every_item_kind_pass_the_open_responses_schema() 
     import llm_comply
     from llm_comply.schema import SpecLoader
 
-    from prefixgate.proxy.responses_items import output_from_chat, response_object, usage_object
+    from prefixgate.proxy.bridges.responses_chat import output_from_chat, response_object, usage_object
 
     answer = _call_answer()
     msg = answer["choices"][0]["message"]
@@ -309,8 +309,8 @@ def test_stream_events_with_reasoning_text_and_calls_pass_the_open_responses_sch
     import llm_comply
     from llm_comply.schema import SpecLoader
 
-    from prefixgate.proxy.responses_stream import ResponsesStream
-    from prefixgate.proxy.sse import parse_event
+    from prefixgate.proxy.bridges.responses_chat_stream import ResponsesStream
+    from prefixgate.proxy.core.sse import parse_event
 
     def raw(delta: dict[str, Any], finish: str | None = None) -> bytes:
         return b"data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 1,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from prefixgate.proxy.responses_store import MemoryResponseStore, StoredResponse
+from prefixgate.cache.responses_store import MemoryResponseStore, StoredResponse
 
 
 def _rec(i: int, text: str = "x") -> StoredResponse:

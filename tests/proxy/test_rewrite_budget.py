@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from prefixgate.config.schema import RewriteSettings
-from prefixgate.proxy.rewriting import OVER_BUDGET, run_rewrite
+from prefixgate.proxy.pipeline.rewrite import OVER_BUDGET, run_rewrite
 from prefixgate.rewriter.pipeline import OverBudget, rewrite_request
 from prefixgate.rewriter.types import Context, RewriteResult
 from tests.proxy.upstream import Script, completion
@@ -85,7 +85,7 @@ def test_a_large_rewrite_freezes_the_collector_and_the_next_small_one_unfreezes_
 
     import anyio
 
-    from prefixgate.proxy.rewriting import LARGE_BODY_BYTES, rewrite_off_loop
+    from prefixgate.proxy.pipeline.rewrite import LARGE_BODY_BYTES, rewrite_off_loop
 
     seen: list[int] = []
 
@@ -107,7 +107,7 @@ def test_a_large_rewrite_freezes_the_collector_and_the_next_small_one_unfreezes_
 def test_after_answer_work_past_its_budget_yields_the_fallback() -> None:
     import anyio
 
-    from prefixgate.proxy.rewriting import off_loop
+    from prefixgate.proxy.pipeline.rewrite import off_loop
 
     release = threading.Event()
 

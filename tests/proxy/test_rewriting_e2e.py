@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.proxy.rewriting import default_rewrite_fn, session_id_for
+from prefixgate.proxy.pipeline.rewrite import default_rewrite_fn, session_id_for
 from tests.proxy.upstream import Script, completion
 
 RULES = "Follow the airline policy. Be brief. Verify the user id first. " * 40

@@ -9,11 +9,11 @@ import pytest
 
 from prefixgate.config.loader import PolicyError, default_policy, parse_policy
 from prefixgate.config.routing import AffinitySettings, BreakerSettings
-from prefixgate.proxy.balance import choose, imbalanced, rendezvous
-from prefixgate.proxy.breaker import CLOSED, HALF_OPEN, OPEN, Breaker
-from prefixgate.proxy.errors import ModelNotFound
-from prefixgate.proxy.failover import backoff_s, retry_after_s
-from prefixgate.proxy.router import plan_targets
+from prefixgate.proxy.core.errors import ModelNotFound
+from prefixgate.proxy.routing.balance import choose, imbalanced, rendezvous
+from prefixgate.proxy.routing.breaker import CLOSED, HALF_OPEN, OPEN, Breaker
+from prefixgate.proxy.routing.retries import backoff_s, retry_after_s
+from prefixgate.proxy.routing.router import plan_targets
 
 GROUP = {"kind": "openai_compat", "deployments": [
     {"base_url": "http://10.0.0.1:8000/v1"}, {"base_url": "http://10.0.0.2:8000/v1",
@@ -182,7 +182,7 @@ def test_the_fleet_policy_example_of_the_readme_loads() -> None:
 def test_models_lists_aliases_and_exact_route_names_only() -> None:
     import asyncio
 
-    from prefixgate.proxy.probes import list_models
+    from prefixgate.proxy.routing.probes import list_models
     p = _policy(aliases={"fast": "gpt-4o-mini", "broken": "no-route-matches-this"})
     got = asyncio.run(list_models(None, p))
     assert {m["id"]: m["owned_by"] for m in got["data"]} == {"fast": "oa", "gpt-4o-mini": "oa"}

@@ -14,7 +14,7 @@ import pytest
 
 from prefixgate.cache.holdout_stats import HELPS, INCONCLUSIVE, holdout_report
 from prefixgate.config.schema import HoldoutSettings
-from prefixgate.proxy.holdout import holdout_point, in_holdout
+from prefixgate.proxy.pipeline.holdout import holdout_point, in_holdout
 from tests.proxy.upstream import DONE, Script, chunk, completion
 
 RULES = "Follow the airline policy. Be brief. Verify the user id first. " * 40
@@ -223,7 +223,7 @@ def test_api_savings_has_every_field_of_the_dashboard_contract(rig: Any) -> None
 
 
 def test_api_savings_is_behind_the_proxy_keys_when_keys_are_on(rig_factory: Any) -> None:
-    from prefixgate.proxy.auth import hash_key, new_key
+    from prefixgate.proxy.http.auth import hash_key, new_key
 
     key = new_key()
     rig = rig_factory(auth={"keys": [{"id": "k1", "hash": hash_key(key)}]})

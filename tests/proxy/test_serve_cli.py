@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from prefixgate.config.schema import Backend
-from prefixgate.proxy.engine_proc import engine_address, engine_command, health_url
+from prefixgate.proxy.cli.engine_proc import engine_address, engine_command, health_url
 from tests.paths import REPO
 from tests.tiny_model import make_tiny_model_dir
 
@@ -75,8 +75,8 @@ def test_engine_command_execs_the_engine_with_extra_flags(monkeypatch: pytest.Mo
                                                            ) -> None:
     from typer.testing import CliRunner
 
-    from prefixgate.proxy import cmd_serve
     from prefixgate.proxy.cli import app
+    from prefixgate.proxy.cli import serve as cmd_serve
 
     calls: list[list[str]] = []
     monkeypatch.setattr(cmd_serve.os, "execv", lambda path, argv: calls.append(argv))

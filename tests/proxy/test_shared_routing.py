@@ -21,9 +21,9 @@ from prefixgate.cache.shared_state import LocalState
 from prefixgate.config.loader import parse_policy
 from prefixgate.config.routing import BreakerSettings
 from prefixgate.proxy.app import build_app
-from prefixgate.proxy.balance import Balancer
-from prefixgate.proxy.breaker import CLOSED, OPEN, BreakerBoard
-from prefixgate.proxy.shared_routing import SharedRouting, others_load, parse_breaker
+from prefixgate.proxy.routing.balance import Balancer
+from prefixgate.proxy.routing.breaker import CLOSED, OPEN, BreakerBoard
+from prefixgate.proxy.routing.shared import SharedRouting, others_load, parse_breaker
 from prefixgate.rewriter.types import Edit, RewriteResult
 from tests.cache.test_redis_shared import (
     SHARED,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixgate.proxy.sse import EventSplitter, parse_event
+from prefixgate.proxy.core.sse import EventSplitter, parse_event
 
 # A transcript exercising every framing rule: \n\n, \r\n\r\n, bare \r, comments, multi-line
 # data, event: lines, and a JSON payload with escaped newlines inside.

@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from prefixgate.cache.ledger import Ledger
 from prefixgate.proxy.app import build_app
-from prefixgate.proxy.sse import EventSplitter, parse_event
+from prefixgate.proxy.core.sse import EventSplitter, parse_event
 from tests.proxy.conftest import make_policy
 from tests.servers import serve_app
 

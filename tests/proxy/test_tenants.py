@@ -15,9 +15,9 @@ from prefixgate.cache.ledger import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.config.schema import AuthSettings, Backend, LedgerSettings, ProxyKey
 from prefixgate.proxy.app import build_app
-from prefixgate.proxy.auth import Guard, KeyStore, MemoryLimiter, hash_key
-from prefixgate.proxy.errors import InvalidHeader
-from prefixgate.proxy.tenants import namespaced_session, salted_body, tenant_for, tenant_salt
+from prefixgate.proxy.core.errors import InvalidHeader
+from prefixgate.proxy.http.auth import Guard, KeyStore, MemoryLimiter, hash_key
+from prefixgate.proxy.http.tenants import namespaced_session, salted_body, tenant_for, tenant_salt
 from tests.proxy.upstream import Script, completion
 from tests.servers import serve_app
 from tests.tiny_model import make_tiny_model_dir, real_model_dir

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from prefixgate.config.schema import RewriteSettings
 from prefixgate.proxy.cli import app as cli
-from prefixgate.proxy.cmd_rewrite import WHAT_THE_MODEL_SEES
-from prefixgate.proxy.edit_detail import HEADER, MAX_HEADER_BYTES, blocks_of, bounded_json
+from prefixgate.proxy.cli.rewrite import WHAT_THE_MODEL_SEES
+from prefixgate.proxy.pipeline.edit_detail import HEADER, MAX_HEADER_BYTES, blocks_of, bounded_json
 from prefixgate.rewriter.pipeline import PASSES, rewrite_request
 from prefixgate.rewriter.types import Context
 from tests.proxy.upstream import Script, completion

@@ -33,7 +33,7 @@ def _children(pid: int) -> list[int]:
 
 def test_app_from_env_builds_the_policys_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                              ) -> None:
-    from prefixgate.proxy import cmd_serve
+    from prefixgate.proxy.cli import serve as cmd_serve
 
     policy = tmp_path / "p.yaml"
     policy.write_text("backends: {e: {kind: openai_compat, base_url: 'http://h/v1'}}\n"

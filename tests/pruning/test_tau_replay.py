@@ -17,7 +17,7 @@ TRACE = DATA / "traces" / "tau_bench_airline_gpt4o.json"
 
 
 def _bodies(api: Api, run: Any) -> list[dict[str, Any]]:
-    from prefixgate.proxy.sim_trace import openai_body, to_anthropic
+    from prefixgate.proxy.sim.traces import openai_body, to_anthropic
 
     if api == "openai":
         return [openai_body("gpt-4o", run.tools, r.messages) for r in run.requests]
@@ -27,7 +27,7 @@ def _bodies(api: Api, run: Any) -> list[dict[str, Any]]:
 @pytest.mark.skipif(not TRACE.exists(), reason="shared tau-bench trace not present")
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_tau_runs_stay_valid_and_append_only_under_a_small_budget(api: Api) -> None:
-    from prefixgate.proxy.sim_trace import load_tau
+    from prefixgate.proxy.sim.traces import load_tau
 
     total_compactions = 0
     for run in load_tau(TRACE, DATA / "tools" / "tau_bench_airline.json", runs=3):

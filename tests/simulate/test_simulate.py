@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from prefixgate.proxy.cli import app
-from prefixgate.proxy.sim_trace import load_trace, to_anthropic
-from prefixgate.proxy.simulate import SimConfig, Simulator, client_body, positional, schedule
+from prefixgate.proxy.sim.simulate import SimConfig, Simulator, client_body, positional, schedule
+from prefixgate.proxy.sim.traces import load_trace, to_anthropic
 from tests.paths import DATA
 
 TRACE = DATA / "traces" / "tau_bench_airline_gpt4o.json"

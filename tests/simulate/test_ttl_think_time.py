@@ -12,9 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from prefixgate.proxy.cli import app
-from prefixgate.proxy.sim_trace import SimRequest, SimRun, load_trace
-from prefixgate.proxy.simulate import SimConfig, Simulator, schedule
-from prefixgate.proxy.think_time import message_kind, parse
+from prefixgate.proxy.sim.simulate import SimConfig, Simulator, schedule
+from prefixgate.proxy.sim.think_time import message_kind, parse
+from prefixgate.proxy.sim.traces import SimRequest, SimRun, load_trace
 from tests.paths import DATA
 
 TRACE = DATA / "traces" / "tau_bench_airline_gpt4o.json"

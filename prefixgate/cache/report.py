@@ -1,0 +1,169 @@
+"""The figures ``prefixgate report`` and ``prefixgate replay`` print (:mod:`prefixgate.proxy.cli.report`),
+computed from ledger rows.
+
+:func:`group_figures` summarizes rows per ``route`` / ``model`` / ``tenant`` (the ledger's
+``tenant``, :mod:`prefixgate.proxy.http.tenants`; else the proxy key id a request authenticated with,
+``-`` without either) / ``day`` (UTC date); :func:`saved_figures`
+is the opening "saved" line; :func:`error_figures` the ``--errors`` table. Every figure is a
+plain sum or percentile of ledger columns, so the report equals the ledger.
+
+:func:`percentile` is the
+linear-interpolation percentile (numpy's default method); :func:`summarize` turns per-request
+records (ledger rows or replay results) into the figures both commands print.
+
+Money: ``input_usd`` / ``cf_input_usd`` are summed over rows priced both ways (the request as
+sent, and the client's own body); ``saved_usd`` is their difference, ``saved_pct`` its share of
+``cf_input_usd``. Tokens: ``saved_tokens = (cached - cf_cached) + pruned`` over rows with a
+counterfactual. TTFT: ``ttft_reported`` counts rows whose TTFT the backend reported (a
+non-streamed answer; ledger ``ttft_source = reported``), the others were timed by the proxy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from prefixgate.cache.holdout_stats import holdout_report
+
+
+def percentile(values: Iterable[float], p: float) -> float | None:
+    """``p``-th percentile (0-100) with linear interpolation; None for no values."""
+    xs = sorted(values)
+    if not xs:
+        return None
+    k = (len(xs) - 1) * p / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def summarize(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Figures of a set of request records (ledger rows or replay results).
+
+    Each record may carry ``status``, ``prompt_tokens``, ``cached_tokens``, ``ttft_ms``,
+    ``tpot_ms``, ``tokens_pruned``. Returns ``{"requests", "errors", "prompt_tokens",
+    "cached_tokens", "cached_share" (0-1 over requests reporting both), "ttft_p50_ms",
+    "ttft_p95_ms", "tpot_p50_ms", "tokens_pruned"}``.
+    """
+    rs = list(records)
+    with_usage = [r for r in rs if r.get("prompt_tokens") is not None
+                  and r.get("cached_tokens") is not None]
+    prompt = sum(r.get("prompt_tokens") or 0 for r in rs)
+    p_known = sum(r["prompt_tokens"] for r in with_usage)
+    cached = sum(r["cached_tokens"] for r in with_usage)
+    ttft = [r["ttft_ms"] for r in rs if r.get("ttft_ms") is not None]
+    tpot = [r["tpot_ms"] for r in rs if r.get("tpot_ms") is not None]
+    return {
+        "requests": len(rs),
+        "errors": sum(1 for r in rs if r.get("status", "ok") != "ok"),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "cached_share": (cached / p_known) if p_known else None,
+        "ttft_p50_ms": percentile(ttft, 50),
+        "ttft_p95_ms": percentile(ttft, 95),
+        "tpot_p50_ms": percentile(tpot, 50),
+        "tokens_pruned": sum(r.get("tokens_pruned") or 0 for r in rs),
+    }
+
+
+BY = ("route", "model", "tenant", "day")
+
+
+def group_key(row: Mapping[str, Any], by: str) -> str:
+    """The group of ``row`` for ``by`` (one of :data:`BY`)."""
+    if by == "day":
+        return time.strftime("%Y-%m-%d", time.gmtime(row.get("ts") or 0))
+    if by == "tenant":  # the ledger's tenant (proxy.tenants); rows from before it: the key id
+        return row.get("tenant") or row.get("key_id") or "-"
+    return row.get(by) or "-"
+
+
+def money(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``input_usd``, ``cf_input_usd``, ``saved_usd``, ``saved_pct``, ``priced`` (rows
+    priced both ways); None figures when no row is."""
+    priced = [r for r in rows if r.get("input_usd") is not None
+              and r.get("cf_input_usd") is not None]
+    if not priced:
+        return {"priced": 0, "input_usd": None, "cf_input_usd": None, "saved_usd": None,
+                "saved_pct": None}
+    inp = sum(r["input_usd"] for r in priced)
+    cf = sum(r["cf_input_usd"] for r in priced)
+    return {"priced": len(priced), "input_usd": inp, "cf_input_usd": cf, "saved_usd": cf - inp,
+            "saved_pct": (cf - inp) / cf if cf else None}
+
+
+def token_savings(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``cf_cached_share`` and ``saved_tokens`` (module docstring)."""
+    cf = [r for r in rows if r.get("cf_cached_tokens") is not None
+          and r.get("prompt_tokens") is not None]
+    p = sum(r["prompt_tokens"] for r in cf)
+    reuse = sum((r.get("cached_tokens") or 0) - r["cf_cached_tokens"] for r in cf)
+    return {"cf_cached_share": (sum(r["cf_cached_tokens"] for r in cf) / p) if p else None,
+            "saved_tokens": reuse + sum(r.get("tokens_pruned") or 0 for r in rows)}
+
+
+def figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Every figure of one group of rows (see module docstring)."""
+    s = summarize(rows)
+    s.update(money(rows))
+    s.update(token_savings(rows))
+    s["ttft_reported"] = sum(1 for r in rows if r.get("ttft_source") == "reported")
+    s["no_usage"] = sum(1 for r in rows if r.get("prompt_tokens") is None)
+    s["holdout"] = sum(1 for r in rows if r.get("holdout"))
+    return s
+
+
+def group_figures(rows: Iterable[Mapping[str, Any]], by: str) -> list[dict[str, Any]]:
+    """``[{by: key, **figures}]`` sorted by key. Raises ValueError for an unknown ``by``."""
+    if by not in BY:
+        raise ValueError(f"--by must be one of {', '.join(BY)}")
+    groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in rows:
+        groups[group_key(r, by)].append(r)
+    return [{by: k, **figures(rs)} for k, rs in sorted(groups.items())]
+
+
+def saved_figures(rows: Sequence[Mapping[str, Any]], seed: int = 0) -> dict[str, Any]:
+    """The "saved" line: money, tokens, and TTFT p50 rewritten minus holdout (ms, negative =
+    faster; None without holdout requests on both sides) with the holdout verdict."""
+    out = {**money(rows), **token_savings(rows), "requests": len(rows)}
+    ok = [r for r in rows if (r.get("status") or "ok") == "ok"]
+    rw = [r["ttft_ms"] for r in ok if not r.get("holdout") and r.get("ttft_ms") is not None]
+    ho = [r["ttft_ms"] for r in ok if r.get("holdout") and r.get("ttft_ms") is not None]
+    a, b = percentile(rw, 50), percentile(ho, 50)
+    out["ttft_p50_diff_ms"] = None if a is None or b is None else a - b
+    out["ttft_p50_ms"] = percentile([r["ttft_ms"] for r in ok if r.get("ttft_ms") is not None],
+                                    50)
+    out["n_rewritten"], out["n_holdout"] = len(rw), len(ho)
+    out["holdout_verdict"] = holdout_report(rows, seed)["verdict"] if ho else None
+    out["cf_source"] = cf_sources(rows)
+    return out
+
+
+def cf_sources(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """How each row's counterfactual was obtained (ledger ``cf_source``): counts of
+    ``measured`` / ``modelled`` / ``holdout`` / ``none``, so a report never mixes them silently."""
+    out = {"measured": 0, "modelled": 0, "holdout": 0, "none": 0}
+    for r in rows:
+        src = r.get("cf_source") or ("holdout" if r.get("holdout") else "none")
+        out[src if src in out else "none"] += 1
+    return out
+
+
+def error_figures(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Failed requests grouped by (status, http_status, error): ``count``, ``last_ts``,
+    ``routes`` (sorted), largest count first."""
+    acc: dict[tuple[str, int, str], dict[str, Any]] = {}
+    for r in rows:
+        if (r.get("status") or "ok") == "ok":
+            continue
+        key = (r["status"], int(r.get("http_status") or 0), (r.get("error") or "")[:60])
+        e = acc.setdefault(key, {"status": key[0], "http_status": key[1], "error": key[2],
+                                 "count": 0, "last_ts": 0.0, "routes": set()})
+        e["count"] += 1
+        e["last_ts"] = max(e["last_ts"], r.get("ts") or 0.0)
+        e["routes"].add(r.get("route") or "-")
+    out = [{**e, "routes": sorted(e["routes"])} for e in acc.values()]
+    return sorted(out, key=lambda e: (-e["count"], e["status"]))

@@ -1,0 +1,69 @@
+"""The ``prefixgate`` command line (typer).
+
+Each command lives in its own module with a ``register(app)`` function (plain imports), so
+this file only assembles them: ``serve``, ``engine``, ``config check``, ``report``, ``replay``, ``simulate``,
+``keys add / list / remove``, ``rewrite``, ``grafana``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from typer.core import TyperOption
+
+from prefixgate import __version__
+from prefixgate.proxy.cli import config as cmd_config
+from prefixgate.proxy.cli import keys as cmd_keys
+from prefixgate.proxy.cli import replay as cmd_replay
+from prefixgate.proxy.cli import report as cmd_report
+from prefixgate.proxy.cli import rewrite as cmd_rewrite
+from prefixgate.proxy.cli import serve as cmd_serve
+from prefixgate.proxy.cli import simulate as cmd_simulate
+from prefixgate.proxy.observe import grafana
+
+app = typer.Typer(help="prefixgate: prefix-cache-aware reverse proxy for agents.",
+                  no_args_is_help=True, add_completion=False)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"prefixgate {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                      help="Print the version and exit.")) -> None:
+    """prefixgate: prefix-cache-aware reverse proxy for agents."""
+
+COMMAND_MODULES = (
+    cmd_serve,     # prefixgate serve / engine
+    cmd_config,    # prefixgate config check FILE
+    cmd_report,    # prefixgate report [--breaks]
+    cmd_replay,    # prefixgate replay TRACE
+    cmd_simulate,  # prefixgate simulate TRACE
+    cmd_keys,      # prefixgate keys add / list / remove
+    cmd_rewrite,   # prefixgate rewrite REQUEST.json
+    grafana,       # prefixgate grafana > dashboard.json
+)
+
+_display_type_rich = TyperOption.display_type_rich
+
+
+def _flag_aware_type(self: TyperOption, ctx: Any) -> str | None:
+    """Help shows a flag as a flag (``--json``), not ``--json <bool>``: typer 0.29 labels every
+    option with its type, boolean flags included, though a flag takes no value."""
+    if self.is_flag and not self.count:
+        return None
+    return _display_type_rich(self, ctx)
+
+
+TyperOption.display_type_rich = _flag_aware_type  # type: ignore[method-assign,assignment]
+
+for _module in COMMAND_MODULES:
+    _module.register(app)
+
+
+if __name__ == "__main__":
+    app()

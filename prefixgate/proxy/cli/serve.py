@@ -1,0 +1,187 @@
+"""``prefixgate serve`` (engine + proxy) and ``prefixgate engine`` (the engine alone).
+
+``serve [--policy FILE] [--model DIR] [--host H] [--port P]``: loads the policy (default: the
+shipped one, every model to the local engine), spawns the engine for each ``local`` backend with
+``spawn: true`` (model from the backend's ``model_path``, ``--model``, or the one ``make model``
+fetched into ``~/.cache/prefixgate/models/SmolLM2-135M-Instruct``), waits for its
+``/health``, then serves the proxy with uvicorn (default 127.0.0.1:8080, or the policy's
+``listen``). The engines are stopped when the proxy exits.
+
+uvicorn runs with the policy's ``limits`` (:func:`prefixgate.proxy.http.server.uvicorn_options`: header size
+and deadline, keep-alive, concurrency). Listening on a non-loopback address requires proxy keys
+(``auth``; :func:`prefixgate.proxy.http.auth.needs_keys`): without any, serve refuses to start (exit 2) and
+says how to add one. Log messages are escaped (:class:`prefixgate.proxy.core.logsafe.SafeFormatter`).
+
+``--workers N`` runs N proxy processes on one listening socket (uvicorn's multiprocess
+supervisor; each worker builds its app with :func:`app_from_env` from the policy path handed over
+in ``PREFIXGATE_POLICY``). They share one ledger file — SQLite WAL serialises their batched
+transactions, so ``prefixgate report`` reads every worker's rows from one place — and, when the
+policy sets ``ledger.redis_url``, one session memory. Without Redis each worker keeps its own
+session memory (a session's requests may land on different workers: set ``redis_url`` for
+rewrites that learn across requests). Engines are spawned once, by the parent.
+
+Per-request log lines are off by default (``--access-log`` turns uvicorn's on; the proxy's own
+summary line is DEBUG).
+
+``engine --model DIR [--host] [--port 8081] [--device cpu] [extra engine flags]``: replaces
+itself with ``python -m prefixgate.local_engine`` (same flags).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+import typer
+
+from prefixgate.config.loader import PolicyError, default_policy, load_policy
+from prefixgate.config.schema import Policy
+from prefixgate.proxy.cli.engine_proc import EngineProcess, EngineStartError, engine_command
+from prefixgate.proxy.core.logsafe import SafeFormatter
+from prefixgate.proxy.http.auth import KeyStore, needs_keys
+from prefixgate.proxy.http.server import guarded_protocol, uvicorn_options
+
+LOG_FORMAT = "%(asctime)s %(name)s %(message)s"
+POLICY_ENV = "PREFIXGATE_POLICY"
+"""Policy file path handed to ``--workers`` processes ("" = the shipped default policy)."""
+
+
+def _policy_from_env() -> Policy:
+    path = os.environ.get(POLICY_ENV, "")
+    return load_policy(Path(path)) if path else default_policy()
+
+
+def app_from_env() -> object:
+    """The proxy app for the policy named by ``$PREFIXGATE_POLICY`` (uvicorn factory for
+    ``--workers``; each worker process calls it once). Raises PolicyError for a bad policy."""
+    from prefixgate.proxy.app import build_app
+
+    return build_app(_policy_from_env())
+
+
+def __getattr__(name: str) -> object:
+    """``WorkerProtocol``: the guarded h11 protocol for ``$PREFIXGATE_POLICY``'s limits. uvicorn
+    pickles its config into each worker, and a class made per policy does not pickle, so
+    workers import it by name (``proxy.cmd_serve:WorkerProtocol``) and build it there."""
+    if name == "WorkerProtocol":
+        return guarded_protocol(_policy_from_env().limits)
+    raise AttributeError(name)
+
+
+def _load(policy: Path | None) -> Policy:
+    try:
+        return load_policy(policy) if policy else default_policy()
+    except PolicyError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+
+
+def refuse_unauthenticated(pol: Policy, host: str, policy_path: Path | None) -> str | None:
+    """Why serving ``pol`` on ``host`` must not start (an address other than loopback and no
+    proxy key configured), or None when it may. The message says how to fix it."""
+    if not needs_keys(host) or KeyStore(pol.auth).configured:
+        return None
+    where = f"--policy {policy_path}" if policy_path else "--policy FILE"
+    return (f"refusing to listen on {host}: it is not a loopback address and the policy has no "
+            "proxy keys, so anyone who can reach it would use your upstream API keys.\n"
+            f"Add one with `prefixgate keys add {where} --name NAME` (clients then send it as "
+            "'Authorization: Bearer <key>' or 'x-api-key: <key>'), or listen on 127.0.0.1.")
+
+
+DEFAULT_MODEL_DIR = Path("~/.cache/prefixgate/models/SmolLM2-135M-Instruct")
+
+
+def fetched_model() -> str | None:
+    """The model ``make model`` fetches, when it is there (``config.json`` present)."""
+    d = DEFAULT_MODEL_DIR.expanduser()
+    return str(d) if (d / "config.json").is_file() else None
+
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def _check_log_level(value: str) -> str:
+    """``--log-level``: one of :data:`LOG_LEVELS` (case-insensitive), else a usage error."""
+    if value.lower() not in LOG_LEVELS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(LOG_LEVELS)}")
+    return value.lower()
+
+
+def _configure_logging(level: str) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(SafeFormatter(LOG_FORMAT))
+    # uvicorn's "trace" is below DEBUG; the standard library has no such level
+    logging.basicConfig(level="DEBUG" if level == "trace" else level.upper(), handlers=[handler])
+
+
+def serve(
+    policy: Path | None = typer.Option(None, "--policy", help="policy YAML (default: shipped)"),
+    model: Path | None = typer.Option(None, "--model", help="model dir for spawned local engines"),
+    host: str | None = typer.Option(None, "--host", help="listen address (default: policy)"),
+    port: int | None = typer.Option(None, "--port", min=1, max=65535,
+                                    help="listen port (default: policy, 8080)"),
+    log_level: str = typer.Option("info", "--log-level", callback=_check_log_level,
+                                  help="one of " + ", ".join(LOG_LEVELS)),
+    workers: int = typer.Option(1, "--workers", min=1, help="proxy processes (one ledger)"),
+    access_log: bool = typer.Option(False, "--access-log/--no-access-log",
+                                    help="one INFO line per request (off: hot path)"),
+) -> None:
+    """Start the local engine(s) the policy spawns, then the proxy (--workers processes)."""
+    import uvicorn
+
+    from prefixgate.proxy.app import build_app
+
+    _configure_logging(log_level)
+    pol = _load(policy)
+    listen_host = host or pol.listen.host
+    refusal = refuse_unauthenticated(pol, listen_host, policy)
+    if refusal:
+        typer.echo(refusal, err=True)
+        raise typer.Exit(2)
+    with ExitStack() as stack:
+        for name, b in pol.backends.items():
+            if b.kind != "local" or not b.spawn:
+                continue
+            model_dir = b.model_path or (str(model) if model else None) or fetched_model()
+            if not model_dir:
+                typer.echo(f"backend {name!r} spawns a local engine: give --model DIR or set "
+                           f"backends.{name}.model_path (or fetch the default model with "
+                           f"`make model`, into {DEFAULT_MODEL_DIR})", err=True)
+                raise typer.Exit(2)
+            try:
+                stack.enter_context(EngineProcess(b, os.path.expanduser(model_dir)))
+            except EngineStartError as e:
+                typer.echo(f"backend {name!r}: {e}", err=True)
+                raise typer.Exit(1) from None
+        options = {"host": listen_host, "port": port or pol.listen.port, "log_level": log_level,
+                   "timeout_graceful_shutdown": 5, "access_log": access_log,
+                   **uvicorn_options(pol.limits)}
+        if workers == 1:
+            uvicorn.run(build_app(pol), **options)
+            return
+        os.environ[POLICY_ENV] = str(policy.resolve()) if policy else ""
+        options["http"] = f"{__name__}:WorkerProtocol"
+        uvicorn.run(f"{__name__}:app_from_env", factory=True, workers=workers, **options)
+
+
+def engine(
+    ctx: typer.Context,
+    model: Path = typer.Option(..., "--model", help="HF model directory"),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8081, "--port"),
+    device: str = typer.Option("cpu", "--device"),
+) -> None:
+    """Run the local engine alone (python -m prefixgate.local_engine); extra flags pass through."""
+    argv = engine_command(str(model), host, port, device, list(ctx.args))
+    sys.stdout.flush()
+    os.execv(argv[0], argv)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve`` and ``engine``."""
+    app.command("serve")(serve)
+    app.command("engine", context_settings={"allow_extra_args": True,
+                                            "ignore_unknown_options": True})(engine)

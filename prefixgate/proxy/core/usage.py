@@ -1,0 +1,199 @@
+"""Read token usage and content-bearing deltas from upstream answers (cases B07, B08).
+
+:class:`Usage` is the proxy's one view of a request's tokens::
+
+    prompt_tokens       all input tokens (uncached + cache reads + cache writes)
+    cached_tokens       input tokens served from the prefix cache (OpenAI
+                        ``prompt_tokens_details.cached_tokens``, Anthropic
+                        ``cache_read_input_tokens``)
+    cache_write_tokens  Anthropic ``cache_creation_input_tokens`` (None when the API has none)
+    output_tokens       completion tokens
+
+A field the upstream did not report stays None; a reported 0 stays 0.
+
+Stream watchers see each complete SSE event once, say whether it carried content (text, tool-call
+arguments, reasoning, refusal — what TTFT and TPOT are timed on) and keep the usage, the number
+of final events (``done``: OpenAI ``data: [DONE]``, Anthropic ``message_stop``) and the number of
+the upstream's own error events (``errors``: OpenAI ``data: {"error": ...}`` without choices,
+Anthropic ``type: "error"``) — what the relay needs to say how the stream ended. Anthropic
+reports input and cache counts in ``message_start`` and cumulative counts in ``message_delta``;
+the watcher merges them taking the newest non-null value (B07).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import orjson
+
+from prefixgate.proxy.core.sse import SSEEvent
+
+_OPENAI_CONTENT_KEYS = ("content", "reasoning_content", "reasoning", "refusal")
+
+
+@dataclass
+class Usage:
+    """Token counts of one request (see module docstring); None = not reported."""
+
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    output_tokens: int | None = None
+
+    def merge(self, newer: Usage) -> None:
+        """Take every non-None field of ``newer`` (newest non-null wins)."""
+        for f in fields(self):
+            v = getattr(newer, f.name)
+            if v is not None:
+                setattr(self, f.name, v)
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def openai_usage(u: Any) -> Usage:
+    """``{"prompt_tokens", "completion_tokens", "prompt_tokens_details": {"cached_tokens"}}``
+    -> Usage. Anything not a dict gives an empty Usage."""
+    if not isinstance(u, dict):
+        return Usage()
+    details = u.get("prompt_tokens_details")
+    cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
+    return Usage(_int(u.get("prompt_tokens")), cached, None, _int(u.get("completion_tokens")))
+
+
+def anthropic_usage(u: Any) -> Usage:
+    """``{"input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
+    "output_tokens"}`` -> Usage with ``prompt_tokens = input + read + write`` (B07)."""
+    if not isinstance(u, dict):
+        return Usage()
+    inp = _int(u.get("input_tokens"))
+    read = _int(u.get("cache_read_input_tokens"))
+    write = _int(u.get("cache_creation_input_tokens"))
+    prompt = None if inp is None else inp + (read or 0) + (write or 0)
+    return Usage(prompt, read, write, _int(u.get("output_tokens")))
+
+
+def _loads(data: str) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+
+
+class OpenAIStreamWatcher:
+    """Watches Chat Completions chunks: ``observe(event) -> True`` when the chunk carried
+    content. ``deltas`` counts content-bearing chunks, ``done`` counts ``[DONE]`` events,
+    ``errors`` the upstream's error chunks (``{"error": ...}`` without ``choices``: vLLM, SGLang,
+    OpenAI mid-stream failures)."""
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+        self.deltas = 0
+        self.done = 0
+        self.errors = 0
+        self.model: str | None = None  # the model the backend answered with (first seen)
+
+    def observe(self, ev: SSEEvent) -> bool:
+        """Update usage / counters from one event; return whether it carried content."""
+        if ev.data is None:
+            return False
+        if ev.data.strip() == "[DONE]":
+            self.done += 1
+            return False
+        chunk = _loads(ev.data)
+        if not isinstance(chunk, dict):
+            return False
+        if "error" in chunk and not chunk.get("choices"):
+            self.errors += 1
+            return False
+        if chunk.get("usage"):
+            self.usage.merge(openai_usage(chunk["usage"]))
+        if self.model is None and isinstance(chunk.get("model"), str):
+            self.model = chunk["model"][:200]
+        content = False
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if not isinstance(delta, dict):
+                continue
+            if any(delta.get(k) for k in _OPENAI_CONTENT_KEYS) or delta.get("tool_calls"):
+                content = True
+        self.deltas += content
+        return content
+
+
+class AnthropicStreamWatcher:
+    """Watches Messages stream events (``message_start``, ``content_block_delta``,
+    ``message_delta``, ...): content = a text / input_json / thinking delta; ``done`` counts
+    ``message_stop``, ``errors`` the upstream's ``error`` events (``overloaded_error``, ...)."""
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+        self.deltas = 0
+        self.done = 0
+        self.errors = 0
+        self.model: str | None = None  # the model the backend answered with (first seen)
+
+    def observe(self, ev: SSEEvent) -> bool:
+        """Update usage / counters from one event; return whether it carried content."""
+        if ev.data is None:
+            return False
+        obj = _loads(ev.data)
+        if not isinstance(obj, dict):
+            return False
+        kind = obj.get("type", ev.event)
+        if kind == "message_start" and isinstance(obj.get("message"), dict):
+            self.usage.merge(anthropic_usage(obj["message"].get("usage")))
+            model = obj["message"].get("model")
+            self.model = model[:200] if isinstance(model, str) else self.model
+        elif kind == "message_delta":
+            u = obj.get("usage")
+            if isinstance(u, dict):  # cumulative; without input_tokens the start's sum stays
+                self.usage.merge(anthropic_usage(u))
+        elif kind == "message_stop":
+            self.done += 1
+        elif kind == "error":
+            self.errors += 1
+        elif kind == "content_block_delta":
+            d = obj.get("delta") or {}
+            if any(d.get(k) for k in ("text", "partial_json", "thinking")):
+                self.deltas += 1
+                return True
+        return False
+
+
+# Headers an OpenAI-compatible engine may send before the body (our local engine does, on streams
+# too, since its response starts once the first token exists): prompt and cached tokens.
+ENGINE_PROMPT_HEADER = "x-engine-prompt-tokens"
+ENGINE_CACHED_HEADER = "x-engine-cached-tokens"
+
+
+def usage_from_headers(headers: Any) -> Usage:
+    """Prompt / cached tokens from ``X-Engine-Prompt-Tokens`` / ``X-Engine-Cached-Tokens``
+    response headers (a field stays None when its header is absent, not 1-18 ASCII digits;
+    never raises: ``"\u00b2".isdigit()`` is True but ``int("\u00b2")`` fails, and ``int`` refuses
+    more than 4,300 digits). A stream's usage chunk, when the client asked for one, later
+    overrides these."""
+
+    def num(name: str) -> int | None:
+        v = headers.get(name)
+        ok = isinstance(v, str) and 0 < len(v) <= 18 and v.isascii() and v.isdecimal()
+        return int(v) if ok else None
+
+    return Usage(num(ENGINE_PROMPT_HEADER), num(ENGINE_CACHED_HEADER))
+
+
+def usage_from_body(body: bytes, api: str) -> Usage:
+    """Usage of a non-streamed answer body (either API); empty Usage when unreadable."""
+    obj = _loads(body.decode("utf-8", errors="replace")) if body else None
+    return usage_from_answer(obj, api)
+
+
+def usage_from_answer(answer: Any, api: str) -> Usage:
+    """Usage of an already parsed non-streamed answer (either API); empty Usage when it is not
+    an object."""
+    if not isinstance(answer, dict):
+        return Usage()
+    return anthropic_usage(answer.get("usage")) if api == "anthropic" else openai_usage(
+        answer.get("usage"))

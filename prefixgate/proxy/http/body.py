@@ -1,0 +1,125 @@
+"""Read and check a client's request body, once (cases B19 and the bad-input cases).
+
+:func:`read_body` enforces ``policy.max_body_bytes`` before and while reading (413, B19);
+:func:`parse_json` parses once (key order kept; numbers keep their exact text, see
+:mod:`prefixgate.proxy.core.exactjson`);
+:func:`check_openai` / :func:`check_anthropic` check only what the proxy itself relies on
+(``model``, ``messages``, ``stream``, Anthropic ``max_tokens``) and raise
+:class:`~prefixgate.proxy.core.errors.InvalidRequest` (400) naming the offending ``param``. Everything else is
+the upstream's business and passes through untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
+
+from prefixgate.proxy.core import exactjson
+from prefixgate.proxy.core.errors import BodyTooLarge, ClientDisconnected, InvalidJSON, InvalidRequest
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body; BodyTooLarge when ``Content-Length`` or the bytes read exceed ``limit``,
+    ClientDisconnected when the client goes away before the body is complete."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"Request body of {int(declared)} bytes exceeds the proxy's limit of "
+                           f"{limit} bytes (policy max_body_bytes).")
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(f"Request body exceeds the proxy's limit of {limit} bytes "
+                                   "(policy max_body_bytes).")
+            parts.append(chunk)
+    except ClientDisconnect:
+        raise ClientDisconnected(f"The client went away after {size} bytes of its request "
+                                 "body.") from None
+    return b"".join(parts)
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """Parse a JSON object, every number kept with its exact text
+    (:func:`prefixgate.proxy.core.exactjson.loads`: orjson's speed unless the body holds a number orjson
+    would rewrite, e.g. an integer beyond
+    64 bits or ``1.10``). InvalidJSON (400) for bad JSON or a non-object top level."""
+    try:
+        body = exactjson.loads(raw)
+    except ValueError as e:  # orjson.JSONDecodeError, bad UTF-8, too deep for the exact parser
+        raise InvalidJSON(f"We could not parse the JSON body of your request: {e}") from None
+    if not isinstance(body, dict):
+        raise InvalidJSON("The request body must be a JSON object.")
+    return body
+
+
+def _type_name(v: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null",
+            int: "integer", float: "number"}.get(type(v), (
+        "integer" if isinstance(v, int) else "number" if isinstance(v, float)  # exact numbers
+        else type(v).__name__))
+
+
+def _require(body: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    if key not in body:
+        raise InvalidRequest(f"Missing required parameter: '{key}'.", param=key,
+                             code="missing_required_parameter")
+    v = body[key]
+    if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+        raise InvalidRequest(f"Invalid type for '{key}': expected {what}, but got "
+                             f"{_type_name(v)}.", param=key, code="invalid_type")
+    return v
+
+
+def _check_messages(msgs: list[Any]) -> None:
+    if not msgs:
+        raise InvalidRequest("'messages' must contain at least one message.", param="messages",
+                             code="invalid_value")
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise InvalidRequest(f"Invalid type for 'messages[{i}]': expected an object, but got "
+                                 f"{_type_name(m)}.", param=f"messages[{i}]", code="invalid_type")
+        if not isinstance(m.get("role"), str):
+            raise InvalidRequest(f"Missing or invalid 'messages[{i}].role': expected a string.",
+                                 param=f"messages[{i}].role", code="invalid_type")
+
+
+def _check_stream(body: dict[str, Any]) -> None:
+    s = body.get("stream")
+    if s is not None and not isinstance(s, bool):
+        raise InvalidRequest(f"Invalid type for 'stream': expected a boolean, but got "
+                             f"{_type_name(s)}.", param="stream", code="invalid_type")
+
+
+def _check_stream_options(body: dict[str, Any]) -> None:
+    # the O->A bridge reads stream_options.include_usage: checked here, before any send
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise InvalidRequest(f"Invalid type for 'stream_options': expected an object, but got "
+                             f"{_type_name(so)}.", param="stream_options", code="invalid_type")
+
+
+def check_openai(body: dict[str, Any]) -> None:
+    """Chat Completions body: ``model`` string, ``messages`` non-empty array of objects with a
+    string ``role``, ``stream`` boolean and ``stream_options`` object (or null) if present.
+    Raises InvalidRequest."""
+    _require(body, "model", str, "a string")
+    _check_messages(_require(body, "messages", list, "an array"))
+    _check_stream(body)
+    _check_stream_options(body)
+
+
+def check_anthropic(body: dict[str, Any]) -> None:
+    """Messages body: ``model`` string, ``max_tokens`` integer, ``messages`` array of objects
+    with a string ``role``, ``stream`` boolean if present. Raises InvalidRequest."""
+    _require(body, "model", str, "a string")
+    _require(body, "max_tokens", int, "an integer")
+    _check_messages(_require(body, "messages", list, "an array"))
+    _check_stream(body)
+
+
+def is_stream(body: dict[str, Any]) -> bool:
+    """Whether the client asked for SSE."""
+    return body.get("stream") is True

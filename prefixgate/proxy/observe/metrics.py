@@ -1,0 +1,279 @@
+"""Prometheus metrics of the proxy (``GET /metrics``), one registry per app.
+
+Every request metric carries ``route`` (the policy's model glob), ``model`` and ``backend``
+labels, bounded by :class:`LabelGuard`: a model no route matched is ``other``, a glob route
+keeps its first :data:`MODELS_PER_ROUTE` models (models the policy names literally are always
+kept) and the rest read ``other``, and past :data:`MAX_LABEL_SETS` distinct (route, model,
+backend) sets every new one is ``other`` too, so a client sending random model ids cannot grow the registry.
+
+Names (``prefixgate_`` prefix):
+
+==============================================  ====================================  ==
+``rejections_total{route, model, backend, by}``: requests rejected — by the proxy's rate limit,
+by open breakers, by a 429 / 529 upstream (:func:`rejected_by`); they are ledger rows too, so
+``prefixgate report --errors`` lists them.
+Resource gauges, read when scraped (:meth:`ProxyMetrics.watch_resources`):
+``upstream_responses_in_use`` (upstream responses opened and not yet closed — counted by the
+proxy itself), ``upstream_pool_connections{state="active"|"idle"}`` and
+``upstream_pool_queued`` (httpx's pool, when readable), ``event_loop_lag_seconds`` (the newest
+sample of :class:`prefixgate.proxy.observe.health.LoopLagMonitor`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from prefixgate.cache.ledger import LedgerRow
+from prefixgate.config.prices import price_for
+
+_LATENCY_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120)
+_TPOT_BUCKETS = (.001, .0025, .005, .01, .02, .04, .08, .16, .32, .64)
+_OVERHEAD_BUCKETS = (.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1)
+OTHER = "other"
+NONE = "none"
+MAX_LABEL_SETS = 200
+"""Distinct (route, model, backend) label sets before new ones collapse to ``other``."""
+MODELS_PER_ROUTE = 20
+"""Models a glob route keeps as label values before the next ones read ``other``."""
+TOKEN_KINDS = ("prompt", "cached", "cache_write", "output", "pruned", "unrewritten_cached")
+BASE = ["route", "model", "backend"]
+BREAKERS_OPEN = "breakers open"
+"""How a failed row's ``error`` starts when every deployment's breaker was open."""
+REJECTING_STATUSES = (429, 529)
+"""Upstream answers that refuse the request for load (rate limit, Anthropic's overloaded)."""
+
+
+def rejected_by(status: str, http_status: int, error: str | None) -> str | None:
+    """Who rejected a finished request, for ``prefixgate_rejections_total{by}`` (None: not a
+    rejection): ``proxy_rate_limit`` (a proxy key over its rpm / tpm, :mod:`prefixgate.proxy.http.auth`),
+    ``breakers_open`` (every deployment's breaker was open and the attempt anyway failed),
+    ``upstream_429`` / ``upstream_529`` (the backend refused, after the retries)."""
+    if status == "RateLimited":
+        return "proxy_rate_limit"
+    if status == "ok":
+        return None
+    if (error or "").startswith(BREAKERS_OPEN):
+        return "breakers_open"
+    if status == "upstream_error" and http_status in REJECTING_STATUSES:
+        return f"upstream_{http_status}"
+    return None
+
+
+@dataclass
+class RequestObs:
+    """What a request's path learned beyond its ledger row, for metrics and traces.
+
+    ``read_done`` / ``sent_at``: ``time.perf_counter()`` at the end of the body read and at the
+    send (None when not reached); ``response_model``: the ``model`` the backend answered with;
+    ``break_kind``: the :mod:`prefixgate.cache.breaks` kind of this request's cache break, if any;
+    ``headers``: extra response headers for the client (``x-prefixgate-edit-detail``).
+    """
+
+    read_done: float | None = None
+    sent_at: float | None = None
+    response_model: str | None = None
+    break_kind: str | None = None
+    headers: dict[str, str] | None = None
+
+    @property
+    def overhead_s(self) -> float | None:
+        """Seconds from the body read to the send, or None."""
+        if self.read_done is None or self.sent_at is None:
+            return None
+        return max(0.0, self.sent_at - self.read_done)
+
+
+class LabelGuard:
+    """Bounded (route, model, backend) label values (module docstring). Thread-safe.
+
+    ``models``: model ids always kept as themselves (the policy's literal route matches). A
+    model a route's glob matched is kept while that route has fewer than ``per_route`` models
+    kept, else ``other``; a request no route matched has model ``other``. ``max_sets``: distinct
+    label sets admitted before every new one is ``(other, other, other)``.
+    """
+
+    def __init__(self, models: Iterable[str] = (), max_sets: int = MAX_LABEL_SETS,
+                 per_route: int = MODELS_PER_ROUTE) -> None:
+        self.models = frozenset(models)
+        self.max_sets = max_sets
+        self.per_route = per_route
+        self._seen: set[tuple[str, str, str]] = set()
+        self._route_models: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+
+    def _model(self, route: str, model: str) -> str:
+        if not model:
+            return NONE
+        if model in self.models:
+            return model
+        if not route:
+            return OTHER
+        kept = self._route_models.setdefault(route, set())
+        if model in kept:
+            return model
+        if len(kept) >= self.per_route:
+            return OTHER
+        kept.add(model)
+        return model
+
+    def labels(self, route: str, model: str, backend: str) -> tuple[str, str, str]:
+        """The label values for one request (empty strings read ``none``)."""
+        with self._lock:
+            key = (route or NONE, self._model(route, model), backend or NONE)
+            if key in self._seen:
+                return key
+            if len(self._seen) >= self.max_sets:
+                return (OTHER, OTHER, OTHER)
+            self._seen.add(key)
+            return key
+
+
+def output_cost_usd(model: str, output_tokens: int | None) -> float | None:
+    """USD of ``output_tokens`` at the dated price of ``model``; None when unpriced/unreported."""
+    price = price_for(model) if output_tokens is not None else None
+    if price is None or output_tokens is None:
+        return None
+    return output_tokens * price.output / 1e6
+
+
+class ProxyMetrics:
+    """Counters and histograms fed from finished :class:`~prefixgate.cache.ledger.LedgerRow` records.
+
+    ``models``: model ids kept as label values (see :class:`LabelGuard`); ``max_label_sets``:
+    its cap.
+    """
+
+    def __init__(self, models: Iterable[str] = (), max_label_sets: int = MAX_LABEL_SETS) -> None:
+        self.registry = CollectorRegistry()
+        self.guard = LabelGuard(models, max_label_sets)
+        r = self.registry
+        self.requests = Counter("prefixgate_requests_total", "Proxied requests",
+                                [*BASE, "status"], registry=r)
+        self.prompt = Counter("prefixgate_prompt_tokens_total", "Prompt tokens (upstream usage)",
+                              BASE, registry=r)
+        self.cached = Counter("prefixgate_cached_tokens_total", "Prompt tokens served from cache",
+                              BASE, registry=r)
+        self.output = Counter("prefixgate_output_tokens_total", "Output tokens", BASE, registry=r)
+        self.pruned = Counter("prefixgate_pruned_tokens_total", "Tokens removed by rewriting",
+                              BASE, registry=r)
+        self.tokens = Counter("prefixgate_tokens_total", "Tokens by kind (module docstring)",
+                              [*BASE, "kind"], registry=r)
+        self.cost = Counter("prefixgate_cost_usd_total", "USD by kind (input, output)",
+                            [*BASE, "kind"], registry=r)
+        self.cf_cost = Counter("prefixgate_unrewritten_input_cost_usd_total",
+                               "Input USD the client's own bodies would have cost", BASE,
+                               registry=r)
+        self.saved = Counter("prefixgate_saved_usd_total", "Input USD saved by rewriting",
+                             BASE, registry=r)
+        self.overspent = Counter("prefixgate_overspent_usd_total",
+                                 "Input USD rewriting cost more than the unrewritten body",
+                                 BASE, registry=r)
+        self.breaks = Counter("prefixgate_cache_breaks_total", "Cache breaks by kind",
+                              [*BASE, "kind"], registry=r)
+        self.ttft = Histogram("prefixgate_ttft_seconds", "Time to first content token",
+                              BASE, buckets=_LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("prefixgate_tpot_seconds", "Time per output token after the first",
+                              BASE, buckets=_TPOT_BUCKETS, registry=r)
+        self.total = Histogram("prefixgate_request_seconds", "Whole request latency",
+                               BASE, buckets=_LATENCY_BUCKETS, registry=r)
+        self.overhead = Histogram("prefixgate_proxy_overhead_seconds",
+                                  "Time the proxy adds before the send (parse, route, passes)",
+                                  ["route", "backend"], buckets=_OVERHEAD_BUCKETS, registry=r)
+        self.failed_sends = Counter("prefixgate_upstream_failed_sends_total",
+                                    "Upstream sends that failed and were retried or fell over",
+                                    ["deployment", "reason"], registry=r)
+        self.rejections = Counter("prefixgate_rejections", "Requests rejected, by whom "
+                                  "(rejected_by): the proxy's rate limit, open breakers, a 429 / "
+                                  "529 upstream", BASE + ["by"], registry=r)
+
+    def watch_resources(self, in_use: Callable[[], float], pool: Callable[[], dict[str, int]],
+                        loop_lag_s: Callable[[], float]) -> None:
+        """Register the resource gauges (module docstring), each read from its callable at
+        scrape time: ``in_use()`` responses, ``pool()`` ``{"active", "idle", "queued"}`` (a
+        missing key reads 0), ``loop_lag_s()`` seconds."""
+        r = self.registry
+        Gauge("prefixgate_upstream_responses_in_use", "Upstream responses opened, not yet closed",
+              registry=r).set_function(in_use)
+        conns = Gauge("prefixgate_upstream_pool_connections", "Upstream pool connections",
+                      ["state"], registry=r)
+        for state in ("active", "idle"):
+            conns.labels(state).set_function(_reader(pool, state))
+        Gauge("prefixgate_upstream_pool_queued", "Requests waiting for an upstream connection",
+              registry=r).set_function(_reader(pool, "queued"))
+        Gauge("prefixgate_event_loop_lag_seconds", "Event-loop lag, newest sample",
+              registry=r).set_function(loop_lag_s)
+
+    def observe(self, row: LedgerRow, obs: RequestObs | None = None) -> None:
+        """Count one finished request (``obs``: what the row does not hold)."""
+        lab = self.guard.labels(row.route, row.model, row.backend)
+        self.requests.labels(*lab, row.status).inc()
+        by = rejected_by(row.status, row.http_status, row.error)
+        if by is not None:
+            self.rejections.labels(*lab, by).inc()
+        self.prompt.labels(*lab).inc(row.prompt_tokens or 0)
+        self.cached.labels(*lab).inc(row.cached_tokens or 0)
+        self.output.labels(*lab).inc(row.output_tokens or 0)
+        self.pruned.labels(*lab).inc(row.tokens_pruned)
+        for kind, n in zip(TOKEN_KINDS, (row.prompt_tokens, row.cached_tokens,
+                                         row.cache_write_tokens, row.output_tokens,
+                                         row.tokens_pruned, row.cf_cached_tokens)):
+            if n:  # None: not reported; 0 adds nothing either way
+                self.tokens.labels(*lab, kind).inc(n)
+        self._money(lab, row)
+        if row.ttft_ms is not None:
+            self.ttft.labels(*lab).observe(row.ttft_ms / 1e3)
+        if row.tpot_ms is not None:
+            self.tpot.labels(*lab).observe(row.tpot_ms / 1e3)
+        if row.total_ms is not None:
+            self.total.labels(*lab).observe(row.total_ms / 1e3)
+        if obs is not None:
+            if obs.break_kind:
+                self.breaks.labels(*lab, obs.break_kind).inc()
+            if obs.overhead_s is not None:
+                self.overhead.labels(lab[0], lab[2]).observe(obs.overhead_s)
+        for failed in filter(None, row.attempt_reasons.split(",")):
+            deployment, _, reason = failed.rpartition(":")
+            self.failed_sends.labels(deployment, reason).inc()
+
+    def _money(self, lab: tuple[str, str, str], row: LedgerRow) -> None:
+        if row.input_usd is not None:
+            self.cost.labels(*lab, "input").inc(row.input_usd)
+        out_usd = output_cost_usd(row.model, row.output_tokens)
+        if out_usd is not None:
+            self.cost.labels(*lab, "output").inc(out_usd)
+        if row.input_usd is not None and row.cf_input_usd is not None:
+            self.cf_cost.labels(*lab).inc(row.cf_input_usd)
+            diff = row.cf_input_usd - row.input_usd
+            (self.saved if diff >= 0 else self.overspent).labels(*lab).inc(abs(diff))
+
+    def metric_names(self) -> set[str]:
+        """Every sample name the registry can expose (``_total``, ``_bucket``, ... included)."""
+        names: set[str] = set()
+        for fam in self.registry.collect():
+            names.add(fam.name)
+            for suffix in ("_total", "_bucket", "_count", "_sum", "_created"):
+                names.add(fam.name + suffix)
+        return names
+
+    def render(self) -> bytes:
+        """Text exposition format."""
+        return generate_latest(self.registry)
+
+
+def policy_models(routes: Iterable[object]) -> list[str]:
+    """Model ids named literally (no glob character) by the policy's routes."""
+    out = []
+    for r in routes:
+        match = getattr(r, "match", "")
+        if match and not any(c in match for c in "*?["):
+            out.append(match)
+    return out
+
+
+def _reader(stats: Callable[[], dict[str, int]], key: str) -> Callable[[], float]:
+    """A gauge callback reading ``stats()[key]`` (0 when missing)."""
+    return lambda: stats().get(key, 0)

@@ -1,0 +1,2 @@
+"""One model request, for every endpoint (layer 6): prepare -> send -> answer -> record.
+"""

@@ -1,0 +1,219 @@
+"""The client's response from the upstream's, and the one mapping of failures to answers.
+
+:func:`answer` relays an upstream response (closed on every path: by the relay for a stream,
+here otherwise): the upstream's own 4xx / 5xx in the client's shape with its status and
+``retry-after``; a stream event by event (:class:`~prefixgate.proxy.upstream.relay.StreamRelay`); a JSON
+answer read, checked and mapped by the request's bridge. Whatever fails from the send on raises into
+:func:`refuse`, the single place an exception becomes a shaped error and a recorded row: an
+upstream failure after the send (:class:`~prefixgate.proxy.core.errors.UpstreamUnavailable` /
+:class:`~prefixgate.proxy.core.errors.UpstreamTimeout` raised while answering) is ``upstream_error``; one
+before any answer is named by its class; a bug is InternalError (500); a cancellation is recorded as
+``client_disconnect`` and re-raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import anyio
+import httpx
+import orjson
+from starlette.responses import Response
+
+from prefixgate.proxy.core.errors import (
+    ClientDisconnected,
+    InternalError,
+    ProxyError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    error_response,
+    upstream_error_body,
+)
+from prefixgate.proxy.core.usage import Usage, usage_from_headers
+from prefixgate.proxy.http.headers import downstream_headers
+from prefixgate.proxy.observe.insight import Analysis
+from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState, finish
+from prefixgate.proxy.pipeline.record import engine_timings
+from prefixgate.proxy.upstream.relay import SSE_HEADERS, SSEResponse, StreamRelay, read_at_most
+
+# Bodies above this (base64 images, B19) skip the break / counterfactual analysis: counting
+# tokens of megabytes of base64 costs ~0.25 s per MB and says nothing about the text prefix.
+ANALYZE_MAX_BYTES = 1 << 20
+# Bodies up to this size are analysed on the event loop once their model's token counter is
+# loaded (proxy.insight.Insight.analyze ``inline``): the thread hop costs more than the work.
+INLINE_ANALYZE_BYTES = 4096
+# An upstream error body is read up to this much; the rest is dropped (cut, it is no longer JSON
+# and is answered in the caller's shape, quoting its start).
+ERROR_BODY_MAX_BYTES = 1 << 20
+JSON = "application/json"
+
+
+class AnswerFailed(Exception):
+    """An upstream failure while answering (after the response head): ``error`` is what the
+    client is told; the row's status is ``upstream_error``."""
+
+    def __init__(self, error: ProxyError, why: str) -> None:
+        super().__init__(why)
+        self.error, self.why = error, why
+
+
+def refuse(state: ProxyState, ex: Exchange, e: BaseException) -> Response:
+    """The shaped error for an exception raised before the answer (see module docstring),
+    recorded; a cancellation is recorded as ``client_disconnect`` and re-raised."""
+    if not isinstance(e, Exception):
+        ex.row.error = type(e).__name__
+        ex.record(state, "client_disconnect", ClientDisconnected.status)
+        raise e
+    exc = e if isinstance(e, ProxyError) else InternalError.wrap(e)
+    response = error_response(exc, ex.api)
+    ex.row.error = exc.message[:200]
+    status = "client_disconnect" if isinstance(exc, ClientDisconnected) else type(exc).__name__
+    ex.record(state, status, response.status_code)
+    return response
+
+
+async def answer(state: ProxyState, ex: Exchange, resp: httpx.Response) -> Response:
+    """The client's response from ``resp`` (see module docstring)."""
+    try:
+        if resp.status_code >= 400:
+            return await _upstream_error(state, ex, resp)
+        if ex.row.stream:
+            return await _stream(state, ex, resp)
+        return await _json_answer(state, ex, resp)
+    except BaseException as e:
+        with anyio.CancelScope(shield=True):
+            await resp.aclose()
+        if ex.recorded:
+            raise
+        if isinstance(e, AnswerFailed):
+            ex.row.error = e.why
+            response = error_response(e.error, ex.api)
+            await finish(state, ex, Usage(), "upstream_error", response.status_code)
+            return response
+        return refuse(state, ex, e)
+
+
+def _ours(ex: Exchange, resp: httpx.Response) -> dict[str, str]:
+    """The proxy's own response headers, and the upstream's that the client gets."""
+    assert ex.rw is not None
+    ex.reported = engine_timings(resp.headers)
+    out = {**downstream_headers(resp.headers), "x-prefixgate-edits": ex.rw.summary,
+           "x-prefixgate-tokens-pruned": str(ex.rw.pruned), **(ex.obs.headers or {})}
+    early = usage_from_headers(resp.headers)  # engines that report usage in headers
+    if early.cached_tokens is not None:
+        out["x-prefixgate-cached-tokens"] = str(early.cached_tokens)
+    return out
+
+
+def _is_json_object(raw: bytes) -> bool:
+    try:
+        return isinstance(orjson.loads(raw), dict)
+    except orjson.JSONDecodeError:
+        return False
+
+
+async def _upstream_error(state: ProxyState, ex: Exchange, resp: httpx.Response) -> Response:
+    """The upstream's own 4xx / 5xx, passed through with its status, its ``retry-after`` and
+    rate-limit headers, and its body in the client's shape."""
+    assert ex.bridge is not None
+    try:
+        err = await read_at_most(resp, ERROR_BODY_MAX_BYTES)
+    except httpx.HTTPError:
+        err = b""
+    finally:
+        await resp.aclose()
+    media = resp.headers.get("content-type", JSON)
+    if not _is_json_object(err):  # an HTML page, an empty body: put in the caller's shape
+        err, media = orjson.dumps(upstream_error_body(err, resp.status_code, ex.api)), JSON
+    else:
+        mapped = ex.bridge.error(err, resp.status_code)
+        if mapped is not None:
+            err, media = mapped, JSON
+    ex.row.error = f"upstream {resp.status_code}"
+    response = Response(err, status_code=resp.status_code, headers=_ours(ex, resp),
+                        media_type=media)
+    await finish(state, ex, Usage(), "upstream_error", response.status_code)
+    return response
+
+
+def _analyzer(state: ProxyState, ex: Exchange) -> Callable[[], Awaitable[Analysis]]:
+    """The after-answer analysis of this request (cache breaks, counterfactual from the
+    backend's own token ids where it tokenizes, :mod:`prefixgate.proxy.observe.insight`)."""
+    async def analyze() -> Analysis:
+        if state.insight is None or len(ex.raw) > ANALYZE_MAX_BYTES:
+            return Analysis()
+        assert ex.target is not None and ex.rw is not None
+        return await state.insight.analyze(
+            state.upstream, ex.target, api=ex.api, session=ex.row.session, model=ex.row.model,
+            original=ex.body, sent=ex.rw.body, budget_ms=state.policy.rewrite.time_budget_ms,
+            max_depth=state.policy.limits.max_json_depth,
+            inline=len(ex.raw) <= INLINE_ANALYZE_BYTES)
+    return analyze
+
+
+def _deadline(ex: Exchange) -> float | None:
+    """The loop time by which the whole answer must be in (backend ``timeouts.total_s``)."""
+    assert ex.target is not None
+    total = ex.target.backend.timeouts_s()[3]
+    return None if total is None else asyncio.get_running_loop().time() + total
+
+
+async def _stream(state: ProxyState, ex: Exchange, resp: httpx.Response) -> Response:
+    """Hand ``resp`` to a :class:`StreamRelay`; from here it closes it."""
+    assert ex.target is not None and ex.watcher is not None
+    ctype = resp.headers.get("content-type", "")
+    if not ctype.startswith("text/event-stream"):
+        raise AnswerFailed(UpstreamUnavailable(
+            f"upstream {ex.target.backend_name!r} answered a streamed request with "
+            f"{ctype.split(';')[0] or 'no content type'} instead of an event stream"),
+            "not an SSE stream")
+    ex.watcher.usage.merge(usage_from_headers(resp.headers))
+    watcher, analyze = ex.watcher, _analyzer(state, ex)
+
+    async def on_end(status: str, http_status: int) -> None:
+        await finish(state, ex, watcher.usage, status, http_status, analyze, memory=True)
+
+    _, _, idle, _ = ex.target.backend.timeouts_s()
+    read = max(ex.target.backend.timeouts_s()[1], idle)
+    relay = StreamRelay(resp, watcher, ex.timing, on_end, ex.mapper, ex.api,
+                        idle_s=idle if idle < read else None, deadline=_deadline(ex))
+    return SSEResponse(relay, headers={**_ours(ex, resp), **SSE_HEADERS})
+
+
+async def _json_answer(state: ProxyState, ex: Exchange, resp: httpx.Response) -> Response:
+    """Read, check and (bridged) translate a non-streamed answer; 502 when it broke off or
+    cannot be read, 504 past the total timeout."""
+    assert ex.target is not None and ex.bridge is not None
+    headers = _ours(ex, resp)
+    deadline = _deadline(ex)
+    try:
+        async with asyncio.timeout_at(deadline):
+            content = await resp.aread()
+        parsed = ex.bridge.loads(content)
+        if not isinstance(parsed, dict):
+            raise TypeError("answer is not a JSON object")
+        model = parsed.get("model")
+        ex.obs.response_model = model[:200] if isinstance(model, str) else None
+        content, from_answer = ex.bridge.answer(parsed, content, ex.row.model)
+        usage = usage_from_headers(resp.headers)
+        usage.merge(from_answer)  # the answer's own usage wins over the headers
+    except TimeoutError:
+        raise AnswerFailed(UpstreamTimeout(f"upstream {ex.target.backend_name!r} did not finish "
+                                           "its answer within the total timeout"),
+                           "total timeout") from None
+    except (httpx.HTTPError, ValueError, TypeError, AttributeError, KeyError, IndexError) as e:
+        # the body broke off, is not a JSON object, or has a shape the bridge cannot translate
+        raise AnswerFailed(UpstreamUnavailable(
+            f"upstream {ex.target.backend_name!r} broke off or sent an unreadable answer"),
+            type(e).__name__) from None
+    finally:
+        await resp.aclose()
+    ex.timing.end = time.perf_counter()
+    if usage.cached_tokens is not None:
+        headers["x-prefixgate-cached-tokens"] = str(usage.cached_tokens)
+    response = Response(content, status_code=resp.status_code, headers=headers,
+                        media_type=resp.headers.get("content-type", JSON))
+    await finish(state, ex, usage, "ok", response.status_code, _analyzer(state, ex), memory=True)
+    return response

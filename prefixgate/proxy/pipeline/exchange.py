@@ -1,0 +1,211 @@
+"""The state the handlers share (:class:`ProxyState`) and one request's (:class:`Exchange`).
+
+:func:`finish` fills a row from the answer's usage and timing, merges session memory, runs the
+after-answer analysis and records the row, exactly once, whatever fails in between.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from prefixgate.cache.ledger import Ledger, LedgerRow
+from prefixgate.cache.session import SessionStore
+from prefixgate.cache.shared_state import LocalState, SharedState
+from prefixgate.config.schema import Policy
+from prefixgate.proxy.bridges.base import Bridge
+from prefixgate.proxy.core.errors import Api
+from prefixgate.proxy.core.logsafe import safe
+from prefixgate.proxy.core.usage import Usage
+from prefixgate.proxy.http.auth import Guard
+from prefixgate.proxy.observe.health import LoopLagMonitor, health_reasons
+from prefixgate.proxy.observe.insight import Analysis, Insight, input_cost_usd
+from prefixgate.proxy.observe.metrics import BREAKERS_OPEN, ProxyMetrics, RequestObs
+from prefixgate.proxy.observe.otel import GenAITelemetry
+from prefixgate.proxy.pipeline.record import EngineTimings, apply_reported_timings
+from prefixgate.proxy.pipeline.rewrite import RewriteFn, RewriteOutcome
+from prefixgate.proxy.routing.balance import Balancer
+from prefixgate.proxy.routing.breaker import BreakerBoard
+from prefixgate.proxy.routing.retries import Attempts, Picked, Step
+from prefixgate.proxy.routing.router import Target
+from prefixgate.proxy.routing.shared import SharedRouting
+from prefixgate.proxy.upstream.relay import EventMapper, StreamWatcher, Timing, Upstream
+
+log = logging.getLogger("prefixgate.proxy")
+
+
+@dataclass
+class ProxyState:
+    """Everything the handlers share: policy, ledger, session store, rewriter, client, and the
+    routing state (breakers per deployment, in-flight counts per deployment)."""
+
+    policy: Policy
+    ledger: Ledger
+    sessions: SessionStore
+    rewrite_fn: RewriteFn | None
+    upstream: Upstream
+    metrics: ProxyMetrics
+    insight: Insight | None
+    guard: Guard = field(default_factory=Guard.open)  # proxy keys + rate limits (proxy.auth)
+    loop_lag: LoopLagMonitor = field(default_factory=LoopLagMonitor)
+    breakers: BreakerBoard | None = None
+    balancer: Balancer = field(default_factory=Balancer)
+    side: httpx.AsyncClient | None = None  # cache-match queries, health checks, /v1/models
+    otel: GenAITelemetry | None = None  # OTLP export, only when OTEL_EXPORTER_OTLP_* is set
+    shared: SharedState = field(default_factory=LocalState)  # counters shared by replicas
+    routing: SharedRouting | None = None  # breakers / loads shared (None with LocalState)
+
+    def __post_init__(self) -> None:
+        if self.breakers is None:
+            self.breakers = BreakerBoard(self.policy.breaker)
+        if self.routing is None and not isinstance(self.shared, LocalState):
+            self.routing = SharedRouting(self.shared, self.breakers, self.balancer)
+
+    def record(self, row: LedgerRow, obs: RequestObs | None = None) -> None:
+        """Write the row and count it (metrics, OTel); never raises (a ledger failure must not
+        fail a request). A row whose body went upstream as the client sent it (no pass edited
+        it; the side endpoints never rewrite) and that has no counterfactual yet gets its own
+        measured cached tokens as one (``cf_source`` ``measured``, or ``holdout``), so cached
+        and counterfactual shares are taken over the same rows."""
+        measured_counterfactual(row)
+        try:
+            self.ledger.write(row)
+            self.metrics.observe(row, obs)
+            if self.otel is not None:
+                self.otel.observe(row, obs)
+        except Exception:
+            log.exception("ledger write failed")
+        self.guard.charge(row.key_id, row.prompt_tokens, row.output_tokens)
+        log.debug("%s %s backend=%s status=%s http=%s prompt=%s cached=%s ttft_ms=%s edits=%s",
+                 safe(row.endpoint), safe(row.model), row.backend, row.status, row.http_status,
+                 row.prompt_tokens, row.cached_tokens,
+                 None if row.ttft_ms is None else round(row.ttft_ms, 1), row.edits)
+
+    def health(self) -> list[str]:
+        """Reasons the proxy is degraded now (empty: healthy), see :mod:`prefixgate.proxy.observe.health`."""
+        return health_reasons(self.upstream.in_use, self.upstream.max_connections,
+                              self.upstream.pool_stats().get("queued", 0),
+                              self.loop_lag.recent_max_s)
+
+
+@dataclass
+class Exchange:
+    """One request, from parse to record: what each step of the handler found or made.
+
+    ``targets``: the backends it may use, primary first; ``steps``: those ready to send (bridge
+    + bytes); ``served``: the target (deployment chosen) whose answer the client gets;
+    ``bridge``: its bridge. ``row`` is written exactly once (:meth:`record`), which also ends
+    the deployment's in-flight count.
+    """
+
+    api: Api
+    row: LedgerRow
+    timing: Timing = field(default_factory=Timing)
+    raw: bytes = b""
+    body: dict[str, Any] = field(default_factory=dict)
+    targets: list[Target] = field(default_factory=list)
+    session_id: str = ""
+    rw: RewriteOutcome | None = None
+    steps: list[Step] = field(default_factory=list)
+    served: Target | None = None
+    bridge: Bridge | None = None
+    watcher: StreamWatcher | None = None
+    mapper: EventMapper | None = None
+    attempts: Attempts = field(default_factory=Attempts)
+    release: Callable[[], None] | None = None
+    recorded: bool = False
+    obs: RequestObs = field(default_factory=RequestObs)  # for metrics / traces (proxy.metrics)
+    reported: EngineTimings = field(default_factory=EngineTimings)  # the backend's timings
+
+    @property
+    def target(self) -> Target | None:
+        """The target that served, else the primary one (None before routing)."""
+        return self.served or (self.targets[0] if self.targets else None)
+
+    def picked(self, p: Picked) -> None:
+        """The failover loop chose ``p``: its bridge, stream watcher and mapper apply."""
+        self.served, self.bridge, self.release = p.target, p.step.bridge, p.release
+        self.row.backend, self.row.deployment = p.target.backend_name, p.target.deployment_name
+        if self.row.stream:
+            self.watcher, self.mapper = p.step.bridge.stream(self.row.model, self.body)
+
+    def record(self, state: ProxyState, status: str, http_status: int) -> None:
+        """Write the row with ``status`` / ``http_status``; a second call is a no-op."""
+        if self.recorded:
+            return
+        self.recorded = True
+        if self.release is not None:
+            self.release()
+        self.row.status, self.row.http_status = status, http_status
+        if self.attempts.all_open and status != "ok":  # a rejection (proxy.metrics.rejected_by)
+            self.row.error = f"{BREAKERS_OPEN}; {self.row.error or ''}"[:200]
+        self.row.attempts = self.attempts.count
+        self.row.attempt_reasons = ",".join(self.attempts.reasons)[:1000]
+        if self.row.total_ms is None:
+            self.row.total_ms = self.timing.total_ms()
+        state.record(self.row, self.obs)
+
+
+_SENT_AS_IS = ("none", "off", "unavailable")  # edit summaries of bodies sent unchanged
+
+
+def measured_counterfactual(row: LedgerRow) -> None:
+    """Fill ``row``'s counterfactual from its own usage when its body went upstream unchanged
+    (edits ``""`` — never rewritten, as on the side endpoints — or one of :data:`_SENT_AS_IS`)
+    and nothing set one: the client's own body is what was sent, so what it would have cached is
+    what it did cache. Rows without reported cached tokens, or with an edited body, keep none."""
+    if (row.cf_cached_tokens is not None or row.cached_tokens is None
+            or (row.edits and row.edits not in _SENT_AS_IS)):
+        return
+    row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
+    row.cf_source = "holdout" if row.holdout else "measured"
+
+
+async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, http_status: int,
+                 analyze: Callable[[], Awaitable[Analysis]] | None = None,
+                 memory: bool = False) -> None:
+    """Fill the row's usage and timing, merge the rewrite's session memory (``memory``), run
+    the break / counterfactual analysis (``analyze``), record. Whatever fails in between, the
+    row is written (with what is known)."""
+    row, timing = ex.row, ex.timing
+    try:
+        row.prompt_tokens, row.cached_tokens = usage.prompt_tokens, usage.cached_tokens
+        row.cache_write_tokens = usage.cache_write_tokens
+        deltas = ex.watcher.deltas if ex.watcher is not None else 0
+        row.output_tokens = usage.output_tokens if usage.output_tokens is not None else (
+            deltas if row.stream and deltas else None)
+        row.ttft_ms = timing.ttft_ms()
+        ex.obs.response_model = ex.obs.response_model or getattr(ex.watcher, "model", None)
+        row.tpot_ms = timing.tpot_ms(row.output_tokens)
+        row.total_ms = timing.total_ms()
+        apply_reported_timings(row, ex.reported)
+        if memory and ex.rw is not None and ex.rw.memory:
+            try:
+                await state.sessions.amerge(ex.session_id, ex.rw.memory)
+            except Exception:
+                log.exception("session memory merge failed")
+        row.input_usd = input_cost_usd(row.model, row.prompt_tokens, row.cached_tokens,
+                                       row.cache_write_tokens)
+        if analyze is not None:  # tokenize + CPU work off the loop, bounded (proxy.insight)
+            a = await analyze()
+            row.cf_cached_tokens, row.cf_input_usd = a.cf_cached_tokens, a.cf_input_usd
+            row.cf_source = "holdout" if row.holdout else a.cf_source
+            if row.edits in _SENT_AS_IS and row.cached_tokens is not None:
+                # the client's own body went upstream: what it would have cached is what it did
+                # cache; the model's estimate would only add its error (template tokens, tokenizer)
+                row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
+                row.cf_source = "holdout" if row.holdout else "measured"
+            if a.brk is not None:
+                ex.obs.break_kind = a.brk.get("kind")
+                try:
+                    state.ledger.write_break(row.session, a.brk)
+                except Exception:
+                    log.exception("break record write failed")
+    except Exception:
+        log.exception("after-answer accounting failed; the row keeps what is known")
+    finally:
+        ex.record(state, status, http_status)

@@ -1,0 +1,258 @@
+"""The rewrite step of a request: session identity, the pipeline call, the opt-out, fail-open.
+
+- Session id: the client's ``x-prefixgate-session`` header, else
+  ``sha256(key hash | first system text hash | first user message hash)`` — stable for one
+  agent conversation, different across users (the proxy-facing key is hashed, never stored).
+  Digits in the system text are masked before hashing, so a clock or request id in the system
+  prompt (case B03) does not start a new session every minute.
+- ``x-prefixgate-rewrite: off`` (or ``false`` / ``0``) turns rewriting off for that request;
+  so does ``policy.rewrite.enabled: false``.
+- The pipeline is :func:`prefixgate.rewriter.pipeline.rewrite_request` (injectable for tests). If it raises,
+  the client's body is forwarded unchanged (fail-open) and the failure is logged and reported as
+  the edit summary ``rewrite_failed``.
+- The upstream bytes: when the body came back unchanged, the client's ORIGINAL bytes are sent
+  (lossless by default, no re-serialization of large bodies, B19); otherwise
+  :func:`prefixgate.proxy.core.exactjson.dumps` (orjson: key order and every number's text kept).
+- Off the event loop, under a budget (issue 8, class 2): :func:`rewrite_off_loop` runs the step
+  in a worker thread (at most :data:`REWRITE_THREADS` at once) with ``ctx.deadline`` set from
+  ``policy.rewrite.time_budget_ms``. Past the budget the caller stops waiting, the pipeline stops
+  before its next pass, and the client's original bytes go upstream with the edit summary
+  ``over_budget`` (an ``Edit("pipeline", applied=False)`` says how long it had).
+- Garbage collection: a 30 MB body is millions of container objects, and one full collection
+  over them holds the GIL (and so the event loop) for ~0.3 s per 10 MB. While a body of at least
+  :data:`LARGE_BODY_BYTES` is rewritten, the objects alive at its start are frozen out of the
+  collector (:func:`gc.freeze`, O(1)); they are unfrozen at the first rewrite after the last
+  large one ends, when those bodies are normally gone. Refcounting still frees them.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from prefixgate.config.schema import RewriteSettings
+from prefixgate.proxy.core import exactjson
+from prefixgate.rewriter.types import Api, Context, Edit, RewriteResult
+
+log = logging.getLogger("prefixgate.rewrite")
+
+RewriteFn = Callable[[dict[str, Any], Api, Context], RewriteResult]
+
+SESSION_HEADER = "x-prefixgate-session"
+_DIGITS = str.maketrans("123456789", "000000000")
+OPT_OUT_HEADER = "x-prefixgate-rewrite"
+SESSION_TEXT_CHARS = 1 << 16
+"""Characters of the system text / first user message that identify a session: enough to tell
+conversations apart, and the loop never hashes megabytes for it."""
+REWRITE_THREADS = 4
+"""Rewrites running at once; more wait for a thread, and the wait counts against the budget."""
+OVER_BUDGET = "over_budget"
+LARGE_BODY_BYTES = 1 << 20
+
+
+def default_rewrite_fn() -> RewriteFn | None:
+    """The rewriter's pipeline, or None when the rewriter package has no pipeline yet."""
+    try:
+        from prefixgate.rewriter.pipeline import rewrite_request
+    except ImportError:
+        log.warning("rewriter.pipeline not available: requests are forwarded unchanged")
+        return None
+    return rewrite_request
+
+
+def _h(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out, size = [], 0
+        for p in content:
+            if isinstance(p, dict) and isinstance(p.get("text"), str):
+                out.append(p["text"])
+                size += len(p["text"])
+                if size >= SESSION_TEXT_CHARS:
+                    break
+        return "".join(out)
+    return ""
+
+
+def session_id_for(headers: Mapping[str, str], body: dict[str, Any]) -> str:
+    """The session id (see module docstring). Works for both APIs' bodies."""
+    explicit = headers.get(SESSION_HEADER)
+    if explicit:
+        return explicit
+    key = headers.get("authorization") or headers.get("x-api-key") or ""
+    msgs: list[Any] = body["messages"] if isinstance(body.get("messages"), list) else []
+    system = _text_of(body.get("system"))
+    if not system:
+        system = next((_text_of(m.get("content")) for m in msgs
+                       if isinstance(m, dict) and m.get("role") in ("system", "developer")), "")
+    first_user = next((_text_of(m.get("content")) for m in msgs
+                       if isinstance(m, dict) and m.get("role") == "user"), "")
+    system = system[:SESSION_TEXT_CHARS].translate(_DIGITS)
+    first_user = first_user[:SESSION_TEXT_CHARS]
+    return "auto-" + _h("|".join((_h(key), _h(system), _h(first_user))))
+
+
+def session_hash(session_id: str) -> str:
+    """What the ledger stores instead of the session id."""
+    return _h("session:" + session_id)
+
+
+def rewrite_wanted(headers: Mapping[str, str], settings: RewriteSettings) -> bool:
+    """False when the policy disables rewriting or the client opted out by header."""
+    if headers.get(OPT_OUT_HEADER, "").strip().lower() in ("off", "false", "0", "no"):
+        return False
+    return settings.enabled
+
+
+@dataclass
+class RewriteOutcome:
+    """What the rewrite step produced: ``body`` (dict sent upstream), ``raw`` (its bytes),
+    ``summary`` (header / ledger text), ``pruned`` (tokens removed), ``memory`` (merged
+    session-memory updates), ``applied`` (whether any pass changed the body)."""
+
+    body: dict[str, Any]
+    raw: bytes
+    summary: str
+    pruned: int = 0
+    memory: dict[str, Any] = field(default_factory=dict)
+    applied: bool = False
+    edits: list[Edit] = field(default_factory=list)
+
+
+def _dumps(body: dict[str, Any]) -> bytes:
+    return exactjson.dumps(body)  # numbers in their original text (issue 8, class 5)
+
+
+def over_budget(body: dict[str, Any], raw: bytes, budget_ms: int, stage: str = "") -> RewriteOutcome:
+    """The outcome of a rewrite that ran out of time: the client's own bytes, and why."""
+    where = f" (stopped before {stage})" if stage else ""
+    edit = Edit("pipeline", False, "all", f"over the rewrite time budget of {budget_ms} ms"
+                f"{where}: sent as the client sent it")
+    return RewriteOutcome(body, raw, OVER_BUDGET, edits=[edit])
+
+
+def run_rewrite(fn: RewriteFn | None, body: dict[str, Any], raw: bytes, api: Api,
+                ctx: Context | None) -> RewriteOutcome:
+    """Apply ``fn`` (None or ``ctx`` None = rewriting off) and serialize. Never raises."""
+    if fn is None or ctx is None:
+        return RewriteOutcome(body, raw, "off" if ctx is None else "unavailable")
+    from prefixgate.rewriter.pipeline import OverBudget
+
+    try:
+        result = fn(body, api, ctx)
+    except OverBudget as e:
+        return over_budget(body, raw, ctx.settings.time_budget_ms, e.stage)
+    except Exception:  # fail-open: the client's request still goes through
+        log.exception("rewrite pipeline failed; forwarding the original body")
+        return RewriteOutcome(body, raw, "rewrite_failed")
+    memory: dict[str, Any] = {}
+    for ed in result.edits:
+        memory.update(ed.memory)
+    summary = result.summary() or "none"
+    pruned = sum(ed.tokens_removed for ed in result.edits if ed.applied)
+    if result.body is body:
+        return RewriteOutcome(body, raw, summary, pruned, memory, False, result.edits)
+    return RewriteOutcome(result.body, _dumps(result.body), summary, pruned, memory, True,
+                          result.edits)
+
+
+class _GcFreeze:
+    """Freeze the collector's view while large bodies are rewritten (module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.large_active = 0
+        self.frozen = False
+
+    def enter(self, large: bool) -> None:
+        """Before a rewrite: freeze for a large body; unfreeze once none is in flight."""
+        with self._lock:
+            if large:
+                gc.freeze()
+                self.frozen = True
+                self.large_active += 1
+            elif self.frozen and self.large_active == 0:
+                gc.unfreeze()
+                self.frozen = False
+
+    def exit(self, large: bool) -> None:
+        """After a rewrite (its objects stay frozen until the next :meth:`enter`)."""
+        if large:
+            with self._lock:
+                self.large_active -= 1
+
+
+GC_FREEZE = _GcFreeze()
+
+
+def _run_in_worker(fn: RewriteFn, body: dict[str, Any], raw: bytes, api: Api,
+                   ctx: Context) -> RewriteOutcome:
+    large = len(raw) >= LARGE_BODY_BYTES
+    GC_FREEZE.enter(large)
+    try:
+        return run_rewrite(fn, body, raw, api, ctx)
+    finally:
+        GC_FREEZE.exit(large)
+
+
+_limiter: dict[int, anyio.CapacityLimiter] = {}
+
+
+def _rewrite_limiter() -> anyio.CapacityLimiter:
+    """One :class:`anyio.CapacityLimiter` of :data:`REWRITE_THREADS` per event loop."""
+    import asyncio
+
+    key = id(asyncio.get_running_loop())
+    lim = _limiter.get(key)
+    if lim is None:
+        _limiter.clear()  # a new loop (tests, restarts): the old limiter belongs to a dead loop
+        lim = _limiter[key] = anyio.CapacityLimiter(REWRITE_THREADS)
+    return lim
+
+
+T = TypeVar("T")
+
+
+async def off_loop(fn: Callable[[], T], budget_ms: int, fallback: T) -> T:
+    """``fn()`` in a worker thread, or ``fallback`` once ``budget_ms`` has passed (the thread is
+    abandoned and its result dropped). For the after-answer analysis
+    (:mod:`prefixgate.proxy.observe.insight`):
+    ``await off_loop(analyze, policy.rewrite.time_budget_ms, Analysis())``. Exceptions of
+    ``fn`` propagate."""
+    with anyio.move_on_after(budget_ms / 1000):
+        return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
+    log.warning("after-answer work over its %d ms budget; skipped", budget_ms)
+    return fallback
+
+
+async def rewrite_off_loop(fn: RewriteFn | None, body: dict[str, Any], raw: bytes, api: Api,
+                           ctx: Context | None) -> RewriteOutcome:
+    """:func:`run_rewrite` in a worker thread under ``ctx.settings.time_budget_ms``.
+
+    Returns the outcome, or :func:`over_budget` (the client's ``raw`` bytes) when the budget
+    passes first — waiting for a thread included. The abandoned worker stops before its next
+    pass (``ctx.deadline``) and its result is dropped (memory updates too). Never raises.
+    """
+    if fn is None or ctx is None:
+        return run_rewrite(fn, body, raw, api, ctx)
+    budget_ms = ctx.settings.time_budget_ms
+    bounded = replace(ctx, deadline=time.monotonic() + budget_ms / 1000)
+    with anyio.move_on_after(budget_ms / 1000):
+        return await anyio.to_thread.run_sync(_run_in_worker, fn, body, raw, api, bounded,
+                                              abandon_on_cancel=True, limiter=_rewrite_limiter())
+    log.warning("rewrite over its %d ms budget; forwarding the original body", budget_ms)
+    return over_budget(body, raw, budget_ms)

@@ -1,0 +1,256 @@
+"""Send with retries and fallbacks, before the first byte reaches the client (issue 10, item 3).
+
+:class:`Sender` walks the request's steps — each target of
+:func:`prefixgate.proxy.routing.router.plan_targets` (the route's backends, then its fallbacks), and within a
+deployment group its deployments in the order :mod:`prefixgate.proxy.routing.balance` gives (the chosen one
+first, the others by load) — and tries each deployment up to ``retry.attempts`` times:
+
+- retried on the same deployment after a backoff with full jitter: a connect error, and the
+  statuses of ``retry.on_status`` (408, 429, 500, 502, 503, 504, 529); a ``retry-after`` (seconds
+  or an HTTP date) is waited out when it is at most ``retry.max_retry_after_s``, and ends this
+  deployment's tries when longer;
+- the next deployment / backend at once: a reset or a timeout before the response head (the
+  deployment may be overloaded or the request may have run: repeating it there would not help);
+- answered as is: any other status (a 400 is the client's, not the deployment's).
+
+When the last step fails too, the client gets the last upstream answer (its status, body in its
+API shape, ``retry-after``), or the last error (502 / 504). Nothing is retried once the answer
+has started: the caller relays the response returned here.
+
+Breakers (:mod:`prefixgate.proxy.routing.breaker`): a deployment whose breaker is open is skipped while
+another deployment of its group can serve; when every deployment's is open they are all tried anyway
+(Envoy's "panic threshold": better an attempt than a certain failure). Every send counts in the
+:class:`Attempts` log that goes to the ledger (``attempts``, ``attempt_reasons``,
+``deployment``).
+
+Timeouts (``Backend.timeouts_s``): connect and idle go to the transport; a first-byte timeout
+shorter than the transport's read timeout is enforced here; idle and total on the answer by the
+relay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+
+from prefixgate.config.routing import Deployment, RetrySettings
+from prefixgate.proxy.bridges.base import Bridge
+from prefixgate.proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from prefixgate.proxy.routing.balance import Balancer, choose, rendezvous
+from prefixgate.proxy.routing.breaker import BreakerBoard
+from prefixgate.proxy.routing.router import Target
+from prefixgate.proxy.routing.shared import SharedRouting
+
+SendFn = Callable[..., Awaitable[httpx.Response]]
+
+
+@dataclass
+class Step:
+    """One target ready to send: its bridge and its upstream bytes."""
+
+    target: Target
+    bridge: Bridge
+    body: bytes
+
+
+@dataclass
+class Attempts:
+    """Every send of one request: ``reasons`` holds ``<deployment>:<why>`` for each failed one
+    (``status-503``, ``connect``, ``reset``, ``timeout``); ``count``: sends made;
+    ``all_open``: every deployment of every step had its breaker open (tried anyway)."""
+
+    count: int = 0
+    reasons: list[str] = field(default_factory=list)
+    all_open: bool = False
+
+    def failed(self, deployment: str, why: str) -> None:
+        """Note a failed send."""
+        self.reasons.append(f"{deployment}:{why}")
+
+
+def failure_kind(e: ProxyError) -> str:
+    """``connect`` (nothing reached the deployment), ``timeout`` or ``reset`` for a send that
+    raised: read from the transport's exception kept as the error's context (any client whose
+    connect errors are named ``*Connect*``: httpx, aiohttp, the OS's ConnectionRefusedError)."""
+    ctx = e.__context__
+    if ctx is not None and "connect" in type(ctx).__name__.lower():
+        return "connect"
+    return "timeout" if isinstance(e, UpstreamTimeout) else "reset"
+
+
+def retry_after_s(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """``retry-after`` in seconds (delta-seconds or an HTTP date, RFC 9110 10.2.3); None when
+    absent or unreadable."""
+    v = headers.get("retry-after")
+    if v is None:
+        return None
+    try:
+        return max(0.0, float(v))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(v).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def backoff_s(retry: int, settings: RetrySettings, rand: Callable[[], float]) -> float:
+    """Full-jitter backoff before retry number ``retry`` (1 = the first retry)."""
+    cap = min(settings.backoff_max_s, settings.backoff_base_s * 2 ** (retry - 1))
+    return rand() * cap
+
+
+async def discard(task: asyncio.Future[httpx.Response]) -> None:
+    """Cancel a send nobody will take; close the response if one came anyway."""
+    with anyio.CancelScope(shield=True):
+        if not task.done():
+            task.cancel()
+            await asyncio.wait((task,))
+        if not task.cancelled() and task.exception() is None:
+            await task.result().aclose()
+
+
+@dataclass
+class Picked:
+    """The step and deployment that answered, and the release of its in-flight count."""
+
+    step: Step
+    target: Target
+    release: Callable[[], None]
+
+
+class Sender:
+    """Retries, fallbacks, breakers and deployment choice around ``send`` (the upstream client's
+    ``send(url, headers, body, timeout_s, connect_s=...)``). ``sleep`` / ``rand`` are
+    injectable for tests. ``match``: ``async (target, deployments, body) -> cached tokens per
+    deployment`` for ``exact`` affinity (None: not asked). ``shared``: the replicas' shared
+    breakers and loads (None: this process's only, no I/O)."""
+
+    def __init__(self, send: SendFn, retry: RetrySettings, breakers: BreakerBoard,
+                 balancer: Balancer,
+                 match: Callable[[Target, list[Deployment], bytes], Awaitable[list[int]]]
+                 | None = None,
+                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+                 rand: Callable[[], float] = random.random,
+                 shared: SharedRouting | None = None) -> None:
+        self.send, self.retry, self.breakers, self.balancer = send, retry, breakers, balancer
+        self.match, self.sleep, self.rand, self.shared = match, sleep, rand, shared
+
+    async def order(self, step: Step, key: str,
+                    opened: list[bool] | None = None) -> list[tuple[Deployment, str]]:
+        """The deployments of ``step``'s backend to try, in order, each with why it is there;
+        ``opened`` gets whether every one's breaker was open."""
+        backend, name = step.target.backend, step.target.backend_name
+        deps = backend.group(name)
+        if self.shared is not None and len(deps) > 1:
+            await self.shared.refresh([d.name for d in deps])
+        avail = [d for d in deps if self.breakers.get(d.name).available()]
+        if opened is not None:
+            opened.append(not avail)
+        avail = avail or deps
+        if len(avail) == 1:
+            return [(avail[0], "single")]
+        names = [d.name for d in avail]
+        loads = self.balancer.loads(names)
+        matches = None
+        if backend.affinity.mode == "exact" and self.match is not None:
+            matches = await self.match(step.target, avail, step.body)
+        placed = None
+        if backend.affinity.mode in ("prefix", "exact"):
+            placed = self.balancer.place(key, names, backend.affinity)
+        c = choose(names, loads, key, backend.affinity, self.balancer.turn(name), matches,
+                   placed)
+        rest = sorted((i for i in range(len(avail)) if i != c.index),
+                      key=lambda i: (loads[i], rendezvous(key, [names[i]])))
+        return [(avail[c.index], c.why)] + [(avail[i], "next") for i in rest]
+
+    async def run(self, steps: list[Step], headers_for: Callable[[Target], Mapping[str, bytes]],
+                  key: str, log: Attempts,
+                  on_pick: Callable[[Picked], None]) -> httpx.Response:
+        """Send until a deployment answers (see module docstring); ``on_pick`` learns which
+        before the response is returned. Raises the last UpstreamUnavailable / UpstreamTimeout
+        when no deployment answered."""
+        opened: list[bool] = []
+        plan = [(s, d, why) for s in steps for d, why in await self.order(s, key, opened)]
+        log.all_open = bool(opened) and all(opened)
+        last: ProxyError = UpstreamUnavailable("no deployment to send to")
+        for i, (step, dep, why) in enumerate(plan):
+            final = i == len(plan) - 1
+            target = step.target.on(dep)
+            breaker = self.breakers.get(dep.name)
+            for n in range(self.retry.attempts):
+                more_here = n + 1 < self.retry.attempts
+                breaker.before_send()
+                release = self.balancer.acquire(dep.name, why)
+                log.count += 1
+                try:
+                    resp = await self._send_one(target, step.body, headers_for(target))
+                except (UpstreamUnavailable, UpstreamTimeout) as e:
+                    release()
+                    kind = failure_kind(e)
+                    was = breaker.state
+                    breaker.failure(kind)
+                    if self.shared is not None:
+                        await self.shared.failed(dep.name, was)
+                    log.failed(dep.name, kind)
+                    last = e
+                    if kind == "connect" and more_here:
+                        await self.sleep(backoff_s(n + 1, self.retry, self.rand))
+                        continue
+                    break
+                except BaseException:
+                    release()
+                    breaker.abandoned()
+                    raise
+                if resp.status_code not in self.retry.on_status:
+                    was = breaker.state
+                    breaker.success()
+                    if self.shared is not None:
+                        self.shared.succeeded(dep.name, was)
+                    on_pick(Picked(step, target, release))
+                    return resp
+                was = breaker.state
+                breaker.failure(f"status-{resp.status_code}")
+                if self.shared is not None:
+                    await self.shared.failed(dep.name, was)
+                log.failed(dep.name, f"status-{resp.status_code}")
+                wait = retry_after_s(resp.headers)
+                retry_here = more_here and (wait is None or wait <= self.retry.max_retry_after_s)
+                if final and not retry_here:
+                    on_pick(Picked(step, target, release))
+                    return resp  # the last answer goes to the client as it is
+                with anyio.CancelScope(shield=True):
+                    await resp.aclose()
+                release()
+                if not retry_here:
+                    break
+                await self.sleep(max(wait or 0.0, backoff_s(n + 1, self.retry, self.rand)))
+        raise last
+
+    async def _send_one(self, target: Target, body: bytes,
+                        headers: Mapping[str, bytes]) -> httpx.Response:
+        connect, first, idle, _total = target.backend.timeouts_s()
+        read = max(first, idle)
+        if first >= read:  # the transport's read timeout bounds the head: no timer, no task
+            return await self.send(target.url(), headers, body, read, connect_s=connect)
+        sending = asyncio.ensure_future(self.send(target.url(), headers, body, read,
+                                                  connect_s=connect))
+        try:
+            done, _ = await asyncio.wait((sending,), timeout=first)
+        except BaseException:
+            await discard(sending)
+            raise
+        if not done:
+            await discard(sending)
+            raise UpstreamTimeout(f"upstream {target.deployment_name!r} sent no response head "
+                                  f"within {first:g} s")
+        return sending.result()

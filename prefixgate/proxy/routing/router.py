@@ -1,0 +1,109 @@
+"""Pick the backends for a request and say how to reach them.
+
+:func:`plan_targets` resolves the client's model (an alias first, ``policy.aliases``), applies
+the policy's routes (first matching model glob wins, see :func:`prefixgate.config.loader.resolve_route`)
+and returns one :class:`Target` per backend the request may use, in order: the route's own
+backends, then its fallbacks. Which deployment of a group serves is decided at send time
+(:mod:`prefixgate.proxy.routing.balance`, :mod:`prefixgate.proxy.routing.retries`); a Target given a
+``deployment`` (:meth:`Target.on`)
+names it. It raises :class:`~prefixgate.proxy.core.errors.ModelNotFound` (404) when no route matches and
+:class:`~prefixgate.proxy.core.errors.NotSupported` (501) when the primary backend cannot take the client's
+API.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, replace
+
+from prefixgate.config.routing import Deployment
+from prefixgate.config.schema import Backend, Policy, Route
+from prefixgate.config.secrets import MissingSecret, resolve_secret
+from prefixgate.proxy.core.errors import Api, MissingBackendKey, ModelNotFound, NotSupported
+
+# Whose prefix-cache rules a backend follows (prefixgate/cache/provider_models, rewriter Context.provider).
+PROVIDER_OF_KIND = {"anthropic": "anthropic", "openai": "openai", "openai_compat": "radix",
+                    "local": "radix"}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one request may go.
+
+    ``route``: the matching glob; ``backend_name``: key in ``policy.backends``; ``wire``: the
+    API the upstream speaks (``"openai"`` or ``"anthropic"``); ``translate``: True when the
+    client's API differs from ``wire``; ``model``: the model name to send upstream when it is
+    not the client's (alias, route ``model``, fallback ``model``), else None; ``deployment``:
+    the replica chosen (None: not chosen yet, the backend's own ``base_url`` / ``api_key``).
+    """
+
+    route: str
+    backend_name: str
+    backend: Backend
+    provider: str
+    wire: Api
+    translate: bool
+    model: str | None = None
+    deployment: Deployment | None = None
+
+    @property
+    def deployment_name(self) -> str:
+        """The chosen deployment's name (the backend's name for a plain backend)."""
+        return self.deployment.name if self.deployment is not None else self.backend_name
+
+    def on(self, deployment: Deployment) -> Target:
+        """This target served by ``deployment``."""
+        return replace(self, deployment=deployment)
+
+    def url(self) -> str:
+        """Upstream URL: ``base_url`` + ``/chat/completions`` or ``/messages``."""
+        path = "/messages" if self.wire == "anthropic" else "/chat/completions"
+        base = self.deployment.base_url if self.deployment is not None else self.backend.base_url
+        return base + path
+
+    def api_key(self) -> str | None:
+        """The deployment's (else the backend's) key, resolved now. Raises MissingBackendKey
+        (500) when its variable is unset."""
+        key = self.deployment.api_key if self.deployment is not None else self.backend.api_key
+        try:
+            return resolve_secret(key)
+        except MissingSecret as e:
+            raise MissingBackendKey(f"backend {self.backend_name!r}: {e}") from None
+
+
+def find_route(policy: Policy, model: str) -> Route | None:
+    """The first route whose glob matches ``model`` (after alias resolution), or None."""
+    model = policy.aliases.get(model, model)
+    return next((r for r in policy.routes if fnmatch.fnmatchcase(model, r.match)), None)
+
+
+def plan_targets(policy: Policy, model: str, api: Api, *,
+                 can_translate: bool = False) -> list[Target]:
+    """Every backend ``model`` may be served by for a client of ``api``, primary first (see
+    module docstring for errors). ``can_translate``: whether a client may be served by a
+    backend of the other API (through a bridge); without it such a fallback is left out, and
+    such a primary is a 501."""
+    route = find_route(policy, model)
+    if route is None:
+        raise ModelNotFound(f"The model '{model}' does not exist or no route of the policy "
+                            "matches it.", param="model")
+    aliased = policy.aliases.get(model)
+    out = []
+    for i, step in enumerate(route.chain()):
+        backend = policy.backends[step.backend]
+        wire: Api = "anthropic" if backend.kind == "anthropic" else "openai"
+        if wire != api and not can_translate:
+            if i == 0:
+                raise NotSupported(f"model '{model}' routes to backend '{step.backend}' "
+                                   f"({backend.kind}), which does not serve the {api} API "
+                                   "through this proxy", param="model")
+            continue
+        upstream_model = step.model or aliased
+        out.append(Target(route.match, step.backend, backend, PROVIDER_OF_KIND[backend.kind],
+                          wire, wire != api, upstream_model if upstream_model != model else None))
+    return out
+
+
+def pick_target(policy: Policy, model: str, api: Api, *, can_translate: bool = False) -> Target:
+    """The primary target of :func:`plan_targets`."""
+    return plan_targets(policy, model, api, can_translate=can_translate)[0]

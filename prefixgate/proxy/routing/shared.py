@@ -1,0 +1,210 @@
+"""Breaker state and affinity load shared by proxy replicas through :mod:`prefixgate.cache.shared_state`
+(issue 10, item 6).
+
+Each replica keeps its own :class:`prefixgate.proxy.routing.breaker.BreakerBoard` and
+:class:`prefixgate.proxy.routing.balance.Balancer`
+(the hot path reads them without I/O); :class:`SharedRouting` links them to the other replicas'
+through three kinds of shared names, per deployment ``<dep>``:
+
+- ``breaker:<dep>`` — ``"open|<unix s>|<reason>"`` with the cooldown as TTL, written when a
+  breaker opens here; ``"closed|<unix s>|"`` when a probe here closes it. A replica that reads an
+  ``open`` it has not applied yet opens its own breaker for the rest of that cooldown
+  (:meth:`Breaker.open_from_peer`); then its own half-open probe decides, as for a local opening,
+  unless another replica's probe closes it first (a ``closed`` newer than the opening applied:
+  :meth:`Breaker.close_from_peer`).
+- ``fail:<dep>`` — failures in a row across replicas (INCRBY, TTL = the breaker's ``window_s``,
+  so an old streak expires); a success here resets it when this replica last saw it non-zero.
+  Reaching ``consecutive_failures`` opens the breaker everywhere even when no single replica
+  saw that many.
+- ``load:<dep>`` — a table ``{replica id: "<in flight> <expires unix s>"}``. Each replica
+  writes its OWN exact in-flight count (a SET of the current value, never a shared +1/-1), so a
+  lost or reordered write is corrected by the next one and nothing drifts. **Leaks**: a crashed
+  replica's entry carries its expiry (:data:`LOAD_TTL_S`) and readers ignore it after that; a
+  live replica rewrites its entries with work in flight when half that TTL has passed, on its
+  next send. The table itself expires when no replica has written it for a day.
+
+Cost: nothing of this exists with :class:`prefixgate.cache.shared_state.LocalState` (``ProxyState`` makes no
+SharedRouting; the Sender does not call it). With Redis, per send: one pipelined read
+(:meth:`refresh`: MGET of the group's ``breaker`` / ``fail`` values + HGETALL of its ``load``
+tables; concurrent sends share one read, and a read younger than :data:`SNAPSHOT_MAX_AGE_S` is
+reused); the load writes go out from one background task that coalesces bursts; breaker writes
+happen only on failures and on the success that ends a streak. Redis down → RedisState answers
+from its local state, i.e. each replica routes on its own counts (one log line per outage and the
+``prefixgate_redis_*`` metrics come from :mod:`prefixgate.cache.redis_link`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+from prefixgate.cache.shared_state import SharedState
+from prefixgate.proxy.routing.balance import Balancer
+from prefixgate.proxy.routing.breaker import CLOSED, OPEN, BreakerBoard
+
+log = logging.getLogger("prefixgate.proxy")
+
+SNAPSHOT_MAX_AGE_S = 0.02
+"""A group's shared read is reused this long (s): a burst of sends makes one round trip."""
+LOAD_TTL_S = 60.0
+"""A replica's load entry counts this long after its last write (s): a crashed replica's
+in-flight requests stop counting within it."""
+TABLE_TTL_S = 86_400.0
+"""A ``load:<dep>`` table nobody wrote for this long is dropped by Redis."""
+
+
+def parse_breaker(value: str | None) -> tuple[str, float, str] | None:
+    """``(state, opened unix s, reason)`` of a ``breaker:<dep>`` value; None when absent or
+    unreadable."""
+    if not value:
+        return None
+    state, _, rest = value.partition("|")
+    stamp, _, reason = rest.partition("|")
+    try:
+        return state, float(stamp), reason
+    except ValueError:
+        return None
+
+
+def others_load(table: dict[str, str], me: str, now: float) -> int:
+    """Sum of the live entries of a ``load:<dep>`` table other than replica ``me``'s."""
+    total = 0
+    for replica, entry in table.items():
+        if replica == me:
+            continue
+        count, _, expires = entry.partition(" ")
+        try:
+            if float(expires) > now:
+                total += max(0, int(count))
+        except ValueError:
+            continue
+    return total
+
+
+class SharedRouting:
+    """Links one replica's breakers and balancer to the others' (module docstring).
+
+    ``clock``: unix seconds (shared by replicas, unlike a monotonic clock); ``replica``: this
+    replica's id in the load tables (default: a random one per process)."""
+
+    def __init__(self, shared: SharedState, board: BreakerBoard, balancer: Balancer, *,
+                 replica: str | None = None, max_age_s: float = SNAPSHOT_MAX_AGE_S,
+                 load_ttl_s: float = LOAD_TTL_S, clock: Callable[[], float] = time.time) -> None:
+        self.shared, self.board, self.balancer = shared, board, balancer
+        self.replica = replica or uuid.uuid4().hex[:12]
+        self.max_age_s, self.load_ttl_s, self.clock = max_age_s, load_ttl_s, clock
+        self._read_at: dict[tuple[str, ...], float] = {}
+        self._reading: dict[tuple[str, ...], asyncio.Future[None]] = {}
+        self._applied: dict[str, float] = {}  # deployment -> opening stamp applied here
+        self._fails: dict[str, int] = {}  # deployment -> shared streak last seen
+        self._written: dict[str, float] = {}  # deployment -> when our load entry was written
+        self._dirty: set[str] = set()
+        self._flusher: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # streak ends in flight (kept referenced)
+        balancer.on_change = self.load_changed
+
+    # ---- reads -----------------------------------------------------------------------------
+
+    async def refresh(self, names: Sequence[str]) -> None:
+        """Read the group ``names``' shared breakers, streaks and loads (one round trip, shared
+        by concurrent callers, reused for ``max_age_s``) and apply them here."""
+        key = tuple(names)
+        pending = self._reading.get(key)
+        if pending is not None:
+            await asyncio.shield(pending)
+            return
+        if self.clock() - self._read_at.get(key, float("-inf")) < self.max_age_s:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._reading[key] = fut
+        try:
+            await self._read(names)
+        finally:
+            self._read_at[key] = self.clock()
+            del self._reading[key]
+            fut.set_result(None)
+
+    async def _read(self, names: Sequence[str]) -> None:
+        values = [f"breaker:{n}" for n in names] + [f"fail:{n}" for n in names]
+        vals, tables = await self.shared.read_many(values, [f"load:{n}" for n in names])
+        now = self.clock()
+        for i, n in enumerate(names):
+            self._apply_breaker(n, parse_breaker(vals[i]), now)
+            try:
+                self._fails[n] = int(vals[len(names) + i] or 0)
+            except ValueError:
+                self._fails[n] = 0
+            self.balancer.others[n] = others_load(tables[i], self.replica, now)
+            if (self.balancer.inflight[n] > 0
+                    and now - self._written.get(n, 0.0) > self.load_ttl_s / 2):
+                self.load_changed(n)  # keep our live entry from expiring
+
+    def _apply_breaker(self, name: str, seen: tuple[str, float, str] | None,
+                       now: float) -> None:
+        if seen is None or self._applied.get(name, float("-inf")) >= seen[1]:
+            return
+        self._applied[name] = seen[1]
+        age = now - seen[1]
+        if seen[0] == CLOSED:
+            self.board.get(name).close_from_peer()
+        elif seen[0] == OPEN and age < self.board.settings.cooldown_s:
+            self.board.get(name).open_from_peer(f"{seen[2]} (another replica)", age)
+
+    # ---- writes ----------------------------------------------------------------------------
+
+    async def failed(self, name: str, was: str) -> None:
+        """Deployment ``name`` failed here (its breaker already noted it; ``was``: its state
+        before): count the shared streak; publish an opening (ours, or the streak's)."""
+        s = self.board.settings
+        streak = await self.shared.incr(f"fail:{name}", 1, s.window_s)
+        self._fails[name] = streak
+        breaker = self.board.get(name)
+        if breaker.state == OPEN and was != OPEN:
+            await self._publish(name, OPEN, breaker.last_reason, s.cooldown_s)
+        elif s.enabled and breaker.state == CLOSED and streak >= s.consecutive_failures:
+            breaker.open_from_peer(f"{breaker.last_reason} ({streak} in a row, all replicas)", 0)
+            await self._publish(name, OPEN, breaker.last_reason, s.cooldown_s)
+
+    def succeeded(self, name: str, was: str) -> None:
+        """Deployment ``name`` answered here (``was``: its breaker's state before): end the
+        shared streak / publish the closing, only when there is one to end (no I/O otherwise)."""
+        if was == CLOSED and not self._fails.get(name):
+            return
+        self._fails[name] = 0
+        task = asyncio.get_running_loop().create_task(self._end_streak(name, was != CLOSED))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _end_streak(self, name: str, closed: bool) -> None:
+        await self.shared.put(f"fail:{name}", "0", self.board.settings.window_s)
+        if closed:
+            await self._publish(name, CLOSED, "", self.board.settings.cooldown_s)
+
+    async def _publish(self, name: str, state: str, reason: str, ttl_s: float) -> None:
+        stamp = self.clock()
+        self._applied[name] = stamp  # our own news: nothing to apply when read back
+        await self.shared.put(f"breaker:{name}", f"{state}|{stamp:.3f}|{reason}", ttl_s)
+
+    def load_changed(self, name: str) -> None:
+        """The balancer's in-flight count of ``name`` changed: write it soon (coalesced)."""
+        self._dirty.add(name)
+        if self._flusher is None or self._flusher.done():
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (a sync caller, tests): the next change writes it
+                return
+            self._flusher = loop.create_task(self._flush())
+
+    async def _flush(self) -> None:
+        try:
+            while self._dirty:
+                name = self._dirty.pop()
+                now = self.clock()
+                entry = f"{self.balancer.inflight[name]} {now + self.load_ttl_s:.3f}"
+                self._written[name] = now
+                await self.shared.put_field(f"load:{name}", self.replica, entry, TABLE_TTL_S)
+        except Exception:  # noqa: BLE001 - a load write must never fail a request
+            log.exception("shared load write failed")
