@@ -51,8 +51,8 @@ from prefixgate.cache.ledger import Ledger  # noqa: E402
 from prefixgate.cache.session import MemorySessionStore  # noqa: E402
 from prefixgate.config.loader import parse_policy  # noqa: E402
 from prefixgate.config.schema import RewriteSettings  # noqa: E402
-from prefixgate.proxy.app import build_app  # noqa: E402
-from prefixgate.proxy.pipeline.rewrite import LARGE_BODY_BYTES  # noqa: E402
+from prefixgate.proxy.app import build_app
+from prefixgate.proxy.pipeline.rewrite import LARGE_BODY_BYTES
 from prefixgate.rewriter.pipeline import rewrite_request, session_updates  # noqa: E402
 from prefixgate.rewriter.types import Context  # noqa: E402
 

@@ -42,7 +42,7 @@ from bench.serving_client import EngineProcess, percentile  # noqa: E402
 from prefixgate.cache.ledger import Ledger  # noqa: E402
 from prefixgate.config.loader import parse_policy  # noqa: E402
 from prefixgate.config.routing import AffinitySettings  # noqa: E402
-from prefixgate.proxy.app import build_app  # noqa: E402
+from prefixgate.proxy.app import build_app
 from prefixgate.proxy.routing.balance import Balancer, choose  # noqa: E402
 from tests.servers import serve_app  # noqa: E402
 from tests.tiny_model import model_dir  # noqa: E402

@@ -35,7 +35,7 @@ from prefixgate.cache.ledger import Ledger  # noqa: E402
 from prefixgate.config.loader import parse_policy  # noqa: E402
 from prefixgate.local_engine.engine import Engine, EngineConfig  # noqa: E402
 from prefixgate.local_engine.server import build_app as engine_app  # noqa: E402
-from prefixgate.proxy.app import build_app as proxy_app  # noqa: E402
+from prefixgate.proxy.app import build_app as proxy_app
 from prefixgate.proxy.cli.replay import send_streaming  # noqa: E402
 from tests.engine_server.forced_tools import (  # noqa: E402
     CHOICES,

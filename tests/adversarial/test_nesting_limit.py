@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from prefixgate.config.loader import PolicyError, parse_policy
-from prefixgate.proxy.http.limits import first_too_deep
+from prefixgate.proxy.core.nesting import first_too_deep
 from tests.proxy.upstream import Script, completion
 
 ALL_PASSES = {"prune_tools": True, "prune_history": True, "prune_rag": True,

@@ -81,7 +81,7 @@ def test_unknown_static_name_is_a_404_in_openai_shape() -> None:
 
 def test_static_files_are_declared_as_package_data() -> None:
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
-    line = next(x for x in pyproject.splitlines() if x.startswith('"prefixgate.proxy" = ['))
+    line = next(x for x in pyproject.splitlines() if x.startswith('"prefixgate.proxy.observe" = ['))
     for pattern in ("static/*.html", "static/*.js", "static/*.css", "static/uplot/*"):
         assert f'"{pattern}"' in line
 

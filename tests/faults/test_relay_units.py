@@ -12,7 +12,8 @@ import pytest
 
 from prefixgate.proxy.core.errors import ClientDisconnected, UpstreamUnavailable
 from prefixgate.proxy.core.usage import OpenAIStreamWatcher
-from prefixgate.proxy.upstream.relay import SSEResponse, StreamRelay, Timing, Upstream, send_unless_gone
+from prefixgate.proxy.upstream.client import Upstream, send_unless_gone
+from prefixgate.proxy.upstream.relay import SSEResponse, StreamRelay, Timing
 
 
 class _Body(httpx.AsyncByteStream):

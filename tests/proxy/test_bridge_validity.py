@@ -167,7 +167,7 @@ def test_nesting_error_quotes_a_plain_param_name_when_the_path_is_elided() -> No
     import asyncio
     import re
 
-    from prefixgate.proxy.http.limits import check_nesting
+    from prefixgate.proxy.http.body import check_nesting
 
     deep: Any = 1
     for _ in range(200):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from prefixgate.cache.counterfactual import measured_counterfactual
 from prefixgate.cache.ledger import LedgerRow
-from prefixgate.proxy.pipeline.exchange import measured_counterfactual
 
 
 @pytest.mark.parametrize("edits", ["", "none", "off", "unavailable"])

@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: 
 )
 
 from prefixgate.cache.ledger import Ledger  # noqa: E402
-from prefixgate.proxy.app import build_app  # noqa: E402
+from prefixgate.proxy.app import build_app
 from prefixgate.proxy.observe.otel import telemetry_from_env  # noqa: E402
 from tests.proxy.conftest import make_policy  # noqa: E402
 from tests.proxy.upstream import DONE, Script, chunk, completion, wait_rows  # noqa: E402

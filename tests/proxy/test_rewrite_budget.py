@@ -107,7 +107,7 @@ def test_a_large_rewrite_freezes_the_collector_and_the_next_small_one_unfreezes_
 def test_after_answer_work_past_its_budget_yields_the_fallback() -> None:
     import anyio
 
-    from prefixgate.proxy.pipeline.rewrite import off_loop
+    from prefixgate.proxy.core.offload import off_loop
 
     release = threading.Event()
 

@@ -182,7 +182,7 @@ def test_the_fleet_policy_example_of_the_readme_loads() -> None:
 def test_models_lists_aliases_and_exact_route_names_only() -> None:
     import asyncio
 
-    from prefixgate.proxy.routing.probes import list_models
+    from prefixgate.proxy.api.models import list_models
     p = _policy(aliases={"fast": "gpt-4o-mini", "broken": "no-route-matches-this"})
     got = asyncio.run(list_models(None, p))
     assert {m["id"]: m["owned_by"] for m in got["data"]} == {"fast": "oa", "gpt-4o-mini": "oa"}

@@ -13,7 +13,7 @@ import pytest
 
 from prefixgate.proxy.core.errors import UpstreamTimeout, UpstreamUnavailable
 from prefixgate.proxy.upstream.aiohttp_client import AiohttpClient, sendable
-from prefixgate.proxy.upstream.relay import Upstream
+from prefixgate.proxy.upstream.client import Upstream
 
 HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
         b"transfer-encoding: chunked\r\nx-engine-cached-tokens: 7\r\n\r\n")

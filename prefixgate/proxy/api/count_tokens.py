@@ -32,7 +32,7 @@ from prefixgate.proxy.api.passthrough import ERROR_BODY_MAX_BYTES, SideCall
 from prefixgate.proxy.bridges import translate
 from prefixgate.proxy.core.errors import InvalidRequest, UpstreamUnavailable, error_response
 from prefixgate.proxy.http.headers import downstream_headers
-from prefixgate.proxy.upstream.relay import read_at_most
+from prefixgate.proxy.upstream.client import read_at_most
 from prefixgate.rewriter.tokens import encoding_for_model, json_tokens, make_counter
 
 HEADER = "x-prefixgate-token-count"

@@ -1,5 +1,5 @@
-"""Plain pass-through endpoints: ``POST /v1/embeddings``, ``POST /v1/completions`` (legacy,
-stream too) and ``GET /v1/models/{id}``.
+"""Plain pass-through endpoints: ``POST /v1/embeddings`` and ``POST /v1/completions`` (legacy,
+stream too).
 
 Routed like chat (the policy's first matching model glob), sent to the backend's
 ``base_url/embeddings`` / ``/completions`` with its own key, answered as the backend answered
@@ -23,8 +23,9 @@ import anyio
 import httpx
 import orjson
 from fastapi import FastAPI, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
+from prefixgate.cache.counterfactual import measured_counterfactual
 from prefixgate.cache.ledger import LedgerRow
 from prefixgate.proxy.bridges import translate
 from prefixgate.proxy.core.errors import (
@@ -39,19 +40,13 @@ from prefixgate.proxy.core.errors import (
 )
 from prefixgate.proxy.core.usage import OpenAIStreamWatcher, Usage, usage_from_answer
 from prefixgate.proxy.http import body as wire
+from prefixgate.proxy.http.body import check_nesting, read_body_within
 from prefixgate.proxy.http.headers import downstream_headers, upstream_headers
-from prefixgate.proxy.http.limits import check_nesting, read_body_within
 from prefixgate.proxy.http.tenants import salted_body, tenant_for
 from prefixgate.proxy.pipeline.output_cap import route_cap
 from prefixgate.proxy.routing.router import Target, pick_target
-from prefixgate.proxy.upstream.relay import (
-    SSE_HEADERS,
-    SSEResponse,
-    StreamRelay,
-    Timing,
-    read_at_most,
-    send_unless_gone,
-)
+from prefixgate.proxy.upstream.client import read_at_most, send_unless_gone
+from prefixgate.proxy.upstream.relay import SSE_HEADERS, SSEResponse, StreamRelay, Timing
 
 JSON = "application/json"
 ERROR_BODY_MAX_BYTES = 1 << 20
@@ -105,6 +100,7 @@ class SideCall:
         row.ttft_ms, row.tpot_ms = self.timing.ttft_ms(), self.timing.tpot_ms(row.output_tokens)
         row.total_ms = self.timing.total_ms()
         row.status, row.http_status = status, http_status
+        measured_counterfactual(row)
         self.state.record(row)
 
     def refuse(self, e: BaseException) -> Response:
@@ -220,18 +216,6 @@ async def _pass(state: Any, request: Request, path: str) -> Response:
     return await call.answer(resp)
 
 
-async def _model(state: Any, request: Request, model_id: str) -> Response:
-    """``GET /v1/models/{id}``: OpenAI's model object when a route matches the id (owned by the
-    backend it routes to), else 404 ``model_not_found``."""
-    try:
-        await state.guard.admit(request.headers, "openai", limit=False)
-        target = pick_target(state.policy, model_id, "openai", can_translate=True)
-    except ProxyError as e:
-        return error_response(e, "openai")
-    return JSONResponse({"id": model_id, "object": "model", "created": 0,
-                         "owned_by": target.backend_name})
-
-
 def install(app: FastAPI, state: Any) -> None:
     """Add the pass-through routes to ``app``."""
     async def embeddings(request: Request) -> Response:
@@ -240,11 +224,5 @@ def install(app: FastAPI, state: Any) -> None:
     async def completions(request: Request) -> Response:
         return await _pass(state, request, "completions")
 
-    async def model(request: Request, model_id: str) -> Response:
-        return await _model(state, request, model_id)
-
     app.add_api_route("/v1/embeddings", embeddings, methods=["POST"])
     app.add_api_route("/v1/completions", completions, methods=["POST"])
-    app.add_api_route("/v1/models/{model_id:path}", model, methods=["GET"])
-    app.add_api_route("/v1/models/{model_id:path}", model, methods=["HEAD"],
-                      include_in_schema=False)

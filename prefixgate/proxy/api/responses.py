@@ -65,14 +65,19 @@ from prefixgate.proxy.core.errors import (
     UpstreamUnavailable,
     error_response,
 )
-from prefixgate.proxy.core.sse import SSEEvent, parse_event
+from prefixgate.proxy.core.sse import EventMapper, SSEEvent, parse_event
 from prefixgate.proxy.core.usage import AnthropicStreamWatcher, OpenAIStreamWatcher, Usage, usage_from_answer
 from prefixgate.proxy.http.headers import downstream_headers, upstream_headers
 from prefixgate.proxy.http.tenants import namespaced_session, salted_body, tenant_for
 from prefixgate.proxy.pipeline.output_cap import with_default_cap
-from prefixgate.proxy.pipeline.rewrite import rewrite_off_loop, rewrite_wanted, session_hash, session_id_for
+from prefixgate.proxy.pipeline.rewrite import (
+    rewrite_off_loop,
+    rewrite_wanted,
+    session_hash,
+    session_id_for,
+)
 from prefixgate.proxy.routing.router import Target
-from prefixgate.proxy.upstream.relay import SSE_HEADERS, EventMapper, SSEResponse, StreamRelay
+from prefixgate.proxy.upstream.relay import SSE_HEADERS, SSEResponse, StreamRelay
 from prefixgate.rewriter.types import Context
 
 log = logging.getLogger("prefixgate.responses")
@@ -99,7 +104,7 @@ def responses_usage(u: Any) -> Usage:
 
 
 class ResponsesWatcher:
-    """:class:`~prefixgate.proxy.upstream.relay.StreamWatcher` of a passthrough Responses stream: content
+    """:class:`~prefixgate.proxy.core.usage.StreamWatcher` of a passthrough Responses stream: content
     events,
     the terminal event (``response.completed`` / ``incomplete``; its usage) and errors."""
 

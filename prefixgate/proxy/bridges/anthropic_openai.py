@@ -18,8 +18,8 @@ import orjson
 
 from prefixgate.proxy.bridges.anthropic_openai_request import request_to_openai
 from prefixgate.proxy.core import exactjson
+from prefixgate.proxy.core.nesting import first_too_deep
 from prefixgate.proxy.core.sse import SSEEvent
-from prefixgate.proxy.http.limits import first_too_deep
 
 __all__ = ["RESPONSE", "STREAM", "StreamMapper", "error_to_anthropic", "message_shell",
            "message_usage", "request_to_openai", "response_to_anthropic", "text_block",

@@ -27,8 +27,14 @@ import orjson
 from prefixgate.proxy.bridges import translate
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.core.errors import Api, InvalidRequest
-from prefixgate.proxy.core.usage import AnthropicStreamWatcher, OpenAIStreamWatcher, Usage, usage_from_answer
-from prefixgate.proxy.upstream.relay import EventMapper, StreamWatcher
+from prefixgate.proxy.core.sse import EventMapper
+from prefixgate.proxy.core.usage import (
+    AnthropicStreamWatcher,
+    OpenAIStreamWatcher,
+    StreamWatcher,
+    Usage,
+    usage_from_answer,
+)
 
 
 class Bridge:

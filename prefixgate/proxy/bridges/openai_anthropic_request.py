@@ -28,7 +28,7 @@ from prefixgate.proxy.bridges.fields import (
     string,
 )
 from prefixgate.proxy.core import exactjson
-from prefixgate.proxy.http.limits import DEFAULT_MAX_JSON_DEPTH, check_nested_text
+from prefixgate.proxy.core.nesting import DEFAULT_MAX_JSON_DEPTH, check_nested_text
 
 Block = dict[str, Any]
 DEFAULT_MAX_TOKENS = 4096

@@ -59,7 +59,7 @@ class _Text:
 @dataclass
 class ResponsesStream:
     """The mapper of one streamed response (see module docstring); :meth:`map` is a
-    :data:`prefixgate.proxy.upstream.relay.EventMapper`."""
+    :data:`prefixgate.proxy.core.sse.EventMapper`."""
 
     body: dict[str, Any]
     resp_id: str

@@ -15,9 +15,9 @@ from prefixgate.proxy.bridges import openai_anthropic as o2a
 from prefixgate.proxy.bridges.validity import Problem, anthropic_problem, openai_problem
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.core.errors import Api, InvalidRequest, quoted
-from prefixgate.proxy.core.usage import AnthropicStreamWatcher
-from prefixgate.proxy.http.limits import DEFAULT_MAX_JSON_DEPTH
-from prefixgate.proxy.upstream.relay import EventMapper, StreamWatcher
+from prefixgate.proxy.core.nesting import DEFAULT_MAX_JSON_DEPTH
+from prefixgate.proxy.core.sse import EventMapper
+from prefixgate.proxy.core.usage import AnthropicStreamWatcher, StreamWatcher
 
 
 def request(client_api: Api, body: dict[str, Any],

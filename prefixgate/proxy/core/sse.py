@@ -9,6 +9,7 @@ output reproduces the input byte for byte; :func:`parse_event` reads one event's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -90,3 +91,8 @@ def parse_event(raw: bytes) -> SSEEvent:
         elif field == "event":
             name = value
     return SSEEvent(name, "\n".join(data) if data else None)
+
+
+# Rewrites one upstream event into the events the client gets (the A->O bridge); None = relay
+# the original bytes.
+EventMapper = Callable[[bytes, SSEEvent], list[bytes]]

@@ -23,7 +23,7 @@ the watcher merges them taking the newest non-null value (B07).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -80,6 +80,19 @@ def _loads(data: str) -> Any:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
+
+
+class StreamWatcher(Protocol):
+    """Sees each complete event once (:class:`OpenAIStreamWatcher`, :class:`AnthropicStreamWatcher`)."""
+
+    usage: Usage
+    deltas: int
+    done: int  # final events seen (OpenAI ``[DONE]``, Anthropic ``message_stop``)
+    errors: int  # the upstream's own error events
+
+    def observe(self, ev: SSEEvent) -> bool:
+        """Return True when the event carried content."""
+        ...
 
 
 class OpenAIStreamWatcher:

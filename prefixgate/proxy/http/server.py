@@ -17,7 +17,7 @@ second of uvicorn's pure-Python h11 protocol, which it replaced), which adds:
 
 Also set: ``timeout_keep_alive`` (idle keep-alive connections), ``limit_concurrency`` (open
 connections + running requests; above it uvicorn answers 503) and ``backlog``. The body's own
-deadline is enforced in the app (:func:`prefixgate.proxy.http.limits.read_body_within`, 408 in the caller's
+deadline is enforced in the app (:func:`prefixgate.proxy.http.body.read_body_within`, 408 in the caller's
 shape), because only the app knows where a body ends.
 """
 

@@ -29,7 +29,7 @@ from prefixgate.proxy.bridges import translate
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.core.errors import Api, ProxyError
 from prefixgate.proxy.routing.router import Target
-from prefixgate.proxy.upstream.relay import Upstream, read_at_most
+from prefixgate.proxy.upstream.client import Upstream, read_at_most
 
 log = logging.getLogger("prefixgate.engine_tokens")
 

@@ -38,10 +38,10 @@ from prefixgate.cache.cost import UnknownPriceError, price_outcome
 from prefixgate.cache.provider_models import CacheModel, CacheOutcome, make_model
 from prefixgate.cache.provider_models.token_radix import SessionTokenCaches
 from prefixgate.proxy.core.errors import Api
+from prefixgate.proxy.core.offload import off_loop
 from prefixgate.proxy.observe.engine_tokens import EngineTokenizer
-from prefixgate.proxy.pipeline.rewrite import off_loop
 from prefixgate.proxy.routing.router import Target
-from prefixgate.proxy.upstream.relay import Upstream
+from prefixgate.proxy.upstream.client import Upstream
 from prefixgate.rewriter.tokens import TokenCounter, encoding_for_model, make_counter
 
 log = logging.getLogger("prefixgate.insight")

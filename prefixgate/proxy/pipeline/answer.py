@@ -22,6 +22,7 @@ import httpx
 import orjson
 from starlette.responses import Response
 
+from prefixgate.proxy.core.engine_timings import engine_timings
 from prefixgate.proxy.core.errors import (
     ClientDisconnected,
     InternalError,
@@ -34,9 +35,10 @@ from prefixgate.proxy.core.errors import (
 from prefixgate.proxy.core.usage import Usage, usage_from_headers
 from prefixgate.proxy.http.headers import downstream_headers
 from prefixgate.proxy.observe.insight import Analysis
-from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState, finish
-from prefixgate.proxy.pipeline.record import engine_timings
-from prefixgate.proxy.upstream.relay import SSE_HEADERS, SSEResponse, StreamRelay, read_at_most
+from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
+from prefixgate.proxy.pipeline.record import finish
+from prefixgate.proxy.upstream.client import read_at_most
+from prefixgate.proxy.upstream.relay import SSE_HEADERS, SSEResponse, StreamRelay
 
 # Bodies above this (base64 images, B19) skip the break / counterfactual analysis: counting
 # tokens of megabytes of base64 costs ~0.25 s per MB and says nothing about the text prefix.

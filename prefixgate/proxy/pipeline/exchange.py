@@ -1,39 +1,45 @@
 """The state the handlers share (:class:`ProxyState`) and one request's (:class:`Exchange`).
 
-:func:`finish` fills a row from the answer's usage and timing, merges session memory, runs the
-after-answer analysis and records the row, exactly once, whatever fails in between.
+:class:`Exchange` is the interface between the pipeline's steps and the endpoints (``api/``): an
+endpoint makes one, the steps fill it in order (prepare -> send -> answer -> record), and
+:meth:`Exchange.record` writes its ledger row exactly once. Filling a row from the answer is
+:func:`prefixgate.proxy.pipeline.record.finish`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from prefixgate.cache.counterfactual import measured_counterfactual
 from prefixgate.cache.ledger import Ledger, LedgerRow
 from prefixgate.cache.session import SessionStore
 from prefixgate.cache.shared_state import LocalState, SharedState
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.bridges.base import Bridge
+from prefixgate.proxy.core.engine_timings import EngineTimings
 from prefixgate.proxy.core.errors import Api
 from prefixgate.proxy.core.logsafe import safe
-from prefixgate.proxy.core.usage import Usage
+from prefixgate.proxy.core.sse import EventMapper
+from prefixgate.proxy.core.usage import StreamWatcher
 from prefixgate.proxy.http.auth import Guard
 from prefixgate.proxy.observe.health import LoopLagMonitor, health_reasons
-from prefixgate.proxy.observe.insight import Analysis, Insight, input_cost_usd
+from prefixgate.proxy.observe.insight import Insight
 from prefixgate.proxy.observe.metrics import BREAKERS_OPEN, ProxyMetrics, RequestObs
 from prefixgate.proxy.observe.otel import GenAITelemetry
-from prefixgate.proxy.pipeline.record import EngineTimings, apply_reported_timings
 from prefixgate.proxy.pipeline.rewrite import RewriteFn, RewriteOutcome
 from prefixgate.proxy.routing.balance import Balancer
 from prefixgate.proxy.routing.breaker import BreakerBoard
+from prefixgate.proxy.routing.fanout import FanoutGate
 from prefixgate.proxy.routing.retries import Attempts, Picked, Step
 from prefixgate.proxy.routing.router import Target
 from prefixgate.proxy.routing.shared import SharedRouting
-from prefixgate.proxy.upstream.relay import EventMapper, StreamWatcher, Timing, Upstream
+from prefixgate.proxy.upstream.client import Upstream
+from prefixgate.proxy.upstream.relay import Timing
 
 log = logging.getLogger("prefixgate.proxy")
 
@@ -58,10 +64,13 @@ class ProxyState:
     otel: GenAITelemetry | None = None  # OTLP export, only when OTEL_EXPORTER_OTLP_* is set
     shared: SharedState = field(default_factory=LocalState)  # counters shared by replicas
     routing: SharedRouting | None = None  # breakers / loads shared (None with LocalState)
+    fanout: FanoutGate | None = None  # concurrent identical prefixes wait for one writer
 
     def __post_init__(self) -> None:
         if self.breakers is None:
             self.breakers = BreakerBoard(self.policy.breaker)
+        if self.fanout is None:
+            self.fanout = FanoutGate(self.policy.fanout)
         if self.routing is None and not isinstance(self.shared, LocalState):
             self.routing = SharedRouting(self.shared, self.breakers, self.balancer)
 
@@ -71,7 +80,6 @@ class ProxyState:
         it; the side endpoints never rewrite) and that has no counterfactual yet gets its own
         measured cached tokens as one (``cf_source`` ``measured``, or ``holdout``), so cached
         and counterfactual shares are taken over the same rows."""
-        measured_counterfactual(row)
         try:
             self.ledger.write(row)
             self.metrics.observe(row, obs)
@@ -144,68 +152,8 @@ class Exchange:
         if self.attempts.all_open and status != "ok":  # a rejection (proxy.metrics.rejected_by)
             self.row.error = f"{BREAKERS_OPEN}; {self.row.error or ''}"[:200]
         self.row.attempts = self.attempts.count
+        measured_counterfactual(self.row)
         self.row.attempt_reasons = ",".join(self.attempts.reasons)[:1000]
         if self.row.total_ms is None:
             self.row.total_ms = self.timing.total_ms()
         state.record(self.row, self.obs)
-
-
-_SENT_AS_IS = ("none", "off", "unavailable")  # edit summaries of bodies sent unchanged
-
-
-def measured_counterfactual(row: LedgerRow) -> None:
-    """Fill ``row``'s counterfactual from its own usage when its body went upstream unchanged
-    (edits ``""`` — never rewritten, as on the side endpoints — or one of :data:`_SENT_AS_IS`)
-    and nothing set one: the client's own body is what was sent, so what it would have cached is
-    what it did cache. Rows without reported cached tokens, or with an edited body, keep none."""
-    if (row.cf_cached_tokens is not None or row.cached_tokens is None
-            or (row.edits and row.edits not in _SENT_AS_IS)):
-        return
-    row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
-    row.cf_source = "holdout" if row.holdout else "measured"
-
-
-async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, http_status: int,
-                 analyze: Callable[[], Awaitable[Analysis]] | None = None,
-                 memory: bool = False) -> None:
-    """Fill the row's usage and timing, merge the rewrite's session memory (``memory``), run
-    the break / counterfactual analysis (``analyze``), record. Whatever fails in between, the
-    row is written (with what is known)."""
-    row, timing = ex.row, ex.timing
-    try:
-        row.prompt_tokens, row.cached_tokens = usage.prompt_tokens, usage.cached_tokens
-        row.cache_write_tokens = usage.cache_write_tokens
-        deltas = ex.watcher.deltas if ex.watcher is not None else 0
-        row.output_tokens = usage.output_tokens if usage.output_tokens is not None else (
-            deltas if row.stream and deltas else None)
-        row.ttft_ms = timing.ttft_ms()
-        ex.obs.response_model = ex.obs.response_model or getattr(ex.watcher, "model", None)
-        row.tpot_ms = timing.tpot_ms(row.output_tokens)
-        row.total_ms = timing.total_ms()
-        apply_reported_timings(row, ex.reported)
-        if memory and ex.rw is not None and ex.rw.memory:
-            try:
-                await state.sessions.amerge(ex.session_id, ex.rw.memory)
-            except Exception:
-                log.exception("session memory merge failed")
-        row.input_usd = input_cost_usd(row.model, row.prompt_tokens, row.cached_tokens,
-                                       row.cache_write_tokens)
-        if analyze is not None:  # tokenize + CPU work off the loop, bounded (proxy.insight)
-            a = await analyze()
-            row.cf_cached_tokens, row.cf_input_usd = a.cf_cached_tokens, a.cf_input_usd
-            row.cf_source = "holdout" if row.holdout else a.cf_source
-            if row.edits in _SENT_AS_IS and row.cached_tokens is not None:
-                # the client's own body went upstream: what it would have cached is what it did
-                # cache; the model's estimate would only add its error (template tokens, tokenizer)
-                row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
-                row.cf_source = "holdout" if row.holdout else "measured"
-            if a.brk is not None:
-                ex.obs.break_kind = a.brk.get("kind")
-                try:
-                    state.ledger.write_break(row.session, a.brk)
-                except Exception:
-                    log.exception("break record write failed")
-    except Exception:
-        log.exception("after-answer accounting failed; the row keeps what is known")
-    finally:
-        ex.record(state, status, http_status)

@@ -1,31 +1,26 @@
-"""What the ledger row gets beyond usage (issue 9): per-pass token figures and the backend's
-own timings.
+"""The record step: one ledger row per request, filled from the answer (issue 9).
 
+- :func:`finish` fills a row from the answer's usage and timing, merges session memory, runs the
+  after-answer analysis and records the row, exactly once, whatever fails in between.
 - :func:`pass_tokens_json`: the applied Edits as ``{pass: {"reusable", "removed", "added"}}``
   (token counts only, never text), the ledger's ``pass_tokens`` column, read by
   :mod:`prefixgate.cache.attribution`.
-- :func:`engine_timings` / :func:`apply_reported_timings`: an engine's timing headers.
-  ``X-Engine-TTFT-Ms`` (ours: request arrival -> first token, i.e. queue + prefill),
-  ``X-Engine-Decode-Ms`` (ours, non-streamed answers: first -> last token), and, where an
-  engine sends them, ``X-Engine-Queue-Ms`` / ``X-Engine-Prefill-Ms``. A header that is absent or
-  not a finite non-negative number is None (not reported), never 0.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import logging
+from collections.abc import Awaitable, Callable, Iterable
 
-from prefixgate.cache.ledger import LedgerRow
+from prefixgate.cache.counterfactual import SENT_AS_IS
+from prefixgate.proxy.core.engine_timings import apply_reported_timings
+from prefixgate.proxy.core.usage import Usage
+from prefixgate.proxy.observe.insight import Analysis, input_cost_usd
+from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
 from prefixgate.rewriter.types import Edit
 
-TTFT_HEADER = "x-engine-ttft-ms"
-DECODE_HEADER = "x-engine-decode-ms"
-QUEUE_HEADER = "x-engine-queue-ms"
-PREFILL_HEADER = "x-engine-prefill-ms"
-
+log = logging.getLogger("prefixgate.proxy")
 
 def pass_tokens_json(edits: Iterable[Edit]) -> str:
     """``{pass: {"reusable", "removed", "added"}}`` summed over the applied ``edits`` (a pass
@@ -42,43 +37,47 @@ def pass_tokens_json(edits: Iterable[Edit]) -> str:
     return json.dumps(out, separators=(",", ":"), sort_keys=True) if out else ""
 
 
-@dataclass(frozen=True)
-class EngineTimings:
-    """Milliseconds the backend reported (None = not reported)."""
-
-    ttft_ms: float | None = None
-    queue_ms: float | None = None
-    prefill_ms: float | None = None
-    decode_ms: float | None = None
-
-
-def _ms(headers: Mapping[str, str], name: str) -> float | None:
-    v = headers.get(name)
-    if not isinstance(v, str) or not 0 < len(v) <= 32:
-        return None
+async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, http_status: int,
+                 analyze: Callable[[], Awaitable[Analysis]] | None = None,
+                 memory: bool = False) -> None:
+    """Fill the row's usage and timing, merge the rewrite's session memory (``memory``), run
+    the break / counterfactual analysis (``analyze``), record. Whatever fails in between, the
+    row is written (with what is known)."""
+    row, timing = ex.row, ex.timing
     try:
-        x = float(v)
-    except ValueError:
-        return None
-    return x if math.isfinite(x) and x >= 0 else None
-
-
-def engine_timings(headers: Mapping[str, str]) -> EngineTimings:
-    """The timing headers of an upstream response (module docstring)."""
-    return EngineTimings(_ms(headers, TTFT_HEADER), _ms(headers, QUEUE_HEADER),
-                         _ms(headers, PREFILL_HEADER), _ms(headers, DECODE_HEADER))
-
-
-def apply_reported_timings(row: LedgerRow, t: EngineTimings) -> None:
-    """Fill ``row`` from ``t``: queue / prefill / decode as reported; for a non-streamed answer
-    (no TTFT measured by the proxy) the backend's TTFT with ``ttft_source="reported"`` and, when
-    decode time and output tokens are known, TPOT = decode / (output - 1). A TTFT the proxy
-    measured on a stream is kept (``ttft_source="measured"``)."""
-    row.queue_ms, row.prefill_ms, row.decode_ms = t.queue_ms, t.prefill_ms, t.decode_ms
-    if row.ttft_ms is not None:
-        row.ttft_source = "measured"
-        return
-    if t.ttft_ms is not None:
-        row.ttft_ms, row.ttft_source = t.ttft_ms, "reported"
-    if row.tpot_ms is None and t.decode_ms is not None and (row.output_tokens or 0) >= 2:
-        row.tpot_ms = t.decode_ms / (row.output_tokens - 1)  # type: ignore[operator]
+        row.prompt_tokens, row.cached_tokens = usage.prompt_tokens, usage.cached_tokens
+        row.cache_write_tokens = usage.cache_write_tokens
+        deltas = ex.watcher.deltas if ex.watcher is not None else 0
+        row.output_tokens = usage.output_tokens if usage.output_tokens is not None else (
+            deltas if row.stream and deltas else None)
+        row.ttft_ms = timing.ttft_ms()
+        ex.obs.response_model = ex.obs.response_model or getattr(ex.watcher, "model", None)
+        row.tpot_ms = timing.tpot_ms(row.output_tokens)
+        row.total_ms = timing.total_ms()
+        apply_reported_timings(row, ex.reported)
+        if memory and ex.rw is not None and ex.rw.memory:
+            try:
+                await state.sessions.amerge(ex.session_id, ex.rw.memory)
+            except Exception:
+                log.exception("session memory merge failed")
+        row.input_usd = input_cost_usd(row.model, row.prompt_tokens, row.cached_tokens,
+                                       row.cache_write_tokens)
+        if analyze is not None:  # tokenize + CPU work off the loop, bounded (proxy.insight)
+            a = await analyze()
+            row.cf_cached_tokens, row.cf_input_usd = a.cf_cached_tokens, a.cf_input_usd
+            row.cf_source = "holdout" if row.holdout else a.cf_source
+            if row.edits in SENT_AS_IS and row.cached_tokens is not None:
+                # the client's own body went upstream: what it would have cached is what it did
+                # cache; the model's estimate would only add its error (template tokens, tokenizer)
+                row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
+                row.cf_source = "holdout" if row.holdout else "measured"
+            if a.brk is not None:
+                ex.obs.break_kind = a.brk.get("kind")
+                try:
+                    state.ledger.write_break(row.session, a.brk)
+                except Exception:
+                    log.exception("break record write failed")
+    except Exception:
+        log.exception("after-answer accounting failed; the row keeps what is known")
+    finally:
+        ex.record(state, status, http_status)

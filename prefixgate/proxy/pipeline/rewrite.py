@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -222,21 +222,6 @@ def _rewrite_limiter() -> anyio.CapacityLimiter:
         _limiter.clear()  # a new loop (tests, restarts): the old limiter belongs to a dead loop
         lim = _limiter[key] = anyio.CapacityLimiter(REWRITE_THREADS)
     return lim
-
-
-T = TypeVar("T")
-
-
-async def off_loop(fn: Callable[[], T], budget_ms: int, fallback: T) -> T:
-    """``fn()`` in a worker thread, or ``fallback`` once ``budget_ms`` has passed (the thread is
-    abandoned and its result dropped). For the after-answer analysis
-    (:mod:`prefixgate.proxy.observe.insight`):
-    ``await off_loop(analyze, policy.rewrite.time_budget_ms, Analysis())``. Exceptions of
-    ``fn`` propagate."""
-    with anyio.move_on_after(budget_ms / 1000):
-        return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
-    log.warning("after-answer work over its %d ms budget; skipped", budget_ms)
-    return fallback
 
 
 async def rewrite_off_loop(fn: RewriteFn | None, body: dict[str, Any], raw: bytes, api: Api,

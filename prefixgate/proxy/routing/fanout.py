@@ -145,13 +145,3 @@ class FanoutGate:
                 done = self._events.pop(key, None)
                 if done is not None:
                     done.set()
-
-
-def gate_for(state: Any) -> FanoutGate:
-    """The gate of a proxy's shared state (``proxy.app.ProxyState``), made on first use from
-    ``state.policy.fanout`` (and remade if the policy object changes)."""
-    gate: FanoutGate | None = getattr(state, "_fanout_gate", None)
-    if gate is None or gate.settings is not state.policy.fanout:
-        gate = FanoutGate(state.policy.fanout)
-        state._fanout_gate = gate
-    return gate

@@ -7,24 +7,19 @@
 - :func:`health_check_loop`: optional active checks (``health_checks.interval_s``): ``GET
   <base_url>/models`` on every deployment; a failure counts against its breaker, a success
   closes a half-open one.
-- :func:`list_models`: what ``GET /v1/models`` shows: exactly the model names a client can call
-  — every alias, every route glob without wildcards, and each model a local /
-  OpenAI-compatible backend lists (asked live, 2 s) when a route would send that name there.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import logging
-from typing import Any
 
 import httpx
 
 from prefixgate.config.routing import Deployment
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.routing.breaker import BreakerBoard
-from prefixgate.proxy.routing.router import Target, find_route
+from prefixgate.proxy.routing.router import Target
 
 log = logging.getLogger("prefixgate.probes")
 
@@ -75,37 +70,3 @@ async def health_check_loop(client: httpx.AsyncClient, policy: Policy,
         except Exception:
             log.exception("health check round failed")
         await asyncio.sleep(policy.health_checks.interval_s)
-
-
-async def list_models(client: httpx.AsyncClient | None, policy: Policy) -> dict[str, Any]:
-    """OpenAI ``{"object": "list", "data": [{"id", "object": "model", "owned_by"}]}`` (see
-    module docstring)."""
-    seen: dict[str, str] = {}
-    for alias, real in policy.aliases.items():
-        route = find_route(policy, real)
-        if route is not None:
-            seen.setdefault(alias, route.chain()[0].backend)
-    for route in policy.routes:
-        if not any(c in route.match for c in "*?["):
-            seen.setdefault(route.match, route.chain()[0].backend)
-    for name, b in policy.backends.items():
-        if b.kind not in ("local", "openai_compat") or client is None:
-            continue
-        listed: Any = None
-        for d in b.group(name):  # the first deployment that answers
-            try:
-                listed = (await client.get(d.base_url + "/models", timeout=2.0)).json().get("data")
-                break
-            except (httpx.HTTPError, ValueError, AttributeError):
-                continue
-        for m in listed if isinstance(listed, list) else []:  # a wrong shape adds nothing
-            if not (isinstance(m, dict) and isinstance(m.get("id"), str)):
-                continue
-            route = find_route(policy, m["id"])
-            if route is not None and m["id"] not in policy.aliases and (
-                    route.chain()[0].backend == name) and fnmatch.fnmatchcase(m["id"],
-                                                                             route.match):
-                seen.setdefault(m["id"], name)
-    return {"object": "list",
-            "data": [{"id": k, "object": "model", "created": 0, "owned_by": v}
-                     for k, v in seen.items()]}

@@ -48,6 +48,7 @@ from prefixgate.proxy.routing.balance import Balancer, choose, rendezvous
 from prefixgate.proxy.routing.breaker import BreakerBoard
 from prefixgate.proxy.routing.router import Target
 from prefixgate.proxy.routing.shared import SharedRouting
+from prefixgate.proxy.upstream.client import discard
 
 SendFn = Callable[..., Awaitable[httpx.Response]]
 
@@ -107,16 +108,6 @@ def backoff_s(retry: int, settings: RetrySettings, rand: Callable[[], float]) ->
     """Full-jitter backoff before retry number ``retry`` (1 = the first retry)."""
     cap = min(settings.backoff_max_s, settings.backoff_base_s * 2 ** (retry - 1))
     return rand() * cap
-
-
-async def discard(task: asyncio.Future[httpx.Response]) -> None:
-    """Cancel a send nobody will take; close the response if one came anyway."""
-    with anyio.CancelScope(shield=True):
-        if not task.done():
-            task.cancel()
-            await asyncio.wait((task,))
-        if not task.cancelled() and task.exception() is None:
-            await task.result().aclose()
 
 
 @dataclass

@@ -14,7 +14,7 @@ timeout ``httpx.ReadTimeout``, so the relay's handling (``except httpx.HTTPError
 clients. A send that fails raises :class:`~prefixgate.proxy.core.errors.UpstreamUnavailable` (502) or
 :class:`~prefixgate.proxy.core.errors.UpstreamTimeout` (504), as with httpx.
 
-Timeouts, as :meth:`prefixgate.proxy.upstream.relay.Upstream.send` sets them for httpx: connect ``min(10,
+Timeouts, as :meth:`prefixgate.proxy.upstream.client.Upstream.send` sets them for httpx: connect ``min(10,
 timeout_s)``, then at most ``timeout_s`` between two reads (aiohttp ``sock_read``); no total
 limit (a long stream is not an error).
 

@@ -1,14 +1,10 @@
-"""Per-request bounds applied before any pass or bridge runs (issue 8, HTTP hygiene).
+"""How deep a JSON value nests, and the error that names where (issue 8, HTTP hygiene).
 
-- :func:`check_nesting`: the parsed body may nest arrays / objects at most
-  ``limits.max_json_depth`` levels (default 128). Every later step that walks the body
-  (passes, bridges, the cache analysis, orjson's re-serialisation, which fails at 255 levels)
-  recurses per level: bounding depth once, here, bounds all of them. The walk itself is
-  iterative (no Python recursion), linear in the number of values.
-- :func:`read_body_within`: the body must arrive within ``limits.body_timeout_s`` seconds of
-  the handler starting (a slow or stalled upload is a 408 in the caller's shape); uvicorn times
-  out neither slow headers nor slow bodies by itself (see :mod:`prefixgate.proxy.http.server` for the
-  headers).
+Every step that walks a body (passes, bridges, the cache analysis, orjson's re-serialisation,
+which fails at 255 levels) recurses per level: the proxy bounds depth once, before any of them
+(:func:`prefixgate.proxy.http.body.check_nesting`), and the bridges bound JSON they parse out of strings
+(:func:`check_nested_text`). The walk is iterative (no Python recursion), linear in the number of
+values.
 """
 
 from __future__ import annotations
@@ -17,11 +13,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-import anyio
-from starlette.requests import Request
-
-from prefixgate.proxy.core.errors import NestingTooDeep, RequestTimeout, quoted
-from prefixgate.proxy.http import body as wire
+from prefixgate.proxy.core.errors import NestingTooDeep, quoted
 
 _PATH_SHOWN = 8  # path components quoted in the error message (the rest is elided)
 DEFAULT_MAX_JSON_DEPTH = 128  # policy limits.max_json_depth's default (prefixgate/config/schema.py)
@@ -106,34 +98,3 @@ def check_nested_text(value: Any, text: str, max_depth: int, param: str) -> None
         raise NestingTooDeep(f"{quoted(param)} holds JSON nested more than {max_depth} levels "
                              f"deep{at}; the proxy's limit is {max_depth} (policy "
                              "limits.max_json_depth).", param=param)
-
-
-OFF_LOOP_BYTES = 1 << 20  # bodies above this are walked in a worker thread
-
-
-async def check_nesting(body: Any, max_depth: int, size: int = 0) -> None:
-    """Raise NestingTooDeep (400; ``param`` = where the limit was passed) when ``body`` nests
-    deeper than ``max_depth`` levels (policy ``limits.max_json_depth``). ``size``: the body's
-    length in bytes; above :data:`OFF_LOOP_BYTES` the walk (~0.6 x orjson's parse time, ~100 ms
-    for a 28 MB body of 50,000 messages) runs in a worker thread, not on the event loop."""
-    if size > OFF_LOOP_BYTES:
-        path = await anyio.to_thread.run_sync(first_too_deep, body, max_depth)
-    else:
-        path = first_too_deep(body, max_depth)
-    if path is not None:
-        name, where = describe_path(path)
-        raise NestingTooDeep(f"The request body nests arrays / objects more than {max_depth} "
-                             f"levels deep (at {where}); the proxy's limit is {max_depth} "
-                             "(policy limits.max_json_depth).", param=name)
-
-
-async def read_body_within(request: Request, max_bytes: int, timeout_s: float) -> bytes:
-    """:func:`prefixgate.proxy.http.body.read_body` under a deadline of ``timeout_s`` seconds. Raises
-    RequestTimeout (408) when the body is not complete in time, plus whatever read_body
-    raises (413 BodyTooLarge, 499 ClientDisconnected)."""
-    try:
-        with anyio.fail_after(timeout_s):
-            return await wire.read_body(request, max_bytes)
-    except TimeoutError:
-        raise RequestTimeout(f"The request body was not received within {timeout_s:g} seconds "
-                             "(policy limits.body_timeout_s).") from None
