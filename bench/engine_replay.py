@@ -83,7 +83,7 @@ def tokenize_sessions(
     Returns (sessions of (body, ids), number skipped)."""
     from transformers import AutoTokenizer
 
-    from prefixgate.local_engine.chat import encode_chat
+    from prefixgate.local_engine.server.chat import encode_chat
 
     tok = AutoTokenizer.from_pretrained(str(MODEL_DIR))
     kept, skipped = [], 0

@@ -112,7 +112,7 @@ def open_messages(n: int) -> list[list[dict[str, str]]]:
 
 def agreement_prompts(tok: Any, n: int, max_len: int = 700) -> list[list[int]]:
     """Conversation prefixes (system policy cut short) ending before an assistant turn."""
-    from prefixgate.local_engine.chat import encode_chat
+    from prefixgate.local_engine.server.chat import encode_chat
 
     out: list[list[int]] = []
     for run in _trace():
@@ -261,8 +261,8 @@ def main() -> None:
     import torch
 
     from prefixgate.local_engine.api_types import SamplingParams
-    from prefixgate.local_engine.chat import encode_chat
     from prefixgate.local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.server.chat import encode_chat
 
     torch.set_num_threads(args.threads)
     t0 = time.time()

@@ -93,8 +93,8 @@ def conversation(form: str, where: str, keys: list[str], turn: int, salt: int
 
 def run_engine(eng: Any, tok: Any, body: dict[str, Any]) -> tuple[int, int]:
     """``(prompt tokens, cached tokens)`` of one greedy 1-token request."""
-    from prefixgate.local_engine.chat import encode_chat
     from prefixgate.local_engine.engine import SamplingParams
+    from prefixgate.local_engine.server.chat import encode_chat
 
     ids = encode_chat(tok, body["messages"])
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)

@@ -76,8 +76,8 @@ def mask_cost(model_path: str, steps: int = 300) -> dict[str, Any]:
     import torch
     from transformers import AutoTokenizer
 
-    from prefixgate.local_engine.constrained import tool_call_processor
-    from prefixgate.local_engine.tool_mask import resolve_tool_constraint
+    from prefixgate.local_engine.server.constrained import tool_call_processor
+    from prefixgate.local_engine.server.tool_mask import resolve_tool_constraint
 
     tok = AutoTokenizer.from_pretrained(model_path)
     gen = torch.Generator().manual_seed(0)

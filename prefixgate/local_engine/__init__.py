@@ -16,6 +16,9 @@ Files, one concern each (engine core):
 - ``sampler.py``: greedy / temperature / top-k / top-p with per-request generators;
   ``detokenizer.py``: incremental text and stop strings; ``sequence.py``: a request's state.
 
+The HTTP side (routes, request models, chat template, SSE, tool calls, metrics) is the
+``server/`` subpackage; core never imports it (``README.md`` beside this file).
+
 The facade (``Engine``, ``EngineConfig``, ``SamplingParams``, ``RequestOutput``, ``PromptTooLong``)
 is imported lazily so that light entry points (``local_engine.fetch_model``) do not load torch.
 """

@@ -1,6 +1,6 @@
 """``python -m prefixgate.local_engine --model DIR [--host 127.0.0.1] [--port 8081] [--device cpu] ...``
 
-Loads the model into an ``Engine`` and serves its OpenAI-compatible API (``server.py``) with
+Loads the model into an ``Engine`` and serves its OpenAI-compatible API (``server/app.py``) with
 uvicorn. Flags mirror ``EngineConfig``; ``--num-kv-slots`` / ``--kv-memory-gb`` size the KV
 pool (tokens / GiB), ``--max-num-batched-tokens`` and ``--chunk-size`` bound each step's
 prefill work (chunked prefill), ``--disable-prefix-cache`` turns the radix cache off.

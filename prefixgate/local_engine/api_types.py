@@ -69,7 +69,7 @@ class SamplingParams:
     the completion and are not emitted. stop_token_ids: token ids that end it (EOS too unless
     ``ignore_eos``). max_tokens: completion cap, clipped to what fits the context.
     logits_processors: per-sequence ``(completion_ids, logits [V]) -> logits [V]`` callables
-    applied in order before sampling (e.g. ``constrained.GrammarProcessor``); stateful, so one
+    applied in order before sampling (e.g. ``server.constrained.GrammarProcessor``); stateful, so one
     set per request.
     """
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from prefixgate.local_engine.protocol import (
+from prefixgate.local_engine.server.protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,

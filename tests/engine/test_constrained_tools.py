@@ -18,10 +18,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prefixgate.local_engine.constrained import call_schema, tool_call_grammar, tool_call_processor
-from prefixgate.local_engine.protocol import ApiError
-from prefixgate.local_engine.tool_calls import parse_tool_calls
-from prefixgate.local_engine.tool_mask import ToolConstraint, resolve_tool_constraint
+from prefixgate.local_engine.server.constrained import call_schema, tool_call_grammar, tool_call_processor
+from prefixgate.local_engine.server.protocol import ApiError
+from prefixgate.local_engine.server.tool_calls import parse_tool_calls
+from prefixgate.local_engine.server.tool_mask import ToolConstraint, resolve_tool_constraint
 from tests.tiny_model import real_model_dir
 
 pytest.importorskip("llguidance")

@@ -16,7 +16,7 @@ TOOL = ('{"reservation_id": "ZFA04Y", "user_id": "mia_li_3668", "origin": "JFK",
 
 @pytest.mark.slow
 def test_grounded_outputs_are_identical_and_mostly_accepted(make_engine: Any) -> None:
-    from prefixgate.local_engine.chat import encode_chat
+    from prefixgate.local_engine.server.chat import encode_chat
 
     d = real_model_dir()
     plain = make_engine(model_path=d, max_context_len=1024)

@@ -8,8 +8,13 @@ from typing import Any
 
 import pytest
 
-from prefixgate.local_engine.chat import encode_chat, hermes_tools_block, render_chat, template_supports_tools
-from prefixgate.local_engine.protocol import ApiError
+from prefixgate.local_engine.server.chat import (
+    encode_chat,
+    hermes_tools_block,
+    render_chat,
+    template_supports_tools,
+)
+from prefixgate.local_engine.server.protocol import ApiError
 from tests.paths import DATA
 from tests.tiny_model import real_model_dir
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prefixgate.local_engine.metrics import EngineMetrics, stats_log_line
+from prefixgate.local_engine.server.metrics import EngineMetrics, stats_log_line
 
 STATS = {"kv_slots_used": 250, "kv_slots_total": 1000, "kv_slots_cached": 200,
          "num_running": 2, "num_waiting": 1, "cache_hit_tokens_total": 300,

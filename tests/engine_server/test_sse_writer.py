@@ -8,7 +8,7 @@ from typing import Any
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.completion import Completion
 
-from prefixgate.local_engine.sse import (
+from prefixgate.local_engine.server.chunks import (
     DONE,
     ChatChunks,
     ChatStreamWriter,

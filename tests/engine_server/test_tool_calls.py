@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from prefixgate.local_engine.tool_calls import ToolCallStream, parse_tool_calls
+from prefixgate.local_engine.server.tool_calls import ToolCallStream, parse_tool_calls
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
 

@@ -16,8 +16,8 @@ vLLM docs "Automatic Prefix Caching", https://docs.vllm.ai/en/latest/design/pref
 
 Block order is the engine's rendered order, **system text → tools → messages**, whatever the API
 of the body (detected): chat templates put the tool definitions after the system text, in the
-system turn (Hermes / Qwen2.5 function-calling format, ``prefixgate/local_engine/chat.py``; Llama 3.1 and
-Qwen templates likewise), not before it as Anthropic's cache key does. A volatile clock in the
+system turn (Hermes / Qwen2.5 function-calling format, ``prefixgate/local_engine/server/chat.py``;
+Llama 3.1 and Qwen templates likewise), not before it as Anthropic's cache key does. A volatile clock in the
 system text therefore breaks the prefix before the tools (issue 9: modelling tools first credited
 the whole tool list as cached). When the engine can tokenize the request itself, the proxy uses
 :mod:`prefixgate.cache.provider_models.token_radix` over its real token ids instead of this approximation.

@@ -16,7 +16,7 @@ Routes::
     GET  /metrics               Prometheus text (see metrics.py)
 
 A request's path: parse JSON -> validate (protocol.py) -> render + tokenize (chat.py) ->
-context check -> ``engine.generate`` -> answer JSON or SSE (``sse.py`` builds the bodies).
+context check -> ``engine.generate`` -> answer JSON or SSE (``chunks.py`` builds the bodies).
 Errors leave as OpenAI's ``{"error": {...}}`` with a 4xx (``ApiError``). A client that
 disconnects aborts its engine request, so its KV slots are freed at once. Answers carry
 ``X-Engine-TTFT-Ms`` (server-side TTFT: arrival -> first token, ms) split into
@@ -43,16 +43,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from prefixgate.local_engine.constrained import tool_call_processor
 from prefixgate.local_engine.engine import Engine, PromptTooLong, RequestOutput, SamplingParams
-from prefixgate.local_engine.metrics import CONTENT_TYPE, EngineMetrics, stats_log_line
-from prefixgate.local_engine.protocol import (
-    ApiError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    parse_request,
-)
-from prefixgate.local_engine.sse import (
+from prefixgate.local_engine.server.chunks import (
     DONE,
     ChatChunks,
     ChatStreamWriter,
@@ -62,14 +54,22 @@ from prefixgate.local_engine.sse import (
     sse,
     usage_dict,
 )
-from prefixgate.local_engine.tokenize_api import (
+from prefixgate.local_engine.server.constrained import tool_call_processor
+from prefixgate.local_engine.server.metrics import CONTENT_TYPE, EngineMetrics, stats_log_line
+from prefixgate.local_engine.server.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_request,
+)
+from prefixgate.local_engine.server.tokenize import (
     chat_prompt_ids,
     completion_prompt_ids,
     detokenize,
     match_ids,
     tokenize,
 )
-from prefixgate.local_engine.tool_mask import resolve_tool_constraint
+from prefixgate.local_engine.server.tool_mask import resolve_tool_constraint
 
 __all__ = ["build_app"]
 

@@ -11,8 +11,8 @@ sequence. Nothing is generated, nothing enters the KV cache.
 
 ``POST /detokenize``: ``{"tokens": [int]} -> {"prompt": str}``.
 
-Errors are OpenAI's 400 shape (:class:`~prefixgate.local_engine.protocol.ApiError`): a body with both or
-neither of ``prompt`` / ``messages``, ids outside the vocabulary, template rejections.
+Errors are OpenAI's 400 shape (:class:`~prefixgate.local_engine.server.protocol.ApiError`): a body
+with both or neither of ``prompt`` / ``messages``, ids outside the vocabulary, template rejections.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 
 from pydantic import Field, StrictBool, StrictInt
 
-from prefixgate.local_engine.chat import encode_chat
-from prefixgate.local_engine.protocol import ApiError, ChatMessage, _Tolerant, parse_request
+from prefixgate.local_engine.server.chat import encode_chat
+from prefixgate.local_engine.server.protocol import ApiError, ChatMessage, _Tolerant, parse_request
 
 __all__ = [
     "ChatTokenizeRequest",
@@ -71,7 +71,8 @@ def chat_prompt_ids(tokenizer: Any, messages: list[ChatMessage],
                     tools: list[dict[str, Any]] | None, add_generation_prompt: bool = True
                     ) -> list[int]:
     """Token ids of a chat request: messages as dicts without nulls, then
-    :func:`prefixgate.local_engine.chat.encode_chat`. Errors: those of ``encode_chat`` (ApiError 400)."""
+    :func:`prefixgate.local_engine.server.chat.encode_chat`. Errors: those of ``encode_chat``
+    (ApiError 400)."""
     dicts = [m.model_dump(exclude_none=True) for m in messages]
     return encode_chat(tokenizer, dicts, tools or None, add_generation_prompt)
 

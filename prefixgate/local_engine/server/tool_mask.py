@@ -1,7 +1,8 @@
 """Which tool calls a chat request may make: ``tool_choice`` -> a :class:`ToolConstraint`.
 
 OpenAI's Chat Completions rules (function-calling guide, "tool choice" and "allowed tools",
-read 2026-12-01), made binding here by masking at decode time (:mod:`prefixgate.local_engine.constrained`):
+read 2026-12-01), made binding here by masking at decode time
+(:mod:`prefixgate.local_engine.server.constrained`):
 
 - absent or ``"auto"``: no constraint (the model may answer text or call any tool);
 - ``"none"``: mode ``none`` — the answer is text, a ``<tool_call>`` block cannot be written;
@@ -13,7 +14,7 @@ read 2026-12-01), made binding here by masking at decode time (:mod:`prefixgate.
   prompt (its bytes, so its prefix cache, do not change); only the calls are restricted.
 
 One call per answer in ``required`` and ``auto`` modes when constrained (no parallel calls).
-Errors are :class:`prefixgate.local_engine.protocol.ApiError` 400s naming ``tool_choice``.
+Errors are :class:`prefixgate.local_engine.server.protocol.ApiError` 400s naming ``tool_choice``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from prefixgate.local_engine.protocol import ApiError
+from prefixgate.local_engine.server.protocol import ApiError
 
 __all__ = ["ToolConstraint", "resolve_tool_constraint", "tool_name", "tool_parameters"]
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from prefixgate.local_engine.tool_calls import ToolCallStream, parse_tool_calls
+from prefixgate.local_engine.server.tool_calls import ToolCallStream, parse_tool_calls
 
 __all__ = [
     "DONE",

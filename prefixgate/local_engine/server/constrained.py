@@ -1,6 +1,6 @@
 """Constrained decoding of tool calls: a grammar over the tool-call format, a token mask per step.
 
-A :class:`ToolConstraint` (:mod:`prefixgate.local_engine.tool_mask`) becomes a Lark grammar compiled by
+A :class:`ToolConstraint` (:mod:`prefixgate.local_engine.server.tool_mask`) becomes a Lark grammar compiled by
 llguidance (guidance-ai/llguidance: Earley parser + derivative-based lexer in Rust; it computes
 the set of vocabulary tokens that can continue a valid prefix, ~0.1-1 ms per step on CPU for
 the 49k-token SmolLM2 vocabulary). The answer's shapes (Hermes format, as ``chat.py`` prompts it
@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from prefixgate.local_engine.protocol import ApiError
-from prefixgate.local_engine.tool_mask import ToolConstraint, tool_name, tool_parameters
+from prefixgate.local_engine.server.protocol import ApiError
+from prefixgate.local_engine.server.tool_mask import ToolConstraint, tool_name, tool_parameters
 
 __all__ = ["DEFAULT_MAX_STRING", "GrammarProcessor", "call_schema", "llg_tokenizer",
            "tool_call_grammar", "tool_call_processor"]

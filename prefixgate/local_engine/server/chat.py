@@ -34,7 +34,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from prefixgate.local_engine.protocol import ApiError
+from prefixgate.local_engine.server.protocol import ApiError
 
 __all__ = [
     "encode_chat",
