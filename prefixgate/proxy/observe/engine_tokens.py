@@ -3,7 +3,7 @@
 Self-hosted OpenAI-compatible engines render a chat request with the model's chat template; the
 exact ids (where the tools go, what the template adds) decide what their radix cache can reuse.
 vLLM serves ``POST /tokenize`` (vLLM docs, "OpenAI-Compatible Server", Tokenizer API) and so does
-our engine (``prefixgate/local_engine/tokenize_api.py``): ``{"model", "messages", "tools",
+our engine (``prefixgate/local_engine/server/tokenize.py``): ``{"model", "messages", "tools",
 "add_generation_prompt": true} -> {"tokens": [int], "count": int, ...}``. The proxy asks it, after
 the answer, for the ids of the client's ORIGINAL request, so the counterfactual
 (:mod:`prefixgate.cache.provider_models.token_radix`) runs on the backend's real token sequence.

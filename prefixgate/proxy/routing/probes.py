@@ -2,7 +2,7 @@
 
 - :func:`cache_matches`: ``POST <base_url>/cache/match`` with the request's upstream bytes on
   each deployment of a group at once; our engine answers ``{"cached_tokens": n}`` from its
-  radix tree without touching it (:mod:`prefixgate.local_engine.server`). Any failure or a slow answer
+  radix tree without touching it (:mod:`prefixgate.local_engine.server.app`). Any failure or a slow answer
   (past ``affinity.match_timeout_ms``) counts as 0: exact affinity then falls back to hashing.
 - :func:`health_check_loop`: optional active checks (``health_checks.interval_s``): ``GET
   <base_url>/models`` on every deployment; a failure counts against its breaker, a success
