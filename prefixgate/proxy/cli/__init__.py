@@ -1,6 +1,6 @@
 """The ``prefixgate`` command line (typer).
 
-Each command lives in its own module with a ``register(app)`` function (plain imports), so
+Each command lives in its own module of this package with a ``register(app)`` function, so
 this file only assembles them: ``serve``, ``engine``, ``config check``, ``report``, ``replay``, ``simulate``,
 ``keys add / list / remove``, ``rewrite``, ``grafana``.
 """
@@ -13,14 +13,7 @@ import typer
 from typer.core import TyperOption
 
 from prefixgate import __version__
-from prefixgate.proxy.cli import config as cmd_config
-from prefixgate.proxy.cli import keys as cmd_keys
-from prefixgate.proxy.cli import replay as cmd_replay
-from prefixgate.proxy.cli import report as cmd_report
-from prefixgate.proxy.cli import rewrite as cmd_rewrite
-from prefixgate.proxy.cli import serve as cmd_serve
-from prefixgate.proxy.cli import simulate as cmd_simulate
-from prefixgate.proxy.observe import grafana
+from prefixgate.proxy.cli import config, grafana, keys, replay, report, rewrite, serve, simulate
 
 app = typer.Typer(help="prefixgate: prefix-cache-aware reverse proxy for agents.",
                   no_args_is_help=True, add_completion=False)
@@ -38,14 +31,14 @@ def main(version: bool = typer.Option(False, "--version", callback=_version, is_
     """prefixgate: prefix-cache-aware reverse proxy for agents."""
 
 COMMAND_MODULES = (
-    cmd_serve,     # prefixgate serve / engine
-    cmd_config,    # prefixgate config check FILE
-    cmd_report,    # prefixgate report [--breaks]
-    cmd_replay,    # prefixgate replay TRACE
-    cmd_simulate,  # prefixgate simulate TRACE
-    cmd_keys,      # prefixgate keys add / list / remove
-    cmd_rewrite,   # prefixgate rewrite REQUEST.json
-    grafana,       # prefixgate grafana > dashboard.json
+    serve,  # prefixgate serve / engine
+    config,  # prefixgate config check FILE
+    report,  # prefixgate report [--breaks]
+    replay,  # prefixgate replay TRACE
+    simulate,  # prefixgate simulate TRACE
+    keys,  # prefixgate keys add / list / remove
+    rewrite,  # prefixgate rewrite REQUEST.json
+    grafana,  # prefixgate grafana > dashboard.json
 )
 
 _display_type_rich = TyperOption.display_type_rich

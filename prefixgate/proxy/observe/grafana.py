@@ -1,7 +1,7 @@
 """A Grafana dashboard for a fleet of prefixgate replicas, generated from code.
 
-``prefixgate grafana > dashboard.json`` (or ``--out FILE``) prints it; the copy in the repository
-is ``docs/grafana/prefixgate.json`` (``python -m prefixgate.proxy.observe.grafana --out
+``prefixgate grafana > dashboard.json`` (or ``--out FILE``, :mod:`prefixgate.proxy.cli.grafana`) prints
+it; the copy in the repository is ``docs/grafana/prefixgate.json`` (``prefixgate grafana --out
 docs/grafana/prefixgate.json`` rewrites it, and a test checks it is current). Import it in Grafana and pick
 the Prometheus data source that scrapes every replica's ``/metrics``
 (:mod:`prefixgate.proxy.observe.metrics`).
@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
-
-import typer
 
 UID = "prefixgate-fleet"
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -209,23 +206,3 @@ def metrics_referenced(expr: str) -> set[str]:
 def render() -> str:
     """The dashboard as indented JSON text (what ``docs/grafana/prefixgate.json`` holds)."""
     return json.dumps(dashboard(), indent=2) + "\n"
-
-
-def grafana(out: Path | None = typer.Option(None, "--out", help="write here instead of stdout")
-            ) -> None:
-    """Print the Grafana dashboard (JSON) for a fleet of prefixgate replicas."""
-    if out is None:
-        typer.echo(render(), nl=False)
-        return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render())
-    typer.echo(f"wrote {out}", err=True)
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``prefixgate grafana``."""
-    app.command("grafana")(grafana)
-
-
-if __name__ == "__main__":
-    typer.run(grafana)
