@@ -14,6 +14,7 @@ import httpx
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
+from prefixgate.config.backend_kinds import traits
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.core.errors import ProxyError, error_response
 from prefixgate.proxy.pipeline.exchange import ProxyState
@@ -32,7 +33,7 @@ async def list_models(client: httpx.AsyncClient | None, policy: Policy) -> dict[
         if not any(c in route.match for c in "*?["):
             seen.setdefault(route.match, route.chain()[0].backend)
     for name, b in policy.backends.items():
-        if b.kind not in ("local", "openai_compat") or client is None:
+        if not traits(b.kind).lists_models or client is None:
             continue
         listed: Any = None
         for d in b.group(name):  # the first deployment that answers

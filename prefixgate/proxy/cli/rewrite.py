@@ -28,12 +28,12 @@ from typing import Any, Literal
 
 import typer
 
+from prefixgate.config.backend_kinds import traits
 from prefixgate.config.loader import PolicyError, default_policy, load_policy, resolve_route
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.pipeline.edit_detail import blocks_of, first_diff
 from prefixgate.proxy.pipeline.rewrite import RewriteOutcome, default_rewrite_fn, run_rewrite
-from prefixgate.proxy.routing.router import PROVIDER_OF_KIND
 from prefixgate.rewriter import wire as rwire
 from prefixgate.rewriter.ir import Api, Prompt
 from prefixgate.rewriter.pipeline import PASSES, run_passes
@@ -119,7 +119,7 @@ def _provider(policy: Policy, model: str, given: str | None) -> str:
     hit = resolve_route(policy, model)
     if hit is None:
         return "radix"
-    return PROVIDER_OF_KIND.get(hit[1].kind, "radix")
+    return traits(hit[1].kind).cache_provider
 
 
 def explain(body: dict[str, Any], raw: bytes, api: Api, policy: Policy,
@@ -130,7 +130,7 @@ def explain(body: dict[str, Any], raw: bytes, api: Api, policy: Policy,
     model = given if isinstance(given, str) else ""
     prov = _provider(policy, model, provider)
     hit = resolve_route(policy, model)
-    masks = provider is None and hit is not None and hit[1].kind == "local"  # as the proxy does
+    masks = provider is None and hit is not None and traits(hit[1].kind).masks_tools  # as the proxy does
     ctx = Context(settings=policy.rewrite, model=model, provider=prov, session_id="cli",
                   masks_tools=masks)
     outcome = run_rewrite(default_rewrite_fn(), body, raw, api, ctx)

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import typer
 
+from prefixgate.config.backend_kinds import traits
 from prefixgate.config.loader import PolicyError, default_policy, load_policy
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.cli.engine_proc import EngineProcess, EngineStartError, engine_command
@@ -143,7 +144,7 @@ def serve(
         raise typer.Exit(2)
     with ExitStack() as stack:
         for name, b in pol.backends.items():
-            if b.kind != "local" or not b.spawn:
+            if not traits(b.kind).spawnable or not b.spawn:
                 continue
             model_dir = b.model_path or (str(model) if model else None) or fetched_model()
             if not model_dir:

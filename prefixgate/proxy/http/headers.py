@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from prefixgate.config.backend_kinds import traits
 from prefixgate.config.schema import Backend
 from prefixgate.proxy.core.errors import InvalidHeader, MissingBackendKey
 
@@ -89,7 +90,7 @@ def upstream_headers(client: Iterable[tuple[str, str]], backend: Backend,
             out[low] = wire_value(low, value)
     out["accept-encoding"] = b"identity"
     out["content-type"] = b"application/json"
-    if backend.kind == "anthropic":
+    if traits(backend.kind).wire == "anthropic":
         out.setdefault("anthropic-version", DEFAULT_ANTHROPIC_VERSION.encode())
         if api_key:
             out["x-api-key"] = _backend_key_value("x-api-key", api_key)

@@ -33,6 +33,7 @@ import hashlib
 import re
 from collections.abc import Mapping
 
+from prefixgate.config.backend_kinds import traits
 from prefixgate.config.schema import Backend, Policy
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.core.errors import InvalidHeader
@@ -72,7 +73,7 @@ def namespaced_session(tenant: str, session_id: str) -> str:
 
 def salts(backend: Backend) -> bool:
     """Whether requests to ``backend`` carry the tenant's ``cache_salt`` (module docstring)."""
-    return backend.cache_salt if backend.cache_salt is not None else backend.kind == "local"
+    return backend.cache_salt if backend.cache_salt is not None else traits(backend.kind).default_cache_salt
 
 
 def tenant_salt(tenant: str, client_salt: str | None = None) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 import anyio
 import orjson
 
+from prefixgate.config.backend_kinds import traits
 from prefixgate.proxy.bridges import translate
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.core.errors import Api, ProxyError
@@ -33,8 +34,6 @@ from prefixgate.proxy.upstream.client import Upstream, read_at_most
 
 log = logging.getLogger("prefixgate.engine_tokens")
 
-#: Backend kinds that may serve ``/tokenize`` (self-hosted OpenAI-compatible engines).
-TOKENIZE_KINDS = ("local", "openai_compat")
 #: Largest answer read (bytes): ~7 bytes per id, so about a million ids.
 MAX_ANSWER_BYTES = 8 << 20
 #: Statuses meaning "this server has no tokenizer endpoint".
@@ -88,7 +87,7 @@ class EngineTokenizer:
 
     def supports(self, target: Target) -> bool:
         """Whether ``target``'s backend is one to ask now."""
-        if target.backend.kind not in TOKENIZE_KINDS:
+        if not traits(target.backend.kind).tokenizes:
             return False
         return time.monotonic() >= self._skip_until.get(target.backend_name, 0.0)
 

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from prefixgate.cache.ledger import LedgerRow
+from prefixgate.config.backend_kinds import traits
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.observe.metrics import OTHER, LabelGuard, RequestObs, policy_models
 
@@ -52,10 +53,6 @@ DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0)
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
-# gen_ai.provider.name per backend kind: the convention's values for hosted APIs, our own
-# names for engines we run (the convention allows custom values).
-PROVIDERS = {"anthropic": "anthropic", "openai": "openai", "local": "prefixgate.engine",
-             "openai_compat": "openai_compatible"}
 MAX_ATTR_CHARS = 200
 
 
@@ -147,7 +144,7 @@ class GenAITelemetry:
     def provider(self, backend: str) -> str:
         """``gen_ai.provider.name`` of a backend (``unknown`` when the request had none)."""
         kind = self.kinds.get(backend)
-        return PROVIDERS.get(kind, kind) if kind else "unknown"
+        return traits(kind).otel_provider if kind else "unknown"
 
     def observe(self, row: LedgerRow, obs: RequestObs | None = None) -> None:
         """Export one finished request: its span and its metric points."""

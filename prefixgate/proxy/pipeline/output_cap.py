@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from prefixgate.config.backend_kinds import traits
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.routing.router import Target
@@ -42,7 +43,7 @@ def cap_field(wire_api: str, target: Target) -> str | None:
         return "max_output_tokens"
     if wire_api == "anthropic":
         return None
-    return "max_completion_tokens" if target.backend.kind == "openai" else "max_tokens"
+    return traits(target.backend.kind).output_cap_field or "max_tokens"
 
 
 def with_default_cap(body: dict[str, Any], raw: bytes, wire_api: str, target: Target,

@@ -13,6 +13,7 @@ import time
 
 from fastapi import Request
 
+from prefixgate.config.backend_kinds import traits
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.bridges.base import bridge_for
 from prefixgate.proxy.core.errors import Api, ProxyError
@@ -72,7 +73,7 @@ async def passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     if rewrite_wanted(request.headers, policy.rewrite) and not ex.row.holdout:
         ctx = Context(settings=policy.rewrite, model=ex.row.model, provider=primary.provider,
                       session_id=ex.session_id, session=await state.sessions.aget(ex.session_id),
-                      now_s=time.time(), masks_tools=primary.backend.kind == "local")
+                      now_s=time.time(), masks_tools=traits(primary.backend.kind).masks_tools)
     ex.rw = await rewrite_off_loop(state.rewrite_fn, ex.body, ex.raw, ex.api, ctx)
     ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
     if policy.rewrite.edit_detail_header and ctx is not None:  # opt-in (pipeline.edit_detail)

@@ -16,14 +16,11 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, replace
 
+from prefixgate.config.backend_kinds import traits
 from prefixgate.config.routing import Deployment
 from prefixgate.config.schema import Backend, Policy, Route
 from prefixgate.config.secrets import MissingSecret, resolve_secret
 from prefixgate.proxy.core.errors import Api, MissingBackendKey, ModelNotFound, NotSupported
-
-# Whose prefix-cache rules a backend follows (prefixgate/cache/provider_models, rewriter Context.provider).
-PROVIDER_OF_KIND = {"anthropic": "anthropic", "openai": "openai", "openai_compat": "radix",
-                    "local": "radix"}
 
 
 @dataclass(frozen=True)
@@ -91,7 +88,7 @@ def plan_targets(policy: Policy, model: str, api: Api, *,
     out = []
     for i, step in enumerate(route.chain()):
         backend = policy.backends[step.backend]
-        wire: Api = "anthropic" if backend.kind == "anthropic" else "openai"
+        wire: Api = traits(backend.kind).wire
         if wire != api and not can_translate:
             if i == 0:
                 raise NotSupported(f"model '{model}' routes to backend '{step.backend}' "
@@ -99,7 +96,7 @@ def plan_targets(policy: Policy, model: str, api: Api, *,
                                    "through this proxy", param="model")
             continue
         upstream_model = step.model or aliased
-        out.append(Target(route.match, step.backend, backend, PROVIDER_OF_KIND[backend.kind],
+        out.append(Target(route.match, step.backend, backend, traits(backend.kind).cache_provider,
                           wire, wire != api, upstream_model if upstream_model != model else None))
     return out
 
