@@ -1,52 +1,30 @@
-"""The proxy's HTTP surface: :func:`build_app` returns the FastAPI app.
+"""The proxy's HTTP surface: :func:`build_app` composes the packages into the FastAPI app.
 
-A request's path reads prepare -> send (with retries) -> answer -> record in :func:`_proxy`;
-each step is a call into the module that owns it, the request's state in one
-:class:`~prefixgate.proxy.pipeline.exchange.Exchange`::
+It builds the shared state (:class:`~prefixgate.proxy.pipeline.exchange.ProxyState`), the lifespan
+(upstream client, health checks, ledger flush), the exception handlers (every error in the
+caller's shape) and installs the endpoints, each of which runs the one request pipeline
+(:mod:`prefixgate.proxy.pipeline.run`: prepare -> send -> answer -> record):
 
-    prepare  proxy.auth        proxy key (when configured), per-key rate limits   (401 / 429)
-             proxy.limits      body read once under max_body_bytes and its deadline,
-             proxy.wire        JSON (numbers exact), nesting limit, fields checked (400/408/413)
-             proxy.router      alias, route -> backends in order, fallbacks       (404 / 501)
-             proxy.rewriting   session id, opt-out header, rewriter pipeline in a worker thread
-                               under rewrite.time_budget_ms              (fail-open, over_budget)
-             proxy.bridges     one bridge per target: upstream bytes              (400)
-    send     proxy.failover    deployment (proxy.balance: affinity + load guard, breakers),
-                               retries with backoff, then the next deployment / backend, all
-                               before the first byte reaches the client           (502 / 504)
-                               abandoned when the client leaves before the headers (499)
-    answer   proxy.answer      the upstream's error in the client's shape, SSE event by event,
-                               or the JSON body mapped by the bridge; TTFT / TPOT timed; every
-                               failure from here on raises into one mapping (proxy.answer.refuse)
-    record   cache.ledger      one row per request (deployment, attempts, reasons), metrics,
-             proxy.insight     session memory merged, cache breaks + counterfactual
+- ``POST /v1/chat/completions``, ``POST /v1/messages`` (:mod:`prefixgate.proxy.api.chat`; a client
+  whose API differs from its backend's goes through a bridge, :mod:`prefixgate.proxy.bridges`);
+- the Responses API (:mod:`prefixgate.proxy.api.responses`); ``/v1/messages/count_tokens``
+  (:mod:`prefixgate.proxy.api.count_tokens`); ``/v1/embeddings``, ``/v1/completions``
+  (:mod:`prefixgate.proxy.api.passthrough`); ``GET /v1/models`` and ``/v1/models/{id}``
+  (:mod:`prefixgate.proxy.api.models`); every API route also without ``/v1``
+  (:mod:`prefixgate.proxy.http.middleware`);
+- ``GET /healthz`` (``{"status": "ok" | "degraded", "reasons": [...], "backends": [...],
+  "down": {deployment: why}}``, 503 when degraded, see :mod:`prefixgate.proxy.observe.health`; a
+  deployment whose breaker is not closed is named in ``down`` without degrading the proxy, which
+  still serves every other route), ``GET /api/savings`` (:mod:`prefixgate.proxy.observe.savings_api`),
+  ``GET /dashboard`` (:mod:`prefixgate.proxy.observe.dashboard`), ``GET /metrics`` (HEAD too
+  wherever GET is served).
 
-Invariants (issue 8, classes 1 and 7): whatever can fail on the client's body fails before the
-send; from the send on, the upstream response is closed on every path
-(:func:`prefixgate.proxy.pipeline.answer.answer`, then
-:class:`~prefixgate.proxy.upstream.relay.StreamRelay`); each request writes exactly one ledger row whose
-``http_status`` is the status of the response the client got (499 when it got none).
-
-Endpoints: ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic); a client
-whose API differs from its backend's goes through a bridge (:mod:`prefixgate.proxy.bridges.translate`),
-``GET /v1/models`` (exactly what a client can call, :func:`prefixgate.proxy.api.models.list_models`), the
-Responses API (:mod:`prefixgate.proxy.api.responses`), ``/v1/messages/count_tokens``
-(:mod:`prefixgate.proxy.api.count_tokens`), ``/v1/embeddings``, ``/v1/completions`` and ``/v1/models/{id}``
-(:mod:`prefixgate.proxy.api.passthrough`), every API route also without ``/v1``
-(:mod:`prefixgate.proxy.http.middleware`),
-``GET /healthz`` (``{"status": "ok" | "degraded", "reasons": [...], "backends": [...],
-"down": {deployment: why}}``, 503 when degraded, see :mod:`prefixgate.proxy.observe.health`; a deployment
-whose breaker is not closed is named in ``down`` without degrading the proxy, which still serves
-every other route), ``GET /api/savings`` (:mod:`prefixgate.proxy.observe.savings_api`; holdout A/B membership:
-:mod:`prefixgate.proxy.pipeline.holdout`), ``GET /dashboard`` (:mod:`prefixgate.proxy.observe.dashboard`),
-``GET /metrics`` (HEAD too
-wherever GET is served); any other path or method is a 404 / 405 in the caller's shape; a
-trailing slash is served, never redirected. Response headers: ``x-prefixgate-edits`` (the
-rewrite summary, or ``off``), ``x-prefixgate-tokens-pruned``, ``x-prefixgate-edit-detail`` when
-the policy opts in (:mod:`prefixgate.proxy.pipeline.edit_detail`), and ``x-prefixgate-cached-tokens``
-on non-streamed answers, and on streams whose backend reports cached tokens in its response
-headers (our engine's ``X-Engine-Cached-Tokens``); other streams' headers leave before usage is
-known.
+Any other path or method is a 404 / 405 in the caller's shape; a trailing slash is served, never
+redirected. Response headers: ``x-prefixgate-edits`` (the rewrite summary, or ``off``),
+``x-prefixgate-tokens-pruned``, ``x-prefixgate-edit-detail`` when the policy opts in
+(:mod:`prefixgate.proxy.pipeline.edit_detail`), and ``x-prefixgate-cached-tokens`` on non-streamed
+answers, and on streams whose backend reports cached tokens in its response headers (our
+engine's ``X-Engine-Cached-Tokens``); other streams' headers leave before usage is known.
 """
 
 from __future__ import annotations

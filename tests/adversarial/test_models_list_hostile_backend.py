@@ -26,12 +26,12 @@ def test_wrong_shape_model_list_is_skipped(hostile: Any, answer: Any) -> None:
 
 def test_any_unexpected_proxy_failure_is_a_shaped_500(hostile: Any,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    import prefixgate.proxy.app
+    import prefixgate.proxy.api.models
 
     async def boom(client: Any, policy: Any) -> Any:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(prefixgate.proxy.app, "list_models", boom)
+    monkeypatch.setattr(prefixgate.proxy.api.models, "list_models", boom)
     r = httpx.get(hostile.url + "/v1/models", timeout=30)
     assert r.status_code == 500
     assert r.json()["error"]["code"] == "internal_error"

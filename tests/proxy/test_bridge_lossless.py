@@ -8,20 +8,20 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.proxy.bridges import translate
 from prefixgate.proxy.core.errors import InvalidRequest
 from prefixgate.proxy.core.usage import AnthropicStreamWatcher
+from tests.proxy import bridging
 
 USER = [{"role": "user", "content": "hi"}]
 
 
 def a2o(**extra: Any) -> dict[str, Any]:
-    return translate.request("anthropic", {"model": "m", "max_tokens": 8, "messages": USER,
+    return bridging.request("anthropic", {"model": "m", "max_tokens": 8, "messages": USER,
                                            **extra})
 
 
 def o2a(**extra: Any) -> dict[str, Any]:
-    return translate.request("openai", {"model": "claude-x", "messages": USER, **extra})
+    return bridging.request("openai", {"model": "claude-x", "messages": USER, **extra})
 
 
 def refused(fn: Any, **extra: Any) -> str:
@@ -245,8 +245,8 @@ def test_o2a_bad_stream_options_is_400_from_translate_request_not_the_stream(val
 def test_o2a_every_checked_body_builds_its_stream_mapper() -> None:
     body = {"model": "claude-x", "messages": USER, "stream": True,
             "stream_options": {"include_usage": True}}
-    translate.request("openai", body)
-    assert translate.mapper("openai", "claude-x", AnthropicStreamWatcher(), body)
+    bridging.request("openai", body)
+    assert bridging.mapper("openai", "claude-x", AnthropicStreamWatcher(), body)
 
 
 def test_o2a_refused_field_reaches_no_upstream_and_names_the_param(rig: Any) -> None:

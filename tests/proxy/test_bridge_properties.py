@@ -1,6 +1,6 @@
 """Property tests over both bridges (issue 8, *Translation is lossless or refuses*).
 
-For generated bodies (valid, unsupported and ill-typed fields mixed), ``translate.request``
+For generated bodies (valid, unsupported and ill-typed fields mixed), ``bridging.request``
 either refuses with a 400 whose ``param`` names a place in the client's body, or returns a body
 in which every piece of client content is accounted for: every text the client wrote (and every
 key and string of its tool inputs) is in the translated body, mapped or between delimiters, and
@@ -17,12 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prefixgate.config.schema import RewriteSettings
-from prefixgate.proxy.bridges import translate
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.core.errors import InvalidRequest
 from prefixgate.proxy.core.usage import AnthropicStreamWatcher, OpenAIStreamWatcher
 from prefixgate.rewriter.pipeline import rewrite_request
 from prefixgate.rewriter.types import Context
+from tests.proxy import bridging
 
 # Keys whose string values are tags or switches the bridge consumes (mapped to structure, or
 # hints documented as such in docs/bridges.md), not content the client wrote.
@@ -245,7 +245,7 @@ def _accounted(body: dict[str, Any], out: dict[str, Any]) -> None:
 
 def _check(api: Any, body: dict[str, Any]) -> None:
     try:
-        out = translate.request(api, body)
+        out = bridging.request(api, body)
     except InvalidRequest as e:
         assert e.status == 400 and e.param, e.message  # a 400 that names the field
         assert _resolves(body, e.param), (e.param, body)
@@ -253,7 +253,7 @@ def _check(api: Any, body: dict[str, Any]) -> None:
     exactjson.dumps(out)  # serialisable, numbers exact
     _accounted(body, out)
     watcher = AnthropicStreamWatcher() if api == "openai" else OpenAIStreamWatcher()
-    translate.mapper(api, "m", watcher, body)  # the stream side needs nothing unchecked
+    bridging.mapper(api, "m", watcher, body)  # the stream side needs nothing unchecked
 
 
 SETTINGS = settings(max_examples=400, deadline=None, derandomize=True,
@@ -286,7 +286,7 @@ def test_a_body_the_bridge_accepts_is_still_accepted_after_every_pass(
         case: tuple[Any, str, dict[str, Any]]) -> None:
     api, provider, body = case
     try:
-        translate.request(api, body)
+        bridging.request(api, body)
     except InvalidRequest:
         return
     ctx = Context(settings=ALL_PASSES, model=body["model"], provider=provider)

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.proxy.bridges import translate
 from prefixgate.proxy.bridges.validity import anthropic_problem, openai_problem
 from prefixgate.proxy.core.errors import InvalidRequest, NestingTooDeep, ProxyError
+from tests.proxy import bridging
 
 
 def nested(depth: int) -> str:
@@ -30,11 +30,11 @@ def tool(cid: str = "c1") -> dict[str, Any]:
 
 
 def o2a(*msgs: dict[str, Any], max_depth: int = 128) -> bytes:
-    return translate.encode("openai", {"model": "claude-x", "messages": list(msgs)}, max_depth)
+    return bridging.encode("openai", {"model": "claude-x", "messages": list(msgs)}, max_depth)
 
 
 def a2o(*msgs: dict[str, Any]) -> bytes:
-    return translate.encode("anthropic", {"model": "m", "max_tokens": 8, "messages": list(msgs)})
+    return bridging.encode("anthropic", {"model": "m", "max_tokens": 8, "messages": list(msgs)})
 
 
 def refusal(fn: Any, *msgs: dict[str, Any], **kw: Any) -> ProxyError:
@@ -82,7 +82,7 @@ def test_a2o_answer_arguments_too_deep_to_write_are_carried_whole_as_raw() -> No
     answer = {"choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": args}}]},
         "finish_reason": "tool_calls"}]}
-    out = translate.response("anthropic", answer, "m")
+    out = bridging.response("anthropic", answer, "m")
     assert out["content"][0]["input"] == {"_raw": args}
 
 
@@ -103,7 +103,7 @@ def test_o2a_body_with_no_valid_messages_counterpart_is_400_naming_the_client_pa
 
 def test_o2a_empty_system_text_part_carries_nothing_and_is_left_out() -> None:
     system = {"role": "system", "content": [{"type": "text", "text": ""}, {"type": "text", "text": "s"}]}
-    out = translate.request("openai", {"model": "claude-x", "messages": [system, USER]})
+    out = bridging.request("openai", {"model": "claude-x", "messages": [system, USER]})
     assert out["system"] == [{"type": "text", "text": "s"}]
 
 
@@ -184,6 +184,6 @@ def test_an_unknown_key_of_any_text_is_quoted_as_one_unbroken_token(key: str) ->
     import re
 
     with pytest.raises(InvalidRequest) as e:
-        translate.request("anthropic", {"model": "m", "max_tokens": 8, "messages": [USER], key: 1})
+        bridging.request("anthropic", {"model": "m", "max_tokens": 8, "messages": [USER], key: 1})
     assert e.value.param == key
     assert re.match(r"'[^'\s]+' cannot be translated", e.value.message)

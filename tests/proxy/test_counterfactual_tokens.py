@@ -17,7 +17,8 @@ import pytest
 from prefixgate.cache.ledger import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
-from prefixgate.proxy.observe.engine_tokens import parse_ids, tokenize_url
+from prefixgate.proxy.bridges.tokenize import tokenize_url
+from prefixgate.proxy.observe.engine_tokens import parse_ids
 from prefixgate.rewriter.pipeline import rewrite_request
 from tests.proxy.upstream import Script, completion, wait_rows
 from tests.servers import serve_app
@@ -136,7 +137,7 @@ def test_ledger_migration_adds_cf_source(tmp_path: Path) -> None:
 
 
 def test_an_anthropic_client_body_is_bridged_before_it_is_tokenized() -> None:
-    from prefixgate.proxy.observe.engine_tokens import tokenize_body
+    from prefixgate.proxy.observe.engine_tokens import request_body as tokenize_body
 
     body = {"model": "tiny", "max_tokens": 8, "system": "Be brief.",
             "tools": [{"name": "t", "description": "d", "input_schema": {"type": "object"}}],

@@ -153,12 +153,12 @@ def test_route_to_the_other_api_without_a_bridge_is_a_clear_501() -> None:
 
 def test_a_proxy_bug_is_a_shaped_500_and_still_recorded(rig: Any,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from prefixgate.proxy.bridges import translate
+    from prefixgate.proxy.bridges.anthropic_openai import AnthropicToOpenAI
 
-    def boom(api: str, body: Any, *limits: Any) -> Any:
+    def boom(self: Any, body: Any, *limits: Any) -> Any:
         raise KeyError("unexpected")
 
-    monkeypatch.setattr(translate, "request", boom)
+    monkeypatch.setattr(AnthropicToOpenAI, "request", boom)
     r = post(rig.url, "/v1/messages", json={"model": "m", "max_tokens": 4,
                                             "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 500

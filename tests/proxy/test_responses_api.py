@@ -289,7 +289,11 @@ def test_response_objects_with_every_item_kind_pass_the_open_responses_schema() 
     import llm_comply
     from llm_comply.schema import SpecLoader
 
-    from prefixgate.proxy.bridges.responses_chat import output_from_chat, response_object, usage_object
+    from prefixgate.proxy.bridges.responses_chat_items import (
+        output_from_chat,
+        response_object,
+        usage_object,
+    )
 
     answer = _call_answer()
     msg = answer["choices"][0]["message"]

@@ -4,6 +4,8 @@ Request (:func:`request_to_openai`, in :mod:`prefixgate.proxy.bridges.anthropic_
 mapped, carried between explicit delimiters, or refused with a 400 naming it; the full table is
 ``docs/bridges.md``.
 
+:class:`AnthropicToOpenAI` is the bridge object (:mod:`prefixgate.proxy.bridges.base`).
+
 Answer (:func:`response_to_anthropic`, :class:`StreamMapper`): usage is mapped as B08 states —
 ``input_tokens = prompt_tokens - cached_tokens``, ``cache_read_input_tokens = cached_tokens``,
 ``cache_creation_input_tokens = 0`` (OpenAI-compatible caches have no separate write),
@@ -17,11 +19,14 @@ from typing import Any
 import orjson
 
 from prefixgate.proxy.bridges.anthropic_openai_request import request_to_openai
+from prefixgate.proxy.bridges.base import Bridge
+from prefixgate.proxy.bridges.validity import checked, encoded, openai_problem
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.core.nesting import first_too_deep
-from prefixgate.proxy.core.sse import SSEEvent
+from prefixgate.proxy.core.sse import EventMapper, SSEEvent
+from prefixgate.proxy.core.usage import OpenAIStreamWatcher, StreamWatcher, Usage, usage_from_answer
 
-__all__ = ["RESPONSE", "STREAM", "StreamMapper", "error_to_anthropic", "message_shell",
+__all__ = ["RESPONSE", "AnthropicToOpenAI", "STREAM", "StreamMapper", "error_to_anthropic", "message_shell",
            "message_usage", "request_to_openai", "response_to_anthropic", "text_block",
            "tool_use_block", "usage_to_anthropic"]
 
@@ -263,3 +268,38 @@ class StreamMapper:
             if choice.get("finish_reason"):
                 self.stop_reason = _STOP_REASONS.get(choice["finish_reason"], "end_turn")
         return out
+
+
+class AnthropicToOpenAI(Bridge):
+    """Anthropic Messages client -> OpenAI-compatible backend (``/chat/completions``)."""
+
+    translate = True
+
+    def __init__(self, path: str = "/chat/completions") -> None:
+        super().__init__("anthropic", "openai", path)
+
+    def request(self, body: dict[str, Any], max_depth: int) -> dict[str, Any]:
+        """The Chat Completions body: every field mapped, carried as delimited text, or refused
+        (400 naming it; ``docs/bridges.md``), then checked as a whole."""
+        return checked(request_to_openai, body, openai_problem)
+
+    def encode(self, body: dict[str, Any], raw: bytes, rewritten: Any, model: str | None,
+               max_depth: int) -> bytes:
+        if rewritten is not None:
+            body = rewritten.body
+        if model is not None:
+            body = {**body, "model": model}
+        return encoded(self.request(body, max_depth))
+
+    def stream(self, model: str, body: dict[str, Any]) -> tuple[StreamWatcher, EventMapper | None]:
+        return OpenAIStreamWatcher(), StreamMapper(model).map
+
+    def loads(self, content: bytes) -> Any:
+        return exactjson.loads(content)
+
+    def answer(self, answer: dict[str, Any], content: bytes, model: str) -> tuple[bytes, Usage]:
+        usage = usage_from_answer(answer, self.wire)
+        return exactjson.dumps(response_to_anthropic(answer, model)), usage
+
+    def error(self, raw: bytes, status: int) -> bytes | None:
+        return orjson.dumps(error_to_anthropic(raw, status))

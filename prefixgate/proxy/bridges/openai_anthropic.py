@@ -16,10 +16,18 @@ from typing import Any
 
 import orjson
 
+from prefixgate.proxy.bridges.base import Bridge
 from prefixgate.proxy.bridges.openai_anthropic_request import DEFAULT_MAX_TOKENS, request_to_anthropic
+from prefixgate.proxy.bridges.validity import anthropic_problem, checked, encoded
 from prefixgate.proxy.core import exactjson
-from prefixgate.proxy.core.sse import SSEEvent
-from prefixgate.proxy.core.usage import AnthropicStreamWatcher, Usage, anthropic_usage
+from prefixgate.proxy.core.sse import EventMapper, SSEEvent
+from prefixgate.proxy.core.usage import (
+    AnthropicStreamWatcher,
+    StreamWatcher,
+    Usage,
+    anthropic_usage,
+    usage_from_answer,
+)
 
 _FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
            "tool_use": "tool_calls", "refusal": "content_filter", "pause_turn": "stop"}
@@ -157,3 +165,43 @@ class ChunkMapper:
         if kind == "error":
             return [_data({"error": obj.get("error", {})})]
         return []
+
+
+class OpenAIToAnthropic(Bridge):
+    """OpenAI Chat Completions client -> Anthropic backend (``/messages``)."""
+
+    translate = True
+
+    def __init__(self, path: str = "/messages") -> None:
+        super().__init__("openai", "anthropic", path)
+
+    def request(self, body: dict[str, Any], max_depth: int) -> dict[str, Any]:
+        """The Messages body: every field mapped, carried as delimited text, or refused (400
+        naming it; ``docs/bridges.md``), then checked as a whole; NestingTooDeep (400) for
+        tool-call arguments nested deeper than ``max_depth``."""
+        return checked(lambda b, origins: request_to_anthropic(b, max_depth, origins), body,
+                       anthropic_problem)
+
+    def encode(self, body: dict[str, Any], raw: bytes, rewritten: Any, model: str | None,
+               max_depth: int) -> bytes:
+        if rewritten is not None:
+            body = rewritten.body
+        if model is not None:
+            body = {**body, "model": model}
+        return encoded(self.request(body, max_depth))
+
+    def stream(self, model: str, body: dict[str, Any]) -> tuple[StreamWatcher, EventMapper | None]:
+        watcher = AnthropicStreamWatcher()
+        opts = body.get("stream_options")  # checked by request(): an object or absent
+        include = isinstance(opts, dict) and opts.get("include_usage") is True
+        return watcher, ChunkMapper(model, watcher, include).map
+
+    def loads(self, content: bytes) -> Any:
+        return exactjson.loads(content)
+
+    def answer(self, answer: dict[str, Any], content: bytes, model: str) -> tuple[bytes, Usage]:
+        usage = usage_from_answer(answer, self.wire)
+        return exactjson.dumps(response_to_openai(answer, model)), usage
+
+    def error(self, raw: bytes, status: int) -> bytes | None:
+        return orjson.dumps(error_to_openai(raw, status))

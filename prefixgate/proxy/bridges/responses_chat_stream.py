@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from prefixgate.proxy.bridges.responses_chat import (
+from prefixgate.proxy.bridges.responses_chat_items import (
     call_item,
     new_id,
     output_text,

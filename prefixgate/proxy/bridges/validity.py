@@ -23,13 +23,17 @@ Rules (the same the fuzzer's :mod:`tests.fuzz.shapes` checks, from the API refer
 :func:`anthropic_problem` / :func:`openai_problem` return the first problem as a
 :class:`Problem`: the offending node of the translated body (a message, block or tool call
 dict; None for the body's ``messages`` as a whole) and one sentence saying why. The caller
-(:mod:`prefixgate.proxy.bridges.translate`) names the client's param for that node.
+(:func:`checked`) names the client's param for that node.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from prefixgate.proxy.core import exactjson
+from prefixgate.proxy.core.errors import InvalidRequest, quoted
 
 
 @dataclass(frozen=True)
@@ -160,3 +164,39 @@ def openai_problem(body: dict[str, Any]) -> Problem | None:
         return Problem(next(iter(pending.values())), "this tool call is not answered by a tool "
                        "message right after the assistant message")
     return None
+
+
+def checked(convert: Callable[[dict[str, Any], dict[int, str]], dict[str, Any]],
+            body: dict[str, Any], problem: Callable[[dict[str, Any]], Problem | None]
+            ) -> dict[str, Any]:
+    """``convert(body, origins)`` (a bridge's request mapping, which records in ``origins`` the
+    client field each node came from), checked as a whole by ``problem``. Raises
+    InvalidRequest (400, ``param`` naming the client's field) for a shape no field check
+    foresaw and for a result the backend's API would reject (module docstring)."""
+    origins: dict[int, str] = {}
+    try:
+        out = convert(body, origins)
+    except (TypeError, AttributeError, ValueError, KeyError) as e:  # a shape no check foresaw
+        raise InvalidRequest(
+            f"The request could not be translated for this model's backend: a field has an "
+            f"unexpected type or shape ({type(e).__name__}: {str(e)[:120]}).") from None
+    found = problem(out)
+    if found is not None:
+        node = found.node
+        param = origins.get(id(node), "messages") if node is not None else "messages"
+        raise InvalidRequest(f"{quoted(param)} cannot be translated for this model's backend (it "
+                             f"speaks the other API): {found.why}.", param=param,
+                             code="unsupported_parameter")
+    return out
+
+
+def encoded(out: dict[str, Any]) -> bytes:
+    """A translated body as upstream bytes (numbers keep their text). A body that cannot be
+    serialised (a value JSON cannot hold, nesting past orjson's 255 levels) is InvalidRequest
+    (400) from the bridge step, never a 500."""
+    try:
+        return exactjson.dumps(out)
+    except TypeError as e:  # orjson.JSONEncodeError is a TypeError
+        raise InvalidRequest(f"'messages' could not be translated for this model's backend: "
+                             f"the translated body cannot be written as JSON ({str(e)[:120]}).",
+                             param="messages") from None

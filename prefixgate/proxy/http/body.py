@@ -172,3 +172,12 @@ async def read_body_within(request: Request, max_bytes: int, timeout_s: float) -
     except TimeoutError:
         raise RequestTimeout(f"The request body was not received within {timeout_s:g} seconds "
                              "(policy limits.body_timeout_s).") from None
+
+
+def check_model_stream(body: dict[str, Any]) -> None:
+    """A side endpoint's body (``/v1/embeddings``, ``/v1/completions``, count_tokens):
+    ``model`` a string, ``stream`` a boolean if present. Raises InvalidRequest."""
+    if not isinstance(body.get("model"), str):
+        raise InvalidRequest("Missing or invalid 'model': expected a string.", param="model",
+                             code="missing_required_parameter")
+    _check_stream(body)

@@ -26,7 +26,8 @@ import anyio
 import orjson
 
 from prefixgate.config.backend_kinds import traits
-from prefixgate.proxy.bridges import translate
+from prefixgate.proxy.bridges import bridge_for
+from prefixgate.proxy.bridges.tokenize import tokenize_body, tokenize_url
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.core.errors import Api, ProxyError
 from prefixgate.proxy.routing.router import Target
@@ -40,25 +41,13 @@ MAX_ANSWER_BYTES = 8 << 20
 UNSUPPORTED_STATUS = (404, 405, 501)
 
 
-def tokenize_url(base_url: str) -> str:
-    """``http://h:p/v1`` -> ``http://h:p/tokenize`` (vLLM serves it at the root)."""
-    root = base_url.rstrip("/")
-    if root.endswith("/v1"):
-        root = root[: -len("/v1")]
-    return root + "/tokenize"
-
-
-def tokenize_body(api: Api, body: dict[str, Any], translated: bool,
-                  max_depth: int) -> dict[str, Any]:
+def request_body(api: Api, body: dict[str, Any], translated: bool,
+                 max_depth: int) -> dict[str, Any]:
     """The ``/tokenize`` request for a client's chat ``body``: its messages and tools in the
     backend's (OpenAI) shape — bridged first when the client speaks another API — plus
     ``add_generation_prompt`` as generation renders it. Raises what the bridge raises."""
-    chat = translate.request(api, body, max_depth) if translated else body
-    out: dict[str, Any] = {"model": chat.get("model"), "messages": chat.get("messages"),
-                           "add_generation_prompt": True}
-    if chat.get("tools"):
-        out["tools"] = chat["tools"]
-    return out
+    chat = bridge_for(api, "openai").request(body, max_depth) if translated else body
+    return tokenize_body(chat, add_generation_prompt=True)
 
 
 def parse_ids(raw: bytes) -> list[int] | None:
@@ -99,7 +88,7 @@ class EngineTokenizer:
         if not self.supports(target):
             return None
         try:
-            payload = exactjson.dumps(tokenize_body(api, body, target.translate, max_depth))
+            payload = exactjson.dumps(request_body(api, body, target.translate, max_depth))
             key = target.api_key()
         except (ProxyError, TypeError, ValueError, KeyError):
             return None

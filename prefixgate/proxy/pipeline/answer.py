@@ -37,7 +37,7 @@ from prefixgate.proxy.http.headers import downstream_headers
 from prefixgate.proxy.observe.insight import Analysis
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
 from prefixgate.proxy.pipeline.record import finish
-from prefixgate.proxy.upstream.client import read_at_most
+from prefixgate.proxy.upstream.client import ERROR_BODY_MAX_BYTES, JSON, read_at_most
 from prefixgate.proxy.upstream.relay import SSE_HEADERS, SSEResponse, StreamRelay
 
 # Bodies above this (base64 images, B19) skip the break / counterfactual analysis: counting
@@ -46,10 +46,6 @@ ANALYZE_MAX_BYTES = 1 << 20
 # Bodies up to this size are analysed on the event loop once their model's token counter is
 # loaded (proxy.insight.Insight.analyze ``inline``): the thread hop costs more than the work.
 INLINE_ANALYZE_BYTES = 4096
-# An upstream error body is read up to this much; the rest is dropped (cut, it is no longer JSON
-# and is answered in the caller's shape, quoting its start).
-ERROR_BODY_MAX_BYTES = 1 << 20
-JSON = "application/json"
 
 
 class AnswerFailed(Exception):
@@ -101,8 +97,10 @@ def _ours(ex: Exchange, resp: httpx.Response) -> dict[str, str]:
     """The proxy's own response headers, and the upstream's that the client gets."""
     assert ex.rw is not None
     ex.reported = engine_timings(resp.headers)
-    out = {**downstream_headers(resp.headers), "x-prefixgate-edits": ex.rw.summary,
-           "x-prefixgate-tokens-pruned": str(ex.rw.pruned), **(ex.obs.headers or {})}
+    out = downstream_headers(resp.headers)
+    if ex.rw.summary:  # an endpoint the passes apply to says what they did
+        out.update({"x-prefixgate-edits": ex.rw.summary,
+                    "x-prefixgate-tokens-pruned": str(ex.rw.pruned), **(ex.obs.headers or {})})
     early = usage_from_headers(resp.headers)  # engines that report usage in headers
     if early.cached_tokens is not None:
         out["x-prefixgate-cached-tokens"] = str(early.cached_tokens)
@@ -144,7 +142,7 @@ def _analyzer(state: ProxyState, ex: Exchange) -> Callable[[], Awaitable[Analysi
     """The after-answer analysis of this request (cache breaks, counterfactual from the
     backend's own token ids where it tokenizes, :mod:`prefixgate.proxy.observe.insight`)."""
     async def analyze() -> Analysis:
-        if state.insight is None or len(ex.raw) > ANALYZE_MAX_BYTES:
+        if state.insight is None or len(ex.raw) > ANALYZE_MAX_BYTES or not ex.endpoint.analyze:
             return Analysis()
         assert ex.target is not None and ex.rw is not None
         return await state.insight.analyze(
@@ -172,15 +170,18 @@ async def _stream(state: ProxyState, ex: Exchange, resp: httpx.Response) -> Resp
             f"{ctype.split(';')[0] or 'no content type'} instead of an event stream"),
             "not an SSE stream")
     ex.watcher.usage.merge(usage_from_headers(resp.headers))
-    watcher, analyze = ex.watcher, _analyzer(state, ex)
+    watcher, analyze, bridge = ex.watcher, _analyzer(state, ex), ex.bridge
 
     async def on_end(status: str, http_status: int) -> None:
+        if bridge is not None:
+            bridge.stream_done(watcher, status)
         await finish(state, ex, watcher.usage, status, http_status, analyze, memory=True)
 
     _, _, idle, _ = ex.target.backend.timeouts_s()
     read = max(ex.target.backend.timeouts_s()[1], idle)
     relay = StreamRelay(resp, watcher, ex.timing, on_end, ex.mapper, ex.api,
-                        idle_s=idle if idle < read else None, deadline=_deadline(ex))
+                        idle_s=idle if idle < read else None, deadline=_deadline(ex),
+                        end_mapper=ex.end_mapper)
     return SSEResponse(relay, headers={**_ours(ex, resp), **SSE_HEADERS})
 
 

@@ -31,6 +31,7 @@ from prefixgate.proxy.observe.health import LoopLagMonitor, health_reasons
 from prefixgate.proxy.observe.insight import Insight
 from prefixgate.proxy.observe.metrics import BREAKERS_OPEN, ProxyMetrics, RequestObs
 from prefixgate.proxy.observe.otel import GenAITelemetry
+from prefixgate.proxy.pipeline.endpoint import Endpoint
 from prefixgate.proxy.pipeline.rewrite import RewriteFn, RewriteOutcome
 from prefixgate.proxy.routing.balance import Balancer
 from prefixgate.proxy.routing.breaker import BreakerBoard
@@ -104,13 +105,15 @@ class ProxyState:
 class Exchange:
     """One request, from parse to record: what each step of the handler found or made.
 
-    ``targets``: the backends it may use, primary first; ``steps``: those ready to send (bridge
-    + bytes); ``served``: the target (deployment chosen) whose answer the client gets;
-    ``bridge``: its bridge. ``row`` is written exactly once (:meth:`record`), which also ends
-    the deployment's in-flight count.
+    ``endpoint``: what the endpoint declared; ``targets``: the backends it may use, primary
+    first; ``bridge_of``: the bridge of a target (default: :func:`prefixgate.proxy.bridges.bridge_for`
+    over the endpoint's API and the backend's); ``steps``: those ready to send (bridge + bytes);
+    ``served``: the target (deployment chosen) whose answer the client gets; ``bridge``: its
+    bridge. ``row`` is written exactly once (:meth:`record`; a ledger row only for a model
+    call), which also ends the deployment's in-flight count.
     """
 
-    api: Api
+    endpoint: Endpoint
     row: LedgerRow
     timing: Timing = field(default_factory=Timing)
     raw: bytes = b""
@@ -123,11 +126,20 @@ class Exchange:
     bridge: Bridge | None = None
     watcher: StreamWatcher | None = None
     mapper: EventMapper | None = None
+    end_mapper: EventMapper | None = None
+    bridge_of: Callable[[Target], Bridge] | None = None
+    pass_view: dict[str, Any] | None = None  # the primary bridge's pass body, before the passes
+    primary_bridge: Bridge | None = None
     attempts: Attempts = field(default_factory=Attempts)
     release: Callable[[], None] | None = None
     recorded: bool = False
     obs: RequestObs = field(default_factory=RequestObs)  # for metrics / traces (proxy.metrics)
     reported: EngineTimings = field(default_factory=EngineTimings)  # the backend's timings
+
+    @property
+    def api(self) -> Api:
+        """The client's API (its error shape)."""
+        return self.endpoint.api
 
     @property
     def target(self) -> Target | None:
@@ -140,6 +152,7 @@ class Exchange:
         self.row.backend, self.row.deployment = p.target.backend_name, p.target.deployment_name
         if self.row.stream:
             self.watcher, self.mapper = p.step.bridge.stream(self.row.model, self.body)
+            self.end_mapper = p.step.bridge.end_mapper(self.watcher)
 
     def record(self, state: ProxyState, status: str, http_status: int) -> None:
         """Write the row with ``status`` / ``http_status``; a second call is a no-op."""
@@ -156,4 +169,5 @@ class Exchange:
         self.row.attempt_reasons = ",".join(self.attempts.reasons)[:1000]
         if self.row.total_ms is None:
             self.row.total_ms = self.timing.total_ms()
-        state.record(self.row, self.obs)
+        if self.endpoint.ledger:
+            state.record(self.row, self.obs)

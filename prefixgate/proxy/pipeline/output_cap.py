@@ -7,7 +7,7 @@ such a body before the passes run, under the field the backend reads:
 
 - Chat Completions to an ``openai`` backend: ``max_completion_tokens`` (OpenAI deprecates
   ``max_tokens``, and its reasoning models refuse it); to any other backend: ``max_tokens``.
-- Responses: ``max_output_tokens``.
+- Responses: ``max_output_tokens``; legacy Completions: ``max_tokens``.
 - Anthropic Messages: nothing (``max_tokens`` is required there; a body without it is a 400).
 
 A body that names a cap (any of the fields, even ``null``-free) is sent as the client wrote it.
@@ -38,9 +38,11 @@ def route_cap(policy: Policy, target: Target) -> int:
 
 def cap_field(wire_api: str, target: Target) -> str | None:
     """The body field that carries the cap for a client of ``wire_api`` (``openai``,
-    ``responses`` or ``anthropic``) going to ``target``; None when the API has no default."""
+    ``responses``, ``completions`` or ``anthropic``) going to ``target``; None when the API has no default."""
     if wire_api == "responses":
         return "max_output_tokens"
+    if wire_api == "completions":  # the legacy Completions API has only max_tokens
+        return "max_tokens"
     if wire_api == "anthropic":
         return None
     return traits(target.backend.kind).output_cap_field or "max_tokens"

@@ -55,7 +55,9 @@ SendFn = Callable[..., Awaitable[httpx.Response]]
 
 @dataclass
 class Step:
-    """One target ready to send: its bridge and its upstream bytes."""
+    """One target ready to send: its bridge (which also says where on a deployment the request
+    goes, ``Bridge.url``) and its upstream bytes. The interface between the pipeline's prepare
+    step, which makes one per target, and :class:`Sender`, which tries them in order."""
 
     target: Target
     bridge: Bridge
@@ -112,7 +114,9 @@ def backoff_s(retry: int, settings: RetrySettings, rand: Callable[[], float]) ->
 
 @dataclass
 class Picked:
-    """The step and deployment that answered, and the release of its in-flight count."""
+    """The step and deployment that answered, and the release of its in-flight count. Handed
+    by :meth:`Sender.run` to the pipeline (``Exchange.picked``) before the response is returned;
+    the pipeline calls ``release`` exactly once, when the request's row is written."""
 
     step: Step
     target: Target
@@ -184,7 +188,8 @@ class Sender:
                 release = self.balancer.acquire(dep.name, why)
                 log.count += 1
                 try:
-                    resp = await self._send_one(target, step.body, headers_for(target))
+                    resp = await self._send_one(target, step.bridge.url(target.base_url), step.body,
+                                               headers_for(target))
                 except (UpstreamUnavailable, UpstreamTimeout) as e:
                     release()
                     kind = failure_kind(e)
@@ -227,13 +232,13 @@ class Sender:
                 await self.sleep(max(wait or 0.0, backoff_s(n + 1, self.retry, self.rand)))
         raise last
 
-    async def _send_one(self, target: Target, body: bytes,
+    async def _send_one(self, target: Target, url: str, body: bytes,
                         headers: Mapping[str, bytes]) -> httpx.Response:
         connect, first, idle, _total = target.backend.timeouts_s()
         read = max(first, idle)
         if first >= read:  # the transport's read timeout bounds the head: no timer, no task
-            return await self.send(target.url(), headers, body, read, connect_s=connect)
-        sending = asyncio.ensure_future(self.send(target.url(), headers, body, read,
+            return await self.send(url, headers, body, read, connect_s=connect)
+        sending = asyncio.ensure_future(self.send(url, headers, body, read,
                                                   connect_s=connect))
         try:
             done, _ = await asyncio.wait((sending,), timeout=first)

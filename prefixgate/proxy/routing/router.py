@@ -52,11 +52,15 @@ class Target:
         """This target served by ``deployment``."""
         return replace(self, deployment=deployment)
 
+    @property
+    def base_url(self) -> str:
+        """The deployment's (else the backend's) API root, e.g. ``http://h:8081/v1``."""
+        return self.deployment.base_url if self.deployment is not None else self.backend.base_url
+
     def url(self) -> str:
-        """Upstream URL: ``base_url`` + ``/chat/completions`` or ``/messages``."""
-        path = "/messages" if self.wire == "anthropic" else "/chat/completions"
-        base = self.deployment.base_url if self.deployment is not None else self.backend.base_url
-        return base + path
+        """The chat endpoint's URL: ``base_url`` + ``/chat/completions`` or ``/messages`` (the
+        request's bridge says where other endpoints go, ``Bridge.url``)."""
+        return self.base_url + ("/messages" if self.wire == "anthropic" else "/chat/completions")
 
     def api_key(self) -> str | None:
         """The deployment's (else the backend's) key, resolved now. Raises MissingBackendKey

@@ -24,6 +24,11 @@ from prefixgate.proxy.upstream.aiohttp_client import AiohttpClient, sendable
 
 log = logging.getLogger("prefixgate.relay")
 
+JSON = "application/json"
+#: An upstream error body (or a side answer) is read up to this much; the rest is dropped (cut,
+#: it is no longer JSON and is answered in the caller's shape, quoting its start).
+ERROR_BODY_MAX_BYTES = 1 << 20
+
 
 # Connection pool size of the shared client (all backends together).
 MAX_CONNECTIONS = 512
