@@ -22,6 +22,7 @@ from prefixgate.cache import rollup
 from prefixgate.cache.attribution import merge_techniques
 from prefixgate.cache.holdout_stats import holdout_report
 from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.report import percentile
 from prefixgate.config.prices import price_for
 from prefixgate.config.schema import HoldoutSettings, SloSettings
 
@@ -33,13 +34,8 @@ ROW_COLUMNS = ("ts", "route", "model", "backend", "status", "prompt_tokens", "ca
 
 
 def _pct(xs: Iterable[float | None], p: float) -> float | None:
-    v = sorted(x for x in xs if x is not None)
-    if not v:
-        return None
-    k = (len(v) - 1) * p / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+    """:func:`prefixgate.cache.report.percentile` of the known values (None dropped)."""
+    return percentile((x for x in xs if x is not None), p)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

@@ -27,7 +27,6 @@ the simulated wall-clock time of each request (seconds resolution), as a live ag
 from __future__ import annotations
 
 import random
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from prefixgate.cache.provider_models import CacheOutcome, make_model
 from prefixgate.config.schema import RewriteSettings
 from prefixgate.proxy.sim.think_time import ThinkTime, message_kind
 from prefixgate.proxy.sim.traces import SimRun, openai_body, output_text, to_anthropic
+from prefixgate.proxy.sim.wall_clock import CLOCK_RE
 from prefixgate.rewriter.pipeline import rewrite_request, session_updates
 from prefixgate.rewriter.tokens import count_tokens as default_counter
 from prefixgate.rewriter.types import Context
@@ -49,7 +49,6 @@ from prefixgate.rewriter.types import Context
 STRATEGIES = ("none", "positional", "prefixgate")
 TTL_STRATEGIES = ("ttl-5m", "ttl-1h", "ttl-auto")
 DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4o", "radix": "local"}
-CLOCK_RE = re.compile(r"The current time is \d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} EST\.")
 TRACE_EPOCH = datetime(2024, 5, 15, 15, 0, 0)
 MAX_EXAMPLES_PER_KIND = 3
 

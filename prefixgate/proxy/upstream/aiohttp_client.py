@@ -37,7 +37,7 @@ import httpx
 
 from prefixgate.proxy.core.errors import UpstreamTimeout, UpstreamUnavailable
 
-MAX_CONNECTIONS = 512
+MAX_CONNECTIONS = 512  # connection pool size of the shared client (all backends together)
 KEEPALIVE_S = 30.0
 READ_CHUNK = 1 << 16
 

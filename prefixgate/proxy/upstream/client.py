@@ -20,7 +20,7 @@ import httpx
 
 from prefixgate.proxy.core.errors import ClientDisconnected, UpstreamTimeout, UpstreamUnavailable
 from prefixgate.proxy.http.headers import pin_latin1
-from prefixgate.proxy.upstream.aiohttp_client import AiohttpClient, sendable
+from prefixgate.proxy.upstream.aiohttp_client import MAX_CONNECTIONS, AiohttpClient, sendable
 
 log = logging.getLogger("prefixgate.relay")
 
@@ -30,8 +30,6 @@ JSON = "application/json"
 ERROR_BODY_MAX_BYTES = 1 << 20
 
 
-# Connection pool size of the shared client (all backends together).
-MAX_CONNECTIONS = 512
 MAX_KEEPALIVE = 64
 
 
