@@ -82,7 +82,7 @@ class LedgerRow:
     prefill_ms: float | None = None
     decode_ms: float | None = None
     pass_tokens: str = ""         # JSON {pass: {reusable, removed, added}}, tokens only
-    tenant: str = ""              # proxy.tenants: "" = no tenant (single-tenant proxy)
+    tenant: str = ""              # http.tenants: "" = no tenant (single-tenant proxy)
     deployment: str = ""          # the deployment that answered (its name, never its URL)
     attempts: int = 0             # sends made (retries and fallbacks included)
     attempt_reasons: str = ""     # failed sends, "<deployment>:<why>" comma-joined

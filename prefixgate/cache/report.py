@@ -75,7 +75,7 @@ def group_key(row: Mapping[str, Any], by: str) -> str:
     """The group of ``row`` for ``by`` (one of :data:`BY`)."""
     if by == "day":
         return time.strftime("%Y-%m-%d", time.gmtime(row.get("ts") or 0))
-    if by == "tenant":  # the ledger's tenant (proxy.tenants); rows from before it: the key id
+    if by == "tenant":  # the ledger's tenant (http.tenants); rows from before it: the key id
         return row.get("tenant") or row.get("key_id") or "-"
     return row.get(by) or "-"
 

@@ -168,14 +168,14 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
 
     chat.install(app, state)  # /v1/chat/completions, /v1/messages
     models.install(app, state)  # /v1/models, /v1/models/{id}
-    responses_api.install(app, state)  # /v1/responses (proxy.responses_api)
+    responses_api.install(app, state)  # /v1/responses (api.responses)
     passthrough.install(app, state)  # /v1/embeddings, /v1/completions
     count_tokens.install(app, state)  # /v1/messages/count_tokens
 
-    @app.get("/healthz")  # open: no key (see proxy.auth)
+    @app.get("/healthz")  # open: no key (see http.auth)
     @app.head("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:
-        # 503 + reasons past the thresholds of proxy.health, so a balancer stops sending first
+        # 503 + reasons past the thresholds of observe.health, so a balancer stops sending first
         reasons, down = _health(state)
         body: dict[str, Any] = {"status": "degraded" if reasons else "ok", "reasons": reasons,
                                 "backends": sorted(policy.backends), "down": down}
@@ -183,12 +183,12 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
 
     savings_api.install(app, state.ledger, policy, state.guard)
 
-    @app.get("/metrics")  # open: no key (see proxy.auth)
+    @app.get("/metrics")  # open: no key (see http.auth)
     @app.head("/metrics", include_in_schema=False)
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    install_dashboard(app, state.guard)  # GET /dashboard (proxy.dashboard)
+    install_dashboard(app, state.guard)  # GET /dashboard (observe.dashboard)
     return app
 
 

@@ -92,7 +92,7 @@ class RecordingUpstream:
         """The transport's handler."""
         raw = await request.aread()
         if request.url.path.endswith("/tokenize"):  # the after-answer counterfactual's side
-            return httpx.Response(404)               # call (proxy.engine_tokens): not a model call
+            return httpx.Response(404)               # call (observe.engine_tokens): not a model call
         api = "anthropic" if request.url.path.endswith("/messages") else "openai"
         self.seen.append(Recorded(api, raw, dict(request.headers)))
         try:

@@ -209,7 +209,7 @@ def error_problems(status: int, body: Any, api: str) -> list[str]:
         return ["error_not_in_caller_shape"]
     err = body["error"]
     # a quoted name: one unbroken token (JSON keys may be any text; the proxy escapes
-    # whitespace and quotes in it, proxy.errors.quoted)
+    # whitespace and quotes in it, core.errors.quoted)
     if status == 400 and not err.get("param") and not re.search(r"'[^'\s]+'", err["message"]):
         return ["error_names_no_param"]
     return []

@@ -1,4 +1,4 @@
-"""Breakers and affinity load shared by proxy replicas (issue 10, item 6; proxy.shared_routing).
+"""Breakers and affinity load shared by proxy replicas (issue 10, item 6; routing.shared).
 
 Units on one LocalState standing for the shared store (injected clock); then two proxy apps on
 the real Redis at 127.0.0.1:6379 (a unique key prefix, deleted after) that see each other's

@@ -66,7 +66,7 @@ def app_from_env() -> object:
 def __getattr__(name: str) -> object:
     """``WorkerProtocol``: the guarded h11 protocol for ``$PREFIXGATE_POLICY``'s limits. uvicorn
     pickles its config into each worker, and a class made per policy does not pickle, so
-    workers import it by name (``proxy.cmd_serve:WorkerProtocol``) and build it there."""
+    workers import it by name (``cli.serve:WorkerProtocol``) and build it there."""
     if name == "WorkerProtocol":
         return guarded_protocol(_policy_from_env().limits)
     raise AttributeError(name)

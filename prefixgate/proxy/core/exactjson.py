@@ -131,7 +131,7 @@ def loads(raw: bytes | str) -> Any:
                           parse_constant=_no_constant)
     except RecursionError:
         if tree is not _UNSET:  # orjson read it: deeper than any limit, refused by the caller's
-            return tree         # nesting check (proxy.limits) in the caller's API shape
+            return tree         # nesting check (http.body) in the caller's API shape
         raise ValueError("JSON nested too deeply to keep its numbers exact") from None
 
 

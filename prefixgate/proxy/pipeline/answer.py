@@ -44,7 +44,7 @@ from prefixgate.proxy.upstream.relay import SSE_HEADERS, SSEResponse, StreamRela
 # tokens of megabytes of base64 costs ~0.25 s per MB and says nothing about the text prefix.
 ANALYZE_MAX_BYTES = 1 << 20
 # Bodies up to this size are analysed on the event loop once their model's token counter is
-# loaded (proxy.insight.Insight.analyze ``inline``): the thread hop costs more than the work.
+# loaded (observe.insight.Insight.analyze ``inline``): the thread hop costs more than the work.
 INLINE_ANALYZE_BYTES = 4096
 
 

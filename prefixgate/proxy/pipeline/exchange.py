@@ -57,7 +57,7 @@ class ProxyState:
     upstream: Upstream
     metrics: ProxyMetrics
     insight: Insight | None
-    guard: Guard = field(default_factory=Guard.open)  # proxy keys + rate limits (proxy.auth)
+    guard: Guard = field(default_factory=Guard.open)  # proxy keys + rate limits (http.auth)
     loop_lag: LoopLagMonitor = field(default_factory=LoopLagMonitor)
     breakers: BreakerBoard | None = None
     balancer: Balancer = field(default_factory=Balancer)
@@ -133,7 +133,7 @@ class Exchange:
     attempts: Attempts = field(default_factory=Attempts)
     release: Callable[[], None] | None = None
     recorded: bool = False
-    obs: RequestObs = field(default_factory=RequestObs)  # for metrics / traces (proxy.metrics)
+    obs: RequestObs = field(default_factory=RequestObs)  # for metrics / traces (observe.metrics)
     reported: EngineTimings = field(default_factory=EngineTimings)  # the backend's timings
 
     @property
@@ -162,7 +162,7 @@ class Exchange:
         if self.release is not None:
             self.release()
         self.row.status, self.row.http_status = status, http_status
-        if self.attempts.all_open and status != "ok":  # a rejection (proxy.metrics.rejected_by)
+        if self.attempts.all_open and status != "ok":  # a rejection (observe.metrics.rejected_by)
             self.row.error = f"{BREAKERS_OPEN}; {self.row.error or ''}"[:200]
         self.row.attempts = self.attempts.count
         measured_counterfactual(self.row)

@@ -62,7 +62,7 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
                 log.exception("session memory merge failed")
         row.input_usd = input_cost_usd(row.model, row.prompt_tokens, row.cached_tokens,
                                        row.cache_write_tokens)
-        if analyze is not None:  # tokenize + CPU work off the loop, bounded (proxy.insight)
+        if analyze is not None:  # tokenize + CPU work off the loop, bounded (observe.insight)
             a = await analyze()
             row.cf_cached_tokens, row.cf_input_usd = a.cf_cached_tokens, a.cf_input_usd
             row.cf_source = "holdout" if row.holdout else a.cf_source

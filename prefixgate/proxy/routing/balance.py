@@ -109,7 +109,7 @@ class Balancer:
         self._keys: collections.OrderedDict[str, tuple[str, float]] = collections.OrderedDict()
         self._live: collections.Counter[str] = collections.Counter()
         self.now = now
-        self.others: dict[str, int] = {}  # other replicas' in flight (proxy.shared_routing)
+        self.others: dict[str, int] = {}  # other replicas' in flight (routing.shared)
         self.on_change: Callable[[str], None] | None = None  # an in-flight count changed
 
     def place(self, key: str, names: Sequence[str], settings: AffinitySettings) -> int:
