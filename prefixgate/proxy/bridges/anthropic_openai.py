@@ -164,7 +164,7 @@ def error_to_anthropic(raw: bytes, status: int) -> dict[str, Any]:
 
 
 def _sse(name: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+    return b"event: " + name.encode() + b"\ndata: " + exactjson.dumps(data) + b"\n\n"
 
 
 class StreamMapper:

@@ -99,7 +99,7 @@ def error_to_openai(raw: bytes, status: int) -> dict[str, Any]:
 
 
 def _data(obj: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
+    return b"data: " + exactjson.dumps(obj) + b"\n\n"
 
 
 class ChunkMapper:

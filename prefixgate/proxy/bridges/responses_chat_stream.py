@@ -37,6 +37,7 @@ from prefixgate.proxy.bridges.responses_chat_items import (
     text_item,
     usage_object,
 )
+from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.core.sse import SSEEvent
 
 
@@ -78,7 +79,7 @@ class ResponsesStream:
     def _ev(self, kind: str, **data: Any) -> bytes:
         obj = {"type": kind, "sequence_number": self.seq, **data}
         self.seq += 1
-        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+        return b"event: " + kind.encode() + b"\ndata: " + exactjson.dumps(obj) + b"\n\n"
 
     def _response(self, status: str, output: list[dict[str, Any]] | None = None,
                   usage: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import orjson
 
 from prefixgate.proxy.bridges.anthropic_openai import AnthropicToOpenAI, error_to_anthropic
 from prefixgate.proxy.bridges.base import Bridge, Rewritten
+from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.core.usage import Usage
 
 
@@ -63,7 +64,7 @@ class CountTokens(Bridge):
                model: str | None, max_depth: int) -> bytes:
         chat = self._chat.request({**body, "max_tokens": 1, **({"model": model} if model else {})},
                                   max_depth)
-        return orjson.dumps(tokenize_body(chat, add_generation_prompt=False))
+        return exactjson.dumps(tokenize_body(chat, add_generation_prompt=False))
 
     def answer(self, answer: dict[str, Any], content: bytes, model: str) -> tuple[bytes, Usage]:
         count = parse_count(answer)

@@ -34,9 +34,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from prefixgate.config.schema import FanoutSettings
+from prefixgate.proxy.core import exactjson
 
 MAX_KEYS = 10_000
 EWMA_WEIGHT = 0.2
@@ -49,7 +48,7 @@ def fanout_key(body: dict[str, Any]) -> tuple[str, int]:
     shared = {"model": body.get("model"), "tools": body.get("tools"),
               "system": body.get("system"),
               "messages": msgs[:-1] if isinstance(msgs, list) else None}
-    raw = orjson.dumps(shared, option=orjson.OPT_NON_STR_KEYS)
+    raw = exactjson.dumps(shared)  # numbers as the client wrote them (beyond 64 bits too)
     return hashlib.sha256(raw).hexdigest()[:32], len(raw)
 
 
