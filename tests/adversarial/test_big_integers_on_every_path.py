@@ -39,9 +39,9 @@ def test_chat_with_the_fanout_gate_on_keeps_the_number(rig_factory: Any, number:
                                        "choices": [{"index": 0, "finish_reason": "stop",
                                                     "message": {"role": "assistant", "content": "ok"}}]})
     # the number sits in the part the gate keys on (tools), and outside it (metadata)
-    text = ('{"model": "m", "metadata": {"n": %s}, "tools": [{"type": "function", "function": {"name": '
-            '"f", "parameters": {"type": "integer", "maximum": %s}}}], "messages": [{"role": "system", '
-            '"content": "s"}, {"role": "user", "content": "hi"}]}' % (number, number))
+    text = (f'{{"model": "m", "metadata": {{"n": {number}}}, "tools": [{{"type": "function", "function": {{"name": '
+            f'"f", "parameters": {{"type": "integer", "maximum": {number}}}}}}}], "messages": [{{"role": "system", '
+            '"content": "s"}, {"role": "user", "content": "hi"}]}')
     r = _raw_post(rig.url, "/v1/chat/completions", text)
     assert r.status_code == 200, r.text
     assert number.encode() in rig.upstream.seen[-1].raw
@@ -58,7 +58,7 @@ def test_exact_count_tokens_keeps_the_number(rig_factory: Any) -> None:
         rig = rig_factory(backends={"e": {"kind": "openai_compat", "base_url": url + "/v1"}},
                           routes=[{"match": "*", "backend": "e"}])
         text = ('{"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"name": '
-                '"t", "input_schema": {"type": "integer", "maximum": %s}}]}' % BIG)
+                f'"t", "input_schema": {{"type": "integer", "maximum": {BIG}}}}}]}}')
         r = _raw_post(rig.url, "/v1/messages/count_tokens", text)
     assert r.status_code == 200, r.text
     assert r.json() == {"input_tokens": 7} and r.headers["x-prefixgate-token-count"] == "exact"
@@ -70,9 +70,9 @@ def _tool_call_stream(number: str) -> list[bytes]:
         {"index": 0, "delta": {"role": "assistant", "tool_calls": [
             {"index": 0, "id": "call_1", "type": "function",
              "function": {"name": "f", "arguments": ""}}]}}]}
-    args = json.dumps({"index": 0, "function": {"arguments": '{"n": %s}' % number}})
+    args = json.dumps({"index": 0, "function": {"arguments": f'{{"n": {number}}}'}})
     second = ('data: {"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": '
-              '[{"index": 0, "delta": {"tool_calls": [%s]}}]}\n\n' % args).encode()
+              f'[{{"index": 0, "delta": {{"tool_calls": [{args}]}}}}]}}\n\n').encode()
     return [b"data: " + json.dumps(first).encode() + b"\n\n", second,
             chunk(finish="tool_calls"), b"data: [DONE]\n\n"]
 
