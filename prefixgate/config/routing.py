@@ -71,9 +71,19 @@ class RetrySettings(_Strict):
     honoured when it is at most ``max_retry_after_s``; a longer one ends this deployment's
     tries (the next deployment or fallback is tried, or the client gets the answer and its
     ``retry-after``). ``on_status``: the statuses that are retried (connect errors always are).
+
+    Bounds (issue 20, class 6): a deployment is tried once per request while another deployment
+    or fallback remains, again only when its answer says ``retry-after`` (within
+    ``max_retry_after_s``); the last one of the plan up to ``attempts`` times. Every send after a
+    request's first spends one token of a retry budget shared by all requests (``budget_ratio``
+    tokens earned per request, at most ``budget_burst`` saved: retries stay near ``budget_ratio``
+    of live traffic, as Envoy's ``retry_budget`` and gRPC's retry throttling do). Waits and sends
+    stop where they would pass the backend's ``timeouts.total_s``.
     """
 
     attempts: int = Field(3, ge=1, le=10)
+    budget_ratio: float = Field(0.2, ge=0, le=10)
+    budget_burst: float = Field(10.0, ge=0)
     backoff_base_s: float = Field(0.1, ge=0)
     backoff_max_s: float = Field(2.0, ge=0)
     max_retry_after_s: float = Field(5.0, ge=0)

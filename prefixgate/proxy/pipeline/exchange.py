@@ -36,7 +36,7 @@ from prefixgate.proxy.pipeline.rewrite import RewriteFn, RewriteOutcome
 from prefixgate.proxy.routing.balance import Balancer
 from prefixgate.proxy.routing.breaker import BreakerBoard
 from prefixgate.proxy.routing.fanout import FanoutGate
-from prefixgate.proxy.routing.retries import Attempts, Picked, Step
+from prefixgate.proxy.routing.retries import Attempts, Picked, RetryBudget, Step
 from prefixgate.proxy.routing.router import Target
 from prefixgate.proxy.routing.shared import SharedRouting
 from prefixgate.proxy.upstream.client import Upstream
@@ -66,12 +66,16 @@ class ProxyState:
     shared: SharedState = field(default_factory=LocalState)  # counters shared by replicas
     routing: SharedRouting | None = None  # breakers / loads shared (None with LocalState)
     fanout: FanoutGate | None = None  # concurrent identical prefixes wait for one writer
+    retry_budget: RetryBudget | None = None  # retries as a share of live traffic (all requests)
 
     def __post_init__(self) -> None:
         if self.breakers is None:
             self.breakers = BreakerBoard(self.policy.breaker)
         if self.fanout is None:
             self.fanout = FanoutGate(self.policy.fanout)
+        if self.retry_budget is None:
+            self.retry_budget = RetryBudget(self.policy.retry.budget_ratio,
+                                            self.policy.retry.budget_burst)
         if self.routing is None and not isinstance(self.shared, LocalState):
             self.routing = SharedRouting(self.shared, self.breakers, self.balancer)
 

@@ -43,7 +43,7 @@ def sender(state: ProxyState) -> Sender:
 
     assert state.breakers is not None
     return Sender(state.upstream.send, state.policy.retry, state.breakers, state.balancer, match,
-                  shared=state.routing)
+                  shared=state.routing, budget=state.retry_budget)
 
 
 async def client_gone(request: Request) -> None:

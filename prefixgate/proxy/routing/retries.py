@@ -3,15 +3,20 @@
 :class:`Sender` walks the request's steps — each target of
 :func:`prefixgate.proxy.routing.router.plan_targets` (the route's backends, then its fallbacks), and within a
 deployment group its deployments in the order :mod:`prefixgate.proxy.routing.balance` gives (the chosen one
-first, the others by load) — and tries each deployment up to ``retry.attempts`` times:
+first, the others by load). Each deployment is tried once while another step remains; the last
+one of the plan up to ``retry.attempts`` times:
 
-- retried on the same deployment after a backoff with full jitter: a connect error, and the
-  statuses of ``retry.on_status`` (408, 429, 500, 502, 503, 504, 529); a ``retry-after`` (seconds
-  or an HTTP date) is waited out when it is at most ``retry.max_retry_after_s``, and ends this
-  deployment's tries when longer;
+- retried on the same deployment after a backoff with full jitter: a connect error (last step
+  only), and the statuses of ``retry.on_status`` (408, 429, 500, 502, 503, 504, 529) when the
+  answer's ``retry-after`` (seconds or an HTTP date) is at most ``retry.max_retry_after_s`` (waited
+  out), or when it is the last step; a longer ``retry-after`` ends this deployment's tries;
 - the next deployment / backend at once: a reset or a timeout before the response head (the
   deployment may be overloaded or the request may have run: repeating it there would not help);
 - answered as is: any other status (a 400 is the client's, not the deployment's).
+
+Bounded (issue 20, class 6): every send after the request's first spends a token of the shared
+:class:`RetryBudget` (none left: the client gets the last answer, or the last error, at once), and
+no wait or send starts past the backend's ``timeouts.total_s`` from the first send.
 
 When the last step fails too, the client gets the last upstream answer (its status, body in its
 API shape, ``retry-after``), or the last error (502 / 504). Nothing is retried once the answer
@@ -112,6 +117,31 @@ def backoff_s(retry: int, settings: RetrySettings, rand: Callable[[], float]) ->
     return rand() * cap
 
 
+class RetryBudget:
+    """Retries as a share of live traffic, shared by every request of the proxy.
+
+    A token bucket: each request earns ``ratio`` tokens (at most ``burst`` kept); each send after
+    a request's first spends one. So over time retries and fallback sends stay near ``ratio`` x
+    requests, plus a burst of ``burst`` — the bound of Envoy's ``retry_budget``
+    (``budget_percent``, default 20 %) and of gRPC's retry throttling (gRFC A6), which keep a
+    failing backend from being hit by every client's every retry at once."""
+
+    def __init__(self, ratio: float, burst: float) -> None:
+        self.ratio, self.burst = ratio, burst
+        self.tokens = burst
+
+    def earn(self) -> None:
+        """A new request arrived."""
+        self.tokens = min(self.burst, self.tokens + self.ratio)
+
+    def spend(self) -> bool:
+        """Take a token for one more send; False (nothing taken) when none is left."""
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
 @dataclass
 class Picked:
     """The step and deployment that answered, and the release of its in-flight count. Handed
@@ -136,9 +166,13 @@ class Sender:
                  | None = None,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                  rand: Callable[[], float] = random.random,
-                 shared: SharedRouting | None = None) -> None:
+                 shared: SharedRouting | None = None, budget: RetryBudget | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.send, self.retry, self.breakers, self.balancer = send, retry, breakers, balancer
         self.match, self.sleep, self.rand, self.shared = match, sleep, rand, shared
+        self.budget = budget if budget is not None else RetryBudget(retry.budget_ratio,
+                                                                    retry.budget_burst)
+        self.clock = clock
 
     async def order(self, step: Step, key: str,
                     opened: list[bool] | None = None) -> list[tuple[Deployment, str]]:
@@ -178,18 +212,25 @@ class Sender:
         plan = [(s, d, why) for s in steps for d, why in await self.order(s, key, opened)]
         log.all_open = bool(opened) and all(opened)
         last: ProxyError = UpstreamUnavailable("no deployment to send to")
+        self.budget.earn()
+        total = plan[0][0].target.backend.timeouts_s()[3] if plan else None
+        deadline = None if total is None else self.clock() + total
+        sent, paid = 0, False  # paid: the next send's budget token is already taken
         for i, (step, dep, why) in enumerate(plan):
             final = i == len(plan) - 1
             target = step.target.on(dep)
             breaker = self.breakers.get(dep.name)
             for n in range(self.retry.attempts):
                 more_here = n + 1 < self.retry.attempts
+                if sent and not paid and not self._affordable(deadline, 0.0):
+                    raise last
+                sent, paid = sent + 1, False
                 breaker.before_send()
                 release = self.balancer.acquire(dep.name, why)
                 log.count += 1
                 try:
                     resp = await self._send_one(target, step.bridge.url(target.base_url), step.body,
-                                               headers_for(target))
+                                               headers_for(target), deadline)
                 except (UpstreamUnavailable, UpstreamTimeout) as e:
                     release()
                     kind = failure_kind(e)
@@ -199,8 +240,12 @@ class Sender:
                         await self.shared.failed(dep.name, was)
                     log.failed(dep.name, kind)
                     last = e
-                    if kind == "connect" and more_here:
-                        await self.sleep(backoff_s(n + 1, self.retry, self.rand))
+                    if kind == "connect" and more_here and final:
+                        pause = backoff_s(n + 1, self.retry, self.rand)
+                        if not self._affordable(deadline, pause):
+                            raise last from None
+                        paid = True
+                        await self.sleep(pause)
                         continue
                     break
                 except BaseException:
@@ -220,26 +265,43 @@ class Sender:
                     await self.shared.failed(dep.name, was)
                 log.failed(dep.name, f"status-{resp.status_code}")
                 wait = retry_after_s(resp.headers)
-                retry_here = more_here and (wait is None or wait <= self.retry.max_retry_after_s)
-                if final and not retry_here:
+                said = wait is not None and wait <= self.retry.max_retry_after_s
+                retry_here = more_here and (said or (final and wait is None))
+                pause = max(wait or 0.0, backoff_s(n + 1, self.retry, self.rand))
+                go_on = retry_here or not final
+                if go_on and not self._affordable(deadline, pause if retry_here else 0.0):
+                    go_on = False
+                if not go_on:
                     on_pick(Picked(step, target, release))
                     return resp  # the last answer goes to the client as it is
+                paid = True
                 with anyio.CancelScope(shield=True):
                     await resp.aclose()
                 release()
                 if not retry_here:
                     break
-                await self.sleep(max(wait or 0.0, backoff_s(n + 1, self.retry, self.rand)))
+                await self.sleep(pause)
         raise last
 
+    def _affordable(self, deadline: float | None, pause: float) -> bool:
+        """Whether one more send (after ``pause`` seconds) fits the total deadline and the retry
+        budget; spends the budget's token when it does."""
+        if deadline is not None and self.clock() + pause >= deadline:
+            return False
+        return self.budget.spend()
+
     async def _send_one(self, target: Target, url: str, body: bytes,
-                        headers: Mapping[str, bytes]) -> httpx.Response:
+                        headers: Mapping[str, bytes], deadline: float | None = None
+                        ) -> httpx.Response:
+        """One send; its wait for the response head is bounded by the first-byte timeout and by
+        what is left of the request's total deadline."""
         connect, first, idle, _total = target.backend.timeouts_s()
         read = max(first, idle)
+        if deadline is not None:
+            first = max(0.001, min(first, deadline - self.clock()))
         if first >= read:  # the transport's read timeout bounds the head: no timer, no task
             return await self.send(url, headers, body, read, connect_s=connect)
-        sending = asyncio.ensure_future(self.send(url, headers, body, read,
-                                                  connect_s=connect))
+        sending = asyncio.ensure_future(self.send(url, headers, body, read, connect_s=connect))
         try:
             done, _ = await asyncio.wait((sending,), timeout=first)
         except BaseException:
