@@ -18,8 +18,13 @@ refused with a 400 naming it:
 - ``tools`` (``function`` only) -> Chat ``tools``; ``tool_choice``; ``max_output_tokens`` ->
   ``max_tokens``; ``temperature``, ``top_p``, ``parallel_tool_calls``, ``user``;
   ``text.format`` ``json_schema`` / ``json_object`` -> ``response_format``.
+  ``prompt_cache_key`` / ``prompt_cache_retention`` / ``safety_identifier`` / ``service_tier``
+  as they are; ``reasoning.effort`` -> ``reasoning_effort``; ``text.verbosity`` -> ``verbosity``.
 - Refused (400): built-in tools (``web_search``, ``file_search``, ...), ``background: true``,
-  item types a Chat backend cannot take (``item_reference``, computer / code calls).
+  item types a Chat backend cannot take (``item_reference``, computer / code calls), and every
+  field of :data:`REQUEST_FIELDS` the bridge cannot carry unless it holds its default (``prompt``,
+  ``conversation``, ``include``, ``top_logprobs``, ``max_tool_calls``, ``truncation: auto``,
+  reasoning summaries); a field not in the table is refused too.
 
 Answer (:func:`response_object`): ``message.reasoning_content`` (vLLM / SGLang reasoning
 parsers) -> a ``reasoning`` output item, ``message.content`` -> a ``message`` output item with one
@@ -184,12 +189,76 @@ def _response_format(text: Any) -> dict[str, Any] | None:
     raise _bad("text.format.type", f"{fmt['type']!r} is not a Chat Completions format")
 
 
+#: What the Responses -> Chat bridge does with each top-level request field (lossless or refuse,
+#: issue 20 class 10): ``map`` (carried to the Chat body), ``proxy`` (served by the proxy
+#: itself: the response store, the stream), ``default`` (refused unless absent, null or the value
+#: that means the same as leaving it out), ``refuse`` (never carried). A field not listed is
+#: refused: nothing reaches the backend silently changed, and nothing is dropped.
+REQUEST_FIELDS: dict[str, str] = {
+    "model": "map", "input": "map", "instructions": "map", "tools": "map", "tool_choice": "map",
+    "max_output_tokens": "map", "temperature": "map", "top_p": "map",
+    "parallel_tool_calls": "map", "user": "map", "text": "map", "reasoning": "map",
+    "prompt_cache_key": "map", "prompt_cache_retention": "map", "safety_identifier": "map",
+    "service_tier": "map",
+    "stream": "proxy", "stream_options": "proxy", "store": "proxy", "metadata": "proxy",
+    "previous_response_id": "proxy", "background": "default",
+    "include": "default", "top_logprobs": "default", "max_tool_calls": "default",
+    "truncation": "default", "prompt": "default", "conversation": "default",
+}
+#: The values of the ``default`` fields that mean the same as leaving them out.
+DEFAULTS: dict[str, tuple[Any, ...]] = {
+    "background": (False,), "include": ([],), "top_logprobs": (0,), "max_tool_calls": (),
+    "truncation": ("disabled",), "prompt": (), "conversation": (),
+}
+_WHY = {
+    "include": "a Chat Completions backend cannot add the extra output it asks for",
+    "top_logprobs": "the bridged response carries no logprobs",
+    "max_tool_calls": "a Chat Completions backend has no limit on tool calls to carry it",
+    "truncation": "the proxy does not truncate the conversation for the backend",
+    "prompt": "stored prompt templates live at OpenAI",
+    "conversation": "conversation objects live at OpenAI; use previous_response_id",
+    "background": "background responses need a backend that runs them",
+}
+
+
+def check_fields(body: dict[str, Any]) -> None:
+    """Refuse (400, ``param`` naming it) every field of ``body`` the bridge would otherwise drop
+    or change (:data:`REQUEST_FIELDS`), and the sub-fields of ``text``, ``reasoning`` and
+    ``stream_options`` it cannot carry."""
+    for key, value in body.items():
+        how = REQUEST_FIELDS.get(key)
+        if how is None:
+            raise _bad(key, "this field has no Chat Completions counterpart and dropping it would "
+                       "change the request")
+        if how == "default" and value is not None and not any(
+                value == d and type(value) is type(d) for d in DEFAULTS[key]):
+            raise _bad(key, _WHY[key])
+    _known(body.get("text"), "text", {"format", "verbosity"})
+    _known(body.get("reasoning"), "reasoning", {"effort", "summary", "generate_summary"})
+    _known(body.get("stream_options"), "stream_options", {"include_obfuscation"})
+    reasoning = body.get("reasoning") if isinstance(body.get("reasoning"), dict) else {}
+    for key in ("summary", "generate_summary"):
+        if reasoning.get(key) is not None:
+            raise _bad(f"reasoning.{key}", "a Chat Completions backend returns no reasoning "
+                       "summaries")
+
+
+def _known(obj: Any, param: str, keys: set[str]) -> None:
+    if obj is None:
+        return
+    if not isinstance(obj, dict):
+        raise InvalidRequest(f"Invalid type for '{param}': expected an object.", param=param,
+                             code="invalid_type")
+    for k in obj:
+        if k not in keys:
+            raise _bad(f"{param}.{k}", "this field has no Chat Completions counterpart")
+
+
 def to_chat(body: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
     """A Chat Completions body for the Responses ``body``; ``history``: the input and output
     items of the ``previous_response_id`` chain, oldest first (empty without one). Raises
     InvalidRequest (400, ``param`` naming the field) for what cannot be bridged."""
-    if body.get("background") is True:
-        raise _bad("background", "background responses need a backend that runs them")
+    check_fields(body)
     messages: list[dict[str, Any]] = []
     if isinstance(body.get("instructions"), str) and body["instructions"]:
         messages.append({"role": "system", "content": body["instructions"]})
@@ -201,9 +270,19 @@ def to_chat(body: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, An
             chat["tool_choice"] = _tool_choice(body["tool_choice"])
     for src, dst in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"),
                      ("top_p", "top_p"), ("parallel_tool_calls", "parallel_tool_calls"),
-                     ("user", "user")):
+                     ("user", "user"), ("prompt_cache_key", "prompt_cache_key"),
+                     ("prompt_cache_retention", "prompt_cache_retention"),
+                     ("safety_identifier", "safety_identifier")):
         if body.get(src) is not None:
             chat[dst] = body[src]
+    if body.get("service_tier") not in (None, "auto", "default"):  # the default: left out
+        chat["service_tier"] = body["service_tier"]
+    effort = (body.get("reasoning") or {}).get("effort")
+    if effort is not None:
+        chat["reasoning_effort"] = effort
+    verbosity = (body.get("text") or {}).get("verbosity")
+    if verbosity is not None:
+        chat["verbosity"] = verbosity
     fmt = _response_format(body.get("text"))
     if fmt is not None:
         chat["response_format"] = fmt
