@@ -19,8 +19,8 @@ from typing import Any
 import orjson
 
 from prefixgate.proxy.bridges.anthropic_openai_request import request_to_openai
-from prefixgate.proxy.bridges.base import Bridge
-from prefixgate.proxy.bridges.validity import checked, encoded, openai_problem
+from prefixgate.proxy.bridges.base import Translating
+from prefixgate.proxy.bridges.validity import checked, openai_problem
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.core.nesting import first_too_deep
 from prefixgate.proxy.core.sse import EventMapper, SSEEvent
@@ -270,10 +270,8 @@ class StreamMapper:
         return out
 
 
-class AnthropicToOpenAI(Bridge):
+class AnthropicToOpenAI(Translating):
     """Anthropic Messages client -> OpenAI-compatible backend (``/chat/completions``)."""
-
-    translate = True
 
     def __init__(self, path: str = "/chat/completions") -> None:
         super().__init__("anthropic", "openai", path)
@@ -283,19 +281,8 @@ class AnthropicToOpenAI(Bridge):
         (400 naming it; ``docs/bridges.md``), then checked as a whole."""
         return checked(request_to_openai, body, openai_problem)
 
-    def encode(self, body: dict[str, Any], raw: bytes, rewritten: Any, model: str | None,
-               max_depth: int) -> bytes:
-        if rewritten is not None:
-            body = rewritten.body
-        if model is not None:
-            body = {**body, "model": model}
-        return encoded(self.request(body, max_depth))
-
     def stream(self, model: str, body: dict[str, Any]) -> tuple[StreamWatcher, EventMapper | None]:
         return OpenAIStreamWatcher(), StreamMapper(model).map
-
-    def loads(self, content: bytes) -> Any:
-        return exactjson.loads(content)
 
     def answer(self, answer: dict[str, Any], content: bytes, model: str) -> tuple[bytes, Usage]:
         usage = usage_from_answer(answer, self.wire)

@@ -26,6 +26,7 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
+from prefixgate.proxy.bridges.validity import encoded
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.core.errors import InvalidRequest
 from prefixgate.proxy.core.sse import EventMapper
@@ -118,6 +119,25 @@ class Bridge:
     def error(self, raw: bytes, status: int) -> bytes | None:
         """The upstream's JSON error body in the client's shape (None: relay it as is)."""
         return None
+
+
+class Translating(Bridge):
+    """Base of the bridges whose two sides speak different APIs: the upstream bytes are
+    :meth:`request` of the (rewritten) body, serialised with numbers kept; answers are parsed
+    with their numbers kept."""
+
+    translate = True
+
+    def encode(self, body: dict[str, Any], raw: bytes, rewritten: Rewritten | None,
+               model: str | None, max_depth: int) -> bytes:
+        if rewritten is not None:
+            body = rewritten.body
+        if model is not None:
+            body = {**body, "model": model}
+        return encoded(self.request(body, max_depth))
+
+    def loads(self, content: bytes) -> Any:
+        return exactjson.loads(content)
 
 
 def dumps(body: dict[str, Any]) -> bytes:

@@ -16,9 +16,9 @@ from typing import Any
 
 import orjson
 
-from prefixgate.proxy.bridges.base import Bridge
+from prefixgate.proxy.bridges.base import Translating
 from prefixgate.proxy.bridges.openai_anthropic_request import DEFAULT_MAX_TOKENS, request_to_anthropic
-from prefixgate.proxy.bridges.validity import anthropic_problem, checked, encoded
+from prefixgate.proxy.bridges.validity import anthropic_problem, checked
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.core.sse import EventMapper, SSEEvent
 from prefixgate.proxy.core.usage import (
@@ -167,10 +167,8 @@ class ChunkMapper:
         return []
 
 
-class OpenAIToAnthropic(Bridge):
+class OpenAIToAnthropic(Translating):
     """OpenAI Chat Completions client -> Anthropic backend (``/messages``)."""
-
-    translate = True
 
     def __init__(self, path: str = "/messages") -> None:
         super().__init__("openai", "anthropic", path)
@@ -182,22 +180,11 @@ class OpenAIToAnthropic(Bridge):
         return checked(lambda b, origins: request_to_anthropic(b, max_depth, origins), body,
                        anthropic_problem)
 
-    def encode(self, body: dict[str, Any], raw: bytes, rewritten: Any, model: str | None,
-               max_depth: int) -> bytes:
-        if rewritten is not None:
-            body = rewritten.body
-        if model is not None:
-            body = {**body, "model": model}
-        return encoded(self.request(body, max_depth))
-
     def stream(self, model: str, body: dict[str, Any]) -> tuple[StreamWatcher, EventMapper | None]:
         watcher = AnthropicStreamWatcher()
         opts = body.get("stream_options")  # checked by request(): an object or absent
         include = isinstance(opts, dict) and opts.get("include_usage") is True
         return watcher, ChunkMapper(model, watcher, include).map
-
-    def loads(self, content: bytes) -> Any:
-        return exactjson.loads(content)
 
     def answer(self, answer: dict[str, Any], content: bytes, model: str) -> tuple[bytes, Usage]:
         usage = usage_from_answer(answer, self.wire)
