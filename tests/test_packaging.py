@@ -33,8 +33,8 @@ def test_wheel_has_one_top_level_package_and_its_data(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops == {"prefixgate", next(t for t in tops if t.endswith(".dist-info"))}
-    for want in ("prefixgate/config/default_policy.yaml", "prefixgate/proxy/static/dashboard.html",
-                 "prefixgate/proxy/static/uplot/uPlot.iife.min.js", "prefixgate/__main__.py"):
+    for want in ("prefixgate/config/default_policy.yaml", "prefixgate/proxy/observe/static/dashboard.html",
+                 "prefixgate/proxy/observe/static/uplot/uPlot.iife.min.js", "prefixgate/__main__.py"):
         assert want in names, want
     meta_name = next(n for n in names if n.endswith(".dist-info/METADATA"))
     meta = Parser().parsestr(zipfile.ZipFile(wheel).read(meta_name).decode())

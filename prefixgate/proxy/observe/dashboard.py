@@ -1,9 +1,9 @@
 """The savings dashboard: ``GET /dashboard`` and its static files (issue 9, item 5).
 
-One self-contained page (``prefixgate/proxy/static/dashboard.html`` + ``dashboard.js`` + ``dashboard.css``)
-that draws ``GET /api/savings?range=1h|24h|7d`` (the JSON contract of :mod:`proxy` 's savings
-endpoint) with uPlot, vendored from npm (``uplot`` 1.6.32, MIT, its LICENSE next to it under
-``prefixgate/proxy/static/uplot/``). No CDN, no build step: everything the page loads comes from this
+One self-contained page (``prefixgate/proxy/observe/static/dashboard.html`` + ``dashboard.js`` +
+``dashboard.css``) that draws ``GET /api/savings?range=1h|24h|7d`` (the JSON contract of :mod:`proxy` 's
+savings endpoint) with uPlot, vendored from npm (``uplot`` 1.6.32, MIT, its LICENSE next to it under
+``prefixgate/proxy/observe/static/uplot/``). No CDN, no build step: everything the page loads comes from this
 module, :data:`STATIC` names every file, and the page + scripts + styles stay under
 :data:`PAGE_BUDGET_BYTES` (tested).
 
@@ -34,7 +34,7 @@ from prefixgate.proxy.http.auth import Guard
 
 PAGE_BUDGET_BYTES = 150 * 1024  # issue 9: page + scripts <= 150 KB
 
-# URL name under /dashboard/static/ -> (path under prefixgate/proxy/static/, media type)
+# URL name under /dashboard/static/ -> (path under prefixgate/proxy/observe/static/, media type)
 STATIC: dict[str, tuple[str, str]] = {
     "dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
     "dashboard.css": ("dashboard.css", "text/css; charset=utf-8"),
@@ -53,7 +53,7 @@ CHALLENGE = {"www-authenticate": 'Basic realm="prefixgate", charset="UTF-8"'}
 
 @cache
 def asset(relpath: str) -> bytes:
-    """The bytes of ``prefixgate/proxy/static/<relpath>`` (read once, from the installed package).
+    """The bytes of ``prefixgate/proxy/observe/static/<relpath>`` (read once, from the installed package).
     Raises FileNotFoundError when the package was installed without its package data."""
     return resources.files(__package__ or "prefixgate.proxy").joinpath("static", relpath).read_bytes()
 
