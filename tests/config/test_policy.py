@@ -20,9 +20,12 @@ def _minimal() -> dict:
     }
 
 
-def test_default_policy_routes_unknown_models_to_local_engine() -> None:
+def test_default_policy_routes_the_local_model_by_its_id_and_aliases_only() -> None:
     p = default_policy()
     assert resolve_route(p, "smollm2")[0] == "local"
+    assert resolve_route(p, "SmolLM2-135M-Instruct")[0] == "local"
+    assert resolve_route(p, "smolm2") is None and resolve_route(p, "gtp-4o") is None
+    assert resolve_route(p, "") is None  # no catch-all route in the shipped policy
     assert resolve_route(p, "gpt-4o")[0] == "openai"
     assert resolve_route(p, "claude-sonnet-4-5")[0] == "anthropic"
     assert p.listen.port == 8080

@@ -13,6 +13,7 @@ API.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from dataclasses import dataclass, replace
 
@@ -78,6 +79,27 @@ def find_route(policy: Policy, model: str) -> Route | None:
     return next((r for r in policy.routes if fnmatch.fnmatchcase(model, r.match)), None)
 
 
+_WILDCARDS = "*?["
+
+
+def did_you_mean(policy: Policy, model: str) -> str:
+    """`` Did you mean 'x'?`` naming the callable model names closest to ``model`` (aliases and
+    route names without wildcards, by :func:`difflib.get_close_matches`), or a route glob whose
+    fixed start is close to ``model``'s; ``""`` when none is close. Names the policy makes
+    callable, nothing else."""
+    names = list(policy.aliases) + [r.match for r in policy.routes
+                                    if not any(c in r.match for c in _WILDCARDS)]
+    close = difflib.get_close_matches(model, names, n=2, cutoff=0.6)
+    globs = []
+    for r in policy.routes:
+        fixed = r.match.split("*")[0].split("?")[0].split("[")[0]
+        if fixed and fixed != r.match and difflib.SequenceMatcher(
+                None, model[:len(fixed)], fixed).ratio() >= 0.6:
+            globs.append(r.match)
+    shown = [f"'{n}'" for n in close] + [f"a model matching '{g}'" for g in globs[:2]]
+    return f" Did you mean {' or '.join(shown)}?" if shown else ""
+
+
 def plan_targets(policy: Policy, model: str, api: Api, *,
                  can_translate: bool = False) -> list[Target]:
     """Every backend ``model`` may be served by for a client of ``api``, primary first (see
@@ -86,8 +108,9 @@ def plan_targets(policy: Policy, model: str, api: Api, *,
     such a primary is a 501."""
     route = find_route(policy, model)
     if route is None:
-        raise ModelNotFound(f"The model '{model}' does not exist or no route of the policy "
-                            "matches it.", param="model")
+        hint = did_you_mean(policy, model)
+        raise ModelNotFound(f"The model '{model[:200]}' does not exist or no route of the policy "
+                            f"matches it.{hint}", param="model")
     aliased = policy.aliases.get(model)
     out = []
     for i, step in enumerate(route.chain()):
