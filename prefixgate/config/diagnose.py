@@ -110,7 +110,8 @@ def _env_warnings(data: dict[str, Any]) -> list[Problem]:
         m = re.fullmatch(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", key) if isinstance(key, str) else None
         if m and not os.environ.get(m.group(1)):
             out.append((f"backends.{name}.api_key", f"${{{m.group(1)}}} is not set in this "
-                        "environment: requests routed to this backend will fail with 500"))
+                        "environment: requests routed to this backend will fail with 424 "
+                        "backend_key_missing"))
     return out
 
 

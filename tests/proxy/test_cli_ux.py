@@ -42,6 +42,36 @@ def test_config_check_reports_every_problem_in_one_run(tmp_path: Path,
     assert "warning: backends.oai.api_key: ${PG_TEST_UNSET_KEY} is not set" in out
 
 
+def test_serve_reports_every_problem_at_start_in_config_checks_words(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``serve --policy`` runs the same diagnosis (issue 22, item 4): all four mistakes in one run,
+    each line as ``config check`` prints it, and nothing starts."""
+    monkeypatch.delenv("PG_TEST_UNSET_KEY", raising=False)
+    f = tmp_path / "p.yaml"
+    f.write_text(BAD)
+    _, checked = _run("config", "check", str(f))
+    code, served = _run("serve", "--policy", str(f))
+    assert code == 2
+    problems = [line for line in checked.splitlines() if line.startswith(f"{f}: ")
+                and "warning" not in line]
+    assert len(problems) == 4
+    for line in problems:
+        assert line in served.splitlines()
+
+
+def test_serve_warns_of_an_unset_backend_key_once_at_start(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PG_TEST_UNSET_KEY", raising=False)
+    f = tmp_path / "p.yaml"
+    f.write_text('backends:\n  oai: {kind: openai, base_url: "https://api.openai.com/v1", '
+                 'api_key: "${PG_TEST_UNSET_KEY}"}\nroutes:\n  - {match: "gpt-*", backend: oai}\n')
+    monkeypatch.setattr("uvicorn.run", lambda *a, **k: None)  # start nothing
+    code, out = _run("serve", "--policy", str(f))
+    assert code == 0, out
+    warnings = [line for line in out.splitlines() if "warning: backends.oai.api_key" in line]
+    assert len(warnings) == 1 and "424" in warnings[0]
+
+
 def test_config_check_names_the_file_in_yaml_errors(tmp_path: Path) -> None:
     f = tmp_path / "broken.yaml"
     f.write_text("backends: {a: [1\n")

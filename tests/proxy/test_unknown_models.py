@@ -55,3 +55,33 @@ def test_through_the_proxy_a_typo_is_a_shaped_404_and_nothing_is_sent(path: str,
     err = r.json()["error"]
     assert err.get("code", err.get("type")) in ("model_not_found", "not_found_error")
     assert "does not exist" in err["message"]
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+def test_an_unknown_response_id_is_a_404_when_the_openai_key_is_unset(
+        method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shipped policy's OpenAI backend without ``OPENAI_API_KEY``: an id the store does not
+    hold is a 404 (it was a 500 "OPENAI_API_KEY is not set", issue 22 item 3)."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    policy = default_policy()
+    policy = policy.model_copy(update={"ledger": policy.ledger.model_copy(update={"path": ":memory:"})})
+    with serve_app(build_app(policy, rewrite_fn=None, analyze=False)) as url:
+        r = httpx.request(method, url + "/v1/responses/resp_nope", timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+def test_a_missing_backend_key_is_a_status_the_sdks_do_not_retry(monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    import openai
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    policy = default_policy()
+    policy = policy.model_copy(update={"ledger": policy.ledger.model_copy(update={"path": ":memory:"})})
+    app = build_app(policy, rewrite_fn=None, analyze=False)
+    with serve_app(app) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=3)
+        with pytest.raises(openai.APIStatusError) as e:
+            client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    assert e.value.status_code == 424
+    assert "OPENAI_API_KEY" in str(e.value) and "restart" in str(e.value)
+    assert len(app.state.proxy.ledger.rows()) == 1  # one request: the SDK did not retry it

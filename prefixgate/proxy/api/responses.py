@@ -39,6 +39,7 @@ from starlette.responses import JSONResponse, Response
 from prefixgate.cache.ledger import LedgerRow
 from prefixgate.cache.responses_store import MemoryResponseStore, ResponseStore, StoredResponse
 from prefixgate.config.backend_kinds import traits
+from prefixgate.config.secrets import MissingSecret, resolve_secret
 from prefixgate.proxy.bridges import Bridge, ResponsesState, bridge_for
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.core.errors import (
@@ -181,9 +182,19 @@ class ResponsesEndpoint:
             return error_response(e, "openai")
 
     def _only_openai_backend(self) -> str | None:
+        """The one backend serving the Responses API itself that an unknown id may live at; None
+        when there is not exactly one, or when its key is not set (the proxy cannot ask it,
+        and nothing created through this proxy can be there: 404, not a 424, issue 22 item 3)."""
         names = [n for n, b in self.state.policy.backends.items()
                  if traits(b.kind).native_responses]
-        return names[0] if len(names) == 1 else None
+        if len(names) != 1:
+            return None
+        backend = self.state.policy.backends[names[0]]
+        try:
+            resolve_secret(backend.api_key)
+        except MissingSecret:
+            return None
+        return names[0]
 
     async def _forward(self, request: Request, name: str, response_id: str,
                        method: str) -> Response:

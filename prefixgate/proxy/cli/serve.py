@@ -33,11 +33,13 @@ import logging
 import os
 import sys
 from contextlib import ExitStack
+from importlib import resources
 from pathlib import Path
 
 import typer
 
 from prefixgate.config.backend_kinds import traits
+from prefixgate.config.diagnose import diagnose
 from prefixgate.config.loader import PolicyError, default_policy, load_policy
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.cli.engine_proc import EngineProcess, EngineStartError, engine_command
@@ -73,6 +75,18 @@ def __getattr__(name: str) -> object:
 
 
 def _load(policy: Path | None) -> Policy:
+    """The policy to serve, after the diagnosis ``prefixgate config check`` makes: every problem
+    of the file in one run, in the same words (exit 2), then its warnings (an unset backend key)
+    once, at start (issue 22, item 4)."""
+    with resources.as_file(resources.files("prefixgate.config") / "default_policy.yaml") as shipped:
+        path = policy if policy else shipped
+        problems, warnings = diagnose(path)
+    for where, msg in problems:
+        typer.echo(f"{path}: {where or '<root>'}: {msg}", err=True)
+    if problems:
+        raise typer.Exit(2)
+    for where, msg in warnings:
+        typer.echo(f"{path}: warning: {where}: {msg}", err=True)
     try:
         return load_policy(policy) if policy else default_policy()
     except PolicyError as e:

@@ -220,9 +220,12 @@ class UpstreamTimeout(ProxyError):
 
 
 class MissingBackendKey(ProxyError):
-    """The backend's ``${ENV}`` key is not set in the proxy's environment."""
+    """The backend's ``${ENV}`` key is not set in the proxy's environment: a configuration
+    error no retry can fix. 424 (Failed Dependency, RFC 4918 section 11.4), a status the
+    OpenAI and Anthropic SDKs do not retry (they retry 408, 409, 429 and 5xx), so the client
+    sees the fix at once instead of after three retries (issue 22, item 5)."""
 
-    status = 500
+    status = 424
     type = "server_error"
     code = "backend_key_missing"
 

@@ -70,7 +70,9 @@ class Target:
         try:
             return resolve_secret(key)
         except MissingSecret as e:
-            raise MissingBackendKey(f"backend {self.backend_name!r}: {e}") from None
+            raise MissingBackendKey(f"backend {self.backend_name!r}: {e}; set it in the proxy's "
+                                    "environment and restart the proxy, or change the backend's "
+                                    "api_key in the policy") from None
 
 
 def find_route(policy: Policy, model: str) -> Route | None:
