@@ -9,12 +9,21 @@ POLICY ?=
 .PHONY: venv install model run test test-fast redis chromium wrk bench bench-overhead clean
 
 $(VENV)/.installed: pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	# torch first, pinned: the CPU build lies on local disk; a bare `torch` pulls CUDA wheels.
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[local,test]"
-	touch $@
+	@echo "[setup 1/4] virtual environment in $(VENV)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "[setup 2/4] upgrading pip"
+	@$(PIP) install -q --upgrade pip
+	@# torch first, pinned: the CPU build lies on local disk; a bare `torch` pulls CUDA wheels.
+	@echo "[setup 3/4] torch 2.13.0 (CPU build, about 200 MB)"
+	@{ $(PIP) install torch==2.13.0 2>&1; echo $$? > $(VENV)/.pip-rc; } | \
+	  grep --line-buffered -v "^Requirement already satisfied" || true
+	@test "$$(cat $(VENV)/.pip-rc)" = 0 || { echo "torch install failed (see above)"; exit 1; }
+	@echo "[setup 4/4] prefixgate and its dependencies (engine + test extras; about 2 min on a fresh machine)"
+	@{ $(PIP) install -e ".[local,test]" 2>&1; echo $$? > $(VENV)/.pip-rc; } | \
+	  grep --line-buffered -E "^(Collecting|Successfully|ERROR|error)" || true
+	@test "$$(cat $(VENV)/.pip-rc)" = 0 || { echo "prefixgate install failed (see above)"; exit 1; }
+	@touch $@
+	@echo "setup done: $(VENV)"
 
 venv install: $(VENV)/.installed
 

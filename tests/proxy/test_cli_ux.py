@@ -146,3 +146,30 @@ def test_replay_takes_a_swe_agent_trace_as_simulate_does(rig: Any) -> None:
     assert code == 0, out
     sent = rig.upstream.seen
     assert len(sent) == 4 and all(s.json["tools"] for s in sent)
+
+
+def test_serve_says_it_is_starting_the_engine_and_when_it_is_ready(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No silent 30 s (issue 22, item 1): the engine start is announced, then timed."""
+    import contextlib
+
+    from prefixgate.proxy.cli import serve as serve_mod
+
+    entered: list[str] = []
+
+    @contextlib.contextmanager
+    def fake_engine(backend: Any, model_dir: str) -> Any:
+        entered.append(model_dir)
+        yield None
+
+    monkeypatch.setattr(serve_mod, "EngineProcess", fake_engine)
+    monkeypatch.setattr("uvicorn.run", lambda *a, **k: None)
+    f = tmp_path / "p.yaml"
+    f.write_text('backends:\n  local: {kind: local, base_url: "http://127.0.0.1:9/v1", spawn: true, '
+                 f'model_path: "{tmp_path}"}}\nroutes:\n  - {{match: "m", backend: local}}\n')
+    code, out = _run("serve", "--policy", str(f))
+    assert code == 0, out and entered == [str(tmp_path)]
+    lines = out.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("starting the local engine of backend 'local'"))
+    assert lines[start].endswith("...")
+    assert any(x.startswith("starting the local engine") and ": done in " in x for x in lines[start + 1:])

@@ -43,6 +43,7 @@ from prefixgate.config.diagnose import diagnose
 from prefixgate.config.loader import PolicyError, default_policy, load_policy
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.cli.engine_proc import EngineProcess, EngineStartError, engine_command
+from prefixgate.proxy.cli.progress import step
 from prefixgate.proxy.core.logsafe import SafeFormatter
 from prefixgate.proxy.http.auth import KeyStore, needs_keys
 from prefixgate.proxy.http.server import guarded_protocol, uvicorn_options
@@ -167,7 +168,9 @@ def serve(
                            f"`make model`, into {DEFAULT_MODEL_DIR})", err=True)
                 raise typer.Exit(2)
             try:
-                stack.enter_context(EngineProcess(b, os.path.expanduser(model_dir)))
+                with step(f"starting the local engine of backend {name!r} ({model_dir}; about "
+                          "30 s on a CPU: model load and warm-up)"):
+                    stack.enter_context(EngineProcess(b, os.path.expanduser(model_dir)))
             except EngineStartError as e:
                 typer.echo(f"backend {name!r}: {e}", err=True)
                 raise typer.Exit(1) from None
