@@ -25,6 +25,7 @@ that is not JSON (an HTML error page), which :func:`upstream_error_body` puts in
 from __future__ import annotations
 
 import logging
+import re
 import unicodedata
 from typing import Any, Literal
 
@@ -282,6 +283,29 @@ def upstream_error_body(raw: bytes, status: int, api: Api) -> dict[str, Any]:
     return {"error": {"message": message,
                       "type": "server_error" if status >= 500 else "invalid_request_error",
                       "param": None, "code": "upstream_error"}}
+
+
+_KIND = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def upstream_error_kind(raw: bytes) -> str:
+    """What kind of error an upstream's JSON error body names, for the ledger: its ``code``,
+    else its ``type`` (OpenAI ``{"error": {"code", "type"}}``, Anthropic ``{"type": "error",
+    "error": {"type"}}``, vLLM / llama.cpp the same shapes), e.g. ``context_length_exceeded``,
+    ``invalid_request_error``; ``""`` when it names none. Only an identifier-like word (at most
+    64 characters) is taken — never the message, which may quote the prompt."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return ""
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if not isinstance(err, dict):
+        return ""
+    for key in ("code", "type"):
+        v = err.get(key)
+        if isinstance(v, str) and _KIND.fullmatch(v):
+            return v
+    return ""
 
 
 def stream_error_event(exc: ProxyError, api: Api) -> bytes:

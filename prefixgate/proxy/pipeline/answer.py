@@ -31,6 +31,7 @@ from prefixgate.proxy.core.errors import (
     UpstreamUnavailable,
     error_response,
     upstream_error_body,
+    upstream_error_kind,
 )
 from prefixgate.proxy.core.usage import Usage, usage_from_headers
 from prefixgate.proxy.http.headers import downstream_headers
@@ -124,6 +125,7 @@ async def _upstream_error(state: ProxyState, ex: Exchange, resp: httpx.Response)
         err = b""
     finally:
         await resp.aclose()
+    kind = upstream_error_kind(err)  # the upstream's own words, e.g. context_length_exceeded
     media = resp.headers.get("content-type", JSON)
     if not _is_json_object(err):  # an HTML page, an empty body: put in the caller's shape
         err, media = orjson.dumps(upstream_error_body(err, resp.status_code, ex.api)), JSON
@@ -131,7 +133,7 @@ async def _upstream_error(state: ProxyState, ex: Exchange, resp: httpx.Response)
         mapped = ex.bridge.error(err, resp.status_code)
         if mapped is not None:
             err, media = mapped, JSON
-    ex.row.error = f"upstream {resp.status_code}"
+    ex.row.error = f"upstream {resp.status_code}" + (f" {kind}" if kind else "")
     response = Response(err, status_code=resp.status_code, headers=_ours(ex, resp),
                         media_type=media)
     await finish(state, ex, Usage(), "upstream_error", response.status_code)
