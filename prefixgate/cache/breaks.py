@@ -25,6 +25,7 @@ as short excerpts around the divergence.
 from __future__ import annotations
 
 import json
+import textwrap
 from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -224,22 +225,30 @@ def count_by_kind(records: list[BreakRecord]) -> dict[str, int]:
     return out
 
 
-def format_breaks(records: list[BreakRecord]) -> str:
-    """Plain-text table of breaks for ``prefixgate report --breaks`` (one line per record, then
-    totals by kind). Empty input gives ``"no cache breaks recorded"``."""
+def format_breaks(records: list[BreakRecord], width: int = 80) -> str:
+    """Plain-text table of breaks for ``prefixgate report --breaks`` (one row per record, then
+    totals by kind), every line at most ``width`` columns (a terminal's 80 by default): a detail
+    or excerpt that does not fit goes on indented lines below its row. Empty input gives
+    ``"no cache breaks recorded"``."""
     if not records:
         return "no cache breaks recorded"
-    header = f"{'session':<20} {'req':>4} {'kind':<17} {'where':<18} {'offset':>7} " \
-             f"{'lost':>7}  detail"
-    lines = [header, "-" * len(header)]
+    header = f"{'session':<12} {'req':>4} {'kind':<17} {'where':<14} {'offset':>7} {'lost':>7}"
+    lines = [header + "  detail", "-" * min(width, len(header) + 8)]
+    indent = " " * 6
     for r in records:
         where = f"{r.region}[{r.block_index}]" + (f".{r.sub_index}" if r.sub_index else "")
-        lines.append(f"{r.session_id[:20]:<20} {r.request_seq:>4} {r.kind:<17} {where:<18} "
-                     f"{r.token_offset:>7} {r.tokens_lost:>7}  {r.detail}")
+        row = (f"{r.session_id[:12]:<12} {r.request_seq:>4} {r.kind[:17]:<17} {where[:14]:<14} "
+               f"{r.token_offset:>7} {r.tokens_lost:>7}")
+        if len(row) + 2 + len(r.detail) <= width:
+            lines.append(f"{row}  {r.detail}".rstrip())
+        else:
+            lines.append(row)
+            lines += textwrap.wrap(r.detail, width, initial_indent=indent, subsequent_indent=indent)
         if r.excerpt_before is not None:
-            lines.append(f"{'':<20}      before: {r.excerpt_before!r}")
-            lines.append(f"{'':<20}      after:  {r.excerpt_after!r}")
+            for label, text in (("before: ", r.excerpt_before), ("after:  ", r.excerpt_after)):
+                lines += textwrap.wrap(f"{label}{text!r}", width, initial_indent=indent,
+                                       subsequent_indent=indent + " " * len(label))
     totals = ", ".join(f"{k}: {v}" for k, v in count_by_kind(records).items())
-    lines.append(f"{len(records)} break(s) — {totals}; "
-                 f"{sum(r.tokens_lost for r in records)} prefix tokens lost")
+    lines += textwrap.wrap(f"{len(records)} break(s) — {totals}; "
+                           f"{sum(r.tokens_lost for r in records)} prefix tokens lost", width)
     return "\n".join(lines)

@@ -157,3 +157,20 @@ def test_a_volatile_note_message_at_the_end_moving_on_is_no_break() -> None:
     assert det.observe("s", _body(SYSTEM, [{"role": "user", "content": "Q1"},
                                            {"role": "assistant", "content": "A1"}, note2]),
                        wc) is None
+
+
+def test_the_breaks_table_fits_80_columns_and_keeps_every_word() -> None:
+    """``report --breaks`` wrapped at 80 columns (issue 22, item 7): long details and excerpts go
+    on indented lines, every line fits, no word of the detail is lost."""
+    from prefixgate.cache.breaks import BreakRecord
+
+    detail = "system text changed at a volatile span (datetime) " * 4
+    long = BreakRecord("sess-" + "f" * 40, 12, "volatile_span", "messages", 123, 4, 9, 4096, 123456,
+                       detail.strip(), ("datetime",), "before " * 30, "after " * 30)
+    short = BreakRecord("s2", 1, "tool_set", "tools", 0, 0, 0, 10, 20, "tool added")
+    text = format_breaks([long, short])
+    assert all(len(line) <= 80 for line in text.splitlines()), max(text.splitlines(), key=len)
+    assert " ".join(text.split()).count("system text changed at a volatile span (datetime)") == 4
+    assert any(line.endswith("tool added") and line.startswith("s2") for line in text.splitlines())
+    assert "2 break(s)" in text
+    assert all(len(line) <= 70 for line in format_breaks([long], width=70).splitlines())
