@@ -232,12 +232,12 @@ def format_breaks(records: list[BreakRecord], width: int = 80) -> str:
     ``"no cache breaks recorded"``."""
     if not records:
         return "no cache breaks recorded"
-    header = f"{'session':<12} {'req':>4} {'kind':<17} {'where':<14} {'offset':>7} {'lost':>7}"
+    header = f"{'session':<10} {'req':>4} {'kind':<17} {'where':<16} {'offset':>7} {'lost':>7}"
     lines = [header + "  detail", "-" * min(width, len(header) + 8)]
     indent = " " * 6
     for r in records:
         where = f"{r.region}[{r.block_index}]" + (f".{r.sub_index}" if r.sub_index else "")
-        row = (f"{r.session_id[:12]:<12} {r.request_seq:>4} {r.kind[:17]:<17} {where[:14]:<14} "
+        row = (f"{r.session_id[:10]:<10} {r.request_seq:>4} {r.kind[:17]:<17} {where[:16]:<16} "
                f"{r.token_offset:>7} {r.tokens_lost:>7}")
         if len(row) + 2 + len(r.detail) <= width:
             lines.append(f"{row}  {r.detail}".rstrip())

@@ -173,4 +173,4 @@ def test_the_breaks_table_fits_80_columns_and_keeps_every_word() -> None:
     assert " ".join(text.split()).count("system text changed at a volatile span (datetime)") == 4
     assert any(line.endswith("tool added") and line.startswith("s2") for line in text.splitlines())
     assert "2 break(s)" in text
-    assert all(len(line) <= 70 for line in format_breaks([long], width=70).splitlines())
+    assert all(len(line) <= 76 for line in format_breaks([long], width=76).splitlines())
