@@ -62,7 +62,7 @@ def test_rewrite_json_is_the_pipelines_body_with_a_diff_and_explained_edits(tmp_
         "alpha_search", "mid_update", "zeta_lookup"]
     assert out["summary"] == expected.summary() == "canonicalize_tools;hoist_volatile"
     assert '-        "name": "zeta_lookup",' in out["diff"]
-    assert "+      \"content\": \"(Current values" in out["diff"]
+    assert "+        | (Current values" in out["diff"]  # a prompt's text shown line by line
     assert out["diff"].startswith("--- original\n+++ rewritten\n")
     by_pass = {e["pass"]: e for e in out["edits"]}
     assert list(by_pass) == ["canonicalize_tools", "hoist_volatile", "stabilise_passages",
@@ -156,3 +156,22 @@ def test_readme_table_has_one_row_per_pass_in_pipeline_order() -> None:
     assert names == [p.name for p in PASSES]
     for name, row in zip(names, rows):
         assert row.rstrip(" |").endswith(WHAT_THE_MODEL_SEES[name])
+
+
+def test_the_diff_shows_a_prompt_line_by_line_and_no_line_is_very_long() -> None:
+    """One changed line in a 40-line system prompt is one changed line of the diff (issue 22,
+    item 7: the diff was one very long line per prompt)."""
+    from prefixgate.proxy.cli.rewrite import WRAP, unified_diff
+
+    lines = [f"Rule {i}: " + "be helpful and precise " * 8 for i in range(40)]
+    before = {"model": "m", "messages": [{"role": "system", "content": "\n".join(lines)}]}
+    changed = list(lines)
+    changed[17] = "Rule 17: changed"
+    after = {"model": "m", "messages": [{"role": "system", "content": "\n".join(changed)}]}
+    diff = unified_diff(before, after).splitlines()
+    assert all(len(x) <= WRAP + 1 for x in diff)
+    removed = [x for x in diff if x.startswith("-") and not x.startswith("---")]
+    added = [x for x in diff if x.startswith("+") and not x.startswith("+++")]
+    assert added == ["+        | Rule 17: changed"]
+    assert removed and all("Rule 17:" in x or x.strip("-| ") for x in removed)
+    assert unified_diff(before, before) == ""

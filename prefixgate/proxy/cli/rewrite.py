@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -90,10 +91,46 @@ def trace_passes(body: dict[str, Any], api: Api, ctx: Context) -> list[PassStep]
     return steps
 
 
+WRAP = 100
+"""Longest line of a diff: a string is shown split at its own newlines, then wrapped here."""
+
+
+def readable_lines(body: dict[str, Any]) -> list[str]:
+    """``body`` pretty-printed for a line diff (issue 22, item 7: a prompt was one very long
+    line): JSON lines as :func:`prefixgate.proxy.core.exactjson.pretty` writes them, except that a
+    string holding newlines or longer than :data:`WRAP` is shown as its own lines below the key,
+    each prefixed ``| `` and wrapped at :data:`WRAP` columns, so a one-line change in a system
+    prompt is a one-line diff. For reading only: the body sent is the JSON."""
+    out: list[str] = []
+    for line in exactjson.pretty(body).splitlines():
+        stripped = line.lstrip()
+        indent = line[: len(line) - len(stripped)]
+        key, sep, rest = stripped.partition('": "')
+        value = rest[:-1] if rest.endswith('",') else rest[:-1] if rest.endswith('"') else None
+        text = _string(f'"{value}"') if sep and value is not None else None
+        if text is None or ("\n" not in text and len(line) <= WRAP):
+            out.append(line)
+            continue
+        out.append(f'{indent}{key}": |')
+        pad = indent + "  | "
+        for part in text.split("\n"):
+            out += textwrap.wrap(part, WRAP - len(pad), initial_indent=pad, subsequent_indent=pad,
+                                 drop_whitespace=False, replace_whitespace=False) or [pad.rstrip()]
+    return out
+
+
+def _string(literal: str) -> str | None:
+    try:
+        value = json.loads(literal)
+    except ValueError:
+        return None
+    return value if isinstance(value, str) else None
+
+
 def unified_diff(before: dict[str, Any], after: dict[str, Any]) -> str:
-    """Unified diff of the two bodies pretty-printed (``original`` → ``rewritten``); "" when
-    they print the same."""
-    a, b = exactjson.pretty(before).splitlines(), exactjson.pretty(after).splitlines()
+    """Unified diff of the two bodies as :func:`readable_lines` (``original`` → ``rewritten``);
+    "" when they print the same."""
+    a, b = readable_lines(before), readable_lines(after)
     return "\n".join(difflib.unified_diff(a, b, "original", "rewritten", lineterm=""))
 
 
