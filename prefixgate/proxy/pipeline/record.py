@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 
 from prefixgate.cache.counterfactual import SENT_AS_IS
-from prefixgate.proxy.core.engine_timings import apply_reported_timings
+from prefixgate.proxy.core.engine_timings import apply_reported_timings, with_body_times
 from prefixgate.proxy.core.usage import Usage
 from prefixgate.proxy.observe.insight import Analysis, input_cost_usd
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
@@ -54,7 +54,7 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
         ex.obs.response_model = ex.obs.response_model or getattr(ex.watcher, "model", None)
         row.tpot_ms = timing.tpot_ms(row.output_tokens)
         row.total_ms = timing.total_ms()
-        apply_reported_timings(row, ex.reported)
+        apply_reported_timings(row, with_body_times(ex.reported, usage.prefill_ms, usage.decode_ms))
         if memory and ex.rw is not None and ex.rw.memory:
             try:
                 await state.sessions.amerge(ex.session_id, ex.rw.memory)
