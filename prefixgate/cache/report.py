@@ -16,6 +16,9 @@ sent, and the client's own body); ``saved_usd`` is their difference, ``saved_pct
 ``cf_input_usd``. Tokens: ``saved_tokens = (cached - cf_cached) + pruned`` over rows with a
 counterfactual. TTFT: ``ttft_reported`` counts rows whose TTFT the backend reported (a
 non-streamed answer; ledger ``ttft_source = reported``), the others were timed by the proxy.
+Time: ``prefill_s_saved``, ``prefill_s_cached``, ``prefill_usd_saved``,
+``ttft_s_saved_holdout`` (:mod:`prefixgate.cache.time_saved`), each group's rows priced at the
+prefill rate of their (route, backend) estimated over all the report's rows.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from prefixgate.cache.holdout_stats import holdout_report
+from prefixgate.cache.time_saved import PrefillRate, rates, time_saved
 
 
 def percentile(values: Iterable[float], p: float) -> float | None:
@@ -104,31 +108,41 @@ def token_savings(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "saved_tokens": reuse + sum(r.get("tokens_pruned") or 0 for r in rows)}
 
 
-def figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+Rates = Mapping[tuple[str, str], PrefillRate | None]
+
+
+def figures(rows: Sequence[Mapping[str, Any]], known: Rates | None = None,
+            usd_per_hour: Mapping[str, float | None] | None = None) -> dict[str, Any]:
     """Every figure of one group of rows (see module docstring)."""
     s = summarize(rows)
     s.update(money(rows))
     s.update(token_savings(rows))
+    s.update(time_saved(rows, usd_per_hour, known))
     s["ttft_reported"] = sum(1 for r in rows if r.get("ttft_source") == "reported")
     s["no_usage"] = sum(1 for r in rows if r.get("prompt_tokens") is None)
     s["holdout"] = sum(1 for r in rows if r.get("holdout"))
     return s
 
 
-def group_figures(rows: Iterable[Mapping[str, Any]], by: str) -> list[dict[str, Any]]:
+def group_figures(rows: Iterable[Mapping[str, Any]], by: str,
+                  usd_per_hour: Mapping[str, float | None] | None = None) -> list[dict[str, Any]]:
     """``[{by: key, **figures}]`` sorted by key. Raises ValueError for an unknown ``by``."""
     if by not in BY:
         raise ValueError(f"--by must be one of {', '.join(BY)}")
+    rows = list(rows)
+    known = rates(rows)
     groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
         groups[group_key(r, by)].append(r)
-    return [{by: k, **figures(rs)} for k, rs in sorted(groups.items())]
+    return [{by: k, **figures(rs, known, usd_per_hour)} for k, rs in sorted(groups.items())]
 
 
-def saved_figures(rows: Sequence[Mapping[str, Any]], seed: int = 0) -> dict[str, Any]:
-    """The "saved" line: money, tokens, and TTFT p50 rewritten minus holdout (ms, negative =
-    faster; None without holdout requests on both sides) with the holdout verdict."""
-    out = {**money(rows), **token_savings(rows), "requests": len(rows)}
+def saved_figures(rows: Sequence[Mapping[str, Any]], seed: int = 0,
+                  usd_per_hour: Mapping[str, float | None] | None = None) -> dict[str, Any]:
+    """The "saved" line: money, tokens, prefill time, and TTFT p50 rewritten minus holdout (ms,
+    negative = faster; None without holdout requests on both sides) with the holdout verdict."""
+    out = {**money(rows), **token_savings(rows), **time_saved(rows, usd_per_hour),
+           "requests": len(rows)}
     ok = [r for r in rows if (r.get("status") or "ok") == "ok"]
     rw = [r["ttft_ms"] for r in ok if not r.get("holdout") and r.get("ttft_ms") is not None]
     ho = [r["ttft_ms"] for r in ok if r.get("holdout") and r.get("ttft_ms") is not None]

@@ -8,7 +8,8 @@ never 0 in disguise. ``saved_usd = cf_input_usd - input_usd`` over requests pric
 counterfactual: the client's own body); ``saved_tokens = (cached - cf_cached) + pruned`` tokens
 no longer billed at the full input price. SLO attainment is over requests with that figure;
 goodput = share of requests with a TTFT that meet the TTFT SLO and the TPOT SLO (a request of
-one output token has no TPOT and meets it).
+one output token has no TPOT and meets it). Time saved (``totals.prefill_s_saved`` and the
+rest, each route's prefill rate): :mod:`prefixgate.cache.time_saved`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from prefixgate.cache.attribution import merge_techniques
 from prefixgate.cache.holdout_stats import holdout_report
 from prefixgate.cache.ledger import Ledger
 from prefixgate.cache.report import percentile
+from prefixgate.cache.time_saved import rate_fields, rates, time_saved
 from prefixgate.config.prices import price_for
 from prefixgate.config.schema import HoldoutSettings, SloSettings
 
@@ -30,7 +32,7 @@ RANGES: dict[str, tuple[int, int]] = {"1h": (3600, 60), "24h": (86400, 300), "7d
 """range -> (span seconds, series bucket seconds)."""
 ROW_COLUMNS = ("ts", "route", "model", "backend", "status", "prompt_tokens", "cached_tokens",
                "output_tokens", "input_usd", "cf_input_usd", "ttft_ms", "tpot_ms", "queue_ms",
-               "prefill_ms", "decode_ms", "holdout")
+               "prefill_ms", "decode_ms", "holdout", "cf_cached_tokens")
 
 
 def _pct(xs: Iterable[float | None], p: float) -> float | None:
@@ -158,9 +160,11 @@ def hit_rate(rows: Iterable[Mapping[str, Any]]) -> float | None:
     return sum(1 for c in known if c > 0) / len(known) if known else None
 
 
-def routes_table(rolls: Sequence[Mapping[str, Any]],
-                 rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per (route, model, backend): counts and shares from rollups, timings from rows."""
+def routes_table(rolls: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]],
+                 usd_per_hour: Mapping[str, float | None] | None = None) -> list[dict[str, Any]]:
+    """Per (route, model, backend): counts and shares from rollups, timings from rows, the
+    prefill rate of (route, backend) and the time it saved (:mod:`prefixgate.cache.time_saved`)."""
+    known = rates(rows)
     sums: dict[tuple[str, str, str], dict[str, Any]] = defaultdict(dict)
     for r in rolls:
         rollup.merge(sums[(r["route"], r["model"], r["backend"])], r["data"])
@@ -183,6 +187,8 @@ def routes_table(rolls: Sequence[Mapping[str, Any]],
             "prefill_ms_p50": _r(_pct((r["prefill_ms"] for r in rs), 50), 3),
             "decode_ms_p50": _r(_pct((r["decode_ms"] for r in rs), 50), 3),
             "lengths": lengths(d),
+            **rate_fields(known.get((key[0] or "-", key[2] or "-"))),
+            **time_saved(rs, usd_per_hour, known),
         })
     return out
 
@@ -219,10 +225,10 @@ def range_rows(ledger: Ledger, from_ts: float, to_ts: float) -> list[dict[str, A
 
 
 def savings_document(ledger: Ledger, range_: str = "1h", *, slo: SloSettings | None = None,
-                     holdout: HoldoutSettings | None = None,
-                     now: float | None = None) -> dict[str, Any]:
+                     holdout: HoldoutSettings | None = None, now: float | None = None,
+                     usd_per_hour: Mapping[str, float | None] | None = None) -> dict[str, Any]:
     """The whole ``/api/savings?range=`` document. Raises ``KeyError`` for an unknown range
-    (the HTTP layer answers 400)."""
+    (the HTTP layer answers 400). ``usd_per_hour``: backend name -> the policy's hourly price."""
     span, bucket_s = RANGES[range_]
     to_ts = int(now if now is not None else time.time()) + 1
     from_ts = to_ts - span
@@ -234,7 +240,7 @@ def savings_document(ledger: Ledger, range_: str = "1h", *, slo: SloSettings | N
     ho = holdout_report(rows, hs.seed)
     return {
         "range": range_, "from_ts": from_ts, "to_ts": to_ts, "bucket_s": bucket_s,
-        "totals": totals(data, rows, write_premium(rolls)),
+        "totals": {**totals(data, rows, write_premium(rolls)), **time_saved(rows, usd_per_hour)},
         "by_technique": [t.to_dict() for t in merge_techniques(
             r["data"].get("tech", {}) for r in rolls)],
         "holdout": {"enabled": hs.fraction > 0, "fraction": hs.fraction,
@@ -244,5 +250,5 @@ def savings_document(ledger: Ledger, range_: str = "1h", *, slo: SloSettings | N
         "slo": slo_table(rows, slo or SloSettings()),
         "lengths": lengths(data),
         "breaks": top_breaks(ledger.breaks(from_ts)),
-        "routes": routes_table(rolls, rows),
+        "routes": routes_table(rolls, rows, usd_per_hour),
     }

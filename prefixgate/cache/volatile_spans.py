@@ -31,6 +31,24 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 at most 128 characters, month and day names at most 9 letters), so one match attempt examines
 at most a few hundred characters and a scan is linear (``tests/rewriter/test_linear_scans.py``)."""
 
+_B64 = r"[A-Za-z0-9+/_-]"
+IDENTITY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = _PATTERNS + (
+    ("base64_id", re.compile(
+        rf"(?<!{_B64})(?={_B64}{{0,95}}\d)(?={_B64}{{0,95}}[A-Z])(?={_B64}{{0,95}}[a-z])"
+        rf"{_B64}{{16,96}}={{0,2}}(?![A-Za-z0-9+/_=-])")),
+    ("counter", re.compile(
+        r"(?i:\b(?:turn|step|iteration|iter|attempt|try|round|retry|request|call|message|msg|seq"
+        r"|sequence|counter|run)\b)\W{0,3}#?(?P<v>\d{1,9})\b")),
+)
+"""The spans an automatic session key ignores (``prefixgate.proxy.pipeline.session_key``): the
+diagnosis patterns above plus two kinds only identity needs. Shapes: ``base64_id`` — a maximal
+run of 16..96 base64 / base64url characters (``[A-Za-z0-9+/_-]``, up to two ``=``) holding a
+digit, an upper- and a lower-case letter (``secrets.token_urlsafe``, nanoid, JWT parts; an
+English word or a lower-case identifier never has all three); ``counter`` — a number of up to 9
+digits after a counting label (``turn 7``, ``step #3``, ``attempt: 2``; the span is the number,
+group ``v``). Bounded like the rest (three lookaheads and the run, 96 characters each: a
+reach of 390): linear scans."""
+
 
 def find_spans(text: str) -> list[tuple[int, int, str]]:
     """Non-overlapping volatile spans ``[(start, end, kind)]`` in ``text``, in order.

@@ -79,6 +79,25 @@ PRICES: dict[str, ModelPrice] = {
 _NORMALIZED = {normalize_model_id(k): v for k, v in PRICES.items()}
 
 
+def backend_priced(model: str) -> bool:
+    """Whether a backend's own ``price_per_mtok`` prices ``model``: the table has no price for
+    it, or only the self-hosted row (``local``, 0 USD)."""
+    p = price_for(model)
+    return p is None or p == PRICES["local"]
+
+
+def backend_input_usd(price_per_mtok: float, cached_price_per_mtok: float, prompt: int | None,
+                      cached: int | None) -> float | None:
+    """USD of a prompt of ``prompt`` tokens, ``cached`` of them from the prefix cache, at a
+    backend's own per-1M-token prices (uncached at ``price_per_mtok``, cached at
+    ``cached_price_per_mtok``; no write premium: an engine's cache writes are its prefill);
+    None when the prompt size is unknown."""
+    if prompt is None:
+        return None
+    read = min(max(cached or 0, 0), prompt)
+    return ((prompt - read) * price_per_mtok + read * cached_price_per_mtok) / 1e6
+
+
 def price_for(model: str) -> ModelPrice | None:
     """Price of ``model`` by longest matching id prefix, or ``None`` when unknown."""
     m = normalize_model_id(model)

@@ -87,6 +87,19 @@ class Backend(_Strict):
     """Send the request's tenant as a ``cache_salt`` body field (our engine and vLLM >= 0.9 key
     their prefix cache by it, so tenants never share cached KV). None: on for ``local``, off
     otherwise (a backend that rejects unknown fields would 400); set true for a vLLM fleet."""
+    price_per_mtok: float | None = Field(None, ge=0)
+    """USD per 1M uncached input tokens on this backend, for models the dated price table
+    (``prefixgate/config/prices.py``) does not price or prices as self-hosted (0): the ledger's
+    ``input_usd`` / ``cf_input_usd`` of this backend's rows then come from it, so a vLLM /
+    llama.cpp / local deployment's savings read in dollars. None: not priced here."""
+    cached_price_per_mtok: float = Field(0.0, ge=0)
+    """USD per 1M input tokens served from the prefix cache, with ``price_per_mtok`` (default
+    0: on an engine you run a cached token costs no prefill compute)."""
+    usd_per_hour: float | None = Field(None, ge=0)
+    """What the deployment costs per hour (GPU rental, amortised hardware): the report prices
+    the prefill time saved at it (``prefill_usd_saved`` = prefill seconds saved x this / 3600;
+    a busy engine turns a second of prefill saved into a second of capacity). Exclusive with
+    ``price_per_mtok``."""
 
     @model_validator(mode="before")
     @classmethod
@@ -108,6 +121,12 @@ class Backend(_Strict):
     @classmethod
     def _url_has_scheme(cls, v: str) -> str:
         return check_base_url(v)
+
+    @model_validator(mode="after")
+    def _one_price(self) -> Backend:
+        if self.price_per_mtok is not None and self.usd_per_hour is not None:
+            raise ValueError("set price_per_mtok or usd_per_hour, not both")
+        return self
 
     @model_validator(mode="after")
     def _deployment_keys(self) -> Backend:

@@ -18,7 +18,7 @@ from tests.browser import Page
 
 NOT_REPORTED = "not reported"
 # half a unit of the last digit shown (pct: the share is shown as percent with 1 decimal)
-TOLERANCE = {"usd": 0.00005, "int": 0.5, "pct": 0.0005, "ms": 0.05}
+TOLERANCE = {"usd": 0.00005, "int": 0.5, "pct": 0.0005, "ms": 0.05, "s": 0.05, "rate": 0.0005}
 
 READ_NUMBERS_JS = """[...document.querySelectorAll('[data-key]')]
   .map(e => [e.dataset.key, e.dataset.fmt, e.textContent])"""
@@ -62,7 +62,8 @@ def parse_shown(fmt: str, text: str) -> Any:
         return None
     if fmt == "text":
         return text
-    t = text.replace(",", "").replace("$", "").replace("%", "").replace(" ms", "").strip()
+    t = text.replace(",", "").replace("$", "").replace("%", "").replace(" ms/token", "")
+    t = t.replace(" ms", "").replace(" s", "").strip()
     value = float(t)
     return value / 100 if fmt == "pct" else value
 
@@ -87,7 +88,8 @@ def expected_keys(payload: dict[str, Any]) -> set[str]:
                                     "saved_pct", "prompt_tokens", "cached_tokens", "saved_tokens",
                                     "pruned_tokens", "cached_share", "cf_cached_share",
                                     "ttft_p50_ms", "no_usage_reported")}
-    keys |= {k for k in ("totals.ttft_p95_ms", "totals.cache_write_premium_usd") if k.split(".")[1] in payload["totals"]}
+    keys |= {k for k in ("totals.ttft_p95_ms", "totals.cache_write_premium_usd", "totals.prefill_s_saved",
+                         "totals.prefill_s_cached") if k.split(".")[1] in payload["totals"]}
     keys |= {f"totals.cf_source.{k}" for k in ("measured", "modelled", "holdout", "none")}
     tables = {"by_technique": ("technique", "tokens_reusable", "tokens_removed", "tokens_added", "usd"),
               "breaks": ("field", "token_offset", "tokens_lost", "count"),
@@ -97,6 +99,8 @@ def expected_keys(payload: dict[str, Any]) -> set[str]:
     for name, fields in tables.items():
         for i in range(len(payload.get(name) or [])):
             keys |= {f"{name}.{i}.{f}" for f in fields}
+    for i, r in enumerate(payload.get("routes") or []):  # the time columns, where the API has them
+        keys |= {f"routes.{i}.{f}" for f in ("prefill_ms_per_token", "prefill_s_saved") if f in r}
     holdout = payload.get("holdout") or {}
     if holdout.get("enabled"):
         keys.add("holdout.verdict")

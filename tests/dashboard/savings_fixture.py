@@ -79,6 +79,8 @@ def busy_payload(rng: str = "1h", to_ts: int = 1_790_000_000, n: int = 24) -> di
             "ttft_p95_ms": 296.0, "cache_write_premium_usd": 0.00041,
             "cf_source": {"measured": total_req - 10, "modelled": 6, "holdout": 4, "none": 0},
             "no_usage_reported": 1,
+            "prefill_s_saved": 12.345, "prefill_s_cached": 48.2, "prefill_usd_saved": None,
+            "ttft_s_saved_holdout": 3.5, "rows_with_rate": 20,
         },
         "by_technique": [
             {"technique": "hoist_volatile", "tokens_reusable": 41234, "tokens_removed": 0,
@@ -139,13 +141,29 @@ def busy_payload(rng: str = "1h", to_ts: int = 1_790_000_000, n: int = 24) -> di
             {"route": "default", "model": "gpt-4o", "backend": "openai", "requests": total_req - 20,
              "errors": 2, "cached_share": 0.703, "saved_usd": round(saved - 0.0123, 6),
              "ttft_p50_ms": 181.5, "ttft_p95_ms": 296.0, "tpot_p50_ms": 23.4, "queue_ms_p50": None,
-             "prefill_ms_p50": None, "decode_ms_p50": None},
+             "prefill_ms_p50": None, "decode_ms_p50": None, "prefill_ms_per_token": None,
+             "prefill_s_saved": None},
             {"route": "claude", "model": "claude-sonnet-4-5", "backend": "anthropic", "requests": 20,
              "errors": 0, "cached_share": 0.655, "saved_usd": 0.0123, "ttft_p50_ms": 402.25,
              "ttft_p95_ms": 771.0, "tpot_p50_ms": None, "queue_ms_p50": 1.5, "prefill_ms_p50": 88.0,
-             "decode_ms_p50": 310.75},
+             "decode_ms_p50": 310.75, "prefill_ms_per_token": 0.0525, "prefill_s_saved": 12.345},
         ],
     }
+
+
+def selfhosted_payload(rng: str = "1h") -> dict[str, Any]:
+    """:func:`busy_payload` as a self-hosted engine's range: nothing priced (no table price, no
+    ``price_per_mtok``), the prefill time measured: the page leads with the time saved."""
+    p = busy_payload(rng)
+    t = p["totals"]
+    t.update(input_usd=None, cf_input_usd=None, saved_usd=None, saved_pct=None,
+             cache_write_premium_usd=None)
+    p["series"]["saved_usd"] = [None] * len(p["series"]["ts"])
+    for r in p["routes"]:
+        r["saved_usd"] = None
+    for t_ in p["by_technique"]:
+        t_["usd"] = None
+    return p
 
 
 def quiet_payload(rng: str = "1h", to_ts: int = 1_790_000_000, n: int = 6) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from tests.dashboard.savings_fixture import (
     idle_payload,
     keyed_guard,
     quiet_payload,
+    selfhosted_payload,
 )
 from tests.servers import serve_app
 
@@ -61,6 +62,27 @@ def test_busy_range_draws_every_chart_and_shows_the_json_numbers(page: Page, tmp
     width, height = png_size(png)
     assert width == 1400 and height > 1000
     (tmp_path / "dashboard.png").write_bytes(png)
+
+
+def test_a_self_hosted_range_leads_with_the_prefill_time_saved(page: Page) -> None:
+    local = selfhosted_payload()
+    with serve_app(fixture_app({"1h": local})) as url:
+        assert load(page, url + "/dashboard") == "ready"
+        shown = shown_numbers(page)
+        labels = page.evaluate("[...document.querySelectorAll('#totals .card .label')].map(e => e.textContent)")
+        notes = page.evaluate("document.getElementById('totals').textContent")
+    assert page.errors == [] and number_mismatches(local, shown) == []
+    assert not expected_keys(local) - {k for k, _, _ in shown}
+    assert labels[:2] == ["prefill time saved", "saved"]
+    assert ("totals.prefill_s_saved", "s", "12.3 s") in shown
+    assert ("totals.prefill_s_cached", "s", "48.2 s") in shown
+    assert ("routes.1.prefill_ms_per_token", "rate", "0.053 ms/token") in shown
+    assert "set price_per_mtok or usd_per_hour" in notes
+    # priced ranges keep the money first, the time right after it
+    with serve_app(fixture_app(PAYLOADS)) as url:
+        load(page, url + "/dashboard")
+        labels = page.evaluate("[...document.querySelectorAll('#totals .card .label')].map(e => e.textContent)")
+    assert labels[:2] == ["saved", "prefill time saved"]
 
 
 def test_chart_data_is_the_payload_series(page: Page) -> None:

@@ -10,6 +10,9 @@ Answer (:func:`response_to_anthropic`, :class:`StreamMapper`): usage is mapped a
 ``input_tokens = prompt_tokens - cached_tokens``, ``cache_read_input_tokens = cached_tokens``,
 ``cache_creation_input_tokens = 0`` (OpenAI-compatible caches have no separate write),
 ``output_tokens = completion_tokens`` — in the non-streamed body and in ``message_delta``.
+The counts are the engine's own where its ``usage`` lacks them (llama.cpp ``timings.cache_n``,
+SGLang ``sglext``: :func:`prefixgate.proxy.core.usage.filled_usage`), so the client sees the
+cache hits the ledger records.
 """
 
 from __future__ import annotations
@@ -24,7 +27,14 @@ from prefixgate.proxy.bridges.validity import checked, openai_problem
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.core.nesting import first_too_deep
 from prefixgate.proxy.core.sse import EventMapper, SSEEvent
-from prefixgate.proxy.core.usage import OpenAIStreamWatcher, StreamWatcher, Usage, usage_from_answer
+from prefixgate.proxy.core.usage import (
+    OpenAIStreamWatcher,
+    StreamWatcher,
+    Usage,
+    engine_usage,
+    filled_usage,
+    usage_from_answer,
+)
 
 __all__ = ["RESPONSE", "AnthropicToOpenAI", "STREAM", "StreamMapper", "error_to_anthropic", "message_shell",
            "message_usage", "request_to_openai", "response_to_anthropic", "text_block",
@@ -44,6 +54,9 @@ RESPONSE = {
     "choices[0].finish_reason": "mapped: stop_reason (stop -> end_turn, length -> max_tokens, "
                                 "tool_calls -> tool_use, content_filter -> refusal)",
     "usage": "mapped: usage (B08: input = prompt - cached, cache_read = cached)",
+    "timings (llama.cpp), sglext (SGLang)": "read: the engine's cached tokens fill usage where it "
+                                            "has none; prefill / decode ms go to the ledger; "
+                                            "not carried otherwise: no Messages counterpart",
     "choices[1..], logprobs": "never requested (n and logprobs are not sent)",
     "choices[0].message.reasoning_content": "not carried: reasoning was not requested "
                                             "(thinking is refused on the request side)",
@@ -56,6 +69,8 @@ STREAM = {
     "delta.tool_calls[]": "mapped: content_block_start tool_use + input_json_delta",
     "finish_reason": "mapped: message_delta.stop_reason",
     "usage chunk": "mapped: message_delta.usage",
+    "timings (llama.cpp), sglext (SGLang)": "read: cached tokens into message_delta.usage where the "
+                                            "usage chunk has none; times to the ledger",
     "[DONE]": "mapped: message_delta + message_stop",
     "{\"error\": ...}": "mapped: event: error",
     "delta.role": "mapped: implied by message_start",
@@ -149,7 +164,7 @@ def response_to_anthropic(resp: dict[str, Any], model: str) -> dict[str, Any]:
     stop = _STOP_REASONS.get(choice.get("finish_reason") or "stop", "end_turn")
     out = message_shell("msg_" + str(resp.get("id", "")), model)
     out.update(content=content, stop_reason="refusal" if msg.get("refusal") else stop,
-               usage=message_usage(usage_to_anthropic(resp.get("usage"))))
+               usage=message_usage(usage_to_anthropic(filled_usage(resp.get("usage"), engine_usage(resp)))))
     return out
 
 
@@ -185,6 +200,8 @@ class StreamMapper:
         self.tool_blocks: dict[int, int] = {}  # OpenAI tool_call index -> block index
         self.stop_reason = "end_turn"
         self.usage: dict[str, Any] = usage_to_anthropic({})
+        self.last_usage: Any = None          # the last usage chunk's object
+        self.engine = Usage()                # the engine's own fields, newest non-null
         self.finished = False
         self.refused = False                 # a refusal delta was seen: stop_reason "refusal"
 
@@ -239,8 +256,10 @@ class StreamMapper:
             return [_sse("error", {"type": "error", "error": {
                 "type": "api_error", "message": str(message or "upstream error")[:2000]}})]
         out = [] if self.started else self._start(str(chunk.get("id", "")))
-        if chunk.get("usage"):
-            self.usage = usage_to_anthropic(chunk["usage"])
+        if chunk.get("usage") or chunk.get("timings") or chunk.get("sglext"):
+            self.last_usage = chunk.get("usage") or self.last_usage
+            self.engine.merge(engine_usage(chunk))
+            self.usage = usage_to_anthropic(filled_usage(self.last_usage, self.engine))
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
             if delta.get("refusal"):

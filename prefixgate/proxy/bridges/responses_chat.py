@@ -27,7 +27,14 @@ from prefixgate.proxy.bridges.responses_chat_items import (
 from prefixgate.proxy.bridges.responses_chat_stream import ResponsesStream
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.core.sse import EventMapper, SSEEvent, parse_event
-from prefixgate.proxy.core.usage import OpenAIStreamWatcher, StreamWatcher, Usage, usage_from_answer
+from prefixgate.proxy.core.usage import (
+    OpenAIStreamWatcher,
+    StreamWatcher,
+    Usage,
+    engine_usage,
+    filled_usage,
+    usage_from_answer,
+)
 
 #: ``keep(response_id, response, items)``: store a finished response and the input items that
 #: led to it (the endpoint's response store; the bridge itself does no I/O).
@@ -90,7 +97,7 @@ class ResponsesToChat(Bridge):
             answer = response_to_openai(answer, model)
         output, status = output_from_chat(answer)
         final = response_object(self.body, new_id("resp"), int(time.time()), output,
-                                usage_object(answer.get("usage")), status)
+                                usage_object(filled_usage(answer.get("usage"), engine_usage(answer))), status)
         self._done(final)
         return exactjson.dumps(final), usage
 

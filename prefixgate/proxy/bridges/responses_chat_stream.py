@@ -39,6 +39,7 @@ from prefixgate.proxy.bridges.responses_chat_items import (
 )
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.core.sse import SSEEvent
+from prefixgate.proxy.core.usage import Usage, engine_usage, filled_usage
 
 
 @dataclass
@@ -75,6 +76,8 @@ class ResponsesStream:
     items: int = 0
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
+    last_usage: Any = None  # the last usage chunk's object
+    engine: Usage = field(default_factory=Usage)  # the engine's own fields, newest non-null
 
     def _ev(self, kind: str, **data: Any) -> bytes:
         obj = {"type": kind, "sequence_number": self.seq, **data}
@@ -192,8 +195,10 @@ class ResponsesStream:
         if "error" in chunk and not chunk.get("choices"):
             return self._failed(chunk["error"])
         out = [] if self.started else self._start()
-        if chunk.get("usage"):
-            self.usage = usage_object(chunk["usage"])
+        if chunk.get("usage") or chunk.get("timings") or chunk.get("sglext"):
+            self.last_usage = chunk.get("usage") or self.last_usage
+            self.engine.merge(engine_usage(chunk))  # llama.cpp / SGLang counts fill the gaps
+            self.usage = usage_object(filled_usage(self.last_usage, self.engine))
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
             thought = delta.get("reasoning_content") or delta.get("reasoning")

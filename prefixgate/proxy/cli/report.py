@@ -2,12 +2,17 @@
 [--errors] [--breaks] [--json | --csv]``.
 
 Opens with the "saved" line — USD saved and its share of what the client's own bodies would
-have cost, tokens saved (cache reuse gained + pruned), TTFT p50 rewritten minus holdout (when
-the policy's holdout sent some sessions unrewritten) — then one row per group
+have cost, tokens saved (cache reuse gained + pruned), prefill seconds saved where the backend
+reports its prefill time (our engine, llama.cpp; :mod:`prefixgate.cache.time_saved`: the
+route's measured prefill rate x the tokens rewriting made reusable, with what the prefix cache
+saved in all, and the time priced at the backend's ``usd_per_hour`` when ``--policy`` sets one),
+TTFT p50 rewritten minus holdout (when the policy's holdout sent some sessions unrewritten) —
+then one row per group
 (:mod:`prefixgate.cache.report`). The layout follows the terminal width (``COLUMNS``): below
 :data:`WIDE` columns a compact table (requests, errors, cached share, saved $ / %, TTFT p50,
 TPOT p50) that fits 80 columns; from :data:`WIDE` on prompt tokens, input $ and TTFT p95 are
-added, from :data:`FULL` on the counterfactual cached share and pruned tokens. A TTFT marked
+added, from :data:`FULL` on the counterfactual cached share, pruned tokens and prefill seconds
+saved. A TTFT marked
 ``*`` includes TTFTs the backend reported for non-streamed answers (the others were timed by the
 proxy on streams).
 
@@ -41,6 +46,7 @@ from prefixgate.cache.report import BY, error_figures, group_figures, saved_figu
 from prefixgate.config.loader import PolicyError, load_policy
 from prefixgate.config.schema import LedgerSettings
 from prefixgate.proxy.cli.format import fmt
+from prefixgate.proxy.observe.savings_api import hourly_prices
 
 WIDE = 110
 """Terminal columns from which prompt tokens, input $ and TTFT p95 are added."""
@@ -49,7 +55,8 @@ FULL = 140
 CSV_FIELDS = ("requests", "errors", "prompt_tokens", "cached_tokens", "cached_share",
               "cf_cached_share", "input_usd", "cf_input_usd", "saved_usd", "saved_pct",
               "saved_tokens", "tokens_pruned", "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms",
-              "ttft_reported", "no_usage", "holdout")
+              "ttft_reported", "no_usage", "holdout", "prefill_s_saved", "prefill_s_cached",
+              "prefill_usd_saved", "ttft_s_saved_holdout")
 
 
 def _usd(v: float | None) -> str:
@@ -62,6 +69,26 @@ def _ms(v: float | None) -> str:
 
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def _secs(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.0f} s" if abs(v) >= 100 else f"{v:.1f} s"
+
+
+def time_part(s: dict[str, Any]) -> str:
+    """The saved line's time figures: prefill seconds saved by rewriting (and by the cache in
+    all; priced by the hour when the policy says), the holdout's measured TTFT seconds; "" when
+    the backend reports no prefill time and there is no holdout to compare."""
+    parts = []
+    if s.get("prefill_s_saved") is not None:
+        priced = "" if s.get("prefill_usd_saved") is None else f", {_usd(s['prefill_usd_saved'])}"
+        parts.append(f"prefill {_secs(s['prefill_s_saved'])} saved{priced} (the cache saved "
+                     f"{_secs(s['prefill_s_cached'])} in all)")
+    elif s.get("prefill_s_cached") is not None:
+        parts.append(f"the cache saved {_secs(s['prefill_s_cached'])} of prefill")
+    if s.get("ttft_s_saved_holdout") is not None:
+        parts.append(f"TTFT {_secs(s['ttft_s_saved_holdout'])} saved vs holdout")
+    return " · ".join(parts)
 
 
 def saved_line(s: dict[str, Any], width: int) -> str:
@@ -81,7 +108,9 @@ def saved_line(s: dict[str, Any], width: int) -> str:
     src = s.get("cf_source") or {}
     basis = "counterfactual: " + ", ".join(f"{n:,} {k}" for k, n in src.items() if n) \
         if any(src.values()) else ""
-    text = f"{money} · {tokens} · {ttft}" + (f" · {basis}" if basis else "")
+    time_saved = time_part(s)
+    text = f"{money} · {tokens} · " + (f"{time_saved} · " if time_saved else "") + ttft + (
+        f" · {basis}" if basis else "")
     return "\n".join(textwrap.wrap(text, width, subsequent_indent="  "))
 
 
@@ -98,7 +127,8 @@ def _table(groups: list[dict[str, Any]], by: str, width: int) -> Table:
         cols += [("prompt tok", lambda g: fmt(g["prompt_tokens"])),
                  ("input $", lambda g: _usd(g["input_usd"]))]
     if full:
-        cols.append(("pruned", lambda g: fmt(g["tokens_pruned"])))
+        cols += [("pruned", lambda g: fmt(g["tokens_pruned"])),
+                 ("prefill saved", lambda g: _secs(g["prefill_s_saved"]))]
     cols += [("saved $", lambda g: _usd(g["saved_usd"])),
              ("saved", lambda g: _pct(g["saved_pct"])),
              ("TTFT50", lambda g: _ms(g["ttft_p50_ms"]) + ("*" if g["ttft_reported"] else ""))]
@@ -133,15 +163,19 @@ def _csv(groups: list[dict[str, Any]], by: str) -> str:
     return buf.getvalue()
 
 
-def _ledger_path(ledger: Path | None, policy: Path | None) -> tuple[str, int]:
-    if ledger is not None:
-        return str(ledger), 0
+def _ledger_path(ledger: Path | None, policy: Path | None
+                 ) -> tuple[str, int, dict[str, float | None]]:
+    """(ledger path, holdout seed, backend -> usd_per_hour) from ``--ledger`` / ``--policy``
+    (``--ledger`` names the file; the policy, when given too, still prices the hours)."""
     try:
         pol = load_policy(policy) if policy else None
     except PolicyError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(2) from None
-    return (pol.ledger.path if pol else LedgerSettings().path), (pol.holdout.seed if pol else 0)
+    hourly = hourly_prices(pol) if pol else {}
+    if ledger is not None:
+        return str(ledger), 0, hourly
+    return (pol.ledger.path if pol else LedgerSettings().path), (pol.holdout.seed if pol else 0), hourly
 
 
 def _break_records(dicts: list[dict[str, Any]]) -> list[Any]:
@@ -169,15 +203,15 @@ def report(
     if by not in BY:
         typer.echo(f"--by must be one of {', '.join(BY)}", err=True)
         raise typer.Exit(2)
-    path, seed = _ledger_path(ledger, policy)
+    path, seed, hourly = _ledger_path(ledger, policy)
     if not Path(path).expanduser().exists():
         typer.echo(f"no ledger at {path} yet (send requests through the proxy first)", err=True)
         raise typer.Exit(1)
     db = Ledger(path)
     since_ts = time.time() - since * 60 if since else 0.0
     rows = db.rows(since_ts)
-    groups = group_figures(rows, by)
-    saved = saved_figures(rows, seed)
+    groups = group_figures(rows, by, hourly)
+    saved = saved_figures(rows, seed, hourly)
     errs = error_figures(rows) if errors else []
     if as_json:
         doc: dict[str, Any] = {"ledger": path, "by": by, "saved": saved, "groups": groups,

@@ -3,15 +3,18 @@
 ``X-Engine-TTFT-Ms`` (ours: request arrival -> first token, i.e. queue + prefill),
 ``X-Engine-Decode-Ms`` (ours, non-streamed answers: first -> last token), and, where an engine
 sends them, ``X-Engine-Queue-Ms`` / ``X-Engine-Prefill-Ms``. A header that is absent or not a
-finite non-negative number is None (not reported), never 0. :func:`apply_reported_timings` puts
-them on the ledger row.
+finite non-negative number is None (not reported), never 0. An engine that reports its times in
+the answer's body instead (llama.cpp ``timings.prompt_ms`` / ``predicted_ms``, read by
+:func:`prefixgate.proxy.core.usage.engine_usage`) fills what the headers left None
+(:func:`with_body_times`; the headers win where both report). :func:`apply_reported_timings`
+puts them on the ledger row.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prefixgate.cache.ledger import LedgerRow
 
@@ -19,7 +22,6 @@ TTFT_HEADER = "x-engine-ttft-ms"
 DECODE_HEADER = "x-engine-decode-ms"
 QUEUE_HEADER = "x-engine-queue-ms"
 PREFILL_HEADER = "x-engine-prefill-ms"
-
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,13 @@ def engine_timings(headers: Mapping[str, str]) -> EngineTimings:
     """The timing headers of an upstream response (module docstring)."""
     return EngineTimings(_ms(headers, TTFT_HEADER), _ms(headers, QUEUE_HEADER),
                          _ms(headers, PREFILL_HEADER), _ms(headers, DECODE_HEADER))
+
+
+def with_body_times(t: EngineTimings, prefill_ms: float | None,
+                    decode_ms: float | None) -> EngineTimings:
+    """``t`` with its None prefill / decode filled from the answer body's own times (ms)."""
+    return replace(t, prefill_ms=t.prefill_ms if t.prefill_ms is not None else prefill_ms,
+                   decode_ms=t.decode_ms if t.decode_ms is not None else decode_ms)
 
 
 def apply_reported_timings(row: LedgerRow, t: EngineTimings) -> None:

@@ -8,8 +8,29 @@
                         ``cache_read_input_tokens``)
     cache_write_tokens  Anthropic ``cache_creation_input_tokens`` (None when the API has none)
     output_tokens       completion tokens
+    prefill_ms          the engine's own prompt-processing time, ms (llama.cpp
+                        ``timings.prompt_ms``); None when the answer's body has none
+    decode_ms           the engine's own generation time, ms (llama.cpp ``timings.predicted_ms``)
 
 A field the upstream did not report stays None; a reported 0 stays 0.
+
+Each engine's own fields (issue 19, item 6; :func:`engine_usage`), read where the answer's
+``usage`` lacks them — ``usage`` wins where both report:
+
+- llama.cpp server (``tools/server``, ``result_timings::to_json``): a top-level ``timings``
+  object in the non-streamed answer and in the final stream chunk (every chunk with
+  ``timings_per_token``): ``cache_n`` (prompt tokens reused from the slot's cache),
+  ``prompt_n`` (prompt tokens evaluated), ``prompt_ms`` (their processing time: prefill),
+  ``predicted_n`` / ``predicted_ms`` (generation). ``prompt_tokens = cache_n + prompt_n``. Newer
+  builds also report ``usage.prompt_tokens_details.cached_tokens`` (the same count).
+- SGLang: ``usage.prompt_tokens_details.cached_tokens`` with ``--enable-cache-report`` (absent,
+  not 0, when nothing was cached); with ``return_cached_tokens_details`` also
+  ``sglext.cached_tokens_details`` ``{device, host, storage}`` (their sum is the cached count).
+- vLLM: ``usage.prompt_tokens_details.cached_tokens`` with ``--enable-prompt-tokens-details``.
+- ours (``prefixgate.local_engine``): the usage fields, and ``X-Engine-*`` response headers
+  (:func:`usage_from_headers`; times in :mod:`prefixgate.proxy.core.engine_timings`).
+
+The proxy only reads these: the client gets the answer's bytes as the backend sent them.
 
 Stream watchers see each complete SSE event once, say whether it carried content (text, tool-call
 arguments, reasoning, refusal — what TTFT and TPOT are timed on) and keep the usage, the number
@@ -22,6 +43,7 @@ the watcher merges them taking the newest non-null value (B07).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
@@ -40,6 +62,8 @@ class Usage:
     cached_tokens: int | None = None
     cache_write_tokens: int | None = None
     output_tokens: int | None = None
+    prefill_ms: float | None = None
+    decode_ms: float | None = None
 
     def merge(self, newer: Usage) -> None:
         """Take every non-None field of ``newer`` (newest non-null wins)."""
@@ -51,6 +75,63 @@ class Usage:
 
 def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _count(v: Any) -> int | None:
+    """A token count an engine reported: a non-negative int (llama.cpp writes -1 for "not
+    measured")."""
+    n = _int(v)
+    return n if n is not None and n >= 0 else None
+
+
+def _ms(v: Any) -> float | None:
+    """A duration an engine reported: a finite non-negative number of milliseconds."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) and v >= 0 else None
+
+
+def engine_usage(answer: dict[str, Any]) -> Usage:
+    """The engines' own fields of an OpenAI-shaped answer or stream chunk (module docstring):
+    llama.cpp ``timings`` and SGLang ``sglext.cached_tokens_details``; empty Usage when it has
+    neither."""
+    out = Usage()
+    t = answer.get("timings")
+    if isinstance(t, dict):
+        cache_n, prompt_n = _count(t.get("cache_n")), _count(t.get("prompt_n"))
+        out.cached_tokens = cache_n
+        out.prompt_tokens = None if cache_n is None or prompt_n is None else cache_n + prompt_n
+        out.prefill_ms, out.decode_ms = _ms(t.get("prompt_ms")), _ms(t.get("predicted_ms"))
+    ext = answer.get("sglext")
+    details = ext.get("cached_tokens_details") if isinstance(ext, dict) else None
+    if isinstance(details, dict) and out.cached_tokens is None:
+        parts = [_count(details.get(k)) for k in ("device", "host", "storage")]
+        if any(p is not None for p in parts):
+            out.cached_tokens = sum(p or 0 for p in parts)
+    return out
+
+
+def filled_usage(usage: Any, engine: Usage) -> dict[str, Any]:
+    """An OpenAI ``usage`` object (a copy; ``{}`` when not an object) whose missing
+    ``prompt_tokens`` / ``prompt_tokens_details.cached_tokens`` are taken from the engine's own
+    fields (:func:`engine_usage`): what a bridge maps, so the client sees the counts the ledger
+    records. Every other key is kept as it is."""
+    out = dict(usage) if isinstance(usage, dict) else {}
+    if engine.prompt_tokens is not None and _int(out.get("prompt_tokens")) is None:
+        out["prompt_tokens"] = engine.prompt_tokens
+    details = out.get("prompt_tokens_details")
+    details = details if isinstance(details, dict) else {}
+    if engine.cached_tokens is not None and _int(details.get("cached_tokens")) is None:
+        out["prompt_tokens_details"] = {**details, "cached_tokens": engine.cached_tokens}
+    return out
+
+
+def openai_answer_usage(answer: dict[str, Any]) -> Usage:
+    """Usage of an OpenAI-shaped answer or chunk: its ``usage`` (:func:`openai_usage`), gaps
+    filled from the engine's own fields (:func:`engine_usage`)."""
+    out = engine_usage(answer)
+    out.merge(openai_usage(answer.get("usage")))
+    return out
 
 
 def openai_usage(u: Any) -> Usage:
@@ -121,8 +202,8 @@ class OpenAIStreamWatcher:
         if "error" in chunk and not chunk.get("choices"):
             self.errors += 1
             return False
-        if chunk.get("usage"):
-            self.usage.merge(openai_usage(chunk["usage"]))
+        if chunk.get("usage") or chunk.get("timings") or chunk.get("sglext"):
+            self.usage.merge(openai_answer_usage(chunk))
         if self.model is None and isinstance(chunk.get("model"), str):
             self.model = chunk["model"][:200]
         content = False
@@ -208,5 +289,4 @@ def usage_from_answer(answer: Any, api: str) -> Usage:
     an object."""
     if not isinstance(answer, dict):
         return Usage()
-    return anthropic_usage(answer.get("usage")) if api == "anthropic" else openai_usage(
-        answer.get("usage"))
+    return anthropic_usage(answer.get("usage")) if api == "anthropic" else openai_answer_usage(answer)

@@ -29,6 +29,11 @@ from prefixgate.proxy.http.auth import Guard
 REUSE_S = 10.0
 
 
+def hourly_prices(policy: Policy) -> dict[str, float | None]:
+    """Backend name -> its policy ``usd_per_hour`` (None: not priced by the hour)."""
+    return {name: b.usd_per_hour for name, b in policy.backends.items()}
+
+
 class _Memo:
     """The last document per range, with the ledger's (last row id, last break id) it saw."""
 
@@ -45,7 +50,8 @@ class _Memo:
             hit = self._docs.get(range_)
             if hit is not None and hit[1] == mark and now - hit[0] < REUSE_S:
                 return hit[2]
-        doc = savings_document(ledger, range_, slo=policy.slo, holdout=policy.holdout)
+        doc = savings_document(ledger, range_, slo=policy.slo, holdout=policy.holdout,
+                               usd_per_hour=hourly_prices(policy))
         with self._lock:
             self._docs[range_] = (now, mark, doc)
         return doc

@@ -29,13 +29,8 @@ from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
 from prefixgate.proxy.pipeline.holdout import in_holdout
 from prefixgate.proxy.pipeline.output_cap import with_default_cap
 from prefixgate.proxy.pipeline.record import pass_tokens_json
-from prefixgate.proxy.pipeline.rewrite import (
-    RewriteOutcome,
-    rewrite_off_loop,
-    rewrite_wanted,
-    session_hash,
-    session_id_for,
-)
+from prefixgate.proxy.pipeline.rewrite import RewriteOutcome, rewrite_off_loop, rewrite_wanted
+from prefixgate.proxy.pipeline.session_key import session_hash, session_id_for
 from prefixgate.proxy.routing.retries import Step
 from prefixgate.proxy.routing.router import Target, plan_targets
 from prefixgate.rewriter.types import Context

@@ -1,7 +1,10 @@
 """The record step: one ledger row per request, filled from the answer (issue 9).
 
 - :func:`finish` fills a row from the answer's usage and timing, merges session memory, runs the
-  after-answer analysis and records the row, exactly once, whatever fails in between.
+  after-answer analysis and records the row, exactly once, whatever fails in between. Prices:
+  the dated table's (:func:`prefixgate.proxy.observe.insight.input_cost_usd`), or the backend's
+  own ``price_per_mtok`` where the table has none for the model (or only the self-hosted 0):
+  then ``input_usd`` and ``cf_input_usd`` both come from it (issue 19, item 8).
 - :func:`pass_tokens_json`: the applied Edits as ``{pass: {"reusable", "removed", "added"}}``
   (token counts only, never text), the ledger's ``pass_tokens`` column, read by
   :mod:`prefixgate.cache.attribution`.
@@ -14,7 +17,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 
 from prefixgate.cache.counterfactual import SENT_AS_IS
-from prefixgate.proxy.core.engine_timings import apply_reported_timings
+from prefixgate.config.prices import backend_input_usd, backend_priced
+from prefixgate.proxy.core.engine_timings import apply_reported_timings, with_body_times
 from prefixgate.proxy.core.usage import Usage
 from prefixgate.proxy.observe.insight import Analysis, input_cost_usd
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
@@ -37,6 +41,16 @@ def pass_tokens_json(edits: Iterable[Edit]) -> str:
     return json.dumps(out, separators=(",", ":"), sort_keys=True) if out else ""
 
 
+def _own_price(ex: Exchange) -> tuple[float, float] | None:
+    """``(price_per_mtok, cached_price_per_mtok)`` of the request's backend when it sets one and
+    the dated table does not price the model (or prices it as self-hosted, 0); else None (the
+    table's price, or unpriced)."""
+    backend = ex.target.backend if ex.target is not None else None
+    if backend is None or backend.price_per_mtok is None or not backend_priced(ex.row.model):
+        return None
+    return backend.price_per_mtok, backend.cached_price_per_mtok
+
+
 async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, http_status: int,
                  analyze: Callable[[], Awaitable[Analysis]] | None = None,
                  memory: bool = False) -> None:
@@ -54,14 +68,16 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
         ex.obs.response_model = ex.obs.response_model or getattr(ex.watcher, "model", None)
         row.tpot_ms = timing.tpot_ms(row.output_tokens)
         row.total_ms = timing.total_ms()
-        apply_reported_timings(row, ex.reported)
+        apply_reported_timings(row, with_body_times(ex.reported, usage.prefill_ms, usage.decode_ms))
         if memory and ex.rw is not None and ex.rw.memory:
             try:
                 await state.sessions.amerge(ex.session_id, ex.rw.memory)
             except Exception:
                 log.exception("session memory merge failed")
+        own = _own_price(ex)
         row.input_usd = input_cost_usd(row.model, row.prompt_tokens, row.cached_tokens,
-                                       row.cache_write_tokens)
+                                       row.cache_write_tokens) if own is None else (
+            backend_input_usd(*own, row.prompt_tokens, row.cached_tokens))
         if analyze is not None:  # tokenize + CPU work off the loop, bounded (observe.insight)
             a = await analyze()
             row.cf_cached_tokens, row.cf_input_usd = a.cf_cached_tokens, a.cf_input_usd
@@ -71,6 +87,8 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
                 # cache; the model's estimate would only add its error (template tokens, tokenizer)
                 row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
                 row.cf_source = "holdout" if row.holdout else "measured"
+            if own is not None and row.cf_cached_tokens is not None:  # the same prices, both sides
+                row.cf_input_usd = backend_input_usd(*own, row.prompt_tokens, row.cf_cached_tokens)
             if a.brk is not None:
                 ex.obs.break_kind = a.brk.get("kind")
                 try:

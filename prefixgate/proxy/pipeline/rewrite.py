@@ -1,10 +1,8 @@
 """The rewrite step of a request: session identity, the pipeline call, the opt-out, fail-open.
 
-- Session id: the client's ``x-prefixgate-session`` header, else
-  ``sha256(key hash | first system text hash | first user message hash)`` — stable for one
-  agent conversation, different across users (the proxy-facing key is hashed, never stored).
-  Digits in the system text are masked before hashing, so a clock or request id in the system
-  prompt (case B03) does not start a new session every minute.
+- Session id: :mod:`prefixgate.proxy.pipeline.session_key` (the client's ``x-prefixgate-session``
+  header, else a hash of the key, the system text and the first user message with every volatile
+  span masked; re-exported here).
 - ``x-prefixgate-rewrite: off`` (or ``false`` / ``0``) turns rewriting off for that request;
   so does ``policy.rewrite.enabled: false``.
 - The pipeline is :func:`prefixgate.rewriter.pipeline.rewrite_request` (injectable for tests). If it raises,
@@ -28,7 +26,6 @@
 from __future__ import annotations
 
 import gc
-import hashlib
 import logging
 import threading
 import time
@@ -41,18 +38,19 @@ import anyio.to_thread
 
 from prefixgate.config.schema import RewriteSettings
 from prefixgate.proxy.core import exactjson
+from prefixgate.proxy.pipeline.session_key import (  # noqa: F401  (re-exported: the pipeline's face)
+    SESSION_HEADER,
+    SESSION_TEXT_CHARS,
+    session_hash,
+    session_id_for,
+)
 from prefixgate.rewriter.types import Api, Context, Edit, RewriteResult
 
 log = logging.getLogger("prefixgate.rewrite")
 
 RewriteFn = Callable[[dict[str, Any], Api, Context], RewriteResult]
 
-SESSION_HEADER = "x-prefixgate-session"
-_DIGITS = str.maketrans("123456789", "000000000")
 OPT_OUT_HEADER = "x-prefixgate-rewrite"
-SESSION_TEXT_CHARS = 1 << 16
-"""Characters of the system text / first user message that identify a session: enough to tell
-conversations apart, and the loop never hashes megabytes for it."""
 REWRITE_THREADS = 4
 """Rewrites running at once; more wait for a thread, and the wait counts against the budget."""
 OVER_BUDGET = "over_budget"
@@ -67,48 +65,6 @@ def default_rewrite_fn() -> RewriteFn | None:
         log.warning("rewriter.pipeline not available: requests are forwarded unchanged")
         return None
     return rewrite_request
-
-
-def _h(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        out, size = [], 0
-        for p in content:
-            if isinstance(p, dict) and isinstance(p.get("text"), str):
-                out.append(p["text"])
-                size += len(p["text"])
-                if size >= SESSION_TEXT_CHARS:
-                    break
-        return "".join(out)
-    return ""
-
-
-def session_id_for(headers: Mapping[str, str], body: dict[str, Any]) -> str:
-    """The session id (see module docstring). Works for both APIs' bodies."""
-    explicit = headers.get(SESSION_HEADER)
-    if explicit:
-        return explicit
-    key = headers.get("authorization") or headers.get("x-api-key") or ""
-    msgs: list[Any] = body["messages"] if isinstance(body.get("messages"), list) else []
-    system = _text_of(body.get("system"))
-    if not system:
-        system = next((_text_of(m.get("content")) for m in msgs
-                       if isinstance(m, dict) and m.get("role") in ("system", "developer")), "")
-    first_user = next((_text_of(m.get("content")) for m in msgs
-                       if isinstance(m, dict) and m.get("role") == "user"), "")
-    system = system[:SESSION_TEXT_CHARS].translate(_DIGITS)
-    first_user = first_user[:SESSION_TEXT_CHARS]
-    return "auto-" + _h("|".join((_h(key), _h(system), _h(first_user))))
-
-
-def session_hash(session_id: str) -> str:
-    """What the ledger stores instead of the session id."""
-    return _h("session:" + session_id)
 
 
 def rewrite_wanted(headers: Mapping[str, str], settings: RewriteSettings) -> bool:

@@ -1,7 +1,7 @@
 /* prefixgate dashboard: draws GET /api/savings?range=1h|24h|7d with uPlot.
  *
  * Every number shown sits in an element with data-key (its path in the payload, e.g.
- * "totals.saved_usd", "routes.0.ttft_p50_ms") and data-fmt (usd | int | pct | ms | text), so a test can read the page back against the JSON. null is "not reported", never 0.
+ * "totals.saved_usd", "routes.0.ttft_p50_ms") and data-fmt (usd | int | pct | ms | s | rate | text), so a test can read the page back against the JSON. null is "not reported", never 0.
  * window.dash exposes the state (payload, uPlot instances, their series colours) for tests.
  */
 "use strict";
@@ -26,7 +26,7 @@
     { minimumFractionDigits: digits, maximumFractionDigits: digits });
 
   /* One number as text. kind: usd (4 decimals), int, pct (a 0..1 share shown as percent),
-   * ms (1 decimal), text. */
+   * ms (1 decimal), s (seconds, 1 decimal), rate (ms per token, 3 decimals), text. */
   function fmt(kind, v) {
     if (v === null || v === undefined) return NR;
     switch (kind) {
@@ -34,6 +34,8 @@
       case "int": return fmtNum(v, 0);
       case "pct": return fmtNum(v * 100, 1) + "%";
       case "ms": return fmtNum(v, 1) + " ms";
+      case "s": return fmtNum(v, 1) + " s";
+      case "rate": return fmtNum(v, 3) + " ms/token";
       default: return String(v);
     }
   }
@@ -67,12 +69,27 @@
     return body;
   }
 
+  /* The time card: prefill seconds rewriting saved at the route's measured prefill rate, what
+   * the prefix cache saved in all, the holdout's measured TTFT seconds (cache/time_saved.py). */
+  function timeCard(t) {
+    const note = ["the cache saved ", num("totals.prefill_s_cached", "s", t.prefill_s_cached), " in all"];
+    if (isNum(t.ttft_s_saved_holdout)) note.push(" · TTFT vs holdout ", num("totals.ttft_s_saved_holdout", "s", t.ttft_s_saved_holdout));
+    return card("prefill time saved", num("totals.prefill_s_saved", "s", t.prefill_s_saved), note);
+  }
+
   function renderTotals(t) {
     const box = document.getElementById("totals");
+    const moneyNote = [num("totals.saved_pct", "pct", t.saved_pct), " of ", num("totals.cf_input_usd", "usd", t.cf_input_usd),
+      " unrewritten"];
+    if (isNum(t.prefill_usd_saved)) moneyNote.push(" · prefill time at the backend's $/hour ", num("totals.prefill_usd_saved", "usd", t.prefill_usd_saved));
+    else if (!isNum(t.saved_usd) && t.requests > 0) moneyNote.push(" · no price: set price_per_mtok or usd_per_hour on the backend");
+    const money = card("saved", num("totals.saved_usd", "usd", t.saved_usd), moneyNote);
+    const hasTime = "prefill_s_saved" in t;
+    // a self-hosted range (nothing priced, prefill time measured) leads with the time it saved
+    const lead = hasTime && !isNum(t.saved_usd) && isNum(t.prefill_s_saved) ? [timeCard(t), money]
+      : [money, ...(hasTime ? [timeCard(t)] : [])];
     box.replaceChildren(
-      card("saved", num("totals.saved_usd", "usd", t.saved_usd),
-        [num("totals.saved_pct", "pct", t.saved_pct), " of ", num("totals.cf_input_usd", "usd", t.cf_input_usd),
-         " unrewritten"]),
+      ...lead,
       card("input cost", num("totals.input_usd", "usd", t.input_usd), "cache_write_premium_usd" in t
         ? ["incl. cache-write premium ", num("totals.cache_write_premium_usd", "usd", t.cache_write_premium_usd)]
         : ["prompt tokens priced from usage"]),
@@ -258,7 +275,9 @@
       ["backend", "text", "backend"], ["requests", "int", "requests"], ["errors", "int", "errors"],
       ["cached share", "pct", "cached_share"], ["saved $", "usd", "saved_usd"], ["TTFT p50", "ms", "ttft_p50_ms"],
       ["TTFT p95", "ms", "ttft_p95_ms"], ["TPOT p50", "ms", "tpot_p50_ms"], ["queue p50", "ms", "queue_ms_p50"],
-      ["prefill p50", "ms", "prefill_ms_p50"], ["decode p50", "ms", "decode_ms_p50"]]));
+      ["prefill p50", "ms", "prefill_ms_p50"], ["decode p50", "ms", "decode_ms_p50"],
+      ...(routes.some((r) => "prefill_ms_per_token" in r) ? [["prefill rate", "rate", "prefill_ms_per_token"],
+        ["prefill saved", "s", "prefill_s_saved"]] : [])]));
   }
 
   function render(p) {
