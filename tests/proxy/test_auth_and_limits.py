@@ -279,3 +279,34 @@ def test_policy_rejects_a_stored_key_that_is_not_a_hash() -> None:
                       "routes": [{"match": "*", "backend": "b"}],
                       "auth": {"keys": [{"id": "k1", "hash": "pgk-plaintext-key"}]}})
     assert ei.value.problems[0][0] == "auth.keys[0].hash"
+
+
+def test_redis_guard_settles_to_exactly_the_usage() -> None:
+    # issue 20 High 4 on the shared store: estimate at admission, usage at the end, no double
+    import asyncio
+
+    from prefixgate.proxy.http.auth import Guard
+
+    client = _redis()
+    prefix = f"pgtest-{uuid.uuid4().hex[:8]}:"
+
+    async def run() -> None:
+        link = RedisLink("redis://127.0.0.1:6379/0", prefix)
+        clock = Clock(3_000.0)
+        lim = RedisLimiter(link, clock=clock)
+        guard = Guard(KeyStore(AuthSettings(keys=[ProxyKey(id="k_r", hash=hash_key("x"),
+                                                           tpm=10_000)])), lim)
+        body = {"model": "m", "messages": [{"role": "user", "content": "q" * 4000}]}
+        ticket = await guard.limit("k_r", body, 0)
+        assert ticket is not None and int(client.get(f"{prefix}rl:k_r:50:tok")) == ticket.estimate
+        guard.settle(ticket, 321, 9, 200)
+        guard.settle(ticket, 321, 9, 200)
+        await lim.drain()
+        assert int(client.get(f"{prefix}rl:k_r:50:tok")) == 330
+        await link.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        for k in client.scan_iter(f"{prefix}*"):
+            client.delete(k)

@@ -145,6 +145,12 @@ class Guard:
         del ledger  # the link carries the URL and the prefix
         return cls(KeyStore(auth), limiter_for(link))
 
+    async def drain(self) -> None:
+        """Wait for the limiter's writes in flight (the app's shutdown)."""
+        drain = getattr(self.limiter, "drain", None)
+        if drain is not None:
+            await drain()
+
     def reasons(self) -> list[str]:
         """Why the guard is degraded (``/healthz`` reasons; empty: it is not)."""
         return self.store.reasons()
