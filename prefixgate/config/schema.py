@@ -231,7 +231,9 @@ class Limits(_Strict):
       bridge runs. 128 is far above real bodies (deep JSON schemas stay under ~20) and well
       under orjson's serialisation limit of 255 levels, leaving room for the levels a bridge
       adds when it wraps content; capped at 200 for that reason.
-    - ``max_header_bytes``: request line + headers of one request, bytes (431 above it).
+    - ``max_header_bytes``: request line + headers of one request, bytes, up to the blank line
+      that ends them (431 above it); body bytes never count, however they arrive
+      (:mod:`prefixgate.proxy.http.server`).
     - ``header_timeout_s``: a request's headers must be complete this many seconds after its
       first byte (or after the connection opened); else the connection is closed.
     - ``body_timeout_s``: the whole body must arrive within this many seconds after the headers
@@ -284,7 +286,8 @@ class ProxyKey(_Strict):
     """One proxy-facing key, as stored: never the key itself, only ``hash`` =
     ``sha256:<hex>`` of it (see :mod:`prefixgate.proxy.http.auth` for why a plain SHA-256 suffices for a
     256-bit random key). ``id`` is public (it goes into the ledger); ``rpm`` / ``tpm``: requests
-    and tokens (prompt + output) per minute, None = unlimited."""
+    and tokens (prompt + output) per minute, None = unlimited; tokens are charged as they are
+    spent (:mod:`prefixgate.proxy.http.auth`)."""
 
     id: str = Field(pattern=KEY_ID_PATTERN)
     name: str = ""

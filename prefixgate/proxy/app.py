@@ -111,7 +111,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         upstream=Upstream(transport),
         metrics=counters,
         insight=Insight(policy.ledger.store_prompt_text) if analyze else None,
-        guard=Guard.from_policy(policy.auth, policy.ledger),
+        guard=Guard.from_policy(policy.auth, policy.ledger, link),
         otel=telemetry_from_env(policy),
         shared=RedisState(link) if link else LocalState(),
     )
@@ -139,6 +139,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
             await state.side.aclose()
             await state.upstream.close()
             state.ledger.flush()  # a batched writer's queued rows reach the disk
+            await state.guard.drain()  # rate-limit token writes in flight reach Redis
             if link is not None:
                 await link.close()
             if state.otel is not None:

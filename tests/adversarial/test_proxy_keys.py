@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-import prefixgate.proxy.http.auth
+import prefixgate.proxy.http.keystore
 from prefixgate.config.loader import save_keys_file
 from prefixgate.config.schema import ProxyKey
 from prefixgate.proxy.http.auth import hash_key
@@ -133,7 +133,7 @@ def test_key_over_its_tokens_per_minute_is_refused_after_the_request_that_used_t
 def test_keys_added_to_or_removed_from_the_keys_file_apply_without_a_restart(
         rig_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # not named by the issue: `prefixgate keys add/remove` while the proxy runs
-    monkeypatch.setattr(prefixgate.proxy.http.auth, "RELOAD_EVERY_S", 0.0)
+    monkeypatch.setattr(prefixgate.proxy.http.keystore, "RELOAD_EVERY_S", 0.0)
     kf = tmp_path / "keys.yaml"
     save_keys_file(kf, [ProxyKey(id="k_one", hash=hash_key(KEY))])
     rig = rig_factory(auth={"keys_file": str(kf)})
@@ -147,7 +147,7 @@ def test_keys_added_to_or_removed_from_the_keys_file_apply_without_a_restart(
 def test_a_broken_keys_file_keeps_the_keys_already_loaded(
         rig_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # not named by the issue: a half-written file must not open the proxy to everyone
-    monkeypatch.setattr(prefixgate.proxy.http.auth, "RELOAD_EVERY_S", 0.0)
+    monkeypatch.setattr(prefixgate.proxy.http.keystore, "RELOAD_EVERY_S", 0.0)
     kf = tmp_path / "keys.yaml"
     save_keys_file(kf, [ProxyKey(id="k_one", hash=hash_key(KEY))])
     rig = rig_factory(auth={"keys_file": str(kf)})

@@ -14,8 +14,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import prefixgate.proxy.http.auth
+import prefixgate.proxy.http.keystore
 from prefixgate.cache.ledger import SCHEMA_VERSION, Ledger, LedgerRow
+from prefixgate.cache.redis_link import RedisLink
 from prefixgate.config.loader import load_policy, parse_policy
 from prefixgate.config.schema import AuthSettings, ProxyKey
 from prefixgate.proxy.cli import app as cli
@@ -61,7 +62,7 @@ def test_lookup_compares_every_stored_hash_whichever_key_matches(
         calls.append(b)
         return real(a, b)
 
-    monkeypatch.setattr(prefixgate.proxy.http.auth.hmac, "compare_digest", counting)
+    monkeypatch.setattr(prefixgate.proxy.http.keystore.hmac, "compare_digest", counting)
     found = store.lookup(keys[which])
     assert found is not None and found.id == f"k{which}"
     assert len(calls) == 8  # no early exit: time does not say which key matched
@@ -108,24 +109,38 @@ def test_memory_limiter_counts_per_key_per_minute_window() -> None:
     start = 60.0 * 16_667  # a window's first second
     clock = Clock(start + 15)
     lim = MemoryLimiter(clock)
-    assert lim.admit("a", 2, None) is None and lim.admit("a", 2, None) is None
-    refused = lim.admit("a", 2, None)
+    assert lim.admit_now("a", 2, None) is None and lim.admit_now("a", 2, None) is None
+    refused = lim.admit_now("a", 2, None)
     assert refused is not None and refused.kind == "requests" and refused.retry_after_s == 45
-    assert lim.admit("b", 2, None) is None  # another key: its own count
+    assert lim.admit_now("b", 2, None) is None  # another key: its own count
     clock.now = start + 60  # next window
-    assert lim.admit("a", 2, None) is None
+    assert lim.admit_now("a", 2, None) is None
 
 
 def test_memory_limiter_refuses_on_tokens_used_and_refusals_use_no_budget() -> None:
     clock = Clock(600.0)
     lim = MemoryLimiter(clock)
-    assert lim.admit("a", 3, 100) is None
+    assert lim.admit_now("a", 3, 100) is None
     lim.add_tokens("a", 150)
     for _ in range(5):
-        r = lim.admit("a", 3, 100)
+        r = lim.admit_now("a", 3, 100)
         assert r is not None and r.kind == "tokens" and r.retry_after_s == 60
     clock.now = 660.0
-    assert [lim.admit("a", 3, 100) for _ in range(3)] == [None] * 3  # refusals did not count
+    assert [lim.admit_now("a", 3, 100) for _ in range(3)] == [None] * 3  # refusals did not count
+
+
+def test_memory_limiter_charges_the_prompt_with_the_check_and_gives_back_in_its_window() -> None:
+    # issue 20 High 4: the check and the prompt's charge are one step
+    clock = Clock(600.0)
+    lim = MemoryLimiter(clock)
+    assert lim.admit_now("a", None, 100, tokens=500) is None
+    assert lim.used("a") == (1, 500)
+    refused = lim.admit_now("a", None, 100, tokens=1)
+    assert refused is not None and refused.kind == "tokens" and lim.used("a") == (1, 500)
+    lim.add_tokens("a", -480, window=10)
+    assert lim.used("a") == (1, 20)
+    lim.add_tokens("a", -10_000)
+    assert lim.used("a") == (1, 0)  # never below zero
 
 
 def _redis() -> Any:
@@ -139,34 +154,59 @@ def _redis() -> Any:
     return client
 
 
-def test_redis_limiter_is_shared_by_two_proxy_processes() -> None:
+def test_redis_limiter_is_shared_by_two_proxy_processes_under_the_policy_prefix() -> None:
+    import asyncio
+
     client = _redis()
     clock = Clock(1_200.0)
-    one, two = RedisLimiter(client=client, clock=clock), RedisLimiter(client=client, clock=clock)
-    kid = "test-" + uuid.uuid4().hex
+    prefix = f"pgtest-{uuid.uuid4().hex[:8]}:"
+    kid = "k_" + uuid.uuid4().hex[:8]
+
+    async def run() -> None:
+        links = [RedisLink("redis://127.0.0.1:6379/0", prefix) for _ in range(2)]
+        one, two = (RedisLimiter(link, clock=clock) for link in links)
+        try:
+            assert await one.admit(kid, 2, 50) is None and await two.admit(kid, 2, 50) is None
+            refused = await one.admit(kid, 2, 50)
+            assert refused is not None and refused.kind == "requests"
+            assert 0 < client.ttl(f"{prefix}rl:{kid}:20:req") <= 120
+            clock.now = 1_260.0
+            assert await two.admit(kid, 2, 50) is None
+            one.add_tokens(kid, 60)
+            await one.drain()
+            refused = await two.admit(kid, 2, 50)
+            assert refused is not None and refused.kind == "tokens"
+            assert await one.admit(kid, None, 1000, tokens=7) is None
+            assert int(client.get(f"{prefix}rl:{kid}:21:tok")) == 67
+        finally:
+            for link in links:
+                await link.close()
+
     try:
-        assert one.admit(kid, 2, 50) is None and two.admit(kid, 2, 50) is None
-        refused = one.admit(kid, 2, 50)
-        assert refused is not None and refused.kind == "requests"
-        assert 0 < client.ttl(f"{RedisLimiter.PREFIX}{kid}:20:req") <= 120
-        clock.now = 1_260.0
-        assert two.admit(kid, 2, 50) is None
-        one.add_tokens(kid, 60)
-        refused = two.admit(kid, 2, 50)
-        assert refused is not None and refused.kind == "tokens"
+        asyncio.run(run())
+        # issue 20 Low: every key is under the policy's redis_prefix, none under the old one
+        assert sorted(client.scan_iter(f"{prefix}rl:{kid}:*")) and not list(
+            client.scan_iter(f"prefixgate:rl:{kid}:*"))
     finally:
-        for k in client.scan_iter(f"{RedisLimiter.PREFIX}{kid}:*"):
+        for k in client.scan_iter(f"{prefix}*"):
             client.delete(k)
 
 
-def test_redis_limiter_admits_when_redis_is_down() -> None:
-    class Down:
-        def pipeline(self) -> Any:
-            raise ConnectionError("redis down")
+def test_redis_limiter_limits_locally_when_redis_is_down() -> None:
+    import asyncio
 
-    lim = RedisLimiter(client=Down(), clock=Clock(0.0))
-    assert lim.admit("k", 1, 1) is None
-    lim.add_tokens("k", 5)  # no exception
+    async def run() -> None:
+        link = RedisLink("redis://127.0.0.1:9/0")  # nothing listens on port 9
+        lim = RedisLimiter(link, clock=Clock(0.0))
+        assert await lim.admit("k", 1, None) is None
+        refused = await lim.admit("k", 1, None)  # the local counters still limit
+        assert refused is not None and refused.kind == "requests"
+        lim.add_tokens("k", 5)
+        await lim.drain()
+        assert lim.local.used("k") == (1, 5) and not link.up
+        await link.close()
+
+    asyncio.run(run())
 
 
 def test_ledger_file_without_key_id_is_migrated_on_open(tmp_path: Path) -> None:
@@ -239,3 +279,34 @@ def test_policy_rejects_a_stored_key_that_is_not_a_hash() -> None:
                       "routes": [{"match": "*", "backend": "b"}],
                       "auth": {"keys": [{"id": "k1", "hash": "pgk-plaintext-key"}]}})
     assert ei.value.problems[0][0] == "auth.keys[0].hash"
+
+
+def test_redis_guard_settles_to_exactly_the_usage() -> None:
+    # issue 20 High 4 on the shared store: estimate at admission, usage at the end, no double
+    import asyncio
+
+    from prefixgate.proxy.http.auth import Guard
+
+    client = _redis()
+    prefix = f"pgtest-{uuid.uuid4().hex[:8]}:"
+
+    async def run() -> None:
+        link = RedisLink("redis://127.0.0.1:6379/0", prefix)
+        clock = Clock(3_000.0)
+        lim = RedisLimiter(link, clock=clock)
+        guard = Guard(KeyStore(AuthSettings(keys=[ProxyKey(id="k_r", hash=hash_key("x"),
+                                                           tpm=10_000)])), lim)
+        body = {"model": "m", "messages": [{"role": "user", "content": "q" * 4000}]}
+        ticket = await guard.limit("k_r", body, 0)
+        assert ticket is not None and int(client.get(f"{prefix}rl:k_r:50:tok")) == ticket.estimate
+        guard.settle(ticket, 321, 9, 200)
+        guard.settle(ticket, 321, 9, 200)
+        await lim.drain()
+        assert int(client.get(f"{prefix}rl:k_r:50:tok")) == 330
+        await link.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        for k in client.scan_iter(f"{prefix}*"):
+            client.delete(k)

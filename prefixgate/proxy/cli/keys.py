@@ -12,7 +12,13 @@ add.
 ``keys list --policy FILE``: id, name, limits, creation date and where each key is stored (never
 a hash or a key). ``keys remove --policy FILE ID_OR_NAME``: drops a key from the keys file
 (inline keys are the policy's to edit). A running ``prefixgate serve`` picks changes up within a
-second (the keys file is re-read when it changes).
+second (the keys file is re-read when it changes); removing the last key leaves it refusing every
+request, never open (:mod:`prefixgate.proxy.http.keystore`).
+
+Concurrent commands (issue 20 High 3: 8 parallel ``keys add`` kept 4 keys): each read-modify-write
+of the keys file runs under an exclusive lock on ``<keys file>.lock``, and appending the ``auth``
+section to a policy under one on ``<policy>.lock`` (:func:`prefixgate.proxy.http.keystore.locked`);
+the file itself is replaced atomically, so a running proxy never reads it half-written.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import yaml
 from prefixgate.config.loader import PolicyError, load_keys_file, load_policy, save_keys_file
 from prefixgate.config.schema import Policy, ProxyKey
 from prefixgate.proxy.http.auth import hash_key, new_key, new_key_id
+from prefixgate.proxy.http.keystore import locked
 
 keys_app = typer.Typer(help="Proxy keys (stored as hashes): add, list, remove.",
                        no_args_is_help=True)
@@ -44,6 +51,15 @@ def _load(path: Path) -> Policy:
         raise _fail(str(e)) from None
 
 
+def _read(kf: Path) -> list[ProxyKey]:
+    """The keys in ``kf`` (none when it does not exist); exit 2 when it cannot be read: a file
+    the command cannot read is never overwritten."""
+    try:
+        return load_keys_file(kf)
+    except PolicyError as e:
+        raise _fail(str(e)) from None
+
+
 def _has_auth_section(path: Path) -> bool:
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     return isinstance(data, dict) and "auth" in data
@@ -51,7 +67,13 @@ def _has_auth_section(path: Path) -> bool:
 
 def keys_file_for(policy_path: Path) -> Path:
     """The keys file of the policy at ``policy_path``, naming one in the policy first when it
-    names none (see module docstring). Raises typer.Exit(2) when it cannot."""
+    names none (see module docstring; under the policy's lock). Raises typer.Exit(2) when it
+    cannot."""
+    with locked(policy_path):
+        return _keys_file_for(policy_path)
+
+
+def _keys_file_for(policy_path: Path) -> Path:
     pol = _load(policy_path)
     if pol.auth.keys_file:
         return Path(pol.auth.keys_file)
@@ -81,15 +103,16 @@ def add(policy: Path = POLICY_OPT,
     """Make a key, print it once, store its hash."""
     kf = keys_file_for(policy)
     pol = _load(policy)
-    existing = load_keys_file(kf)
-    taken = {k.id for k in existing} | {k.id for k in pol.auth.keys}
-    kid = new_key_id()
-    while kid in taken:
-        kid = new_key_id()
     key = new_key()
     created = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    entry = ProxyKey(id=kid, name=name, hash=hash_key(key), rpm=rpm, tpm=tpm, created=created)
-    save_keys_file(kf, [*existing, entry])
+    with locked(kf):  # read-modify-write: no other `keys` command in between
+        existing = _read(kf)
+        taken = {k.id for k in existing} | {k.id for k in pol.auth.keys}
+        kid = new_key_id()
+        while kid in taken:
+            kid = new_key_id()
+        entry = ProxyKey(id=kid, name=name, hash=hash_key(key), rpm=rpm, tpm=tpm, created=created)
+        save_keys_file(kf, [*existing, entry])
     typer.echo(f"added key {kid}{f' ({name})' if name else ''} to {kf}; it is shown only "
                "once, here:", err=True)
     typer.echo(key)
@@ -123,18 +146,22 @@ def remove(ident: str = typer.Argument(..., metavar="ID_OR_NAME"),
         raise _fail(f"key {ident!r} is written inline in {policy} (auth.keys): remove it there")
     if not pol.auth.keys_file:
         raise _fail(f"{policy} names no keys file: no key to remove")
-    try:
-        keys = load_keys_file(pol.auth.keys_file)
-    except PolicyError as e:
-        raise _fail(str(e)) from None
-    hit = [k for k in keys if k.id == ident] or [k for k in keys if k.name == ident]
-    if not hit:
-        raise _fail(f"no key {ident!r} in {pol.auth.keys_file}", 1)
-    if len(hit) > 1:
-        raise _fail(f"{len(hit)} keys are named {ident!r}; remove one by id: "
-                    f"{', '.join(k.id for k in hit)}")
-    save_keys_file(pol.auth.keys_file, [k for k in keys if k.id != hit[0].id])
-    typer.echo(f"removed key {hit[0].id} from {pol.auth.keys_file}", err=True)
+    kf = Path(pol.auth.keys_file)
+    with locked(kf):
+        keys = _read(kf)
+        hit = [k for k in keys if k.id == ident] or [k for k in keys if k.name == ident]
+        if not hit:
+            raise _fail(f"no key {ident!r} in {kf}", 1)
+        if len(hit) > 1:
+            raise _fail(f"{len(hit)} keys are named {ident!r}; remove one by id: "
+                        f"{', '.join(k.id for k in hit)}")
+        rest = [k for k in keys if k.id != hit[0].id]
+        save_keys_file(kf, rest)
+    typer.echo(f"removed key {hit[0].id} from {kf}", err=True)
+    if not rest and not pol.auth.keys:
+        typer.echo("that was the last key: a running proxy now refuses every model request "
+                   "(401) until a key is added; it does not go back to serving without keys",
+                   err=True)
 
 
 def register(app: typer.Typer) -> None:

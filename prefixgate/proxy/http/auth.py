@@ -1,4 +1,4 @@
-"""Proxy keys: who may use the proxy, and how much (issue 8, class 9).
+"""Proxy keys: who may use the proxy, and how much (issue 8, class 9; issue 20 High 3 and 4).
 
 Without keys in the policy (``auth.keys`` / ``auth.keys_file``) every request is served, as
 before — allowed only while the proxy listens on a loopback address (:func:`needs_keys`;
@@ -7,7 +7,9 @@ before — allowed only while the proxy listens on a loopback address (:func:`ne
 (OpenAI SDKs) or ``x-api-key: <key>`` (Anthropic SDKs); either header is read on either
 endpoint, and on ``/v1/models`` (it asks the backends live and names them). No valid key: 401 in
 the caller's shape. ``/healthz`` and ``/metrics`` stay open (probes and Prometheus scrapers
-carry no key; they show counts and backend names, no prompt, no key).
+carry no key; they show counts and backend names, no prompt, no key). Once keys are required
+they stay required: a keys file that is emptied, deleted or broken while the proxy runs never
+opens it (:mod:`prefixgate.proxy.http.keystore`).
 
 Storage: only ``sha256:<hex>`` of each key. A key is ``pgk-`` + 43 URL-safe characters (256
 random bits, :func:`secrets.token_urlsafe`), so a fast hash is enough: a slow password KDF
@@ -16,33 +18,54 @@ feasible. The presented key's hash is compared with EVERY stored hash by
 :func:`hmac.compare_digest`, no early exit, so the time taken says nothing about which bytes or
 which key matched. The key's public ``id`` (never the key) goes into the ledger.
 
-The keys file is re-read when its mtime changes (checked at most once a second), so keys added
-or removed with ``prefixgate keys`` take effect without a restart.
+Limits charge what is spent (:meth:`Guard.limit`, :meth:`Guard.settle`), for a key with ``tpm``:
+
+1. at admission, atomically with the check, the prompt as the proxy counts it
+   (:func:`prefixgate.proxy.http.ratelimit.prompt_estimate`: JSON text / 4, media at a fixed
+   cost) — so a stream that never reports usage, or a client that leaves before it does, has
+   spent its prompt;
+2. while the answer streams, the output seen so far (the stream's usage, else its content
+   events, ~1 token each on OpenAI-style streams) is added to the key's window before each later
+   admission of the same key in this process (:class:`~prefixgate.proxy.http.ratelimit.Ticket`);
+3. at the end, the difference between what was charged and what the request spent: the
+   backend's usage where it reported one (prompt and output separately), the estimate and the
+   content events where not. A request refused with a 4xx (the proxy's, after admission, or the
+   backend's; not 408 / 499) without usage spent nothing and gets its estimate back.
+
+A request is charged once: after step 3 the window holds exactly ``usage.prompt + usage.output``
+for it (within one window; a difference settled in a later window is added there when positive,
+dropped when negative).
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import ipaddress
 import logging
-import os
 import secrets
-import time
+import weakref
 from collections.abc import Mapping
+from typing import Any
 
-import anyio
-
-from prefixgate.config.loader import PolicyError, load_keys_file
+from prefixgate.cache.redis_link import RedisLink
 from prefixgate.config.schema import AuthSettings, LedgerSettings, ProxyKey
 from prefixgate.proxy.core.errors import Api, RateLimited, Unauthorized
-from prefixgate.proxy.http.ratelimit import Limiter, MemoryLimiter, RedisLimiter
+from prefixgate.proxy.http.keystore import KeyStore, hash_key
+from prefixgate.proxy.http.ratelimit import (
+    Limiter,
+    MemoryLimiter,
+    RedisLimiter,
+    Refusal,
+    Ticket,
+    prompt_estimate,
+)
+
+__all__ = ["Guard", "KeyStore", "MemoryLimiter", "hash_key", "needs_keys", "new_key",
+           "new_key_id", "presented_key"]
 
 log = logging.getLogger("prefixgate.auth")
 
 KEY_PREFIX = "pgk-"
-RELOAD_EVERY_S = 1.0
 
 
 def new_key() -> str:
@@ -53,11 +76,6 @@ def new_key() -> str:
 def new_key_id() -> str:
     """A fresh public key id: ``k_`` + 12 hex digits."""
     return "k_" + secrets.token_hex(6)
-
-
-def hash_key(key: str) -> str:
-    """What is stored for ``key``: ``sha256:`` + 64 hex digits of its UTF-8 bytes."""
-    return "sha256:" + hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def presented_key(headers: Mapping[str, str], api: Api) -> str | None:
@@ -98,67 +116,20 @@ def needs_keys(host: str) -> bool:
         return True  # a host name: it may resolve to anything
 
 
-class KeyStore:
-    """The policy's keys: inline ``auth.keys`` plus the ``auth.keys_file`` ones (re-read on
-    change). ``clock``: monotonic seconds (tests)."""
-
-    def __init__(self, settings: AuthSettings, clock: object = time.monotonic) -> None:
-        self._inline = list(settings.keys)
-        self._file = settings.keys_file
-        self._clock = clock
-        self._file_keys: list[ProxyKey] = []
-        self._mtime: float | None = None
-        self._checked = float("-inf")
-        self._reload(force=True)
-
-    def _reload(self, force: bool = False) -> None:
-        if self._file is None:
-            return
-        now = self._clock()  # type: ignore[operator]
-        if not force and now - self._checked < RELOAD_EVERY_S:
-            return
-        self._checked = now
-        try:
-            mtime = os.stat(self._file).st_mtime_ns
-        except OSError:
-            mtime = None
-        if mtime == self._mtime and not force:
-            return
-        try:
-            self._file_keys = load_keys_file(self._file)
-            self._mtime = mtime
-        except PolicyError as e:  # keep the keys we had; a half-written file must not open up
-            log.error("keys file not reloaded: %s", e)
-
-    def keys(self) -> list[ProxyKey]:
-        """Every configured key (inline first), after a reload check."""
-        self._reload()
-        return self._inline + self._file_keys
-
-    @property
-    def configured(self) -> bool:
-        """Whether any key is configured (then every model request needs one)."""
-        return bool(self.keys())
-
-    def lookup(self, key: str) -> ProxyKey | None:
-        """The stored key whose hash matches ``key``, or None. Constant time in the key: every
-        stored hash is compared with :func:`hmac.compare_digest`, no early exit."""
-        digest = hash_key(key).encode()
-        found: ProxyKey | None = None
-        for k in self.keys():
-            if hmac.compare_digest(digest, k.hash.encode()):
-                found = k
-        return found
+def _refused(key_id: str, refusal: Refusal) -> RateLimited:
+    return RateLimited(f"Rate limit reached for proxy key {key_id} on {refusal.kind} per minute: "
+                       f"limit {refusal.limit}. Retry in {refusal.retry_after_s} s.",
+                       refusal.retry_after_s, kind=refusal.kind)
 
 
 class Guard:
     """Authentication + rate limits for model requests. ``store``: the keys; ``limiter``: the
     counters (:func:`limiter_for`)."""
 
-    def __init__(self, store: KeyStore, limiter: Limiter, redis: bool = False) -> None:
+    def __init__(self, store: KeyStore, limiter: Limiter) -> None:
         self.store = store
         self.limiter = limiter
-        self._offload = redis  # Redis round trips go to a worker thread, not the event loop
+        self._open: dict[str, weakref.WeakSet[Ticket]] = {}  # key id -> tickets in flight
 
     @classmethod
     def open(cls) -> Guard:
@@ -166,15 +137,29 @@ class Guard:
         return cls(KeyStore(AuthSettings()), MemoryLimiter())
 
     @classmethod
-    def from_policy(cls, auth: AuthSettings, ledger: LedgerSettings) -> Guard:
-        """The guard for a policy's ``auth`` section; counters in Redis when
-        ``ledger.redis_url`` is set, in memory otherwise."""
-        return cls(KeyStore(auth), limiter_for(ledger.redis_url), ledger.redis_url is not None)
+    def from_policy(cls, auth: AuthSettings, ledger: LedgerSettings,
+                    link: RedisLink | None = None) -> Guard:
+        """The guard for a policy's ``auth`` section; counters in Redis through ``link`` (the
+        app's one link on ``ledger.redis_url``, keys under ``ledger.redis_prefix``), in memory
+        without one."""
+        del ledger  # the link carries the URL and the prefix
+        return cls(KeyStore(auth), limiter_for(link))
 
-    async def admit(self, headers: Mapping[str, str], api: Api, limit: bool = True) -> str:
-        """The caller's key id ("" when no keys are configured). Raises Unauthorized (401)
-        for a missing or unknown key, RateLimited (429 + ``retry-after``) over its limits
-        (``limit=False``: authenticate only, count nothing)."""
+    async def drain(self) -> None:
+        """Wait for the limiter's writes in flight (the app's shutdown)."""
+        drain = getattr(self.limiter, "drain", None)
+        if drain is not None:
+            await drain()
+
+    def reasons(self) -> list[str]:
+        """Why the guard is degraded (``/healthz`` reasons; empty: it is not)."""
+        return self.store.reasons()
+
+    async def admit(self, headers: Mapping[str, str], api: Api, limit: bool = False) -> str:
+        """The caller's key id ("" when no keys are required). Raises Unauthorized (401) for a
+        missing or unknown key. ``limit``: also count one request against the key's ``rpm`` /
+        ``tpm`` (RateLimited, 429 + ``retry-after``) charging no tokens; model requests use
+        :meth:`limit` once their body is read instead."""
         if not self.store.configured:
             return ""
         key = presented_key(headers, api)
@@ -184,33 +169,66 @@ class Guard:
             raise Unauthorized(f"{what}. Send the key prefixgate gave you as 'Authorization: "
                                "Bearer <key>' (OpenAI SDKs) or 'x-api-key: <key>' (Anthropic "
                                "SDKs).")
-        if not limit or (found.rpm is None and found.tpm is None):
-            return found.id
-        if self._offload:
-            refusal = await anyio.to_thread.run_sync(self.limiter.admit, found.id, found.rpm,
-                                                     found.tpm)
-        else:
-            refusal = self.limiter.admit(found.id, found.rpm, found.tpm)
-        if refusal is not None:
-            raise RateLimited(f"Rate limit reached for proxy key {found.id} on {refusal.kind} "
-                              f"per minute: limit {refusal.limit}. Retry in "
-                              f"{refusal.retry_after_s} s.", refusal.retry_after_s,
-                              kind=refusal.kind)
+        if limit:
+            await self.limit(found.id, None, 0, count_tokens=False)
         return found.id
 
-    def charge(self, key_id: str, prompt_tokens: int | None, output_tokens: int | None) -> None:
-        """Add a finished request's tokens to its key's window (no-op without a key id or a
-        token limit). Never raises."""
-        if not key_id:
+    def _key(self, key_id: str) -> ProxyKey | None:
+        return next((k for k in self.store.keys() if k.id == key_id), None) if key_id else None
+
+    async def limit(self, key_id: str, body: Any, size: int,
+                    count_tokens: bool = True) -> Ticket | None:
+        """Admit one request of ``key_id`` under its limits, charging its prompt estimate
+        (``body``: the parsed request, ``size``: its bytes; ``count_tokens`` False: a request
+        that spends no model tokens, e.g. count_tokens). Raises RateLimited (429 +
+        ``retry-after``). Returns the Ticket to :meth:`settle` (None: the key has no limit)."""
+        found = self._key(key_id)
+        if found is None or (found.rpm is None and found.tpm is None):
+            return None
+        counts = found.tpm is not None and count_tokens
+        estimate = await prompt_estimate(body, size) if counts else 0
+        open_ = self._open.get(key_id, ())
+        pending = sum(t.pending() for t in list(open_))
+        window = self.limiter.window()
+        refusal = await self.limiter.admit(key_id, found.rpm, found.tpm, estimate, pending)
+        if refusal is not None:
+            raise _refused(key_id, refusal)
+        ticket = Ticket(key_id, window, estimate, tokens=counts)
+        if counts:
+            self._open.setdefault(key_id, weakref.WeakSet()).add(ticket)
+        return ticket
+
+    def settle(self, ticket: Ticket | None, prompt_tokens: int | None,
+               output_tokens: int | None, http_status: int) -> None:
+        """Charge what the request spent beyond what its ticket was charged (module docstring,
+        step 3); once per ticket. ``prompt_tokens`` / ``output_tokens``: the backend's usage
+        (None: not reported; ``output_tokens`` may be the proxy's count of content events).
+        Never raises."""
+        if ticket is None or ticket.settled or not ticket.tokens:
             return
         try:
-            if not any(k.id == key_id and k.tpm is not None for k in self.store.keys()):
-                return
-            self.limiter.add_tokens(key_id, (prompt_tokens or 0) + (output_tokens or 0))
+            ticket.settled = True
+            open_ = self._open.get(ticket.key_id)
+            if open_ is not None:
+                open_.discard(ticket)
+                if not open_:
+                    self._open.pop(ticket.key_id, None)
+            refused = 400 <= http_status < 500 and http_status not in (408, 499)
+            if refused and prompt_tokens is None and not output_tokens:
+                spent = 0
+            else:
+                prompt = ticket.estimate if prompt_tokens is None else prompt_tokens
+                seen = ticket.output + ticket.unseen()
+                spent = prompt + (seen if output_tokens is None else output_tokens)
+            delta = spent - ticket.charged
+            if self.limiter.window() == ticket.window:
+                self.limiter.add_tokens(ticket.key_id, delta, ticket.window)
+            elif delta > 0:  # spent now: counts in the window it is spent in
+                self.limiter.add_tokens(ticket.key_id, delta)
         except Exception:  # a counter failure must not fail the request's record
             log.exception("rate limiter: tokens not counted")
 
 
-def limiter_for(redis_url: str | None) -> Limiter:
-    """RedisLimiter on ``redis_url`` when set, else a MemoryLimiter."""
-    return RedisLimiter(redis_url) if redis_url else MemoryLimiter()
+def limiter_for(link: RedisLink | None) -> Limiter:
+    """A RedisLimiter through ``link`` when there is one, else a MemoryLimiter."""
+    return RedisLimiter(link) if link is not None else MemoryLimiter()

@@ -27,6 +27,7 @@ from prefixgate.proxy.core.logsafe import safe
 from prefixgate.proxy.core.sse import EventMapper
 from prefixgate.proxy.core.usage import StreamWatcher
 from prefixgate.proxy.http.auth import Guard
+from prefixgate.proxy.http.ratelimit import Ticket
 from prefixgate.proxy.observe.health import LoopLagMonitor, health_reasons
 from prefixgate.proxy.observe.insight import Insight
 from prefixgate.proxy.observe.metrics import BREAKERS_OPEN, ProxyMetrics, RequestObs
@@ -92,7 +93,6 @@ class ProxyState:
                 self.otel.observe(row, obs)
         except Exception:
             log.exception("ledger write failed")
-        self.guard.charge(row.key_id, row.prompt_tokens, row.output_tokens)
         log.debug("%s %s backend=%s status=%s http=%s prompt=%s cached=%s ttft_ms=%s edits=%s",
                  safe(row.endpoint), safe(row.model), row.backend, row.status, row.http_status,
                  row.prompt_tokens, row.cached_tokens,
@@ -102,7 +102,7 @@ class ProxyState:
         """Reasons the proxy is degraded now (empty: healthy), see :mod:`prefixgate.proxy.observe.health`."""
         return health_reasons(self.upstream.in_use, self.upstream.max_connections,
                               self.upstream.pool_stats().get("queued", 0),
-                              self.loop_lag.recent_max_s)
+                              self.loop_lag.recent_max_s) + self.guard.reasons()
 
 
 @dataclass
@@ -139,6 +139,7 @@ class Exchange:
     recorded: bool = False
     obs: RequestObs = field(default_factory=RequestObs)  # for metrics / traces (observe.metrics)
     reported: EngineTimings = field(default_factory=EngineTimings)  # the backend's timings
+    ticket: Ticket | None = None  # the rate limits' charges, settled once by record (http.auth)
 
     @property
     def api(self) -> Api:
@@ -149,6 +150,12 @@ class Exchange:
     def target(self) -> Target | None:
         """The target that served, else the primary one (None before routing)."""
         return self.served or (self.targets[0] if self.targets else None)
+
+    def output_seen(self) -> int:
+        """Output tokens streamed so far: the stream's usage, else its content events (0
+        before the answer streams)."""
+        w = self.watcher
+        return 0 if w is None else (w.usage.output_tokens or w.deltas)
 
     def picked(self, p: Picked) -> None:
         """The failover loop chose ``p``: its bridge, stream watcher and mapper apply."""
@@ -173,5 +180,7 @@ class Exchange:
         self.row.attempt_reasons = ",".join(self.attempts.reasons)[:1000]
         if self.row.total_ms is None:
             self.row.total_ms = self.timing.total_ms()
+        state.guard.settle(self.ticket, self.row.prompt_tokens, self.row.output_tokens,
+                           http_status)
         if self.endpoint.ledger:
             state.record(self.row, self.obs)

@@ -1,12 +1,12 @@
 """The prepare step: everything that can fail on the client's request fails here, before the send.
 
 :func:`prepare` runs, in order, for every endpoint (:class:`~prefixgate.proxy.pipeline.endpoint.Endpoint`):
-the proxy key and rate limits (401 / 429), the tenant, the body read once under its limits and
-checked (:func:`parse`: 400 / 408 / 413), the route and its targets (:func:`targets`: 404 /
-501), the route's default output cap, the session id and the rewriter's passes over the primary
-bridge's pass body (:func:`passes`, off the event loop under the rewrite budget, fail-open), and
-one bridge + upstream bytes per target (:func:`bridges`: 400 when the primary cannot carry the
-request; a fallback that cannot is left out).
+the proxy key (401), the tenant, the body read once under its limits and checked (:func:`parse`:
+400 / 408 / 413), the rate limits with the prompt's estimate charged (429), the route and its
+targets (:func:`targets`: 404 / 501), the route's default output cap, the session id and the
+rewriter's passes over the primary bridge's pass body (:func:`passes`, off the event loop under
+the rewrite budget, fail-open), and one bridge + upstream bytes per target (:func:`bridges`:
+400 when the primary cannot carry the request; a fallback that cannot is left out).
 """
 
 from __future__ import annotations
@@ -38,9 +38,13 @@ from prefixgate.rewriter.types import Context
 
 async def prepare(ex: Exchange, request: Request, state: ProxyState) -> None:
     """Auth, parse, route, passes, bridges (module docstring)."""
-    ex.row.key_id = await state.guard.admit(request.headers, ex.api)   # 401 / 429
+    ex.row.key_id = await state.guard.admit(request.headers, ex.api)   # 401
     ex.row.tenant = tenant_for(request.headers, ex.row.key_id, state.policy, state.guard)
     await parse(ex, request, state.policy)
+    # 429; the prompt's estimate charged with the check, settled by Exchange.record (http.auth)
+    ex.ticket = await state.guard.limit(ex.row.key_id, ex.body, len(ex.raw), ex.endpoint.ledger)
+    if ex.ticket is not None:
+        ex.ticket.progress = ex.output_seen
     ex.targets = targets(ex, state.policy)
     ex.row.route, ex.row.backend = ex.targets[0].route, ex.targets[0].backend_name
     if ex.endpoint.cap is not None:  # a body without an output cap gets the route's
