@@ -63,7 +63,7 @@ from prefixgate.proxy.http.middleware import BarePaths, TrailingSlash
 from prefixgate.proxy.observe import savings_api
 from prefixgate.proxy.observe.dashboard import install as install_dashboard
 from prefixgate.proxy.observe.insight import Insight
-from prefixgate.proxy.observe.metrics import ProxyMetrics, policy_models
+from prefixgate.proxy.observe.metrics import ProxyMetrics, label_vocabulary
 from prefixgate.proxy.observe.otel import telemetry_from_env
 from prefixgate.proxy.pipeline.exchange import ProxyState
 from prefixgate.proxy.pipeline.rewrite import (
@@ -98,7 +98,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     cache-break detector and the counterfactual cache model after each request
     (:mod:`prefixgate.proxy.observe.insight`).
     """
-    counters = ProxyMetrics(policy_models(policy.routes))
+    counters = ProxyMetrics(label_vocabulary(policy))
     url = policy.ledger.redis_url  # shared state of replicas (cache.redis_link)
     link = RedisLink(url, policy.ledger.redis_prefix, registry=counters.registry) if url else None
     if sessions is None:
