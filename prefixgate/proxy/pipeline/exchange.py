@@ -88,8 +88,8 @@ class ProxyState:
         and counterfactual shares are taken over the same rows. Every text column is bounded
         first (:func:`prefixgate.proxy.core.bounded.clip_fields`, issue 20 class 5): this is
         the one place each row passes before the ledger, the metrics, OTel and the log."""
-        clip_fields(row)
         try:
+            clip_fields(row)
             self.ledger.write(row)
             self.metrics.observe(row, obs)
             if self.otel is not None:
