@@ -16,8 +16,12 @@ caller's shape) and installs the endpoints, each of which runs the one request p
   "down": {deployment: why}}``, 503 when degraded, see :mod:`prefixgate.proxy.observe.health`; a
   deployment whose breaker is not closed is named in ``down`` without degrading the proxy, which
   still serves every other route), ``GET /api/savings`` (:mod:`prefixgate.proxy.observe.savings_api`),
-  ``GET /dashboard`` (:mod:`prefixgate.proxy.observe.dashboard`), ``GET /metrics`` (HEAD too
-  wherever GET is served).
+  ``GET /dashboard`` (:mod:`prefixgate.proxy.observe.dashboard`), ``GET /metrics``,
+  ``GET /openapi.json`` (behind the proxy's keys when keys are configured, as every route but
+  ``/healthz`` and ``/metrics``).
+
+HEAD is served wherever GET is, by construction: :func:`_head_wherever_get` adds it to every
+GET route once all are installed (a GET-only route answered HEAD with a 405, issue 20).
 
 Any other path or method is a 404 / 405 in the caller's shape; a trailing slash is served, never
 redirected. Response headers: ``x-prefixgate-edits`` (the rewrite summary, or ``off``),
@@ -38,6 +42,7 @@ from typing import Any
 import anyio
 import httpx
 from fastapi import FastAPI, Request
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
@@ -63,7 +68,7 @@ from prefixgate.proxy.http.middleware import BarePaths, TrailingSlash
 from prefixgate.proxy.observe import savings_api
 from prefixgate.proxy.observe.dashboard import install as install_dashboard
 from prefixgate.proxy.observe.insight import Insight
-from prefixgate.proxy.observe.metrics import ProxyMetrics, policy_models
+from prefixgate.proxy.observe.metrics import ProxyMetrics, label_vocabulary
 from prefixgate.proxy.observe.otel import telemetry_from_env
 from prefixgate.proxy.pipeline.exchange import ProxyState
 from prefixgate.proxy.pipeline.rewrite import (
@@ -98,7 +103,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     cache-break detector and the counterfactual cache model after each request
     (:mod:`prefixgate.proxy.observe.insight`).
     """
-    counters = ProxyMetrics(policy_models(policy.routes))
+    counters = ProxyMetrics(label_vocabulary(policy))
     url = policy.ledger.redis_url  # shared state of replicas (cache.redis_link)
     link = RedisLink(url, policy.ledger.redis_prefix, registry=counters.registry) if url else None
     if sessions is None:
@@ -145,9 +150,10 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
             if state.otel is not None:
                 await anyio.to_thread.run_sync(state.otel.shutdown)  # flush the batches
 
-    # redirect_slashes=False: Starlette's slash redirect builds Location from the client's Host
+    # redirect_slashes=False: Starlette's slash redirect builds Location from the client's Host;
+    # openapi_url=None: /openapi.json is served below, behind the keys
     app = FastAPI(title="prefixgate", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  redirect_slashes=False)
+                  openapi_url=None, redirect_slashes=False)
     app.add_middleware(TrailingSlash)  # /v1/messages/ is served as /v1/messages, no redirect
     app.add_middleware(BarePaths)  # /chat/completions is served as /v1/chat/completions
     app.state.proxy = state
@@ -190,7 +196,27 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
     install_dashboard(app, state.guard)  # GET /dashboard (observe.dashboard)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi_document(request: Request) -> Response:
+        await state.guard.admit(request.headers, "openai", limit=False)  # 401 when keys are on
+        return JSONResponse(app.openapi())
+
+    _head_wherever_get(app)
     return app
+
+
+def _head_wherever_get(app: FastAPI) -> None:
+    """Add a HEAD route (same handler, left out of the OpenAPI schema) for every GET route of
+    ``app`` that has none; call once every route is installed. HEAD must answer as GET does,
+    without a body (RFC 9110, section 9.3.2); FastAPI, unlike Starlette's ``Route``, does not
+    add it itself."""
+    routes = [r for r in app.router.routes if isinstance(r, APIRoute)]
+    has_head = {r.path for r in routes if "HEAD" in r.methods}
+    for r in routes:
+        if "GET" in r.methods and r.path not in has_head:
+            app.add_api_route(r.path, r.endpoint, methods=["HEAD"], include_in_schema=False)
+            has_head.add(r.path)
 
 
 def route_for(policy: Policy, model: str, api: Api) -> Target:

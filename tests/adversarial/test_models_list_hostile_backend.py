@@ -28,7 +28,7 @@ def test_any_unexpected_proxy_failure_is_a_shaped_500(hostile: Any,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     import prefixgate.proxy.api.models
 
-    async def boom(client: Any, policy: Any) -> Any:
+    async def boom(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("bug")
 
     monkeypatch.setattr(prefixgate.proxy.api.models, "list_models", boom)

@@ -54,12 +54,13 @@ def test_labels_tokens_cost_and_overhead_after_traffic(rig: Any) -> None:
     s = scrape(rig.url)
     gpt = {"route": "gpt-*", "model": "gpt-4o", "backend": "up"}
     assert value(s, "prefixgate_requests_total", status="ok", **gpt) == 1
-    assert value(s, "prefixgate_requests_total", status="ok", route="m*", model="m") == 1
+    # "m" matched the glob m*; the policy does not name it: "other" (issue 20, class 5)
+    assert value(s, "prefixgate_requests_total", status="ok", route="m*", model=OTHER) == 1
     assert value(s, "prefixgate_tokens_total", kind="prompt", **gpt) == 10
     assert value(s, "prefixgate_tokens_total", kind="cached", **gpt) == 4
     assert value(s, "prefixgate_tokens_total", kind="output", **gpt) == 2
     assert value(s, "prefixgate_tokens_total", kind="cache_write", **gpt) is None  # unreported
-    assert value(s, "prefixgate_tokens_total", kind="prompt", model="m") == 7
+    assert value(s, "prefixgate_tokens_total", kind="prompt", route="m*", model=OTHER) == 7
     price = price_for("gpt-4o")
     assert price is not None
     want_in = (6 * price.input + 4 * price.cached_input) / 1e6
@@ -69,7 +70,7 @@ def test_labels_tokens_cost_and_overhead_after_traffic(rig: Any) -> None:
     # one overhead observation per request that reached the send, per route
     assert value(s, "prefixgate_proxy_overhead_seconds_count", route="gpt-*") == 1
     assert value(s, "prefixgate_proxy_overhead_seconds_count", route="m*") == 1
-    assert value(s, "prefixgate_ttft_seconds_count", model="m") == 1
+    assert value(s, "prefixgate_ttft_seconds_count", route="m*", model=OTHER) == 1
     # the pre-existing names still answer, now with route and model labels too
     assert value(s, "prefixgate_cached_tokens_total", **gpt) == 4
 
@@ -90,18 +91,18 @@ def test_cache_break_counted_by_kind(rig: Any) -> None:
     assert chat(rig.url, "m", system=long + "Second edition.").status_code == 200
     wait_rows(rig.ledger, 2)
     s = scrape(rig.url)
-    assert value(s, "prefixgate_cache_breaks_total", kind="system_edit", model="m") == 1
+    assert value(s, "prefixgate_cache_breaks_total", kind="system_edit", route="m*") == 1
 
 
-def test_label_guard_bounds_models_per_route_and_label_sets() -> None:
-    g = LabelGuard(models=["gpt-4o"], max_sets=5, per_route=2)
+def test_label_guard_bounds_models_to_the_vocabulary_and_label_sets() -> None:
+    """The model label is a policy name, a price-table id, or ``other`` (issue 20, class 5;
+    more cases in tests/proxy/test_client_strings_bounded.py)."""
+    g = LabelGuard(models=["gpt-4o"], max_sets=4)
     assert g.labels("gpt-*", "gpt-4o", "up") == ("gpt-*", "gpt-4o", "up")
-    assert g.labels("m*", "m1", "up")[1] == "m1"
-    assert g.labels("m*", "m2", "up")[1] == "m2"
-    assert g.labels("m*", "m3", "up")[1] == OTHER       # third model of a glob route
-    assert g.labels("m*", "m1", "up")[1] == "m1"        # admitted ones stay
+    assert g.labels("m*", "m1", "up")[1] == OTHER       # a glob match the policy does not name
+    assert g.labels("*", "gpt-5-mini", "up")[1] == "gpt-5-mini"  # a price-table id
     assert g.labels("", "anything", "")[0:2] == ("none", OTHER)  # no route matched
-    assert g.labels("x*", "x", "b") == (OTHER, OTHER, OTHER)     # sixth label set: capped
+    assert g.labels("x*", "x", "b") == (OTHER, OTHER, OTHER)     # fifth label set: capped
     assert g.labels("gpt-*", "gpt-4o", "up") == ("gpt-*", "gpt-4o", "up")
 
 

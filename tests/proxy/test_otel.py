@@ -190,3 +190,41 @@ def test_off_without_otlp_variables_imports_no_sdk(tmp_path: Path) -> None:
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "ok"
+
+
+def test_megabyte_client_strings_are_clipped_in_spans_and_points(
+        receiver: Receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 20, class 5: 1 MB model names made 3 MB exports. Called on the sink itself (not
+    through ProxyState.record, which clips the row first), so the exporter's own bound is what
+    is tested; the response model and the error status are long too (not in the issue)."""
+    from prefixgate.cache.ledger import LedgerRow
+    from prefixgate.proxy.core.bounded import ATTR_CHARS
+    from prefixgate.proxy.observe.metrics import OTHER, RequestObs
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")
+    policy = make_policy("http://127.0.0.1:9", tmp_path / "l.sqlite")
+    otel = telemetry_from_env(policy)
+    assert otel is not None
+    mb = 1024 * 1024
+    for i in range(3):
+        row = LedgerRow(route="m*", backend="up", model=f"m{i}" + "x" * mb, status="E" * mb,
+                        http_status=502, edits="e" * mb, session="s" * mb, prompt_tokens=5,
+                        output_tokens=1, total_ms=3.0)
+        otel.observe(row, RequestObs(response_model="r" * mb))
+    otel.force_flush()
+    otel.shutdown()
+    total = sum(len(b) for _, b in receiver.posts)
+    assert total < 30_000, total
+    spans = receiver.spans()
+    assert len(spans) == 3
+    for s in spans:
+        assert len(s.name) <= ATTR_CHARS
+        for v in attrs(s.attributes).values():
+            assert not isinstance(v, str) or len(v) <= ATTR_CHARS
+        assert len(s.status.message) <= ATTR_CHARS
+    for points in receiver.metrics().values():
+        for p in points:
+            a = attrs(p.attributes)
+            assert a["gen_ai.request.model"] == OTHER
+            assert all(len(v) <= ATTR_CHARS for v in a.values() if isinstance(v, str))

@@ -129,3 +129,54 @@ def test_csv_and_tenant_and_day_groups(tmp_path: Path) -> None:
 def test_unknown_grouping_is_refused(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["report", "--ledger", _ledger(tmp_path), "--by", "colour"])
     assert res.exit_code == 2 and "--by must be one of" in res.output
+
+
+FORMULAS = ["=cmd|' /C calc'!A0", "+1+cmd|' /C calc'!A0", "-2+3+cmd|' /C calc'!A0",
+            "@SUM(1+1)*cmd|' /C calc'!A0", "\t=1+1", "\r=1+1", "\n=1+1"]
+
+
+def _csv_ledger(tmp_path: Path, models: list[str]) -> str:
+    led = Ledger(tmp_path / "csv.sqlite")
+    for m in models:
+        led.write(LedgerRow(ts=T0, route="*", backend="b", model=m, prompt_tokens=100,
+                            input_usd=0.0200, cf_input_usd=0.0150))  # rewriting cost more
+    led.close()
+    return str(tmp_path / "csv.sqlite")
+
+
+@pytest.mark.parametrize("model", FORMULAS, ids=["eq", "plus", "minus", "at", "tab", "cr", "lf"])
+def test_csv_cells_never_start_a_formula(tmp_path: Path, model: str) -> None:
+    """Issue 20, class 13 (OWASP "CSV Injection"): a text cell starting with = + - @ tab CR LF
+    gets a leading single quote (LF is not in the issue; OWASP lists it); the proxy's own
+    negative figure stays a number."""
+    out = _run(["--ledger", _csv_ledger(tmp_path, [model]), "--csv", "--by", "model"])
+    rows = list(csv.reader(io.StringIO(out)))
+    header, cells = rows[0], rows[1]
+    assert len(rows) == 2
+    assert cells[0] == "'" + model
+    saved = cells[header.index("saved_usd")]
+    assert float(saved) == pytest.approx(-0.005) and saved.startswith("-")  # stays a number
+    # read as a spreadsheet would (unquoted cells are numbers): still a float, not text
+    typed = list(csv.reader(io.StringIO(out), quoting=csv.QUOTE_NONNUMERIC))[1]
+    assert typed[header.index("saved_usd")] == pytest.approx(-0.005)
+    assert typed[header.index("requests")] == 1.0
+
+
+def test_csv_separators_and_quotes_cannot_open_a_new_formula_cell(tmp_path: Path) -> None:
+    """Not in the issue: a ``;`` (the list separator of many locales) or a quote inside a
+    name must not start a new cell with a trigger: every text cell is quoted, quotes doubled;
+    harmless names and the report's own ``-`` key are unchanged."""
+    names = ['x;=1+1', 'y",=1+1', "gpt-4o", "-5", "- "]
+    out = _run(["--ledger", _csv_ledger(tmp_path, names), "--csv", "--by", "model"])
+    raw = out.splitlines()
+    assert '"x;=1+1"' in out and '"y"",=1+1"' in out
+    cells = {r[0] for r in csv.reader(io.StringIO(out))}
+    assert {"x;=1+1", 'y",=1+1', "gpt-4o", "'-5", "'- "} <= cells
+    assert all(not line.startswith(tuple("=+@\t\r")) for line in raw)
+    (tmp_path / "n").mkdir()
+    path = _csv_ledger(tmp_path / "n", [])
+    led = Ledger(path)
+    led.write(LedgerRow(ts=T0, route="r", model="m", prompt_tokens=1))
+    led.close()
+    rows = list(csv.reader(io.StringIO(_run(["--ledger", path, "--csv", "--by", "tenant"]))))
+    assert rows[1][0] == "-"  # no tenant: the report's own key, not a formula

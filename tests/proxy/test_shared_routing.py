@@ -239,3 +239,96 @@ def test_a_probe_that_closes_the_breaker_on_one_replica_closes_it_on_the_other()
         assert b.board.get("d1").state == CLOSED and b.board.down() == {}
 
     asyncio.run(run())
+
+
+# ---- clocks of other replicas (issue 20, low) ----------------------------------------------
+
+def _route_twelve(r: SharedRouting) -> dict[str, int]:
+    """Where 12 new sessions go on group (d1, d2) with the loads ``r`` last read."""
+    from prefixgate.config.routing import AffinitySettings
+    from prefixgate.proxy.routing.balance import choose
+
+    names, got = ["d1", "d2"], {"d1": 0, "d2": 0}
+    for i in range(12):
+        c = choose(names, r.balancer.loads(names), f"session-{i}", AffinitySettings())
+        got[names[c.index]] += 1
+    return got
+
+
+def test_a_load_entry_expiring_far_ahead_stops_counting_after_its_ttl() -> None:
+    """A replica whose clock is a year ahead wrote d1 busy and died: its entry counts for one
+    TTL (as any crashed replica's), then routing spreads again (12 of 12 went to d2 before)."""
+    now = [0.0]
+    store = LocalState(clock=lambda: now[0])
+    b = _replica(store, "b", now)
+    year = 365 * 86_400.0
+
+    async def run() -> None:
+        await store.put_field("load:d1", "skewed", f"1000 {1000.0 + year:.3f}")
+        await b.refresh(["d1", "d2"])
+        assert b.balancer.loads(["d1", "d2"]) == [1000, 0]  # fresh: counted, as it says
+        assert _route_twelve(b) == {"d1": 0, "d2": 12}
+        now[0] = b.load_ttl_s - 1
+        await b.refresh(["d1", "d2"])
+        assert b.balancer.loads(["d1", "d2"]) == [1000, 0]
+        now[0] = b.load_ttl_s + 1  # one TTL after it was first seen, unchanged since
+        await b.refresh(["d1", "d2"])
+        assert b.balancer.loads(["d1", "d2"]) == [0, 0]
+        spread = _route_twelve(b)
+        assert spread["d1"] > 0 and spread["d2"] > 0, spread
+
+    asyncio.run(run())
+
+
+def test_a_skewed_live_replica_keeps_counting_while_it_rewrites() -> None:
+    """Not in the issue: the clamp must not drop a LIVE replica whose clock is ahead: each of
+    its rewrites is a new entry text, first seen anew."""
+    now = [0.0]
+    store = LocalState(clock=lambda: now[0])
+    a = SharedRouting(store, BreakerBoard(SETTINGS, now=lambda: now[0]), Balancer(),
+                      replica="a", max_age_s=0.0, clock=lambda: 1000.0 + 3600.0 + now[0])
+    b = _replica(store, "b", now)
+
+    async def run() -> None:
+        for _ in range(2):
+            a.balancer.acquire("d1")
+        for step in range(1, 6):  # 5 half-TTLs; a refreshes (and so rewrites) on each send
+            now[0] = step * (a.load_ttl_s / 2 + 1)
+            await a.refresh(["d1"])
+            await asyncio.sleep(0.01)
+            await b.refresh(["d1", "d2"])
+            assert b.balancer.loads(["d1", "d2"]) == [2, 0], step
+
+    asyncio.run(run())
+
+
+def test_breaker_news_stamped_in_the_future_opens_one_cooldown_and_hides_nothing() -> None:
+    """Not in the issue: an opening stamped a day ahead opened the breaker here, and every later
+    closing (stamped by a right clock, so "older") was ignored until that day came."""
+    now = [0.0]
+    store = LocalState(clock=lambda: now[0])
+    b = _replica(store, "b", now)
+
+    async def run() -> None:
+        await store.put("breaker:d1", f"open|{1000.0 + 86_400:.3f}|status-503", 300)
+        await b.refresh(["d1"])
+        assert b.board.get("d1").state == OPEN
+        now[0] = SETTINGS.cooldown_s + 0.5  # one cooldown later: this replica probes again
+        await b.refresh(["d1"])  # the same news read again is not applied again
+        assert b.board.get("d1").available()
+        b.board.get("d1").state = OPEN  # (open here again, say) then a right clock closes it
+        await store.put("breaker:d1", f"closed|{1000.0 + now[0]:.3f}|", 300)
+        await b.refresh(["d1"])
+        assert b.board.get("d1").state == CLOSED
+
+    asyncio.run(run())
+
+
+def test_load_entries_parse_safely() -> None:
+    far = {"x": "7 1e300", "y": "3 inf", "z": "4 nan", "w": "-5 1e300"}
+    assert others_load(far, "me", 60.0) == 10          # clamped to now + TTL: still live now
+    seen: dict[tuple[str, str], float] = {}
+    assert others_load(far, "me", 60.0, 10.0, seen) == 10
+    assert others_load(far, "me", 71.0, 10.0, seen) == 0  # one TTL after first seen
+    assert others_load({"x": "7 1e300"}, "me", 72.0, 10.0, seen) == 0
+    assert list(seen) == [("x", "7 1e300")]             # pruned to the table's entries

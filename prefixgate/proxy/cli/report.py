@@ -19,7 +19,8 @@ proxy on streams).
 ``--json``: ``{"ledger", "by", "saved": {...}, "groups": [{<by>: key, figures...}],
 "by_technique": [{"technique", "tokens_reusable", "tokens_removed", "tokens_added", "usd"}],
 "errors": [...]}`` with named fields (:mod:`prefixgate.cache.attribution`); ``--csv``: one header line
-and one line per group.
+and one line per group, every cell through :func:`csv_cell` (no cell can start a spreadsheet
+formula, issue 20 class 13).
 ``--errors`` lists failed requests by status and error; ``--breaks`` the cache-break records
 (:func:`prefixgate.cache.breaks.format_breaks`).
 """
@@ -57,6 +58,40 @@ CSV_FIELDS = ("requests", "errors", "prompt_tokens", "cached_tokens", "cached_sh
               "saved_tokens", "tokens_pruned", "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms",
               "ttft_reported", "no_usage", "holdout", "prefill_s_saved", "prefill_s_cached",
               "prefill_usd_saved", "ttft_s_saved_holdout")
+
+
+FORMULA_TRIGGERS = ("=", "+", "-", "@", "\t", "\r", "\n")
+"""Leading characters that make a spreadsheet read a cell as a formula: OWASP, "CSV
+Injection" (owasp.org/www-community/attacks/CSV_Injection, read at commit 0e5e8f0 of
+OWASP/www-community, 2025-08: ``=``, ``+``, ``-``, ``@``, tab, carriage return, line feed)."""
+NO_KEY = "-"
+"""The report's own key for "none" (:func:`prefixgate.cache.report.group_key`)."""
+
+
+def csv_cell(value: Any) -> Any:
+    """One CSV cell, neutralised as OWASP "CSV Injection" recommends, by where it came from:
+
+    - a number (``int`` / ``float``, a figure the proxy computed from the ledger) is written as
+      that number, a negative one too (``-0.0123`` stays a number: its text is digits, ``.``,
+      ``-``, ``e``, never a formula); ``bool`` as ``0`` / ``1``; ``None`` as an empty cell;
+    - text (a group key: route, model, tenant, day — model and tenant are client-chosen) that
+      starts with one of :data:`FORMULA_TRIGGERS` gets a leading single quote, which spreadsheets
+      read as "this is text" (``=HYPERLINK(...)`` -> ``'=HYPERLINK(...)``). The one exception is
+      the report's own :data:`NO_KEY` ``-`` alone, which no spreadsheet evaluates (no operand).
+
+    :func:`_csv` also quotes every text cell (``csv.QUOTE_NONNUMERIC``, quotes doubled), so a
+    separator inside a name — ``,`` or the ``;`` of some locales — cannot start a new cell
+    whose first character is a trigger (OWASP's note on separators and quotes)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)):
+        return value
+    text = str(value)
+    if text != NO_KEY and text.startswith(FORMULA_TRIGGERS):
+        return "'" + text
+    return text
 
 
 def _usd(v: float | None) -> str:
@@ -155,11 +190,13 @@ def _errors_table(errors: list[dict[str, Any]]) -> Table:
 
 
 def _csv(groups: list[dict[str, Any]], by: str) -> str:
+    """The ``--csv`` text: a header and one line per group, cells by :func:`csv_cell`, text
+    cells quoted."""
     buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
+    w = csv.writer(buf, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
     w.writerow((by, *CSV_FIELDS))
     for g in groups:
-        w.writerow((g[by], *("" if g[f] is None else g[f] for f in CSV_FIELDS)))
+        w.writerow(tuple(csv_cell(v) for v in (g[by], *(g[f] for f in CSV_FIELDS))))
     return buf.getvalue()
 
 

@@ -9,6 +9,10 @@ paragraph separators) and other Unicode format / separator characters — as ``\
 does the same to every log message of the process (``prefixgate serve`` installs it), so a
 call site that forgets :func:`safe` still cannot forge a line. Tracebacks keep their lines (the
 frames are our code); the exception's own message, which may quote request data, is escaped.
+It also bounds what a call site forgets to cut (issue 20, class 5): each string argument at
+:data:`~prefixgate.proxy.core.bounded.LOG_ARG_CHARS`, each message and exception message at
+:data:`~prefixgate.proxy.core.bounded.LOG_MESSAGE_CHARS` characters
+(:func:`prefixgate.proxy.core.bounded.clip`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ import logging
 import traceback
 import unicodedata
 from types import TracebackType
+from typing import Any
+
+from prefixgate.proxy.core.bounded import LOG_ARG_CHARS, LOG_MESSAGE_CHARS, clip
 
 DEFAULT_LIMIT = 200
 
@@ -69,8 +76,22 @@ def _traceback_lines(te: traceback.TracebackException) -> list[str]:
     if te.stack:
         out.append("Traceback (most recent call last):\n")
         out += te.stack.format()
-    out.append(escape("".join(te.format_exception_only()).rstrip("\n")) + "\n")
+    only = "".join(te.format_exception_only()).rstrip("\n")
+    out.append(escape(clip(only, LOG_MESSAGE_CHARS)) + "\n")
     return out
+
+
+def _clip_args(args: Any) -> Any:
+    """``record.args`` with each ``str`` (or ``bytes``) argument cut to ``LOG_ARG_CHARS``."""
+    def one(a: Any) -> Any:
+        if isinstance(a, (bytes, bytearray)) and len(a) > LOG_ARG_CHARS:
+            return bytes(a[:LOG_ARG_CHARS]) + b"..."
+        return clip(a, LOG_ARG_CHARS) if isinstance(a, str) else a
+    if isinstance(args, tuple):
+        return tuple(one(a) for a in args)
+    if isinstance(args, dict):
+        return {k: one(v) for k, v in args.items()}
+    return args
 
 
 class SafeFormatter(logging.Formatter):
@@ -78,9 +99,15 @@ class SafeFormatter(logging.Formatter):
     whose tracebacks escape each exception's message (see module docstring). Use it for every
     handler of a process that logs request-controlled values."""
 
+    def format(self, record: logging.LogRecord) -> str:
+        if record.args:  # cut long arguments before they are merged into the message
+            record = copy.copy(record)
+            record.args = _clip_args(record.args)
+        return super().format(record)
+
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
         rec = copy.copy(record)
-        rec.message = escape(record.message)
+        rec.message = escape(clip(record.message, LOG_MESSAGE_CHARS))
         return super().formatMessage(rec)
 
     def formatException(  # noqa: N802 - logging's name

@@ -1,10 +1,16 @@
 """Prometheus metrics of the proxy (``GET /metrics``), one registry per app.
 
 Every request metric carries ``route`` (the policy's model glob), ``model`` and ``backend``
-labels, bounded by :class:`LabelGuard`: a model no route matched is ``other``, a glob route
-keeps its first :data:`MODELS_PER_ROUTE` models (models the policy names literally are always
-kept) and the rest read ``other``, and past :data:`MAX_LABEL_SETS` distinct (route, model,
-backend) sets every new one is ``other`` too, so a client sending random model ids cannot grow the registry.
+labels, bounded by :class:`LabelGuard` (issue 20, class 5). The ``model`` label comes from a
+vocabulary fixed when the app is built, never from a client's text: a model the policy names
+(:func:`label_vocabulary`: literal route matches, upstream and fallback model names, aliases)
+is itself; a model a glob route matched is the dated price table's id it is a snapshot of
+(``claude-sonnet-4-5-20250929`` reads ``claude-sonnet-4-5``, :func:`price_family`); anything
+else — a model no route matched, a name over :data:`~prefixgate.proxy.core.bounded.LABEL_CHARS`
+characters, a name the price table does not know — is ``other``. Past :data:`MAX_LABEL_SETS`
+distinct (route, model, backend) sets every new one is ``other`` too. So ``/metrics`` (served
+without a key) neither grows with nor shows what clients send: its size is bounded by the
+policy and the price table, whatever the traffic.
 
 Names (``prefixgate_`` prefix):
 
@@ -21,6 +27,7 @@ sample of :class:`prefixgate.proxy.observe.health.LoopLagMonitor`).
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -28,7 +35,10 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from prefixgate.cache.ledger import LedgerRow
-from prefixgate.config.prices import price_for
+from prefixgate.config.cache_rules import normalize_model_id
+from prefixgate.config.prices import PRICES, price_for
+from prefixgate.config.schema import Policy
+from prefixgate.proxy.core.bounded import LABEL_CHARS, clip
 
 _LATENCY_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120)
 _TPOT_BUCKETS = (.001, .0025, .005, .01, .02, .04, .08, .16, .32, .64)
@@ -37,8 +47,6 @@ OTHER = "other"
 NONE = "none"
 MAX_LABEL_SETS = 200
 """Distinct (route, model, backend) label sets before new ones collapse to ``other``."""
-MODELS_PER_ROUTE = 20
-"""Models a glob route keeps as label values before the next ones read ``other``."""
 TOKEN_KINDS = ("prompt", "cached", "cache_write", "output", "pruned", "unrewritten_cached")
 BASE = ["route", "model", "backend"]
 BREAKERS_OPEN = "breakers open"
@@ -87,43 +95,53 @@ class RequestObs:
         return max(0.0, self.sent_at - self.read_done)
 
 
+_PRICE_IDS = {normalize_model_id(k): k for k in PRICES}
+_SNAPSHOT = re.compile(r"-(?:\d{8}|\d{4}-\d{2}-\d{2}|latest)$")
+"""A dated or ``-latest`` snapshot suffix (``-20250929``, ``-2024-08-06``, ``-latest``), as
+Anthropic and OpenAI name a model's versions."""
+
+
+def price_family(model: str) -> str | None:
+    """The price table's id (:data:`prefixgate.config.prices.PRICES`, as spelled there) that
+    ``model`` is, or is a dated / ``-latest`` snapshot of, after
+    :func:`~prefixgate.config.cache_rules.normalize_model_id`; None otherwise. Exact, not by
+    prefix (``gpt-4o-anything`` is None): the result is one of a fixed, finite set of ids."""
+    if len(model) > LABEL_CHARS:
+        return None
+    m = normalize_model_id(model)
+    return _PRICE_IDS.get(m) or _PRICE_IDS.get(_SNAPSHOT.sub("", m))
+
+
 class LabelGuard:
     """Bounded (route, model, backend) label values (module docstring). Thread-safe.
 
-    ``models``: model ids always kept as themselves (the policy's literal route matches). A
-    model a route's glob matched is kept while that route has fewer than ``per_route`` models
-    kept, else ``other``; a request no route matched has model ``other``. ``max_sets``: distinct
-    label sets admitted before every new one is ``(other, other, other)``.
+    ``models``: model ids always kept as themselves (:func:`label_vocabulary`); other models of
+    a matched route read as their :func:`price_family`, else ``other``; a request no route
+    matched has model ``other``. ``max_sets``: distinct label sets admitted before every new one
+    is ``(other, other, other)``. Every value is at most ``LABEL_CHARS`` characters.
     """
 
-    def __init__(self, models: Iterable[str] = (), max_sets: int = MAX_LABEL_SETS,
-                 per_route: int = MODELS_PER_ROUTE) -> None:
-        self.models = frozenset(models)
+    def __init__(self, models: Iterable[str] = (), max_sets: int = MAX_LABEL_SETS) -> None:
+        self.models = frozenset(m for m in models if len(m) <= LABEL_CHARS)
         self.max_sets = max_sets
-        self.per_route = per_route
         self._seen: set[tuple[str, str, str]] = set()
-        self._route_models: dict[str, set[str]] = {}
         self._lock = threading.Lock()
 
-    def _model(self, route: str, model: str) -> str:
+    def model(self, route: str, model: str) -> str:
+        """The ``model`` label of ``model`` sent on ``route`` ("" = no route matched)."""
         if not model:
             return NONE
         if model in self.models:
             return model
         if not route:
             return OTHER
-        kept = self._route_models.setdefault(route, set())
-        if model in kept:
-            return model
-        if len(kept) >= self.per_route:
-            return OTHER
-        kept.add(model)
-        return model
+        return price_family(model) or OTHER
 
     def labels(self, route: str, model: str, backend: str) -> tuple[str, str, str]:
         """The label values for one request (empty strings read ``none``)."""
+        key = (clip(route or NONE, LABEL_CHARS), self.model(route, model),
+               clip(backend or NONE, LABEL_CHARS))
         with self._lock:
-            key = (route or NONE, self._model(route, model), backend or NONE)
             if key in self._seen:
                 return key
             if len(self._seen) >= self.max_sets:
@@ -210,7 +228,7 @@ class ProxyMetrics:
     def observe(self, row: LedgerRow, obs: RequestObs | None = None) -> None:
         """Count one finished request (``obs``: what the row does not hold)."""
         lab = self.guard.labels(row.route, row.model, row.backend)
-        self.requests.labels(*lab, row.status).inc()
+        self.requests.labels(*lab, clip(row.status, LABEL_CHARS)).inc()
         by = rejected_by(row.status, row.http_status, row.error)
         if by is not None:
             self.rejections.labels(*lab, by).inc()
@@ -232,12 +250,12 @@ class ProxyMetrics:
             self.total.labels(*lab).observe(row.total_ms / 1e3)
         if obs is not None:
             if obs.break_kind:
-                self.breaks.labels(*lab, obs.break_kind).inc()
+                self.breaks.labels(*lab, clip(obs.break_kind, LABEL_CHARS)).inc()
             if obs.overhead_s is not None:
                 self.overhead.labels(lab[0], lab[2]).observe(obs.overhead_s)
         for failed in filter(None, row.attempt_reasons.split(",")):
             deployment, _, reason = failed.rpartition(":")
-            self.failed_sends.labels(deployment, reason).inc()
+            self.failed_sends.labels(clip(deployment, LABEL_CHARS), clip(reason, LABEL_CHARS)).inc()
 
     def _money(self, lab: tuple[str, str, str], row: LedgerRow) -> None:
         if row.input_usd is not None:
@@ -272,6 +290,18 @@ def policy_models(routes: Iterable[object]) -> list[str]:
         if match and not any(c in match for c in "*?["):
             out.append(match)
     return out
+
+
+def label_vocabulary(policy: Policy) -> list[str]:
+    """Every model id the policy itself names, kept as a ``model`` label value: the literal
+    route matches (:func:`policy_models`), each route's upstream ``model`` and its fallbacks'
+    ``model``, and the aliases' names and targets. Fixed when the app is built."""
+    out = policy_models(policy.routes)
+    for r in policy.routes:
+        out += [t.model for t in r.chain() if t.model]
+    for name, target in policy.aliases.items():
+        out += [name, target]
+    return sorted(set(out))
 
 
 def _reader(stats: Callable[[], dict[str, int]], key: str) -> Callable[[], float]:

@@ -26,6 +26,12 @@ Per request (from its ledger row, after the answer), names from the GenAI semant
   (s) and ``gen_ai.server.time_per_output_token`` (s), with the convention's bucket boundaries,
   attributes ``gen_ai.operation.name``, ``gen_ai.provider.name``, ``gen_ai.request.model``,
   ``gen_ai.response.model`` — model values bounded by :class:`prefixgate.proxy.observe.metrics.LabelGuard`.
+
+Bounds (issue 20, class 5): every string attribute and the span name are clipped to
+:data:`~prefixgate.proxy.core.bounded.ATTR_CHARS` characters here
+(:func:`~prefixgate.proxy.core.bounded.clip`), and the tracer provider's own ``SpanLimits``
+hold the same bound for any attribute set elsewhere; metric attributes take their model values
+from the label vocabulary, never from a client's text.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ from typing import Any
 from prefixgate.cache.ledger import LedgerRow
 from prefixgate.config.backend_kinds import traits
 from prefixgate.config.schema import Policy
-from prefixgate.proxy.observe.metrics import OTHER, LabelGuard, RequestObs, policy_models
+from prefixgate.proxy.core.bounded import ATTR_CHARS, clip, encodable
+from prefixgate.proxy.observe.metrics import OTHER, LabelGuard, RequestObs, label_vocabulary
 
 log = logging.getLogger("prefixgate.otel")
 
@@ -53,7 +60,7 @@ DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0)
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
-MAX_ATTR_CHARS = 200
+MAX_ATTR_CHARS = ATTR_CHARS
 
 
 def telemetry_from_env(policy: Policy, environ: Mapping[str, str] | None = None
@@ -77,7 +84,8 @@ def telemetry_from_env(policy: Policy, environ: Mapping[str, str] | None = None
 
 
 def _clip(text: str) -> str:
-    return text[:MAX_ATTR_CHARS]
+    """``text`` bounded for a span (:func:`~prefixgate.proxy.core.bounded.clip`, encodable)."""
+    return encodable(clip(text, MAX_ATTR_CHARS))
 
 
 class GenAITelemetry:
@@ -91,7 +99,7 @@ class GenAITelemetry:
         from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 
         self.kinds = {name: b.kind for name, b in policy.backends.items()}
-        self.guard = LabelGuard(policy_models(policy.routes))
+        self.guard = LabelGuard(label_vocabulary(policy))
         attrs: dict[str, Any] = {}
         if not os.environ.get("OTEL_SERVICE_NAME"):
             attrs[SERVICE_NAME] = "prefixgate"
@@ -106,10 +114,12 @@ class GenAITelemetry:
 
     def _start_traces(self, resource: Any) -> None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace import SpanLimits, TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        self.tracer_provider = TracerProvider(resource=resource)
+        limits = SpanLimits(max_span_attribute_length=MAX_ATTR_CHARS,
+                            max_attribute_length=MAX_ATTR_CHARS)
+        self.tracer_provider = TracerProvider(resource=resource, span_limits=limits)
         self.tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         self.tracer = self.tracer_provider.get_tracer("prefixgate")
 
@@ -162,10 +172,10 @@ class GenAITelemetry:
             "gen_ai.operation.name": "chat", "gen_ai.provider.name": provider,
             "gen_ai.system": provider, "gen_ai.request.model": _clip(row.model),
             "http.response.status_code": row.http_status,
-            "prefixgate.route": _clip(row.route), "prefixgate.backend": row.backend,
-            "prefixgate.status": row.status, "prefixgate.stream": row.stream,
+            "prefixgate.route": _clip(row.route), "prefixgate.backend": _clip(row.backend),
+            "prefixgate.status": _clip(row.status), "prefixgate.stream": row.stream,
             "prefixgate.edits": _clip(row.edits), "prefixgate.tokens_pruned": row.tokens_pruned,
-            "prefixgate.session_hash": row.session,
+            "prefixgate.session_hash": _clip(row.session),
         }
         optional = {
             "gen_ai.response.model": obs.response_model,
@@ -186,10 +196,10 @@ class GenAITelemetry:
             attrs["error.type"] = _clip(row.status)
         start_ns = int(row.ts * 1e9)
         end_ns = start_ns + int((row.total_ms or 0.0) * 1e6)
-        span = self.tracer.start_span(f"chat {_clip(row.model)}".strip(), kind=SpanKind.CLIENT,
+        span = self.tracer.start_span(_clip(f"chat {row.model}".strip()), kind=SpanKind.CLIENT,
                                       attributes=attrs, start_time=start_ns)
         if row.status != "ok":
-            span.set_status(Status(StatusCode.ERROR, row.status))
+            span.set_status(Status(StatusCode.ERROR, _clip(row.status)))
         span.end(end_time=end_ns)
 
     def _points(self, row: LedgerRow, obs: RequestObs) -> None:

@@ -21,6 +21,7 @@ from prefixgate.cache.session import SessionStore
 from prefixgate.cache.shared_state import LocalState, SharedState
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.bridges.base import Bridge
+from prefixgate.proxy.core.bounded import clip_fields
 from prefixgate.proxy.core.engine_timings import EngineTimings
 from prefixgate.proxy.core.errors import Api
 from prefixgate.proxy.core.logsafe import safe
@@ -85,8 +86,11 @@ class ProxyState:
         fail a request). A row whose body went upstream as the client sent it (no pass edited
         it; the side endpoints never rewrite) and that has no counterfactual yet gets its own
         measured cached tokens as one (``cf_source`` ``measured``, or ``holdout``), so cached
-        and counterfactual shares are taken over the same rows."""
+        and counterfactual shares are taken over the same rows. Every text column is bounded
+        first (:func:`prefixgate.proxy.core.bounded.clip_fields`, issue 20 class 5): this is
+        the one place each row passes before the ledger, the metrics, OTel and the log."""
         try:
+            clip_fields(row)
             self.ledger.write(row)
             self.metrics.observe(row, obs)
             if self.otel is not None:

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from prefixgate.cache.counterfactual import SENT_AS_IS
 from prefixgate.config.prices import backend_input_usd, backend_priced
+from prefixgate.proxy.core.bounded import clip_strings
 from prefixgate.proxy.core.engine_timings import apply_reported_timings, with_body_times
 from prefixgate.proxy.core.usage import Usage
 from prefixgate.proxy.observe.insight import Analysis, input_cost_usd
@@ -92,7 +93,7 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
             if a.brk is not None:
                 ex.obs.break_kind = a.brk.get("kind")
                 try:
-                    state.ledger.write_break(row.session, a.brk)
+                    state.ledger.write_break(row.session, clip_strings(a.brk))  # model names
                 except Exception:
                     log.exception("break record write failed")
     except Exception:

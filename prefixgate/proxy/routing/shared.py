@@ -23,6 +23,15 @@ through three kinds of shared names, per deployment ``<dep>``:
   live replica rewrites its entries with work in flight when half that TTL has passed, on its
   next send. The table itself expires when no replica has written it for a day.
 
+**Clocks** (issue 20): a time read from shared state was written by another replica's clock,
+which may be ahead (skew, a bad NTP step) or simply wrong. So no such time is trusted beyond
+the TTL its writer meant: a load entry counts until ``min(its expiry, first seen here +
+load_ttl_s)`` (:func:`others_load`; an entry's text changes with every write, so a live
+replica's entries are "first seen" again on each rewrite, and one whose expiry lies a year
+ahead stops counting a TTL after it last changed), and a breaker opening stamped in the future
+counts as opened now — for one cooldown — while its news is applied once, not again on every
+read (:meth:`SharedRouting._apply_breaker`).
+
 Cost: nothing of this exists with :class:`prefixgate.cache.shared_state.LocalState` (``ProxyState`` makes no
 SharedRouting; the Sender does not call it). With Redis, per send: one pipelined read
 (:meth:`refresh`: MGET of the group's ``breaker`` / ``fail`` values + HGETALL of its ``load``
@@ -69,18 +78,33 @@ def parse_breaker(value: str | None) -> tuple[str, float, str] | None:
         return None
 
 
-def others_load(table: dict[str, str], me: str, now: float) -> int:
-    """Sum of the live entries of a ``load:<dep>`` table other than replica ``me``'s."""
+def others_load(table: dict[str, str], me: str, now: float, ttl_s: float = LOAD_TTL_S,
+                seen: dict[tuple[str, str], float] | None = None) -> int:
+    """Sum of the live entries of a ``load:<dep>`` table other than replica ``me``'s.
+
+    An entry ``"<count> <expires unix s>"`` is live while ``now`` is before both its expiry
+    and ``first seen + ttl_s`` (module docstring, "Clocks"): ``seen`` maps ``(replica, entry
+    text)`` to when this reader first saw it (updated here, and pruned to the table's current
+    entries); without ``seen`` an entry counts as first seen ``now``, so its expiry is clamped
+    to ``now + ttl_s``."""
     total = 0
+    current: set[tuple[str, str]] = set()
     for replica, entry in table.items():
         if replica == me:
             continue
         count, _, expires = entry.partition(" ")
+        first = now
+        if seen is not None:
+            current.add((replica, entry))
+            first = seen.setdefault((replica, entry), now)
         try:
-            if float(expires) > now:
+            if min(float(expires), first + ttl_s) > now:
                 total += max(0, int(count))
         except ValueError:
             continue
+    if seen is not None:
+        for gone in [k for k in seen if k not in current]:
+            del seen[gone]
     return total
 
 
@@ -99,6 +123,8 @@ class SharedRouting:
         self._read_at: dict[tuple[str, ...], float] = {}
         self._reading: dict[tuple[str, ...], asyncio.Future[None]] = {}
         self._applied: dict[str, float] = {}  # deployment -> opening stamp applied here
+        self._applied_news: dict[str, tuple[str, float, str]] = {}  # the breaker value applied
+        self._first_seen: dict[str, dict[tuple[str, str], float]] = {}  # load entries, "Clocks"
         self._fails: dict[str, int] = {}  # deployment -> shared streak last seen
         self._written: dict[str, float] = {}  # deployment -> when our load entry was written
         self._dirty: set[str] = set()
@@ -137,17 +163,24 @@ class SharedRouting:
                 self._fails[n] = int(vals[len(names) + i] or 0)
             except ValueError:
                 self._fails[n] = 0
-            self.balancer.others[n] = others_load(tables[i], self.replica, now)
+            self.balancer.others[n] = others_load(tables[i], self.replica, now, self.load_ttl_s,
+                                                  self._first_seen.setdefault(n, {}))
             if (self.balancer.inflight[n] > 0
                     and now - self._written.get(n, 0.0) > self.load_ttl_s / 2):
                 self.load_changed(n)  # keep our live entry from expiring
 
     def _apply_breaker(self, name: str, seen: tuple[str, float, str] | None,
                        now: float) -> None:
-        if seen is None or self._applied.get(name, float("-inf")) >= seen[1]:
+        """Apply a peer's breaker news once; a stamp ahead of ``now`` counts as ``now``
+        (module docstring, "Clocks"), so it neither opens the breaker for longer than one
+        cooldown nor hides the later news of a replica whose clock is right."""
+        if seen is None or self._applied_news.get(name) == seen:
             return
-        self._applied[name] = seen[1]
-        age = now - seen[1]
+        stamp = min(seen[1], now)
+        if self._applied.get(name, float("-inf")) >= stamp:
+            return
+        self._applied[name], self._applied_news[name] = stamp, seen
+        age = now - stamp
         if seen[0] == CLOSED:
             self.board.get(name).close_from_peer()
         elif seen[0] == OPEN and age < self.board.settings.cooldown_s:
