@@ -45,8 +45,9 @@ REWRITE_ALL_ON: dict[str, Any] = {
 }
 
 
-def fuzz_policy() -> Any:
-    """The fuzz policy (see module docstring)."""
+def fuzz_policy(**extra: Any) -> Any:
+    """The fuzz policy (see module docstring); ``extra``: top-level sections to add (the fan-out
+    gate, for the side-path fuzzer)."""
     return parse_policy({
         "backends": {
             "compat": {"kind": "openai_compat", "base_url": UPSTREAM},
@@ -58,6 +59,7 @@ def fuzz_policy() -> Any:
         "rewrite": REWRITE_ALL_ON,
         "ledger": {"path": ":memory:"},
         "default_max_tokens": 0,  # the checkers compare fields sent with fields asked: no cap added
+        **extra,
     })
 
 
@@ -93,7 +95,14 @@ class RecordingUpstream:
         raw = await request.aread()
         if request.url.path.endswith("/tokenize"):  # the after-answer counterfactual's side
             return httpx.Response(404)               # call (observe.engine_tokens): not a model call
-        api = "anthropic" if request.url.path.endswith("/messages") else "openai"
+        path = request.url.path
+        if path.endswith("/count_tokens"):
+            self.seen.append(Recorded("count_tokens", raw, dict(request.headers)))
+            return httpx.Response(200, json={"input_tokens": 7})
+        if path.endswith("/responses"):  # a backend that serves the Responses API itself
+            self.seen.append(Recorded("responses", raw, dict(request.headers)))
+            return responses_answer(raw)
+        api = "anthropic" if path.endswith("/messages") else "openai"
         self.seen.append(Recorded(api, raw, dict(request.headers)))
         try:
             body = json.loads(raw)
@@ -109,21 +118,45 @@ class RecordingUpstream:
         return httpx.MockTransport(self.handle)
 
 
-def fuzz_app(upstream: RecordingUpstream, ledger: Ledger) -> Any:
-    """The proxy app with the fuzz policy in front of ``upstream``."""
+def responses_answer(raw: bytes) -> httpx.Response:
+    """A Responses API answer (``response`` object, or events ending ``response.completed``)."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        body = {}
+    resp = {"id": "resp_up", "object": "response", "status": "completed", "model": "up",
+            "output": [{"type": "message", "id": "msg_up", "status": "completed", "role": "assistant",
+                        "content": [{"type": "output_text", "text": "ok", "annotations": []}]}],
+            "usage": {"input_tokens": 9, "output_tokens": 2, "total_tokens": 11,
+                      "input_tokens_details": {"cached_tokens": 0}}}
+    if not (isinstance(body, dict) and body.get("stream") is True):
+        return httpx.Response(200, json=resp)
+    events = [("response.created", {"type": "response.created", "sequence_number": 0,
+                                    "response": {**resp, "status": "in_progress", "output": []}}),
+              ("response.output_text.delta", {"type": "response.output_text.delta", "sequence_number": 1,
+                                              "item_id": "msg_up", "output_index": 0,
+                                              "content_index": 0, "delta": "ok"}),
+              ("response.completed", {"type": "response.completed", "sequence_number": 2,
+                                      "response": resp})]
+    text = "".join(f"event: {k}\ndata: {json.dumps(v)}\n\n" for k, v in events)
+    return httpx.Response(200, content=text.encode(), headers={"content-type": "text/event-stream"})
+
+
+def fuzz_app(upstream: RecordingUpstream, ledger: Ledger, **extra: Any) -> Any:
+    """The proxy app with the fuzz policy (``extra``: sections to add) in front of ``upstream``."""
     os.environ.setdefault(KEY_ENV, "fuzz-backend-key")
-    return build_app(fuzz_policy(), ledger=ledger, transport=upstream.transport())
+    return build_app(fuzz_policy(**extra), ledger=ledger, transport=upstream.transport())
 
 
 class FuzzRig:
     """The proxy app and its recording upstream on one private event loop. Use as a context
     manager; :meth:`send` posts one raw body and returns the :class:`Exchange`."""
 
-    def __init__(self) -> None:
+    def __init__(self, **policy_extra: Any) -> None:
         self.upstream = RecordingUpstream()
         self.seen = self.upstream.seen
         self.ledger = Ledger(":memory:")
-        self.app = fuzz_app(self.upstream, self.ledger)
+        self.app = fuzz_app(self.upstream, self.ledger, **policy_extra)
         self.loop = asyncio.new_event_loop()
         self.stats: Counter[tuple[str, ...]] = Counter()  # what the fuzz test saw, for its report
         self._lifespan: Any = None
@@ -151,10 +184,11 @@ class FuzzRig:
         self.loop.run_until_complete(self._lifespan.__aexit__(None, None, None))
         self.loop.close()
 
-    def send(self, api: str, raw: bytes, headers: dict[str, Any] | None = None) -> Exchange:
-        """POST ``raw`` to the endpoint of ``api`` and return what happened."""
+    def send(self, api: str, raw: bytes, headers: dict[str, Any] | None = None,
+             path: str | None = None) -> Exchange:
+        """POST ``raw`` to the endpoint of ``api`` (or to ``path``) and return what happened."""
         assert self.client is not None
-        path = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
+        path = path or ("/v1/messages" if api == "anthropic" else "/v1/chat/completions")
         hdrs = {"content-type": "application/json", **(headers or {})}
         if api == "anthropic":
             hdrs.setdefault("x-api-key", "client-key")

@@ -81,7 +81,8 @@ def check(body: dict[str, Any]) -> None:
 
 
 COUNT_TOKENS = Endpoint(api="anthropic", client="anthropic", path="/messages/count_tokens",
-                        check=check, passes=False, salted=False, analyze=False, ledger=False)
+                        check=check, passes=False, salted=False, analyze=False, ledger=False,
+                        streams=False)
 
 
 def _estimated(body: dict[str, Any]) -> Response:

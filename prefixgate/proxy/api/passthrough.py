@@ -25,7 +25,7 @@ from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
 from prefixgate.proxy.pipeline.run import run
 
 EMBEDDINGS = Endpoint(api="openai", client="openai", path="/embeddings", check=check_model_stream,
-                      passes=False, bridged=False, salted=False, analyze=False)
+                      passes=False, bridged=False, salted=False, analyze=False, streams=False)
 COMPLETIONS = Endpoint(api="openai", client="openai", path="/completions",
                        check=check_model_stream, passes=False, bridged=False, cap="completions",
                        analyze=False)

@@ -39,6 +39,7 @@ import time
 import uuid
 from typing import Any
 
+from prefixgate.proxy.bridges.validity import openai_problem
 from prefixgate.proxy.core.errors import InvalidRequest
 
 _BUILTIN_TOOL = "built-in tools run on OpenAI's servers; this backend only takes function tools"
@@ -289,6 +290,10 @@ def to_chat(body: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, An
     if body.get("stream") is True:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
+    problem = openai_problem(chat)  # the Chat API's rules as a whole: pairing, empty turns
+    if problem is not None:
+        raise InvalidRequest(f"'input' cannot be bridged to Chat Completions: {problem.why}.",
+                             param="input", code="unsupported_parameter")
     return chat
 
 

@@ -30,7 +30,9 @@ class Endpoint:
     default output-cap field applies (``openai``, ``responses``, ``completions``; None: no
     cap); ``salted``: a tenant's ``cache_salt`` goes on bodies sent in Chat Completions form;
     ``analyze``: run the cache-break / counterfactual analysis after the answer; ``ledger``: a
-    model call, recorded as one ledger row (False: count_tokens).
+    model call, recorded as one ledger row (False: count_tokens); ``streams``: the API can answer
+    as a stream when the body asks (False: embeddings, count_tokens answer JSON whatever
+    ``stream`` says, so a ``stream: true`` there is not read as one).
     """
 
     api: Api
@@ -43,3 +45,4 @@ class Endpoint:
     salted: bool = True
     analyze: bool = True
     ledger: bool = True
+    streams: bool = True

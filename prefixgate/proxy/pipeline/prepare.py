@@ -66,7 +66,8 @@ async def parse(ex: Exchange, request: Request, policy: Policy) -> None:
     ex.body = wire.parse_json(ex.raw)
     await check_nesting(ex.body, policy.limits.max_json_depth, len(ex.raw))
     ex.endpoint.check(ex.body)
-    ex.row.model, ex.row.stream = ex.body["model"], wire.is_stream(ex.body)
+    ex.row.model = ex.body["model"]
+    ex.row.stream = ex.endpoint.streams and wire.is_stream(ex.body)
 
 
 def targets(ex: Exchange, policy: Policy) -> list[Target]:
