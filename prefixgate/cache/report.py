@@ -13,9 +13,11 @@ records (ledger rows or replay results) into the figures both commands print.
 
 Money: ``input_usd`` / ``cf_input_usd`` are summed over rows priced both ways (the request as
 sent, and the client's own body); ``saved_usd`` is their difference, ``saved_pct`` its share of
-``cf_input_usd``. Tokens: ``saved_tokens = (cached - cf_cached) + pruned`` over rows with a
-counterfactual. TTFT: ``ttft_reported`` counts rows whose TTFT the backend reported (a
-non-streamed answer; ledger ``ttft_source = reported``), the others were timed by the proxy.
+``cf_input_usd``. Tokens: ``saved_tokens = (cached - cf_cached) + pruned - added`` (cache reuse
+over rows with a counterfactual; pruned and added, the passes' tokens, over all rows), split by
+technique in :mod:`prefixgate.cache.attribution` (the parts sum to it). TTFT: ``ttft_reported``
+counts rows whose TTFT the backend reported (a non-streamed answer; ledger ``ttft_source =
+reported``), the others were timed by the proxy.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from prefixgate.cache.attribution import added_tokens, reuse_of
 from prefixgate.cache.holdout_stats import holdout_report
 
 
@@ -95,13 +98,15 @@ def money(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def token_savings(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """``cf_cached_share`` and ``saved_tokens`` (module docstring)."""
+    """``cf_cached_share``, ``saved_tokens`` and ``added_tokens`` (module docstring)."""
     cf = [r for r in rows if r.get("cf_cached_tokens") is not None
           and r.get("prompt_tokens") is not None]
     p = sum(r["prompt_tokens"] for r in cf)
-    reuse = sum((r.get("cached_tokens") or 0) - r["cf_cached_tokens"] for r in cf)
+    reuse = sum(reuse_of(r) for r in cf)
+    added = added_tokens(rows)
     return {"cf_cached_share": (sum(r["cf_cached_tokens"] for r in cf) / p) if p else None,
-            "saved_tokens": reuse + sum(r.get("tokens_pruned") or 0 for r in rows)}
+            "saved_tokens": reuse + sum(r.get("tokens_pruned") or 0 for r in rows) - added,
+            "added_tokens": added}
 
 
 def figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -1,14 +1,16 @@
-"""The ``/api/savings`` document (issue 9; shape fixed in the h/savings - h/dash contract), computed
-from the ledger: per-minute rollups (:mod:`prefixgate.cache.rollup`) for sums, series, lengths and
-techniques; the range's request rows (a narrow column set) for exact percentiles, SLOs, per-route
-timings and the holdout comparison; the break records for top cache breaks.
+"""The ``/api/savings`` document (issue 9; shape fixed in the h/savings - h/dash contract),
+computed from the ledger: per-minute rollups (:mod:`prefixgate.cache.rollup`) for sums, series,
+lengths and techniques; the range's request rows (a narrow column set) for exact percentiles,
+SLOs, per-route timings and the holdout comparison; the break records for top cache breaks.
 
 Units: times unix seconds, durations ms, money USD, shares 0-1. None (JSON null) = not reported,
-never 0 in disguise. ``saved_usd = cf_input_usd - input_usd`` over requests priced both ways (the
-counterfactual: the client's own body); ``saved_tokens = (cached - cf_cached) + pruned`` tokens
-no longer billed at the full input price. SLO attainment is over requests with that figure;
-goodput = share of requests with a TTFT that meet the TTFT SLO and the TPOT SLO (a request of
-one output token has no TPOT and meets it).
+never 0 in disguise. ``saved_usd = cf_input_usd - input_usd`` over requests priced both ways
+(the counterfactual: the client's own body); ``saved_tokens = (cached - cf_cached) + pruned -
+added`` tokens no longer billed at the full input price (``added``: tokens the passes put in, a
+hoisted note). ``by_technique`` splits both (:mod:`prefixgate.cache.attribution`): its
+``saved_tokens`` and ``usd``, the ``unattributed`` remainder included, sum to the totals'. SLO
+attainment is over requests with that figure; goodput = share of requests with a TTFT that meet
+the TTFT SLO and the TPOT SLO (a request of one output token has no TPOT and meets it).
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ def totals(data: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
         "prompt_tokens": data.get("prompt_tokens", 0),
         "cached_tokens": data.get("cached_tokens", 0),
         "cf_cached_tokens": data.get("cf_cached_tokens", 0),
-        "saved_tokens": reuse + data.get("pruned_tokens", 0),
+        "saved_tokens": reuse + data.get("pruned_tokens", 0) - data.get("added_tokens", 0),
         "pruned_tokens": data.get("pruned_tokens", 0),
+        "added_tokens": data.get("added_tokens", 0),
         "cached_share": _r(_ratio(data.get("cached_tokens"), data.get("usage_prompt"))),
         "cf_cached_share": _r(_ratio(data.get("cf_cached_tokens"), data.get("cf_prompt"))),
         "ttft_p50_ms": _r(_pct((r["ttft_ms"] for r in rows), 50), 3),

@@ -41,6 +41,7 @@ from prefixgate.proxy.routing.router import Target
 from prefixgate.proxy.routing.shared import SharedRouting
 from prefixgate.proxy.upstream.client import Upstream
 from prefixgate.proxy.upstream.relay import Timing
+from prefixgate.rewriter.types import Context
 
 log = logging.getLogger("prefixgate.proxy")
 
@@ -129,6 +130,7 @@ class Exchange:
     end_mapper: EventMapper | None = None
     bridge_of: Callable[[Target], Bridge] | None = None
     pass_view: dict[str, Any] | None = None  # the primary bridge's pass body, before the passes
+    ctx: Context | None = None  # the passes' context (None: not rewritten), for attribution
     primary_bridge: Bridge | None = None
     attempts: Attempts = field(default_factory=Attempts)
     release: Callable[[], None] | None = None

@@ -128,6 +128,7 @@ async def passes(ex: Exchange, request: Request, state: ProxyState) -> None:
         ctx = Context(settings=policy.rewrite, model=ex.row.model, provider=primary.provider,
                       session_id=ex.session_id, session=await state.sessions.aget(ex.session_id),
                       now_s=time.time(), masks_tools=traits(primary.backend.kind).masks_tools)
+    ex.ctx = ctx
     ex.rw = await rewrite_off_loop(state.rewrite_fn, ex.pass_view, view_raw, bridge.pass_api, ctx)
     ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
     if policy.rewrite.edit_detail_header and ctx is not None:  # opt-in (pipeline.edit_detail)

@@ -2,16 +2,16 @@
 
 - :func:`finish` fills a row from the answer's usage and timing, merges session memory, runs the
   after-answer analysis and records the row, exactly once, whatever fails in between.
-- :func:`pass_tokens_json`: the applied Edits as ``{pass: {"reusable", "removed", "added"}}``
-  (token counts only, never text), the ledger's ``pass_tokens`` column, read by
-  :mod:`prefixgate.cache.attribution`.
+- :func:`pass_tokens_json`: the applied Edits' token counts and each pass's credit as
+  ``{pass: {"reusable", "removed", "added"}}`` (token counts only, never text), the ledger's
+  ``pass_tokens`` column, read by :mod:`prefixgate.cache.attribution`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from prefixgate.cache.counterfactual import SENT_AS_IS
 from prefixgate.proxy.core.engine_timings import apply_reported_timings
@@ -22,17 +22,22 @@ from prefixgate.rewriter.types import Edit
 
 log = logging.getLogger("prefixgate.proxy")
 
-def pass_tokens_json(edits: Iterable[Edit]) -> str:
-    """``{pass: {"reusable", "removed", "added"}}`` summed over the applied ``edits`` (a pass
-    may emit several); "" when none applied or none moved a token."""
+def pass_tokens_json(edits: Iterable[Edit], credits: Mapping[str, int] | None = None) -> str:
+    """``{pass: {"reusable", "removed", "added"}}``: ``removed`` / ``added`` summed over the
+    applied ``edits`` (a pass may emit several), ``reusable`` the pass's credit by the stage
+    rule (``credits``, :mod:`prefixgate.proxy.observe.insight`; 0 without one — a pass's own
+    ``Edit.tokens_reusable`` is its estimate of what it protects, not what it made reusable
+    that would not have been otherwise, so it is never credited). Passes with all three 0 are
+    left out; "" when none is left."""
     out: dict[str, dict[str, int]] = {}
     for e in edits:
         if not e.applied:
             continue
         f = out.setdefault(e.pass_name, {"reusable": 0, "removed": 0, "added": 0})
-        f["reusable"] += e.tokens_reusable
         f["removed"] += e.tokens_removed
         f["added"] += e.tokens_added
+    for name, tokens in (credits or {}).items():
+        out.setdefault(name, {"reusable": 0, "removed": 0, "added": 0})["reusable"] = tokens
     out = {k: v for k, v in out.items() if any(v.values())}
     return json.dumps(out, separators=(",", ":"), sort_keys=True) if out else ""
 
@@ -66,11 +71,17 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
             a = await analyze()
             row.cf_cached_tokens, row.cf_input_usd = a.cf_cached_tokens, a.cf_input_usd
             row.cf_source = "holdout" if row.holdout else a.cf_source
-            if row.edits in SENT_AS_IS and row.cached_tokens is not None:
-                # the client's own body went upstream: what it would have cached is what it did
-                # cache; the model's estimate would only add its error (template tokens, tokenizer)
+            same = row.edits in SENT_AS_IS or a.same_as_sent
+            if same and row.cached_tokens is not None:
+                # the backend saw the client's own prompt (sent as is, or rewritten to the same
+                # tokens / cache blocks): what it would have cached is what it did cache; the
+                # model's estimate would only add its error (template tokens, tokenizer)
                 row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
                 row.cf_source = "holdout" if row.holdout else "measured"
+            if ex.rw is not None:  # the passes' credits (none where the prompt was the same)
+                row.pass_tokens = pass_tokens_json(ex.rw.edits, {} if same else a.credits)
+                if same:
+                    row.pass_tokens, row.tokens_pruned = "", 0
             if a.brk is not None:
                 ex.obs.break_kind = a.brk.get("kind")
                 try:
