@@ -4,7 +4,8 @@ computed from ledger rows.
 :func:`group_figures` summarizes rows per ``route`` / ``model`` / ``tenant`` (the ledger's
 ``tenant``, :mod:`prefixgate.proxy.http.tenants`; else the proxy key id a request authenticated with,
 ``-`` without either) / ``day`` (UTC date); :func:`saved_figures`
-is the opening "saved" line; :func:`error_figures` the ``--errors`` table. Every figure is a
+is the opening "saved" line; :func:`stand_back_figures` the routes where passes stood back;
+:func:`error_figures` the ``--errors`` table. Every figure is a
 plain sum or percentile of ledger columns, so the report equals the ledger.
 
 :func:`percentile` is the
@@ -155,6 +156,26 @@ def cf_sources(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
         src = r.get("cf_source") or ("holdout" if r.get("holdout") else "none")
         out[src if src in out else "none"] += 1
     return out
+
+
+def stand_back_figures(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Routes where the stand-back switched passes off (ledger ``stood_back``,
+    :mod:`prefixgate.cache.stand_back`): ``[{"route", "requests" (sent standing back),
+    "passes" (sorted), "reason" (the latest), "last_ts"}]`` by route."""
+    acc: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        text = r.get("stood_back") or ""
+        if not text:
+            continue
+        names, _, why = text.partition(": ")
+        e = acc.setdefault(r.get("route") or "-", {"route": r.get("route") or "-", "requests": 0,
+                                                   "passes": set(), "reason": "",
+                                                   "last_ts": 0.0})
+        e["requests"] += 1
+        e["passes"].update(n for n in names.split(",") if n)
+        if (r.get("ts") or 0.0) >= e["last_ts"]:
+            e["last_ts"], e["reason"] = r.get("ts") or 0.0, why
+    return [{**e, "passes": sorted(e["passes"])} for _, e in sorted(acc.items())]
 
 
 def error_figures(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -32,7 +32,7 @@ RANGES: dict[str, tuple[int, int]] = {"1h": (3600, 60), "24h": (86400, 300), "7d
 """range -> (span seconds, series bucket seconds)."""
 ROW_COLUMNS = ("ts", "route", "model", "backend", "status", "prompt_tokens", "cached_tokens",
                "output_tokens", "input_usd", "cf_input_usd", "ttft_ms", "tpot_ms", "queue_ms",
-               "prefill_ms", "decode_ms", "holdout")
+               "prefill_ms", "decode_ms", "holdout", "stood_back")
 
 
 def _pct(xs: Iterable[float | None], p: float) -> float | None:
@@ -186,8 +186,19 @@ def routes_table(rolls: Sequence[Mapping[str, Any]],
             "prefill_ms_p50": _r(_pct((r["prefill_ms"] for r in rs), 50), 3),
             "decode_ms_p50": _r(_pct((r["decode_ms"] for r in rs), 50), 3),
             "lengths": lengths(d),
+            "stood_back": stood_back_of(rs),
         })
     return out
+
+
+def stood_back_of(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """``{"requests", "passes", "reason"}`` of a route's requests sent while its stand-back held
+    (:mod:`prefixgate.cache.stand_back`; the latest reason), None when none was."""
+    marked = [r["stood_back"] for r in rows if r.get("stood_back")]
+    if not marked:
+        return None
+    passes = sorted({n for m in marked for n in m.partition(": ")[0].split(",") if n})
+    return {"requests": len(marked), "passes": passes, "reason": marked[-1].partition(": ")[2]}
 
 
 def lengths(data: Mapping[str, Any]) -> dict[str, Any]:

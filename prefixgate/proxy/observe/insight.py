@@ -254,12 +254,15 @@ class Insight:
         ids of ``original`` / ``sent`` when it gave them; ``salt``: the ``cache_salt`` the
         backend receives (:func:`backend_salt`); ``partition``: the real cache
         (:func:`partition_key`; default: the backend); ``view`` / ``ctx``: see
-        :meth:`analyze`; ``budget_ms``: the stage re-run gets half of it.
+        :meth:`analyze`; ``budget_ms``: the analysis's; the stage re-run must end within its
+        first half (else nothing is attributed, and the counterfactual is still made).
         """
-        count = self._counter(model)
+        start = time.monotonic()
+        count = self._counter(model)  # a first load takes ~0.7 s: the stages may get none
         stages = None
         if ctx is not None and view is not None and sent is not original:
-            stages = stage_bodies(view, api, ctx, sent, max(1, budget_ms // 2))  # type: ignore[arg-type]
+            stages = stage_bodies(view, api, ctx, sent,  # type: ignore[arg-type]
+                                  start + budget_ms / 2000)
         cf: CacheOutcome | None = None
         brk: dict[str, Any] | None = None
         credits: dict[str, int] | None = None

@@ -15,7 +15,7 @@ first pass is the client's ``view`` object itself. The last body must render to 
 pass reading state that moved), the answer is None and nothing is attributed.
 
 Cost: one more run of the passes and one render per pass that applied, in the after-answer
-analysis worker (off the event loop, never on the request's path); bounded by ``budget_ms``
+analysis worker (off the event loop, never on the request's path); bounded by a deadline
 through ``Context.deadline`` (past it: None).
 """
 
@@ -38,12 +38,14 @@ PASS_NAMES: tuple[str, ...] = tuple(s.name for s in PASSES)
 
 
 def stage_bodies(view: dict[str, Any], api: Api, ctx: Context, sent: dict[str, Any],
-                 budget_ms: int) -> list[tuple[str, dict[str, Any]]] | None:
+                 deadline: float) -> list[tuple[str, dict[str, Any]]] | None:
     """``[(pass name, body after that pass)]`` for each of :data:`PASS_NAMES` (module
     docstring), or None when the staged run does not end in ``sent``'s bytes, a pass raises
-    outside the pipeline's fail-open, or ``budget_ms`` runs out. ``view``: the pass body the
-    rewrite started from; ``api``: its API."""
-    bounded = replace(ctx, deadline=time.monotonic() + budget_ms / 1000)
+    outside the pipeline's fail-open, or ``deadline`` (``time.monotonic()`` seconds) passes.
+    ``view``: the pass body the rewrite started from; ``api``: its API."""
+    if time.monotonic() >= deadline:
+        return None
+    bounded = replace(ctx, deadline=deadline)
     out: list[tuple[str, dict[str, Any]]] = []
     try:
         prompt = wire.parse(view, api)

@@ -19,6 +19,7 @@ from prefixgate.cache.counterfactual import measured_counterfactual
 from prefixgate.cache.ledger import Ledger, LedgerRow
 from prefixgate.cache.session import SessionStore
 from prefixgate.cache.shared_state import LocalState, SharedState
+from prefixgate.cache.stand_back import EVERY, RouteJudge
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.bridges.base import Bridge
 from prefixgate.proxy.core.engine_timings import EngineTimings
@@ -67,8 +68,13 @@ class ProxyState:
     shared: SharedState = field(default_factory=LocalState)  # counters shared by replicas
     routing: SharedRouting | None = None  # breakers / loads shared (None with LocalState)
     fanout: FanoutGate | None = None  # concurrent identical prefixes wait for one writer
+    judge: RouteJudge = field(default_factory=RouteJudge)  # per-route stand-back (replaced below)
 
     def __post_init__(self) -> None:
+        rw = self.policy.rewrite
+        self.judge = RouteJudge(rw.stand_back, min_requests=rw.stand_back_min_requests,
+                                off_s=rw.stand_back_s, seed=self.policy.holdout.seed,
+                                every=min(EVERY, rw.stand_back_min_requests))
         if self.breakers is None:
             self.breakers = BreakerBoard(self.policy.breaker)
         if self.fanout is None:
@@ -82,6 +88,10 @@ class ProxyState:
         it; the side endpoints never rewrite) and that has no counterfactual yet gets its own
         measured cached tokens as one (``cf_source`` ``measured``, or ``holdout``), so cached
         and counterfactual shares are taken over the same rows."""
+        try:
+            self.judge.observe(vars(row))  # the route's stand-back verdict (cache.stand_back)
+        except Exception:
+            log.exception("stand-back observation failed")
         try:
             self.ledger.write(row)
             self.metrics.observe(row, obs)
