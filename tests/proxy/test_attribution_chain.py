@@ -163,3 +163,31 @@ def test_the_backend_seeing_the_clients_prompt_is_measured_not_credited() -> Non
                         model="gpt-4o", original=body, sent=keyed, token_ids=ids,
                         sent_ids=list(ids))
     assert c.same_as_sent and c.cf_from_tokens and c.credits == {}
+
+
+def test_after_a_pass_stops_the_cache_it_left_is_charged_to_it_not_hidden() -> None:
+    """A route stands back: the next bodies go as the client sent them, but the cache holds
+    the rewritten prefixes, so they miss where the client's own traffic would have hit. The
+    credits say so, and the row's counterfactual is its measured figure less them."""
+    from prefixgate.cache.ledger import LedgerRow
+    from prefixgate.proxy.pipeline.record import measured_as_sent
+
+    insight = Insight()
+    count = make_counter("o200k_base")
+    part = insight._partition("p", "radix", count)
+    for t in range(1, 4):  # the pass moves a (constant) clock line, as hoisting did (issue 19)
+        client = _body(f"Clock 1\n{RULES}", t)
+        moved = {**client, "messages": [{"role": "system", "content": RULES},
+                                        *client["messages"][1:]]}
+        insight._chain(part, "radix", count, "", client, moved, [("hoist_volatile", moved)])
+    client = _body(f"Clock 1\n{RULES}", 4)
+    out0, credits, same = insight._chain(part, "radix", count, "", client, client, None)
+    assert same and credits is not None and credits["hoist_volatile"] < -1000
+    row = LedgerRow(prompt_tokens=2000, cached_tokens=50, input_usd=None)
+    measured_as_sent(row, credits)
+    assert row.cf_cached_tokens == min(2000, 50 - sum(credits.values()))
+    assert row.cf_source == "modelled"
+    plain = LedgerRow(prompt_tokens=2000, cached_tokens=50, input_usd=0.001)
+    measured_as_sent(plain, {})          # no pass ever changed bytes here: purely measured
+    assert (plain.cf_cached_tokens, plain.cf_input_usd, plain.cf_source) == (50, 0.001,
+                                                                               "measured")

@@ -1,7 +1,7 @@
 """One cache model per real cache, not per session (issue 19, item 3), against measurement.
 
 Two arms of the same traffic go through one proxy to two scripted engines with real, shared
-prefix caches (:mod:`tests.proxy.prefix_engine`): ``gpt-4o-off`` unrewritten (the engine MEASURES
+prefix caches (:mod:`bench.prefix_engine`): ``gpt-4o-off`` unrewritten (the engine MEASURES
 what the client's bodies cache) and ``gpt-4o-on`` rewritten (the ledger MODELS it). Four
 conversations share a system prompt and tools and are interleaved turn by turn, as an agent
 fleet's are: what another conversation left in the cache is a hit the client's own body would
@@ -19,12 +19,12 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from bench.prefix_engine import PrefixEngine
 from prefixgate.cache.ledger import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.cli import app as cli
 from prefixgate.rewriter.pipeline import rewrite_request
-from tests.proxy.prefix_engine import PrefixEngine
 from tests.proxy.upstream import wait_rows
 from tests.servers import serve_app
 

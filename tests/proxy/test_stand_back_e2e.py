@@ -1,5 +1,5 @@
 """Stand back where rewriting does not pay, end to end: proxy -> two scripted engines with real
-shared prefix caches (:mod:`tests.proxy.prefix_engine`), one route where the token-adding pass
+shared prefix caches (:mod:`bench.prefix_engine`), one route where the token-adding pass
 loses and one where it wins (:mod:`prefixgate.cache.stand_back`).
 
 The pass is a stand-in for ``hoist_volatile`` (same name and switch, so the route's verdict
@@ -20,12 +20,12 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from bench.prefix_engine import PrefixEngine
 from prefixgate.cache.ledger import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.cli import app as cli
 from prefixgate.rewriter.types import Api, Context, Edit, RewriteResult
-from tests.proxy.prefix_engine import PrefixEngine
 from tests.proxy.upstream import wait_rows
 from tests.servers import serve_app
 

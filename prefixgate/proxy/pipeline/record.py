@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from prefixgate.cache.counterfactual import SENT_AS_IS
+from prefixgate.cache.ledger import LedgerRow
 from prefixgate.proxy.core.engine_timings import apply_reported_timings
 from prefixgate.proxy.core.usage import Usage
 from prefixgate.proxy.observe.insight import Analysis, input_cost_usd
@@ -40,6 +41,25 @@ def pass_tokens_json(edits: Iterable[Edit], credits: Mapping[str, int] | None = 
         out.setdefault(name, {"reusable": 0, "removed": 0, "added": 0})["reusable"] = tokens
     out = {k: v for k, v in out.items() if any(v.values())}
     return json.dumps(out, separators=(",", ":"), sort_keys=True) if out else ""
+
+
+def measured_as_sent(row: LedgerRow, credits: Mapping[str, int] | None) -> None:
+    """The counterfactual of a row whose backend saw the client's own prompt (sent as is, or
+    rewritten to the same tokens / cache blocks): what it did cache, less what earlier
+    rewriting left in the cache (``credits``' sum, :mod:`prefixgate.proxy.observe.insight`;
+    0 when no pass has changed bytes there: then it is measured, and the model's estimate would
+    only add its error — template tokens, tokenizer)."""
+    assert row.cached_tokens is not None
+    after = sum((credits or {}).values())
+    if after == 0:
+        row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
+        row.cf_source = "holdout" if row.holdout else "measured"
+        return
+    top = row.prompt_tokens if row.prompt_tokens is not None else row.cached_tokens - after
+    row.cf_cached_tokens = min(max(0, row.cached_tokens - after), max(0, top))
+    row.cf_input_usd = input_cost_usd(row.model, row.prompt_tokens, row.cf_cached_tokens,
+                                      row.cache_write_tokens)
+    row.cf_source = "holdout" if row.holdout else "modelled"
 
 
 async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, http_status: int,
@@ -73,15 +93,11 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
             row.cf_source = "holdout" if row.holdout else a.cf_source
             same = row.edits in SENT_AS_IS or a.same_as_sent
             if same and row.cached_tokens is not None:
-                # the backend saw the client's own prompt (sent as is, or rewritten to the same
-                # tokens / cache blocks): what it would have cached is what it did cache; the
-                # model's estimate would only add its error (template tokens, tokenizer)
-                row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
-                row.cf_source = "holdout" if row.holdout else "measured"
-            if ex.rw is not None:  # the passes' credits (none where the prompt was the same)
-                row.pass_tokens = pass_tokens_json(ex.rw.edits, {} if same else a.credits)
+                measured_as_sent(row, a.credits)
+            if ex.rw is not None:  # the passes' credits; their tokens only where they changed some
+                row.pass_tokens = pass_tokens_json(() if same else ex.rw.edits, a.credits)
                 if same:
-                    row.pass_tokens, row.tokens_pruned = "", 0
+                    row.tokens_pruned = 0
             if a.brk is not None:
                 ex.obs.break_kind = a.brk.get("kind")
                 try:
