@@ -4,6 +4,7 @@ pass credited only with what would not have been reusable without it (issue 19, 
 
 from __future__ import annotations
 
+import json
 from types import MappingProxyType
 from typing import Any
 
@@ -191,3 +192,18 @@ def test_after_a_pass_stops_the_cache_it_left_is_charged_to_it_not_hidden() -> N
     measured_as_sent(plain, {})          # no pass ever changed bytes here: purely measured
     assert (plain.cf_cached_tokens, plain.cf_input_usd, plain.cf_source) == (50, 0.001,
                                                                                "measured")
+
+
+def test_a_pass_is_credited_its_stage_credit_never_its_own_estimate() -> None:
+    from prefixgate.proxy.pipeline.record import pass_tokens_json
+    from prefixgate.rewriter.types import Edit
+
+    edits = [Edit("canonicalize_tools", True, "tools", "re-keyed", 900, 900, tokens_reusable=900),
+             Edit("hoist_volatile", True, "system", "moved", 40, 50, tokens_reusable=3000,
+                  tokens_added=10),
+             Edit("prune_rag", False, "messages", "nothing to prune", tokens_reusable=50)]
+    unknown = json.loads(pass_tokens_json(edits))          # no credits known: none claimed
+    assert unknown == {"hoist_volatile": {"reusable": 0, "removed": 0, "added": 10}}
+    known = json.loads(pass_tokens_json(edits, {"hoist_volatile": 700, "stabilise_passages": -5}))
+    assert known == {"hoist_volatile": {"reusable": 700, "removed": 0, "added": 10},
+                     "stabilise_passages": {"reusable": -5, "removed": 0, "added": 0}}
