@@ -207,3 +207,21 @@ def test_a_pass_is_credited_its_stage_credit_never_its_own_estimate() -> None:
     known = json.loads(pass_tokens_json(edits, {"hoist_volatile": 700, "stabilise_passages": -5}))
     assert known == {"hoist_volatile": {"reusable": 700, "removed": 0, "added": 10},
                      "stabilise_passages": {"reusable": -5, "removed": 0, "added": 0}}
+
+
+def test_the_partition_is_the_deployment_and_the_salt_what_the_backend_receives() -> None:
+    from prefixgate.config.schema import Backend
+    from prefixgate.proxy.http.tenants import tenant_salt
+    from prefixgate.proxy.observe.insight import backend_salt, partition_key
+    from prefixgate.proxy.routing.router import Target
+
+    local = Backend(kind="local", base_url="http://e:1/v1")           # salted by tenant
+    hosted = Backend(kind="openai", base_url="https://api.openai.com/v1")
+    t_local = Target("*", "eng", local, "radix", "openai", False)
+    t_hosted = Target("*", "oa", hosted, "openai", "openai", False)
+    assert partition_key(t_local) == "eng\x00eng"                    # one engine, all sessions
+    assert partition_key(t_local.on(local.group("eng")[0])) == "eng\x00eng"
+    assert backend_salt(t_local, "acme", {}) == tenant_salt("acme")
+    assert backend_salt(t_local, "acme", {"cache_salt": "c"}) == tenant_salt("acme", "c")
+    assert backend_salt(t_local, "", {"cache_salt": "c"}) == "c"
+    assert backend_salt(t_hosted, "acme", {}) == ""                  # the organisation's cache
