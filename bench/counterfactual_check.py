@@ -3,6 +3,7 @@
     .venv/bin/python bench/counterfactual_check.py [--max-requests 5] [--runs 1]
         [--model-dir ~/.cache/prefixgate/models/SmolLM2-135M-Instruct]
         [--out bench/results/counterfactual_check.json]
+    .venv/bin/python bench/counterfactual_check.py --scripted [--conversations 4] [--turns 8]
 
 Runs ``bench/replay_tau.py`` once (proxy + local engine, rewriting off then on, the first
 ``--max-requests`` requests of each run, ``--volatile-clock``) keeping its ledger, then reads the
@@ -17,6 +18,13 @@ The two sides replay the same requests, each with its own session and ``cache_sa
 modelled counterfactual of the "on" side should equal the measured share of the "off" side (goal:
 within 0.05; issue 9). Writes ``{"command", "figures": {"measured_unrewritten_cached_share",
 "modelled_cached_share"}, "detail": {...}}``; shares are 0-1, tokens are tokens.
+
+``--scripted [--conversations 4] [--turns 8]``: the cross-session check instead (issue 19, item
+3; goal within 0.02): conversations sharing a system prompt and tools, interleaved, against
+scripted engines with one real shared prefix cache (:mod:`bench.counterfactual_interleaved`),
+written to ``bench/results/counterfactual_check_interleaved.json`` (same shape). Each run of the
+engine replay above has its own ``cache_salt``, so no prefix is shared across its sessions: the
+per-session and the shared counterfactual agree there, and its figures do not move.
 """
 
 from __future__ import annotations
@@ -81,22 +89,37 @@ def main() -> None:
     ap.add_argument("--max-requests", type=int, default=5)
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--model-dir", default=str(DEFAULT_MODEL))
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" /
-                                         "counterfactual_check.json"))
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--scripted", action="store_true",
+                    help="interleaved conversations, scripted engines (bench/counterfactual_"
+                         "interleaved.py) instead of the local engine replay")
+    ap.add_argument("--conversations", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=8)
     args = ap.parse_args()
+    command = "python bench/counterfactual_check.py " + " ".join(sys.argv[1:])
+    if args.scripted:
+        sys.path.insert(0, str(REPO))
+        from bench.counterfactual_interleaved import run
+
+        doc = {"command": command.strip(), **run(args.conversations, args.turns)}
+        _write(doc, Path(args.out or REPO / "bench" / "results" /
+                         "counterfactual_check_interleaved.json"))
+        return
     tmp = Path(tempfile.mkdtemp(prefix="pg-cfcheck-"))
     replay = [sys.executable, "bench/replay_tau.py", "--runs", str(args.runs),
               "--max-requests", str(args.max_requests), "--model-dir", args.model_dir,
               "--ledger", str(tmp / "ledger.sqlite"), "--out", str(tmp / "replay.json")]
     subprocess.run(replay, cwd=REPO, check=True)
-    doc: dict[str, Any] = {"command": "python bench/counterfactual_check.py "
-                           + " ".join(sys.argv[1:])}
+    doc: dict[str, Any] = {"command": command.strip()}
     doc.update(shares(ledger_rows(tmp / "ledger.sqlite")))
     rep = json.loads((tmp / "replay.json").read_text())
     doc["detail"]["replay_command"] = rep.get("replay_command")
     doc["detail"]["replay_figures"] = rep.get("figures")
     doc["detail"]["setup"] = rep.get("setup")
-    out = Path(args.out)
+    _write(doc, Path(args.out or REPO / "bench" / "results" / "counterfactual_check.json"))
+
+
+def _write(doc: dict[str, Any], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps({**doc["figures"], "difference": doc["detail"]["difference"]}, indent=2))

@@ -8,13 +8,16 @@ measured wins over modelled).
 from __future__ import annotations
 
 from prefixgate.cache.ledger import LedgerRow
+from prefixgate.cache.rollup import SENT_AS_IS
 
-SENT_AS_IS = ("none", "off", "unavailable")  # edit summaries of bodies sent unchanged
+__all__ = ["SENT_AS_IS", "measured_counterfactual"]
 
 
 def measured_counterfactual(row: LedgerRow) -> None:
     """Fill ``row``'s counterfactual from its own usage when its body went upstream unchanged
-    (edits ``""`` — never rewritten, as on the side endpoints — or one of :data:`SENT_AS_IS`)
+    (edits ``""`` — never rewritten, as on the side endpoints — or one of
+    :data:`prefixgate.cache.rollup.SENT_AS_IS`: no pass applied, rewriting off, over its time
+    budget, or failed open)
     and nothing set one: the client's own body is what was sent, so what it would have cached is
     what it did cache. Rows without reported cached tokens, or with an edited body, keep none."""
     if (row.cf_cached_tokens is not None or row.cached_tokens is None

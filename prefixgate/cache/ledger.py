@@ -18,6 +18,9 @@ public id of the proxy key the request authenticated with ("" without proxy keys
 ``tenant`` the request's tenant (:mod:`prefixgate.proxy.http.tenants`, "" for none).
 ``deployment`` names the deployment that answered, ``attempts`` counts the sends (retries and
 fallbacks included), ``attempt_reasons`` lists the failed ones (``<deployment>:<why>``).
+``stood_back``: the passes the route's stand-back switched off for this request and why
+(``hoist_volatile: rewritten arm no better than unrewritten (...)``,
+:mod:`prefixgate.cache.stand_back`; "" when none was).
 A second table, ``breaks``, keeps cache-break records (:mod:`prefixgate.cache.breaks`) as JSON; a third,
 ``rollup_minutes``, per-minute sums updated in the same transaction as each row
 (:mod:`prefixgate.cache.rollup`).
@@ -43,8 +46,9 @@ from typing import Any
 
 from prefixgate.cache import rollup
 
-SCHEMA_VERSION = 5  # 2: key_id; 3: issue 9 columns + rollup_minutes; 4: tenant;
-# 5: deployment, attempts, attempt_reasons. Older files are migrated on open (ADD COLUMN).
+SCHEMA_VERSION = 6  # 2: key_id; 3: issue 9 columns + rollup_minutes; 4: tenant;
+# 5: deployment, attempts, attempt_reasons; 6: stood_back. Older files are migrated on open
+# (ADD COLUMN).
 
 
 @dataclass
@@ -86,6 +90,7 @@ class LedgerRow:
     deployment: str = ""          # the deployment that answered (its name, never its URL)
     attempts: int = 0             # sends made (retries and fallbacks included)
     attempt_reasons: str = ""     # failed sends, "<deployment>:<why>" comma-joined
+    stood_back: str = ""          # passes the route's stand-back switched off, and why
 
 
 def _column_type(tp: Any) -> str:

@@ -4,7 +4,8 @@ computed from ledger rows.
 :func:`group_figures` summarizes rows per ``route`` / ``model`` / ``tenant`` (the ledger's
 ``tenant``, :mod:`prefixgate.proxy.http.tenants`; else the proxy key id a request authenticated with,
 ``-`` without either) / ``day`` (UTC date); :func:`saved_figures`
-is the opening "saved" line; :func:`error_figures` the ``--errors`` table. Every figure is a
+is the opening "saved" line; :func:`stand_back_figures` the routes where passes stood back;
+:func:`error_figures` the ``--errors`` table. Every figure is a
 plain sum or percentile of ledger columns, so the report equals the ledger.
 
 :func:`percentile` is the
@@ -13,12 +14,14 @@ records (ledger rows or replay results) into the figures both commands print.
 
 Money: ``input_usd`` / ``cf_input_usd`` are summed over rows priced both ways (the request as
 sent, and the client's own body); ``saved_usd`` is their difference, ``saved_pct`` its share of
-``cf_input_usd``. Tokens: ``saved_tokens = (cached - cf_cached) + pruned`` over rows with a
-counterfactual. TTFT: ``ttft_reported`` counts rows whose TTFT the backend reported (a
-non-streamed answer; ledger ``ttft_source = reported``), the others were timed by the proxy.
-Time: ``prefill_s_saved``, ``prefill_s_cached``, ``prefill_usd_saved``,
-``ttft_s_saved_holdout`` (:mod:`prefixgate.cache.time_saved`), each group's rows priced at the
-prefill rate of their (route, backend) estimated over all the report's rows.
+``cf_input_usd``. Tokens: ``saved_tokens = (cached - cf_cached) + pruned - added`` (cache reuse
+over rows with a counterfactual; pruned and added, the passes' tokens, over all rows), split by
+technique in :mod:`prefixgate.cache.attribution` (the parts sum to it). TTFT: ``ttft_reported``
+counts rows whose TTFT the backend reported (a non-streamed answer; ledger ``ttft_source =
+reported``), the others were timed by the proxy. Time: ``prefill_s_saved``,
+``prefill_s_cached``, ``prefill_usd_saved``, ``ttft_s_saved_holdout``
+(:mod:`prefixgate.cache.time_saved`), each group's rows priced at the prefill rate of their
+(route, backend) estimated over all the report's rows.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from prefixgate.cache.attribution import added_tokens, reuse_of
 from prefixgate.cache.holdout_stats import holdout_report
 from prefixgate.cache.time_saved import PrefillRate, rates, time_saved
 
@@ -99,13 +103,15 @@ def money(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def token_savings(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """``cf_cached_share`` and ``saved_tokens`` (module docstring)."""
+    """``cf_cached_share``, ``saved_tokens`` and ``added_tokens`` (module docstring)."""
     cf = [r for r in rows if r.get("cf_cached_tokens") is not None
           and r.get("prompt_tokens") is not None]
     p = sum(r["prompt_tokens"] for r in cf)
-    reuse = sum((r.get("cached_tokens") or 0) - r["cf_cached_tokens"] for r in cf)
+    reuse = sum(reuse_of(r) for r in cf)
+    added = added_tokens(rows)
     return {"cf_cached_share": (sum(r["cf_cached_tokens"] for r in cf) / p) if p else None,
-            "saved_tokens": reuse + sum(r.get("tokens_pruned") or 0 for r in rows)}
+            "saved_tokens": reuse + sum(r.get("tokens_pruned") or 0 for r in rows) - added,
+            "added_tokens": added}
 
 
 Rates = Mapping[tuple[str, str], PrefillRate | None]
@@ -164,6 +170,26 @@ def cf_sources(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
         src = r.get("cf_source") or ("holdout" if r.get("holdout") else "none")
         out[src if src in out else "none"] += 1
     return out
+
+
+def stand_back_figures(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Routes where the stand-back switched passes off (ledger ``stood_back``,
+    :mod:`prefixgate.cache.stand_back`): ``[{"route", "requests" (sent standing back),
+    "passes" (sorted), "reason" (the latest), "last_ts"}]`` by route."""
+    acc: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        text = r.get("stood_back") or ""
+        if not text:
+            continue
+        names, _, why = text.partition(": ")
+        e = acc.setdefault(r.get("route") or "-", {"route": r.get("route") or "-", "requests": 0,
+                                                   "passes": set(), "reason": "",
+                                                   "last_ts": 0.0})
+        e["requests"] += 1
+        e["passes"].update(n for n in names.split(",") if n)
+        if (r.get("ts") or 0.0) >= e["last_ts"]:
+            e["last_ts"], e["reason"] = r.get("ts") or 0.0, why
+    return [{**e, "passes": sorted(e["passes"])} for _, e in sorted(acc.items())]
 
 
 def error_figures(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

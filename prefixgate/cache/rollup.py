@@ -13,11 +13,13 @@ as the request row (:func:`upsert`), so the two never disagree. Fields of ``data
                                                         that reported cached tokens too
     cf_prompt cf_cached_tokens              prompt / counterfactual / actual cached tokens of
     cf_actual_cached                        rows with a counterfactual
+    added_tokens                            tokens the passes added (``pass_tokens`` added)
     priced input_usd cf_input_usd           rows priced both ways, and their USD sums
     cf_source {measured, modelled, holdout, none}
     ttft tpot   {bucket index: count} over :data:`LAT_EDGES_MS`
     plen olen   {bucket index: count} over :data:`PROMPT_EDGES` / :data:`OUTPUT_EDGES`
-    tech        {pass: {reusable, removed, added, usd}} (:mod:`prefixgate.cache.attribution`)
+    tech        {pass: {reusable, removed, added, usd}} with the ``unattributed`` remainder
+                (:func:`prefixgate.cache.attribution.row_techniques`: the parts add up)
 
 Latency buckets are geometric (x1.25), so a percentile read from them (:func:`hist_percentile`)
 is within 12.5 % of the exact one; exact percentiles come from the request rows.
@@ -31,7 +33,7 @@ import sqlite3
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from prefixgate.cache.attribution import attribute_usd, parse_pass_tokens
+from prefixgate.cache.attribution import row_techniques
 
 TABLE = "rollup_minutes"
 LAT_EDGES_MS: list[float] = [0.0] + [round(1.25 ** i, 3) for i in range(0, 61)]
@@ -39,6 +41,7 @@ LAT_EDGES_MS: list[float] = [0.0] + [round(1.25 ** i, 3) for i in range(0, 61)]
 PROMPT_EDGES: list[int] = [0, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
 OUTPUT_EDGES: list[int] = [0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 SENT_AS_IS = ("none", "off", "unavailable", "over_budget", "rewrite_failed")
+"""Edit summaries of bodies that went upstream as the client sent them."""
 
 
 def create(db: sqlite3.Connection) -> None:
@@ -93,13 +96,10 @@ def fold(row: Mapping[str, Any]) -> dict[str, Any]:
         d["plen"] = {str(bucket(PROMPT_EDGES, prompt)): 1}
     if out is not None:
         d["olen"] = {str(bucket(OUTPUT_EDGES, out)): 1}
-    passes = parse_pass_tokens(row.get("pass_tokens"))
-    usd = attribute_usd(passes, prompt, row.get("input_usd"), row.get("cf_input_usd")) or {}
-    tech: dict[str, Any] = {n: {**f, "usd": usd.get(n)} for n, f in passes.items()}
-    for n, v in usd.items():
-        tech.setdefault(n, {"reusable": 0, "removed": 0, "added": 0, "usd": v})
+    tech = row_techniques(row)
     if tech:
         d["tech"] = tech
+        d["added_tokens"] = sum(int(f["added"]) for f in tech.values())
     return d
 
 

@@ -1,15 +1,18 @@
-"""The ``/api/savings`` document (issue 9; shape fixed in the h/savings - h/dash contract), computed
-from the ledger: per-minute rollups (:mod:`prefixgate.cache.rollup`) for sums, series, lengths and
-techniques; the range's request rows (a narrow column set) for exact percentiles, SLOs, per-route
-timings and the holdout comparison; the break records for top cache breaks.
+"""The ``/api/savings`` document (issue 9; shape fixed in the h/savings - h/dash contract),
+computed from the ledger: per-minute rollups (:mod:`prefixgate.cache.rollup`) for sums, series,
+lengths and techniques; the range's request rows (a narrow column set) for exact percentiles,
+SLOs, per-route timings and the holdout comparison; the break records for top cache breaks.
 
 Units: times unix seconds, durations ms, money USD, shares 0-1. None (JSON null) = not reported,
-never 0 in disguise. ``saved_usd = cf_input_usd - input_usd`` over requests priced both ways (the
-counterfactual: the client's own body); ``saved_tokens = (cached - cf_cached) + pruned`` tokens
-no longer billed at the full input price. SLO attainment is over requests with that figure;
-goodput = share of requests with a TTFT that meet the TTFT SLO and the TPOT SLO (a request of
-one output token has no TPOT and meets it). Time saved (``totals.prefill_s_saved`` and the
-rest, each route's prefill rate): :mod:`prefixgate.cache.time_saved`.
+never 0 in disguise. ``saved_usd = cf_input_usd - input_usd`` over requests priced both ways
+(the counterfactual: the client's own body); ``saved_tokens = (cached - cf_cached) + pruned -
+added`` tokens no longer billed at the full input price (``added``: tokens the passes put in, a
+hoisted note). ``by_technique`` splits both (:mod:`prefixgate.cache.attribution`): its
+``saved_tokens`` and ``usd``, the ``unattributed`` remainder included, sum to the totals'. SLO
+attainment is over requests with that figure; goodput = share of requests with a TTFT that meet
+the TTFT SLO and the TPOT SLO (a request of one output token has no TPOT and meets it). Time
+saved (``totals.prefill_s_saved`` and the rest, each route's prefill rate):
+:mod:`prefixgate.cache.time_saved`.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ RANGES: dict[str, tuple[int, int]] = {"1h": (3600, 60), "24h": (86400, 300), "7d
 """range -> (span seconds, series bucket seconds)."""
 ROW_COLUMNS = ("ts", "route", "model", "backend", "status", "prompt_tokens", "cached_tokens",
                "output_tokens", "input_usd", "cf_input_usd", "ttft_ms", "tpot_ms", "queue_ms",
-               "prefill_ms", "decode_ms", "holdout", "cf_cached_tokens")
+               "prefill_ms", "decode_ms", "holdout", "cf_cached_tokens", "stood_back")
 
 
 def _pct(xs: Iterable[float | None], p: float) -> float | None:
@@ -65,8 +68,9 @@ def totals(data: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
         "prompt_tokens": data.get("prompt_tokens", 0),
         "cached_tokens": data.get("cached_tokens", 0),
         "cf_cached_tokens": data.get("cf_cached_tokens", 0),
-        "saved_tokens": reuse + data.get("pruned_tokens", 0),
+        "saved_tokens": reuse + data.get("pruned_tokens", 0) - data.get("added_tokens", 0),
         "pruned_tokens": data.get("pruned_tokens", 0),
+        "added_tokens": data.get("added_tokens", 0),
         "cached_share": _r(_ratio(data.get("cached_tokens"), data.get("usage_prompt"))),
         "cf_cached_share": _r(_ratio(data.get("cf_cached_tokens"), data.get("cf_prompt"))),
         "ttft_p50_ms": _r(_pct((r["ttft_ms"] for r in rows), 50), 3),
@@ -189,8 +193,19 @@ def routes_table(rolls: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str,
             "lengths": lengths(d),
             **rate_fields(known.get((key[0] or "-", key[2] or "-"))),
             **time_saved(rs, usd_per_hour, known),
+            "stood_back": stood_back_of(rs),
         })
     return out
+
+
+def stood_back_of(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """``{"requests", "passes", "reason"}`` of a route's requests sent while its stand-back held
+    (:mod:`prefixgate.cache.stand_back`; the latest reason), None when none was."""
+    marked = [r["stood_back"] for r in rows if r.get("stood_back")]
+    if not marked:
+        return None
+    passes = sorted({n for m in marked for n in m.partition(": ")[0].split(",") if n})
+    return {"requests": len(marked), "passes": passes, "reason": marked[-1].partition(": ")[2]}
 
 
 def lengths(data: Mapping[str, Any]) -> dict[str, Any]:

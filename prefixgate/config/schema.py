@@ -201,6 +201,14 @@ class RewriteSettings(_Strict):
     """Opt-in: answer with ``x-prefixgate-edit-detail``, compact JSON of every Edit (pass,
     region, tokens before / after, token offsets; no prompt text), bounded in size
     (:mod:`prefixgate.proxy.pipeline.edit_detail`)."""
+    stand_back: bool = True
+    """Per route, switch off the passes that add tokens while the holdout or the counterfactual
+    shows the rewritten arm no better than the client's own bodies
+    (:mod:`prefixgate.cache.stand_back`)."""
+    stand_back_min_requests: int = Field(20, ge=2, le=10_000)
+    """Requests (per arm for the holdout) a verdict needs."""
+    stand_back_s: float = Field(900.0, gt=0)
+    """Seconds a stand-back lasts; then the passes run again and a fresh verdict is taken."""
 
     @model_validator(mode="after")
     def _watermarks_ordered(self) -> RewriteSettings:

@@ -1,9 +1,8 @@
-"""Issue 9 arithmetic, unit level: attribution by technique, the holdout statistics, the
-per-minute rollups (against the rows they fold), SLO attainment and goodput."""
+"""Issue 9 arithmetic, unit level: the holdout statistics, the per-minute rollups (against the
+rows they fold), SLO attainment and goodput (attribution: tests/cache/test_attribution.py)."""
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,6 @@ from typing import Any
 import pytest
 
 from prefixgate.cache import rollup
-from prefixgate.cache.attribution import UNATTRIBUTED, attribute_usd, by_technique
 from prefixgate.cache.holdout_stats import (
     HELPS,
     INCONCLUSIVE,
@@ -23,32 +21,6 @@ from prefixgate.cache.holdout_stats import (
 from prefixgate.cache.ledger import Ledger, LedgerRow
 from prefixgate.cache.savings import savings_document, slo_table
 from prefixgate.config.schema import Slo, SloSettings
-
-PASSES = {"prune_rag": {"reusable": 0, "removed": 1000, "added": 0},
-          "hoist_volatile": {"reusable": 3000, "removed": 0, "added": 50},
-          "place_breakpoints": {"reusable": 1000, "removed": 0, "added": 0}}
-
-
-def test_attribution_splits_the_measured_saving_and_prices_pruned_tokens_at_cf_rate() -> None:
-    usd = attribute_usd(PASSES, 9000, input_usd=0.010, cf_input_usd=0.030)
-    assert usd is not None
-    assert sum(usd.values()) == pytest.approx(0.020)        # whole saving, premiums inside
-    assert usd["prune_rag"] == pytest.approx(1000 * 0.030 / 10_000)  # cf blended rate
-    rest = 0.020 - 0.003
-    assert usd["hoist_volatile"] == pytest.approx(rest * 3 / 4)
-    assert usd["place_breakpoints"] == pytest.approx(rest / 4)
-
-
-def test_attribution_keeps_no_usage_distinct_from_zero_and_names_what_no_pass_claims() -> None:
-    assert attribute_usd(PASSES, None, 0.01, 0.03) is None
-    assert attribute_usd(PASSES, 9000, 0.01, None) is None
-    assert attribute_usd({}, 100, 0.01, 0.01) == {}
-    assert attribute_usd({}, 100, 0.01, 0.012) == {UNATTRIBUTED: pytest.approx(0.002)}
-    rows = [{"pass_tokens": json.dumps(PASSES), "prompt_tokens": None, "input_usd": None,
-             "cf_input_usd": None}]
-    figs = {t.technique: t for t in by_technique(rows)}
-    assert figs["prune_rag"].tokens_removed == 1000 and figs["prune_rag"].usd is None
-    assert figs["hoist_volatile"].tokens_added == 50
 
 
 def _rec(holdout: bool, prompt: int, cached: int, ttft: float, usd: float) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixgate.cache.provider_models.token_radix import (
-    SessionTokenCaches,
+    TokenCaches,
     TokenRadix,
     common_prefix,
     engine_cached_tokens,
@@ -21,7 +21,7 @@ def test_common_prefix_hand_cases() -> None:
 
 
 def test_session_of_growing_prompts_hand_computed() -> None:
-    caches = SessionTokenCaches()
+    caches = TokenCaches()
     # turn 1: cold
     assert caches.process("s", [1, 2, 3, 4, 5]).cached_read_tokens == 0
     # turn 2 repeats turn 1 and grows: all 5 ids of turn 1 match
@@ -36,7 +36,7 @@ def test_session_of_growing_prompts_hand_computed() -> None:
 
 
 def test_keys_are_isolated() -> None:
-    caches = SessionTokenCaches()
+    caches = TokenCaches()
     caches.process("a", [1, 2, 3, 4])
     assert caches.process("b", [1, 2, 3, 4]).cached_read_tokens == 0
     assert caches.process("a", [1, 2, 3, 4]).cached_read_tokens == 3
@@ -80,11 +80,11 @@ def test_the_request_just_inserted_is_never_evicted() -> None:
 
 
 def test_memory_bounds_drop_least_recent_keys() -> None:
-    caches = SessionTokenCaches(max_keys=2)
+    caches = TokenCaches(max_keys=2)
     for k in "abc":
         caches.process(k, [1, 2, 3])
     assert len(caches) == 2 and caches.process("a", [1, 2, 3]).cached_read_tokens == 0
-    small = SessionTokenCaches(total_tokens=10)
+    small = TokenCaches(total_tokens=10)
     small.process("x", list(range(8)))
     small.process("y", list(range(8)))  # 16 > 10: x goes whole
     assert len(small) == 1 and small.stored_tokens() == 8

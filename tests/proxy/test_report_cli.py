@@ -68,8 +68,9 @@ def test_saved_line_and_json_equal_the_ledger(tmp_path: Path) -> None:
     priced = [r for r in rows if r["input_usd"] is not None]
     saved = sum(r["cf_input_usd"] - r["input_usd"] for r in priced)
     cf = sum(r["cf_input_usd"] for r in priced)
+    added = sum(30 for r in rows if r["pass_tokens"])            # the hoisted notes
     tokens = sum(r["cached_tokens"] - r["cf_cached_tokens"] for r in priced) + sum(
-        r["tokens_pruned"] for r in rows)
+        r["tokens_pruned"] for r in rows) - added
     out = _run(["--ledger", path])
     assert out.splitlines()[0].startswith(
         f"saved ${saved:,.4f} ({100 * saved / cf:.1f}% of ${cf:,.4f}) · {tokens:,} tokens")
@@ -86,6 +87,9 @@ def test_saved_line_and_json_equal_the_ledger(tmp_path: Path) -> None:
     assert tech["prune_rag"]["tokens_removed"] == 250 * 9 and tech["hoist_volatile"][
         "tokens_added"] == 30 * 9
     assert sum(t["usd"] for t in tech.values()) == pytest.approx(saved)  # all of it, split
+    # the parts add up: the per-technique tokens, the named remainder included, are the total
+    assert sum(t["saved_tokens"] for t in tech.values()) == tokens == doc["saved"]["saved_tokens"]
+    assert tech["unattributed"]["tokens_reusable"] == tokens + added - 250 * 9 - 7000 * 9
     assert doc["errors"] == [{"status": "upstream_error", "http_status": 502,
                               "error": "upstream 502", "count": 1, "last_ts": T0 + 50,
                               "routes": ["gpt-*"]}]

@@ -97,8 +97,9 @@ def test_holdout_sends_sessions_unrewritten_and_finds_the_difference(rig_factory
     for r, system in zip(rows, sent):
         assert ("Now: 2025-03-04 10:" in system) == bool(r["holdout"])
     assert all(r["ttft_source"] == "reported" and r["decode_ms"] == 20.0 for r in rows)
-    hoist = json.loads(rewritten[0]["pass_tokens"])["hoist_volatile"]
-    assert hoist["reusable"] > 0 and hoist["added"] > 0
+    hoists = [json.loads(r["pass_tokens"])["hoist_volatile"] for r in rewritten]
+    # credited by the stage chain (observe.insight): over the run, hoisting made tokens reusable
+    assert sum(h["reusable"] for h in hoists) > 0 and all(h["added"] > 0 for h in hoists)
 
     rep = holdout_report(rows, seed=11)
     assert rep["verdict"] == HELPS, rep["reason"]
@@ -111,8 +112,9 @@ def test_holdout_sends_sessions_unrewritten_and_finds_the_difference(rig_factory
     assert doc["holdout"]["enabled"] and doc["holdout"]["verdict"] == HELPS
     assert doc["totals"]["cf_source"]["holdout"] == len(held)
     tech = {t["technique"]: t for t in doc["by_technique"]}
-    assert tech["hoist_volatile"]["tokens_reusable"] == sum(
-        json.loads(r["pass_tokens"])["hoist_volatile"]["reusable"] for r in rewritten)
+    assert tech["hoist_volatile"]["tokens_reusable"] == sum(h["reusable"] for h in hoists)
+    # the parts add up to the whole, the remainder named
+    assert sum(t["saved_tokens"] for t in tech.values()) == doc["totals"]["saved_tokens"]
 
 
 def _usage_script(usage: dict[str, Any], anthropic: bool) -> Script:

@@ -128,6 +128,13 @@ class AnthropicCacheModel:
             del self._entries[k]
         return len(dead)
 
+    def clone(self) -> AnthropicCacheModel:
+        """An independent copy of this organization's cache entries."""
+        twin = AnthropicCacheModel(self._count, self._min_tokens, self._lookback)
+        twin._entries = {k: _Entry(e.ttl, e.expires_at) for k, e in self._entries.items()}
+        twin._requests = self._requests
+        return twin
+
     def _live(self, key: str, now_s: float) -> _Entry | None:
         entry = self._entries.get(key)
         if entry is None:

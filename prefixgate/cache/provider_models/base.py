@@ -79,3 +79,8 @@ class CacheModel(Protocol):
         :func:`prefixgate.cache.prefix_blocks.flatten` for the provider's API (optional, saves work).
         Raises :class:`CacheRuleError` for requests the provider rejects."""
         ...
+
+    def clone(self) -> CacheModel:
+        """An independent copy of the cache state (processing a request in one does not change
+        the other): a model of "the same cache, from here on fed other bodies"."""
+        ...

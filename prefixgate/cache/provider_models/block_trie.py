@@ -166,6 +166,20 @@ class BlockTrie:
                     stack.append(child)
         return before - self.total_tokens
 
+    def clone(self) -> BlockTrie:
+        """An independent copy (same nodes, times and totals), built iteratively: a trie is as
+        deep as a prompt has blocks, too deep for ``copy.deepcopy``'s recursion."""
+        twin = BlockTrie(self.idle_s, self.max_age_s)
+        twin.total_tokens = self.total_tokens
+        stack = [(self._root, twin._root)]
+        while stack:
+            src, dst = stack.pop()
+            for key, c in src.children.items():
+                n = _Node(c.key, c.text, c.tokens, dst, c.created, c.last_access)
+                dst.children[key] = n
+                stack.append((c, n))
+        return twin
+
     def node_count(self) -> int:
         """Number of stored nodes (root excluded)."""
         count = 0

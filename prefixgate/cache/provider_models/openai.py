@@ -147,6 +147,14 @@ class OpenAICacheModel:
             self._machines[machine] = trie
         return trie
 
+    def clone(self) -> OpenAICacheModel:
+        """An independent copy of this organization's cache state (machines, rate windows)."""
+        twin = OpenAICacheModel(self._count, self._idle_s, self._max_age_s, self._overflow_rpm)
+        twin._machines = {k: t.clone() for k, t in self._machines.items()}
+        twin._recent = {k: [deque(w) for w in ws] for k, ws in self._recent.items()}
+        twin._requests = self._requests
+        return twin
+
     def process(self, body: dict[str, Any], now_s: float,
                 blocks: list[PrefixBlock] | None = None) -> CacheOutcome:
         """Account one Chat Completions request at ``now_s`` seconds (see module rules);

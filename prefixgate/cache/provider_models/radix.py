@@ -57,6 +57,12 @@ class RadixCacheModel:
         self.page_size = page_size
         self.trie = BlockTrie()
 
+    def clone(self) -> RadixCacheModel:
+        """An independent copy of this cache's state (:meth:`BlockTrie.clone`)."""
+        twin = RadixCacheModel(self._count, self.capacity_tokens, self.page_size)
+        twin.trie = self.trie.clone()
+        return twin
+
     def process(self, body: dict[str, Any], now_s: float,
                 blocks: list[PrefixBlock] | None = None) -> CacheOutcome:
         """Account one request at ``now_s`` seconds; returns reads / uncached tokens.

@@ -16,15 +16,21 @@ and vLLM's automatic prefix caching):
   traces replay their own recorded answers, which differ from a fresh generation after a few
   tokens, so the difference is small.
 
-:class:`SessionTokenCaches` keeps one tree per key (the proxy uses backend + session + the
-request's ``cache_salt``), so only reuse within a session is credited; prefixes shared across
-sessions (a common system prompt) are not. Memory is bounded: per key ``capacity_tokens``, at
-most ``max_keys`` keys and ``total_tokens`` ids in all (least recently used keys dropped whole).
-Ids are stored as ``array('i')`` (4 bytes each). No I/O, no time source: recency is a counter.
+:class:`TokenCaches` keeps one tree per key, and a key is one REAL cache: the proxy uses the
+engine's partition (deployment, the tenant where the backend salts by tenant, and the request's
+``cache_salt``; :func:`prefixgate.proxy.observe.insight.partition_key`), never the session. An
+engine's radix tree is shared by every request it serves, so a prefix another conversation
+left there (the same system prompt and tools) is a hit the client's own body would have had
+too, and is not a saving of rewriting (DESIGN.md, *Savings, measured honestly*; issue 19, item
+3). Memory is bounded: per key ``capacity_tokens`` (the engine's KV pool; LRU leaves evicted
+beyond it, as the engine does), at most ``max_keys`` keys and ``total_tokens`` ids in all (least
+recently used keys dropped whole). Ids are stored as ``array('i')`` (4 bytes each). No I/O, no
+time source: recency is a counter.
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
 from array import array
@@ -34,9 +40,12 @@ from dataclasses import dataclass, field
 
 from prefixgate.cache.provider_models.base import CacheOutcome
 
-#: Defaults: a session's tree holds up to 128k ids; 1,024 sessions and 4M ids in all (16 MB).
-SESSION_CAPACITY_TOKENS = 131_072
-MAX_KEYS = 1_024
+#: Defaults: one engine's tree holds up to 1M ids (the radix block model's default KV size,
+#: :class:`prefixgate.cache.provider_models.radix.RadixCacheModel`; an engine with a smaller pool
+#: evicts sooner, so the counterfactual credits the client's body with more hits than it had:
+#: savings err low, never high); 256 partitions and 4M ids in all (16 MB).
+CACHE_CAPACITY_TOKENS = 1_000_000
+MAX_KEYS = 256
 TOTAL_TOKENS = 4_000_000
 
 
@@ -68,7 +77,7 @@ class TokenRadix:
     (:meth:`check` recounts it).
     """
 
-    def __init__(self, capacity_tokens: int = SESSION_CAPACITY_TOKENS) -> None:
+    def __init__(self, capacity_tokens: int = CACHE_CAPACITY_TOKENS) -> None:
         if capacity_tokens <= 0:
             raise ValueError("capacity_tokens must be positive")
         self.capacity_tokens = capacity_tokens
@@ -172,10 +181,18 @@ def engine_cached_tokens(tree: TokenRadix, ids: Sequence[int], page_size: int = 
     return (matched // page_size) * page_size
 
 
-class SessionTokenCaches:
-    """One :class:`TokenRadix` per key (see module docstring for the bounds)."""
+def salt_id(salt: str) -> int:
+    """A negative pseudo token id for ``salt`` (token ids are >= 0, so it never equals one);
+    31 bits of its sha256, so it fits ``array('i')``."""
+    return -1 - (int(hashlib.sha256(salt.encode("utf-8", "surrogatepass")).hexdigest()[:8], 16)
+                 & 0x3FFFFFFF)
 
-    def __init__(self, capacity_tokens: int = SESSION_CAPACITY_TOKENS, max_keys: int = MAX_KEYS,
+
+class TokenCaches:
+    """One :class:`TokenRadix` per key, a key per real cache (see module docstring for the
+    keys and the bounds)."""
+
+    def __init__(self, capacity_tokens: int = CACHE_CAPACITY_TOKENS, max_keys: int = MAX_KEYS,
                  total_tokens: int = TOTAL_TOKENS, page_size: int = 1) -> None:
         if max_keys <= 0 or total_tokens <= 0:
             raise ValueError("max_keys and total_tokens must be positive")
@@ -192,15 +209,28 @@ class SessionTokenCaches:
         """Ids held over all keys."""
         return sum(t.total_tokens for t in self._trees.values())
 
-    def process(self, key: str, ids: Sequence[int]) -> CacheOutcome:
+    def process(self, key: str, ids: Sequence[int], salt: str = "") -> CacheOutcome:
         """Account prompt ``ids`` of one request under ``key``: cached tokens by the engine's
-        rule, then the prompt is stored. Returns a :class:`CacheOutcome` (no cache writes)."""
+        rule, then the prompt is stored. Returns a :class:`CacheOutcome` (no cache writes).
+
+        ``salt``: the request's ``cache_salt`` as the backend receives it. Engines that take one
+        (ours: ``local_engine.radix_cache`` ``extra_key``; vLLM >= 0.9: the salt in the first
+        block's hash) never share a prefix across salts but keep every salt in the same KV
+        pool, so the ids go into the key's one tree behind a pseudo id of the salt
+        (:func:`salt_id`, never a real id): prefixes of different salts diverge at the root and
+        share the capacity. The pseudo id is not counted in the outcome."""
         tree = self._trees.get(key)
         if tree is None:
             tree = self._trees[key] = TokenRadix(self.capacity_tokens)
         self._trees.move_to_end(key)
-        cached = engine_cached_tokens(tree, ids, self.page_size)
-        tree.insert(ids)
+        if salt:
+            keyed = [salt_id(salt), *ids]
+            matched = max(0, tree.match(keyed[:-1]) - 1) if len(ids) > 1 else 0
+            cached = matched // self.page_size * self.page_size
+            tree.insert(keyed)
+        else:
+            cached = engine_cached_tokens(tree, ids, self.page_size)
+            tree.insert(ids)
         while len(self._trees) > self.max_keys or (
                 len(self._trees) > 1 and self.stored_tokens() > self.total_cap):
             self._trees.popitem(last=False)

@@ -2,11 +2,12 @@
 [--errors] [--breaks] [--json | --csv]``.
 
 Opens with the "saved" line — USD saved and its share of what the client's own bodies would
-have cost, tokens saved (cache reuse gained + pruned), prefill seconds saved where the backend
-reports its prefill time (our engine, llama.cpp; :mod:`prefixgate.cache.time_saved`: the
+have cost, tokens saved (cache reuse gained + pruned - added), prefill seconds saved where the
+backend reports its prefill time (our engine, llama.cpp; :mod:`prefixgate.cache.time_saved`: the
 route's measured prefill rate x the tokens rewriting made reusable, with what the prefix cache
 saved in all, and the time priced at the backend's ``usd_per_hour`` when ``--policy`` sets one),
-TTFT p50 rewritten minus holdout (when the policy's holdout sent some sessions unrewritten) —
+TTFT p50 rewritten minus holdout (when the policy's holdout sent some sessions unrewritten) — the
+saved tokens by technique (the ``unattributed`` remainder named), the routes that stood back,
 then one row per group
 (:mod:`prefixgate.cache.report`). The layout follows the terminal width (``COLUMNS``): below
 :data:`WIDE` columns a compact table (requests, errors, cached share, saved $ / %, TTFT p50,
@@ -17,10 +18,13 @@ saved. A TTFT marked
 proxy on streams).
 
 ``--json``: ``{"ledger", "by", "saved": {...}, "groups": [{<by>: key, figures...}],
-"by_technique": [{"technique", "tokens_reusable", "tokens_removed", "tokens_added", "usd"}],
-"errors": [...]}`` with named fields (:mod:`prefixgate.cache.attribution`); ``--csv``: one header line
-and one line per group, every cell through :func:`csv_cell` (no cell can start a spreadsheet
-formula, issue 20 class 13).
+"by_technique": [{"technique", "tokens_reusable", "tokens_removed", "tokens_added",
+"saved_tokens", "usd"}], "stood_back": [{"route", "requests", "passes", "reason", "last_ts"}],
+"errors": [...]}`` with named fields (:mod:`prefixgate.cache.attribution`: the techniques,
+``unattributed`` included, sum to the saved line; :mod:`prefixgate.cache.stand_back`: routes
+whose token-adding passes switched themselves off, also printed under the saved line);
+``--csv``: one header line and one line per group, every cell through :func:`csv_cell` (no cell
+can start a spreadsheet formula, issue 20 class 13).
 ``--errors`` lists failed requests by status and error; ``--breaks`` the cache-break records
 (:func:`prefixgate.cache.breaks.format_breaks`).
 """
@@ -43,7 +47,13 @@ from rich.table import Table
 
 from prefixgate.cache.attribution import by_technique
 from prefixgate.cache.ledger import Ledger
-from prefixgate.cache.report import BY, error_figures, group_figures, saved_figures
+from prefixgate.cache.report import (
+    BY,
+    error_figures,
+    group_figures,
+    saved_figures,
+    stand_back_figures,
+)
 from prefixgate.config.loader import PolicyError, load_policy
 from prefixgate.config.schema import LedgerSettings
 from prefixgate.proxy.cli.format import fmt
@@ -149,6 +159,26 @@ def saved_line(s: dict[str, Any], width: int) -> str:
     return "\n".join(textwrap.wrap(text, width, subsequent_indent="  "))
 
 
+def technique_line(techs: list[dict[str, Any]], saved_tokens: int, width: int) -> str:
+    """The saved tokens split by technique, the named remainder included (they add up to the
+    saved line's tokens), wrapped to ``width``; "" without a technique."""
+    if not techs:
+        return ""
+    parts = " · ".join(f"{t['technique']} {t['saved_tokens']:,}" for t in techs)
+    text = f"saved tokens by technique: {parts} (sum {saved_tokens:,})"
+    return "\n".join(textwrap.wrap(text, width, subsequent_indent="  "))
+
+
+def stand_back_lines(routes: list[dict[str, Any]], width: int) -> list[str]:
+    """One wrapped line per route whose passes stood back (:func:`stand_back_figures`)."""
+    out = []
+    for e in routes:
+        text = (f"stood back on route {e['route']}: {', '.join(e['passes'])} off for "
+                f"{e['requests']:,} requests · {e['reason']}")
+        out.append("\n".join(textwrap.wrap(text, width, subsequent_indent="  ")))
+    return out
+
+
 def _table(groups: list[dict[str, Any]], by: str, width: int) -> Table:
     wide, full = width >= WIDE, width >= FULL
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), show_edge=False)
@@ -249,10 +279,12 @@ def report(
     rows = db.rows(since_ts)
     groups = group_figures(rows, by, hourly)
     saved = saved_figures(rows, seed, hourly)
+    stood = stand_back_figures(rows)
     errs = error_figures(rows) if errors else []
     if as_json:
         doc: dict[str, Any] = {"ledger": path, "by": by, "saved": saved, "groups": groups,
-                               "by_technique": [t.to_dict() for t in by_technique(rows)]}
+                               "by_technique": [t.to_dict() for t in by_technique(rows)],
+                               "stood_back": stood}
         if errors:
             doc["errors"] = errs
         typer.echo(json.dumps(doc, indent=2))
@@ -262,6 +294,11 @@ def report(
         width = shutil.get_terminal_size((80, 24)).columns
         console = Console(width=width, highlight=False, soft_wrap=False)
         console.print(saved_line(saved, width))
+        techs = [t.to_dict() for t in by_technique(rows)]
+        if techs:
+            console.print(technique_line(techs, saved["saved_tokens"], width))
+        for line in stand_back_lines(stood, width):
+            console.print(line)
         console.print(_table(groups, by, width))
         if any(g["ttft_reported"] for g in groups):
             console.print("* includes TTFT reported by the backend (non-streamed answers)")

@@ -151,7 +151,8 @@ def _analyzer(state: ProxyState, ex: Exchange) -> Callable[[], Awaitable[Analysi
             state.upstream, ex.target, api=ex.api, session=ex.row.session, model=ex.row.model,
             original=ex.body, sent=ex.rw.body, budget_ms=state.policy.rewrite.time_budget_ms,
             max_depth=state.policy.limits.max_json_depth,
-            inline=len(ex.raw) <= INLINE_ANALYZE_BYTES)
+            inline=len(ex.raw) <= INLINE_ANALYZE_BYTES, tenant=ex.row.tenant,
+            view=ex.pass_view, ctx=ex.ctx)
     return analyze
 
 

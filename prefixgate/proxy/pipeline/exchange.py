@@ -19,6 +19,7 @@ from prefixgate.cache.counterfactual import measured_counterfactual
 from prefixgate.cache.ledger import Ledger, LedgerRow
 from prefixgate.cache.session import SessionStore
 from prefixgate.cache.shared_state import LocalState, SharedState
+from prefixgate.cache.stand_back import EVERY, RouteJudge
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.bridges.base import Bridge
 from prefixgate.proxy.core.bounded import clip_fields
@@ -43,6 +44,7 @@ from prefixgate.proxy.routing.router import Target
 from prefixgate.proxy.routing.shared import SharedRouting
 from prefixgate.proxy.upstream.client import Upstream
 from prefixgate.proxy.upstream.relay import Timing
+from prefixgate.rewriter.types import Context
 
 log = logging.getLogger("prefixgate.proxy")
 
@@ -69,8 +71,13 @@ class ProxyState:
     routing: SharedRouting | None = None  # breakers / loads shared (None with LocalState)
     fanout: FanoutGate | None = None  # concurrent identical prefixes wait for one writer
     retry_budget: RetryBudget | None = None  # retries as a share of live traffic (all requests)
+    judge: RouteJudge = field(default_factory=RouteJudge)  # per-route stand-back (replaced below)
 
     def __post_init__(self) -> None:
+        rw = self.policy.rewrite
+        self.judge = RouteJudge(rw.stand_back, min_requests=rw.stand_back_min_requests,
+                                off_s=rw.stand_back_s, seed=self.policy.holdout.seed,
+                                every=min(EVERY, rw.stand_back_min_requests))
         if self.breakers is None:
             self.breakers = BreakerBoard(self.policy.breaker)
         if self.fanout is None:
@@ -91,6 +98,13 @@ class ProxyState:
         the one place each row passes before the ledger, the metrics, OTel and the log."""
         try:
             clip_fields(row)
+        except Exception:
+            log.exception("row clip failed")
+        try:
+            self.judge.observe(vars(row))  # the route's stand-back verdict (cache.stand_back)
+        except Exception:
+            log.exception("stand-back observation failed")
+        try:
             self.ledger.write(row)
             self.metrics.observe(row, obs)
             if self.otel is not None:
@@ -137,6 +151,7 @@ class Exchange:
     end_mapper: EventMapper | None = None
     bridge_of: Callable[[Target], Bridge] | None = None
     pass_view: dict[str, Any] | None = None  # the primary bridge's pass body, before the passes
+    ctx: Context | None = None  # the passes' context (None: not rewritten), for attribution
     primary_bridge: Bridge | None = None
     attempts: Attempts = field(default_factory=Attempts)
     release: Callable[[], None] | None = None

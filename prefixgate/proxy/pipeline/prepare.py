@@ -5,8 +5,10 @@ the proxy key (401), the tenant, the body read once under its limits and checked
 400 / 408 / 413), the rate limits with the prompt's estimate charged (429), the route and its
 targets (:func:`targets`: 404 / 501), the route's default output cap, the session id and the
 rewriter's passes over the primary bridge's pass body (:func:`passes`, off the event loop under
-the rewrite budget, fail-open), and one bridge + upstream bytes per target (:func:`bridges`:
-400 when the primary cannot carry the request; a fallback that cannot is left out).
+the rewrite budget, fail-open; the passes that add tokens switched off while the route's
+stand-back holds, :mod:`prefixgate.cache.stand_back`), and one bridge + upstream bytes per target
+(:func:`bridges`: 400 when the primary cannot carry the request; a fallback that cannot is left
+out).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import time
 
 from fastapi import Request
 
+from prefixgate.cache.stand_back import KEEP, Verdict
 from prefixgate.config.backend_kinds import traits
-from prefixgate.config.schema import Policy
+from prefixgate.config.schema import Policy, RewriteSettings
 from prefixgate.proxy.bridges import Bridge, bridge_for
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.core.errors import NotSupported, ProxyError
@@ -33,7 +36,8 @@ from prefixgate.proxy.pipeline.rewrite import RewriteOutcome, rewrite_off_loop, 
 from prefixgate.proxy.pipeline.session_key import session_hash, session_id_for
 from prefixgate.proxy.routing.retries import Step
 from prefixgate.proxy.routing.router import Target, plan_targets
-from prefixgate.rewriter.types import Context
+from prefixgate.rewriter.pipeline import PASSES
+from prefixgate.rewriter.types import Context, Edit
 
 
 async def prepare(ex: Exchange, request: Request, state: ProxyState) -> None:
@@ -124,18 +128,42 @@ async def passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     assert bridge.pass_api is not None
     view_raw = ex.raw if ex.pass_view is ex.body else exactjson.dumps(ex.pass_view)
     ctx = None
+    verdict = KEEP
     if rewrite_wanted(request.headers, policy.rewrite) and not ex.row.holdout:
-        ctx = Context(settings=policy.rewrite, model=ex.row.model, provider=primary.provider,
-                      session_id=ex.session_id, session=await state.sessions.aget(ex.session_id),
-                      now_s=time.time(), masks_tools=traits(primary.backend.kind).masks_tools)
+        verdict = state.judge.verdict(primary.route, time.time())
+        ctx = Context(settings=stood_back(policy.rewrite, verdict), model=ex.row.model,
+                      provider=primary.provider, session_id=ex.session_id,
+                      session=await state.sessions.aget(ex.session_id), now_s=time.time(),
+                      masks_tools=traits(primary.backend.kind).masks_tools)
+    ex.ctx = ctx
     ex.rw = await rewrite_off_loop(state.rewrite_fn, ex.pass_view, view_raw, bridge.pass_api, ctx)
     ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
+    if verdict.stand_back:  # said in the Edits, the ledger and a header (cache.stand_back)
+        ex.rw.edits.append(Edit(STAND_BACK, False, "all", f"{', '.join(verdict.passes)} off for "
+                                f"route {primary.route}: {verdict.reason}"))
+        ex.row.stood_back = verdict.summary()[:STAND_BACK_MAX_CHARS]
     if policy.rewrite.edit_detail_header and ctx is not None:  # opt-in (pipeline.edit_detail)
         view, api = ex.pass_view, bridge.pass_api
         ex.obs.headers = await off_loop(lambda: edit_detail_headers(view, ex.rw, api),
                                         policy.rewrite.time_budget_ms, None)
+    if verdict.stand_back:
+        ex.obs.headers = {**(ex.obs.headers or {}), STAND_BACK_HEADER: ex.row.stood_back}
     ex.row.pass_tokens = pass_tokens_json(ex.rw.edits)
     ex.primary_bridge = bridge
+
+
+STAND_BACK = "stand_back"
+STAND_BACK_HEADER = "x-prefixgate-stand-back"
+STAND_BACK_MAX_CHARS = 300
+_SWITCH = {spec.name: spec.switch for spec in PASSES}
+
+
+def stood_back(settings: RewriteSettings, verdict: Verdict) -> RewriteSettings:
+    """``settings`` with the passes ``verdict`` stands back from switched off (the route's
+    stand-back, :mod:`prefixgate.cache.stand_back`); ``settings`` itself when there are none."""
+    if not verdict.stand_back:
+        return settings
+    return settings.model_copy(update={_SWITCH[p]: False for p in verdict.passes if p in _SWITCH})
 
 
 def bridges(ex: Exchange, max_depth: int) -> list[Step]:

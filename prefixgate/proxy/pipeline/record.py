@@ -5,18 +5,19 @@
   the dated table's (:func:`prefixgate.proxy.observe.insight.input_cost_usd`), or the backend's
   own ``price_per_mtok`` where the table has none for the model (or only the self-hosted 0):
   then ``input_usd`` and ``cf_input_usd`` both come from it (issue 19, item 8).
-- :func:`pass_tokens_json`: the applied Edits as ``{pass: {"reusable", "removed", "added"}}``
-  (token counts only, never text), the ledger's ``pass_tokens`` column, read by
-  :mod:`prefixgate.cache.attribution`.
+- :func:`pass_tokens_json`: the applied Edits' token counts and each pass's credit as
+  ``{pass: {"reusable", "removed", "added"}}`` (token counts only, never text), the ledger's
+  ``pass_tokens`` column, read by :mod:`prefixgate.cache.attribution`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from prefixgate.cache.counterfactual import SENT_AS_IS
+from prefixgate.cache.ledger import LedgerRow
 from prefixgate.config.prices import backend_input_usd, backend_priced
 from prefixgate.proxy.core.bounded import clip_strings
 from prefixgate.proxy.core.engine_timings import apply_reported_timings, with_body_times
@@ -27,17 +28,22 @@ from prefixgate.rewriter.types import Edit
 
 log = logging.getLogger("prefixgate.proxy")
 
-def pass_tokens_json(edits: Iterable[Edit]) -> str:
-    """``{pass: {"reusable", "removed", "added"}}`` summed over the applied ``edits`` (a pass
-    may emit several); "" when none applied or none moved a token."""
+def pass_tokens_json(edits: Iterable[Edit], credits: Mapping[str, int] | None = None) -> str:
+    """``{pass: {"reusable", "removed", "added"}}``: ``removed`` / ``added`` summed over the
+    applied ``edits`` (a pass may emit several), ``reusable`` the pass's credit by the stage
+    rule (``credits``, :mod:`prefixgate.proxy.observe.insight`; 0 without one — a pass's own
+    ``Edit.tokens_reusable`` is its estimate of what it protects, not what it made reusable
+    that would not have been otherwise, so it is never credited). Passes with all three 0 are
+    left out; "" when none is left."""
     out: dict[str, dict[str, int]] = {}
     for e in edits:
         if not e.applied:
             continue
         f = out.setdefault(e.pass_name, {"reusable": 0, "removed": 0, "added": 0})
-        f["reusable"] += e.tokens_reusable
         f["removed"] += e.tokens_removed
         f["added"] += e.tokens_added
+    for name, tokens in (credits or {}).items():
+        out.setdefault(name, {"reusable": 0, "removed": 0, "added": 0})["reusable"] = tokens
     out = {k: v for k, v in out.items() if any(v.values())}
     return json.dumps(out, separators=(",", ":"), sort_keys=True) if out else ""
 
@@ -50,6 +56,23 @@ def _own_price(ex: Exchange) -> tuple[float, float] | None:
     if backend is None or backend.price_per_mtok is None or not backend_priced(ex.row.model):
         return None
     return backend.price_per_mtok, backend.cached_price_per_mtok
+def measured_as_sent(row: LedgerRow, credits: Mapping[str, int] | None) -> None:
+    """The counterfactual of a row whose backend saw the client's own prompt (sent as is, or
+    rewritten to the same tokens / cache blocks): what it did cache, less what earlier
+    rewriting left in the cache (``credits``' sum, :mod:`prefixgate.proxy.observe.insight`;
+    0 when no pass has changed bytes there: then it is measured, and the model's estimate would
+    only add its error — template tokens, tokenizer)."""
+    assert row.cached_tokens is not None
+    after = sum((credits or {}).values())
+    if after == 0:
+        row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
+        row.cf_source = "holdout" if row.holdout else "measured"
+        return
+    top = row.prompt_tokens if row.prompt_tokens is not None else row.cached_tokens - after
+    row.cf_cached_tokens = min(max(0, row.cached_tokens - after), max(0, top))
+    row.cf_input_usd = input_cost_usd(row.model, row.prompt_tokens, row.cf_cached_tokens,
+                                      row.cache_write_tokens)
+    row.cf_source = "holdout" if row.holdout else "modelled"
 
 
 async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, http_status: int,
@@ -83,13 +106,15 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
             a = await analyze()
             row.cf_cached_tokens, row.cf_input_usd = a.cf_cached_tokens, a.cf_input_usd
             row.cf_source = "holdout" if row.holdout else a.cf_source
-            if row.edits in SENT_AS_IS and row.cached_tokens is not None:
-                # the client's own body went upstream: what it would have cached is what it did
-                # cache; the model's estimate would only add its error (template tokens, tokenizer)
-                row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
-                row.cf_source = "holdout" if row.holdout else "measured"
+            same = row.edits in SENT_AS_IS or a.same_as_sent
+            if same and row.cached_tokens is not None:
+                measured_as_sent(row, a.credits)
             if own is not None and row.cf_cached_tokens is not None:  # the same prices, both sides
                 row.cf_input_usd = backend_input_usd(*own, row.prompt_tokens, row.cf_cached_tokens)
+            if ex.rw is not None:  # the passes' credits; their tokens only where they changed some
+                row.pass_tokens = pass_tokens_json(() if same else ex.rw.edits, a.credits)
+                if same:
+                    row.tokens_pruned = 0
             if a.brk is not None:
                 ex.obs.break_kind = a.brk.get("kind")
                 try:

@@ -1,0 +1,107 @@
+"""Stand back where rewriting does not pay (:mod:`prefixgate.cache.stand_back`), unit level: the
+verdict's rules one by one, and the judge's bounds in time and rows."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from prefixgate.cache.stand_back import RouteJudge, costly_passes, judge, saved_tokens
+
+HOIST = {"hoist_volatile": {"reusable": 0, "removed": 0, "added": 40},
+         "canonicalize_tools": {"reusable": 0, "removed": 0, "added": 0}}
+
+
+def _row(cached: int, cf: int | None, *, holdout: bool = False, route: str = "r",
+         passes: dict[str, Any] | None = None, seed: int = 0, **kw: Any) -> dict[str, Any]:
+    rng = random.Random(seed)
+    row: dict[str, Any] = {
+        "route": route, "status": "ok", "rewrite": not holdout, "holdout": holdout,
+        "prompt_tokens": 2000, "cached_tokens": cached, "cf_cached_tokens": cf,
+        "input_usd": None, "ttft_ms": 100.0 + rng.uniform(0, 5), "tokens_pruned": 0,
+        "pass_tokens": "" if holdout else json.dumps(HOIST if passes is None else passes)}
+    row.update(kw)
+    return row
+
+
+def test_a_losing_counterfactual_stands_back_from_the_passes_that_add_tokens_only() -> None:
+    rows = [_row(1500, 1500) for _ in range(20)]               # same reuse, 40 tokens added
+    assert saved_tokens(rows[0]) == -40
+    back, basis, why = judge(rows, [])
+    assert back and basis == "counterfactual" and "saved -800 tokens over 20" in why
+    assert costly_passes(rows) == ("hoist_volatile",)           # canonicalize adds nothing
+    assert not judge([_row(1600, 1500) for _ in range(20)], [])[0]   # +60 a request: pays
+    assert not judge(rows[:19], [])[0]                          # too few to say
+    assert judge(rows[:19], [], min_requests=19)[0]
+
+
+def test_the_holdout_wins_over_the_counterfactual_when_it_is_conclusive() -> None:
+    losing = [_row(1500 + (i % 3), 1600, seed=i) for i in range(30)]   # modelled: a loss
+    held_worse = [_row(200 + (i % 5), 200, holdout=True, seed=i) for i in range(30)]
+    back, basis, why = judge(losing, held_worse)
+    assert not back and basis == "holdout" and "helps" in why
+    winning = [_row(1500 + (i % 3), 100, seed=i) for i in range(30)]  # modelled: a big gain
+    held_same = [_row(1500 + (i % 3), 1500, holdout=True, seed=i) for i in range(30)]
+    back, basis, why = judge(winning, held_same)
+    assert back and basis == "holdout" and ("no difference" in why or "hurts" in why), why
+    # one arm too small: the holdout says nothing, the counterfactual decides
+    back, basis, _ = judge(winning, held_same[:5])
+    assert not back and basis == "counterfactual"
+
+
+def test_the_judge_holds_a_stand_back_then_retries_on_fresh_requests() -> None:
+    j = RouteJudge(min_requests=4, off_s=100.0, every=1)
+    for _ in range(3):
+        j.observe(_row(1500, 1500))
+    assert not j.verdict("r", 0.0).stand_back                  # 3 < 4 requests
+    j.observe(_row(1500, 1500))
+    v = j.verdict("r", 10.0)
+    assert v.stand_back and v.passes == ("hoist_volatile",) and v.until == 110.0
+    assert v.summary().startswith("hoist_volatile: rewritten arm no better than unrewritten")
+    assert not j.verdict("other", 10.0).stand_back             # per route
+    for _ in range(10):                                         # sent standing back: ignored
+        j.observe(_row(1500, 1500, stood_back=v.summary(), passes={}))
+    assert j.verdict("r", 109.0) == v
+    assert not j.verdict("r", 110.0).stand_back                 # time is up: passes run again
+    for _ in range(3):
+        j.observe(_row(1500, 1500))
+    assert not j.verdict("r", 111.0).stand_back                 # the old rows are gone
+    j.observe(_row(1500, 1500))
+    assert j.verdict("r", 112.0).stand_back
+    # verdicts are taken every ``every`` new rows, not per request
+    k = RouteJudge(min_requests=4, every=3)
+    for _ in range(4):
+        k.observe(_row(1500, 1500))
+    assert k.verdict("r", 0.0).stand_back                       # 4 new rows >= 3
+    k2 = RouteJudge(min_requests=4, every=3)
+    for n in range(6):
+        k2.observe(_row(1500, 1500))
+        if n == 2:
+            assert not k2.verdict("r", 0.0).stand_back          # 3 rows: too few, consumed
+    assert k2.verdict("r", 0.0).stand_back                      # 3 more rows: a new verdict
+
+
+def test_the_judge_ignores_what_says_nothing_about_rewriting_and_stays_bounded() -> None:
+    j = RouteJudge(min_requests=4, every=1, window=6)
+    for _ in range(10):
+        j.observe(_row(1500, 1500, status="upstream_error"))
+        j.observe(_row(1500, 1500, prompt_tokens=None))
+        j.observe(_row(1500, 1500, rewrite=False))              # opted out by header
+    assert not j.verdict("r", 0.0).stand_back
+    for _ in range(4):
+        j.observe(_row(1500, 1500))
+    for _ in range(50):
+        j.observe(_row(1600, 1500))                             # the route now pays
+    assert len(j._routes["r"].rewritten) == 6
+    assert not j.verdict("r", 0.0).stand_back
+    assert not RouteJudge(enabled=False).verdict("r", 0.0).stand_back
+    off = RouteJudge(enabled=False)
+    for _ in range(30):
+        off.observe(_row(1500, 1500))
+    assert not off.verdict("r", 0.0).stand_back
+    # a losing route where no pass adds tokens: nothing to switch off
+    j2 = RouteJudge(min_requests=4, every=1)
+    for _ in range(5):
+        j2.observe(_row(1400, 1500, passes={"canonicalize_tools": {"reusable": -100}}))
+    assert not j2.verdict("r", 0.0).stand_back
