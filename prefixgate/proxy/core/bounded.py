@@ -45,7 +45,7 @@ ROW_CHARS: Mapping[str, int] = {
     "model": 256, "endpoint": 256, "tenant": 256, "session": 128, "error": 1000,
     # the proxy's own, bounded here so that no column of a row is unbounded
     "route": 256, "backend": 256, "deployment": 256, "status": 128, "edits": 2000,
-    "attempt_reasons": 1000, "key_id": 128, "cf_source": 32, "ttft_source": 32,
+    "attempt_reasons": 1000, "key_id": 128, "cf_source": 32, "ttft_source": 32, "stood_back": 1000,
 }
 """Longest text per ledger column (characters). ``pass_tokens`` is absent on purpose: it is JSON
 the proxy builds from pass names (bounded by the pass list), and a cut would make it unreadable."""
