@@ -1,5 +1,5 @@
-"""Suite-wide setup: the shared real test data must be present (it is read in place), and the
-hypothesis profiles.
+"""Suite-wide setup: the shared real test data must be present (it is read in place), the
+hypothesis profiles, and a default keys file of the suite's own (``$PREFIXGATE_KEYS_FILE``).
 
 Hypothesis profiles (``HYPOTHESIS_PROFILE``, default ``ci``):
 
@@ -14,6 +14,7 @@ Hypothesis profiles (``HYPOTHESIS_PROFILE``, default ``ci``):
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 from hypothesis import settings
@@ -31,3 +32,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         raise pytest.UsageError(
             f"test data not found at {DATA}: check out prefixgate next to the project's shared/ "
             "folder (../shared/data) or set PREFIXGATE_DATA_DIR to its data/ directory")
+
+
+# ``prefixgate serve`` reads the default keys file (``~/.config/prefixgate/keys.yaml``) for a
+# policy that names none: tests never read or write the developer's own; a test of the default
+# location sets or deletes the variable itself.
+os.environ["PREFIXGATE_KEYS_FILE"] = os.path.join(
+    tempfile.mkdtemp(prefix="prefixgate-test-keys-"), "keys.yaml")

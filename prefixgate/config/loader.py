@@ -6,7 +6,10 @@ whose ``problems`` list holds ``(yaml_path, message)`` pairs such as
 
 ``auth.keys_file`` (relative to the policy file) is made absolute on load; its keys are read
 by :func:`load_keys_file` (``{keys: [ProxyKey, ...]}``, a missing file = no keys) and written by
-:func:`save_keys_file` (atomically, mode 0600).
+:func:`save_keys_file` (atomically, mode 0600). A policy that names no keys file uses the
+**default keys file** (:func:`default_keys_file`, applied by :func:`with_default_keys_file`):
+``prefixgate keys add`` without ``--policy`` writes it, ``prefixgate serve`` reads it (issue 22,
+item 6: a newcomer serving the shipped policy adds a key without writing a policy first).
 """
 
 from __future__ import annotations
@@ -118,6 +121,32 @@ def save_keys_file(path: str | Path, keys: list[ProxyKey]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+KEYS_FILE_ENV = "PREFIXGATE_KEYS_FILE"
+"""Environment variable naming the default keys file (overrides the XDG location)."""
+
+
+def default_keys_file() -> Path:
+    """The keys file of a policy that names none: ``$PREFIXGATE_KEYS_FILE`` when set, else
+    ``$XDG_CONFIG_HOME/prefixgate/keys.yaml``, else ``~/.config/prefixgate/keys.yaml`` (the XDG
+    Base Directory spec: an unset, empty or relative ``XDG_CONFIG_HOME`` means ``~/.config``).
+    Always absolute, ``~`` expanded."""
+    named = os.environ.get(KEYS_FILE_ENV, "")
+    if named:
+        return Path(named).expanduser().resolve()
+    xdg = os.environ.get("XDG_CONFIG_HOME", "")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path("~/.config").expanduser()
+    return base / "prefixgate" / "keys.yaml"
+
+
+def with_default_keys_file(policy: Policy) -> Policy:
+    """``policy`` with ``auth.keys_file`` = :func:`default_keys_file` when it names none (a copy;
+    the argument is not changed). Inline ``auth.keys`` stay as they are: both admit."""
+    if policy.auth.keys_file:
+        return policy
+    auth = policy.auth.model_copy(update={"keys_file": str(default_keys_file())})
+    return policy.model_copy(update={"auth": auth})
 
 
 def default_policy_text() -> str:

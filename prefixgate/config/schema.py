@@ -315,6 +315,8 @@ class AuthSettings(_Strict):
 
     keys: list[ProxyKey] = Field(default_factory=list)
     keys_file: str | None = None
+    """Unset: ``prefixgate serve`` reads the default keys file, ``~/.config/prefixgate/keys.yaml``
+    (``$PREFIXGATE_KEYS_FILE``), which ``prefixgate keys add`` without ``--policy`` writes."""
 
     @model_validator(mode="after")
     def _ids_unique(self) -> AuthSettings:

@@ -151,6 +151,20 @@ def busy_payload(rng: str = "1h", to_ts: int = 1_790_000_000, n: int = 24) -> di
     }
 
 
+def slow_payload(rng: str = "1h") -> dict[str, Any]:
+    """:func:`busy_payload` from a slow backend (issue 22, item 7: a TTFT axis reaching 10,000
+    ms was drawn as "0,000 ms"): TTFT p50 up to ~9 s, p99 ~21 s, an SLO line at 12 s, and
+    savings in the thousands of dollars, so every y axis has long tick labels."""
+    p = busy_payload(rng)
+    s = p["series"]
+    p50 = [round(6000 + 3000 * math.sin(i / 3), 1) for i in range(len(s["ts"]))]
+    s["ttft_ms"] = {"p50": p50, "p95": [round(v * 1.6, 1) for v in p50],
+                    "p99": [round(v * 2.3, 1) for v in p50]}
+    s["saved_usd"] = [round(1234.5 + 100 * i, 2) for i in range(len(s["ts"]))]
+    p["slo"][0]["ttft_ms"] = 12000
+    return p
+
+
 def selfhosted_payload(rng: str = "1h") -> dict[str, Any]:
     """:func:`busy_payload` as a self-hosted engine's range: nothing priced (no table price, no
     ``price_per_mtok``), the prefill time measured: the page leads with the time saved."""

@@ -23,6 +23,7 @@ from tests.dashboard.savings_fixture import (
     keyed_guard,
     quiet_payload,
     selfhosted_payload,
+    slow_payload,
 )
 from tests.servers import serve_app
 
@@ -83,6 +84,62 @@ def test_a_self_hosted_range_leads_with_the_prefill_time_saved(page: Page) -> No
         load(page, url + "/dashboard")
         labels = page.evaluate("[...document.querySelectorAll('#totals .card .label')].map(e => e.textContent)")
     assert labels[:2] == ["saved", "prefill time saved"]
+
+
+# Every fillText on a canvas, recorded with where the text actually lands in canvas pixels
+# (its measured width placed by textAlign, through the context's transform) and the panel the
+# canvas is in. uPlot draws its axes on the canvas, so this is what a person sees.
+RECORD_TEXT_JS = """(() => {
+  const P = CanvasRenderingContext2D.prototype, fill = P.fillText;
+  window.__drawn = [];
+  P.fillText = function (text, x, y, ...rest) {
+    const w = this.measureText(text).width, a = this.textAlign;
+    const x0 = a === "right" || a === "end" ? x - w : a === "center" ? x - w / 2 : x;
+    const m = this.getTransform(), l = m.transformPoint({x: x0, y}), r = m.transformPoint({x: x0 + w, y});
+    const panel = this.canvas.closest(".panel");
+    window.__drawn.push({panel: panel ? panel.id : "", text: String(text), left: Math.min(l.x, r.x),
+                         right: Math.max(l.x, r.x), width: this.canvas.width, align: a});
+    return fill.call(this, text, x, y, ...rest);
+  };
+})()"""
+
+
+def drawn_texts(page: Page, url: str) -> list[dict]:  # type: ignore[type-arg]
+    """Every text the dashboard at ``url`` draws on its chart canvases (see RECORD_TEXT_JS)."""
+    script = page.send("Page.addScriptToEvaluateOnNewDocument", {"source": RECORD_TEXT_JS})
+    try:
+        assert load(page, url) == "ready", page.evaluate("window.dash.error")
+        return page.evaluate("window.__drawn")  # type: ignore[no-any-return]
+    finally:
+        page.send("Page.removeScriptToEvaluateOnNewDocument", {"identifier": script["identifier"]})
+
+
+def test_axis_labels_are_drawn_whole_even_for_a_ttft_over_10_seconds(page: Page) -> None:
+    """Issue 22, item 7: with a fixed 70 px y axis, "10,000 ms" lost its first digit at the
+    canvas edge. Every label of every chart must lie inside its canvas, and the TTFT axis must
+    say how high it goes: in seconds once its top tick reaches 10,000 ms, one unit per axis."""
+    drawn = {}
+    for name, payload in (("slow", slow_payload()), ("busy", PAYLOADS["1h"])):
+        with serve_app(fixture_app({"1h": payload})) as url:
+            drawn[name] = drawn_texts(page, url + "/dashboard")
+        assert page.errors == []
+        assert {d["panel"] for d in drawn[name]} == CHARTS
+        cut = [d for d in drawn[name] if d["left"] < -0.5 or d["right"] > d["width"] + 0.5]
+        assert cut == [], f"{name}: labels cut at the canvas edge: {cut}"
+
+    def y_labels(name: str, panel: str) -> list[str]:  # the y axis: drawn right-aligned
+        return [d["text"] for d in drawn[name] if d["panel"] == panel and d["align"] == "right"]
+
+    slow_ttft = y_labels("slow", "p-ttft")
+    assert slow_ttft and all(t.endswith(" s") for t in slow_ttft), slow_ttft
+    assert "10 s" in slow_ttft and max(float(t.removesuffix(" s")) for t in slow_ttft) >= 20
+    assert all(t.endswith(" ms") for t in y_labels("busy", "p-ttft"))  # short TTFTs stay in ms
+    assert "$3,000.00" in y_labels("slow", "p-saved")  # the widest dollar label, whole
+    # the tick format itself: the decimals the ticks need, the same on every tick of the axis
+    assert page.evaluate("window.dash.msTicks([0, 2500, 5000, 7500, 10000])") == [
+        "0.0 s", "2.5 s", "5.0 s", "7.5 s", "10.0 s"]
+    assert page.evaluate("window.dash.msTicks([0, 4000, 8000])") == ["0 ms", "4,000 ms", "8,000 ms"]
+    assert page.evaluate("window.dash.msTicks([0, 50000, 100000])") == ["0 s", "50 s", "100 s"]
 
 
 def test_chart_data_is_the_payload_series(page: Page) -> None:

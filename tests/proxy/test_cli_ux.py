@@ -126,8 +126,9 @@ def test_a_reused_engine_must_serve_the_model_asked_for() -> None:
             assert proc.proc is None  # reused, not spawned
 
 
-@pytest.mark.parametrize("cmd", ["serve", "engine", "config check", "config reference", "report",
-                                 "replay", "simulate", "keys add", "keys list", "keys remove"])
+@pytest.mark.parametrize("cmd", ["serve", "engine", "config check", "config reference",
+                                 "config show-default", "report", "replay", "simulate", "keys add",
+                                 "keys list", "keys remove"])
 def test_every_command_help_opens_with_a_summary(cmd: str) -> None:
     code, out = _run(*cmd.split(), "--help")
     lines = [x.strip(" │") for x in out.splitlines() if x.strip(" │")]

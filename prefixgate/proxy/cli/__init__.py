@@ -1,8 +1,8 @@
 """The ``prefixgate`` command line (typer).
 
 Each command lives in its own module of this package with a ``register(app)`` function, so
-this file only assembles them: ``serve``, ``engine``, ``config check``, ``report``, ``replay``, ``simulate``,
-``keys add / list / remove``, ``rewrite``, ``grafana``.
+this file only assembles them: ``serve``, ``engine``, ``config check / reference / show-default``,
+``report``, ``replay``, ``simulate``, ``keys add / list / remove``, ``rewrite``, ``grafana``.
 """
 
 from __future__ import annotations

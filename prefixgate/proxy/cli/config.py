@@ -1,4 +1,7 @@
-"""``prefixgate config check FILE``: validate a policy file, print each error with its YAML path."""
+"""``prefixgate config check FILE``: validate a policy file, print each error with its YAML path.
+``prefixgate config reference``: every key as Markdown. ``prefixgate config show-default``: the
+shipped policy's YAML, comments included, to start one's own (``> my_policy.yaml``; issue 22,
+item 6: the README never said where to get a policy file)."""
 
 from __future__ import annotations
 
@@ -39,9 +42,20 @@ def reference() -> None:
     typer.echo(policy_reference(), nl=False)
 
 
+def show_default() -> None:
+    """Print the shipped default policy, comments included.
+
+    Start your own with `prefixgate config show-default > my_policy.yaml`."""
+    from prefixgate.config.loader import default_policy_text
+
+    typer.echo(default_policy_text(), nl=False)
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``config`` command group."""
-    group = typer.Typer(help="Check policy files.", no_args_is_help=True)
+    group = typer.Typer(help="Check policy files, print the reference or the shipped policy.",
+                        no_args_is_help=True)
     group.command("check")(check)
     group.command("reference")(reference)
+    group.command("show-default")(show_default)
     app.add_typer(group, name="config")

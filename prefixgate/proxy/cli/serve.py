@@ -40,7 +40,7 @@ import typer
 
 from prefixgate.config.backend_kinds import traits
 from prefixgate.config.diagnose import diagnose
-from prefixgate.config.loader import PolicyError, default_policy, load_policy
+from prefixgate.config.loader import PolicyError, default_policy, load_policy, with_default_keys_file
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.cli.engine_proc import EngineProcess, EngineStartError, engine_command
 from prefixgate.proxy.cli.progress import step
@@ -55,7 +55,7 @@ POLICY_ENV = "PREFIXGATE_POLICY"
 
 def _policy_from_env() -> Policy:
     path = os.environ.get(POLICY_ENV, "")
-    return load_policy(Path(path)) if path else default_policy()
+    return with_default_keys_file(load_policy(Path(path)) if path else default_policy())
 
 
 def app_from_env() -> object:
@@ -78,7 +78,8 @@ def __getattr__(name: str) -> object:
 def _load(policy: Path | None) -> Policy:
     """The policy to serve, after the diagnosis ``prefixgate config check`` makes: every problem
     of the file in one run, in the same words (exit 2), then its warnings (an unset backend key)
-    once, at start (issue 22, item 4)."""
+    once, at start (issue 22, item 4). A policy that names no ``auth.keys_file`` reads the
+    default keys file, the one ``prefixgate keys add`` without ``--policy`` writes (item 6)."""
     with resources.as_file(resources.files("prefixgate.config") / "default_policy.yaml") as shipped:
         path = policy if policy else shipped
         problems, warnings = diagnose(path)
@@ -89,7 +90,7 @@ def _load(policy: Path | None) -> Policy:
     for where, msg in warnings:
         typer.echo(f"{path}: warning: {where}: {msg}", err=True)
     try:
-        return load_policy(policy) if policy else default_policy()
+        return with_default_keys_file(load_policy(policy) if policy else default_policy())
     except PolicyError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(2) from None
@@ -100,11 +101,27 @@ def refuse_unauthenticated(pol: Policy, host: str, policy_path: Path | None) -> 
     proxy key configured), or None when it may. The message says how to fix it."""
     if not needs_keys(host) or KeyStore(pol.auth).configured:
         return None
-    where = f"--policy {policy_path}" if policy_path else "--policy FILE"
+    where = f"--policy {policy_path} " if policy_path else ""
     return (f"refusing to listen on {host}: it is not a loopback address and the policy has no "
             "proxy keys, so anyone who can reach it would use your upstream API keys.\n"
-            f"Add one with `prefixgate keys add {where} --name NAME` (clients then send it as "
+            f"Add one with `prefixgate keys add {where}--name NAME` (clients then send it as "
             "'Authorization: Bearer <key>' or 'x-api-key: <key>'), or listen on 127.0.0.1.")
+
+
+def said_keys(pol: Policy, policy_path: Path | None) -> str | None:
+    """What ``serve`` says at start when keys are required: how many and from where, so a
+    401 is never a surprise (the default keys file applies to any policy naming none); None
+    when no key is required."""
+    store = KeyStore(pol.auth)
+    if not store.configured:
+        return None
+    inline = len(pol.auth.keys)
+    where = [f"{inline} inline"] if inline else []
+    if pol.auth.keys_file:
+        where.append(f"{len(store.keys()) - inline} in {pol.auth.keys_file}")
+    listing = f"prefixgate keys list --policy {policy_path}" if policy_path else "prefixgate keys list"
+    return (f"proxy keys required ({', '.join(where)}): a model request without one gets 401 "
+            f"(`{listing}` shows them)")
 
 
 DEFAULT_MODEL_DIR = Path("~/.cache/prefixgate/models/SmolLM2-135M-Instruct")
@@ -157,6 +174,9 @@ def serve(
     if refusal:
         typer.echo(refusal, err=True)
         raise typer.Exit(2)
+    keys_note = said_keys(pol, policy)
+    if keys_note:
+        typer.echo(keys_note, err=True)
     with ExitStack() as stack:
         for name, b in pol.backends.items():
             if not traits(b.kind).spawnable or not b.spawn:

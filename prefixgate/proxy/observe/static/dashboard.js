@@ -172,7 +172,8 @@
       axes: [
         bars ? { values: (u, ticks) => ticks.map((t) => (o.xTicks || o.xLabels)[t] ?? ""), splits: () => data[0] }
              : {},
-        { values: (u, ticks) => ticks.map(o.yTick || ((t) => fmtNum(t, 0))), size: 70 },
+        { values: o.yTicks ? (u, ticks) => o.yTicks(ticks) : (u, ticks) => ticks.map(o.yTick || ((t) => fmtNum(t, 0))),
+          size: axisSize },
       ],
       series: [{ label: bars ? "bucket" : "time", value: bars ? (u, v) => o.xLabels[v] ?? "" : undefined },
         ...series.map((s) => ({
@@ -184,6 +185,32 @@
     dash.charts[id] = new uPlot(config, data, body);
     dash.colors[id] = series.filter((s) => !s.dash).map((s) => s.color);
   }
+
+  /* uPlot y-axis size (CSS px): tick length + gap + the widest tick label, measured with the
+   * axis font, + 4 px, so no label is cut at the canvas edge (issue 22, item 7: a fixed 70 px
+   * drew "10,000 ms" as "0,000 ms"). The uPlot axis-autosize demo's rule, over every label. */
+  function axisSize(u, values, axisIdx, cycleNum) {
+    const axis = u.axes[axisIdx];
+    if (cycleNum > 1) return axis._size;  // uPlot re-asks until the size settles: keep it
+    u.ctx.save();
+    u.ctx.font = axis.font[0];
+    const widest = Math.max(0, ...(values || []).map((v) => u.ctx.measureText(String(v ?? "")).width));
+    u.ctx.restore();
+    return Math.ceil(axis.ticks.size + axis.gap + widest / uPlot.pxRatio + 4);
+  }
+
+  /* Tick labels of a millisecond axis: "N ms" (thousands grouped) while the top tick is under
+   * 10,000 ms, else every tick in seconds with as many decimals as its most precise tick needs
+   * (at most 3), the same on every tick: 0 / 5,000 / 10,000 ms -> "0 s" "5 s" "10 s";
+   * 0 / 2,500 / 5,000 ms -> "0.0 s" "2.5 s" "5.0 s". One unit per axis, never mixed. */
+  function msTicks(ticks) {
+    if (!(Math.max(0, ...ticks.map(Math.abs)) >= 10000)) return ticks.map((t) => fmtNum(t, 0) + " ms");
+    const secs = ticks.map((t) => t / 1000);
+    let d = 0;
+    while (d < 3 && secs.some((v) => Math.abs(Math.round(v * 10 ** d) - v * 10 ** d) > 1e-6)) d++;
+    return secs.map((v) => fmtNum(v, d) + " s");
+  }
+  dash.msTicks = msTicks;  // for tests
 
   /* Y range holding 0 and every value (negative savings included), 10 % headroom. */
   const yRange = (min, max) => {
@@ -230,7 +257,8 @@
 
   function latencyChart(id, xs, pcts, slo, field) {
     const lines = ["p50", "p95", "p99"].map((p, i) => ({ label: p, color: PALETTE[i], ys: (pcts || {})[p] || [] }));
-    timeChart(id, xs, lines, { extra: sloLines(xs, slo, field), yTick: (v) => fmtNum(v, 0) + " ms" });
+    timeChart(id, xs, lines, { extra: sloLines(xs, slo, field), yTick: (v) => fmtNum(v, 0) + " ms",
+      yTicks: msTicks });
   }
 
   function renderSlo(slo) {
