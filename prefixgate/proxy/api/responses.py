@@ -227,8 +227,9 @@ async def _no_such_endpoint(request: Request, response_id: str) -> Response:
 def install(app: FastAPI, state: ProxyState, store: ResponseStore | None = None) -> ResponseStore:
     """Add the Responses routes to ``app`` (served without ``/v1`` too, by
     :class:`prefixgate.proxy.http.middleware.BarePaths`); return the store (default: a
-    :class:`MemoryResponseStore`)."""
-    store = store if store is not None else MemoryResponseStore()
+    :class:`MemoryResponseStore` held as exact-number JSON bytes)."""
+    store = store if store is not None else MemoryResponseStore(dumps=exactjson.dumps,
+                                                                loads=exactjson.loads)
     ep = ResponsesEndpoint(state, store)
     app.add_api_route("/v1/responses", ep.create, methods=["POST"])
     app.add_api_route("/v1/responses/{response_id}", ep.retrieve, methods=["GET"])
