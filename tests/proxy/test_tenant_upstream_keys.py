@@ -143,3 +143,30 @@ def test_docs_say_it_plainly(tmp_path: Path) -> None:
     section = readme.split("## Tenants", 1)[1].split("\n## ", 1)[0]
     assert "one upstream key" in section and "tenant_keys" in section
     assert "tenant_keys_required" in section and "salt_secret" in section
+
+
+def test_through_the_proxy_a_refused_tenant_sends_nothing(rig_factory: Any, upstream: Any) -> None:
+    """``tenant_keys_required``: a tenant without a key is a 403 in the caller's shape (the
+    Anthropic shape on /v1/messages); a tenant whose key variable is unset a 424; neither
+    reaches the upstream with the shared key."""
+    up, up_url = upstream
+    rig = rig_factory(tenants={"header": "on"}, backends={
+        "up": {"kind": "openai_compat", "base_url": up_url + "/v1", "api_key": "${PG_SHARED_KEY}",
+               "tenant_keys": {"acme": "${PG_ACME_KEY}", "initech": "${PG_UNSET_KEY}"},
+               "tenant_keys_required": True}},
+        routes=[{"match": "*", "backend": "up"}])
+    up.script = Script(body=completion())
+    chat = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
+    globex = httpx.post(rig.url + "/v1/chat/completions", json=chat, timeout=10,
+                        headers={"x-prefixgate-tenant": "globex"})
+    anth = httpx.post(rig.url + "/v1/messages", json={**chat, "max_tokens": 5}, timeout=10,
+                      headers={"x-prefixgate-tenant": "globex"})
+    initech = httpx.post(rig.url + "/v1/chat/completions", json=chat, timeout=10,
+                         headers={"x-prefixgate-tenant": "initech"})
+    acme = httpx.post(rig.url + "/v1/chat/completions", json=chat, timeout=10,
+                      headers={"x-prefixgate-tenant": "acme"})
+    assert globex.status_code == 403 and globex.json()["error"]["type"] == "permission_error"
+    assert anth.status_code == 403 and anth.json()["error"]["type"] == "permission_error"
+    assert initech.status_code == 424 and "PG_UNSET_KEY" in initech.text
+    assert acme.status_code == 200
+    assert [s.headers["authorization"] for s in up.seen] == [f"Bearer {ACME}"]
