@@ -39,3 +39,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # location sets or deletes the variable itself.
 os.environ["PREFIXGATE_KEYS_FILE"] = os.path.join(
     tempfile.mkdtemp(prefix="prefixgate-test-keys-"), "keys.yaml")
+@pytest.fixture(autouse=True, scope="session")
+def _tenant_salt_secret_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The per-install tenant salt secret (``prefixgate.proxy.http.salt_key.DEFAULT_PATH``,
+    normally under ``~/.cache/prefixgate``) lives in a temp folder for the whole test session:
+    tests never write into the real home."""
+    from prefixgate.proxy.http import salt_key
+
+    salt_key.DEFAULT_PATH = tmp_path_factory.mktemp("salt") / "tenant_salt.key"

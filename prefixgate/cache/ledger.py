@@ -21,9 +21,10 @@ fallbacks included), ``attempt_reasons`` lists the failed ones (``<deployment>:<
 ``stood_back``: the passes the route's stand-back switched off for this request and why
 (``hoist_volatile: rewritten arm no better than unrewritten (...)``,
 :mod:`prefixgate.cache.stand_back`; "" when none was).
-A second table, ``breaks``, keeps cache-break records (:mod:`prefixgate.cache.breaks`) as JSON; a third,
-``rollup_minutes``, per-minute sums updated in the same transaction as each row
-(:mod:`prefixgate.cache.rollup`).
+A second table, ``breaks``, keeps cache-break records (:mod:`prefixgate.cache.breaks`) as JSON with
+their request's tenant; a third, ``rollup_tenant_minutes``, per-minute sums per tenant updated in
+the same transaction as each row (:mod:`prefixgate.cache.rollup`). Readers may ask for one
+tenant's share (``tenant=``: that tenant and its sub-tenants, :func:`prefixgate.cache.rollup.tenant_filter`).
 
 Issue 9 columns: ``holdout`` (1 = the session was in the holdout and went out unrewritten),
 ``cf_source`` (how the counterfactual was obtained: measured | modelled | holdout | ""),
@@ -46,9 +47,9 @@ from typing import Any
 
 from prefixgate.cache import rollup
 
-SCHEMA_VERSION = 6  # 2: key_id; 3: issue 9 columns + rollup_minutes; 4: tenant;
-# 5: deployment, attempts, attempt_reasons; 6: stood_back. Older files are migrated on open
-# (ADD COLUMN).
+SCHEMA_VERSION = 7  # 2: key_id; 3: issue 9 columns + rollup_minutes; 4: tenant;
+# 5: deployment, attempts, attempt_reasons; 6: stood_back; 7: breaks.tenant, rollups per
+# tenant (rollup_tenant_minutes). Older files are migrated on open (ADD COLUMN, rollups refolded).
 
 
 @dataclass
@@ -124,7 +125,9 @@ class Ledger:
         cols = ", ".join(f"{f.name} {_column_type(f.type)}" for f in fields(LedgerRow))
         self._db.execute(f"CREATE TABLE IF NOT EXISTS requests (id INTEGER PRIMARY KEY, {cols})")
         self._db.execute("CREATE TABLE IF NOT EXISTS breaks (id INTEGER PRIMARY KEY, ts REAL, "
-                         "session TEXT, record TEXT)")
+                         "session TEXT, record TEXT, tenant TEXT DEFAULT '')")
+        if "tenant" not in {r[1] for r in self._db.execute("PRAGMA table_info(breaks)")}:
+            self._db.execute("ALTER TABLE breaks ADD COLUMN tenant TEXT DEFAULT ''")
         had_rollups = self._db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND "
                                        "name=?", (rollup.TABLE,)).fetchone() is not None
         rollup.create(self._db)
@@ -140,13 +143,15 @@ class Ledger:
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def _backfill_rollups(self) -> None:
-        """Fold the rows of a ledger written before rollups existed (once, on first open by
-        this version), in one transaction."""
+        """Fold the rows of a ledger written before this version's rollup table existed (once,
+        on first open by this version), in one transaction; the earlier tables are dropped."""
         cur = self._db.execute(f"SELECT {', '.join(COLUMNS)} FROM requests ORDER BY id")
         self._db.execute("BEGIN")
         try:
             for values in cur.fetchall():
                 rollup.upsert(self._db, dict(zip(COLUMNS, values)))
+            for old in rollup.OLD_TABLES:
+                self._db.execute(f"DROP TABLE IF EXISTS {old}")
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
@@ -174,10 +179,12 @@ class Ledger:
         with self._lock:
             return self._db.execute(sql, params).fetchall()
 
-    def rollups(self, from_ts: float, to_ts: float) -> list[dict[str, Any]]:
-        """Per-minute rollups in ``[from_ts, to_ts)`` (:func:`prefixgate.cache.rollup.read`)."""
+    def rollups(self, from_ts: float, to_ts: float,
+                tenant: str | None = None) -> list[dict[str, Any]]:
+        """Per-minute rollups in ``[from_ts, to_ts)`` (:func:`prefixgate.cache.rollup.read`),
+        ``tenant``'s only when given."""
         with self._lock:
-            return rollup.read(self._db, from_ts, to_ts)
+            return rollup.read(self._db, from_ts, to_ts, tenant)
 
     def rows(self, since_ts: float = 0.0) -> list[dict[str, Any]]:
         """All rows with ``ts >= since_ts``, oldest first, as dicts keyed by column name."""
@@ -188,18 +195,20 @@ class Ledger:
             names = [d[0] for d in cur.description]
             return [dict(zip(names, r)) for r in cur.fetchall()]
 
-    def write_break(self, session: str, record: dict[str, Any]) -> None:
+    def write_break(self, session: str, record: dict[str, Any], tenant: str = "") -> None:
         """Store one cache-break record (``cache.breaks.BreakRecord.to_dict()``) as JSON;
-        ``session`` is the hashed session id."""
+        ``session`` is the hashed session id, ``tenant`` its request's tenant."""
         with self._lock:
-            self._db.execute("INSERT INTO breaks (ts, session, record) VALUES (?, ?, ?)",
-                             (time.time(), session, json.dumps(record)))
+            self._db.execute("INSERT INTO breaks (ts, session, record, tenant) VALUES (?, ?, ?, ?)",
+                             (time.time(), session, json.dumps(record), tenant))
 
-    def breaks(self, since_ts: float = 0.0) -> list[dict[str, Any]]:
-        """Stored break records, oldest first (the dicts given to :meth:`write_break`)."""
+    def breaks(self, since_ts: float = 0.0, tenant: str | None = None) -> list[dict[str, Any]]:
+        """Stored break records, oldest first (the dicts given to :meth:`write_break`);
+        ``tenant``'s and its sub-tenants' only when given."""
+        where, params = rollup.tenant_filter(tenant)
         with self._lock:
-            cur = self._db.execute("SELECT record FROM breaks WHERE ts >= ? ORDER BY id",
-                                   (since_ts,))
+            cur = self._db.execute(f"SELECT record FROM breaks WHERE ts >= ?{where} ORDER BY id",
+                                   (since_ts, *params))
             return [json.loads(r[0]) for r in cur.fetchall()]
 
     def flush(self) -> None:

@@ -138,15 +138,16 @@ class BatchedLedger(Ledger):
         self.flush()
         return super().query(sql, params)
 
-    def rollups(self, from_ts: float, to_ts: float) -> list[dict[str, Any]]:
+    def rollups(self, from_ts: float, to_ts: float,
+                tenant: str | None = None) -> list[dict[str, Any]]:
         """:meth:`Ledger.rollups` after a :meth:`flush`."""
         self.flush()
-        return super().rollups(from_ts, to_ts)
+        return super().rollups(from_ts, to_ts, tenant)
 
-    def breaks(self, since_ts: float = 0.0) -> list[dict[str, Any]]:
+    def breaks(self, since_ts: float = 0.0, tenant: str | None = None) -> list[dict[str, Any]]:
         """:meth:`Ledger.breaks` after a :meth:`flush`."""
         self.flush()
-        return super().breaks(since_ts)
+        return super().breaks(since_ts, tenant)
 
     def close(self) -> None:
         """Flush, stop the writer thread, close the connection; a second call is a no-op."""

@@ -1,8 +1,11 @@
 """Per-minute rollups kept beside the ledger (issue 9, item 5), so 1 h / 24 h / 7 d views read
 at most 10,080 small rows per (route, model, backend) instead of every request.
 
-Table ``rollup_minutes`` in the ledger's SQLite file, one row per (minute, route, model,
-backend): ``minute`` = unix seconds floored to 60, ``data`` = a JSON object of sums
+Table ``rollup_tenant_minutes`` in the ledger's SQLite file, one row per (minute, route, model,
+backend, tenant) — the tenant so that one tenant's view (:func:`read` with ``tenant``) never
+sums another's rows (issue 20, Medium 8; it replaced ``rollup_minutes``, which had no tenant and
+is dropped once the new table is filled from the request rows) — : ``minute`` = unix seconds
+floored to 60, ``data`` = a JSON object of sums
 (:func:`fold`), merged by :func:`merge` — the ledger writer updates it in the same transaction
 as the request row (:func:`upsert`), so the two never disagree. Fields of ``data``::
 
@@ -35,7 +38,9 @@ from typing import Any
 
 from prefixgate.cache.attribution import row_techniques
 
-TABLE = "rollup_minutes"
+TABLE = "rollup_tenant_minutes"
+OLD_TABLES = ("rollup_minutes",)
+"""Rollup tables of earlier versions, dropped once :data:`TABLE` is filled."""
 LAT_EDGES_MS: list[float] = [0.0] + [round(1.25 ** i, 3) for i in range(0, 61)]
 """0, 1 ms, 1.25 ms, ... ~ 813 s: bucket i is [edges[i], edges[i+1]); the last is open."""
 PROMPT_EDGES: list[int] = [0, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
@@ -47,7 +52,18 @@ SENT_AS_IS = ("none", "off", "unavailable", "over_budget", "rewrite_failed")
 def create(db: sqlite3.Connection) -> None:
     """Create the rollup table if missing."""
     db.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (minute INTEGER, route TEXT, model TEXT, "
-               "backend TEXT, data TEXT, PRIMARY KEY (minute, route, model, backend))")
+               "backend TEXT, tenant TEXT, data TEXT, "
+               "PRIMARY KEY (minute, route, model, backend, tenant))")
+
+
+def tenant_filter(tenant: str | None) -> tuple[str, tuple[Any, ...]]:
+    """SQL ``AND ...`` (and its parameters) keeping the rows of ``tenant`` and of its
+    sub-tenants (``<tenant>/...``, :mod:`prefixgate.proxy.http.tenants`); None: every row.
+    Compares text exactly (no ``LIKE``: ``_`` is a wildcard there and legal in a tenant)."""
+    if tenant is None:
+        return "", ()
+    return (" AND (tenant = ? OR substr(tenant, 1, ?) = ?)",
+            (tenant, len(tenant) + 1, tenant + "/"))
 
 
 def bucket(edges: list[float] | list[int], v: float) -> int:
@@ -121,22 +137,26 @@ def merge(a: dict[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
 def upsert(db: sqlite3.Connection, row: Mapping[str, Any]) -> None:
     """Fold ``row`` into its minute's rollup (call inside the writer's transaction)."""
     key = (int(row["ts"]) // 60 * 60, row.get("route") or "", row.get("model") or "",
-           row.get("backend") or "")
+           row.get("backend") or "", row.get("tenant") or "")
     cur = db.execute(f"SELECT data FROM {TABLE} WHERE minute=? AND route=? AND model=? "
-                     "AND backend=?", key).fetchone()
+                     "AND backend=? AND tenant=?", key).fetchone()
     data = merge(json.loads(cur[0]) if cur else {}, fold(row))
-    db.execute(f"INSERT OR REPLACE INTO {TABLE} (minute, route, model, backend, data) "
-               "VALUES (?, ?, ?, ?, ?)", (*key, json.dumps(data, separators=(",", ":"))))
+    db.execute(f"INSERT OR REPLACE INTO {TABLE} (minute, route, model, backend, tenant, data) "
+               "VALUES (?, ?, ?, ?, ?, ?)", (*key, json.dumps(data, separators=(",", ":"))))
 
 
-def read(db: sqlite3.Connection, from_ts: float, to_ts: float) -> list[dict[str, Any]]:
+def read(db: sqlite3.Connection, from_ts: float, to_ts: float,
+         tenant: str | None = None) -> list[dict[str, Any]]:
     """Rollup rows with ``from_ts <= minute < to_ts`` (minute floored), oldest first:
-    ``{"minute", "route", "model", "backend", "data"}``."""
+    ``{"minute", "route", "model", "backend", "tenant", "data"}``; ``tenant``: only that
+    tenant's and its sub-tenants' (:func:`tenant_filter`; None: all)."""
     lo = int(from_ts) // 60 * 60
-    cur = db.execute(f"SELECT minute, route, model, backend, data FROM {TABLE} "
-                     "WHERE minute >= ? AND minute < ? ORDER BY minute", (lo, to_ts))
-    return [{"minute": m, "route": r, "model": mo, "backend": b, "data": json.loads(d)}
-            for m, r, mo, b, d in cur.fetchall()]
+    where, params = tenant_filter(tenant)
+    cur = db.execute(f"SELECT minute, route, model, backend, tenant, data FROM {TABLE} "
+                     f"WHERE minute >= ? AND minute < ?{where} ORDER BY minute",
+                     (lo, to_ts, *params))
+    return [{"minute": m, "route": r, "model": mo, "backend": b, "tenant": t,
+             "data": json.loads(d)} for m, r, mo, b, t, d in cur.fetchall()]
 
 
 def hist_percentile(hist: Mapping[str, int], p: float,

@@ -232,23 +232,29 @@ def top_breaks(records: Iterable[Mapping[str, Any]], limit: int = 10) -> list[di
     return sorted(acc.values(), key=lambda e: (-e["tokens_lost"], -e["count"]))[:limit]
 
 
-def range_rows(ledger: Ledger, from_ts: float, to_ts: float) -> list[dict[str, Any]]:
-    """The range's request rows, :data:`ROW_COLUMNS` only (no prompt text exists anyway)."""
-    got = ledger.query(f"SELECT {', '.join(ROW_COLUMNS)} FROM requests WHERE ts >= ? AND ts < ? "
-                       "ORDER BY id", (from_ts, to_ts))
+def range_rows(ledger: Ledger, from_ts: float, to_ts: float,
+               tenant: str | None = None) -> list[dict[str, Any]]:
+    """The range's request rows, :data:`ROW_COLUMNS` only (no prompt text exists anyway);
+    ``tenant``'s only when given (:func:`prefixgate.cache.rollup.tenant_filter`)."""
+    where, params = rollup.tenant_filter(tenant)
+    got = ledger.query(f"SELECT {', '.join(ROW_COLUMNS)} FROM requests WHERE ts >= ? AND ts < ?"
+                       f"{where} ORDER BY id", (from_ts, to_ts, *params))
     return [dict(zip(ROW_COLUMNS, r)) for r in got]
 
 
 def savings_document(ledger: Ledger, range_: str = "1h", *, slo: SloSettings | None = None,
                      holdout: HoldoutSettings | None = None, now: float | None = None,
-                     usd_per_hour: Mapping[str, float | None] | None = None) -> dict[str, Any]:
+                     usd_per_hour: Mapping[str, float | None] | None = None,
+                     tenant: str | None = None) -> dict[str, Any]:
     """The whole ``/api/savings?range=`` document. Raises ``KeyError`` for an unknown range
-    (the HTTP layer answers 400). ``usd_per_hour``: backend name -> the policy's hourly price."""
+    (the HTTP layer answers 400). ``usd_per_hour``: backend name -> the policy's hourly price.
+    ``tenant``: every figure from that tenant's (and its sub-tenants') rows, rollups and breaks
+    only (None: all tenants)."""
     span, bucket_s = RANGES[range_]
     to_ts = int(now if now is not None else time.time()) + 1
     from_ts = to_ts - span
-    rolls = ledger.rollups(from_ts, to_ts)
-    rows = range_rows(ledger, from_ts, to_ts)
+    rolls = ledger.rollups(from_ts, to_ts, tenant)
+    rows = range_rows(ledger, from_ts, to_ts, tenant)
     start, slots = slots_of(rolls, from_ts, to_ts, bucket_s)
     data = rollup.total({"data": d} for d in slots)
     hs = holdout or HoldoutSettings()
@@ -264,6 +270,6 @@ def savings_document(ledger: Ledger, range_: str = "1h", *, slo: SloSettings | N
         "series": series(start, slots, bucket_s),
         "slo": slo_table(rows, slo or SloSettings()),
         "lengths": lengths(data),
-        "breaks": top_breaks(ledger.breaks(from_ts)),
+        "breaks": top_breaks(ledger.breaks(from_ts, tenant)),
         "routes": routes_table(rolls, rows, usd_per_hour),
     }

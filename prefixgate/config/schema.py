@@ -47,6 +47,7 @@ BackendKind = Literal["local", "openai_compat", "openai", "anthropic"]
 _ENV_TEMPLATE = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$")
 KEY_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 KEY_HASH_PATTERN = r"^sha256:[0-9a-f]{64}$"
+_TENANT_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,64}(/[A-Za-z0-9_.-]{1,64})?$")
 
 
 class _Strict(BaseModel):
@@ -95,6 +96,17 @@ class Backend(_Strict):
     cached_price_per_mtok: float = Field(0.0, ge=0)
     """USD per 1M input tokens served from the prefix cache, with ``price_per_mtok`` (default
     0: on an engine you run a cached token costs no prefill compute)."""
+    tenant_keys: dict[str, str] = Field(default_factory=dict)
+    """Per-tenant upstream keys, tenant -> ``${ENV_VAR}``: a request of that tenant (or of a
+    sub-tenant ``<tenant>/...``) is sent with that key instead of ``api_key`` (on every
+    deployment of the backend). A hosted API keeps one prompt cache per organisation, so
+    tenants sharing the proxy's one key share one provider cache; a key of the tenant's own
+    organisation (an Anthropic workspace) keeps its prompts out of the others' reach. A tenant
+    named here whose variable is unset is refused (424), never sent with the shared key."""
+    tenant_keys_required: bool = False
+    """Refuse (403) a tenant's request to this backend when ``tenant_keys`` has no key for it,
+    instead of sending it with the shared ``api_key``. Requests without a tenant are not
+    affected."""
     usd_per_hour: float | None = Field(None, ge=0)
     """What the deployment costs per hour (GPU rental, amortised hardware): the report prices
     the prefill time saved at it (``prefill_usd_saved`` = prefill seconds saved x this / 3600;
@@ -126,6 +138,17 @@ class Backend(_Strict):
     def _one_price(self) -> Backend:
         if self.price_per_mtok is not None and self.usd_per_hour is not None:
             raise ValueError("set price_per_mtok or usd_per_hour, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _tenant_keys(self) -> Backend:
+        for tenant, ref in self.tenant_keys.items():
+            if not _TENANT_KEY.match(tenant):
+                raise ValueError(f"tenant_keys: {tenant[:70]!r} is not a tenant name (1-64 of "
+                                 "A-Z a-z 0-9 _ . -, optionally /<sub-tenant>)")
+            if not _ENV_TEMPLATE.match(ref):
+                raise ValueError(f"tenant_keys[{tenant}] must be an environment reference like "
+                                 "${ACME_OPENAI_KEY}, never the key itself")
         return self
 
     @model_validator(mode="after")
@@ -305,6 +328,9 @@ class ProxyKey(_Strict):
     created: str = ""
     tenant: str | None = Field(None, pattern=KEY_ID_PATTERN)
     """The tenant this key's requests belong to (None: the key's own ``id``)."""
+    admin: bool = False
+    """An operator's key: ``/api/savings`` and the dashboard show every tenant's traffic to
+    it (any other key sees its own tenant's only, :mod:`prefixgate.proxy.observe.savings_api`)."""
 
 
 class AuthSettings(_Strict):
@@ -354,6 +380,21 @@ class TenantSettings(_Strict):
     never reaches another key's namespace)."""
 
     header: Literal["off", "on"] = "off"
+    salt_secret: str | None = None
+    """The secret the tenants' ``cache_salt`` is keyed with (HMAC-SHA256,
+    :mod:`prefixgate.proxy.http.salt_key`): a ``${ENV_VAR}`` reference to at least 32 bytes.
+    None: a per-install secret generated on first need in
+    ``~/.cache/prefixgate/tenant_salt.key`` (mode 0600). Set it when several hosts serve one
+    engine fleet, so they send the same salts. No usable secret: a tenant's request to a backend
+    that takes a salt is refused (424), never sent unsalted."""
+
+    @field_validator("salt_secret")
+    @classmethod
+    def _secret_is_env_template(cls, v: str | None) -> str | None:
+        if v is not None and not _ENV_TEMPLATE.match(v):
+            raise ValueError("salt_secret must be an environment reference like "
+                             "${PREFIXGATE_SALT_SECRET}, never the secret itself")
+        return v
 
 
 class Policy(_Strict):

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -65,6 +66,7 @@ from prefixgate.proxy.core.errors import (
 )
 from prefixgate.proxy.http.auth import Guard
 from prefixgate.proxy.http.middleware import BarePaths, TrailingSlash
+from prefixgate.proxy.http.tenants import salts, shared_cache_warnings, tenancy_possible
 from prefixgate.proxy.observe import savings_api
 from prefixgate.proxy.observe.dashboard import install as install_dashboard
 from prefixgate.proxy.observe.insight import Insight
@@ -80,6 +82,8 @@ from prefixgate.proxy.routing.router import Target, pick_target
 from prefixgate.proxy.upstream.client import Upstream
 
 __all__ = ["ProxyState", "build_app", "route_for"]
+
+log = logging.getLogger("prefixgate.proxy")
 
 
 def _health(state: ProxyState) -> tuple[list[str], dict[str, str]]:
@@ -121,6 +125,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         shared=RedisState(link) if link else LocalState(),
     )
 
+    _tenants_at_start(state)
     state.metrics.watch_resources(lambda: state.upstream.in_use, state.upstream.pool_stats,
                                   lambda: state.loop_lag.last_s)
 
@@ -204,6 +209,19 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
 
     _head_wherever_get(app)
     return app
+
+
+def _tenants_at_start(state: ProxyState) -> None:
+    """Say at startup where tenants share a prefix cache (a warning per backend,
+    :func:`prefixgate.proxy.http.tenants.shared_cache_warnings`), and read (or create) the salt
+    secret when tenants will need it, so a problem is in the log and ``/healthz`` before the
+    first request is refused (:mod:`prefixgate.proxy.http.salt_key`)."""
+    policy = state.policy
+    for line in shared_cache_warnings(policy):
+        log.warning("tenants: %s", line)
+    if tenancy_possible(policy) and any(salts(b) for b in policy.backends.values()):
+        assert state.salt_key is not None
+        state.salt_key.key()
 
 
 def _head_wherever_get(app: FastAPI) -> None:

@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.proxy.http.tenants import tenant_salt
+from prefixgate.config.schema import TenantSettings
+from prefixgate.proxy.http.salt_key import SaltKey
 from tests.proxy.upstream import Script, completion, wait_rows
 
 CALLS = [("/v1/responses", {"model": "m1", "input": "hi"}),
@@ -32,7 +33,7 @@ def test_each_tenant_gets_its_own_cache_salt_and_session(rig_factory: Any, upstr
         r = httpx.post(rig.url + path, json=body, timeout=10,
                        headers={"x-prefixgate-tenant": tenant, "x-prefixgate-session": "s1"})
         assert r.status_code == 200, r.text
-        assert rig.upstream.seen[-1].json["cache_salt"] == tenant_salt(tenant)
+        assert rig.upstream.seen[-1].json["cache_salt"] == SaltKey(TenantSettings()).salt(tenant)
     rows = wait_rows(rig.ledger, 2)
     assert [row["tenant"] for row in rows] == ["acme", "globex"]
     if path == "/v1/responses":

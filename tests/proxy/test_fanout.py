@@ -148,3 +148,74 @@ def test_live_fanout_through_the_proxy(tmp_path: Path, enabled: bool,
         assert max(times) < 20.0
     else:
         assert (up.writes, up.reads) == (4, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tenants: a gate key per tenant (issue 20, Medium 8: the hold was a cross-tenant timing channel)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_fanout_key_is_per_tenant() -> None:
+    body = {"model": "m", "system": "s" * 5000, "messages": [{"role": "user", "content": "a"}]}
+    keys = {t: fanout_key(body, t)[0] for t in ("", "acme", "globex", "acme/team-a")}
+    assert len(set(keys.values())) == 4  # no two tenants (nor none) share a key
+    assert fanout_key(body, "acme") == fanout_key(body, "acme")  # same tenant: one key
+    assert fanout_key(body, "acme")[1] == fanout_key(body)[1]  # the size is the body's
+    # the tenant is length-prefixed: moving bytes between the name and the body never collides
+    assert fanout_key({"model": "m"}, "a")[0] != fanout_key({"model": "m"}, "a|")[0]
+
+
+async def _two_at_once(gate: object, a: str, b: str) -> tuple[int, float]:
+    """A's request writes (0.3 s to its headers); B's arrives 0.05 s later with the same
+    prefix. Returns (holds, seconds B waited to go upstream)."""
+    body = {"model": "m", "system": "s" * 5000, "messages": [{"role": "user", "content": "x"}]}
+    waited: list[float] = []
+
+    async def first() -> None:
+        async with gate.turn(body, "anthropic", tenant=a):  # type: ignore[attr-defined]
+            await asyncio.sleep(0.3)
+
+    async def second() -> None:
+        await asyncio.sleep(0.05)
+        t0 = time.perf_counter()
+        async with gate.turn(body, "anthropic", tenant=b):  # type: ignore[attr-defined]
+            waited.append(time.perf_counter() - t0)
+
+    await asyncio.gather(first(), second())
+    return gate.held, waited[0]  # type: ignore[attr-defined]
+
+
+def test_another_tenants_writer_never_holds_a_request() -> None:
+    from prefixgate.proxy.routing.fanout import FanoutGate
+
+    held, waited = asyncio.run(_two_at_once(FanoutGate(ON), "acme", "globex"))
+    assert held == 0 and waited < 0.1  # globex goes at once: nothing tells it acme is writing
+    held, waited = asyncio.run(_two_at_once(FanoutGate(ON), "acme", "acme"))
+    assert held == 1 and waited >= 0.2  # the same tenant still reads its own writer's prefix
+    held, _ = asyncio.run(_two_at_once(FanoutGate(ON), "acme", "acme/team-a"))
+    assert held == 0  # a sub-tenant is a tenant of its own
+
+
+def test_live_fanout_holds_within_a_tenant_only(tmp_path: Path) -> None:
+    """Through the proxy, tenants named by the header: two tenants' identical fan-outs each get
+    their own writer; the gate holds only each tenant's followers."""
+    up = CachingUpstream()
+
+    async def fan(url: str) -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            async def one(tenant: str, i: int) -> None:
+                r = await client.post(url + "/v1/chat/completions", headers={
+                    "x-prefixgate-tenant": tenant}, json={
+                    "model": "m1", "messages": [{"role": "system", "content": SYSTEM},
+                                                {"role": "user", "content": f"item {i}"}]})
+                assert r.status_code == 200, r.text
+            await asyncio.gather(*(one(t, i) for t in ("acme", "globex") for i in range(2)))
+
+    with serve_app(up.app()) as up_url:
+        policy = make_policy(up_url, tmp_path / "ledger.sqlite", tenants={"header": "on"},
+                             fanout={"enabled": True, "max_hold_ms": 60_000,
+                                     "providers": ["radix"]})
+        app = build_app(policy, ledger=Ledger(policy.ledger.path))
+        with serve_app(app) as url:
+            asyncio.run(fan(url))
+    assert app.state.proxy.fanout.held == 2  # one follower per tenant, never across

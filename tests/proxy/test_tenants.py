@@ -13,11 +13,12 @@ import pytest
 
 from prefixgate.cache.ledger import Ledger
 from prefixgate.config.loader import parse_policy
-from prefixgate.config.schema import AuthSettings, Backend, LedgerSettings, ProxyKey
+from prefixgate.config.schema import AuthSettings, Backend, LedgerSettings, ProxyKey, TenantSettings
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.core.errors import InvalidHeader
 from prefixgate.proxy.http.auth import Guard, KeyStore, MemoryLimiter, hash_key
-from prefixgate.proxy.http.tenants import namespaced_session, salted_body, tenant_for, tenant_salt
+from prefixgate.proxy.http.salt_key import SaltKey
+from prefixgate.proxy.http.tenants import namespaced_session, salted_body, tenant_for
 from tests.proxy.upstream import Script, completion
 from tests.servers import serve_app
 from tests.tiny_model import make_tiny_model_dir, real_model_dir
@@ -25,6 +26,12 @@ from tests.tiny_model import make_tiny_model_dir, real_model_dir
 LOCAL = Backend(kind="local", base_url="http://127.0.0.1:1/v1")
 VLLM = Backend(kind="openai_compat", base_url="http://127.0.0.1:1/v1")
 KEY_A, KEY_B = "pgk-" + "a" * 43, "pgk-" + "b" * 43
+KEY = SaltKey(TenantSettings())  # the per-install secret (tests/conftest.py: a temp file)
+
+
+def tenant_salt(tenant: str, client: str | None = None) -> str:
+    """The keyed salt the app sends (the same secret file as the app's)."""
+    return KEY.salt(tenant, client)
 
 
 def _policy(header: str = "off", keys: list[ProxyKey] | None = None) -> Any:
@@ -72,19 +79,19 @@ def test_sessions_are_namespaced_by_tenant_only_when_there_is_one() -> None:
 
 def test_salt_is_spliced_into_the_body_for_salting_backends_only() -> None:
     raw = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"n":1.10}'
-    out = salted_body(raw, "acme", LOCAL)
+    out = salted_body(raw, "acme", LOCAL, KEY)
     body = json.loads(out)
     assert body["cache_salt"] == tenant_salt("acme") and "acme" not in out.decode()
     assert out.startswith(raw[:-1]) and b'"n":1.10' in out  # the rest byte for byte
-    assert salted_body(raw, "", LOCAL) is raw  # no tenant: nothing changes
-    assert salted_body(raw, "acme", VLLM) is raw  # openai_compat: only when configured
+    assert salted_body(raw, "", LOCAL, KEY) is raw  # no tenant: nothing changes
+    assert salted_body(raw, "acme", VLLM, KEY) is raw  # openai_compat: only when configured
     on = VLLM.model_copy(update={"cache_salt": True})
-    assert json.loads(salted_body(raw, "acme", on))["cache_salt"] == tenant_salt("acme")
+    assert json.loads(salted_body(raw, "acme", on, KEY))["cache_salt"] == tenant_salt("acme")
 
 
 def test_a_clients_own_cache_salt_is_folded_in_not_dropped() -> None:
     raw = b'{"model":"m","messages":[],"cache_salt":"mine","x":12345678901234567890123}'
-    body = json.loads(salted_body(raw, "acme", LOCAL))
+    body = json.loads(salted_body(raw, "acme", LOCAL, KEY))
     assert body["cache_salt"] == tenant_salt("acme", "mine") != tenant_salt("acme")
     assert body["x"] == 12345678901234567890123
     assert tenant_salt("acme", "mine") != tenant_salt("other", "mine")

@@ -177,7 +177,7 @@ class ResponsesEndpoint:
                                        param="response_id")
             if method == "DELETE":
                 self.store.delete(response_id)
-            return await self._forward(request, backend, response_id, method)
+            return await self._forward(request, backend, response_id, method, tenant)
         except ProxyError as e:
             return error_response(e, "openai")
 
@@ -197,9 +197,9 @@ class ResponsesEndpoint:
         return names[0]
 
     async def _forward(self, request: Request, name: str, response_id: str,
-                       method: str) -> Response:
+                       method: str, tenant: str) -> Response:
         backend = self.state.policy.backends[name]
-        target = Target("", name, backend, "openai", "openai", False)
+        target = Target("", name, backend, "openai", "openai", False, tenant=tenant)
         headers = upstream_headers(request.headers.items(), backend, target.api_key())
         client = self.state.upstream.client
         if client is None:
@@ -227,8 +227,9 @@ async def _no_such_endpoint(request: Request, response_id: str) -> Response:
 def install(app: FastAPI, state: ProxyState, store: ResponseStore | None = None) -> ResponseStore:
     """Add the Responses routes to ``app`` (served without ``/v1`` too, by
     :class:`prefixgate.proxy.http.middleware.BarePaths`); return the store (default: a
-    :class:`MemoryResponseStore`)."""
-    store = store if store is not None else MemoryResponseStore()
+    :class:`MemoryResponseStore` held as exact-number JSON bytes)."""
+    store = store if store is not None else MemoryResponseStore(dumps=exactjson.dumps,
+                                                                loads=exactjson.loads)
     ep = ResponsesEndpoint(state, store)
     app.add_api_route("/v1/responses", ep.create, methods=["POST"])
     app.add_api_route("/v1/responses/{response_id}", ep.retrieve, methods=["GET"])

@@ -231,6 +231,26 @@ class MissingBackendKey(ProxyError):
     code = "backend_key_missing"
 
 
+class TenantSaltUnavailable(ProxyError):
+    """A tenant's request to a backend that takes a ``cache_salt`` while the proxy has no usable
+    salt secret (:mod:`prefixgate.proxy.http.salt_key`): refused before anything is sent, as a
+    configuration error (424, like :class:`MissingBackendKey`: SDKs do not retry it). The
+    message names neither the secret's variable nor its file (the proxy log does)."""
+
+    status = 424
+    type = "server_error"
+    code = "tenant_salt_unavailable"
+
+
+class Forbidden(ProxyError):
+    """The caller's key may not do this (a backend that requires a per-tenant upstream key the
+    caller's tenant has none of; another tenant's figures). 403."""
+
+    status = 403
+    type = "permission_error"
+    code = "forbidden"
+
+
 class ClientDisconnected(ProxyError):
     """The client went away before its request body was complete. 499 is nginx's "client
     closed request"; nobody reads the answer, the status is for the ledger."""

@@ -22,9 +22,15 @@ What a tenant namespaces:
 - the backend's prefix cache: a ``cache_salt`` body field (:func:`salted_body`), sent to backends
   with ``cache_salt`` on (default: ``local``). Our engine keys its radix tree by it
   (``local_engine.radix_cache`` ``extra_key``: different salts never share a prefix) and vLLM
-  >= 0.9 does the same with its block hashes (vLLM docs, "cache_salt", 2025). The salt is
-  ``sha256("prefixgate-tenant|" + tenant)``, so the tenant's name does not leave the proxy; a
-  client's own ``cache_salt`` is folded in, never dropped.
+  >= 0.9 does the same with its block hashes (vLLM docs, "cache_salt", 2025). The salt is an
+  HMAC of the tenant under the proxy's secret (:mod:`prefixgate.proxy.http.salt_key`: nobody
+  without the secret can compute a tenant's salt; no secret, no request), so neither the
+  tenant's name nor a salt anyone could compute leaves the proxy; a client's own ``cache_salt``
+  is folded in, never dropped;
+- a hosted API's prompt cache only through per-tenant upstream keys (``backends.X.tenant_keys``,
+  :meth:`prefixgate.proxy.routing.router.Target.api_key`): the provider keeps one cache per
+  organisation, so every tenant sent with the proxy's one key shares it.
+  :func:`shared_cache_warnings` says so at startup for each backend where tenants share a cache.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from prefixgate.config.schema import Backend, Policy
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.core.errors import InvalidHeader
 from prefixgate.proxy.http.auth import Guard
+from prefixgate.proxy.http.salt_key import SaltKey
 
 TENANT_HEADER = "x-prefixgate-tenant"
 _TENANT_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -77,21 +84,26 @@ def salts(backend: Backend) -> bool:
 
 
 def tenant_salt(tenant: str, client_salt: str | None = None) -> str:
-    """The ``cache_salt`` for ``tenant`` (64 hex digits), with the client's own salt folded in."""
+    """An in-process name of ``tenant``'s cache namespace (64 hex digits, the client's salt
+    folded in): the same equality classes as the wire salt, for models inside the proxy (the
+    counterfactual keeps salted prefixes apart with it). NEVER sent: anyone can compute it; the
+    wire carries :meth:`SaltKey.salt <prefixgate.proxy.http.salt_key.SaltKey.salt>`."""
     seed = "prefixgate-tenant|" + tenant
     if client_salt:
         seed += "|client|" + client_salt
     return hashlib.sha256(seed.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def salted_body(raw: bytes, tenant: str, backend: Backend) -> bytes:
-    """The upstream bytes ``raw`` (an OpenAI-wire JSON object) with the tenant's ``cache_salt``.
+def salted_body(raw: bytes, tenant: str, backend: Backend, key: SaltKey) -> bytes:
+    """The upstream bytes ``raw`` (an OpenAI-wire JSON object) with the tenant's keyed
+    ``cache_salt`` (``key``: the process's :class:`SaltKey`).
 
     Unchanged when the tenant is empty or the backend does not take a salt. The field is spliced
     in before the object's closing brace (no second parse of a large body) unless the body
     already holds a ``cache_salt``, which is then replaced by the folded salt (one re-encode,
-    numbers kept exact). Raises ValueError if ``raw`` is not a JSON object (the proxy has parsed
-    and checked it before; a bridge produced it)."""
+    numbers kept exact). Raises TenantSaltUnavailable (424) when a salt is due and there is no
+    secret (fail closed, :mod:`prefixgate.proxy.http.salt_key`); ValueError if ``raw`` is not a
+    JSON object (the proxy has parsed and checked it before; a bridge produced it)."""
     if not tenant or not salts(backend):
         return raw
     if b'"cache_salt"' in raw:
@@ -99,11 +111,43 @@ def salted_body(raw: bytes, tenant: str, backend: Backend) -> bytes:
         if not isinstance(body, dict):
             raise ValueError("upstream body is not a JSON object")
         client = body.get(SALT_FIELD)
-        body[SALT_FIELD] = tenant_salt(tenant, client if isinstance(client, str) else None)
+        body[SALT_FIELD] = key.salt(tenant, client if isinstance(client, str) else None)
         return exactjson.dumps(body)
     end = raw.rstrip().rfind(b"}")
     if end < 0:
         raise ValueError("upstream body is not a JSON object")
     head = raw[:end].rstrip()
     sep = b"" if head.endswith(b"{") else b","
-    return head + sep + b'"cache_salt":"' + tenant_salt(tenant).encode() + b'"' + raw[end:]
+    return head + sep + b'"cache_salt":"' + key.salt(tenant).encode() + b'"' + raw[end:]
+
+
+def tenancy_possible(policy: Policy) -> bool:
+    """Whether requests of two different tenants can reach this proxy: the header names
+    tenants, a keys file may hold keys of several, or the inline keys name two tenants."""
+    if policy.tenants.header == "on" or policy.auth.keys_file:
+        return True
+    return len({k.tenant or k.id for k in policy.auth.keys}) > 1
+
+
+def shared_cache_warnings(policy: Policy) -> list[str]:
+    """One line per backend whose prefix cache tenants share (empty without tenancy): a
+    backend that takes no ``cache_salt`` and sends every tenant with one upstream key. Hosted
+    APIs keep one prompt cache per organisation, so a tenant can read another's cached prefix
+    (its cached tokens and TTFT show it); the fix is ``tenant_keys`` (a key of each tenant's own
+    organisation) or, on an engine that reads it (ours, vLLM >= 0.9), ``cache_salt: true``."""
+    if not tenancy_possible(policy):
+        return []
+    out = []
+    for name, b in sorted(policy.backends.items()):
+        if salts(b) or (b.tenant_keys and b.tenant_keys_required):
+            continue
+        hosted = traits(b.kind).cache_provider in ("openai", "anthropic")
+        who = "tenants without an entry in tenant_keys" if b.tenant_keys else "all tenants"
+        fix = ("give each tenant its own upstream key: backends." + name + ".tenant_keys: "
+               "{<tenant>: ${ENV}} (+ tenant_keys_required: true)") if hosted else (
+               "set backends." + name + ".cache_salt: true if it reads cache_salt (vLLM >= 0.9, "
+               "prefixgate's engine), or give tenants separate backends")
+        out.append(f"backend {name!r}: {who} share one upstream key, so one "
+                   f"{'provider' if hosted else 'engine'} prefix cache: a tenant can read "
+                   f"another's cached prompt prefix (cached tokens, TTFT); {fix}")
+    return out

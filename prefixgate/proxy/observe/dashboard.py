@@ -15,7 +15,10 @@ answer is 401 with ``WWW-Authenticate: Basic realm="prefixgate"``, the browser a
 name and password, and the proxy key goes in the **password** field (any user name). The browser
 then resends it on the page's own ``fetch('/api/savings')`` (same origin), so the key never
 appears in a URL or an access log line. From a script: ``curl -u :pgk-... URL/dashboard`` or
-``-H 'Authorization: Bearer pgk-...'``. Without keys (loopback only) the page is open.
+``-H 'Authorization: Bearer pgk-...'``. Without keys (loopback only) the page is open. The page
+holds no figures itself: everything it draws comes from ``/api/savings`` with the same key, so
+a key sees its own tenant's traffic only and an ``admin`` key every tenant's
+(:mod:`prefixgate.proxy.observe.savings_api`).
 
 Responses carry ``Content-Security-Policy`` (scripts, styles, fetches from this origin only;
 no inline script), ``X-Content-Type-Options: nosniff`` and ``Cache-Control: no-store`` for the

@@ -30,6 +30,7 @@ from prefixgate.proxy.core.sse import EventMapper
 from prefixgate.proxy.core.usage import StreamWatcher
 from prefixgate.proxy.http.auth import Guard
 from prefixgate.proxy.http.ratelimit import Ticket
+from prefixgate.proxy.http.salt_key import SaltKey
 from prefixgate.proxy.observe.health import LoopLagMonitor, health_reasons
 from prefixgate.proxy.observe.insight import Insight
 from prefixgate.proxy.observe.metrics import BREAKERS_OPEN, ProxyMetrics, RequestObs
@@ -72,6 +73,7 @@ class ProxyState:
     fanout: FanoutGate | None = None  # concurrent identical prefixes wait for one writer
     retry_budget: RetryBudget | None = None  # retries as a share of live traffic (all requests)
     judge: RouteJudge = field(default_factory=RouteJudge)  # per-route stand-back (replaced below)
+    salt_key: SaltKey | None = None  # keys the tenants' cache_salt (http.salt_key)
 
     def __post_init__(self) -> None:
         rw = self.policy.rewrite
@@ -85,6 +87,8 @@ class ProxyState:
         if self.retry_budget is None:
             self.retry_budget = RetryBudget(self.policy.retry.budget_ratio,
                                             self.policy.retry.budget_burst)
+        if self.salt_key is None:
+            self.salt_key = SaltKey(self.policy.tenants)
         if self.routing is None and not isinstance(self.shared, LocalState):
             self.routing = SharedRouting(self.shared, self.breakers, self.balancer)
 
@@ -120,7 +124,8 @@ class ProxyState:
         """Reasons the proxy is degraded now (empty: healthy), see :mod:`prefixgate.proxy.observe.health`."""
         return health_reasons(self.upstream.in_use, self.upstream.max_connections,
                               self.upstream.pool_stats().get("queued", 0),
-                              self.loop_lag.recent_max_s) + self.guard.reasons()
+                              self.loop_lag.recent_max_s) + self.guard.reasons() + (
+                                  self.salt_key.reasons() if self.salt_key is not None else [])
 
 
 @dataclass

@@ -22,7 +22,7 @@ from prefixgate.config.backend_kinds import traits
 from prefixgate.config.schema import Policy, RewriteSettings
 from prefixgate.proxy.bridges import Bridge, bridge_for
 from prefixgate.proxy.core import exactjson
-from prefixgate.proxy.core.errors import NotSupported, ProxyError
+from prefixgate.proxy.core.errors import NotSupported, ProxyError, TenantSaltUnavailable
 from prefixgate.proxy.core.offload import off_loop
 from prefixgate.proxy.http import body as wire
 from prefixgate.proxy.http.body import check_nesting, read_body_within
@@ -57,9 +57,27 @@ async def prepare(ex: Exchange, request: Request, state: ProxyState) -> None:
     await passes(ex, request, state)
     ex.steps = bridges(ex, state.policy.limits.max_json_depth)
     if ex.endpoint.salted:  # the tenant's prefix-cache namespace on the backend (http.tenants)
-        for s in ex.steps:
-            if s.bridge.wire == "openai":
-                s.body = salted_body(s.body, ex.row.tenant, s.target.backend)
+        ex.steps = salted_steps(ex, state)
+
+
+def salted_steps(ex: Exchange, state: ProxyState) -> list[Step]:
+    """The steps with the tenant's keyed ``cache_salt`` on the bodies of backends that take one
+    (:func:`prefixgate.proxy.http.tenants.salted_body`). Without a salt secret (fail closed,
+    :mod:`prefixgate.proxy.http.salt_key`) the primary's step raises TenantSaltUnavailable
+    (424) and a fallback's is left out (``tenant-salt-unavailable``): never sent unsalted."""
+    assert state.salt_key is not None
+    out = []
+    for i, s in enumerate(ex.steps):
+        if s.bridge.wire == "openai":
+            try:
+                s.body = salted_body(s.body, ex.row.tenant, s.target.backend, state.salt_key)
+            except TenantSaltUnavailable:
+                if i == 0:
+                    raise
+                ex.attempts.failed(s.target.backend_name, "tenant-salt-unavailable")
+                continue
+        out.append(s)
+    return out
 
 
 async def parse(ex: Exchange, request: Request, policy: Policy) -> None:
@@ -77,7 +95,7 @@ async def parse(ex: Exchange, request: Request, policy: Policy) -> None:
 def targets(ex: Exchange, policy: Policy) -> list[Target]:
     """The route's targets for the request (404 without a route). An endpoint that cannot be
     bridged keeps only backends of its own API (501 when the primary is not one)."""
-    planned = plan_targets(policy, ex.row.model, ex.api, can_translate=True)
+    planned = plan_targets(policy, ex.row.model, ex.api, can_translate=True, tenant=ex.row.tenant)
     if ex.endpoint.bridged:
         return planned
     same = [t for t in planned if not t.translate]

@@ -118,7 +118,8 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
             if a.brk is not None:
                 ex.obs.break_kind = a.brk.get("kind")
                 try:
-                    state.ledger.write_break(row.session, clip_strings(a.brk))  # model names
+                    state.ledger.write_break(row.session, clip_strings(a.brk),  # model names
+                                             row.tenant)
                 except Exception:
                     log.exception("break record write failed")
     except Exception:

@@ -28,7 +28,8 @@ async def send(ex: Exchange, request: Request, state: ProxyState) -> httpx.Respo
     ex.obs.sent_at = time.perf_counter()
     assert ex.rw is not None
     assert state.fanout is not None
-    async with state.fanout.turn(ex.rw.body, ex.targets[0].provider):  # routing.fanout
+    # routing.fanout: held only behind a writer of the same tenant (no cross-tenant timing)
+    async with state.fanout.turn(ex.rw.body, ex.targets[0].provider, tenant=ex.row.tenant):
         run = sender(state).run(ex.steps, headers_for, ex.session_id, ex.attempts, ex.picked)
         return await send_unless_gone(run, lambda: client_gone(request))
 

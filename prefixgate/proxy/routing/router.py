@@ -21,7 +21,13 @@ from prefixgate.config.backend_kinds import traits
 from prefixgate.config.routing import Deployment
 from prefixgate.config.schema import Backend, Policy, Route
 from prefixgate.config.secrets import MissingSecret, resolve_secret
-from prefixgate.proxy.core.errors import Api, MissingBackendKey, ModelNotFound, NotSupported
+from prefixgate.proxy.core.errors import (
+    Api,
+    Forbidden,
+    MissingBackendKey,
+    ModelNotFound,
+    NotSupported,
+)
 
 
 @dataclass(frozen=True)
@@ -32,7 +38,8 @@ class Target:
     API the upstream speaks (``"openai"`` or ``"anthropic"``); ``translate``: True when the
     client's API differs from ``wire``; ``model``: the model name to send upstream when it is
     not the client's (alias, route ``model``, fallback ``model``), else None; ``deployment``:
-    the replica chosen (None: not chosen yet, the backend's own ``base_url`` / ``api_key``).
+    the replica chosen (None: not chosen yet, the backend's own ``base_url`` / ``api_key``);
+    ``tenant``: the request's tenant ("" = none), whose upstream key :meth:`api_key` sends.
     """
 
     route: str
@@ -43,6 +50,7 @@ class Target:
     translate: bool
     model: str | None = None
     deployment: Deployment | None = None
+    tenant: str = ""
 
     @property
     def deployment_name(self) -> str:
@@ -64,15 +72,37 @@ class Target:
         return self.base_url + ("/messages" if self.wire == "anthropic" else "/chat/completions")
 
     def api_key(self) -> str | None:
-        """The deployment's (else the backend's) key, resolved now. Raises MissingBackendKey
-        (500) when its variable is unset."""
-        key = self.deployment.api_key if self.deployment is not None else self.backend.api_key
+        """The upstream key, resolved now: the tenant's own (``backend.tenant_keys``, the
+        tenant's entry, else its base tenant's for a sub-tenant ``<tenant>/...``; on every
+        deployment), else the deployment's (else the backend's) shared key — unless the backend
+        has ``tenant_keys_required`` and the request has a tenant: Forbidden (403), naming no
+        other tenant. Raises MissingBackendKey (424) when the chosen key's variable is unset:
+        a tenant with an entry is never sent with the shared key instead (one upstream key is
+        one provider cache, :mod:`prefixgate.proxy.http.tenants`)."""
+        key = tenant_key(self.backend, self.tenant)
+        if key is None:
+            if self.tenant and self.backend.tenant_keys_required:
+                raise Forbidden(f"backend {self.backend_name!r} serves tenants only with their "
+                                "own upstream key, and this proxy has none for yours; ask the "
+                                "operator to add one (backends.<name>.tenant_keys)")
+            key = self.deployment.api_key if self.deployment is not None else self.backend.api_key
         try:
             return resolve_secret(key)
         except MissingSecret as e:
             raise MissingBackendKey(f"backend {self.backend_name!r}: {e}; set it in the proxy's "
                                     "environment and restart the proxy, or change the backend's "
                                     "api_key in the policy") from None
+
+
+def tenant_key(backend: Backend, tenant: str) -> str | None:
+    """The ``${ENV}`` reference of ``tenant``'s own upstream key on ``backend``: its entry in
+    ``tenant_keys``, else (a sub-tenant ``acme/team-a``) its base tenant's; None without one."""
+    if not tenant or not backend.tenant_keys:
+        return None
+    found = backend.tenant_keys.get(tenant)
+    if found is None and "/" in tenant:
+        found = backend.tenant_keys.get(tenant.split("/", 1)[0])
+    return found
 
 
 def find_route(policy: Policy, model: str) -> Route | None:
@@ -103,11 +133,11 @@ def did_you_mean(policy: Policy, model: str) -> str:
 
 
 def plan_targets(policy: Policy, model: str, api: Api, *,
-                 can_translate: bool = False) -> list[Target]:
+                 can_translate: bool = False, tenant: str = "") -> list[Target]:
     """Every backend ``model`` may be served by for a client of ``api``, primary first (see
     module docstring for errors). ``can_translate``: whether a client may be served by a
     backend of the other API (through a bridge); without it such a fallback is left out, and
-    such a primary is a 501."""
+    such a primary is a 501. ``tenant``: the request's (its upstream key, :meth:`Target.api_key`)."""
     route = find_route(policy, model)
     if route is None:
         hint = did_you_mean(policy, model)
@@ -126,7 +156,8 @@ def plan_targets(policy: Policy, model: str, api: Api, *,
             continue
         upstream_model = step.model or aliased
         out.append(Target(route.match, step.backend, backend, traits(backend.kind).cache_provider,
-                          wire, wire != api, upstream_model if upstream_model != model else None))
+                          wire, wire != api, upstream_model if upstream_model != model else None,
+                          tenant=tenant))
     return out
 
 
