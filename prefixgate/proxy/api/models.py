@@ -105,7 +105,7 @@ async def _model(state: ProxyState, request: Request, model_id: str) -> Response
     """``GET /v1/models/{id}``: OpenAI's model object when a route matches the id (owned by the
     backend it routes to), else 404 ``model_not_found``."""
     try:
-        await state.guard.admit(request.headers, "openai")  # 401 without a key, 429 over limits
+        await state.guard.admit(request.headers, "openai", limit=True)  # 401 without a key, 429 over
         target = pick_target(state.policy, model_id, "openai", can_translate=True)
     except ProxyError as e:
         return error_response(e, "openai")
@@ -121,7 +121,7 @@ def install(app: FastAPI, state: ProxyState) -> None:
     @app.get("/v1/models")
     @app.head("/v1/models", include_in_schema=False)
     async def models(request: Request) -> JSONResponse:
-        await state.guard.admit(request.headers, "openai")  # 401 without a key, 429 over limits
+        await state.guard.admit(request.headers, "openai", limit=True)  # 401 without a key, 429 over
         return JSONResponse(await list_models(state.side, state.policy, listings))
 
     async def model(request: Request, model_id: str) -> Response:
