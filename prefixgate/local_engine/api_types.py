@@ -34,6 +34,9 @@ class EngineConfig:
     above which drafting stops (compute-bound; measured by ``bench/engine_speculative.py``).
     spec_cost_curve: measured ``(rows, step ms)`` points; with it each step's draft length is
     chosen by expected tokens per step time (``spec_decode.choose_k_cap``).
+    spec_suffix_max_bytes / spec_suffix_max_namespaces: the ``suffix`` drafter's index holds at
+    most this many bytes (measured: ``suffix_index.SuffixIndex.nbytes``, ~0.5 KB a token) and
+    this many ``cache_salt`` namespaces, least recently used evicted first.
     quantization: None (weights in ``dtype``) or ``int8`` (weight-only, per-channel scales).
     packed_linear: fp32 on CPU, run linear layers through oneDNN with pre-packed weights
     (``cpu_linear``; skinny products such as speculative verification are ~2x cheaper).
@@ -56,6 +59,8 @@ class EngineConfig:
     num_speculative_tokens: int = 4
     spec_max_batch_tokens: int = 16
     spec_cost_curve: list[tuple[int, float]] | None = None
+    spec_suffix_max_bytes: int = 64 << 20
+    spec_suffix_max_namespaces: int = 256
     draft_model_path: str | None = None
     quantization: str | None = None
     packed_linear: bool = True

@@ -276,7 +276,7 @@ class Engine:
         retractions and evicted slots (totals)."""
         st = self.scheduler.stats
         t = self._timing
-        spec = self.spec.metrics.as_dict() if self.spec is not None else {}
+        spec = self.spec.stats() if self.spec is not None else {}
         return spec | {
             "kv_slots_used": self.pool.used_slots,
             "kv_slots_total": self.pool.num_slots,

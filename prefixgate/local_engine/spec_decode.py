@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -200,6 +201,16 @@ class SpecDecoder:
         self.cost_curve = sorted(cost_curve) if cost_curve else None
         self.metrics = SpecMetrics(accepted_per_pos=[0] * k_max)
         self._state: dict[str, _ReqState] = {}
+        self.suffix_indexes: list[Any] = []  # suffix_index.SuffixIndex, for stats()
+
+    def stats(self) -> dict[str, float | int]:
+        """``SpecMetrics.as_dict`` + the suffix index's bytes held, namespaces and evictions."""
+        out = self.metrics.as_dict()
+        if self.suffix_indexes:
+            out["spec_suffix_index_bytes"] = sum(i.nbytes for i in self.suffix_indexes)
+            out["spec_suffix_namespaces"] = sum(i.num_namespaces for i in self.suffix_indexes)
+            out["spec_suffix_evicted_docs"] = sum(i.evicted_docs for i in self.suffix_indexes)
+        return out
 
     def _st(self, seq: Sequence) -> _ReqState:
         st = self._state.get(seq.request_id)
