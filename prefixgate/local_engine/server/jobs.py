@@ -5,9 +5,10 @@ Order, cheapest first, so nothing expensive runs for a request that is refused a
 1. Unsupported options (``n``, ``logprobs``, ``response_format``) and the sampling parameters
    (``SamplingParams.validate``, the core's one rule set: a 400 naming the field).
 2. In a worker thread (``asyncio.to_thread``), so other streams keep flowing on the event loop:
-   chat-template rendering, the size check before tokenizing (``tokenize.PromptLimit``: a
-   prompt whose text must exceed the context at the most bytes per token is a 400 without
-   being tokenized), tokenizing, and building a forced tool call's grammar.
+   the tools' nesting depth (``schema_depth``), chat-template rendering, the size check before
+   tokenizing (``tokenize.PromptLimit``: a prompt whose text must exceed the context at the most
+   bytes per token is a 400 without being tokenized), tokenizing, and (when the prompt leaves
+   room) building a forced tool call's grammar.
 3. The exact context check: a prompt that leaves no room for one completion token is a 400;
    ``max_tokens`` is clamped to the room left (absent = all of it).
 """
@@ -127,6 +128,8 @@ async def chat_job(engine: Any, limit: PromptLimit, req: ChatCompletionRequest) 
 
     def work() -> tuple[list[int], Any]:
         ids = chat_prompt_ids(engine.tokenizer, req.messages, req.tools, limit=limit)
+        if len(ids) >= engine.max_context_len:  # no room: refused before compiling a grammar
+            raise context_error(engine.max_context_len, len(ids), "messages")
         proc = None
         if constraint is not None:  # tool_choice binds: calls masked at decode time
             proc = tool_call_processor(engine.tokenizer, req.tools or [], constraint)

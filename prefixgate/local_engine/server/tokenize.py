@@ -33,6 +33,7 @@ from pydantic import Field, StrictBool, StrictInt
 
 from prefixgate.local_engine.server.chat import render_chat
 from prefixgate.local_engine.server.protocol import ApiError, ChatMessage, _Tolerant, parse_request
+from prefixgate.local_engine.server.schema_depth import check_tool_depths
 
 __all__ = [
     "ChatTokenizeRequest",
@@ -126,10 +127,12 @@ def _check_vocab(tokenizer: Any, ids: list[int], param: str) -> None:
 def chat_prompt_ids(tokenizer: Any, messages: list[ChatMessage],
                     tools: list[dict[str, Any]] | None, add_generation_prompt: bool = True,
                     limit: PromptLimit | None = None) -> list[int]:
-    """Token ids of a chat request: messages as dicts without nulls, rendered by
-    :func:`prefixgate.local_engine.server.chat.render_chat`, checked by ``limit`` (before
-    tokenizing), tokenized without adding special tokens (the template holds them). Errors:
-    those of ``render_chat`` and ``limit`` (ApiError 400)."""
+    """Token ids of a chat request: tools checked for depth (``schema_depth``), messages as
+    dicts without nulls, rendered by :func:`prefixgate.local_engine.server.chat.render_chat`,
+    checked by ``limit`` (before tokenizing), tokenized without adding special tokens (the
+    template holds them). Errors: those of ``check_tool_depths``, ``render_chat`` and ``limit``
+    (ApiError 400)."""
+    check_tool_depths(tools)  # before anything recursive reads them
     dicts = [m.model_dump(exclude_none=True) for m in messages]
     text = render_chat(tokenizer, dicts, tools or None, add_generation_prompt)
     if limit is not None:
