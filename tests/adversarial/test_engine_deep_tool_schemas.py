@@ -121,6 +121,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a child process loading torch + the llguidance tokenizer: ~20 s here
 def test_a_forced_ref_chain_is_refused_before_it_can_crash_the_process(tiny_dir: Path) -> None:
     """1500 nested definitions overflowed llguidance's stack (SIGSEGV) before the check."""
     got = subprocess.run([sys.executable, "-c", CHILD, str(tiny_dir), "1500"], cwd=REPO,
