@@ -44,6 +44,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-speculative-tokens", type=int, default=4, help="most draft tokens (k)")
     p.add_argument("--spec-max-batch-tokens", type=int, default=16,
                    help="no drafts when a step's decode rows + drafts would exceed this")
+    p.add_argument("--spec-suffix-max-mb", type=float, default=64.0,
+                   help="--speculative suffix: MiB its index may hold (least recently used go)")
+    p.add_argument("--spec-suffix-max-namespaces", type=int, default=256,
+                   help="--speculative suffix: cache_salt namespaces its index may hold")
     p.add_argument("--draft-model", default=None, help="draft model dir (--speculative draft)")
     p.add_argument("--no-packed-linear", action="store_true",
                    help="fp32 CPU: use plain F.linear instead of oneDNN pre-packed weights")
@@ -81,6 +85,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         speculative=args.speculative,
         num_speculative_tokens=args.num_speculative_tokens,
         spec_max_batch_tokens=args.spec_max_batch_tokens,
+        spec_suffix_max_bytes=int(args.spec_suffix_max_mb * (1 << 20)),
+        spec_suffix_max_namespaces=args.spec_suffix_max_namespaces,
         draft_model_path=args.draft_model,
         quantization=args.quantization,
         packed_linear=not args.no_packed_linear,

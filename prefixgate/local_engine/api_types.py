@@ -5,6 +5,7 @@ These are what the HTTP server and the benchmarks build and read; ``engine.Engin
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,9 @@ class EngineConfig:
     above which drafting stops (compute-bound; measured by ``bench/engine_speculative.py``).
     spec_cost_curve: measured ``(rows, step ms)`` points; with it each step's draft length is
     chosen by expected tokens per step time (``spec_decode.choose_k_cap``).
+    spec_suffix_max_bytes / spec_suffix_max_namespaces: the ``suffix`` drafter's index holds at
+    most this many bytes (measured: ``suffix_index.SuffixIndex.nbytes``, ~0.5 KB a token) and
+    this many ``cache_salt`` namespaces, least recently used evicted first.
     quantization: None (weights in ``dtype``) or ``int8`` (weight-only, per-channel scales).
     packed_linear: fp32 on CPU, run linear layers through oneDNN with pre-packed weights
     (``cpu_linear``; skinny products such as speculative verification are ~2x cheaper).
@@ -55,44 +59,113 @@ class EngineConfig:
     num_speculative_tokens: int = 4
     spec_max_batch_tokens: int = 16
     spec_cost_curve: list[tuple[int, float]] | None = None
+    spec_suffix_max_bytes: int = 64 << 20
+    spec_suffix_max_namespaces: int = 256
     draft_model_path: str | None = None
     quantization: str | None = None
     packed_linear: bool = True
 
 
+SEED_RANGE = (-(1 << 63), 1 << 64)  # what ``torch.Generator.manual_seed`` takes: [lo, hi)
+LOGIT_BIAS_RANGE = 100.0  # OpenAI's logit_bias values are in [-100, 100]
+PENALTY_RANGE = 2.0       # OpenAI's presence / frequency penalties are in [-2, 2]
+TEMPERATURE_MAX = 2.0     # OpenAI's and vLLM's upper bound
+# repetition_penalty: vLLM takes any finite r > 0, but logits are fp32 and r is cast to it: below
+# ~1.4e-45 it becomes 0 and above ~3.4e38 inf, and -inf * 0 or 0 * inf is NaN. 1e-6..1e6 keeps r
+# and 1/r far inside fp32's normal range.
+REPETITION_RANGE = (1e-6, 1e6)
+
+
+class InvalidSamplingParam(ValueError):
+    """A sampling parameter outside the range the sampler computes finite results for;
+    ``param`` names the field (the HTTP side answers a 400 naming it)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _finite_in(v: object, lo: float, hi: float) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) \
+        and lo <= v <= hi
+
+
 @dataclass
 class SamplingParams:
-    """Per-request decoding settings (OpenAI semantics).
+    """Per-request decoding settings (OpenAI semantics, vLLM's extensions).
 
-    temperature 0 → greedy. top_k -1 → off. seed: a per-request ``torch.Generator`` seed
-    (same seed + same prompt → same tokens, whatever else is in the batch). stop: strings that end
-    the completion and are not emitted. stop_token_ids: token ids that end it (EOS too unless
-    ``ignore_eos``). max_tokens: completion cap, clipped to what fits the context.
-    logits_processors: per-sequence ``(completion_ids, logits [V]) -> logits [V]`` callables
-    applied in order before sampling (e.g. ``server.constrained.GrammarProcessor``); stateful, so one
-    set per request.
+    temperature in [0, 2]; 0 is greedy, and so is any temperature below
+    ``sampler.TEMPERATURE_FLOOR`` (0.01: vLLM raises such values to 0.01, whose draws differ
+    from greedy only on near-ties; dividing by 1e-40 overflows fp32). top_k -1 → off. top_p:
+    nucleus mass in (0, 1]. min_p: drop tokens whose probability is below ``min_p`` × the top
+    token's, [0, 1]. presence_penalty / frequency_penalty: OpenAI's, over the completion so
+    far, [-2, 2]. repetition_penalty: vLLM's / CTRL's, over prompt + completion, in
+    ``REPETITION_RANGE`` (1 = off). logit_bias: token id → bias added to its logit, [-100, 100]
+    (OpenAI). seed: a per-request ``torch.Generator`` seed in ``SEED_RANGE`` (same seed + same
+    prompt → same tokens, whatever else is in the batch). stop: strings that end the completion
+    and are not emitted. stop_token_ids: token ids that end it (EOS too unless ``ignore_eos``).
+    max_tokens: completion cap, clipped to what fits the context. logits_processors:
+    per-sequence ``(completion_ids, logits [V]) -> logits [V]`` callables applied in order
+    before sampling (e.g. ``server.constrained.GrammarProcessor``); stateful, so one set per
+    request.
     """
 
     max_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logits_processors: list[Callable[[list[int], Any], Any]] = field(default_factory=list)
 
-    def validate(self) -> None:
-        """Raise ``ValueError`` for out-of-range values."""
-        if self.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
-        if self.top_k == 0 or self.top_k < -1:
-            raise ValueError("top_k must be -1 (off) or >= 1")
+    @property
+    def adjusts_logits(self) -> bool:
+        """True when a bias or penalty changes the logits before temperature / filtering."""
+        return bool(self.logit_bias) or self.presence_penalty != 0 or \
+            self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ``InvalidSamplingParam`` (a ``ValueError`` naming the field) unless every value
+        is one the sampler computes finite results for (ranges in the class docstring;
+        ``vocab_size``, when given, bounds the ``logit_bias`` token ids)."""
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise InvalidSamplingParam("max_tokens", "max_tokens must be an integer >= 1")
+        if not _finite_in(self.temperature, 0.0, TEMPERATURE_MAX):
+            raise InvalidSamplingParam("temperature", "temperature must be in [0, 2]")
+        if not _finite_in(self.top_p, 0.0, 1.0) or self.top_p == 0:
+            raise InvalidSamplingParam("top_p", "top_p must be in (0, 1]")
+        if not _is_int(self.top_k) or self.top_k == 0 or self.top_k < -1:
+            raise InvalidSamplingParam("top_k", "top_k must be -1 (off) or an integer >= 1")
+        if not _finite_in(self.min_p, 0.0, 1.0):
+            raise InvalidSamplingParam("min_p", "min_p must be in [0, 1]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not _finite_in(getattr(self, name), -PENALTY_RANGE, PENALTY_RANGE):
+                raise InvalidSamplingParam(name, f"{name} must be in [-2, 2]")
+        if not _finite_in(self.repetition_penalty, *REPETITION_RANGE):
+            raise InvalidSamplingParam("repetition_penalty",
+                                       "repetition_penalty must be in [1e-6, 1e6] (1 = off)")
+        if self.seed is not None and not (_is_int(self.seed)
+                                          and SEED_RANGE[0] <= self.seed < SEED_RANGE[1]):
+            raise InvalidSamplingParam("seed", "seed must be an integer in [-2**63, 2**64)")
+        hi = vocab_size if vocab_size is not None else math.inf
+        for tok, bias in self.logit_bias.items():
+            if not _is_int(tok) or not 0 <= tok < hi:
+                raise InvalidSamplingParam("logit_bias", f"logit_bias key {tok!r} is not a token id "
+                                           f"of this model's vocabulary [0, {hi})")
+            if not _finite_in(bias, -LOGIT_BIAS_RANGE, LOGIT_BIAS_RANGE):
+                raise InvalidSamplingParam("logit_bias",
+                                           f"logit_bias value for token {tok} must be in [-100, 100]")
 
 
 @dataclass

@@ -20,7 +20,7 @@ from prefixgate.local_engine.kv_pool import KVPool, ReqToTokenTable
 from prefixgate.local_engine.model import load_model
 from prefixgate.local_engine.model_runner import ModelRunner
 from prefixgate.local_engine.radix_cache import common_prefix_len
-from prefixgate.local_engine.sampler import probs_of
+from prefixgate.local_engine.sampler import is_greedy, probs_of
 from prefixgate.local_engine.scheduler import ScheduledSeq
 from prefixgate.local_engine.sequence import Sequence
 
@@ -94,7 +94,7 @@ class DraftModelDrafter:
         sh.token_ids = list(target)
         if self.pool.free_slots < len(target) - keep + k:
             return None
-        greedy = seq.params.temperature == 0 or seq.params.top_k == 1
+        greedy = is_greedy(seq.params)
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         logits = self._forward(sh, len(target) - keep)

@@ -9,7 +9,8 @@ one forward pass (``spec_decode``). Two model-free drafters live here:
   and code from their inputs, so the continuation is often verbatim.
 * ``SuffixDrafter`` — suffix drafting (SuffixDecoding, Oliaro et al. 2024) over the token
   sequences the radix tree has been given for the request's namespace (its ``extra_key``):
-  earlier turns, earlier tool results, the same tenant's other sessions. ``SuffixIndex`` is fed by
+  earlier turns, earlier tool results, the same tenant's other sessions. ``SuffixIndex``
+  (``suffix_index.py``: held within a byte budget and a namespace cap, LRU) is fed by
   ``KVManager.on_insert`` with every sequence inserted into the tree.
 
 Both are deterministic: ``Draft.q`` is None (the verifier treats the draft as a point mass).
@@ -19,13 +20,15 @@ Indexes are incremental: each step hashes only the tokens appended since the las
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from prefixgate.local_engine.sequence import Sequence
+from prefixgate.local_engine.suffix_index import SuffixIndex
+
+__all__ = ["ChainDrafter", "Draft", "Drafter", "NgramDrafter", "SuffixDrafter", "SuffixIndex"]
 
 
 @dataclass
@@ -110,57 +113,6 @@ class NgramDrafter:
     def release(self, seq: Sequence) -> None:
         """Forget the request's index."""
         self._index.pop(seq.request_id, None)
-
-
-class SuffixIndex:
-    """Token sequences given to the radix tree, per namespace, with an n-gram index over them.
-
-    ``add(extra_key, doc_id, tokens)``: a request's sequence only grows (prompt, then prompt +
-    output), so re-adding the same ``doc_id`` indexes only the new tail. Holds at most
-    ``max_tokens`` tokens per namespace, dropping the least recently added documents.
-    """
-
-    def __init__(self, min_n: int = 3, max_n: int = 8, max_tokens: int = 1 << 20) -> None:
-        self.min_n, self.max_n, self.max_tokens = min_n, max_n, max_tokens
-        self._docs: dict[bytes | None, OrderedDict[str, list[int]]] = {}
-        self._maps: dict[bytes | None, dict[tuple[int, ...], tuple[str, int]]] = {}
-        self._sizes: dict[bytes | None, int] = {}
-
-    def add(self, extra_key: bytes | None, doc_id: str, tokens: list[int]) -> None:
-        """Record that ``tokens`` (under ``extra_key``) entered the tree."""
-        docs = self._docs.setdefault(extra_key, OrderedDict())
-        fmap = self._maps.setdefault(extra_key, {})
-        old = docs.pop(doc_id, None)
-        start = 0
-        if old and tokens[: len(old)] == old:
-            start = len(old) - 1  # n-grams ending at old[-1] had no continuation until now
-        docs[doc_id] = list(tokens)
-        self._sizes[extra_key] = self._sizes.get(extra_key, 0) + len(tokens) - (
-            len(old) if old is not None else 0)
-        for end in range(max(start, self.min_n - 1), len(tokens) - 1):
-            for n in range(self.min_n, min(self.max_n, end + 1) + 1):
-                fmap[tuple(tokens[end + 1 - n:end + 1])] = (doc_id, end + 1)
-        while self._sizes[extra_key] > self.max_tokens and len(docs) > 1:
-            _, dropped = docs.popitem(last=False)
-            self._sizes[extra_key] -= len(dropped)  # its map entries go stale, checked on read
-
-    def continuation(self, extra_key: bytes | None, suffix: list[int], k: int,
-                     exclude: str | None = None) -> list[int]:
-        """Up to ``k`` tokens that followed the longest indexed match of ``suffix``'s end."""
-        fmap, docs = self._maps.get(extra_key), self._docs.get(extra_key)
-        if not fmap or docs is None:
-            return []
-        for n in range(min(self.max_n, len(suffix)), self.min_n - 1, -1):
-            hit = fmap.get(tuple(suffix[-n:]))
-            if hit is None or hit[0] == exclude:
-                continue
-            doc = docs.get(hit[0])
-            if doc is None or doc[hit[1] - n:hit[1]] != suffix[-n:]:
-                continue
-            out = doc[hit[1]:hit[1] + k]
-            if out:
-                return out
-        return []
 
 
 class SuffixDrafter:

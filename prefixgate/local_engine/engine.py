@@ -34,7 +34,13 @@ from prefixgate.local_engine.model import load_model, split_model_path
 from prefixgate.local_engine.model_runner import ModelRunner
 from prefixgate.local_engine.quant import quantize_model
 from prefixgate.local_engine.radix_cache import RadixCache
-from prefixgate.local_engine.sampler import apply_logits_processors, make_generator, sample
+from prefixgate.local_engine.sampler import (
+    SamplingError,
+    make_generator,
+    needs_preparing,
+    prepare_row,
+    sample_rows,
+)
 from prefixgate.local_engine.scheduler import ScheduledSeq, Scheduler
 from prefixgate.local_engine.sequence import Sequence, Status
 from prefixgate.local_engine.spec_factory import build_spec_decoder
@@ -106,7 +112,8 @@ class Engine:
     """Continuous-batching engine with radix-tree prefix KV reuse (see module docstring).
 
     Attributes: ``tokenizer`` (HF tokenizer of the model), ``model_name``, ``max_context_len``
-    (prompt + completion tokens one request may hold), ``cfg``.
+    (prompt + completion tokens one request may hold), ``vocab_size`` (the logits' width),
+    ``cfg``.
     Raises ``OSError`` / ``ValueError`` from loading when the model is missing or unsupported.
     """
 
@@ -124,6 +131,7 @@ class Engine:
         elif cfg.packed_linear and cpu_linear.available(self.device, self.dtype):
             cpu_linear.pack_model(self.model)
         args = self.model.args
+        self.vocab_size = args.vocab_size  # logits width: token ids and logit_bias keys below it
         self.model_name = cfg.model_name or Path(split_model_path(path)[1] or path).name.removesuffix(".gguf")
         ctx = min(cfg.max_context_len or args.max_position_embeddings, args.max_position_embeddings)
         if cfg.num_kv_slots is not None:
@@ -155,14 +163,14 @@ class Engine:
     # -- request construction (caller's thread) ------------------------------------------------
     def _make_seq(self, prompt_ids: list[int], params: SamplingParams, extra_key: bytes | None,
                   request_id: str | None, sink: Sink) -> Sequence:
-        params.validate()
+        params.validate(self.vocab_size)
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
         if len(prompt_ids) >= self.max_context_len:
             raise PromptTooLong(
                 f"prompt of {len(prompt_ids)} tokens leaves no room for a completion within the "
                 f"context of {self.max_context_len} tokens")
-        vocab = self.model.args.vocab_size
+        vocab = self.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise ValueError(f"token id out of range [0, {vocab})")
         max_tokens = min(params.max_tokens, self.max_context_len - len(prompt_ids))
@@ -268,7 +276,7 @@ class Engine:
         retractions and evicted slots (totals)."""
         st = self.scheduler.stats
         t = self._timing
-        spec = self.spec.metrics.as_dict() if self.spec is not None else {}
+        spec = self.spec.stats() if self.spec is not None else {}
         return spec | {
             "kv_slots_used": self.pool.used_slots,
             "kv_slots_total": self.pool.num_slots,
@@ -311,9 +319,9 @@ class Engine:
                         cmd = None
                 if self.scheduler.has_work():
                     try:
-                        self.step()
+                        self.step()  # isolates each request's failures (step docstring)
                     except Exception as exc:
-                        log.exception("engine step failed")
+                        log.exception("engine step failed outside any one request")
                         self._fail_all(exc)
 
     def _handle(self, cmd: Command) -> bool:
@@ -334,12 +342,39 @@ class Engine:
             self._emit(seq, final=True)
 
     def _fail_all(self, exc: BaseException) -> None:
+        """Scheduling itself raised (no one request's part): the step's state is unknown, so
+        every request fails with ``exc``."""
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
-            self.scheduler.abort(seq.request_id)
-            self._seqs.pop(seq.request_id, None)
-            if self.spec is not None:
-                self.spec.release(seq)
-            seq.sink(exc)
+            self._fail(seq, exc)
+
+    def _fail(self, seq: Sequence, exc: BaseException, tell: bool = True) -> None:
+        """Fail one request and carry on with the rest: its K/V beyond the radix-tree region is
+        freed, not cached (a broken step's K/V must not reach other requests through the tree),
+        it leaves the scheduler and the drafter, and (``tell``) its sink gets ``exc``."""
+        log.warning("request %s failed: %s", seq.request_id, type(exc).__name__, exc_info=exc)
+        if seq.status is Status.RUNNING and seq.row is not None:
+            self.scheduler.kv.rollback(seq, seq.num_tree_tokens)
+        self.scheduler.abort(seq.request_id)
+        seq.status = Status.FINISHED
+        self._seqs.pop(seq.request_id, None)
+        if self.spec is not None:
+            self.spec.release(seq)
+        if tell:
+            self._deliver(seq, exc)
+
+    def _deliver(self, seq: Sequence, item: RequestOutput | BaseException) -> bool:
+        """Hand ``item`` to the request's sink; a sink that raises (its event loop closed, a
+        caller's bug) is logged and the request is dropped — no other request is touched.
+        Returns whether the sink took it."""
+        try:
+            seq.sink(item)
+            return True
+        except Exception as exc:
+            log.warning("sink of request %s raised %s; dropping the request", seq.request_id,
+                        type(exc).__name__, exc_info=exc)
+            if seq.request_id in self._seqs:
+                self._fail(seq, exc, tell=False)
+            return False
 
     def _emit(self, seq: Sequence, final: bool = False) -> None:
         text = seq.detok.take(final=final)
@@ -347,10 +382,15 @@ class Engine:
             self._seqs.pop(seq.request_id, None)
             if self.spec is not None:
                 self.spec.release(seq)
-        seq.sink(seq.output(text))
+        self._deliver(seq, seq.output(text))
 
     def step(self) -> None:
-        """One scheduling + forward + sampling / verification step (engine thread only)."""
+        """One scheduling + forward + sampling / verification step (engine thread only).
+
+        A failure inside one request's part of the step (its forward rows, logits processors,
+        sampling, draft verification, its sink) fails that request alone (``_fail``); the rest
+        of the batch continues with the tokens it would have had without it.
+        """
         batch = self.scheduler.schedule(self.spec.propose if self.spec is not None else None)
         if not batch:
             return
@@ -358,45 +398,88 @@ class Engine:
         for it in batch:  # the end of each new request's queueing (RequestOutput.scheduled_at)
             if it.seq.scheduled_at is None:
                 it.seq.scheduled_at = t0
-        logits, items = self.runner.run(batch)
-        new_tokens = self._choose(logits, items)
+        rows, failed = self._forward(batch)
+        new_tokens = self._choose(rows, batch, failed)
         dt = time.perf_counter() - t0
         n_rows = sum(it.num_rows for it in batch)
         kind = "decode" if all(it.is_decode for it in batch) else "prefill"
         self._timing[f"{kind}_s"] += dt
         self._timing[f"{kind}_tokens"] += n_rows if kind == "prefill" else sum(
-            len(t) for t in new_tokens)
-        self.scheduler.complete_step(batch)
-        for it, toks in zip(items, new_tokens):
-            if it.draft is not None:
-                self.scheduler.accept_draft(it.seq, toks[:-1])
-            self._append(it.seq, toks)
+            len(t) for t in new_tokens.values())
+        self.scheduler.complete_step([it for it in batch if id(it) not in failed])
+        for it in batch:
+            if id(it) in failed:
+                self._fail(it.seq, failed[id(it)])
+                continue
+            toks = new_tokens.get(id(it))
+            if toks is None:  # a prefill chunk that does not end the prompt: nothing to sample
+                continue
+            try:
+                if it.draft is not None:
+                    self.scheduler.accept_draft(it.seq, toks[:-1])
+                self._append(it.seq, toks)
+            except Exception as exc:  # stop checks / detokenizing this request's tokens
+                self._fail(it.seq, exc)
 
-    def _choose(self, logits: torch.Tensor, items: list[ScheduledSeq]) -> list[list[int]]:
-        """Tokens each item's request gains this step: one sampled token, or the accepted draft
-        tokens + one (speculative items, ``spec_decode.verify``)."""
-        starts, r = [], 0
-        for it in items:
-            starts.append(r)
-            r += it.num_rows if it.draft is not None else 1
-        plain = [i for i, it in enumerate(items) if it.draft is None]
-        out: list[list[int]] = [[] for _ in items]
+    def _forward(self, batch: list[ScheduledSeq]
+                 ) -> tuple[dict[int, torch.Tensor], dict[int, BaseException]]:
+        """Logits rows per item (``id(item)`` → ``[rows, V]``; items that end their prompt or
+        decode) and the items that failed. When the batched forward raises, each item runs
+        alone (its K/V writes are the same tokens at the same slots, so re-running is exact),
+        and only the items that fail alone are failed."""
+        try:
+            return _rows_by_item(*self.runner.run(batch)), {}
+        except Exception as exc:
+            if len(batch) == 1:
+                return {}, {id(batch[0]): exc}
+            log.warning("forward of a %d-request step failed (%s); running each alone",
+                        len(batch), type(exc).__name__)
+        rows: dict[int, torch.Tensor] = {}
+        failed: dict[int, BaseException] = {}
+        for it in batch:
+            try:
+                rows.update(_rows_by_item(*self.runner.run([it])))
+            except Exception as exc:
+                failed[id(it)] = exc
+        return rows, failed
+
+    def _choose(self, rows: dict[int, torch.Tensor], items: list[ScheduledSeq],
+                failed: dict[int, BaseException]) -> dict[int, list[int]]:
+        """Tokens each item's request gains this step (``id(item)`` → ids): one sampled token,
+        or the accepted draft tokens + one (speculative items, ``spec_decode.verify``). An item
+        whose processors, sampling or verification raise goes into ``failed`` instead."""
+        out: dict[int, list[int]] = {}
+        plain = [it for it in items if id(it) in rows and it.draft is None and id(it) not in failed]
         if plain:
-            rows = torch.tensor([starts[i] for i in plain], device=logits.device)
-            seqs = [items[i].seq for i in plain]
-            picked = apply_logits_processors(  # constrained decoding (tool_mask), per sequence
-                logits.index_select(0, rows), [s.params for s in seqs],
-                [s.token_ids[s.num_prompt:] if s.params.logits_processors else [] for s in seqs])
-            toks = sample(picked, [s.params for s in seqs], [s.generator for s in seqs])
-            for i, tok in zip(plain, toks):
-                out[i] = [tok]
-        for i, it in enumerate(items):
-            if it.draft is not None:
-                assert self.spec is not None
-                k = len(it.draft.tokens)
-                accepted, nxt = self.spec.verify(it.seq, logits[starts[i]:starts[i] + k + 1],
-                                                 it.draft)
-                out[i] = accepted + [nxt]
+            picked = torch.cat([rows[id(it)] for it in plain])  # [P, V]
+            if any(needs_preparing(it.seq.params) for it in plain):
+                picked = picked.clone()
+            for j, it in enumerate(plain):
+                s = it.seq
+                if needs_preparing(s.params):  # constrained decoding (tool_mask), biases, penalties
+                    try:
+                        picked[j] = prepare_row(picked[j], s.params, s.token_ids, s.num_prompt)
+                    except Exception as exc:
+                        failed[id(it)] = exc
+            toks = sample_rows(picked, [it.seq.params for it in plain],
+                               [it.seq.generator for it in plain])
+            for it, tok in zip(plain, toks):
+                if id(it) in failed:
+                    continue
+                if isinstance(tok, SamplingError):
+                    failed[id(it)] = tok
+                else:
+                    out[id(it)] = [tok]
+        for it in items:
+            if it.draft is None or id(it) not in rows or id(it) in failed:
+                continue
+            assert self.spec is not None
+            try:
+                accepted, nxt = self.spec.verify(it.seq, rows[id(it)], it.draft)
+            except Exception as exc:
+                failed[id(it)] = exc
+                continue
+            out[id(it)] = accepted + [nxt]
         return out
 
     def _append(self, seq: Sequence, tokens: list[int]) -> None:
@@ -412,6 +495,18 @@ class Engine:
                 self.scheduler.finish(seq)
                 break
         self._emit(seq, final=seq.finish_reason is not None)
+
+
+def _rows_by_item(logits: torch.Tensor, items: list[ScheduledSeq]) -> dict[int, torch.Tensor]:
+    """Split ``ModelRunner.run``'s ``logits [R, V]`` by item (packing order): ``num_rows`` rows
+    for a decode carrying a draft, one row otherwise."""
+    out: dict[int, torch.Tensor] = {}
+    r = 0
+    for it in items:
+        n = it.num_rows if it.draft is not None else 1
+        out[id(it)] = logits[r:r + n]
+        r += n
+    return out
 
 
 def clone_params(params: SamplingParams, **changes: Any) -> SamplingParams:

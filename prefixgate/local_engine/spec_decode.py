@@ -19,8 +19,10 @@ Inference from Transformers via Speculative Decoding", Alg. 1; Chen et al. 2023)
   same rule reduces to accepting with probability ``p(x)`` and, on rejection, sampling from ``p``
   with ``x`` removed and renormalised.
 
-``p`` is the distribution the non-speculative sampler draws from (temperature, top-k, top-p
-applied: ``sampler.probs_of``). If all ``k`` are accepted the bonus token is drawn from row ``k``.
+``p`` is the distribution the non-speculative sampler draws from (biases and penalties with the
+history at that draft position, temperature, top-k, top-p, min-p: ``sampler.adjust_logits`` +
+``sampler.probs_of``; "greedy" is ``sampler.is_greedy``). If all ``k`` are accepted the bonus
+token is drawn from row ``k``.
 
 Policy (``SpecDecoder.propose``): ``k`` adapts per request (grows by one after a fully accepted
 draft up to ``k_max``, else becomes accepted + 1); a request whose acceptance rate stays below
@@ -41,13 +43,17 @@ and on the draft, the random stream — not the distribution — differs from a 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from prefixgate.local_engine.drafters import Draft, Drafter
-from prefixgate.local_engine.sampler import probs_of
+from prefixgate.local_engine.sampler import adjust_logits, check_rows, is_greedy, probs_of
 from prefixgate.local_engine.sequence import Sequence
+
+log = logging.getLogger("local_engine.spec")
 
 PAUSE_BELOW = 0.15   # acceptance rate (EMA) under which a request stops drafting for a while
 PAUSE_STEPS = 8
@@ -195,6 +201,16 @@ class SpecDecoder:
         self.cost_curve = sorted(cost_curve) if cost_curve else None
         self.metrics = SpecMetrics(accepted_per_pos=[0] * k_max)
         self._state: dict[str, _ReqState] = {}
+        self.suffix_indexes: list[Any] = []  # suffix_index.SuffixIndex, for stats()
+
+    def stats(self) -> dict[str, float | int]:
+        """``SpecMetrics.as_dict`` + the suffix index's bytes held, namespaces and evictions."""
+        out = self.metrics.as_dict()
+        if self.suffix_indexes:
+            out["spec_suffix_index_bytes"] = sum(i.nbytes for i in self.suffix_indexes)
+            out["spec_suffix_namespaces"] = sum(i.num_namespaces for i in self.suffix_indexes)
+            out["spec_suffix_evicted_docs"] = sum(i.evicted_docs for i in self.suffix_indexes)
+        return out
 
     def _st(self, seq: Sequence) -> _ReqState:
         st = self._state.get(seq.request_id)
@@ -224,7 +240,7 @@ class SpecDecoder:
             if st.paused > 0:
                 st.paused -= 1
             elif k >= 1:
-                d = self.drafter.propose(seq, k)
+                d = self._propose_one(seq, k)
                 if d is not None:
                     d = d.truncated(k)
                     allowance -= len(d.tokens)
@@ -233,11 +249,28 @@ class SpecDecoder:
             out.append(d)
         return out
 
+    def _propose_one(self, seq: Sequence, k: int) -> Draft | None:
+        """The drafter's guess for ``seq``, or None when the drafter fails: a draft is an
+        optimisation, so a drafter error costs that request its draft, never the step."""
+        try:
+            return self.drafter.propose(seq, k)
+        except Exception:
+            log.exception("drafter %s failed for one request; it decodes without a draft",
+                          self.drafter.name)
+            self.drafter.release(seq)
+            return None
+
     def verify(self, seq: Sequence, logits: torch.Tensor, draft: Draft) -> tuple[list[int], int]:
         """``logits [k+1, V]`` of ``seq``'s step → (accepted draft tokens, next token); updates the
-        request's ``k`` and the metrics."""
+        request's ``k`` and the metrics. Row ``i`` is adjusted (biases, penalties) with the
+        history the non-speculative sampler would see there: ``seq.token_ids + draft[:i]``.
+        Raises ``sampler.SamplingError`` for a row without a distribution."""
         p = seq.params
-        if p.temperature == 0 or p.top_k == 1:
+        if p.adjusts_logits:
+            logits = torch.stack([adjust_logits(logits[i], p, seq.token_ids + draft.tokens[:i],
+                                                seq.num_prompt) for i in range(logits.shape[0])])
+        if is_greedy(p):
+            check_rows(logits)
             accepted, nxt = verify_greedy(logits, draft.tokens)
         else:
             accepted, nxt = verify_sampled(probs_of(logits, p), draft, seq.generator)

@@ -2,7 +2,8 @@
 
 ``speculative`` names drafters joined by ``+`` (``ngram``, ``suffix``, ``draft``); several are
 chained (``drafters.ChainDrafter``: the longest proposal wins). ``suffix`` subscribes its index
-to the KV manager's tree insertions.
+to the KV manager's tree insertions, bounded by ``spec_suffix_max_bytes`` /
+``spec_suffix_max_namespaces``.
 """
 
 from __future__ import annotations
@@ -27,13 +28,16 @@ def build_spec_decoder(cfg: EngineConfig, kv: KVManager, device: torch.device,
     if not cfg.speculative:
         return None
     drafters: list[Drafter] = []
+    indexes: list[SuffixIndex] = []
     for name in cfg.speculative.split("+"):
         if name == "ngram":
             drafters.append(NgramDrafter())
         elif name == "suffix":
-            index = SuffixIndex()
+            index = SuffixIndex(max_bytes=cfg.spec_suffix_max_bytes,
+                                max_namespaces=cfg.spec_suffix_max_namespaces)
             kv.on_insert.append(index.add)
             drafters.append(SuffixDrafter(index))
+            indexes.append(index)
         elif name == "draft":
             if not cfg.draft_model_path:
                 raise ValueError("speculative 'draft' needs draft_model_path")
@@ -44,5 +48,7 @@ def build_spec_decoder(cfg: EngineConfig, kv: KVManager, device: torch.device,
         else:
             raise ValueError(f"unknown speculative method {name!r} (one of {list(METHODS)})")
     drafter: Drafter = drafters[0] if len(drafters) == 1 else ChainDrafter(drafters)
-    return SpecDecoder(drafter, cfg.num_speculative_tokens, cfg.spec_max_batch_tokens,
-                       cfg.spec_cost_curve)
+    dec = SpecDecoder(drafter, cfg.num_speculative_tokens, cfg.spec_max_batch_tokens,
+                      cfg.spec_cost_curve)
+    dec.suffix_indexes = indexes
+    return dec

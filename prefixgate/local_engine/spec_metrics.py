@@ -16,6 +16,9 @@ name                                                   type     meaning
 ``engine_spec_decode_draft_acceptance_rate``           gauge    accepted / proposed (0..1)
 ``engine_spec_decode_no_draft_share``                  gauge    decode request-steps without a
                                                                 draft / all (0..1)
+``engine_spec_suffix_index_bytes``                     gauge    bytes the suffix index holds
+                                                                (with ``suffix`` drafting)
+``engine_spec_suffix_namespaces``                      gauge    cache_salt namespaces it holds
 =====================================================  =======  ===============================
 """
 
@@ -61,6 +64,13 @@ class SpecCollector(Collector):
         yield GaugeMetricFamily("engine_spec_decode_draft_acceptance_rate",
                                 "Accepted / proposed draft tokens (0..1).",
                                 value=float(s["spec_acceptance_rate"]))
+        if "spec_suffix_index_bytes" in s:
+            yield GaugeMetricFamily("engine_spec_suffix_index_bytes",
+                                    "Bytes the suffix drafter's index holds.",
+                                    value=float(s["spec_suffix_index_bytes"]))
+            yield GaugeMetricFamily("engine_spec_suffix_namespaces",
+                                    "cache_salt namespaces the suffix drafter's index holds.",
+                                    value=float(s["spec_suffix_namespaces"]))
         steps = float(s.get("spec_decode_steps") or 0)
         yield GaugeMetricFamily("engine_spec_decode_no_draft_share",
                                 "Decode request-steps without a draft / all (0..1).",

@@ -58,10 +58,12 @@ def test_suffix_index_extends_a_growing_document_and_skips_its_own() -> None:
 
 
 def test_suffix_index_drops_oldest_documents_past_its_budget() -> None:
-    index = SuffixIndex(min_n=3, max_n=3, max_tokens=10)
+    probe = SuffixIndex(min_n=3, max_n=3)
+    probe.add(None, "b", [7, 8, 9, 10, 11, 12])
+    index = SuffixIndex(min_n=3, max_n=3, max_bytes=probe.nbytes + 100)  # room for one
     index.add(None, "a", [1, 2, 3, 4, 5, 6])
     index.add(None, "b", [7, 8, 9, 10, 11, 12])
-    assert index.continuation(None, [1, 2, 3], 2) == []  # "a" dropped, its entries stale
+    assert index.continuation(None, [1, 2, 3], 2) == []  # "a" dropped, with its map entries
     assert index.continuation(None, [7, 8, 9], 2) == [10, 11]
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from prefixgate.local_engine.api_types import SamplingParams
-from prefixgate.local_engine.sampler import apply_logits_processors
+from prefixgate.local_engine.sampler import prepare_row
 
 
 class Forcer:
@@ -25,12 +25,11 @@ class Forcer:
 
 
 def test_rows_without_processors_are_untouched() -> None:
-    logits = torch.randn(2, 10)
-    same = apply_logits_processors(logits, [SamplingParams(), SamplingParams()], None)
-    assert same is logits
-    forced = apply_logits_processors(
-        logits, [SamplingParams(), SamplingParams(logits_processors=[Forcer([3])])], [[], []])
-    assert torch.equal(forced[0], logits[0]) and int(forced[1].argmax()) == 3
+    row = torch.randn(10)
+    assert prepare_row(row, SamplingParams(), [1, 2], 2) is row
+    forcer = Forcer([3, 4])
+    forced = prepare_row(row, SamplingParams(logits_processors=[forcer]), [1, 2, 3], 2)
+    assert int(forced.argmax()) == 4 and forcer.seen == [[3]]  # shown the completion only
 
 
 def test_engine_applies_one_processor_per_sequence(tiny_engine: Any) -> None:

@@ -5,8 +5,10 @@ Files, one concern each:
 - ``app.py``: the routes and ``build_app(engine)`` (what ``python -m prefixgate.local_engine``
   serves).
 - ``protocol.py``: request models and ``ApiError`` (OpenAI's error shape).
+- ``jobs.py``: a request -> an engine job: checks first, prompt work in a worker thread.
 - ``chat.py``: chat template rendering, messages (+ tools) -> prompt text -> token ids.
-- ``tokenize.py``: prompt -> token ids for generation and ``/tokenize`` / ``/detokenize``.
+- ``tokenize.py``: prompt -> token ids for generation and ``/tokenize`` / ``/detokenize``; the
+  size check before tokenizing. ``schema_depth.py``: nesting limits on tools' JSON.
 - ``chunks.py``: response bodies and SSE chunks; ``tool_calls.py``: Hermes tool-call parsing.
 - ``tool_mask.py`` / ``constrained.py``: a forcing ``tool_choice`` / ``allowed_tools`` as a
   grammar masking logits at decode time.

@@ -15,15 +15,16 @@ Routes::
     GET  /health                {"status": "ok"}
     GET  /metrics               Prometheus text (see metrics.py)
 
-A request's path: parse JSON -> validate (protocol.py) -> render + tokenize (chat.py) ->
-context check -> ``engine.generate`` -> answer JSON or SSE (``chunks.py`` builds the bodies).
-Errors leave as OpenAI's ``{"error": {...}}`` with a 4xx (``ApiError``). A client that
-disconnects aborts its engine request, so its KV slots are freed at once. Answers carry
-``X-Engine-TTFT-Ms`` (server-side TTFT: arrival -> first token, ms) split into
-``X-Engine-Queue-Ms`` (arrival -> first scheduled in a forward step) and ``X-Engine-Prefill-Ms``
-(first scheduled -> first token), ``X-Engine-Prompt-Tokens`` and ``X-Engine-Cached-Tokens``
-headers — on streams too, since the response starts only once the first token exists — and
-non-streamed answers ``X-Engine-Decode-Ms`` (first -> last token).
+A request's path: parse JSON -> validate (protocol.py) -> sampling checks, then render, size
+check and tokenize in a worker thread, then the context check (jobs.py) -> ``engine.generate``
+-> answer JSON or SSE (``chunks.py`` builds the bodies). Errors leave as OpenAI's
+``{"error": {...}}`` with a 4xx (``ApiError``). A client that disconnects aborts its engine
+request, so its KV slots are freed at once. Answers carry ``X-Engine-TTFT-Ms`` (server-side
+TTFT: arrival -> first token, ms) split into ``X-Engine-Queue-Ms`` (arrival -> first scheduled
+in a forward step) and ``X-Engine-Prefill-Ms`` (first scheduled -> first token),
+``X-Engine-Prompt-Tokens`` and ``X-Engine-Cached-Tokens`` headers — on streams too, since the
+response starts only once the first token exists — and non-streamed answers
+``X-Engine-Decode-Ms`` (first -> last token).
 """
 
 from __future__ import annotations
@@ -32,9 +33,8 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -43,7 +43,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from prefixgate.local_engine.engine import Engine, PromptTooLong, RequestOutput, SamplingParams
+from prefixgate.local_engine.engine import Engine, PromptTooLong, RequestOutput
 from prefixgate.local_engine.server.chunks import (
     DONE,
     ChatChunks,
@@ -54,7 +54,7 @@ from prefixgate.local_engine.server.chunks import (
     sse,
     usage_dict,
 )
-from prefixgate.local_engine.server.constrained import tool_call_processor
+from prefixgate.local_engine.server.jobs import Job, chat_job, completion_job
 from prefixgate.local_engine.server.metrics import CONTENT_TYPE, EngineMetrics, stats_log_line
 from prefixgate.local_engine.server.protocol import (
     ApiError,
@@ -63,13 +63,13 @@ from prefixgate.local_engine.server.protocol import (
     parse_request,
 )
 from prefixgate.local_engine.server.tokenize import (
-    chat_prompt_ids,
-    completion_prompt_ids,
+    PromptLimit,
+    context_error,
     detokenize,
     match_ids,
+    max_token_bytes,
     tokenize,
 )
-from prefixgate.local_engine.server.tool_mask import resolve_tool_constraint
 
 __all__ = ["build_app"]
 
@@ -82,22 +82,6 @@ HDR_QUEUE_MS = "X-Engine-Queue-Ms"  # arrival -> first scheduled, ms
 HDR_PREFILL_MS = "X-Engine-Prefill-Ms"  # first scheduled -> first token, ms
 HDR_PROMPT_TOKENS = "X-Engine-Prompt-Tokens"
 HDR_CACHED_TOKENS = "X-Engine-Cached-Tokens"
-
-
-@dataclass
-class _Job:
-    """One admitted request: what goes to the engine and how the answer is shaped."""
-
-    kind: str  # "chat" | "completion"
-    prompt_ids: list[int]
-    params: SamplingParams
-    stream: bool
-    include_usage: bool
-    parse_tools: bool
-    extra_key: bytes | None
-    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    created: int = field(default_factory=lambda: int(time.time()))
-    received: float = field(default_factory=time.perf_counter)
 
 
 @dataclass
@@ -115,99 +99,18 @@ class _Timing:
         self.last = now
 
 
-def _context_error(limit: int, got: int, param: str) -> ApiError:
-    """OpenAI's ``context_length_exceeded`` 400 (wording as OpenAI's own answer)."""
-    what = "messages" if param == "messages" else "prompt"
-    return ApiError(
-        f"This model's maximum context length is {limit} tokens. However, your {what} "
-        f"resulted in {got} tokens.",
-        param=param,
-        code="context_length_exceeded",
-    )
-
-
-def _check_common(req: ChatCompletionRequest | CompletionRequest) -> None:
-    if req.n is not None and req.n != 1:
-        raise ApiError("This engine supports only n=1.", param="n", code="invalid_value")
-    if req.logprobs:
-        raise ApiError("logprobs are not supported by this engine.", param="logprobs",
-                       code="unsupported_parameter")
-    fmt = getattr(req, "response_format", None)
-    if fmt and fmt.get("type", "text") != "text":
-        raise ApiError(f"response_format type '{fmt.get('type')}' is not supported by this "
-                       "engine (no constrained decoding); only 'text' is.",
-                       param="response_format", code="unsupported_parameter")
-
-
-def _sampling(
-    req: ChatCompletionRequest | CompletionRequest, prompt_len: int, max_context: int, param: str
-) -> SamplingParams:
-    """Request fields -> SamplingParams. ``max_tokens`` is clamped to the room left in the
-    context (absent = all of it); a prompt that leaves no room is a 400."""
-    room = max_context - prompt_len
-    if room < 1:
-        raise _context_error(max_context, prompt_len, param)
-    wanted = req.requested_max_tokens()
-    return SamplingParams(
-        max_tokens=room if wanted is None else min(wanted, room),
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=-1 if not req.top_k or req.top_k < 0 else req.top_k,
-        seed=req.seed,
-        stop=req.stop_list(),
-        stop_token_ids=list(req.stop_token_ids or []),
-        ignore_eos=req.ignore_eos,
-    )
-
-
-def _chat_job(engine: Engine, req: ChatCompletionRequest) -> _Job:
-    _check_common(req)
-    prompt_ids = chat_prompt_ids(engine.tokenizer, req.messages, req.tools)
-    params = _sampling(req, len(prompt_ids), engine.max_context_len, "messages")
-    constraint = resolve_tool_constraint(req.tools, req.tool_choice)
-    if constraint is not None:  # tool_choice binds: calls masked at decode time
-        params.logits_processors = [tool_call_processor(engine.tokenizer, req.tools or [],
-                                                        constraint)]
-    return _Job(
-        kind="chat",
-        prompt_ids=prompt_ids,
-        params=params,
-        stream=bool(req.stream),
-        include_usage=bool(req.stream_options and req.stream_options.include_usage),
-        parse_tools=bool(req.tools) and req.tool_choice != "none",
-        extra_key=req.cache_salt.encode() if req.cache_salt else None,
-    )
-
-
-def _completion_job(engine: Engine, req: CompletionRequest) -> _Job:
-    _check_common(req)
-    if req.echo or req.suffix:
-        raise ApiError("echo and suffix are not supported by this engine.",
-                       param="echo" if req.echo else "suffix", code="unsupported_parameter")
-    prompt_ids = completion_prompt_ids(engine.tokenizer, req.prompt)
-    params = _sampling(req, len(prompt_ids), engine.max_context_len, "prompt")
-    return _Job(
-        kind="completion",
-        prompt_ids=prompt_ids,
-        params=params,
-        stream=bool(req.stream),
-        include_usage=bool(req.stream_options and req.stream_options.include_usage),
-        parse_tools=False,
-        extra_key=req.cache_salt.encode() if req.cache_salt else None,
-    )
-
-
 class _Server:
     """Route handlers bound to one engine and its metrics."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.metrics = EngineMetrics(engine.stats)
+        self.limit = PromptLimit(engine.max_context_len, max_token_bytes(engine.tokenizer))
 
     # ---- engine stream -------------------------------------------------------------------
 
     async def _outputs(
-        self, job: _Job, timing: _Timing
+        self, job: Job, timing: _Timing
     ) -> AsyncGenerator[RequestOutput, None]:
         """The engine's outputs for ``job``; records metrics when it finishes."""
         last: RequestOutput | None = None
@@ -221,7 +124,7 @@ class _Server:
                 yield out
         except PromptTooLong:
             param = "messages" if job.kind == "chat" else "prompt"
-            raise _context_error(self.engine.max_context_len, len(job.prompt_ids), param) from None
+            raise context_error(self.engine.max_context_len, len(job.prompt_ids), param) from None
         finally:
             if last is None or not last.finished:
                 self.engine.abort(job.request_id)
@@ -239,7 +142,7 @@ class _Server:
             completion_tokens=n, finish_reason=str(reason),
         )
 
-    async def _watch_disconnect(self, request: Request, job: _Job) -> None:
+    async def _watch_disconnect(self, request: Request, job: Job) -> None:
         """Abort the engine request as soon as the client goes away."""
         while True:
             message = await request.receive()
@@ -249,7 +152,7 @@ class _Server:
 
     # ---- answers -------------------------------------------------------------------------
 
-    async def respond(self, request: Request, job: _Job) -> Response:
+    async def respond(self, request: Request, job: Job) -> Response:
         """Start ``job`` and wait for its first output, so that engine errors still become a
         4xx; then answer JSON (non-stream) or an SSE stream of the rest."""
         timing = _Timing(received=job.received)
@@ -260,7 +163,8 @@ class _Server:
         except ValueError as exc:  # the engine's own input checks (ids, params)
             watcher.cancel()
             await outputs.aclose()
-            raise ApiError(str(exc), code="invalid_value") from None
+            raise ApiError(str(exc), param=getattr(exc, "param", None),
+                           code="invalid_value") from None
         except BaseException:
             watcher.cancel()
             await outputs.aclose()
@@ -284,7 +188,7 @@ class _Server:
             headers[HDR_DECODE_MS] = f"{(timing.last - timing.first) * 1000.0:.1f}"
         return _json(self._final_body(job, "".join(text), last), headers=headers)
 
-    def _final_body(self, job: _Job, text: str, last: RequestOutput) -> dict[str, Any]:
+    def _final_body(self, job: Job, text: str, last: RequestOutput) -> dict[str, Any]:
         model = self.engine.model_name
         usage = usage_dict(last)
         if job.kind == "completion":
@@ -295,7 +199,7 @@ class _Server:
 
     async def _stream(
         self,
-        job: _Job,
+        job: Job,
         first: RequestOutput,
         outputs: AsyncGenerator[RequestOutput, None],
         watcher: asyncio.Task[None],
@@ -332,23 +236,26 @@ class _Server:
     async def chat(self, request: Request) -> Response:
         received = time.perf_counter()
         req = parse_request(ChatCompletionRequest, await _json_body(request))
-        job = _chat_job(self.engine, req)
+        job = await chat_job(self.engine, self.limit, req)
         job.received = received
         return await self.respond(request, job)
 
     async def completions(self, request: Request) -> Response:
         received = time.perf_counter()
         req = parse_request(CompletionRequest, await _json_body(request))
-        job = _completion_job(self.engine, req)
+        job = await completion_job(self.engine, self.limit, req)
         job.received = received
         return await self.respond(request, job)
 
     async def tokenize(self, request: Request) -> Response:
         payload = await _json_body(request)
-        return _json(tokenize(self.engine.tokenizer, self.engine.max_context_len, payload))
+        return _json(await asyncio.to_thread(tokenize, self.engine.tokenizer,
+                                             self.engine.max_context_len, payload, self.limit))
 
     async def detokenize(self, request: Request) -> Response:
-        return _json(detokenize(self.engine.tokenizer, await _json_body(request)))
+        payload = await _json_body(request)
+        return _json(await asyncio.to_thread(detokenize, self.engine.tokenizer, payload))
+
     async def cache_match(self, request: Request) -> dict[str, int]:
         """``POST /v1/cache/match`` (see module docstring). Read-only: no node split, no LRU
         time touched, no ``lock_ref`` (:meth:`RadixCache.peek_prefix_len`). It reads the tree
@@ -356,9 +263,9 @@ class _Server:
         when the engine is idle, possibly short by what is being inserted or evicted now."""
         body = await _json_body(request)
         if isinstance(body, dict) and isinstance(body.get("input_ids"), list):
-            ids, key = match_ids(self.engine.tokenizer, body)
+            ids, key = await asyncio.to_thread(match_ids, self.engine.tokenizer, body)
         else:
-            job = _chat_job(self.engine, parse_request(ChatCompletionRequest, body))
+            job = await chat_job(self.engine, self.limit, parse_request(ChatCompletionRequest, body))
             ids, key = job.prompt_ids, job.extra_key
         cache = self.engine.cache
         try:
@@ -410,7 +317,7 @@ def _json(body: dict[str, Any], headers: dict[str, str] | None = None) -> Respon
     return Response(orjson.dumps(body), media_type="application/json", headers=headers)
 
 
-def _engine_headers(job: _Job, timing: _Timing, first: RequestOutput) -> dict[str, str]:
+def _engine_headers(job: Job, timing: _Timing, first: RequestOutput) -> dict[str, str]:
     """What the engine knows once the first token exists, as response headers (sent before
     the stream body): server-side TTFT (ms, request arrival -> first token) and its two parts,
     queue (arrival -> first scheduled) and prefill (first scheduled -> first token), prompt

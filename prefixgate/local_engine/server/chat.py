@@ -35,6 +35,7 @@ from typing import Any
 from jinja2 import TemplateError
 
 from prefixgate.local_engine.server.protocol import ApiError
+from prefixgate.local_engine.server.schema_depth import MAX_TOOL_DEPTH, json_depth
 
 __all__ = [
     "encode_chat",
@@ -105,12 +106,16 @@ def hermes_tools_block(tools: list[dict[str, Any]]) -> str:
 
 
 def _arguments_obj(arguments: Any) -> Any:
-    """Tool-call ``arguments`` (an OpenAI JSON string) as an object when it parses."""
+    """Tool-call ``arguments`` (an OpenAI JSON string) as an object when it parses within
+    ``schema_depth.MAX_TOOL_DEPTH`` levels; else the string as sent (templates and
+    ``json.dumps`` recurse into the object; ``json.loads`` itself raises RecursionError past
+    ~1000 levels)."""
     if isinstance(arguments, str):
         try:
-            return json.loads(arguments)
-        except ValueError:
+            obj = json.loads(arguments)
+        except (ValueError, RecursionError):
             return arguments
+        return obj if json_depth(obj) <= MAX_TOOL_DEPTH else arguments
     return arguments
 
 

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from prefixgate.local_engine.server.protocol import ApiError
+from prefixgate.local_engine.server.schema_depth import check_tool_depths
 from prefixgate.local_engine.server.tool_mask import ToolConstraint, tool_name, tool_parameters
 
 __all__ = ["DEFAULT_MAX_STRING", "GrammarProcessor", "call_schema", "llg_tokenizer",
@@ -180,9 +181,11 @@ def tool_call_processor(hf_tokenizer: Any, tools: list[dict[str, Any]],
                         constraint: ToolConstraint,
                         max_string: int = DEFAULT_MAX_STRING) -> GrammarProcessor:
     """A fresh :class:`GrammarProcessor` for one request's tool constraint. Raises
-    ApiError(400, param ``tools``) when a tool's parameters schema cannot be compiled."""
+    ApiError(400) when a forced tool's schema nests too deep (``schema_depth``: checked before
+    anything here recurses into it) or cannot be compiled (param ``tools``)."""
     import llguidance
 
+    check_tool_depths(tools, constraint.names)
     tok = llg_tokenizer(hf_tokenizer)
     try:
         grammar = _compiled(tool_call_grammar(tools, constraint, max_string))

@@ -3,8 +3,11 @@
 Bodies follow OpenAI's `CreateChatCompletionRequest` / `CreateCompletionRequest`
 (openai-openapi spec); the models are tolerant: unknown fields are accepted and ignored, as
 vLLM and SGLang do, so SDKs that send newer parameters keep working. A few engine extensions
-are accepted the same way vLLM accepts them: `top_k`, `stop_token_ids`, `ignore_eos`,
-`cache_salt` (isolates this request's prefix-cache entries from requests with another salt).
+are accepted the same way vLLM accepts them: `top_k`, `min_p`, `repetition_penalty`,
+`stop_token_ids`, `ignore_eos`, `cache_salt` (isolates this request's prefix-cache entries from
+requests with another salt). Sampling ranges (temperature 0-2, top_p (0, 1], penalties [-2, 2],
+logit_bias [-100, 100], seed 64-bit) are the core's ``SamplingParams.validate``; the bounds here
+only make the common ones fail at parse time with the same 400.
 Integer and boolean fields are strict, as OpenAI's are: ``"stream": "false"`` or
 ``"max_tokens": "10"`` is a 400 ``invalid_type``, never silently coerced.
 
@@ -91,6 +94,11 @@ class _SamplingFields(_Tolerant):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: StrictInt | None = None
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = None
     seed: StrictInt | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None

@@ -38,7 +38,7 @@ def _parse_block(body: str) -> dict[str, Any] | None:
     """One block body -> OpenAI tool call dict, or None when it is not a valid call."""
     try:
         obj = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # the model wrote ~1000+ nested brackets: not a call
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
