@@ -8,4 +8,10 @@ The score script checks the line against the mutant's diff, so an entry that no 
 from __future__ import annotations
 
 EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
+    "prefixgate/proxy/routing/breaker.py": {
+        "xǁBreakerǁavailable__mutmut_1": (
+            "if not self.settings.enabled and self.state == CLOSED:",
+            "a disabled breaker never leaves CLOSED (no trip, no peer opening; settings are fixed per "
+            "board) and a CLOSED breaker never has probing set, so both forms answer True"),
+    },
 }

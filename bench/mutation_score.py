@@ -156,10 +156,14 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2, help="mutants run in parallel (mutmut --max-children)")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--keep", action="store_true", help="reuse build/mutation/<module> (mutmut's cache)")
+    ap.add_argument("--rescore", action="store_true",
+                    help="no run: classify the verdicts of the last run again (after editing the equivalents)")
     args = ap.parse_args()
     module = args.module
     tests = [t for t in TARGETS[module] if (REPO / t).exists()]
     work = REPO / "build" / "mutation" / re.sub(r"[^A-Za-z0-9]+", "_", module)
+    if args.rescore:
+        return score(work, module, args.out)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     if not (work / "prefixgate").exists():
@@ -173,14 +177,19 @@ def main() -> int:
     if run.returncode not in (0, None):
         print(f"mutmut run failed (exit {run.returncode})")
         return 2
+    return score(work, module, args.out)
+
+
+def score(work: Path, module: str, out: Path) -> int:
+    """Classify the verdicts of the run in ``work``, print the unexplained survivors, record."""
     verdicts = read_verdicts(work, module)
     diffs = {name: mutmut(work, "show", name, capture=True).stdout
              for name, code in verdicts.items() if code not in KILLED_CODES}
     result = classify(module, verdicts, diffs)
     for name, diff, why in result["unexplained"]:
         print(f"\n### SURVIVED {name} ({why})\n{diff}")
-    record(module, result["figures"], args.out)
-    print(json.dumps({module: result["figures"]}), "->", args.out)
+    record(module, result["figures"], out)
+    print(json.dumps({module: result["figures"]}), "->", out)
     return 1 if result["figures"]["survived"] else 0
 
 
