@@ -51,7 +51,7 @@ RETRY = "tests/proxy/test_retry_bounds.py"
 #: module -> the test files that cover it (its own unit, property and state-machine tests)
 TARGETS: dict[str, list[str]] = {
     "prefixgate/proxy/routing/breaker.py": [R, SHARED, RETRY, "tests/routing/test_breaker_machine.py"],
-    "prefixgate/proxy/routing/balance.py": [R, SHARED, RETRY, "tests/routing/test_balance_load.py"],
+    "prefixgate/proxy/routing/balance.py": [R, RETRY, "tests/routing/test_balance_load.py"],
     "prefixgate/proxy/routing/retries.py": [R, RETRY, "tests/routing/test_retries_pinned.py"],
     "prefixgate/proxy/routing/shared.py": [SHARED, "tests/routing/test_breaker_machine.py",
                                            "tests/routing/test_shared_pinned.py"],

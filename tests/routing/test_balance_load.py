@@ -218,7 +218,7 @@ class Load(RuleBasedStateMachine):
         assert self.bal.loads(NAMES) == [self.want[n] + self.bal.others.get(n, 0) for n in NAMES]
 
 
-Load.TestCase.settings = settings(max_examples=150, stateful_step_count=40)
+Load.TestCase.settings = settings(max_examples=60, stateful_step_count=30)
 test_load_accounting_is_exact = Load.TestCase
 
 
@@ -270,7 +270,7 @@ class Placement(RuleBasedStateMachine):
             assert self.bal._live[n] == self.live(n) >= 0
 
 
-Placement.TestCase.settings = settings(max_examples=150, stateful_step_count=40)
+Placement.TestCase.settings = settings(max_examples=100, stateful_step_count=30)
 test_placement_follows_the_bounded_load_rule = Placement.TestCase
 
 
@@ -278,3 +278,23 @@ test_placement_follows_the_bounded_load_rule = Placement.TestCase
        st.floats(1.0, 3.0))
 def test_imbalanced_is_the_stated_formula(loads: list[int], gap: int, rel: float) -> None:
     assert imbalanced(loads, gap, rel) == (max(loads) - min(loads) > gap and max(loads) > rel * min(loads))
+
+
+def test_defaults_and_names_of_each_choice() -> None:
+    """``turn`` defaults to 0; each rule names itself in ``why``; a match of 1 token is a match;
+    ties among the longest matches are broken by the request's own key."""
+    rr = AffinitySettings(mode="round_robin")
+    assert choose(NAMES, [0, 0, 0], "k", rr) == Choice(0, "round_robin")
+    ex = AffinitySettings(mode="exact")
+    assert choose(NAMES, [0, 0, 0], "k", ex, matches=[0, 1, 0]) == Choice(1, "cache_match")
+    key = "k1"  # a key whose tie-break between d0 and d2 differs from another key's ("None")
+    assert rendezvous(key, ["d0", "d2"]) != rendezvous("None", ["d0", "d2"])
+    want = [0, 2][rendezvous(key, ["d0", "d2"])]
+    assert choose(NAMES, [0, 0, 0], key, ex, matches=[7, 0, 7]) == Choice(want, "cache_match")
+
+
+def test_round_robin_turns_are_per_group_and_acquire_defaults_to_no_reason() -> None:
+    bal = Balancer()
+    assert [bal.turn("a"), bal.turn("b"), bal.turn("a"), bal.turn("a"), bal.turn("b")] == [0, 0, 1, 2, 1]
+    bal.acquire("d0")
+    assert bal.served == collections.Counter({("d0", ""): 1})
