@@ -6,7 +6,7 @@ PIP    := $(VENV)/bin/pip
 MODEL_DIR ?= $(HOME)/.cache/prefixgate/models/SmolLM2-135M-Instruct
 POLICY ?=
 
-.PHONY: venv install model run test test-fast redis chromium wrk bench bench-overhead clean
+.PHONY: venv install model run test test-fast redis chromium wrk bench bench-overhead mutation clean
 
 $(VENV)/.installed: pyproject.toml
 	@echo "[setup 1/4] virtual environment in $(VENV)"
@@ -63,6 +63,14 @@ test: $(MODEL_DIR)/config.json redis chromium wrk
 
 test-fast: $(VENV)/.installed chromium
 	$(PY) -m pytest -q -m "not slow"
+
+# Mutation score of one module (issue 21; docs/mutation.md): mutmut into the venv when missing, run
+# over MODULE with only the test files that cover it (bench/mutation_score.py's TARGETS), niced.
+MUTMUT ?= mutmut==3.8.1
+mutation: | $(VENV)/.installed
+	@test -n "$(MODULE)" || { echo "usage: make mutation MODULE=prefixgate/proxy/routing/breaker.py"; exit 2; }
+	@$(PY) -c "import mutmut" 2>/dev/null || $(PIP) install -q "$(MUTMUT)"
+	nice -n 10 $(PY) bench/mutation_score.py --module $(MODULE)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

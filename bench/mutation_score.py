@@ -1,0 +1,197 @@
+"""Mutation score of one module with mutmut (issue 21): ``make mutation MODULE=prefixgate/...``.
+
+Tool: mutmut 3 (``docs/mutation.md`` says why). It mutates every function of MODULE (one
+mutant per operator site, switched at run time by a trampoline), records which of the module's
+own test files (:data:`TARGETS`, kept small so a module takes minutes on 2 shared cores) reach
+each function, and runs each mutant against only those tests, in a forked child with a CPU-time
+limit. Hypothesis runs under the ``ci`` profile of tests/conftest.py (derandomized, no database),
+so a verdict is the same on every run.
+
+Steps, all in ``build/mutation/<module>/`` (a fresh copy of the files git knows; the work tree is
+never touched): write ``setup.cfg`` ``[mutmut]`` (``source_paths = prefixgate``,
+``only_mutate = MODULE``, the test files), ``mutmut run``, read the verdicts, and sort each
+mutant that was not killed:
+
+* listed in :data:`bench.mutation_equivalents.EQUIVALENT` with the mutated line it expects —
+  ``equivalent`` (its one-line reason is there); a listed mutant whose diff no longer shows that
+  line is stale and counts as survived, never silently equivalent;
+* otherwise ``survived`` (printed with its diff: kill it with a test or explain it).
+
+``bench/results/mutation_score.json`` gets this module's entry ``{"mutants", "killed",
+"equivalent", "survived"}`` (other modules' entries are kept). ``killed`` counts mutants whose
+tests failed or ran past the time limit; ``survived`` includes mutants no selected test reaches.
+Exit status 1 when any mutant survived.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.mutation_equivalents import EQUIVALENT  # noqa: E402
+from tests.paths import DATA  # noqa: E402
+
+OUT = REPO / "bench" / "results" / "mutation_score.json"
+TOOL = "mutmut 3.8.1"
+COMMAND = "make mutation MODULE=<module>  # one run per module below; HYPOTHESIS_PROFILE=ci"
+
+R = "tests/proxy/test_routing_units.py"
+SHARED = "tests/proxy/test_shared_routing.py"
+RETRY = "tests/proxy/test_retry_bounds.py"
+#: module -> the test files that cover it (its own unit, property and state-machine tests)
+TARGETS: dict[str, list[str]] = {
+    "prefixgate/proxy/routing/breaker.py": [R, SHARED, RETRY, "tests/routing/test_breaker_machine.py"],
+    "prefixgate/proxy/routing/balance.py": [R, RETRY, "tests/routing/test_balance_load.py"],
+    "prefixgate/proxy/routing/retries.py": [R, RETRY, "tests/routing/test_retries_pinned.py"],
+    "prefixgate/proxy/routing/shared.py": [SHARED, "tests/routing/test_breaker_machine.py",
+                                           "tests/routing/test_shared_pinned.py"],
+    "prefixgate/proxy/http/ratelimit.py": ["tests/proxy/test_auth_and_limits.py",
+                                          "tests/adversarial/test_tpm_charges_what_is_spent.py",
+                                          "tests/proxy/test_ratelimit_pinned.py"],
+    "prefixgate/cache/rollup.py": ["tests/cache/test_savings_math.py", "tests/cache/test_ledger_writer.py",
+                                   "tests/cache/test_rollup_pinned.py"],
+    "prefixgate/cache/holdout_stats.py": ["tests/cache/test_savings_math.py", "tests/cache/test_time_saved.py",
+                                          "tests/cache/test_holdout_pinned.py"],
+    "prefixgate/cache/savings.py": ["tests/cache/test_savings_math.py", "tests/cache/test_time_saved.py",
+                                    "tests/cache/test_savings_pinned.py"],
+    "prefixgate/cache/ledger_writer.py": ["tests/cache/test_ledger_writer.py"],
+    "prefixgate/cache/responses_store.py": ["tests/proxy/test_responses_store.py",
+                                            "tests/cache/test_responses_store_machine.py"],
+    "prefixgate/proxy/routing/fanout.py": ["tests/proxy/test_fanout.py"],
+    "prefixgate/rewriter/ttl_choice.py": ["tests/rewriter/test_ttl_choice.py"],
+    "prefixgate/cache/provider_models/token_radix.py": ["tests/cache/test_token_radix.py"],
+}
+
+# mutmut's exit-code vocabulary (mutmut/stats.py)
+KILLED_CODES = {1, 3, 36, 24, -24, 152, 255}  # test failure, pytest internal error, CPU-time limit
+
+
+def scratch_copy(dest: Path) -> None:
+    """Copy the files git knows (tracked + untracked, not ignored) of REPO into ``dest``."""
+    names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
+                           check=True, capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, names):
+        src = REPO / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+
+
+def setup_cfg(module: str, tests: list[str], others: list[str]) -> str:
+    """The ``[mutmut]`` section for ``module``, its ``tests`` and the ``others`` top-level
+    entries to copy beside the mutants (docs/, bench/: tests read fixtures from them)."""
+    lines = ["[mutmut]", "source_paths = prefixgate", f"only_mutate = {module}",
+             "also_copy ="] + [f"    {o}" for o in others]
+    lines += ["pytest_add_cli_args_test_selection ="] + [f"    {t}" for t in tests]
+    lines += ["pytest_add_cli_args =", "    -p", "    no:cacheprovider", "    -q",
+              "timeout_multiplier = 10.0", "timeout_constant = 5.0", "track_dependencies = false",
+              "use_git_change_detection = false"]
+    return "\n".join(lines) + "\n"
+
+
+def mutmut(work: Path, *args: str, capture: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m mutmut ARGS`` in ``work`` (no PYTHONPATH: mutmut puts mutants/ first)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HYPOTHESIS_PROFILE="ci", PREFIXGATE_DATA_DIR=str(DATA))
+    return subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=work, env=env, text=True,
+                          capture_output=capture)
+
+
+def mutated_lines(diff: str) -> list[str]:
+    """The added lines of a mutant's diff, stripped."""
+    return [ln[1:].strip() for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+
+
+def classify(module: str, verdicts: dict[str, int | None], diffs: dict[str, str]) -> dict[str, Any]:
+    """Figures for ``module`` and the list of unexplained survivors (name, diff, why)."""
+    known = EQUIVALENT.get(module, {})
+    figures = {"mutants": len(verdicts), "killed": 0, "equivalent": 0, "survived": 0}
+    unexplained: list[tuple[str, str, str]] = []
+    for name, code in sorted(verdicts.items()):
+        if code in KILLED_CODES:
+            figures["killed"] += 1
+            continue
+        short = name.rsplit(".", 1)[-1]
+        entry = known.get(short)
+        if entry is not None and entry[0].strip() in mutated_lines(diffs.get(name, "")):
+            figures["equivalent"] += 1
+            continue
+        figures["survived"] += 1
+        why = "no selected test reaches it" if code in (5, 33) else f"exit code {code}"
+        if entry is not None:
+            why += f"; STALE equivalent entry (expected the line {entry[0]!r})"
+        unexplained.append((name, diffs.get(name, ""), why))
+    return {"figures": figures, "unexplained": unexplained}
+
+
+def read_verdicts(work: Path, module: str) -> dict[str, int | None]:
+    """``{mutant name: exit code}`` from mutmut's meta file of ``module``."""
+    meta = json.loads((work / "mutants" / (module + ".meta")).read_text())
+    return meta["exit_code_by_key"]
+
+
+def record(module: str, figures: dict[str, int], out: Path) -> None:
+    """Write ``module``'s figures into ``out``, keeping the other modules' entries."""
+    data = json.loads(out.read_text()) if out.exists() else {}
+    modules = data.get("modules", {})
+    modules[module] = figures
+    order = {m: i for i, m in enumerate(TARGETS)}
+    modules = dict(sorted(modules.items(), key=lambda kv: order.get(kv[0], len(order))))
+    out.write_text(json.dumps({"command": COMMAND, "tool": TOOL, "modules": modules}, indent=2) + "\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--module", required=True, choices=sorted(TARGETS))
+    ap.add_argument("--jobs", type=int, default=2, help="mutants run in parallel (mutmut --max-children)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--keep", action="store_true", help="reuse build/mutation/<module> (mutmut's cache)")
+    ap.add_argument("--rescore", action="store_true",
+                    help="no run: classify the verdicts of the last run again (after editing the equivalents)")
+    args = ap.parse_args()
+    module = args.module
+    tests = [t for t in TARGETS[module] if (REPO / t).exists()]
+    work = REPO / "build" / "mutation" / re.sub(r"[^A-Za-z0-9]+", "_", module)
+    if args.rescore:
+        return score(work, module, args.out)
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    if not (work / "prefixgate").exists():
+        work.mkdir(parents=True, exist_ok=True)
+        scratch_copy(work)
+    others = sorted(p.name for p in work.iterdir() if p.name not in ("prefixgate", "tests", "mutants",
+                                                                      "setup.cfg", "pyproject.toml"))
+    (work / "setup.cfg").write_text(setup_cfg(module, tests, others))
+    print(f"mutmut over {module} with {len(tests)} test files: {' '.join(tests)}", flush=True)
+    run = mutmut(work, "run", "--max-children", str(args.jobs))
+    if run.returncode not in (0, None):
+        print(f"mutmut run failed (exit {run.returncode})")
+        return 2
+    return score(work, module, args.out)
+
+
+def score(work: Path, module: str, out: Path) -> int:
+    """Classify the verdicts of the run in ``work``, print the unexplained survivors, record."""
+    verdicts = read_verdicts(work, module)
+    diffs = {name: mutmut(work, "show", name, capture=True).stdout
+             for name, code in verdicts.items() if code not in KILLED_CODES}
+    result = classify(module, verdicts, diffs)
+    for name, diff, why in result["unexplained"]:
+        print(f"\n### SURVIVED {name} ({why})\n{diff}")
+    record(module, result["figures"], out)
+    print(json.dumps({module: result["figures"]}), "->", out)
+    return 1 if result["figures"]["survived"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
