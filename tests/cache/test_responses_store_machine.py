@@ -30,21 +30,29 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     return now
 
 
+def _size(r: StoredResponse) -> int:
+    """The store's own rule (its module docstring): the compact JSON of ``[response,
+    input_items]`` + the id, backend and tenant strings + ENTRY_OVERHEAD per entry."""
+    blob = orjson.dumps([r.response, r.input_items])
+    return len(blob) + len(r.id) + len(r.backend) + len(r.tenant) + rs.ENTRY_OVERHEAD
+
+
 def rec(i: str, n: int = 0, backend: str = "b") -> StoredResponse:
     return StoredResponse(id=i, backend=backend, response={"output": [{"t": "x" * n}]} if n >= 0 else None,
                           input_items=[{"role": "user"}])
 
 
 def test_the_size_of_an_entry_by_hand() -> None:
-    """JSON of [response, input_items] + id + backend: b'[{"a":1},[]]' is 12 bytes, "r1" 2,
-    "bk" 2 -> 16."""
+    """JSON of [response, input_items] + id + backend + tenant + the per-entry overhead:
+    b'[{"a":1},[]]' is 12 bytes, "r1" 2, "bk" 2, "" 0 -> 16 + ENTRY_OVERHEAD."""
     r = StoredResponse(id="r1", backend="bk", response={"a": 1})
-    assert rs._size(r) == 16
+    assert _size(r) == 16 + rs.ENTRY_OVERHEAD
     s = MemoryResponseStore()
     s.put(r)
-    assert s.bytes == 16 and len(s) == 1
-    p = StoredResponse(id="p", backend="openai")  # a passthrough pointer: b'[null,[]]' = 9
-    assert rs._size(p) == 9 + 1 + 6
+    assert s.bytes == 16 + rs.ENTRY_OVERHEAD and len(s) == 1
+    p = StoredResponse(id="p", backend="openai", tenant="acme")  # a pointer: b'[null,[]]' = 9
+    s.put(p)
+    assert s.bytes == 16 + rs.ENTRY_OVERHEAD + 9 + 1 + 6 + 4 + rs.ENTRY_OVERHEAD
 
 
 def test_history_is_input_then_output() -> None:
@@ -62,11 +70,11 @@ def test_a_replaced_entry_counts_once(clock: list[float]) -> None:
     s.put(rec("a", 100))
     assert s.bytes == one and len(s) == 1
     s.put(rec("a", 10))
-    assert s.bytes == rs._size(rec("a", 10))
+    assert s.bytes == _size(rec("a", 10))
 
 
 def test_the_byte_bound_evicts_the_least_recently_used(clock: list[float]) -> None:
-    size = rs._size(rec("a", 50))
+    size = _size(rec("a", 50))
     s = MemoryResponseStore(max_bytes=3 * size)
     for i in "abc":
         s.put(rec(i, 50))
@@ -83,9 +91,9 @@ def test_too_large_is_not_stored_and_drops_the_old_one(clock: list[float]) -> No
     s.put(rec("a", 500))
     assert s.get("a") is None and s.bytes == 0 and len(s) == 0
     exact = rec("e", 0)
-    s2 = MemoryResponseStore(max_bytes=rs._size(exact))
+    s2 = MemoryResponseStore(max_bytes=_size(exact))
     s2.put(exact)
-    assert s2.get("e") is exact  # exactly max_bytes fits
+    assert s2.get("e") == exact  # exactly max_bytes fits (a read is a fresh copy)
 
 
 def test_the_entry_bound(clock: list[float]) -> None:
@@ -93,7 +101,7 @@ def test_the_entry_bound(clock: list[float]) -> None:
     for i in "abc":
         s.put(rec(i))
     assert [s.get(i) is not None for i in "abc"] == [False, True, True]
-    assert s.bytes == 2 * rs._size(rec("a"))
+    assert s.bytes == 2 * _size(rec("a"))
 
 
 def test_ttl_since_stored_that_instant_included(clock: list[float]) -> None:
@@ -133,7 +141,7 @@ class Store(RuleBasedStateMachine):
     @rule(i=st.sampled_from("abcdef"), n=st.integers(-1, 400), backend=st.sampled_from(["b", "openai"]))
     def put(self, i: str, n: int, backend: str) -> None:
         r = rec(i, n, backend)
-        size = len(orjson.dumps([r.response, r.input_items])) + len(i) + len(backend)
+        size = _size(r)
         self.m.pop(i, None)
         if size <= self.MAX_BYTES:
             self.m[i] = (self.now[0], size, r)
@@ -151,7 +159,7 @@ class Store(RuleBasedStateMachine):
             else:
                 self.m.move_to_end(i)
                 want = hit[2]
-        assert self.s.get(i) is want
+        assert self.s.get(i) == want  # a fresh copy of what was stored
 
     @rule(i=st.sampled_from("abcdefg"))
     def delete(self, i: str) -> None:

@@ -40,7 +40,7 @@ def test_totals_by_hand() -> None:
     assert t == {
         "requests": 3, "errors": 1, "input_usd": 0.003, "cf_input_usd": 0.009,
         "saved_usd": 0.006, "saved_pct": 0.666667, "prompt_tokens": 5000, "cached_tokens": 1500,
-        "cf_cached_tokens": 600, "saved_tokens": 1150, "pruned_tokens": 250,
+        "cf_cached_tokens": 600, "saved_tokens": 1150, "pruned_tokens": 250, "added_tokens": 0,
         "cached_share": 0.375, "cf_cached_share": 0.2, "ttft_p50_ms": 200.0, "ttft_p95_ms": 290.0,
         "cf_source": {"measured": 0, "modelled": 2, "holdout": 0, "none": 1},
         "no_usage_reported": 1, "output_tokens": 77, "cache_write_tokens": 40,
