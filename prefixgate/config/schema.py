@@ -188,15 +188,29 @@ class Route(RouteTargets):
     default_max_tokens: int | None = Field(None, ge=0)
 
 
+HoistTarget = Literal["auto", "end", "last_user", "system_end", "reminder"]
+HOIST_TARGET_BY_API: dict[str, str] = {"openai": "reminder", "anthropic": "end"}
+"""Where ``hoist_target: auto`` puts the hoisted note, per client API (placements in
+``prefixgate/rewriter/note_placement.py``). Chosen by measurement: the placement whose greedy
+answers changed least often against the unrewritten request, with no answer addressing the note
+(``bench/answer_stability.py`` -> ``bench/results/answer_stability.json``, ``by_placement``)."""
+
+
 class RewriteSettings(_Strict):
-    """Switches for each rewrite pass; ``enabled: false`` turns the whole pipeline off."""
+    """Switches for each rewrite pass; ``enabled: false`` turns the whole pipeline off.
+
+    ``hoist_target``: where ``hoist_volatile`` puts its note (``auto``: per API,
+    :data:`HOIST_TARGET_BY_API`); ``learn_volatility``: also hoist system lines no detector
+    recognises once seen changing (a detector's clock or id is hoisted once seen changing, or
+    when its line marks it per-request, with or without this switch).
+    """
 
     enabled: bool = True
     canonicalize_tools: bool = True
     tool_order: Literal["name", "first_seen"] = "name"
     tool_schema_sort_properties: bool = False
     hoist_volatile: bool = True
-    hoist_target: Literal["end", "last_user"] = "end"
+    hoist_target: HoistTarget = "auto"
     learn_volatility: bool = True
     stabilise_passages: bool = True
     """Injected passages keep the order the session first saw them in (nothing removed)."""

@@ -38,8 +38,6 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from prefixgate.rewriter.volatile_spans import Span
-
 MAX_LEARNED = 32
 MAX_CHANGED_LINES = 4
 MAX_WHOLE_LINE_CHARS = 600
@@ -178,39 +176,43 @@ def learn(prev: list[str], cur: list[str], prev_words: dict[str, list[str]],
     return entries
 
 
-def learned_spans(texts: list[str], learned: list[list[Any]], taken: dict[int, list[Span]]
-                  ) -> tuple[dict[int, list[Span]], list[str]]:
-    """Spans of ``texts`` for learned entries (skipping overlaps with ``taken``).
+@dataclass(frozen=True)
+class Range:
+    """Where a learned entry lands in the current text: ``texts[block][start:end]``;
+    ``whole_line``: the entry is a whole line (not a word range in a long line)."""
 
-    Returns ``({block: [Span]}, [skipped reasons])``; a whole line longer than
-    :data:`MAX_WHOLE_LINE_CHARS` is skipped (reported), never moved.
-    """
+    block: int
+    start: int
+    end: int
+    whole_line: bool
+
+
+def learned_ranges(texts: list[str], learned: list[list[Any]]) -> list[Range]:
+    """Where each learned entry lands in ``texts`` (entries whose anchor is gone, or whose
+    word range no longer fits its line, land nowhere): a whole line with its leading and
+    trailing whitespace trimmed, or the words ``p`` .. ``-q-1`` of a long line."""
     lines = split_lines(texts)
     hashes = [line_digest(texts[ln.block][ln.start:ln.end]) for ln in lines]
-    out: dict[int, list[Span]] = {}
-    skipped: list[str] = []
+    first: dict[str, int] = {}
+    for i, h in enumerate(hashes):
+        first.setdefault(h, i)
+    out: list[Range] = []
     for entry in learned:
         anchor, off = entry[0], int(entry[1])
-        base = -1 if anchor == "^" else (hashes.index(anchor) if anchor in hashes else None)
+        base = -1 if anchor == "^" else first.get(anchor)
         if base is None or not 0 <= base + off < len(lines):
             continue
-        j = base + off
-        ln = lines[j]
+        ln = lines[base + off]
         text = texts[ln.block][ln.start:ln.end]
         if len(entry) == 4:
             words = list(_WORD.finditer(text))
             a, b = int(entry[2]), len(words) - int(entry[3]) - 1
             if not 0 <= a <= b < len(words):
                 continue
-            s, e = ln.start + words[a].start(), ln.start + words[b].end()
+            out.append(Range(ln.block, ln.start + words[a].start(), ln.start + words[b].end(), False))
         else:
             lead = len(text) - len(text.lstrip())
             s, e = ln.start + lead, ln.start + len(text.rstrip())
-            if e - s > MAX_WHOLE_LINE_CHARS:
-                skipped.append(f"system line {j} ({e - s} chars)")
-                continue
-        if e <= s or any(sp.start < e and s < sp.end
-                         for sp in taken.get(ln.block, []) + out.get(ln.block, [])):
-            continue
-        out.setdefault(ln.block, []).append(Span("learned", s, e))
-    return out, skipped
+            if e > s:
+                out.append(Range(ln.block, s, e, True))
+    return out

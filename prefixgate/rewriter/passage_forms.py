@@ -11,6 +11,10 @@ Forms, tried in this order (the first that yields at least two passages wins):
 4. A JSON array of at least two objects that each carry a text field (``content``, ``text``,
    ``page_content``, ``body``, ``snippet``, ``chunk``, ``passage``, ``document``).
 5. ``[n]`` numbered passages (distinct numbers, any order).
+6. By structure (issue 19, item 7), whatever the tag name: a run of at least two sibling
+   elements of one shape — one tag name, the same attribute names, only whitespace between
+   them — each with a label attribute (:data:`LABEL_ATTRS`), the labels distinct
+   (``<kb_article id="a" title=..>``, ``<memory key=..>``): :func:`sibling_elements`.
 
 A passage is the whole element, header or list item: its label (id, number, heading) travels
 with it, so a citation ``[7]`` still names the same passage after a reorder. Only the passages
@@ -22,11 +26,12 @@ Where the text came from decides what counts (docs/passes.md, "retrieval-only"):
   :data:`prefixgate.rewriter.passages.PASSAGE_TAGS`.
 * ``origin="system"`` (text the application wrote, where RAG layers inject context): tags of
   :data:`prefixgate.rewriter.passages.RETRIEVAL_TAGS` (a developer's ``<example>``, ``<result>`` or
-  ``<context>`` blocks are instructions, not passages) and forms 2-4; ``[n]`` lists only under
-  a retrieval header line (``Sources:``, ``Search results:``, ...).
+  ``<context>`` blocks without labels are instructions, not passages), forms 2-4 and 6; ``[n]``
+  lists only under a retrieval header line (``Sources:``, ``Search results:``, ...).
 * ``origin="user"`` (a user's own message): tags of :data:`prefixgate.rewriter.passages.RETRIEVAL_TAGS`;
   every other form only directly under a retrieval header line (:data:`RETRIEVAL_HEADER`) — a
-  user's own numbered list, ``Document 1:`` notes or markdown sections are the user's content.
+  user's own numbered list, ``Document 1:`` notes, markdown sections or labelled elements are
+  the user's content.
 
 A group whose extent is ambiguous (a multi-paragraph passage before the last one, so the last
 one's end cannot be told from the text after it) is not a retrieval: ``[]``. Every scan is
@@ -41,7 +46,15 @@ from collections.abc import Sequence
 from itertools import pairwise
 from typing import Literal
 
-from prefixgate.rewriter.passages import PASSAGE_TAGS, RETRIEVAL_TAGS, Passage, content_id, tagged_passages
+from prefixgate.rewriter.passages import (
+    PASSAGE_TAGS,
+    RETRIEVAL_TAGS,
+    Passage,
+    attributes,
+    content_id,
+    element_pairs,
+    tagged_passages,
+)
 
 Origin = Literal["tool", "system", "user"]
 
@@ -59,6 +72,13 @@ RETRIEVAL_HEADER = re.compile(
 """The line right above a user's (or an ``[n]`` list's) passages that marks them as injected:
 it names retrieval (``Sources:``, ``Search results:``, ``Use the following context:``) and ends
 with a colon."""
+LABEL_ATTRS = ("id", "index", "doc_id", "docid", "key", "idx", "name", "title", "source", "url",
+               "path", "ref", "uri")
+"""Attributes that label an element (form 6): the first one present is its label."""
+_ANY_OPEN = re.compile(r"<([A-Za-z][\w.:-]{0,63})\s[^<>]{0,255}>")
+MAX_TAG_NAMES = 16
+"""Distinct tag names (with attributes) tried by :func:`sibling_elements`, in order of first
+appearance: each costs one linear scan."""
 TEXT_KEYS = ("content", "text", "page_content", "body", "snippet", "chunk", "passage", "document")
 MAX_JSON_TRIES = 8
 
@@ -161,6 +181,49 @@ def json_documents(text: str) -> list[Passage]:
     return []
 
 
+def _label(attrs: dict[str, str]) -> str | None:
+    return next((attrs[k] for k in LABEL_ATTRS if attrs.get(k)), None)
+
+
+def _sibling_run(text: str, tag: str) -> list[Passage]:
+    """The first run of 2+ elements ``tag`` of one shape with distinct labels (form 6)."""
+    run: list[Passage] = []
+    labels: set[str] = set()
+    shape: tuple[str, ...] = ()
+    for el in element_pairs(text, tag):
+        attrs = attributes(el.attrs)
+        label, keys = _label(attrs), tuple(sorted(attrs))
+        here = Passage(label or "", el.start, el.end, f"element:{tag}", text[el.open_end:el.body_end])
+        if label is not None and run and keys == shape and label not in labels \
+                and not text[run[-1].end:el.start].strip():
+            run.append(here)
+            labels.add(label)
+            continue
+        if len(run) >= 2:
+            return run
+        run, labels, shape = ([here], {label}, keys) if label is not None else ([], set(), keys)
+    return run if len(run) >= 2 else []
+
+
+def sibling_elements(text: str) -> list[Passage]:
+    """Labelled sibling elements of one shape, whatever their tag name (form 6): the first
+    tag name (of the first :data:`MAX_TAG_NAMES` with attributes) that has such a run."""
+    names: list[str] = []
+    for m in _ANY_OPEN.finditer(text):
+        name = m.group(1)
+        if name not in names:
+            names.append(name)
+            if len(names) == MAX_TAG_NAMES:
+                break
+    lowered = text.lower()
+    for name in names:
+        if lowered.count(f"</{name.lower()}>") >= 2:
+            found = _sibling_run(text, name)
+            if found:
+                return found
+    return []
+
+
 def structural_gaps(text: str, passages: Sequence[Passage]) -> bool:
     """True when only whitespace (or one ``,`` for JSON elements) lies between passages."""
     for a, b in pairwise(passages):
@@ -179,7 +242,8 @@ def find_retrieval(text: str, origin: Origin) -> list[Passage]:
     for finder, header_needed in ((doc_headers, origin == "user"),
                                   (markdown_sections, origin == "user"),
                                   (json_documents, origin == "user"),
-                                  (numbered, origin != "tool")):
+                                  (numbered, origin != "tool"),
+                                  (sibling_elements, origin == "user")):
         found = finder(text)
         if len(found) < 2 or not structural_gaps(text, found):
             continue

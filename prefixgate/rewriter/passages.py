@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -48,6 +48,10 @@ _ID_ATTRS = ("id", "index", "doc_id", "docid", "key", "idx", "name")
 _NUMBERED = re.compile(r"(?m)^[ \t]{0,16}\[(\d{1,4})\][ \t]?")
 _OPEN = {tag: re.compile(rf"<{tag}(\s[^>]{{0,255}})?>", re.IGNORECASE) for tag in PASSAGE_TAGS}
 _CLOSE = {tag: re.compile(rf"</{tag}>", re.IGNORECASE) for tag in PASSAGE_TAGS}
+_ANY_OPEN = re.compile(r"<([A-Za-z][\w.:-]{0,63})(\s[^<>]{0,255})?>")
+_ANY_CLOSE = re.compile(r"</([A-Za-z][\w.:-]{0,63})>")
+"""Any element's opening / closing tag (tag names outside :data:`PASSAGE_TAGS`, filtered by
+name in :func:`element_pairs`: one scan each, no pattern built per name)."""
 _INNER_TAG = re.compile(r"<[^>]{1,80}>")
 """Every quantifier bounded (attributes at most 255 characters): each scan is linear."""
 
@@ -72,31 +76,56 @@ def content_id(text: str) -> str:
     return hashlib.sha256(" ".join(text.split()).encode()).hexdigest()[:12]
 
 
+def attributes(attrs: str) -> dict[str, str]:
+    """``{name (lower case): value}`` of an opening tag's attribute text."""
+    return {m.group(1).lower(): next(g for g in m.groups()[1:] if g is not None)
+            for m in _ATTR.finditer(attrs)}
+
+
 def _attr_id(attrs: str) -> str | None:
-    found = {m.group(1).lower(): next(g for g in m.groups()[1:] if g is not None)
-             for m in _ATTR.finditer(attrs)}
+    found = attributes(attrs)
     for key in _ID_ATTRS:
         if found.get(key):
             return found[key]
     return None
 
 
-def _pairs(text: str, tag: str) -> list[tuple[re.Match[str], int, int]]:
-    """``(opening match, body end, element end)`` per closed element, as a lazy
+@dataclass(frozen=True)
+class Element:
+    """One closed element: ``text[start:end]``; its opening tag ends at ``open_end``, its body
+    ``text[open_end:body_end]``; ``attrs``: the opening tag's attribute text."""
+
+    start: int
+    open_end: int
+    attrs: str
+    body_end: int
+    end: int
+
+
+def element_pairs(text: str, tag: str) -> list[Element]:
+    """Every closed element ``tag`` (any tag name, case-insensitive), paired as a lazy
     ``<tag ...>(.*?)</tag>`` scan would pair them (an opening takes the first closing after it;
     openings inside a body are part of it), in one sweep over openings and closings: linear,
     where the lazy regex re-scanned to the end of the text from every unclosed opening."""
-    closes = [(m.start(), m.end()) for m in _CLOSE[tag].finditer(text)]
-    out: list[tuple[re.Match[str], int, int]] = []
+    if tag in _OPEN:
+        opens = [(m.start(), m.end(), m.group(1) or "") for m in _OPEN[tag].finditer(text)]
+        closing: Iterator[re.Match[str]] = _CLOSE[tag].finditer(text)
+    else:
+        name = tag.lower()
+        opens = [(m.start(), m.end(), m.group(2) or "") for m in _ANY_OPEN.finditer(text)
+                 if m.group(1).lower() == name]
+        closing = (m for m in _ANY_CLOSE.finditer(text) if m.group(1).lower() == name)
+    closes = [(m.start(), m.end()) for m in closing]
+    out: list[Element] = []
     ci, pos = 0, 0
-    for m in _OPEN[tag].finditer(text):
-        if m.start() < pos:
+    for start, open_end, attrs in opens:
+        if start < pos:
             continue
-        while ci < len(closes) and closes[ci][0] < m.end():
+        while ci < len(closes) and closes[ci][0] < open_end:
             ci += 1
         if ci == len(closes):
             break
-        out.append((m, closes[ci][0], closes[ci][1]))
+        out.append(Element(start, open_end, attrs, closes[ci][0], closes[ci][1]))
         pos = closes[ci][1]
         ci += 1
     return out
@@ -108,9 +137,9 @@ def _tagged(text: str, tags: Sequence[str] = PASSAGE_TAGS) -> list[Passage]:
         if lowered.count(f"</{tag}>") < 2:
             continue
         found = []
-        for m, body_end, end in _pairs(text, tag):
-            body = text[m.end():body_end]
-            found.append(Passage(_attr_id(m.group(1) or "") or content_id(body), m.start(), end,
+        for el in element_pairs(text, tag):
+            body = text[el.open_end:el.body_end]
+            found.append(Passage(_attr_id(el.attrs) or content_id(body), el.start, el.end,
                                  f"tag:{tag}", _INNER_TAG.sub(" ", body)))
         if len(found) >= 2:
             return found

@@ -16,7 +16,13 @@ a later turn renders to the same bytes it had when it was the newest message.
 
 Never moved: assistant turns; a run of blocks with ``citations.enabled`` (responses cite them by
 position) or with a ``cache_control`` marker; passages whose gaps hold content; a user's own lists
-or sections (:mod:`prefixgate.rewriter.passage_forms`, "origin").
+or sections (:mod:`prefixgate.rewriter.passage_forms`, "origin"); a retrieval whose order carries
+meaning — ranked, "most relevant first", "trust the first", dated, versioned, scored — by its own
+text, the text around it or the prompt's instructions (:func:`prefixgate.rewriter.order_meaning.order_reason`,
+issue 19 item 7): it goes out in the client's order and the Edit says why.
+
+Retrievals are found by their markup and by their structure (a run of labelled sibling
+elements of one shape, whatever the tag name: ``passage_forms`` form 6).
 
 Memory (``Edit.memory["passage_order"]``): ``{"seen": "<8 base64 chars per passage>"}`` — a
 48-bit digest of each passage's whitespace-normalised text (never the text) in first-seen order,
@@ -34,8 +40,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prefixgate.rewriter.ir import Block, Message, Prompt, with_key
+from prefixgate.rewriter.order_meaning import order_reason, surroundings
 from prefixgate.rewriter.passage_forms import Origin, find_retrieval, reorder
-from prefixgate.rewriter.passages import Passage, citations_enabled
+from prefixgate.rewriter.passages import Passage, block_passage, citations_enabled
 from prefixgate.rewriter.types import Context, Edit
 
 NAME = "stabilise_passages"
@@ -102,16 +109,29 @@ class SeenOrder:
 
 @dataclass
 class _Tally:
+    """What :func:`stabilise` did; ``kept``: why each retrieval left as sent was left so;
+    ``instructions``: the prompt's system text (read by :func:`order_reason`)."""
+
     moved_groups: int = 0
     moved_passages: int = 0
     tokens: int = 0
     regions: set[str] = field(default_factory=set)
+    kept: list[str] = field(default_factory=list)
+    instructions: str = ""
 
 
 def _stabilise_text(text: str, origin: Origin, seen: SeenOrder, tally: _Tally,
                     count: Callable[[str], int], region: str) -> str:
     ps: list[Passage] = find_retrieval(text, origin)
     if not ps:
+        return text
+    span = text[ps[0].start:ps[-1].end]
+    instructions = tally.instructions.replace(span, "", 1) if origin == "system" else tally.instructions
+    why = order_reason(surroundings(text, ps[0].start, ps[-1].end),
+                       [text[p.start:p.end] for p in ps], instructions)
+    if why:
+        seen.order([digest(text[p.start:p.end]) for p in ps])  # seen, in the client's order
+        tally.kept.append(why)
         return text
     order = seen.order([digest(text[p.start:p.end]) for p in ps])
     if order == list(range(len(ps))):
@@ -135,8 +155,12 @@ def _stabilise_runs(blocks: list[Any], seen: SeenOrder, tally: _Tally, region: s
         if j - i >= 2:
             run = out[i:j]
             raws = [raw_of(b) for b in run]
-            if not any(citations_enabled(r) or isinstance(r.get("cache_control"), dict)
-                       for r in raws):
+            texts = [p[1] if (p := block_passage(r)) else "" for r in raws]
+            why = order_reason("", texts, tally.instructions)
+            if why:
+                tally.kept.append(why)
+            if not why and not any(citations_enabled(r) or isinstance(r.get("cache_control"), dict)
+                                   for r in raws):
                 order = seen.order([block_digest(r) for r in raws])
                 if order != list(range(len(run))):
                     out[i:j] = [run[k] for k in order]
@@ -191,7 +215,9 @@ def stabilise(prompt: Prompt, seen: SeenOrder, count: Callable[[str], int]
               ) -> tuple[Prompt, _Tally]:
     """The prompt with every retrieval in session-stable order (module docstring); ``seen``
     grows with the passages met, in prompt order (system, then messages)."""
-    tally = _Tally()
+    tally = _Tally(instructions="\n".join(
+        b.text for m in (*prompt.system, *(m for m in prompt.messages if m.role in ("system", "developer")))
+        for b in m.blocks if b.is_text))
     system = tuple(_message(m, "system", seen, tally, count, "system") for m in prompt.system)
     messages = []
     for m in prompt.messages:
@@ -214,10 +240,12 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     seen = SeenOrder.from_memory(ctx.session.get(MEMORY_KEY))
     out, tally = stabilise(prompt, seen, ctx.count_tokens)
     memory = seen.memory() if seen.added else {}
+    kept = (f"; {len(tally.kept)} retrieval(s) left in the client's order: "
+            + "; ".join(dict.fromkeys(tally.kept))) if tally.kept else ""
     if not tally.moved_groups:
-        return prompt, [Edit(NAME, False, "messages", "no retrieval out of its first-seen order",
-                             memory=memory)]
+        return prompt, [Edit(NAME, False, "messages", "no retrieval out of its first-seen order"
+                             + kept, memory=memory)]
     region = next(iter(tally.regions)) if len(tally.regions) == 1 else "system+messages"
     return out, [Edit(NAME, True, region,
                       f"{tally.moved_passages} passage(s) of {tally.moved_groups} retrieval(s) "
-                      "put back in first-seen order", tally.tokens, tally.tokens, memory)]
+                      "put back in first-seen order" + kept, tally.tokens, tally.tokens, memory)]

@@ -21,6 +21,14 @@ Patterns (each a named regex; the span is group ``v`` when present, else the who
 
 Spans introduced as examples (``e.g.``, ``for example``, ``format``, ``such as``, ``like``
 right before them) are not volatile: they are documentation, identical on every request.
+
+A detector's span is a *candidate*, not a verdict (issue 19, item 2): a policy may carry a
+constant ``The current time is 2024-05-15 15:00:00 EST.`` on every request. ``hoist_volatile``
+moves a candidate only once it is seen changing, unless :func:`per_request` says the request's
+own text marks it as per-request: the span's line names a request-scoped value (``request id``,
+``req_id``, ``nonce``, ``idempotency key``, ``trace id``, ``correlation id``) or says so
+(``per request``, ``this request``, ``each request``, ``every request``). A session or
+conversation id, a clock of any precision, is per-request only when its line says so.
 """
 
 from __future__ import annotations
@@ -120,6 +128,25 @@ _EXAMPLE = re.compile(
 
 def _is_example(text: str, start: int) -> bool:
     return bool(_EXAMPLE.search(text[max(0, start - 30):start]))
+
+
+PER_REQUEST = re.compile(
+    r"(?i:\b(?:per[ -]request|(?:this|each|every)[ \t]request|request[ _-]?id|req[ _-]?id|nonce"
+    r"|idempotency[ _-]key|trace[ _-]?id|correlation[ _-]?id)\b)")
+"""Words on a span's line that mark its value as per-request (module docstring)."""
+LINE_REACH = 400
+"""Characters either side of a span searched for :data:`PER_REQUEST` (bounded: linear)."""
+
+
+def per_request(text: str, span: Span) -> bool:
+    """True when ``text``'s own words mark ``span`` as a per-request value: :data:`PER_REQUEST`
+    occurs on the span's line (at most :data:`LINE_REACH` characters either side)."""
+    lo = max(0, span.start - LINE_REACH)
+    nl = text.rfind("\n", lo, span.start)
+    a = lo if nl < 0 else nl + 1
+    b = text.find("\n", span.end, span.end + LINE_REACH)
+    b = min(len(text), span.end + LINE_REACH) if b < 0 else b
+    return bool(PER_REQUEST.search(text, a, b))
 
 
 def _has_digit(text: str, a: int, b: int) -> bool:

@@ -18,8 +18,10 @@ from prefixgate.rewriter.pipeline import OverBudget, rewrite_request
 from prefixgate.rewriter.types import Context, RewriteResult
 from tests.proxy.upstream import Script, completion
 
-BODY = {"model": "m", "messages": [{"role": "system", "content": "Now: 2025-03-04 10:15. " * 40},
-                                   {"role": "user", "content": "hi"}]}
+BODY = {"model": "m", "messages": [
+    {"role": "system", "content": "Request ID: req_8f3a9c2e7b1d4f60a9b7\n" + "Answer briefly. " * 40},
+    {"role": "user", "content": "hi"}]}
+"""A per-request id (hoisted on a session's first request) before a stable instruction."""
 RAW = b'{"model": "m",   "messages": [{"role": "system", "content": "s"}, ' \
       b'{"role": "user", "content": "hi"}]}'
 

@@ -3,6 +3,7 @@ lossless forwarding and session memory."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -40,13 +41,18 @@ def turns() -> list[dict[str, Any]]:
 
 
 def test_b03_timestamp_is_hoisted_so_the_upstream_prefix_is_byte_stable(rewriting: Any) -> None:
+    """The clock moves once it is seen changing (turn 2); from then on the system prompt the
+    upstream receives is byte-stable (issue 19, item 2)."""
     h = {"x-prefixgate-session": "b03"}
-    r1, _ = (post(rewriting.url, t, h) for t in turns())
-    assert "hoist_volatile" in r1.headers["x-prefixgate-edits"]
-    s1, s2 = (s.json for s in rewriting.upstream.seen)
-    assert s1["messages"][0] == s2["messages"][0]  # system byte-stable across the minute
-    assert "2025-03-04 10:16" in str(s2["messages"][-1]["content"])  # the information kept
-    assert "10:15" not in str(s2)
+    third = json.loads(json.dumps(turns()[1]).replace("10:16", "10:17"))
+    r1, r2, r3 = (post(rewriting.url, t, h) for t in [*turns(), third])
+    assert "hoist_volatile" not in r1.headers["x-prefixgate-edits"]  # not yet seen changing
+    assert "hoist_volatile" in r2.headers["x-prefixgate-edits"]
+    assert "hoist_volatile" in r3.headers["x-prefixgate-edits"]
+    s1, s2, s3 = (s.json for s in rewriting.upstream.seen)
+    assert s2["messages"][0] == s3["messages"][0]  # system byte-stable across the minute
+    assert "2025-03-04 10:17" in str(s3["messages"][-1]["content"])  # the information kept
+    assert "10:16" not in str(s3) and "10:15" in str(s1)
 
 
 def test_b03_with_the_opt_out_header_the_body_is_forwarded_unchanged(rewriting: Any) -> None:

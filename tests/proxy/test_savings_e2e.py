@@ -49,15 +49,20 @@ def _common(a: str, b: str) -> int:
     return i
 
 
+TURNS = 4
+
+
 def _turns(session: int) -> list[dict[str, Any]]:
-    """Two requests of one agent session; the system prompt carries a clock that changes."""
+    """Four requests of one agent session; the system prompt carries a clock that changes.
+    prefixgate moves it once it is seen changing (issue 19, item 2): from the second request
+    on, so the third is the first to reuse the moved prefix."""
     out = []
-    for turn in range(2):
-        system = f"You are Helper. Now: 2025-03-04 10:{(session * 2 + turn) % 60:02d}. {RULES}"
+    for turn in range(TURNS):
+        system = f"You are Helper. Now: 2025-03-04 10:{(session * TURNS + turn) % 60:02d}. {RULES}"
         msgs = [{"role": "system", "content": system},
                 {"role": "user", "content": f"Question of session {session}"}]
-        if turn:
-            msgs += [{"role": "assistant", "content": "A1"}, {"role": "user", "content": "Q2"}]
+        for k in range(1, turn + 1):
+            msgs += [{"role": "assistant", "content": f"A{k}"}, {"role": "user", "content": f"Q{k + 1}"}]
         out.append({"model": "m", "messages": msgs})
     return out
 
@@ -86,26 +91,33 @@ def test_holdout_sends_sessions_unrewritten_and_finds_the_difference(rig_factory
                                 headers={"x-prefixgate-session": f"sess-{s}"})
                 assert r.status_code == 200
     rows = rig.ledger.rows()
+    turn = {id(r): i % TURNS for i, r in enumerate(rows)}  # each session's requests in a row
     held = [r for r in rows if r["holdout"]]
     rewritten = [r for r in rows if not r["holdout"]]
-    assert 20 <= len(held) <= 92 and len(held) % 2 == 0     # whole sessions on one side
+    moved = [r for r in rewritten if turn[id(r)] > 0]
+    assert 40 <= len(held) <= 184 and len(held) % TURNS == 0     # whole sessions on one side
     assert all(r["edits"] == "off" and r["cf_source"] == "holdout" and not r["rewrite"]
                for r in held)
-    assert all(r["edits"] not in ("off", "none") for r in rewritten)
+    assert all(r["edits"] not in ("off", "none") for r in moved)
+    assert all(r["edits"] == "none" for r in rewritten if turn[id(r)] == 0)  # not seen changing
     # held-out bodies reach the upstream as the client sent them: the clock stays in place
     sent = [s.json["messages"][0]["content"] for s in rig.upstream.seen]
     for r, system in zip(rows, sent):
-        assert ("Now: 2025-03-04 10:" in system) == bool(r["holdout"])
+        assert ("Now: 2025-03-04 10:" in system) == (bool(r["holdout"]) or turn[id(r)] == 0)
     assert all(r["ttft_source"] == "reported" and r["decode_ms"] == 20.0 for r in rows)
-    hoists = [json.loads(r["pass_tokens"])["hoist_volatile"] for r in rewritten]
+    hoists = [json.loads(r["pass_tokens"])["hoist_volatile"] for r in moved]
     # credited by the stage chain (observe.insight): over the run, hoisting made tokens reusable
     assert sum(h["reusable"] for h in hoists) > 0 and all(h["added"] > 0 for h in hoists)
 
     rep = holdout_report(rows, seed=11)
     assert rep["verdict"] == HELPS, rep["reason"]
     b = rep["buckets"][0]
-    assert b["cached_share"]["ci95"][0] > 0 and b["ttft_p50_ms"]["ci95"][1] < 0
-    tiny = holdout_report(rows[:8], seed=11)
+    # a session's first request goes out with its clock in place (not yet seen changing,
+    # issue 19 item 2) and the note adds a few uncached tokens to each later one, while held
+    # requests whose minute another session had are fully cached: the median TTFT is no longer
+    # lower beyond doubt; the cached share and the slow tail (p95) are
+    assert b["cached_share"]["ci95"][0] > 0 and b["ttft_p95_ms"]["ci95"][1] < 0, b
+    tiny = holdout_report(rows[:4 * TURNS], seed=11)  # four sessions
     assert tiny["verdict"] == INCONCLUSIVE and tiny["overall"]["cached_share"]["diff"] > 0
 
     doc = httpx.get(rig.url + "/api/savings?range=1h", timeout=30).json()

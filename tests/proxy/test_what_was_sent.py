@@ -25,14 +25,16 @@ CLOCK = "2026-12-01T10:54:06Z"
 
 
 def request_body() -> dict[str, Any]:
-    """Tools out of name order (canonicalize_tools) and a clock in the system prompt
-    (hoist_volatile)."""
+    """Tools out of name order (canonicalize_tools) and a request id in the system prompt
+    (hoist_volatile moves it on a session's first request; the clock stays until it is seen
+    changing)."""
     tools = [{"type": "function", "function": {
         "name": n, "description": f"Tool {n} looks records up and returns what it found.",
         "parameters": {"type": "object", "properties": {"id": {"type": "string"}},
                        "required": ["id"]}}} for n in ("zeta_lookup", "alpha_search", "mid_update")]
     return {"model": "gpt-4o", "temperature": 0.20, "tools": tools, "messages": [
-        {"role": "system", "content": "You are an airline agent. Verify the user's identity "
+        {"role": "system", "content": "Request ID: req_4c1f9e27ab03d58e61\n"
+                                      "You are an airline agent. Verify the user's identity "
                                       "before any change to a booking, and follow the fare "
                                       f"rules exactly.\nCurrent time: {CLOCK}\nAnswer briefly "
                                       "and cite the booking reference when you have one."},
@@ -62,7 +64,8 @@ def test_rewrite_json_is_the_pipelines_body_with_a_diff_and_explained_edits(tmp_
         "alpha_search", "mid_update", "zeta_lookup"]
     assert out["summary"] == expected.summary() == "canonicalize_tools;hoist_volatile"
     assert '-        "name": "zeta_lookup",' in out["diff"]
-    assert "+        | (Current values" in out["diff"]  # a prompt's text shown line by line
+    assert "Request ID: req_4c1f9e27ab03d58e61" in out["diff"]  # moved, shown line by line
+    assert "Request ID: req_4c1f9e27ab03d58e61" in json.dumps(out["body"]["messages"][-1])
     assert out["diff"].startswith("--- original\n+++ rewritten\n")
     by_pass = {e["pass"]: e for e in out["edits"]}
     assert list(by_pass) == ["canonicalize_tools", "hoist_volatile", "stabilise_passages",

@@ -18,13 +18,39 @@ def ctx(provider: str = "radix", session: dict[str, Any] | None = None,
                    session=MappingProxyType(dict(session or {})), betas=betas)
 
 
-def replay(bodies: list[dict[str, Any]], api: Api, provider: str = "radix",
+def replay(bodies: list[dict[str, Any]], api: Api, provider: str = "radix", model: str = "",
            **settings: Any) -> list[RewriteResult]:
     """Rewrite a session's requests in order, merging each result's memory like the proxy."""
     memory: dict[str, Any] = {}
     out = []
     for body in bodies:
-        r = rewrite_request(body, api, ctx(provider, memory, **settings))
+        r = rewrite_request(body, api, ctx(provider, memory, model=model, **settings))
         memory.update(session_updates(r))
         out.append(r)
     return out
+
+
+NOTE_STARTS = ("<system-reminder>", "(Current values")
+
+
+def is_note(text: str) -> bool:
+    """True for the text of a hoisted note on its own (a block or a message of its own; after
+    a text block it starts with a blank line)."""
+    return text.lstrip("\n").startswith(NOTE_STARTS)
+
+
+def note_free(text: str) -> str:
+    """``text`` without a hoisted note joined to it after a blank line (``last_user`` /
+    ``reminder`` on a one-string user message); ``""`` for a note on its own."""
+    if is_note(text):
+        return ""
+    for start in NOTE_STARTS:
+        text = text.split("\n\n" + start)[0]
+    return text
+
+
+def clock_session(make: Any, values: list[str], api: Api, provider: str = "radix",
+                  model: str = "", **settings: Any) -> list[RewriteResult]:
+    """:func:`replay` of ``make(value)`` for each clock value in turn: a session whose clock
+    changes between requests (so it is seen changing from the second one on)."""
+    return replay([make(v) for v in values], api, provider, model, **settings)

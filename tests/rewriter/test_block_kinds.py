@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from prefixgate.rewriter.pipeline import rewrite_request
-from tests.rewriter.helpers import ctx
+from tests.rewriter.helpers import clock_session, ctx
 
 BIG = "Static reference text for the assistant to follow. " * 300
 
@@ -48,10 +48,11 @@ def test_marker_walks_back_past_unmarkable_blocks() -> None:
 
 
 def test_assistant_prefill_stays_last_and_note_goes_to_newest_user_turn() -> None:
-    body = {"model": "claude-x", "max_tokens": 8, "system": "Now: 2025-03-04 10:15\n" + BIG,
-            "messages": [{"role": "user", "content": "Say hi"},
-                         {"role": "assistant", "content": "Hi"}]}
-    out = rewrite_request(body, "anthropic", ctx("anthropic")).body
+    def make(minute: str) -> dict[str, Any]:
+        return {"model": "claude-x", "max_tokens": 8, "system": f"Now: 2025-03-04 10:{minute}\n" + BIG,
+                "messages": [{"role": "user", "content": "Say hi"},
+                             {"role": "assistant", "content": "Hi"}]}
+    out = clock_session(make, ["14", "15"], "anthropic", "anthropic")[1].body
     assert out["messages"][-1] == {"role": "assistant", "content": "Hi"}
     assert "2025-03-04 10:15" in json.dumps(out["messages"][0])
 

@@ -18,7 +18,7 @@ from prefixgate.rewriter import wire
 from prefixgate.rewriter.ir import iter_blocks
 from prefixgate.rewriter.pipeline import rewrite_request
 from prefixgate.rewriter.validate import violations
-from tests.rewriter.helpers import ctx, replay
+from tests.rewriter.helpers import clock_session, ctx, replay
 
 BIG = "Static instructions about the product and its policies. " * 300  # ~3k tokens
 
@@ -105,8 +105,8 @@ def test_no_breakpoint_after_a_volatile_span_when_hoisting_is_off_b03() -> None:
 
 
 def test_no_breakpoint_on_the_hoisted_note_block() -> None:
-    body = _body(system="Now: 2025-03-04 10:15.\n" + BIG)
-    out = rewrite_request(body, "anthropic", ctx("anthropic")).body
+    out = clock_session(lambda m: _body(system=f"Now: 2025-03-04 10:{m}.\n" + BIG), ["14", "15"],
+                        "anthropic", "anthropic")[1].body
     last = out["messages"][-1]["content"]
     assert "cache_control" in last[0] and "cache_control" not in last[-1]
     assert "10:15" in last[-1]["text"]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from prefixgate.config.cache_rules import RADIX_MIN_CACHEABLE_TOKENS, min_cacheable_for
 from prefixgate.rewriter.pays import count_upto
 from prefixgate.rewriter.pipeline import rewrite_request
 from prefixgate.rewriter.tokens import count_tokens
-from tests.rewriter.helpers import ctx
+from tests.rewriter.helpers import ctx, replay
 
 CLOCK = "Current time: 2025-03-04 10:15:00 UTC."
 RULE = "Rule: answer briefly, cite the policy section, and never guess a booking code.\n"
@@ -23,10 +24,18 @@ def _hoist(r: Any) -> Any:
     return next(e for e in r.edits if e.pass_name == "hoist_volatile")
 
 
+def _seen_changing(body: dict[str, Any], api: str, provider: str, model: str = "") -> Any:
+    """The rewrite of ``body`` as the second request of a session whose clock changed (the
+    first request had ``10:14``): the clock is then seen changing, so only whether it pays
+    decides."""
+    earlier = json.loads(json.dumps(body).replace("10:15:00", "10:14:00"))
+    return replay([earlier, body], api, provider, model=model)[1]  # type: ignore[arg-type]
+
+
 def test_issue_example_two_message_chat_with_a_timestamp_goes_out_unchanged() -> None:
     body = _chat(f"You are a helpful assistant. {CLOCK}")
     for provider in ("radix", "openai"):
-        r = rewrite_request(body, "openai", ctx(provider))
+        r = _seen_changing(body, "openai", provider)
         assert r.body is body and r.summary() == "none"
         assert "does not pay" in _hoist(r).detail
 
@@ -38,18 +47,16 @@ def test_anthropic_prefix_below_the_model_minimum_is_left_alone_and_above_it_is_
     def body(rules: int) -> dict[str, Any]:
         return {"model": "claude-sonnet-4-5", "max_tokens": 9, "system": CLOCK + "\n" + RULE * rules,
                 "messages": [{"role": "user", "content": "hi"}]}
-    short = rewrite_request(body(floor // per_rule // 2), "anthropic",
-                            ctx("anthropic", model="claude-sonnet-4-5"))
+    short = _seen_changing(body(floor // per_rule // 2), "anthropic", "anthropic", "claude-sonnet-4-5")
     assert f"below the minimum cacheable length of {floor}" in _hoist(short).detail
     assert "2025-03-04" in short.body["system"]
-    long = rewrite_request(body(2 * floor // per_rule), "anthropic",
-                           ctx("anthropic", model="claude-sonnet-4-5"))
+    long = _seen_changing(body(2 * floor // per_rule), "anthropic", "anthropic", "claude-sonnet-4-5")
     assert _hoist(long).applied and "2025-03-04" not in str(long.body["system"])
 
 
 def test_a_clock_on_the_last_system_line_is_not_moved_when_the_note_costs_more() -> None:
     body = _chat(RULE * 200 + CLOCK)  # long stable prefix, but nothing stable after the clock
-    r = rewrite_request(body, "openai", ctx("radix"))
+    r = _seen_changing(body, "openai", "radix")
     assert r.body is body
     assert "makes only" in _hoist(r).detail
 
@@ -78,7 +85,7 @@ def test_a_short_text_document_counts_as_its_text_not_as_an_opaque_media_block()
                                                "data": "flights booked online"}}
     body = {"model": "claude-sonnet-4-5", "max_tokens": 9, "system": CLOCK + "\n" + RULE,
             "messages": [{"role": "user", "content": [doc, text_doc, {"type": "text", "text": "hi"}]}]}
-    r = rewrite_request(body, "anthropic", ctx("anthropic", model="claude-sonnet-4-5"))
+    r = _seen_changing(body, "anthropic", "anthropic", "claude-sonnet-4-5")
     assert "below the minimum cacheable length" in _hoist(r).detail
     assert r.body["system"] == body["system"]
 

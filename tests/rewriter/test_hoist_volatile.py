@@ -1,20 +1,27 @@
-"""hoist_volatile: clocks and ids leave the stable prefix, with their information (case B03)."""
+"""hoist_volatile: clocks and ids leave the stable prefix, with their information (case B03),
+once they are seen changing (issue 19, item 2)."""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
+import pytest
+
+from prefixgate.config.schema import HOIST_TARGET_BY_API
 from prefixgate.rewriter import wire
+from prefixgate.rewriter.note_placement import REMINDER_OPEN, resolve
 from prefixgate.rewriter.pipeline import rewrite_request
 from prefixgate.rewriter.stable import stable_region
-from prefixgate.rewriter.volatile_spans import find_spans
-from tests.rewriter.helpers import ctx, replay
+from prefixgate.rewriter.volatile_spans import find_spans, per_request
+from tests.rewriter.helpers import clock_session, ctx, replay
 
 RULES = "Rule: answer briefly and cite the docs. " * 60
+MINUTES = ["15", "16", "17", "18", "19"]
 
 
-def _b03(minute: str, turns: int) -> dict[str, Any]:
+def _b03(minute: str, turns: int = 2) -> dict[str, Any]:
     msgs: list[dict[str, Any]] = [
         {"role": "system", "content": f"You are Helper. Now: 2025-03-04 10:{minute}. {RULES}"},
         {"role": "user", "content": "Q1"}]
@@ -27,16 +34,29 @@ def _stable_bytes(body: dict[str, Any], api: str) -> str:
     return json.dumps(stable_region(wire.parse(body, api)))  # type: ignore[arg-type]
 
 
-def test_turn_two_stable_prefix_is_byte_identical_to_turn_one_b03() -> None:
-    r1, r2 = replay([_b03("15", 1), _b03("16", 2)], "openai")
-    assert _stable_bytes(r1.body, "openai") == _stable_bytes(r2.body, "openai")
-    assert r1.stable_prefix_hash == r2.stable_prefix_hash
-    # all of turn 1 except its trailing note is a prefix of turn 2's messages
-    assert r1.body["messages"][:-1] == r2.body["messages"][:len(r1.body["messages"]) - 1]
+def _all_text(body: dict[str, Any]) -> str:
+    return json.dumps(body, ensure_ascii=False)
 
 
-def test_moved_clock_keeps_its_information_at_the_end() -> None:
-    r = rewrite_request(_b03("16", 2), "openai", ctx())
+def test_a_clock_is_left_in_place_until_it_is_seen_changing() -> None:
+    first = _b03("15", 1)
+    r = rewrite_request(first, "openai", ctx())
+    assert r.body is first
+    assert any("not seen changing" in e.detail and "iso_datetime" in e.detail for e in r.edits)
+
+
+def test_from_turn_two_on_the_stable_prefix_is_byte_identical_b03() -> None:
+    rs = clock_session(lambda m: _b03(m), MINUTES, "openai")
+    assert "10:15" in rs[0].body["messages"][0]["content"]  # turn 1: not yet seen changing
+    assert rs[1].stable_prefix_hash != rs[0].stable_prefix_hash  # turn 2 differs either way
+    for r in rs[2:]:  # from turn 3 on, the prefix up to the note is reused
+        assert _stable_bytes(r.body, "openai") == _stable_bytes(rs[1].body, "openai")
+        assert r.stable_prefix_hash == rs[1].stable_prefix_hash
+        assert r.body["messages"][1:3] == rs[1].body["messages"][1:3]
+
+
+def test_moved_clock_keeps_its_information_after_the_stable_prefix() -> None:
+    r = clock_session(lambda m: _b03(m), ["15", "16"], "openai", hoist_target="end")[1]
     last = r.body["messages"][-1]
     assert last["role"] == "user" and "Now: 2025-03-04 10:16." in last["content"]
     assert "2025-03-04" not in r.body["messages"][0]["content"]
@@ -44,10 +64,147 @@ def test_moved_clock_keeps_its_information_at_the_end() -> None:
     assert any("iso_datetime@system" in e.detail for e in r.edits)  # the span is named
 
 
+def test_a_constant_clock_line_is_never_hoisted() -> None:
+    """The tau-bench policy's own line, identical on every request of the session."""
+    policy = "# Airline Agent Policy\n\nThe current time is 2024-05-15 15:00:00 EST.\n\n" + RULES
+    bodies = [{"model": "m", "messages": [{"role": "system", "content": policy},
+                                          {"role": "user", "content": f"Q{i}"}]} for i in range(6)]
+    for body, r in zip(bodies, replay(bodies, "openai")):
+        assert r.body is body
+        assert not any(e.applied for e in r.edits if e.pass_name == "hoist_volatile")
+
+
+def test_a_changing_clock_moves_from_the_request_where_it_is_seen_changing() -> None:
+    """Constant for three requests, then it ticks: left in place until the tick, moved on the
+    tick and on every request after (even when a value repeats: sticky)."""
+    values = ["15", "15", "15", "16", "17", "17"]
+    rs = clock_session(lambda m: _b03(m), values, "openai")
+    moved = ["2025-03-04" not in r.body["messages"][0]["content"] for r in rs]
+    assert moved == [False, False, False, True, True, True]
+
+
+@pytest.mark.parametrize("placement", ["auto", "end", "last_user", "system_end", "reminder"])
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_never_two_versions_of_a_fact_in_the_body(placement: str, api: str) -> None:
+    """Every request of a ticking session holds its own clock value exactly once, its line's
+    label exactly once, and no earlier value."""
+    def make(minute: str) -> dict[str, Any]:
+        sys = f"# Policy\n\nThe current time is 2024-05-15 15:{minute}:00 EST.\n\n{RULES * 3}"
+        msgs = [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "A1"},
+                {"role": "user", "content": "Q2"}]
+        if api == "anthropic":
+            return {"model": "claude-x", "max_tokens": 9, "system": sys, "messages": msgs}
+        return {"model": "m", "messages": [{"role": "system", "content": sys}, *msgs]}
+    rs = clock_session(make, MINUTES, api, "anthropic" if api == "anthropic" else "radix",  # type: ignore[arg-type]
+                       hoist_target=placement)
+    assert any(e.applied for e in rs[-1].edits if e.pass_name == "hoist_volatile")
+    for k, r in enumerate(rs):
+        text = _all_text(r.body)
+        assert text.count(f"2024-05-15 15:{MINUTES[k]}:00") == 1
+        assert text.count("The current time is") == 1
+        assert not any(f"15:{m}:00" in text for m in MINUTES[:k])
+
+
+def test_a_per_request_id_moves_on_the_first_request() -> None:
+    sys = f"You are Helper.\nRequest ID: req_8f3a9c2e7b1d4f60a9\n{RULES}"
+    body = {"model": "m", "messages": [{"role": "system", "content": sys},
+                                       {"role": "user", "content": "hi"}]}
+    r = rewrite_request(body, "openai", ctx())
+    assert "req_8f3a9c2e7b1d4f60a9" not in r.body["messages"][0]["content"]
+    assert "Request ID: req_8f3a9c2e7b1d4f60a9" in json.dumps(r.body["messages"][-1])
+
+
+@pytest.mark.parametrize(("line", "marked"), [
+    ("Request ID: 123e4567-e89b-12d3-a456-426614174000", True),
+    ("trace_id=4bf92f3577b34da6a3ce929d0e0e4736", True),
+    ("Generated for this request at 2025-03-04 10:15:07", True),
+    ("Session ID: 123e4567-e89b-12d3-a456-426614174000", False),
+    ("The current time is 2024-05-15 15:00:00 EST.", False),
+])
+def test_per_request_is_read_from_the_spans_own_line(line: str, marked: bool) -> None:
+    text = f"Header line about request ids in general.\n{line}\nFooter."
+    if not marked:  # the marker words on another line do not count
+        text = "Each request is logged.\n" + text.replace("request ids", "ids")
+    sps = find_spans(text)
+    assert sps and per_request(text, sps[0]) is marked
+
+
+def test_a_short_line_moves_whole_and_a_long_one_keeps_a_placeholder() -> None:
+    def make(minute: str) -> dict[str, Any]:
+        sys = (f"You are Helper.\nThe current time is 2025-03-04 10:{minute}:00 UTC.\n"
+               f"Rules: be brief, be kind, and remember it is 2025-03-04 10:{minute}:00 UTC "
+               f"for every booking you make today, whatever the user says.\n{RULES}")
+        return {"model": "m", "messages": [{"role": "system", "content": sys},
+                                           {"role": "user", "content": "hi"}]}
+    r = clock_session(make, ["15", "16"], "openai", hoist_target="end")[1]
+    sys, note = r.body["messages"][0]["content"], r.body["messages"][-1]["content"]
+    assert "The current time is" not in sys and "You are Helper.\nRules: be brief" in sys
+    assert "remember it is [see note 1 at the end] for every booking" in sys
+    assert note.splitlines()[0] == "The current time is 2025-03-04 10:16:00 UTC."
+    assert "[1] Rules: be brief, be kind, and remember it is 2025-03-04 10:16:00 UTC" in note
+
+
+def test_a_system_block_that_is_only_a_clock_keeps_a_placeholder() -> None:
+    def make(minute: str) -> dict[str, Any]:
+        return {"model": "claude-x", "max_tokens": 9, "system": [
+            {"type": "text", "text": f"Now: 2025-03-04 10:{minute}"}, {"type": "text", "text": RULES * 3}],
+            "messages": [{"role": "user", "content": "hi"}]}
+    r = clock_session(make, ["15", "16"], "anthropic", "anthropic", model="claude-x")[1]
+    assert r.body["system"][0]["text"] == "Now: [see note 1 at the end]"
+    assert "[1] Now: 2025-03-04 10:16" in r.body["messages"][-1]["content"][-1]["text"]
+
+
+def test_auto_placement_is_the_measured_default_per_api() -> None:
+    assert resolve("auto", "openai") == HOIST_TARGET_BY_API["openai"]
+    assert resolve("auto", "anthropic") == HOIST_TARGET_BY_API["anthropic"]
+    assert resolve("system_end", "anthropic") == HOIST_TARGET_BY_API["anthropic"]
+    assert resolve("system_end", "openai") == "system_end"
+    assert resolve("end", "anthropic") == "end"
+
+
+def _tool_loop(minute: str) -> dict[str, Any]:
+    return {"model": "m", "messages": [
+        {"role": "system", "content": f"You are Helper.\nNow: 2025-03-04 10:{minute}\n{RULES}"},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "4"}],
+        "tools": [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]}
+
+
+@pytest.mark.parametrize(("placement", "role", "count"), [
+    ("end", "user", 5), ("system_end", "system", 5), ("reminder", "user", 5), ("last_user", "tool", 4)])
+def test_openai_placements_after_a_tool_result(placement: str, role: str, count: int) -> None:
+    r = clock_session(_tool_loop, ["15", "16"], "openai", hoist_target=placement)[1]
+    msgs = r.body["messages"]
+    assert len(msgs) == count and msgs[-1]["role"] == role
+    assert msgs[3] == _tool_loop("16")["messages"][3]  # the tool result is never edited
+    where = msgs[-1]["content"] if placement != "last_user" else msgs[1]["content"]
+    assert "Now: 2025-03-04 10:16" in where
+    assert where.startswith(REMINDER_OPEN) is (placement == "reminder")
+
+
+def test_openai_system_end_keeps_a_developer_role() -> None:
+    def make(minute: str) -> dict[str, Any]:
+        body = _tool_loop(minute)
+        body["messages"][0] = dict(body["messages"][0], role="developer")
+        return body
+    r = clock_session(make, ["15", "16"], "openai", hoist_target="system_end")[1]
+    assert r.body["messages"][-1]["role"] == "developer"
+
+
+def test_reminder_after_a_user_message_is_joined_to_it() -> None:
+    r = clock_session(lambda m: _b03(m), ["15", "16"], "openai", hoist_target="reminder")[1]
+    last = r.body["messages"][-1]["content"]
+    assert len(r.body["messages"]) == 4
+    assert last.startswith("Q2\n\n<system-reminder>\n") and last.endswith("\n</system-reminder>")
+    assert "Now: 2025-03-04 10:16." in last
+
+
 def test_conversation_turns_are_never_moved_or_changed() -> None:
     body = _b03("16", 2)
-    out = rewrite_request(body, "openai", ctx()).body["messages"]
-    assert out[1:len(body["messages"])] == body["messages"][1:]
+    out = clock_session(lambda m: _b03(m), ["15", "16"], "openai", hoist_target="end")[1].body
+    assert out["messages"][1:len(body["messages"])] == body["messages"][1:]
 
 
 def test_hoist_off_forwards_the_request_unchanged() -> None:
@@ -56,25 +213,29 @@ def test_hoist_off_forwards_the_request_unchanged() -> None:
     assert r.body is body
 
 
-def test_anthropic_note_goes_after_tool_results_in_the_last_user_turn() -> None:
-    body = {"model": "claude-x", "max_tokens": 9,
-            "system": [{"type": "text", "text": "Now: 2025-03-04T10:15:00Z\n" + RULES}],
-            "tools": [{"name": "calc", "input_schema": {"type": "object"}}],
-            "messages": [
-                {"role": "user", "content": "2+2?"},
-                {"role": "assistant", "content": [
-                    {"type": "tool_use", "id": "toolu_9", "name": "calc", "input": {}}]},
-                {"role": "user", "content": [
-                    {"type": "tool_result", "tool_use_id": "toolu_9", "content": "4"}]}]}
-    out = rewrite_request(body, "anthropic", ctx()).body
+@pytest.mark.parametrize("placement", ["end", "reminder", "system_end"])
+def test_anthropic_note_goes_after_tool_results_in_the_last_user_turn(placement: str) -> None:
+    def make(minute: str) -> dict[str, Any]:
+        return {"model": "claude-x", "max_tokens": 9,
+                "system": [{"type": "text", "text": f"Now: 2025-03-04T10:{minute}:00Z\n" + RULES}],
+                "tools": [{"name": "calc", "input_schema": {"type": "object"}}],
+                "messages": [
+                    {"role": "user", "content": "2+2?"},
+                    {"role": "assistant", "content": [
+                        {"type": "tool_use", "id": "toolu_9", "name": "calc", "input": {}}]},
+                    {"role": "user", "content": [
+                        {"type": "tool_result", "tool_use_id": "toolu_9", "content": "4"}]}]}
+    out = clock_session(make, ["15", "16"], "anthropic", hoist_target=placement)[1].body
+    assert len(out["messages"]) == 3
     last = out["messages"][-1]["content"]
-    assert last[0]["type"] == "tool_result" and "2025-03-04T10:15:00Z" in last[-1]["text"]
+    assert last[0]["type"] == "tool_result" and "2025-03-04T10:16:00Z" in last[-1]["text"]
+    assert last[-1]["text"].startswith(REMINDER_OPEN) is (resolve(placement, "anthropic") == "reminder")
     assert isinstance(out["system"], list) and "2025" not in out["system"][0]["text"]
 
 
 def test_last_user_target_keeps_a_string_content_a_string() -> None:
     body = _b03("16", 2)
-    out = rewrite_request(body, "openai", ctx(hoist_target="last_user")).body
+    out = clock_session(lambda m: _b03(m), ["15", "16"], "openai", hoist_target="last_user")[1].body
     assert len(out["messages"]) == len(body["messages"])
     assert isinstance(out["messages"][-1]["content"], str)
     assert out["messages"][-1]["content"].startswith("Q2\n\n")

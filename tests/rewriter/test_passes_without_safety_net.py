@@ -30,7 +30,7 @@ from prefixgate.rewriter.ir import Api, Prompt
 from prefixgate.rewriter.pipeline import rewrite_request
 from prefixgate.rewriter.types import Edit
 from prefixgate.rewriter.validate import cache_markers, violations
-from tests.rewriter.helpers import ctx
+from tests.rewriter.helpers import ctx, replay
 from tests.trace_requests import anthropic_fixture_bodies, tau_requests
 
 TAU = [b for run in tau_requests(runs=[0, 7, 42]) for b in run]
@@ -82,7 +82,11 @@ def test_hoist_volatile_alone_moves_the_clock_out_of_the_system_prompt_into_a_fi
             if api == "anthropic" else \
             {"model": "m", "messages": [{"role": "system", "content": sys}, *msgs]}
         prompt = _valid(wire.parse(body, api))
-        out, edits = hoist_volatile.run(prompt, ctx(provider))
+        earlier = json.loads(json.dumps(body).replace("10:15:00", "10:14:00"))
+        _, seen = hoist_volatile.run(wire.parse(earlier, api), ctx(provider))
+        assert not any(e.applied for e in seen)  # not yet seen changing: left in place
+        memory = {k: v for e in seen for k, v in e.memory.items()}
+        out, edits = hoist_volatile.run(prompt, ctx(provider, session=memory))
         assert edits[0].pass_name == "hoist_volatile" and edits[0].applied
         rendered = wire.render(out)
         head = json.dumps(rendered.get("system") or rendered["messages"][0])
@@ -188,13 +192,16 @@ def test_place_breakpoints_alone_keeps_every_client_marker_and_adds_within_four(
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 def test_no_pass_is_reverted_on_real_agent_requests(provider: str) -> None:
-    bodies = [b for run in tau_requests(runs=list(range(0, 160, 16))) for b in run]
+    """Each run replayed as a session whose policy clock is the wall clock of each request (one
+    minute apart), so hoist_volatile sees it changing (the trace's own line is constant)."""
     applied: Counter[str] = Counter()
-    for body in bodies:
-        r = rewrite_request(body, "openai", ctx(provider, model="gpt-4o", **ALL_ON))
-        assert "!" not in r.summary(), r.summary()
-        assert not [e for e in r.edits if "input kept" in e.detail or "invalid" in e.detail]
-        applied.update(e.pass_name for e in r.edits if e.applied)
+    for run in tau_requests(runs=list(range(0, 160, 16))):
+        bodies = [json.loads(json.dumps(b).replace("2024-05-15 15:00:00", f"2024-05-15 15:{k:02d}:00"))
+                  for k, b in enumerate(run)]
+        for r in replay(bodies, "openai", provider, model="gpt-4o", **ALL_ON):
+            assert "!" not in r.summary(), r.summary()
+            assert not [e for e in r.edits if "input kept" in e.detail or "invalid" in e.detail]
+            applied.update(e.pass_name for e in r.edits if e.applied)
     assert {"canonicalize_tools", "hoist_volatile", "prune_tools", "prune_history"} <= set(applied)
 
 
