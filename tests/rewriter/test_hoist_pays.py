@@ -7,9 +7,8 @@ from typing import Any
 
 from prefixgate.config.cache_rules import RADIX_MIN_CACHEABLE_TOKENS, min_cacheable_for
 from prefixgate.rewriter.pays import count_upto
-from prefixgate.rewriter.pipeline import rewrite_request
 from prefixgate.rewriter.tokens import count_tokens
-from tests.rewriter.helpers import ctx, replay
+from tests.rewriter.helpers import replay
 
 CLOCK = "Current time: 2025-03-04 10:15:00 UTC."
 RULE = "Rule: answer briefly, cite the policy section, and never guess a booking code.\n"

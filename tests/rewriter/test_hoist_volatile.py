@@ -4,7 +4,6 @@ once they are seen changing (issue 19, item 2)."""
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import pytest
