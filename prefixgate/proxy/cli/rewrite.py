@@ -44,8 +44,10 @@ from prefixgate.rewriter.types import Context, Edit
 WHAT_THE_MODEL_SEES: dict[str, str] = {
     "canonicalize_tools": "the same tools, sorted by name (or first-seen order in the session), "
                           "each schema's keys in one canonical order",
-    "hoist_volatile": "a system prompt with `[see note n at the end]` where a clock / id / "
-                      "changing line was, and that line in a note after the conversation",
+    "hoist_volatile": "a system prompt without the clock / id / changing line once it is seen "
+                      "changing (a span in a longer line leaves `[see note n at the end]`), and "
+                      "that line in a note after the conversation (a `<system-reminder>` block on "
+                      "OpenAI Chat)",
     "stabilise_passages": "the same injected passages, each with its own label, in the order "
                           "the session first saw them; new passages after them",
     "prune_tools": "only the tools the conversation can need (those called, named in "
