@@ -41,4 +41,26 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
         "xǁBalancerǁplace__mutmut_43": (
             "pick = next((i for i in order if self._live[names[i]] < cap), order[1])", UNREACHABLE_FALLBACK),
     },
+    "prefixgate/proxy/routing/retries.py": {
+        "xǁSenderǁorder__mutmut_37": (
+            'placed = ""',
+            "placed is replaced in prefix / exact mode and never read by choose in round_robin / "
+            "least_load (they return first)"),
+        "xǁSenderǁorder__mutmut_74": (
+            "key=lambda i: (loads[i], rendezvous(None, [names[i]])))",
+            "rendezvous over a one-name list is always 0, whatever the key: the tie-break is the "
+            "group's order either way (a no-op in the original too, reported)"),
+        "xǁSenderǁrun__mutmut_30": (
+            "sent, paid = 0, True  # paid: the next send's budget token is already taken",
+            "`paid` is read only when `sent` is non-zero, and the first send resets it to False"),
+        "xǁSenderǁrun__mutmut_55": (
+            "sent, paid = sent - 1, False",
+            "`sent` is read only for its truth: -1, -2, ... are as non-zero as 1, 2, ..."),
+        "xǁSenderǁrun__mutmut_56": (
+            "sent, paid = sent + 2, False",
+            "`sent` is read only for its truth: 2, 4, ... are as non-zero as 1, 2, ..."),
+        "xǁSenderǁrun__mutmut_180": (
+            "go_on = None",
+            "`go_on` is read only as `not go_on`: None and False are both falsy"),
+    },
 }

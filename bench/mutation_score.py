@@ -52,7 +52,8 @@ RETRY = "tests/proxy/test_retry_bounds.py"
 TARGETS: dict[str, list[str]] = {
     "prefixgate/proxy/routing/breaker.py": [R, SHARED, RETRY, "tests/routing/test_breaker_machine.py"],
     "prefixgate/proxy/routing/balance.py": [R, RETRY, "tests/routing/test_balance_load.py"],
-    "prefixgate/proxy/routing/retries.py": [R, RETRY, "tests/routing/test_retries_pinned.py"],
+    "prefixgate/proxy/routing/retries.py": [R, RETRY, "tests/routing/test_retries_pinned.py",
+                                            "tests/routing/test_retries_paths.py"],
     "prefixgate/proxy/routing/shared.py": [SHARED, "tests/routing/test_breaker_machine.py",
                                            "tests/routing/test_shared_pinned.py"],
     "prefixgate/proxy/http/ratelimit.py": ["tests/proxy/test_auth_and_limits.py",
