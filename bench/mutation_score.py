@@ -68,7 +68,7 @@ TARGETS: dict[str, list[str]] = {
     "prefixgate/cache/ledger_writer.py": ["tests/cache/test_ledger_writer.py", "tests/cache/test_ledger_writer_pinned.py"],
     "prefixgate/cache/responses_store.py": ["tests/proxy/test_responses_store.py",
                                             "tests/cache/test_responses_store_machine.py"],
-    "prefixgate/proxy/routing/fanout.py": ["tests/proxy/test_fanout.py"],
+    "prefixgate/proxy/routing/fanout.py": ["tests/proxy/test_fanout.py", "tests/proxy/test_fanout_pinned.py"],
     "prefixgate/rewriter/ttl_choice.py": ["tests/rewriter/test_ttl_choice.py"],
     "prefixgate/cache/provider_models/token_radix.py": ["tests/cache/test_token_radix.py"],
 }
