@@ -151,15 +151,54 @@ def record(module: str, figures: dict[str, int], out: Path) -> None:
     out.write_text(json.dumps({"command": COMMAND, "tool": TOOL, "modules": modules}, indent=2) + "\n")
 
 
+DOCS = REPO / "docs" / "mutation.md"
+BEGIN, END = "<!-- mutation-results:begin -->", "<!-- mutation-results:end -->"
+
+
+def docs_section(data: dict[str, Any]) -> str:
+    """The results section of docs/mutation.md: the figures of every module recorded, then each
+    equivalent mutant with its mutated line and reason."""
+    lines = [BEGIN, "", "| module | mutants | killed | equivalent | survived | killed of non-equivalent |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for mod, f in data.get("modules", {}).items():
+        live = f["mutants"] - f["equivalent"]
+        share = f"{100 * f['killed'] / live:.1f} %" if live else "-"
+        lines.append(f"| `{mod}` | {f['mutants']} | {f['killed']} | {f['equivalent']} | {f['survived']} | {share} |")
+    lines += ["", f"Command: `{data.get('command', COMMAND)}`; tool: {data.get('tool', TOOL)}.", "",
+              "### Equivalent mutants", ""]
+    for mod, entries in EQUIVALENT.items():
+        lines.append(f"`{mod}`:")
+        lines.append("")
+        for name, (line, why) in entries.items():
+            lines.append(f"- `{name}` — `{line}`: {why}")
+        lines.append("")
+    return "\n".join(lines + [END])
+
+
+def write_docs(out: Path) -> None:
+    """Rewrite the results section of docs/mutation.md from ``out`` and the equivalents."""
+    data = json.loads(out.read_text()) if out.exists() else {}
+    text = DOCS.read_text()
+    a, b = text.index(BEGIN), text.index(END) + len(END)
+    DOCS.write_text(text[:a] + docs_section(data) + text[b:])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--module", required=True, choices=sorted(TARGETS))
+    ap.add_argument("--module", choices=sorted(TARGETS))
+    ap.add_argument("--docs", action="store_true",
+                    help="only rewrite docs/mutation.md's results section from the JSON and the equivalents")
     ap.add_argument("--jobs", type=int, default=2, help="mutants run in parallel (mutmut --max-children)")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--keep", action="store_true", help="reuse build/mutation/<module> (mutmut's cache)")
     ap.add_argument("--rescore", action="store_true",
                     help="no run: classify the verdicts of the last run again (after editing the equivalents)")
     args = ap.parse_args()
+    if args.docs:
+        write_docs(args.out)
+        return 0
+    if not args.module:
+        ap.error("--module is required")
     module = args.module
     tests = [t for t in TARGETS[module] if (REPO / t).exists()]
     work = REPO / "build" / "mutation" / re.sub(r"[^A-Za-z0-9]+", "_", module)
@@ -190,6 +229,7 @@ def score(work: Path, module: str, out: Path) -> int:
     for name, diff, why in result["unexplained"]:
         print(f"\n### SURVIVED {name} ({why})\n{diff}")
     record(module, result["figures"], out)
+    write_docs(out)
     print(json.dumps({module: result["figures"]}), "->", out)
     return 1 if result["figures"]["survived"] else 0
 
