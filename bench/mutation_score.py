@@ -191,6 +191,9 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2, help="mutants run in parallel (mutmut --max-children)")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--keep", action="store_true", help="reuse build/mutation/<module> (mutmut's cache)")
+    ap.add_argument("--rerun", action="store_true",
+                    help="run again, with the current test files, only the mutants the last run left "
+                         "unexplained (mutmut collects the new tests' coverage first)")
     ap.add_argument("--rescore", action="store_true",
                     help="no run: classify the verdicts of the last run again (after editing the equivalents)")
     args = ap.parse_args()
@@ -204,6 +207,8 @@ def main() -> int:
     work = REPO / "build" / "mutation" / re.sub(r"[^A-Za-z0-9]+", "_", module)
     if args.rescore:
         return score(work, module, args.out)
+    if args.rerun:
+        return rerun(work, module, tests, args.jobs, args.out)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     if not (work / "prefixgate").exists():
@@ -218,6 +223,29 @@ def main() -> int:
         print(f"mutmut run failed (exit {run.returncode})")
         return 2
     return score(work, module, args.out)
+
+
+def rerun(work: Path, module: str, tests: list[str], jobs: int, out: Path) -> int:
+    """Refresh ``work``'s tests/ from the work tree, run only the unexplained survivors of the
+    last run (by name; every other verdict stands, the source being unchanged), score."""
+    verdicts = read_verdicts(work, module)
+    diffs = {name: mutmut(work, "show", name, capture=True).stdout
+             for name, code in verdicts.items() if code not in KILLED_CODES}
+    todo = [name for name, _, _ in classify(module, verdicts, diffs)["unexplained"]]
+    changed = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", module], cwd=REPO).returncode
+    if changed or (REPO / module).read_text() != (work / module).read_text():
+        raise SystemExit(f"{module} changed since the last run: run it whole again")
+    cfg = setup_cfg(module, tests, sorted(
+        p.name for p in work.iterdir() if p.name not in ("prefixgate", "tests", "mutants", "setup.cfg",
+                                                        "pyproject.toml")))
+    if cfg != (work / "setup.cfg").read_text():
+        raise SystemExit(f"the test selection of {module} changed since the last run: run it whole again")
+    shutil.rmtree(work / "tests")
+    shutil.copytree(REPO / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    print(f"rerunning {len(todo)} mutants of {module}", flush=True)
+    if todo:
+        mutmut(work, "run", "--max-children", str(jobs), *todo)
+    return score(work, module, out)
 
 
 def score(work: Path, module: str, out: Path) -> int:

@@ -120,9 +120,39 @@ def test_the_first_byte_wait_is_cut_to_the_deadline_and_the_send_cancelled() -> 
             cancelled.append(True)
             raise
 
+    clock.now = 10.0  # the deadline is 10.05 on this clock: what is left is 0.05
     with pytest.raises(UpstreamTimeout) as e:
         go(sender(p, hang, clock), steps_of(p))
     assert str(e.value) == "upstream 'g0' sent no response head within 0.05 s"
+    assert cancelled == [True]
+
+
+def test_a_request_cancelled_while_waiting_for_the_head_cancels_its_send() -> None:
+    """first_byte_s 5 (a timer): the client leaves during the wait: the send is cancelled
+    too, and the cancellation goes on up."""
+    p = policy_of({"g": 1}, timeouts={"first_byte_s": 5.0})
+    clock = Clock()
+    cancelled: list[bool] = []
+    waiting = asyncio.Event()
+
+    async def hang(*a: Any, **k: Any) -> Any:
+        waiting.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    async def main() -> None:
+        s = sender(p, hang, clock)
+        task = asyncio.ensure_future(s.run(steps_of(p), lambda t: {}, "k", Attempts(), lambda x: None))
+        await waiting.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert s.balancer.inflight["g0"] == 0
+
+    asyncio.run(main())
     assert cancelled == [True]
 
 
@@ -141,13 +171,19 @@ def test_a_first_byte_timeout_equal_to_the_read_timeout_sets_no_timer() -> None:
 
 
 def test_a_send_exactly_at_the_deadline_is_not_made() -> None:
-    """total 1.0, the answer at t=0 says retry-after 1.0: 0 + 1.0 >= 1.0, not waited."""
+    """total 1.0, the answer at t=0 (an instant transport) says retry-after 1.0: 0 + 1.0 >= 1.0,
+    not waited; retry-after 0.9 is."""
     p = policy_of({"g": 1}, retry={"attempts": 2, "max_retry_after_s": 5}, timeouts={"total_s": 1.0})
-    clock = Clock()
-    t = Transport(clock, {A: [(503, "1.0"), 200]})
-    t_dt = clock.now
-    r, _ = go(sender(p, t, clock), steps_of(p))
-    assert t_dt == 0.0 and r.status_code == 503 and clock.slept == []
+    for ra, want, slept in (("1.0", 503, []), ("0.9", 200, [0.9])):
+        clock = Clock()
+        answers = [httpx.Response(503, headers={"retry-after": ra}, content=b"{}"),
+                   httpx.Response(200, content=b"{}")]
+
+        async def send(*a: Any, **k: Any) -> Any:
+            return answers.pop(0)
+
+        r, _ = go(sender(p, send, clock), steps_of(p))
+        assert (r.status_code, clock.slept) == (want, slept)
 
 
 def test_no_next_deployment_after_the_deadline() -> None:
