@@ -70,7 +70,8 @@ TARGETS: dict[str, list[str]] = {
                                             "tests/cache/test_responses_store_machine.py"],
     "prefixgate/proxy/routing/fanout.py": ["tests/proxy/test_fanout.py", "tests/proxy/test_fanout_pinned.py"],
     "prefixgate/rewriter/ttl_choice.py": ["tests/rewriter/test_ttl_choice.py", "tests/rewriter/test_ttl_choice_pinned.py"],
-    "prefixgate/cache/provider_models/token_radix.py": ["tests/cache/test_token_radix.py"],
+    "prefixgate/cache/provider_models/token_radix.py": ["tests/cache/test_token_radix.py",
+                                                        "tests/cache/test_token_radix_pinned.py"],
 }
 
 # mutmut's exit-code vocabulary (mutmut/stats.py)
