@@ -41,4 +41,51 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
         "xǁBalancerǁplace__mutmut_43": (
             "pick = next((i for i in order if self._live[names[i]] < cap), order[1])", UNREACHABLE_FALLBACK),
     },
+    "prefixgate/proxy/routing/retries.py": {
+        "xǁSenderǁorder__mutmut_37": (
+            'placed = ""',
+            "placed is replaced in prefix / exact mode and never read by choose in round_robin / "
+            "least_load (they return first)"),
+        "xǁSenderǁorder__mutmut_74": (
+            "key=lambda i: (loads[i], rendezvous(None, [names[i]])))",
+            "rendezvous over a one-name list is always 0, whatever the key: the tie-break is the "
+            "group's order either way (a no-op in the original too, reported)"),
+        "xǁSenderǁrun__mutmut_30": (
+            "sent, paid = 0, True  # paid: the next send's budget token is already taken",
+            "`paid` is read only when `sent` is non-zero, and the first send resets it to False"),
+        "xǁSenderǁrun__mutmut_55": (
+            "sent, paid = sent - 1, False",
+            "`sent` is read only for its truth: -1, -2, ... are as non-zero as 1, 2, ..."),
+        "xǁSenderǁrun__mutmut_56": (
+            "sent, paid = sent + 2, False",
+            "`sent` is read only for its truth: 2, 4, ... are as non-zero as 1, 2, ..."),
+        "xǁSenderǁrun__mutmut_180": (
+            "go_on = None",
+            "`go_on` is read only as `not go_on`: None and False are both falsy"),
+    },
+    "prefixgate/proxy/routing/shared.py": {
+        "x_others_load__mutmut_8": (
+            'count, _, expires = entry.rpartition(" ")',
+            "load entries are written only by _flush as '<int> <float>' with one space, which "
+            "partition and rpartition split alike"),
+        "xǁSharedRoutingǁ__init____mutmut_4": (
+            "self.replica = replica or uuid.uuid4().hex[:13]",
+            "the default replica id only has to be unique per process: 12 or 13 hex digits alike"),
+        "xǁSharedRoutingǁ_apply_breaker__mutmut_17": (
+            'if self._applied.get(name, float("-INF")) >= stamp:',
+            'float() reads "-INF" as "-inf": the same value'),
+        "xǁSharedRoutingǁrefresh__mutmut_14": (
+            'if self.clock() - self._read_at.get(key, float("-INF")) < self.max_age_s:',
+            'float() reads "-INF" as "-inf": the same value'),
+        "xǁSharedRoutingǁ_read__mutmut_22": (
+            "self._fails[n] = None",
+            "_fails is read only as `not self._fails.get(name)`: None and 0 are both falsy"),
+        "xǁSharedRoutingǁsucceeded__mutmut_5": (
+            "self._fails[name] = None",
+            "_fails is read only as `not self._fails.get(name)`: None and 0 are both falsy"),
+        "xǁSharedRoutingǁ_read__mutmut_47": (
+            "and now - self._written.get(n, 1.0) > self.load_ttl_s / 2):",
+            "the default only applies before a replica's first write, and the unix clock is far "
+            "past load_ttl_s / 2 + 1 s: both defaults ask for the write"),
+    },
 }

@@ -52,7 +52,8 @@ RETRY = "tests/proxy/test_retry_bounds.py"
 TARGETS: dict[str, list[str]] = {
     "prefixgate/proxy/routing/breaker.py": [R, SHARED, RETRY, "tests/routing/test_breaker_machine.py"],
     "prefixgate/proxy/routing/balance.py": [R, RETRY, "tests/routing/test_balance_load.py"],
-    "prefixgate/proxy/routing/retries.py": [R, RETRY, "tests/routing/test_retries_pinned.py"],
+    "prefixgate/proxy/routing/retries.py": [R, RETRY, "tests/routing/test_retries_pinned.py",
+                                            "tests/routing/test_retries_paths.py"],
     "prefixgate/proxy/routing/shared.py": [SHARED, "tests/routing/test_breaker_machine.py",
                                            "tests/routing/test_shared_pinned.py"],
     "prefixgate/proxy/http/ratelimit.py": ["tests/proxy/test_auth_and_limits.py",
@@ -64,12 +65,13 @@ TARGETS: dict[str, list[str]] = {
                                           "tests/cache/test_holdout_pinned.py"],
     "prefixgate/cache/savings.py": ["tests/cache/test_savings_math.py", "tests/cache/test_time_saved.py",
                                     "tests/cache/test_savings_pinned.py"],
-    "prefixgate/cache/ledger_writer.py": ["tests/cache/test_ledger_writer.py"],
+    "prefixgate/cache/ledger_writer.py": ["tests/cache/test_ledger_writer.py", "tests/cache/test_ledger_writer_pinned.py"],
     "prefixgate/cache/responses_store.py": ["tests/proxy/test_responses_store.py",
                                             "tests/cache/test_responses_store_machine.py"],
-    "prefixgate/proxy/routing/fanout.py": ["tests/proxy/test_fanout.py"],
-    "prefixgate/rewriter/ttl_choice.py": ["tests/rewriter/test_ttl_choice.py"],
-    "prefixgate/cache/provider_models/token_radix.py": ["tests/cache/test_token_radix.py"],
+    "prefixgate/proxy/routing/fanout.py": ["tests/proxy/test_fanout.py", "tests/proxy/test_fanout_pinned.py"],
+    "prefixgate/rewriter/ttl_choice.py": ["tests/rewriter/test_ttl_choice.py", "tests/rewriter/test_ttl_choice_pinned.py"],
+    "prefixgate/cache/provider_models/token_radix.py": ["tests/cache/test_token_radix.py",
+                                                        "tests/cache/test_token_radix_pinned.py"],
 }
 
 # mutmut's exit-code vocabulary (mutmut/stats.py)
@@ -150,20 +152,64 @@ def record(module: str, figures: dict[str, int], out: Path) -> None:
     out.write_text(json.dumps({"command": COMMAND, "tool": TOOL, "modules": modules}, indent=2) + "\n")
 
 
+DOCS = REPO / "docs" / "mutation.md"
+BEGIN, END = "<!-- mutation-results:begin -->", "<!-- mutation-results:end -->"
+
+
+def docs_section(data: dict[str, Any]) -> str:
+    """The results section of docs/mutation.md: the figures of every module recorded, then each
+    equivalent mutant with its mutated line and reason."""
+    lines = [BEGIN, "", "| module | mutants | killed | equivalent | survived | killed of non-equivalent |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for mod, f in data.get("modules", {}).items():
+        live = f["mutants"] - f["equivalent"]
+        share = f"{100 * f['killed'] / live:.1f} %" if live else "-"
+        lines.append(f"| `{mod}` | {f['mutants']} | {f['killed']} | {f['equivalent']} | {f['survived']} | {share} |")
+    lines += ["", f"Command: `{data.get('command', COMMAND)}`; tool: {data.get('tool', TOOL)}.", "",
+              "### Equivalent mutants", ""]
+    for mod, entries in EQUIVALENT.items():
+        lines.append(f"`{mod}`:")
+        lines.append("")
+        for name, (line, why) in entries.items():
+            lines.append(f"- `{name}` — `{line}`: {why}")
+        lines.append("")
+    return "\n".join(lines + [END])
+
+
+def write_docs(out: Path) -> None:
+    """Rewrite the results section of docs/mutation.md from ``out`` and the equivalents."""
+    data = json.loads(out.read_text()) if out.exists() else {}
+    text = DOCS.read_text()
+    a, b = text.index(BEGIN), text.index(END) + len(END)
+    DOCS.write_text(text[:a] + docs_section(data) + text[b:])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--module", required=True, choices=sorted(TARGETS))
+    ap.add_argument("--module", choices=sorted(TARGETS))
+    ap.add_argument("--docs", action="store_true",
+                    help="only rewrite docs/mutation.md's results section from the JSON and the equivalents")
     ap.add_argument("--jobs", type=int, default=2, help="mutants run in parallel (mutmut --max-children)")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--keep", action="store_true", help="reuse build/mutation/<module> (mutmut's cache)")
+    ap.add_argument("--rerun", action="store_true",
+                    help="run again, with the current test files, only the mutants the last run left "
+                         "unexplained (mutmut collects the new tests' coverage first)")
     ap.add_argument("--rescore", action="store_true",
                     help="no run: classify the verdicts of the last run again (after editing the equivalents)")
     args = ap.parse_args()
+    if args.docs:
+        write_docs(args.out)
+        return 0
+    if not args.module:
+        ap.error("--module is required")
     module = args.module
     tests = [t for t in TARGETS[module] if (REPO / t).exists()]
     work = REPO / "build" / "mutation" / re.sub(r"[^A-Za-z0-9]+", "_", module)
     if args.rescore:
         return score(work, module, args.out)
+    if args.rerun:
+        return rerun(work, module, tests, args.jobs, args.out)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     if not (work / "prefixgate").exists():
@@ -180,6 +226,29 @@ def main() -> int:
     return score(work, module, args.out)
 
 
+def rerun(work: Path, module: str, tests: list[str], jobs: int, out: Path) -> int:
+    """Refresh ``work``'s tests/ from the work tree, run only the unexplained survivors of the
+    last run (by name; every other verdict stands, the source being unchanged), score."""
+    verdicts = read_verdicts(work, module)
+    diffs = {name: mutmut(work, "show", name, capture=True).stdout
+             for name, code in verdicts.items() if code not in KILLED_CODES}
+    todo = [name for name, _, _ in classify(module, verdicts, diffs)["unexplained"]]
+    changed = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", module], cwd=REPO).returncode
+    if changed or (REPO / module).read_text() != (work / module).read_text():
+        raise SystemExit(f"{module} changed since the last run: run it whole again")
+    cfg = setup_cfg(module, tests, sorted(
+        p.name for p in work.iterdir() if p.name not in ("prefixgate", "tests", "mutants", "setup.cfg",
+                                                        "pyproject.toml")))
+    if cfg != (work / "setup.cfg").read_text():
+        raise SystemExit(f"the test selection of {module} changed since the last run: run it whole again")
+    shutil.rmtree(work / "tests")
+    shutil.copytree(REPO / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    print(f"rerunning {len(todo)} mutants of {module}", flush=True)
+    if todo:
+        mutmut(work, "run", "--max-children", str(jobs), *todo)
+    return score(work, module, out)
+
+
 def score(work: Path, module: str, out: Path) -> int:
     """Classify the verdicts of the run in ``work``, print the unexplained survivors, record."""
     verdicts = read_verdicts(work, module)
@@ -189,6 +258,7 @@ def score(work: Path, module: str, out: Path) -> int:
     for name, diff, why in result["unexplained"]:
         print(f"\n### SURVIVED {name} ({why})\n{diff}")
     record(module, result["figures"], out)
+    write_docs(out)
     print(json.dumps({module: result["figures"]}), "->", out)
     return 1 if result["figures"]["survived"] else 0
 

@@ -308,3 +308,108 @@ def test_an_unreadable_streak_reads_as_zero() -> None:
     w.go(w.r["a"].refresh(["d"]))
     w.ok("a")
     assert w.store.writes[-1] == ("put", "fail:d", "0", "7.0")
+
+
+def test_a_junk_entry_does_not_stop_the_sum() -> None:
+    assert others_load({"a": "x 2000", "b": "2 2000", "c": "1 y", "d": "3 2000"}, "me", 1000.0) == 5
+
+
+def test_an_opening_exactly_one_cooldown_old_is_over() -> None:
+    w = World()
+    w.go(w.store.put("breaker:d", "open|970.000|peer", None))  # now 1000: age 30 = cooldown
+    w.go(w.r["b"].refresh(["d"]))
+    assert w.r["b"].board.get("d").state == CLOSED
+    w.go(w.store.put("breaker:d", "open|970.500|peer", None))  # age 29.5: still open
+    w.go(w.r["b"].refresh(["d"]))
+    assert w.r["b"].board.get("d").state == OPEN
+
+
+def test_a_failed_load_write_is_logged_and_never_raised(caplog: Any) -> None:
+    import logging
+
+    w = World()
+
+    async def broken(*a: Any, **k: Any) -> None:
+        raise ConnectionError("down")
+
+    w.store.put_field = broken  # type: ignore[method-assign]
+
+    async def take() -> None:
+        w.r["a"].balancer.acquire("d")
+        await asyncio.sleep(0)
+
+    with caplog.at_level(logging.ERROR, logger="prefixgate.proxy"):
+        w.go(take())
+        w.settle()
+    assert "shared load write failed" in caplog.text and "ConnectionError" in caplog.text
+
+
+def test_each_deployment_of_a_group_reads_its_own_streak() -> None:
+    """Group [d, e]: e's streak (2) is read into e, d's absence as 0: a success on e ends it,
+    one on d writes nothing."""
+    w = World()
+    w.go(w.store.put("fail:e", "2", None))
+    w.go(w.r["a"].refresh(["d", "e"]))
+    n = len(w.store.writes)
+    w.ok("a", "d")
+    assert len(w.store.writes) == n  # d: no streak read, nothing to end
+    w.ok("a", "e")
+    assert w.store.writes[-1] == ("put", "fail:e", "0", "7.0")
+
+
+def test_the_streak_opening_starts_now_and_is_published_with_its_reason() -> None:
+    w = World()
+    w.fail("a")
+    w.fail("a")
+    w.t[0] = 3.0
+    w.go(w.r["b"].refresh(["d"]))
+    w.fail("b")
+    b = w.r["b"].board.get("d")
+    assert b.state == OPEN and b.opened_at == 3.0
+    assert w.store.writes[-1] == ("put", "breaker:d", "open|1003.000|status-503 (3 in a row, all replicas)", "30.0")
+
+
+class SlowRead(Recording):
+    async def read_many(self, values: Any, tables: Any) -> Any:
+        self.reads += 1
+        await asyncio.sleep(0.01)
+        return await LocalState.read_many(self, values, tables)
+
+
+def test_concurrent_refreshes_share_one_read() -> None:
+    w = World(max_age_s=0.0)
+    w.store = SlowRead(lambda: w.t[0])
+    ra = SharedRouting(w.store, BreakerBoard(S, now=lambda: w.t[0]), Balancer(), replica="a", max_age_s=0.0,
+                       clock=lambda: 1000.0 + w.t[0])
+
+    async def both() -> None:
+        await asyncio.gather(ra.refresh(["d"]), ra.refresh(["d"]), ra.refresh(["d"]))
+
+    w.go(both())
+    assert w.store.reads == 1 and ra._reading == {}
+
+
+def test_a_streak_end_in_flight_is_kept_until_done() -> None:
+    w = World()
+    w.fail("a")
+    ra = w.r["a"]
+    b = ra.board.get("d")
+
+    async def go() -> None:
+        was = b.state
+        b.success()
+        ra.succeeded("d", was)
+        assert len(ra._tasks) == 1 and None not in ra._tasks
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    w.go(go())
+    w.settle()
+    assert ra._tasks == set()
+
+
+def test_no_streak_read_means_none_to_end() -> None:
+    w = World()
+    w.go(w.r["a"].refresh(["d"]))  # nothing stored under fail:d
+    w.ok("a")
+    assert w.store.writes == []

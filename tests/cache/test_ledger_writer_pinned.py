@@ -1,0 +1,190 @@
+"""The batched ledger writer pinned point by point (issue 21): :mod:`prefixgate.cache.ledger_writer`.
+
+Source: its module docstring — rows queued by ``write`` and committed by the writer thread,
+woken when a batch starts, up to ``MAX_BATCH`` rows per transaction, in order; ``flush`` waits
+for every queued row; the readers flush first; ``close`` flushes then stops; a failed
+transaction is rolled back and retried (``RETRIES``, backoff), only a batch failing every
+retry is dropped (logged). The database is wrapped so a test can fail or slow a statement; the
+original never depends on timing (each test's waits are for the writer, never a duration).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prefixgate.cache import ledger_writer as lw
+from prefixgate.cache.ledger import LedgerRow
+from prefixgate.cache.ledger_writer import BatchedLedger
+
+
+class DB:
+    """A sqlite3 connection whose statements can be made to fail or wait."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.fail_many = 0  # executemany calls left to fail
+        self.fail_upsert = 0  # rollup upserts left to fail
+        self.slow_s = 0.0
+        self.statements: list[str] = []
+
+    def execute(self, sql: str, *a: Any) -> Any:
+        self.statements.append(sql.split()[0])
+        if sql.startswith("INSERT OR REPLACE INTO rollup_minutes") and self.fail_upsert:
+            self.fail_upsert -= 1
+            raise RuntimeError("upsert failed")
+        return self.real.execute(sql, *a)
+
+    def executemany(self, sql: str, rows: Any) -> Any:
+        if self.slow_s:
+            time.sleep(self.slow_s)
+        if self.fail_many:
+            self.fail_many -= 1
+            raise RuntimeError("busy")
+        return self.real.executemany(sql, rows)
+
+    def close(self) -> None:
+        self.real.close()
+
+
+@pytest.fixture
+def led(tmp_path: Path) -> Any:
+    led = BatchedLedger(tmp_path / "l.sqlite")
+    led._db = DB(led._db)  # type: ignore[assignment]
+    yield led
+    led.close()
+
+
+def wait_until(cond: Any) -> bool:
+    """Wait for the writer thread (bounded so a hung writer fails the test, not the suite)."""
+    for _ in range(2000):
+        if cond():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def test_one_write_wakes_the_writer(led: Any) -> None:
+    """Nobody flushes: the writer, woken by the first row of a batch, commits it on its own."""
+    led.write(LedgerRow(model="m"))
+    assert wait_until(lambda: led.written == 1)
+    assert led.batches == 1
+
+
+def test_a_full_batch_is_committed_and_batches_hold_at_most_max_batch(led: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MAX_BATCH 2: 5 rows queued while the writer is held -> batches of 2, 2, 1, in order."""
+    monkeypatch.setattr(lw, "MAX_BATCH", 2)
+    with led._cv:  # the writer cannot take rows while we hold its lock
+        for i in range(5):
+            led.write(LedgerRow(model=f"m{i}"))
+    led.flush()
+    assert (led.batches, led.written) == (3, 5)
+    assert [r["model"] for r in led.rows()] == [f"m{i}" for i in range(5)]
+
+
+def test_flush_leaves_no_count_behind(led: Any) -> None:
+    for i in range(3):
+        led.write(LedgerRow(model=f"m{i}"))
+    led.flush()
+    assert (led._pending, led._flushing, led.written) == (0, 0, 3)
+    led._db.slow_s = 0.3
+    led.write(LedgerRow(model="slow"))
+    led.flush(timeout_s=0.01)  # gave up waiting: still no flush counted as in progress
+    assert led._flushing == 0
+    led.flush()
+    assert led._pending == 0 and led.written == 4
+
+
+@pytest.mark.parametrize("read", ["rows", "query", "rollups", "breaks"])
+def test_every_reader_flushes_first(led: Any, read: str) -> None:
+    """A reader sees every row written before it asked (the writer made slow, 0.2 s)."""
+    led._db.slow_s = 0.2
+    led.write(LedgerRow(ts=100.0, model="m", prompt_tokens=7))
+    got = {"rows": lambda: led.rows(),
+           "query": lambda: led.query("SELECT model FROM requests"),
+           "rollups": lambda: led.rollups(0, 1000),
+           "breaks": lambda: led.breaks()}[read]()
+    assert led.written == 1
+    if read == "rows":
+        assert [r["model"] for r in got] == ["m"]
+    if read == "query":
+        assert got == [("m",)]
+    if read == "rollups":
+        assert got[0]["data"]["prompt_tokens"] == 7
+
+
+def test_a_failed_transaction_is_retried_and_lands_once(led: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(lw.time, "sleep", slept.append)
+    led._db.fail_many = 2
+    led.write(LedgerRow(model="m"))
+    led.flush()
+    assert led.written == 1 and led.batches == 1 and len(led.rows()) == 1
+    assert slept == [0.05, 0.1]  # 0.05 * 2^attempt
+
+
+def test_a_failure_inside_the_transaction_rolls_it_back(led: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rollup upsert fails after the rows were inserted: rolled back, retried: each row
+    once, and its rollup once."""
+    monkeypatch.setattr(lw.time, "sleep", lambda s: None)
+    led._db.fail_upsert = 1
+    with led._cv:
+        led.write(LedgerRow(ts=60.0, model="m", prompt_tokens=1))
+        led.write(LedgerRow(ts=61.0, model="m", prompt_tokens=2))
+    led.flush()
+    assert [r["ts"] for r in led.rows()] == [60.0, 61.0]
+    (roll,) = led.rollups(0, 1000)
+    assert (roll["data"]["requests"], roll["data"]["prompt_tokens"]) == (2, 3)
+    assert "ROLLBACK" in led._db.statements
+
+
+def test_a_batch_failing_every_retry_is_dropped_and_logged(led: Any, monkeypatch: pytest.MonkeyPatch,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(lw.time, "sleep", slept.append)
+    led._db.fail_many = lw.RETRIES
+    with caplog.at_level(logging.ERROR, logger="prefixgate.ledger"):
+        led.write(LedgerRow(model="lost"))
+        led.flush()
+    assert led.written == 0 and led.batches == 0 and led._pending == 0
+    assert len(slept) == lw.RETRIES - 1
+    assert "ledger batch of 1 rows dropped after 5 tries" in caplog.text
+    led._db.fail_many = 0
+    led.write(LedgerRow(model="next"))  # the writer goes on
+    led.flush()
+    assert [r["model"] for r in led.rows()] == ["next"]
+
+
+def test_close_flushes_refuses_later_writes_and_is_idempotent(tmp_path: Path) -> None:
+    led = BatchedLedger(tmp_path / "l.sqlite")
+    with led._cv:
+        for i in range(3):
+            led.write(LedgerRow(model=f"m{i}"))
+    led.close()
+    assert led.written == 3 and not led._thread.is_alive()
+    with pytest.raises(RuntimeError, match="ledger closed"):
+        led.write(LedgerRow(model="late"))
+    led.close()
+
+
+def test_write_returns_zero_and_many_threads_keep_each_ones_order(led: Any) -> None:
+    assert led.write(LedgerRow(model="x")) == 0
+
+    def writer(k: int) -> None:
+        for i in range(50):
+            led.write(LedgerRow(model=f"{k}:{i}"))
+
+    ts = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    models = [r["model"] for r in led.rows()][1:]
+    assert len(models) == 200
+    for k in range(4):
+        assert [m for m in models if m.startswith(f"{k}:")] == [f"{k}:{i}" for i in range(50)]
