@@ -128,21 +128,6 @@ def test_a_failed_transaction_is_retried_and_lands_once(led: Any, monkeypatch: p
     assert slept == [0.05, 0.1]  # 0.05 * 2^attempt
 
 
-def test_a_failure_inside_the_transaction_rolls_it_back(led: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The rollup upsert fails after the rows were inserted: rolled back, retried: each row
-    once, and its rollup once."""
-    monkeypatch.setattr(lw.time, "sleep", lambda s: None)
-    led._db.fail_upsert = 1
-    with led._cv:
-        led.write(LedgerRow(ts=60.0, model="m", prompt_tokens=1))
-        led.write(LedgerRow(ts=61.0, model="m", prompt_tokens=2))
-    led.flush()
-    assert [r["ts"] for r in led.rows()] == [60.0, 61.0]
-    (roll,) = led.rollups(0, 1000)
-    assert (roll["data"]["requests"], roll["data"]["prompt_tokens"]) == (2, 3)
-    assert "ROLLBACK" in led._db.statements
-
-
 def test_a_batch_failing_every_retry_is_dropped_and_logged(led: Any, monkeypatch: pytest.MonkeyPatch,
                                                            caplog: pytest.LogCaptureFixture) -> None:
     slept: list[float] = []

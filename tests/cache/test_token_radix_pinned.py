@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from prefixgate.cache.provider_models.token_radix import (
-    SessionTokenCaches,
+    TokenCaches,
     TokenRadix,
     common_prefix,
     engine_cached_tokens,
@@ -108,9 +108,9 @@ def test_capacity_must_be_positive() -> None:
     with pytest.raises(ValueError):
         TokenRadix(0)
     with pytest.raises(ValueError):
-        SessionTokenCaches(max_keys=0)
+        TokenCaches(max_keys=0)
     with pytest.raises(ValueError):
-        SessionTokenCaches(total_tokens=0)
+        TokenCaches(total_tokens=0)
     with pytest.raises(ValueError):
         engine_cached_tokens(TokenRadix(), [1, 2], page_size=0)
 
@@ -127,7 +127,7 @@ def test_engine_cached_tokens_all_but_the_last_rounded_to_pages() -> None:
 
 
 def test_session_caches_outcome_and_key_bounds() -> None:
-    c = SessionTokenCaches(capacity_tokens=100, max_keys=2, total_tokens=1000, page_size=1)
+    c = TokenCaches(capacity_tokens=100, max_keys=2, total_tokens=1000, page_size=1)
     first = c.process("a", [1, 2, 3, 4])
     assert (first.input_tokens, first.cached_read_tokens, first.cache_write_tokens, first.uncached_tokens) == (4, 0, 0, 4)
     again = c.process("a", [1, 2, 3, 4, 5, 6])
@@ -140,7 +140,7 @@ def test_session_caches_outcome_and_key_bounds() -> None:
 
 
 def test_the_total_bound_drops_old_keys_but_never_the_one_in_use() -> None:
-    c = SessionTokenCaches(capacity_tokens=100, max_keys=10, total_tokens=10)
+    c = TokenCaches(capacity_tokens=100, max_keys=10, total_tokens=10)
     c.process("a", list(range(6)))
     c.process("b", list(range(100, 104)))
     assert len(c) == 2 and c.stored_tokens() == 10  # exactly at the bound: both kept
