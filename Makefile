@@ -6,7 +6,7 @@ PIP    := $(VENV)/bin/pip
 MODEL_DIR ?= $(HOME)/.cache/prefixgate/models/SmolLM2-135M-Instruct
 POLICY ?=
 
-.PHONY: venv install model run test test-fast redis chromium wrk bench bench-overhead mutation clean
+.PHONY: venv install model run test test-fast redis postgres chromium wrk bench bench-overhead mutation clean
 
 $(VENV)/.installed: pyproject.toml
 	@echo "[setup 1/4] virtual environment in $(VENV)"
@@ -48,6 +48,12 @@ redis:
 	@redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || \
 	  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no
 
+# PostgreSQL for the shared-ledger tests (tests/ledger_pg) and bench/ledger_fleet.py: 127.0.0.1:5432
+# when it takes user postgres without a password, else Debian's postgresql (apt when missing) and
+# a throwaway cluster on 127.0.0.1:55432 (.ci/postgres says which).
+postgres:
+	@bash .ci/postgres || echo "postgres: none reachable; the PostgreSQL ledger tests will skip"
+
 # Headless Chromium for the dashboard tests (tests/dashboard): installed with apt when missing
 # and we are root; otherwise said, and those tests skip with the reason.
 chromium:
@@ -58,7 +64,7 @@ chromium:
 	    echo "chromium: apt-get install failed; the dashboard browser tests will skip"; \
 	  else echo "chromium: not installed (needs root + apt-get); the dashboard browser tests will skip"; fi; }
 
-test: $(MODEL_DIR)/config.json redis chromium wrk
+test: $(MODEL_DIR)/config.json redis postgres chromium wrk
 	PREFIXGATE_MODEL_DIR=$(MODEL_DIR) $(PY) -m pytest -q
 
 test-fast: $(VENV)/.installed chromium

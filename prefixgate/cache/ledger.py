@@ -21,6 +21,10 @@ fallbacks included), ``attempt_reasons`` lists the failed ones (``<deployment>:<
 ``stood_back``: the passes the route's stand-back switched off for this request and why
 (``hoist_volatile: rewritten arm no better than unrewritten (...)``,
 :mod:`prefixgate.cache.stand_back`; "" when none was).
+Issue 26 columns: ``row_id`` (32 hex chars, chosen by the proxy when the row is made: a shared
+PostgreSQL ledger, :mod:`prefixgate.cache.ledger_pg`, inserts it ``ON CONFLICT DO NOTHING`` so a
+row re-sent after a lost acknowledgement is recorded once), ``replica`` (the proxy process that
+served the request: ``ledger.replica`` or ``<hostname>:<pid>``, :func:`default_replica`).
 A second table, ``breaks``, keeps cache-break records (:mod:`prefixgate.cache.breaks`) as JSON with
 their request's tenant; a third, ``rollup_tenant_minutes``, per-minute sums per tenant updated in
 the same transaction as each row (:mod:`prefixgate.cache.rollup`). Readers may ask for one
@@ -38,18 +42,22 @@ TTFT header on a non-streamed answer, "" = none), ``queue_ms`` / ``prefill_ms`` 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sqlite3
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from prefixgate.cache import rollup
 
-SCHEMA_VERSION = 7  # 2: key_id; 3: issue 9 columns + rollup_minutes; 4: tenant;
+SCHEMA_VERSION = 8  # 2: key_id; 3: issue 9 columns + rollup_minutes; 4: tenant;
 # 5: deployment, attempts, attempt_reasons; 6: stood_back; 7: breaks.tenant, rollups per
-# tenant (rollup_tenant_minutes). Older files are migrated on open (ADD COLUMN, rollups refolded).
+# tenant (rollup_tenant_minutes); 8: row_id, replica. Older files are migrated on open (ADD
+# COLUMN, rollups refolded).
 
 
 @dataclass
@@ -92,6 +100,14 @@ class LedgerRow:
     attempts: int = 0             # sends made (retries and fallbacks included)
     attempt_reasons: str = ""     # failed sends, "<deployment>:<why>" comma-joined
     stood_back: str = ""          # passes the route's stand-back switched off, and why
+    row_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # written once (issue 26)
+    replica: str = ""             # the proxy process that served it ("" = the ledger's own)
+
+
+def default_replica() -> str:
+    """This process's replica name when the policy sets none: ``<hostname>:<pid>`` (each
+    ``--workers`` process is its own replica)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _column_type(tp: Any) -> str:
@@ -108,9 +124,17 @@ COLUMNS = [f.name for f in fields(LedgerRow)]
 
 class Ledger:
     """SQLite ledger at ``path`` (``~`` expanded, parent made). Thread-safe: one connection,
-    one lock; each :meth:`write` is one transaction. ``":memory:"`` works for tests."""
+    one lock; each :meth:`write` is one transaction. ``":memory:"`` works for tests.
+    ``replica``: the name stamped on rows written without one (default :func:`default_replica`).
 
-    def __init__(self, path: str | Path) -> None:
+    This class is also the interface every ledger keeps (:class:`prefixgate.cache.ledger_pg.PgLedger`
+    overrides each public method): ``write``, ``query``, ``rollups``, ``rows``, ``write_break``,
+    ``breaks``, ``flush``, ``close``, ``state``."""
+
+    kind = "sqlite"
+
+    def __init__(self, path: str | Path, replica: str | None = None) -> None:
+        self.replica = replica or default_replica()
         p = str(path)
         if p != ":memory:":
             fp = Path(p).expanduser()
@@ -160,6 +184,8 @@ class Ledger:
     def write(self, row: LedgerRow) -> int:
         """Insert ``row`` and fold it into its minute's rollup, in one transaction; return its
         id."""
+        if not row.replica:
+            row.replica = self.replica
         values = asdict(row)
         sql = (f"INSERT INTO requests ({', '.join(COLUMNS)}) "
                f"VALUES ({', '.join('?' for _ in COLUMNS)})")
@@ -211,9 +237,14 @@ class Ledger:
                                    (since_ts, *params))
             return [json.loads(r[0]) for r in cur.fetchall()]
 
-    def flush(self) -> None:
+    def flush(self, timeout_s: float | None = None) -> None:
         """Return once every written row is on disk (each :meth:`write` already is; a batched
         ledger, :class:`prefixgate.cache.ledger_writer.BatchedLedger`, waits for its queue here)."""
+
+    def state(self) -> dict[str, Any]:
+        """What ``/healthz`` and the gauges say of the ledger: ``{"kind", "up", "spooled_rows",
+        "spool_dropped", "queued"}`` (a SQLite file is always up and never spools)."""
+        return {"kind": self.kind, "up": True, "spooled_rows": 0, "spool_dropped": 0, "queued": 0}
 
     def close(self) -> None:
         """Close the connection."""

@@ -52,8 +52,8 @@ class BatchedLedger(Ledger):
     ``batches``: transactions committed so far; ``written``: rows committed. :meth:`write`
     returns 0 (the row id is not known yet)."""
 
-    def __init__(self, path: str | Path) -> None:
-        super().__init__(path)
+    def __init__(self, path: str | Path, replica: str | None = None) -> None:
+        super().__init__(path, replica)
         self._queue: deque[LedgerRow] = deque()
         self._cv = threading.Condition()
         self._pending = 0
@@ -68,6 +68,8 @@ class BatchedLedger(Ledger):
 
     def write(self, row: LedgerRow) -> int:
         """Queue ``row`` (written by the thread, in order); the row must not change after."""
+        if not row.replica:
+            row.replica = self.replica
         with self._cv:
             if self._stopping:
                 raise RuntimeError("ledger closed")
@@ -128,6 +130,10 @@ class BatchedLedger(Ledger):
             finally:
                 self._flushing -= 1
 
+    def state(self) -> dict[str, Any]:
+        """:meth:`Ledger.state` with the rows still queued in memory."""
+        return {**super().state(), "queued": self._pending}
+
     def rows(self, since_ts: float = 0.0) -> list[dict[str, Any]]:
         """:meth:`Ledger.rows` after a :meth:`flush`."""
         self.flush()
@@ -161,5 +167,13 @@ class BatchedLedger(Ledger):
 
 
 def open_ledger(settings: LedgerSettings) -> Ledger:
-    """The ledger a policy asks for: batched (default) or one transaction per write."""
-    return BatchedLedger(settings.path) if settings.batch_writes else Ledger(settings.path)
+    """The ledger a policy asks for: PostgreSQL when ``url`` is set
+    (:class:`prefixgate.cache.ledger_pg.PgLedger`, always batched), else the SQLite file at
+    ``path``, batched (default) or one transaction per write."""
+    if settings.url:
+        from prefixgate.cache.ledger_pg import PgLedger  # psycopg only when asked for
+
+        return PgLedger.from_settings(settings)
+    if settings.batch_writes:
+        return BatchedLedger(settings.path, settings.replica)
+    return Ledger(settings.path, settings.replica)

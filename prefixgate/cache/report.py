@@ -3,7 +3,8 @@ computed from ledger rows.
 
 :func:`group_figures` summarizes rows per ``route`` / ``model`` / ``tenant`` (the ledger's
 ``tenant``, :mod:`prefixgate.proxy.http.tenants`; else the proxy key id a request authenticated with,
-``-`` without either) / ``day`` (UTC date); :func:`saved_figures`
+``-`` without either) / ``day`` (UTC date) / ``replica`` (the proxy process that served it,
+issue 26: one shared ledger, every replica's rows); :func:`saved_figures`
 is the opening "saved" line; :func:`stand_back_figures` the routes where passes stood back;
 :func:`error_figures` the ``--errors`` table. Every figure is a
 plain sum or percentile of ledger columns, so the report equals the ledger.
@@ -76,7 +77,7 @@ def summarize(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-BY = ("route", "model", "tenant", "day")
+BY = ("route", "model", "tenant", "day", "replica")
 
 
 def group_key(row: Mapping[str, Any], by: str) -> str:

@@ -35,7 +35,7 @@ RANGES: dict[str, tuple[int, int]] = {"1h": (3600, 60), "24h": (86400, 300), "7d
 """range -> (span seconds, series bucket seconds)."""
 ROW_COLUMNS = ("ts", "route", "model", "backend", "status", "prompt_tokens", "cached_tokens",
                "output_tokens", "input_usd", "cf_input_usd", "ttft_ms", "tpot_ms", "queue_ms",
-               "prefill_ms", "decode_ms", "holdout", "cf_cached_tokens", "stood_back")
+               "prefill_ms", "decode_ms", "holdout", "cf_cached_tokens", "stood_back", "replica")
 
 
 def _pct(xs: Iterable[float | None], p: float) -> float | None:
@@ -272,4 +272,29 @@ def savings_document(ledger: Ledger, range_: str = "1h", *, slo: SloSettings | N
         "lengths": lengths(data),
         "breaks": top_breaks(ledger.breaks(from_ts, tenant)),
         "routes": routes_table(rolls, rows, usd_per_hour),
+        "replicas": replicas_table(rows),
     }
+
+
+def replicas_table(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The range's traffic split by the replica that served it (issue 26: several proxies, one
+    ledger), sorted by name: ``{"replica", "requests", "errors", "cached_share" (cached /
+    prompt tokens of rows reporting both, None without), "ttft_p50_ms", "last_ts"}``. Rows
+    written before the column existed count under ``"-"``."""
+    by: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(r.get("replica") or "-", []).append(r)
+    out = []
+    for name in sorted(by):
+        rs = by[name]
+        both = [r for r in rs if r.get("prompt_tokens") is not None
+                and r.get("cached_tokens") is not None]
+        out.append({
+            "replica": name, "requests": len(rs),
+            "errors": sum(1 for r in rs if (r.get("status") or "ok") != "ok"),
+            "cached_share": _r(_ratio(sum(r["cached_tokens"] for r in both),
+                                      sum(r["prompt_tokens"] for r in both))) if both else None,
+            "ttft_p50_ms": _r(_pct((r.get("ttft_ms") for r in rs), 50), 3),
+            "last_ts": max(float(r.get("ts") or 0) for r in rs),
+        })
+    return out

@@ -264,13 +264,32 @@ class LedgerSettings(_Strict):
     ``redis_url``: shared state of several proxy replicas (session memory, counters; see
     :mod:`prefixgate.cache.redis_link`); ``redis_prefix``: prefix of every key prefixgate writes there;
     ``batch_writes``: ledger rows go to SQLite from a background writer thread, many rows per
-    transaction (:mod:`prefixgate.cache.ledger_writer`), flushed on shutdown."""
+    transaction (:mod:`prefixgate.cache.ledger_writer`), flushed on shutdown.
+
+    Issue 26, one ledger for many replicas: ``url`` (``postgresql://...``) puts the ledger in
+    PostgreSQL instead of the file at ``path`` (:mod:`prefixgate.cache.ledger_pg`); ``replica``
+    names this process in the rows' ``replica`` column (default ``<hostname>:<pid>``);
+    ``flush_interval_s``: the writer commits what has queued at least this often (seconds);
+    ``spool_path`` / ``spool_max_rows``: while PostgreSQL is unreachable rows wait in this SQLite
+    file, at most this many (later ones are dropped and counted), and drain when it returns."""
 
     path: str = "~/.cache/prefixgate/ledger.sqlite"
     redis_url: str | None = None
     redis_prefix: str = "prefixgate:"
     store_prompt_text: bool = False
     batch_writes: bool = True
+    url: str | None = None
+    replica: str | None = Field(None, min_length=1, max_length=128)
+    flush_interval_s: float = Field(0.02, gt=0, le=60)
+    spool_path: str = "~/.cache/prefixgate/ledger-spool.sqlite"
+    spool_max_rows: int = Field(100_000, ge=1)
+
+    @field_validator("url")
+    @classmethod
+    def _postgres_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("postgresql://", "postgres://")):
+            raise ValueError("ledger.url must be a postgresql:// URL (or unset for SQLite)")
+        return v
 
 
 class Limits(_Strict):

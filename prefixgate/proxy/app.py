@@ -128,6 +128,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     _tenants_at_start(state)
     state.metrics.watch_resources(lambda: state.upstream.in_use, state.upstream.pool_stats,
                                   lambda: state.loop_lag.last_s)
+    state.metrics.watch_ledger(state.ledger.state)  # spool / database reachability (issue 26)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -148,7 +149,9 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
             await state.loop_lag.stop()
             await state.side.aclose()
             await state.upstream.close()
-            state.ledger.flush()  # a batched writer's queued rows reach the disk
+            # a batched writer's queued rows reach the disk / the database (or its spool): this
+            # is what SIGTERM runs (uvicorn's shutdown), off the loop
+            await anyio.to_thread.run_sync(state.ledger.flush)
             await state.guard.drain()  # rate-limit token writes in flight reach Redis
             if link is not None:
                 await link.close()
@@ -191,6 +194,8 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         reasons, down = _health(state)
         body: dict[str, Any] = {"status": "degraded" if reasons else "ok", "reasons": reasons,
                                 "backends": sorted(policy.backends), "down": down}
+        if state.ledger.kind != "sqlite":  # a shared ledger: reachable, or spooling (issue 26);
+            body["ledger"] = state.ledger.state()  # informative, never a 503: requests go on
         return JSONResponse(body, status_code=503 if reasons else 200)
 
     savings_api.install(app, state.ledger, policy, state.guard)

@@ -230,10 +230,11 @@ def _csv(groups: list[dict[str, Any]], by: str) -> str:
     return buf.getvalue()
 
 
-def _ledger_path(ledger: Path | None, policy: Path | None
+def _ledger_path(ledger: str | Path | None, policy: Path | None
                  ) -> tuple[str, int, dict[str, float | None]]:
-    """(ledger path, holdout seed, backend -> usd_per_hour) from ``--ledger`` / ``--policy``
-    (``--ledger`` names the file; the policy, when given too, still prices the hours)."""
+    """(ledger path or ``postgresql://`` URL, holdout seed, backend -> usd_per_hour) from
+    ``--ledger`` / ``--policy`` (``--ledger`` names the file or the database; the policy, when
+    given too, still prices the hours; a policy with ``ledger.url`` names its database)."""
     try:
         pol = load_policy(policy) if policy else None
     except PolicyError as e:
@@ -242,7 +243,30 @@ def _ledger_path(ledger: Path | None, policy: Path | None
     hourly = hourly_prices(pol) if pol else {}
     if ledger is not None:
         return str(ledger), 0, hourly
-    return (pol.ledger.path if pol else LedgerSettings().path), (pol.holdout.seed if pol else 0), hourly
+    where = (pol.ledger.url or pol.ledger.path) if pol else LedgerSettings().path
+    return where, (pol.holdout.seed if pol else 0), hourly
+
+
+def _open_ledger(where: str) -> Ledger:
+    """The SQLite file at ``where``, or the shared PostgreSQL ledger when it is a
+    ``postgresql://`` URL (every replica's rows, issue 26). Exits 1 with the reason when the file
+    does not exist or the database cannot be reached."""
+    if not where.startswith(("postgresql://", "postgres://")):
+        if not Path(where).expanduser().exists():
+            typer.echo(f"no ledger at {where} yet (send requests through the proxy first)",
+                       err=True)
+            raise typer.Exit(1)
+        return Ledger(where)
+    from prefixgate.cache.ledger_pg import PgLedger
+
+    led = PgLedger(where, spool_path=":memory:")  # a reader: nothing is written or spooled
+    try:
+        led.query("SELECT 1")
+    except Exception as e:
+        led.close()
+        typer.echo(f"cannot read the ledger at {led.path}: {type(e).__name__}", err=True)
+        raise typer.Exit(1) from None
+    return led
 
 
 def _break_records(dicts: list[dict[str, Any]]) -> list[Any]:
@@ -257,10 +281,11 @@ def _break_records(dicts: list[dict[str, Any]]) -> list[Any]:
 
 
 def report(
-    ledger: Path | None = typer.Option(None, "--ledger", help="ledger SQLite file"),
+    ledger: str | None = typer.Option(None, "--ledger",
+                                       help="ledger SQLite file or postgresql:// URL"),
     policy: Path | None = typer.Option(None, "--policy", help="take the ledger path from here"),
     since: float = typer.Option(0.0, "--since", help="only the last N minutes (0 = all)"),
-    by: str = typer.Option("route", "--by", help="group by route | model | tenant | day"),
+    by: str = typer.Option("route", "--by", help="group by route | model | tenant | day | replica"),
     errors: bool = typer.Option(False, "--errors", help="list failed requests by error"),
     breaks: bool = typer.Option(False, "--breaks", help="list cache-break records"),
     as_json: bool = typer.Option(False, "--json", help="print JSON objects instead"),
@@ -271,10 +296,8 @@ def report(
         typer.echo(f"--by must be one of {', '.join(BY)}", err=True)
         raise typer.Exit(2)
     path, seed, hourly = _ledger_path(ledger, policy)
-    if not Path(path).expanduser().exists():
-        typer.echo(f"no ledger at {path} yet (send requests through the proxy first)", err=True)
-        raise typer.Exit(1)
-    db = Ledger(path)
+    db = _open_ledger(path)
+    path = db.path if db.kind == "postgresql" else path  # never a URL's password
     since_ts = time.time() - since * 60 if since else 0.0
     rows = db.rows(since_ts)
     groups = group_figures(rows, by, hourly)

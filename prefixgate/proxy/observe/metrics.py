@@ -31,6 +31,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -224,6 +225,24 @@ class ProxyMetrics:
               registry=r).set_function(_reader(pool, "queued"))
         Gauge("prefixgate_event_loop_lag_seconds", "Event-loop lag, newest sample",
               registry=r).set_function(loop_lag_s)
+
+    def watch_ledger(self, state: Callable[[], dict[str, Any]]) -> None:
+        """Register the ledger gauges (issue 26), read from ``state()``
+        (:meth:`prefixgate.cache.ledger.Ledger.state`) at scrape time:
+        ``prefixgate_ledger_up`` (1: the last write reached the database; a SQLite file is
+        always 1), ``prefixgate_ledger_spooled_rows`` (rows waiting in the on-disk spool while
+        PostgreSQL is down), ``prefixgate_ledger_spool_dropped_rows`` (rows refused by a full
+        spool since start), ``prefixgate_ledger_queued_rows`` (in memory, not yet
+        acknowledged)."""
+        r = self.registry
+        Gauge("prefixgate_ledger_up", "1 when the ledger's last write reached its database",
+              registry=r).set_function(lambda: float(bool(state().get("up"))))
+        for key, name, doc in (("spooled_rows", "spooled_rows", "Ledger rows waiting in the spool"),
+                               ("spool_dropped", "spool_dropped_rows",
+                                "Ledger rows refused by a full spool"),
+                               ("queued", "queued_rows", "Ledger rows queued, not yet written")):
+            Gauge(f"prefixgate_ledger_{name}", doc, registry=r).set_function(
+                _reader(state, key))
 
     def observe(self, row: LedgerRow, obs: RequestObs | None = None) -> None:
         """Count one finished request (``obs``: what the row does not hold)."""
