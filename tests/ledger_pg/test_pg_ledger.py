@@ -164,3 +164,22 @@ def test_open_ledger_picks_postgres_for_a_url(fresh_pg: str, tmp_path: Path) -> 
 def test_a_url_that_is_not_postgres_is_refused() -> None:
     with pytest.raises(ValueError, match="postgresql://"):
         LedgerSettings(url="mysql://x")
+
+
+def test_the_timer_commits_queued_rows_without_a_flush(fresh_pg: str, tmp_path: Path) -> None:
+    pg = PgLedger(fresh_pg, spool_path=tmp_path / "s.sqlite", flush_interval_s=0.05)
+    for r in _rows(3):
+        pg.write(r)
+    deadline = time.monotonic() + 20
+    while pg.written < 3 and time.monotonic() < deadline:  # nobody flushes: the timer does
+        time.sleep(0.02)
+    assert pg.written == 3 and pg.state()["queued"] == 0
+    assert _count(fresh_pg) == 3
+    pg.close()
+
+
+def test_a_closed_ledger_refuses_rows(fresh_pg: str, tmp_path: Path) -> None:
+    pg = PgLedger(fresh_pg, spool_path=tmp_path / "s.sqlite")
+    pg.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        pg.write(LedgerRow())
