@@ -168,7 +168,7 @@ class PgLedger(Ledger):
         self.retry_s = retry_s
         self.spool = Spool(spool_path, spool_max_rows)
         self._spooled = self.spool.size()  # rows left by an earlier run drain first
-        self._queue: deque[tuple[Item, float]] = deque()
+        self._queue: deque[tuple[tuple[str, Any], float]] = deque()  # (kind, row | dict), t0
         self._cv = threading.Condition()
         self._lock = threading.Lock()
         self._pending = 0
@@ -212,7 +212,7 @@ class PgLedger(Ledger):
         Raises RuntimeError once the ledger is closed."""
         if not row.replica:
             row.replica = self.replica
-        self._enqueue(("row", asdict(row)))
+        self._enqueue(("row", row))  # made a dict by the writer thread, not on the caller's
         return 0
 
     def write_break(self, session: str, record: dict[str, Any], tenant: str = "") -> None:
@@ -221,7 +221,7 @@ class PgLedger(Ledger):
                                  "session": session, "record": json.dumps(record),
                                  "tenant": tenant}))
 
-    def _enqueue(self, item: Item) -> None:
+    def _enqueue(self, item: tuple[str, Any]) -> None:
         with self._cv:
             if self._stopping:
                 raise RuntimeError("ledger closed")
@@ -242,7 +242,8 @@ class PgLedger(Ledger):
                 last = self._stopping and not self._queue
             try:
                 if batch:
-                    self._deliver([item for item, _ in batch])
+                    self._deliver([(k, asdict(p) if isinstance(p, LedgerRow) else p)
+                                   for (k, p), _ in batch])
                     now = time.monotonic()
                     self.ack_ms.extend((now - t0) * 1000.0 for _, t0 in batch)
                 self._drain()

@@ -308,6 +308,14 @@
         ["prefill saved", "s", "prefill_s_saved"]] : [])]));
   }
 
+  /* Issue 26: the range's traffic per proxy replica (a shared ledger holds every replica's rows). */
+  function renderReplicas(replicas) {
+    const body = panelBody("p-replicas");
+    if (!replicas || !replicas.length) { body.append(empty("no requests in this range")); return; }
+    body.append(table("replicas", replicas, [["replica", "text", "replica"], ["requests", "int", "requests"],
+      ["errors", "int", "errors"], ["cached share", "pct", "cached_share"], ["TTFT p50", "ms", "ttft_p50_ms"]]));
+  }
+
   function render(p) {
     for (const u of Object.values(dash.charts)) u.destroy();
     dash.charts = {}; dash.colors = {};
@@ -333,6 +341,7 @@
     renderHoldout(p.holdout);
     renderBreaks(p.breaks);
     renderRoutes(p.routes);
+    renderReplicas(p.replicas);
   }
 
   function setStatus(text, isError) {
