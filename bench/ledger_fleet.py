@@ -211,9 +211,13 @@ def faults(cluster: PrivateCluster, procs: dict[str, subprocess.Popen[bytes]],
     for t in load.threads:
         t.start()
     at(0.3)
+    try:  # what r1 holds unacknowledged a moment before the kill (its writer's queue)
+        queued = httpx.get(urls["r1"] + "/healthz", timeout=2).json()["ledger"]["queued"]
+    except (httpx.HTTPError, KeyError):
+        queued = None
     load.drop("r1")
     procs["r1"].send_signal(signal.SIGKILL)
-    events.append(f"{time.monotonic() - t0:.1f}s SIGKILL r1")
+    events.append(f"{time.monotonic() - t0:.1f}s SIGKILL r1 (queued just before: {queued})")
     at(0.5)
     events.append(f"{time.monotonic() - t0:.1f}s postgres stop")
     cluster.stop()

@@ -171,8 +171,11 @@ def open_ledger(settings: LedgerSettings) -> Ledger:
     (:class:`prefixgate.cache.ledger_pg.PgLedger`, always batched), else the SQLite file at
     ``path``, batched (default) or one transaction per write."""
     if settings.url:
-        from prefixgate.cache.ledger_pg import PgLedger  # psycopg only when asked for
-
+        try:
+            from prefixgate.cache.ledger_pg import PgLedger  # psycopg only when asked for
+        except ImportError as e:
+            raise RuntimeError("ledger.url needs psycopg 3 and psycopg_pool: "
+                               "pip install 'prefixgate[postgres]'") from e
         return PgLedger.from_settings(settings)
     if settings.batch_writes:
         return BatchedLedger(settings.path, settings.replica)
