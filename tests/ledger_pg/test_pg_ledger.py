@@ -183,3 +183,26 @@ def test_a_closed_ledger_refuses_rows(fresh_pg: str, tmp_path: Path) -> None:
     pg.close()
     with pytest.raises(RuntimeError, match="closed"):
         pg.write(LedgerRow())
+
+
+def test_replicas_starting_together_apply_each_migration_once(fresh_pg: str) -> None:
+    barrier = threading.Barrier(4)
+    applied: list[list[int]] = []
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        with psycopg.connect(fresh_pg, autocommit=True) as conn:
+            barrier.wait()
+            try:
+                applied.append(migrate(conn))
+            except BaseException as e:  # a race would surface here
+                errors.append(e)
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(applied, key=len) == [[], [], [], [v for v, _ in MIGRATIONS]]
+    assert _count(fresh_pg, "SELECT count(*) FROM ledger_migrations") == len(MIGRATIONS)

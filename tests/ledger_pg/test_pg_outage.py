@@ -127,3 +127,19 @@ def test_requests_are_served_while_postgres_is_down_and_healthz_says_so(tmp_path
             assert "prefixgate_ledger_spooled_rows 3.0" in m
             assert "prefixgate_ledger_spool_dropped_rows 2.0" in m
     led.close()
+
+
+def test_new_rows_queue_behind_what_the_spool_still_holds(fresh_pg: str, tmp_path: Path) -> None:
+    spool = tmp_path / "left-over.sqlite"
+    dead = PgLedger(f"postgresql://postgres@127.0.0.1:{free_port()}/nothing", spool_path=spool,
+                    retry_s=60)
+    for i in range(5):
+        dead.write(LedgerRow(model=f"old{i}"))
+    dead.close()  # an earlier run's rows, left in the spool
+    led = PgLedger(fresh_pg, spool_path=spool, retry_s=60)
+    assert led.state()["spooled_rows"] == 5
+    led.write(LedgerRow(model="new"))
+    led.flush(30)
+    assert _until(lambda: led.state()["spooled_rows"] == 0)
+    assert [r["model"] for r in led.rows()] == [f"old{i}" for i in range(5)] + ["new"]
+    led.close()
