@@ -165,7 +165,8 @@ class Backend(_Strict):
         if not self.deployments:
             return [Deployment(base_url=self.base_url, api_key=self.api_key, name=name)]
         return [Deployment(base_url=d.base_url, api_key=d.api_key or self.api_key,
-                           name=d.name or f"{name}#{i}") for i, d in enumerate(self.deployments)]
+                           name=d.name or f"{name}#{i}", kv_events=d.kv_events)
+                for i, d in enumerate(self.deployments)]
 
     def timeouts_s(self) -> tuple[float, float, float, float | None]:
         """(connect, first byte, idle, total) seconds, unset ones from ``timeout_s``."""
