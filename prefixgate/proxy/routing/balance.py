@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from prefixgate.config.routing import AffinitySettings
+from prefixgate.proxy.routing.slots import SlotTable
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,9 @@ def rendezvous_order(key: str, names: Sequence[str]) -> list[int]:
 
 
 class Balancer:
-    """In-flight requests per deployment (this proxy's), the round-robin turns, and where each
-    affinity key was placed. ``now``: seconds, monotonic (injectable)."""
+    """In-flight requests per deployment (this proxy's), the round-robin turns, where each
+    affinity key was placed, and (``slots``) which llama.cpp slot each key holds. ``now``:
+    seconds, monotonic (injectable)."""
 
     def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
         self.inflight: collections.Counter[str] = collections.Counter()
@@ -111,6 +113,7 @@ class Balancer:
         self.now = now
         self.others: dict[str, int] = {}  # other replicas' in flight (routing.shared)
         self.on_change: Callable[[str], None] | None = None  # an in-flight count changed
+        self.slots = SlotTable(now=now)
 
     def place(self, key: str, names: Sequence[str], settings: AffinitySettings) -> int:
         """Index in ``names`` where ``key`` goes (see module docstring): where it was placed
