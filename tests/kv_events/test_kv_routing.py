@@ -155,3 +155,20 @@ def test_stream_settings_come_from_the_deployment(fleet: list[Published]) -> Non
     hub = KVEventHub.from_policy(_policy(fleet[:1]))
     assert isinstance(hub.streams["d0"], KVEventStream)
     assert hub.streams["d0"].settings.replay == fleet[0].replay_at
+
+
+def test_a_tie_goes_to_the_keys_placement_when_it_is_among_the_tied() -> None:
+    from prefixgate.config.routing import AffinitySettings
+    from prefixgate.proxy.routing.balance import Choice, choose, rendezvous
+
+    names, ex = ["d0", "d1", "d2"], AffinitySettings(mode="exact")
+    # every replica holds the shared system prompt (16 tokens): the placement keeps the key
+    for placed in range(3):
+        assert choose(names, [0, 0, 0], "k", ex, matches=[16, 16, 16], placed=placed) == Choice(
+            placed, "cache_match")
+    # the placement is not among the longest: rendezvous among those
+    want = [0, 2][rendezvous("k", ["d0", "d2"])]
+    assert choose(names, [0, 0, 0], "k", ex, matches=[32, 16, 32], placed=1) == Choice(
+        want, "cache_match")
+    assert choose(names, [0, 0, 0], "k", ex, matches=[16, 48, 16], placed=0) == Choice(
+        1, "cache_match")  # a longer match beats the placement
