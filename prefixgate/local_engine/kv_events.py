@@ -62,17 +62,12 @@ class KVEventRecorder:
         hashes = self._hashes(tokens, extra_key)
         B = self.block_size
         with self.lock:
-            run: list[int] = []
-            for i, h in enumerate(hashes + [None]):  # type: ignore[list-item]
-                if h is not None and h not in self.held:
-                    self.held[h] = (hashes[i - 1] if i else None, tokens[i * B:(i + 1) * B])
-                    run.append(i)
-                    continue
-                if run:
-                    a, b = run[0], run[-1] + 1
-                    self.pending.append(["BlockStored", hashes[a:b], hashes[a - 1] if a else None,
-                                         tokens[a * B:b * B], B, None, MEDIUM])
-                    run = []
+            new = [i for i, h in enumerate(hashes) if h not in self.held]
+            for i in new:
+                self.held[hashes[i]] = (hashes[i - 1] if i else None, tokens[i * B:(i + 1) * B])
+            for a, b in _runs(new):
+                self.pending.append(["BlockStored", hashes[a:b], hashes[a - 1] if a else None,
+                                     tokens[a * B:b * B], B, None, MEDIUM])
 
     def on_insert(self, extra_key: bytes | None, _request_id: str, tokens: list[int]) -> None:
         """:attr:`KVManager.on_insert` listener (the tree took ``tokens``)."""
@@ -106,3 +101,14 @@ class KVEventRecorder:
         for h, (parent, toks) in self.held.items():
             out.append(["BlockStored", [h], parent, toks, self.block_size, None, MEDIUM])
         return out
+
+
+def _runs(indices: list[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` of each run of consecutive ints in the sorted ``indices``."""
+    out: list[tuple[int, int]] = []
+    for i in indices:
+        if out and out[-1][1] == i:
+            out[-1] = (out[-1][0], i + 1)
+        else:
+            out.append((i, i + 1))
+    return out

@@ -96,3 +96,20 @@ def test_snapshot_rebuilds_the_held_set() -> None:
     assert snap[0] == ["AllBlocksCleared"]
     assert [e[1][0] for e in snap[1:]] == list(rec.held)
     assert snap[2][2] == snap[1][1][0]  # parents first, chained
+
+
+def test_runs_split_where_a_held_block_sits_between_new_ones() -> None:
+    from prefixgate.local_engine.kv_events import _runs
+
+    assert _runs([]) == [] and _runs([0, 1, 2]) == [(0, 3)]
+    assert _runs([0, 2, 3, 5]) == [(0, 1), (2, 4), (5, 6)]
+    rec = KVEventRecorder(2)
+    rec.take()
+    toks = [1, 2, 3, 4, 5, 6]
+    rec.stored(None, toks)
+    h = list(rec.held)
+    del rec.held[h[0]], rec.held[h[2]]  # blocks 0 and 2 gone, block 1 still held
+    rec.take()
+    rec.stored(None, toks)
+    assert rec.take() == [["BlockStored", [h[0]], None, [1, 2], 2, None, "GPU"],
+                          ["BlockStored", [h[2]], h[1], [5, 6], 2, None, "GPU"]]
