@@ -16,6 +16,7 @@ from prefixgate.proxy.bridges import bridge_for
 from prefixgate.proxy.routing.balance import Balancer
 from prefixgate.proxy.routing.breaker import BreakerBoard
 from prefixgate.proxy.routing.kv_events import KVEventHub, KVEventStream
+from prefixgate.proxy.routing.kv_hash import wire_hashes
 from prefixgate.proxy.routing.kv_match import event_matches
 from prefixgate.proxy.routing.retries import Sender, Step
 from prefixgate.proxy.routing.router import plan_targets
@@ -172,3 +173,25 @@ def test_a_tie_goes_to_the_keys_placement_when_it_is_among_the_tied() -> None:
         want, "cache_match")
     assert choose(names, [0, 0, 0], "k", ex, matches=[16, 48, 16], placed=0) == Choice(
         1, "cache_match")  # a longer match beats the placement
+
+
+def test_the_app_follows_the_policys_streams_while_it_runs(fleet: list[Published],
+                                                           tmp_path: Any) -> None:
+    import time
+
+    from prefixgate.proxy.app import build_app
+    from tests.servers import serve_app
+
+    policy = parse_policy({**_policy(fleet[:2]).model_dump(exclude_unset=True),
+                           "ledger": {"path": str(tmp_path / "l.sqlite")}})
+    app = build_app(policy, rewrite_fn=None, analyze=False)
+    with serve_app(app):
+        hub = app.state.proxy.kv_events
+        assert hub is not None and set(hub.streams) == {"d0", "d1"}
+        fleet[1].insert(PROMPT)
+        deadline = time.monotonic() + 10
+        hashes = wire_hashes(PROMPT, 4, "sha256", "")
+        while hub.streams["d1"].index.prefix_blocks(hashes) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert hub.streams["d1"].usable() and len(hub.streams["d1"].index) == 4
+    assert all(t.done() for t in hub._tasks) or hub._tasks == []  # stopped with the app
