@@ -25,6 +25,11 @@ row here, so a backend that differs only in data is a row, not code (LiteLLM's
 - ``native_responses``: serves the Responses API itself (``/v1/responses`` is passed through;
   other kinds get the Responses -> Chat bridge).
 - ``spawnable``: ``prefixgate serve`` may start it (``spawn: true``).
+- ``pins_slots``: its server keeps one prompt cache per slot and takes ``id_slot`` in the body
+  (llama.cpp): the proxy pins each conversation to a slot (``Backend.slots`` per deployment,
+  :mod:`prefixgate.proxy.routing.slots`). Its ``timings`` (``cache_n``, ``prompt_n``,
+  ``prompt_ms``) are read for cached tokens and prefill time
+  (:func:`prefixgate.proxy.core.usage.engine_usage`, every OpenAI-shaped answer).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class KindTraits:
     default_cache_salt: bool
     native_responses: bool
     spawnable: bool
+    pins_slots: bool = False
 
 
 BACKEND_KINDS: dict[str, KindTraits] = {
@@ -63,6 +69,10 @@ BACKEND_KINDS: dict[str, KindTraits] = {
                                 tokenizes=True, lists_models=True, masks_tools=False,
                                 default_cache_salt=False, native_responses=False,
                                 spawnable=False),
+    "llamacpp": KindTraits(wire="openai", cache_provider="radix", otel_provider="llama.cpp",
+                           output_cap_field="max_tokens", tokenizes=False, lists_models=True,
+                           masks_tools=False, default_cache_salt=False, native_responses=False,
+                           spawnable=False, pins_slots=True),
     "openai": KindTraits(wire="openai", cache_provider="openai", otel_provider="openai",
                          output_cap_field="max_completion_tokens", tokenizes=False,
                          lists_models=False, masks_tools=False, default_cache_salt=False,

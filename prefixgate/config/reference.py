@@ -47,6 +47,11 @@ EXAMPLES: dict[str, Any] = {
         "timeouts": {"connect_s": 10.0, "first_byte_s": 60.0, "idle_s": 30.0, "total_s": 600.0}}}},
     "backends.affinity": {"backends": {"vllm": {**_BACKEND_GROUP, "affinity": {
         "mode": "prefix", "session_balance": 1.0, "imbalance_abs": 2, "imbalance_rel": 1.5}}}},
+    "backends.deployments.kv_events": {"backends": {"vllm": {
+        "kind": "openai_compat", "affinity": {"mode": "exact"}, "deployments": [
+            {"base_url": "http://10.0.0.1:8000/v1", "name": "vllm-a", "kv_events": {
+                "endpoint": "tcp://10.0.0.1:5557", "replay": "tcp://10.0.0.1:5558",
+                "block_size": 16, "hash": "sha256_cbor"}}]}}},
     "routes.fallbacks": {"routes": [{"match": "gpt-*", "backend": "openai", "fallbacks": [
         "openai_backup", {"backend": "anthropic", "model": "claude-sonnet-4-5"}]}]},
 }

@@ -32,14 +32,51 @@ def check_base_url(v: str) -> str:
     return v.rstrip("/")
 
 
+class KVEventsSettings(_Strict):
+    """Where a deployment publishes its KV cache events (vLLM's ``--kv-events-config``, our
+    engine's ``--kv-events-endpoint``), for exact prefix-aware routing (issue 24).
+
+    ``endpoint``: the ZMQ PUB endpoint to subscribe to (``tcp://host:5557``); ``replay``: its
+    replay socket (``tcp://host:5558``; None: gaps are repaired by nothing, the index waits for
+    the next full state); ``topic``: the PUB topic; ``block_size``: tokens per block, the
+    engine's (vLLM's ``--block-size``); ``hash``: how the router recomputes block hashes —
+    ``sha256_cbor`` (vLLM's ``--prefix-caching-hash-algo sha256_cbor``, with ``seed`` = the
+    engine's ``PYTHONHASHSEED``, default ``vllm-none-hash``) or ``sha256`` (our engine's
+    default form); ``max_staleness_s``: the index is trusted only while the stream was seen
+    alive (an event or an answered replay probe) this recently."""
+
+    endpoint: str
+    replay: str | None = None
+    topic: str = ""
+    block_size: int = Field(16, ge=1, le=4096)
+    hash: Literal["sha256", "sha256_cbor"] = "sha256"
+    seed: str | None = None
+    max_staleness_s: float = Field(5.0, gt=0)
+
+    @field_validator("endpoint", "replay")
+    @classmethod
+    def _zmq_endpoint(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ValueError("a KV events endpoint is a ZMQ address like tcp://host:5557")
+        return v
+
+    def hash_seed(self) -> str:
+        """The seed of the block hash: ``seed``, else the engine's default for ``hash``."""
+        if self.seed is not None:
+            return self.seed
+        return "vllm-none-hash" if self.hash == "sha256_cbor" else ""
+
+
 class Deployment(_Strict):
     """One replica / account of a backend. ``name`` (default ``<backend>#<index>``) is what the
     ledger, ``/healthz`` and the metrics call it; the URL (which may hold credentials) never is.
-    ``api_key``: a ``${ENV_VAR}`` template (checked by the backend), default the backend's."""
+    ``api_key``: a ``${ENV_VAR}`` template (checked by the backend), default the backend's.
+    ``kv_events``: where it publishes its KV cache events (None: it is routed without them)."""
 
     base_url: str
     api_key: str | None = None
     name: str = ""
+    kv_events: KVEventsSettings | None = None
 
     @field_validator("base_url")
     @classmethod
@@ -114,7 +151,9 @@ class AffinitySettings(_Strict):
     more than ``ceil(session_balance * mean)`` of the keys seen in the last ``session_ttl_s``)
     and kept, so one conversation keeps hitting one replica's prefix cache; ``exact`` — ask
     each deployment ``POST /cache/match`` (our engine: cached tokens for this prompt,
-    read-only) and take the longest match (the ``prefix`` placement on ties / no match);
+    read-only; or, for deployments with ``kv_events``, the router's own block index fed by
+    their KV events: one ``/tokenize``, no query per deployment) and take the longest match
+    (the ``prefix`` placement on ties / no match / a stale index);
     ``least_load`` — fewest requests in flight; ``round_robin``.
     Load guard: when ``max - min > imbalance_abs`` and ``max > imbalance_rel * min`` (in-flight
     requests per deployment), the least loaded deployment is taken whatever the prefix says.

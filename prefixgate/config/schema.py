@@ -42,7 +42,7 @@ from prefixgate.config.routing import (
     check_base_url,
 )
 
-BackendKind = Literal["local", "openai_compat", "openai", "anthropic"]
+BackendKind = Literal["local", "openai_compat", "llamacpp", "openai", "anthropic"]
 
 _ENV_TEMPLATE = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$")
 KEY_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
@@ -66,7 +66,8 @@ class Backend(_Strict):
     """One upstream.
 
     ``kind``: ``local`` (our engine, spawned by ``prefixgate serve`` when ``spawn``),
-    ``openai_compat`` (vLLM, SGLang, llama.cpp, our engine run elsewhere), ``openai``,
+    ``openai_compat`` (vLLM, SGLang, llama.cpp, our engine run elsewhere), ``llamacpp``
+    (llama.cpp's server with each conversation pinned to one of its ``slots``), ``openai``,
     ``anthropic``. ``api_key`` must be a ``${ENV_VAR}`` template, never a literal key.
     ``deployments``: several base URLs / keys serving the same models (a deployment group,
     :mod:`prefixgate.config.routing`); without it the backend is one deployment, ``base_url`` +
@@ -107,6 +108,9 @@ class Backend(_Strict):
     """Refuse (403) a tenant's request to this backend when ``tenant_keys`` has no key for it,
     instead of sending it with the shared ``api_key``. Requests without a tenant are not
     affected."""
+    slots: int = Field(1, ge=1, le=1024)
+    """``llamacpp``: slots per deployment (its server's ``--parallel``); each conversation is
+    pinned to one (``id_slot``, :mod:`prefixgate.proxy.routing.slots`)."""
     usd_per_hour: float | None = Field(None, ge=0)
     """What the deployment costs per hour (GPU rental, amortised hardware): the report prices
     the prefill time saved at it (``prefill_usd_saved`` = prefill seconds saved x this / 3600;
@@ -165,7 +169,8 @@ class Backend(_Strict):
         if not self.deployments:
             return [Deployment(base_url=self.base_url, api_key=self.api_key, name=name)]
         return [Deployment(base_url=d.base_url, api_key=d.api_key or self.api_key,
-                           name=d.name or f"{name}#{i}") for i, d in enumerate(self.deployments)]
+                           name=d.name or f"{name}#{i}", kv_events=d.kv_events)
+                for i, d in enumerate(self.deployments)]
 
     def timeouts_s(self) -> tuple[float, float, float, float | None]:
         """(connect, first byte, idle, total) seconds, unset ones from ``timeout_s``."""

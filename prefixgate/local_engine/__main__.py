@@ -6,6 +6,8 @@ pool (tokens / GiB), ``--max-num-batched-tokens`` and ``--chunk-size`` bound eac
 prefill work (chunked prefill), ``--disable-prefix-cache`` turns the radix cache off.
 ``--speculative ngram+suffix`` (or ``draft`` with ``--draft-model``) turns speculative decoding
 on; ``--quantization int8`` stores the linear weights as int8 with per-channel scales.
+``--kv-events-endpoint tcp://*:5557`` (off by default) publishes KV events in vLLM's schema,
+``--kv-events-replay tcp://*:5558`` serves their replay (``kv_event_publisher.py``).
 """
 
 from __future__ import annotations
@@ -53,6 +55,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="fp32 CPU: use plain F.linear instead of oneDNN pre-packed weights")
     p.add_argument("--quantization", default=None, choices=["int8"],
                    help="weight quantization (default: none, weights in --dtype)")
+    p.add_argument("--kv-events-endpoint", default=None,
+                   help="ZMQ PUB endpoint for KV events in vLLM's schema (default: off)")
+    p.add_argument("--kv-events-replay", default=None, help="ZMQ endpoint of the replay socket")
+    p.add_argument("--kv-events-block-size", type=int, default=16, help="tokens per event block")
+    p.add_argument("--kv-events-hash", default="sha256", choices=["sha256", "sha256_cbor"])
+    p.add_argument("--kv-events-seed", default="", help="block hash seed (sha256_cbor: vLLM's "
+                   "PYTHONHASHSEED, else 'vllm-none-hash')")
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-stats-interval", type=float, default=10.0,
                    help="seconds between engine status log lines while busy (0: off)")
@@ -90,6 +99,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         draft_model_path=args.draft_model,
         quantization=args.quantization,
         packed_linear=not args.no_packed_linear,
+        kv_events_endpoint=args.kv_events_endpoint,
+        kv_events_replay=args.kv_events_replay,
+        kv_events_block_size=args.kv_events_block_size,
+        kv_events_hash=args.kv_events_hash,
+        kv_events_seed=args.kv_events_seed or ("vllm-none-hash" if args.kv_events_hash ==
+                                                "sha256_cbor" else ""),
     )
     if args.threads:
         import torch

@@ -40,6 +40,11 @@ class EngineConfig:
     quantization: None (weights in ``dtype``) or ``int8`` (weight-only, per-channel scales).
     packed_linear: fp32 on CPU, run linear layers through oneDNN with pre-packed weights
     (``cpu_linear``; skinny products such as speculative verification are ~2x cheaper).
+    kv_events_endpoint: a ZMQ endpoint (``tcp://*:5557``) to publish KV events on, in vLLM's
+    schema (``kv_events.py``, ``kv_event_publisher.py``); None (default): off.
+    kv_events_replay: the replay socket's endpoint (None: none); kv_events_block_size: tokens
+    per published block; kv_events_hash / kv_events_seed: the block hash (``sha256`` or
+    ``sha256_cbor``, ``kv_block_hash.py``) and its seed.
     """
 
     model_path: str
@@ -64,6 +69,11 @@ class EngineConfig:
     draft_model_path: str | None = None
     quantization: str | None = None
     packed_linear: bool = True
+    kv_events_endpoint: str | None = None
+    kv_events_replay: str | None = None
+    kv_events_block_size: int = 16
+    kv_events_hash: str = "sha256"
+    kv_events_seed: str = ""
 
 
 SEED_RANGE = (-(1 << 63), 1 << 64)  # what ``torch.Generator.manual_seed`` takes: [lo, hi)

@@ -75,7 +75,14 @@ class StopCmd:
     """Abort everything and end the step loop."""
 
 
-Command = AddCmd | AbortCmd | StopCmd
+@dataclass(frozen=True)
+class ResetCacheCmd:
+    """Empty the radix tree if no request holds any of it; ``done`` gets whether it did."""
+
+    done: Callable[[bool], None]
+
+
+Command = AddCmd | AbortCmd | StopCmd | ResetCacheCmd
 
 
 def _dtype(name: str | None, default: torch.dtype) -> torch.dtype:
@@ -151,6 +158,7 @@ class Engine:
         self.runner = ModelRunner(self.model, self.pool, self.table, self.max_context_len,
                                   self.device, self.dtype)
         self.eos_ids = _eos_ids(path, self.tokenizer)
+        self.kv_events = self._kv_events(cfg)
         self.spec = build_spec_decoder(cfg, self.scheduler.kv, self.device, self.dtype,
                                        args.vocab_size, self.max_context_len)
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
@@ -159,6 +167,29 @@ class Engine:
         self._seqs: dict[str, Sequence] = {}
         self._timing = {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "decode_tokens": 0}
         self._stopped = False
+
+    def _kv_events(self, cfg: EngineConfig) -> Any:
+        """The KV event publisher when ``cfg.kv_events_endpoint`` is set (None: off)."""
+        if cfg.kv_events_endpoint is None or self.cache is None:
+            return None
+        from prefixgate.local_engine.kv_event_publisher import KVEventPublisher
+        from prefixgate.local_engine.kv_events import KVEventRecorder
+
+        rec = KVEventRecorder(cfg.kv_events_block_size, cfg.kv_events_hash, cfg.kv_events_seed,
+                              cfg.page_size)
+        self.scheduler.kv.on_insert.append(rec.on_insert)
+        self.cache.on_evict, self.cache.on_reset = rec.evicted, rec.cleared
+        pub = KVEventPublisher(rec, cfg.kv_events_endpoint, cfg.kv_events_replay)
+        pub.start()
+        return pub
+
+    def reset_prefix_cache(self, timeout_s: float = 30.0) -> bool:
+        """Empty the prefix cache (``AllBlocksCleared`` to KV event consumers) when no request
+        holds part of it; True when it was emptied. Any thread; waits for the engine thread."""
+        got: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._ensure_thread()
+        self._inbox.put(ResetCacheCmd(got.put))
+        return got.get(timeout=timeout_s)
 
     # -- request construction (caller's thread) ------------------------------------------------
     def _make_seq(self, prompt_ids: list[int], params: SamplingParams, extra_key: bytes | None,
@@ -300,6 +331,8 @@ class Engine:
             self._inbox.put(StopCmd())
             self._thread.join(timeout=30)
             self._thread = None
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     # -- the loop (engine thread) --------------------------------------------------------------
     def _loop(self) -> None:
@@ -330,6 +363,11 @@ class Engine:
         if isinstance(cmd, AddCmd):
             self._seqs[cmd.seq.request_id] = cmd.seq
             self.scheduler.add(cmd.seq)
+        elif isinstance(cmd, ResetCacheCmd):
+            freed = self.cache.reset() if self.cache is not None else None
+            if freed is not None:
+                self.pool.free(freed)
+            cmd.done(freed is not None)
         else:
             seq = self.scheduler.abort(cmd.request_id)
             if seq is not None:

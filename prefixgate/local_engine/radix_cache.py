@@ -15,12 +15,16 @@ total slots held by the tree.
 images in the prompt) never match a lookup under another (case B23: the same image placeholder
 tokens with different pixels must not share KV). With ``page_size > 1`` keys are matched and
 split in whole pages only.
+
+``on_evict`` (optional) is told of every leaf eviction ``(extra_key, path tokens from the root,
+depth of the leaf's parent)``: the KV event recorder (:mod:`prefixgate.local_engine.kv_events`)
+turns it into ``BlockRemoved``. ``reset`` empties the unlocked tree (``on_reset`` is told).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 
@@ -74,6 +78,26 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
     return i
 
 
+def _path(node: TreeNode) -> list[int]:
+    """The tokens from the root to the end of ``node``'s edge."""
+    parts: list[list[int]] = []
+    n: TreeNode | None = node
+    while n is not None and not n.is_root:
+        parts.append(n.key)
+        n = n.parent
+    return [t for part in reversed(parts) for t in part]
+
+
+def _nodes(root: TreeNode) -> list[TreeNode]:
+    """Every node under ``root`` (root excluded)."""
+    out, stack = [], list(root.children.values())
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        stack.extend(n.children.values())
+    return out
+
+
 class RadixCache:
     """Prefix cache over token ids → slot ids, with lock_ref counts and LRU leaf eviction."""
 
@@ -83,6 +107,8 @@ class RadixCache:
         self.evictable_size = 0
         self.protected_size = 0
         self._clock = 0
+        self.on_evict: Callable[[bytes | None, list[int], int], None] | None = None
+        self.on_reset: Callable[[], None] | None = None
 
     # -- helpers --------------------------------------------------------------------------
     def _child_key(self, tokens: list[int], pos: int) -> Hashable:
@@ -220,29 +246,45 @@ class RadixCache:
         """
         if num_slots <= 0:
             return []
-        heap: list[tuple[int, int, TreeNode]] = []
-        for root in self._roots.values():
+        heap: list[tuple[int, int, TreeNode, bytes | None]] = []
+        for extra, root in self._roots.items():
             stack = [root]
             while stack:
                 n = stack.pop()
                 if n.children:
                     stack.extend(n.children.values())
                 elif not n.is_root and n.ref_count == 0:
-                    heap.append((n.last_access, n.uid, n))
+                    heap.append((n.last_access, n.uid, n, extra))
         heapq.heapify(heap)
         freed: list[int] = []
         while heap and len(freed) < num_slots:
-            _, _, leaf = heapq.heappop(heap)
+            _, _, leaf, extra = heapq.heappop(heap)
             parent = leaf.parent
             assert parent is not None
+            if self.on_evict is not None:
+                path = _path(leaf)
+                self.on_evict(extra, path, len(path) - len(leaf.key))
             freed.extend(leaf.value)
             self.evictable_size -= len(leaf.value)
             del parent.children[self._child_key(leaf.key, 0)]
             if not parent.is_root and not parent.children and parent.ref_count == 0:
-                heapq.heappush(heap, (parent.last_access, parent.uid, parent))
+                heapq.heappush(heap, (parent.last_access, parent.uid, parent, extra))
         for k in [k for k, r in self._roots.items() if k is not None and not r.children]:
             del self._roots[k]
         return freed
+
+    def reset(self) -> list[int] | None:
+        """Empty the tree when nothing is locked (vLLM's ``reset_prefix_cache``): returns every
+        slot it held (the caller frees them) and tells ``on_reset``; None (nothing changed) while
+        a request holds a lock."""
+        if self.protected_size:
+            return None
+        slots = [s for root in self._roots.values() for n in _nodes(root) for s in n.value]
+        self._roots.clear()
+        self.evictable_size = 0
+        if self.on_reset is not None:
+            self.on_reset()
+        return slots
 
     @property
     def total_size(self) -> int:

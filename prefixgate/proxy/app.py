@@ -77,6 +77,7 @@ from prefixgate.proxy.pipeline.rewrite import (
     RewriteFn,
     default_rewrite_fn,
 )
+from prefixgate.proxy.routing.kv_events import KVEventHub
 from prefixgate.proxy.routing.probes import health_check_loop
 from prefixgate.proxy.routing.router import Target, pick_target
 from prefixgate.proxy.upstream.client import Upstream
@@ -135,6 +136,10 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         await state.upstream.start()
         state.side = httpx.AsyncClient(transport=transport, follow_redirects=False)
         state.loop_lag.start()
+        hub = KVEventHub.from_policy(policy)
+        if hub.streams:
+            state.kv_events = hub
+            hub.start()
         checks = None
         if policy.health_checks.interval_s > 0:
             assert state.breakers is not None
@@ -147,6 +152,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
                 with contextlib.suppress(asyncio.CancelledError):
                     await checks
             await state.loop_lag.stop()
+            await hub.stop()
             await state.side.aclose()
             await state.upstream.close()
             # a batched writer's queued rows reach the disk / the database (or its spool): this

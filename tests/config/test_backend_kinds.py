@@ -20,13 +20,16 @@ def test_every_schema_kind_has_exactly_one_row() -> None:
 
 def test_rows_are_what_the_backends_do() -> None:
     assert traits("anthropic").wire == "anthropic"
-    assert {k for k, t in BACKEND_KINDS.items() if t.wire == "openai"} == {"local", "openai_compat", "openai"}
+    assert {k for k, t in BACKEND_KINDS.items() if t.wire == "openai"} == {"local", "openai_compat", "llamacpp",
+                                                                       "openai"}
     assert [k for k, t in BACKEND_KINDS.items() if t.native_responses] == ["openai"]
     assert [k for k, t in BACKEND_KINDS.items() if t.masks_tools] == ["local"]
     assert {k for k, t in BACKEND_KINDS.items() if t.tokenizes} == {"local", "openai_compat"}
     assert traits("openai").output_cap_field == "max_completion_tokens"
     assert traits("anthropic").output_cap_field is None
     assert traits("local").cache_provider == traits("openai_compat").cache_provider == "radix"
+    assert [k for k, t in BACKEND_KINDS.items() if t.pins_slots] == ["llamacpp"]
+    assert traits("llamacpp").cache_provider == "radix" and not traits("llamacpp").tokenizes
 
 
 def test_unknown_kind_raises() -> None:

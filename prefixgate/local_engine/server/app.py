@@ -12,6 +12,8 @@ Routes::
     POST /v1/cache/match        a chat body, or {"input_ids": [...], "cache_salt"?} ->
                                 {"cached_tokens", "prompt_tokens"}: the prompt's prefix the
                                 radix tree holds now, read-only (for a cache-aware router)
+    POST /reset_prefix_cache    vLLM's: empty the radix tree when no request holds part of it
+                                ({"reset": bool}; KV event consumers get AllBlocksCleared)
     GET  /health                {"status": "ok"}
     GET  /metrics               Prometheus text (see metrics.py)
 
@@ -274,6 +276,11 @@ class _Server:
             cached = 0
         return {"cached_tokens": cached, "prompt_tokens": len(ids)}
 
+    async def reset_prefix_cache(self) -> dict[str, bool]:
+        """``POST /reset_prefix_cache``: ``{"reset": true}`` when the tree was emptied, false
+        while a request holds part of it."""
+        return {"reset": await asyncio.to_thread(self.engine.reset_prefix_cache)}
+
     def models(self) -> dict[str, Any]:
         return {
             "object": "list",
@@ -394,6 +401,7 @@ def build_app(engine: Engine, log_stats_interval_s: float | None = None) -> Fast
     app.add_api_route("/tokenize", server.tokenize, methods=["POST"])
     app.add_api_route("/detokenize", server.detokenize, methods=["POST"])
     app.add_api_route("/v1/cache/match", server.cache_match, methods=["POST"])
+    app.add_api_route("/reset_prefix_cache", server.reset_prefix_cache, methods=["POST"])
 
     @app.get("/health")
     async def health() -> dict[str, str]:

@@ -40,6 +40,7 @@ from prefixgate.proxy.pipeline.rewrite import RewriteFn, RewriteOutcome
 from prefixgate.proxy.routing.balance import Balancer
 from prefixgate.proxy.routing.breaker import BreakerBoard
 from prefixgate.proxy.routing.fanout import FanoutGate
+from prefixgate.proxy.routing.kv_events import KVEventHub
 from prefixgate.proxy.routing.retries import Attempts, Picked, RetryBudget, Step
 from prefixgate.proxy.routing.router import Target
 from prefixgate.proxy.routing.shared import SharedRouting
@@ -74,6 +75,7 @@ class ProxyState:
     retry_budget: RetryBudget | None = None  # retries as a share of live traffic (all requests)
     judge: RouteJudge = field(default_factory=RouteJudge)  # per-route stand-back (replaced below)
     salt_key: SaltKey | None = None  # keys the tenants' cache_salt (http.salt_key)
+    kv_events: KVEventHub | None = None  # deployments' KV event indexes (routing.kv_events)
 
     def __post_init__(self) -> None:
         rw = self.policy.rewrite

@@ -13,6 +13,7 @@ from fastapi import Request
 from prefixgate.config.routing import Deployment
 from prefixgate.proxy.http.headers import upstream_headers
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
+from prefixgate.proxy.routing.kv_match import event_matches
 from prefixgate.proxy.routing.probes import cache_matches
 from prefixgate.proxy.routing.retries import Sender
 from prefixgate.proxy.routing.router import Target
@@ -36,10 +37,15 @@ async def send(ex: Exchange, request: Request, state: ProxyState) -> httpx.Respo
 
 def sender(state: ProxyState) -> Sender:
     """The failover loop over the app's upstream client, breakers and balancer (``exact``
-    affinity asks the deployments' ``/v1/cache/match``)."""
+    affinity reads the deployments' KV event indexes where they publish events, else asks
+    their ``/v1/cache/match``)."""
     async def match(t: Target, deps: list[Deployment], body: bytes) -> list[int]:
         if state.side is None:
             return [0] * len(deps)
+        if state.kv_events is not None:
+            found = await event_matches(state.side, state.kv_events, t, deps, body)
+            if found is not None:
+                return found
         return await cache_matches(state.side, t, deps, body)
 
     assert state.breakers is not None

@@ -17,8 +17,11 @@ loaded deployment. Routing for the cache is, by ``AffinitySettings.mode``:
   (:mod:`prefixgate.proxy.pipeline.rewrite`: hash of the system text and the first user message unless the
   client names its session).
 - ``exact``: each deployment said how many tokens of this prompt its radix tree holds
-  (``POST /cache/match``, :func:`choose` gets ``matches``); the longest match wins, rendezvous
-  breaks ties and decides when nothing matches.
+  (``POST /cache/match``, or the router's block index fed by the deployments' KV events,
+  :mod:`prefixgate.proxy.routing.kv_events`; :func:`choose` gets ``matches``); the longest
+  match wins; among tied longest matches the key's placement wins when it is one of them (a
+  system prompt every replica holds must not undo the bounded-load placement), else
+  rendezvous; the placement decides when nothing matches.
 - ``least_load`` / ``round_robin``: no affinity (the baselines of ``bench/routing_affinity.py``).
 
 :func:`choose` is pure; :class:`Balancer` keeps the in-flight counts and the round-robin turn.
@@ -35,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from prefixgate.config.routing import AffinitySettings
+from prefixgate.proxy.routing.slots import SlotTable
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,8 @@ def choose(names: Sequence[str], loads: Sequence[int], key: str, settings: Affin
     if mode == "exact" and matches is not None and max(matches) > 0:
         best = max(matches)
         tied = [i for i, m in enumerate(matches) if m == best]
+        if placed in tied:  # a prefix every deployment holds (a shared system prompt): placement
+            return Choice(placed, "cache_match")
         return Choice(tied[rendezvous(key, [names[i] for i in tied])], "cache_match")
     return Choice(rendezvous(key, names) if placed is None else placed, "affinity")
 
@@ -99,8 +105,9 @@ def rendezvous_order(key: str, names: Sequence[str]) -> list[int]:
 
 
 class Balancer:
-    """In-flight requests per deployment (this proxy's), the round-robin turns, and where each
-    affinity key was placed. ``now``: seconds, monotonic (injectable)."""
+    """In-flight requests per deployment (this proxy's), the round-robin turns, where each
+    affinity key was placed, and (``slots``) which llama.cpp slot each key holds. ``now``:
+    seconds, monotonic (injectable)."""
 
     def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
         self.inflight: collections.Counter[str] = collections.Counter()
@@ -111,6 +118,7 @@ class Balancer:
         self.now = now
         self.others: dict[str, int] = {}  # other replicas' in flight (routing.shared)
         self.on_change: Callable[[str], None] | None = None  # an in-flight count changed
+        self.slots = SlotTable(now=now)
 
     def place(self, key: str, names: Sequence[str], settings: AffinitySettings) -> int:
         """Index in ``names`` where ``key`` goes (see module docstring): where it was placed

