@@ -191,8 +191,8 @@ def sequential(targets: dict[str, tuple[str, bytes]], n: int, stream: bool
     return out
 
 
-def wrk(url: str, body: bytes, seconds: int, tmp: Path) -> float:
-    """Requests/s of ``wrk -t1 -c32 -d<seconds>s`` POSTing ``body``."""
+def wrk(url: str, body: bytes, seconds: int, tmp: Path, connections: int = 32) -> float:
+    """Requests/s of ``wrk -t1 -c<connections> -d<seconds>s`` POSTing ``body``."""
     script, payload = tmp / f"post-{len(body)}.lua", tmp / f"body-{len(body)}.json"
     payload.write_bytes(body)  # read by the script: no escaping of the body into Lua source
     script.write_text(
@@ -200,7 +200,7 @@ def wrk(url: str, body: bytes, seconds: int, tmp: Path) -> float:
         f'local f = io.open("{payload}", "rb")\nwrk.body = f:read("*all")\nf:close()\n'
         'wrk.headers["Content-Type"] = "application/json"\n'
         f'wrk.headers["Authorization"] = "Bearer {MASTER_KEY}"\n')
-    out = subprocess.run(["wrk", "-t1", "-c32", f"-d{seconds}s", "-s", str(script),
+    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "-s", str(script),
                           url + "/v1/chat/completions"], capture_output=True, text=True,
                          check=True).stdout
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
