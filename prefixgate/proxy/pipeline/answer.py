@@ -152,7 +152,7 @@ def _analyzer(state: ProxyState, ex: Exchange) -> Callable[[], Awaitable[Analysi
             original=ex.body, sent=ex.rw.body, budget_ms=state.policy.rewrite.time_budget_ms,
             max_depth=state.policy.limits.max_json_depth,
             inline=len(ex.raw) <= INLINE_ANALYZE_BYTES, tenant=ex.row.tenant,
-            view=ex.pass_view, ctx=ex.ctx)
+            view=ex.pass_view, ctx=ex.ctx, recorded=ex.rw.stages)
     return analyze
 
 

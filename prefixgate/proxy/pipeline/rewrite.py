@@ -87,6 +87,9 @@ class RewriteOutcome:
     memory: dict[str, Any] = field(default_factory=dict)
     applied: bool = False
     edits: list[Edit] = field(default_factory=list)
+    stages: tuple[tuple[str, Any, bool], ...] = ()
+    """The rewrite's stage chain (:attr:`prefixgate.rewriter.types.RewriteResult.stages`), read
+    by the after-answer attribution; empty when it has none."""
 
 
 def _dumps(body: dict[str, Any]) -> bytes:
@@ -120,10 +123,11 @@ def run_rewrite(fn: RewriteFn | None, body: dict[str, Any], raw: bytes, api: Api
         memory.update(ed.memory)
     summary = result.summary() or "none"
     pruned = sum(ed.tokens_removed for ed in result.edits if ed.applied)
+    stages = getattr(result, "stages", ())  # a test's rewrite function may return none
     if result.body is body:
-        return RewriteOutcome(body, raw, summary, pruned, memory, False, result.edits)
+        return RewriteOutcome(body, raw, summary, pruned, memory, False, result.edits, stages)
     return RewriteOutcome(result.body, _dumps(result.body), summary, pruned, memory, True,
-                          result.edits)
+                          result.edits, stages)
 
 
 class _GcFreeze:
