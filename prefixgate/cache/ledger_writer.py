@@ -30,7 +30,7 @@ from dataclasses import asdict, astuple
 from pathlib import Path
 from typing import Any
 
-from prefixgate.cache import rollup
+from prefixgate.cache import announced_rows, rollup
 from prefixgate.cache.ledger import COLUMNS, Ledger, LedgerRow
 from prefixgate.config.schema import LedgerSettings
 
@@ -119,7 +119,9 @@ class BatchedLedger(Ledger):
                 time.sleep(0.05 * 2 ** attempt)
 
     def flush(self, timeout_s: float | None = None) -> None:
-        """Block until every row queued so far is committed (or ``timeout_s`` passes)."""
+        """Block until every row queued so far is committed (or ``timeout_s`` passes), rows
+        announced as answered for (:mod:`prefixgate.cache.announced_rows`) included."""
+        self.announced.wait(announced_rows.WAIT_S if timeout_s is None else timeout_s)
         with self._cv:
             self._flushing += 1
             self._cv.notify_all()

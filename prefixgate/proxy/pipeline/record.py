@@ -75,6 +75,17 @@ def measured_as_sent(row: LedgerRow, credits: Mapping[str, int] | None) -> None:
     row.cf_source = "holdout" if row.holdout else "modelled"
 
 
+async def merge_memory(state: ProxyState, ex: Exchange) -> None:
+    """Merge the rewrite's session-memory updates into the session's memory (what the next
+    turn's passes read); a failure is logged, never raised."""
+    if ex.rw is None or not ex.rw.memory:
+        return
+    try:
+        await state.sessions.amerge(ex.session_id, ex.rw.memory)
+    except Exception:
+        log.exception("session memory merge failed")
+
+
 async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, http_status: int,
                  analyze: Callable[[], Awaitable[Analysis]] | None = None,
                  memory: bool = False) -> None:
@@ -93,11 +104,8 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
         row.tpot_ms = timing.tpot_ms(row.output_tokens)
         row.total_ms = timing.total_ms()
         apply_reported_timings(row, with_body_times(ex.reported, usage.prefill_ms, usage.decode_ms))
-        if memory and ex.rw is not None and ex.rw.memory:
-            try:
-                await state.sessions.amerge(ex.session_id, ex.rw.memory)
-            except Exception:
-                log.exception("session memory merge failed")
+        if memory:
+            await merge_memory(state, ex)
         own = _own_price(ex)
         row.input_usd = input_cost_usd(row.model, row.prompt_tokens, row.cached_tokens,
                                        row.cache_write_tokens) if own is None else (
