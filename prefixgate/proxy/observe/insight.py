@@ -50,10 +50,12 @@ Every estimate says where it came from (ledger ``cf_source``): ``modelled`` (a m
 proxy sets ``measured`` when the backend saw the client's own prompt; ``holdout`` rows are those
 of sessions sent unrewritten on purpose; ``""`` when there is none.
 
-About 3 ms per 6k-token request (token counting, memoised across stages and requests), one
-more run of the passes for a rewritten request, plus one or two local HTTP calls (tokenize the
-original, and the rewritten body to compare); run after the answer has been relayed, so it adds
-nothing to TTFT. Failures are logged and never fail a request.
+About 3 ms per 6k-token request (token counting, memoised across stages and requests), the
+stage bodies rendered from the stages the rewrite recorded (one more run of the passes only for
+a rewrite function that records none), plus one or two local HTTP calls (tokenize the original,
+and the rewritten body to compare); run after the answer has been sent
+(:mod:`prefixgate.proxy.pipeline.after_answer`), so it adds nothing to TTFT nor to a non-streamed
+answer's latency. Failures are logged and never fail a request.
 """
 
 from __future__ import annotations
