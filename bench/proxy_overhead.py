@@ -270,7 +270,8 @@ def one_round(seq: dict[str, tuple[str, bytes]], first: dict[str, tuple[str, byt
                 if k in fc else None) for k in ("small_off", "litellm")},
         "throughput_rps": {k: (round(rps[k], 1) if k in rps else None)
                            for k in ("direct", "small_off", "agent_on", "litellm")},
-        "workers_rps": {k: round(v, 1) for k, v in rps.items() if k.startswith("w")},
+        "workers_rps": {**{f"w1_{k}": round(rps[k], 1) for k in ("small_off", "agent_on")},
+                        **{k: round(v, 1) for k, v in rps.items() if k.startswith("w2_")}},
         "direct_p50_ms": {"small": round(percentile(lat["direct_small"], 50), 3),
                           "agent": round(percentile(lat["direct_agent"], 50), 3)},
     }
@@ -302,7 +303,8 @@ WORKERS_WHY = (
 
 def workers_scaling(medians: dict[str, dict[str, float | None]],
                     spreads: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Throughput of ``--workers 1`` vs ``--workers 2`` (1 KB rewrite off, 29 KB rewrite on)."""
+    """Throughput of ``--workers 1`` (the throughput figures' servers, same round) vs
+    ``--workers 2`` (1 KB rewrite off, 29 KB rewrite on)."""
     w = medians.get("workers_rps", {})
     out: dict[str, Any] = {"rps": w, "spread": spreads.get("workers_rps", {}),
                            "cpus": os.cpu_count(), "why": WORKERS_WHY}
@@ -333,8 +335,9 @@ def main() -> None:
         up_proc, up = start_upstream()
         procs.append(up_proc)
         off_proc, off = start_prefixgate(up, tmp, "off", rewrite=False)
+        procs.append(off_proc)
         on_proc, on = start_prefixgate(up, tmp, "on", rewrite=True)
-        procs += [off_proc, on_proc]
+        procs.append(on_proc)
         lite = None
         if not args.no_litellm:
             try:
@@ -352,10 +355,10 @@ def main() -> None:
             rps_targets["litellm"] = (lite, small)
         if not args.no_workers:
             w2_off_proc, w2_off = start_prefixgate(up, tmp, "w2off", rewrite=False, workers=2)
+            procs.append(w2_off_proc)
             w2_on_proc, w2_on = start_prefixgate(up, tmp, "w2on", rewrite=True, workers=2)
-            procs += [w2_off_proc, w2_on_proc]
-            rps_targets |= {"w1_small_off": (off, small), "w2_small_off": (w2_off, small),
-                            "w1_agent_on": (on, agent), "w2_agent_on": (w2_on, agent)}
+            procs.append(w2_on_proc)
+            rps_targets |= {"w2_small_off": (w2_off, small), "w2_agent_on": (w2_on, agent)}
             for url, body in ((w2_off, small), (w2_on, agent)):
                 wrk(url, body, 2, tmp)  # warm both workers' imports and token counters
         wrk(on, agent, 2, tmp)
