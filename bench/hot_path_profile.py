@@ -5,8 +5,9 @@
 Used by ``bench/proxy_overhead.py`` (its ``"profile_top"``) and runnable alone. For each case
 — ``small_off`` (1 KB body, rewrite off), ``agent_off`` / ``agent_on`` (the 29 KB tau-bench
 agent body, rewrite off / on) — one ``prefixgate serve`` worker in front of the fake upstream is
-sampled by ``py-spy record --rate 250 --format raw`` (every thread, idle frames left out) while
-``wrk -t1 -c8`` POSTs the body. The raw stacks are folded into:
+sampled by ``py-spy record --rate 250 --format raw --gil`` (only the thread holding the GIL:
+the process's CPU in Python, not threads waiting for the GIL inside a C call — on 2 busy cores
+those waits otherwise fill a third of the samples) while ``wrk -t1 -c8`` POSTs the body. The raw stacks are folded into:
 
 - ``self``: the functions most often on top of a stack (share of the busy samples, %);
 - ``inclusive``: the functions most often anywhere in a stack (%; a frame counted once per
@@ -97,7 +98,7 @@ def profile_case(url: str, pid: int, body: bytes, seconds: int, tmp: Path, k: in
     out = tmp / f"spy-{pid}-{len(body)}.txt"
     spy = subprocess.Popen([py_spy(), "record", "--pid", str(pid), "--rate", str(RATE_HZ),
                             "--duration", str(seconds), "--format", "raw", "--nonblocking",
-                            "--output", str(out)], stdout=subprocess.DEVNULL,
+                            "--gil", "--output", str(out)], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
     time.sleep(0.5)
     rps = wrk_fn(url, body, seconds, tmp, connections=8)
@@ -124,7 +125,8 @@ def profile_all(seconds: int, k: int, tmp: Path) -> dict[str, Any]:
     try:
         up_proc, up = po.start_upstream()
         procs.append(up_proc)
-        out: dict[str, Any] = {"command": "python bench/hot_path_profile.py", "rate_hz": RATE_HZ,
+        out: dict[str, Any] = {"command": "python bench/hot_path_profile.py", "gil_only": True,
+                               "rate_hz": RATE_HZ,
                                "seconds": seconds, "load": "wrk -t1 -c8"}
         for name, body, rewrite in (("small_off", small, False), ("agent_off", agent, False),
                                     ("agent_on", agent, True)):

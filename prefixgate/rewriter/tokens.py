@@ -57,6 +57,18 @@ def _load_encoder(name: str) -> _Encoder | None:
         return None
 
 
+ENCODINGS = ("o200k_base", "cl100k_base")
+"""Every encoding :func:`encoding_for_model` names."""
+
+
+def warm_encodings() -> None:
+    """Load every encoding of :data:`ENCODINGS` now (a few seconds of CPU on a busy machine),
+    so a server's first requests do not pay for it inside their time budgets; the proxy calls it
+    in a thread at start."""
+    for name in ENCODINGS:
+        _encoder(name)
+
+
 def encoding_for_model(model: str) -> str:
     """Encoding name for a model id: o200k_base for gpt-4o / o-series / gpt-5, else cl100k_base."""
     m = model.lower()
