@@ -59,3 +59,48 @@ def test_a_failing_after_is_logged_not_raised(caplog: pytest.LogCaptureFixture) 
     anyio.run(AfterResponse(b"{}", after=after), SCOPE, _receive, send)
     assert sent == ["http.response.start", "http.response.body"]
     assert "after-answer work failed" in caplog.text
+
+
+def test_rows_keep_the_order_of_their_answers_while_their_work_overlaps() -> None:
+    from prefixgate.proxy.pipeline.after_answer import RecordOrder
+
+    order = RecordOrder()
+    recorded: list[str] = []
+    started: list[str] = []
+
+    async def work(name: str, analysis_s: float) -> None:
+        prev, mine = order.turn()
+        try:
+            started.append(name)
+            await anyio.sleep(analysis_s)  # the first answer's analysis is the slow one
+            await RecordOrder.after(prev)
+            recorded.append(name)
+        finally:
+            mine.set()
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(work, "first", 0.2)
+            tg.start_soon(work, "second", 0.0)
+            tg.start_soon(work, "third", 0.05)
+
+    anyio.run(main)
+    assert started == ["first", "second", "third"]  # the work overlaps ...
+    assert recorded == ["first", "second", "third"]  # ... the rows keep the answers' order
+
+
+def test_a_lost_predecessor_delays_a_row_without_blocking_it(monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    from prefixgate.proxy.pipeline import after_answer
+    from prefixgate.proxy.pipeline.after_answer import RecordOrder
+
+    monkeypatch.setattr(after_answer, "ORDER_WAIT_S", 0.1)
+    order = RecordOrder()
+    order.turn()  # an answer whose row never comes
+    prev, _ = order.turn()
+
+    async def main() -> None:
+        with anyio.fail_after(2):
+            await RecordOrder.after(prev)
+
+    anyio.run(main)

@@ -12,13 +12,16 @@ keep-alive client's next turn is not held behind the analysis.
 
 What must be in place before the client can send its next turn stays before the response:
 session memory (:func:`prefixgate.proxy.pipeline.record.merge_memory`), read by that turn's
-rewrite. The row is announced to the ledger before the send
+rewrite. Rows keep the order of their answers (:class:`RecordOrder`: a row is recorded once the
+row of the answer sent before it is, so a sequential client's rows stay in request order while
+the analyses themselves overlap). The row is announced to the ledger before the send
 (:mod:`prefixgate.cache.announced_rows`), so a reader that asks once the client has its answer
 still sees it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -57,3 +60,33 @@ class AfterResponse(Response):
             await super().__call__(scope, receive, send)
         finally:
             await self.run_after()
+
+
+ORDER_WAIT_S = 5.0
+"""Longest a row waits for the row of the answer before it (a lost predecessor delays, never
+blocks, the rows after it)."""
+
+
+class RecordOrder:
+    """The order answers were made in, for recording their rows in it (module docstring).
+    One per proxy (its event loop)."""
+
+    def __init__(self) -> None:
+        self._tail: asyncio.Event | None = None
+
+    def turn(self) -> tuple[asyncio.Event | None, asyncio.Event]:
+        """``(the previous answer's "recorded" event or None, this answer's)``: set this
+        answer's event once its row is recorded (or will never be)."""
+        prev, mine = self._tail, asyncio.Event()
+        self._tail = mine
+        return prev, mine
+
+    @staticmethod
+    async def after(prev: asyncio.Event | None) -> None:
+        """Wait until ``prev`` is set, at most :data:`ORDER_WAIT_S`."""
+        if prev is None or prev.is_set():
+            return
+        try:
+            await asyncio.wait_for(prev.wait(), ORDER_WAIT_S)
+        except TimeoutError:
+            log.warning("the previous answer's row was not recorded within %.0f s", ORDER_WAIT_S)

@@ -36,7 +36,7 @@ from prefixgate.proxy.core.errors import (
 from prefixgate.proxy.core.usage import Usage, usage_from_headers
 from prefixgate.proxy.http.headers import downstream_headers
 from prefixgate.proxy.observe.insight import Analysis
-from prefixgate.proxy.pipeline.after_answer import AfterResponse
+from prefixgate.proxy.pipeline.after_answer import AfterResponse, RecordOrder
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
 from prefixgate.proxy.pipeline.record import finish, merge_memory
 from prefixgate.proxy.upstream.client import ERROR_BODY_MAX_BYTES, JSON, read_at_most
@@ -224,11 +224,14 @@ async def _json_answer(state: ProxyState, ex: Exchange, resp: httpx.Response) ->
     status = resp.status_code
     announced = state.ledger.announced if ex.endpoint.ledger else None
     token = announced.announce() if announced is not None else 0  # readers wait for the row
+    prev, mine = state.record_order.turn()  # rows in the order of their answers
 
     async def after() -> None:  # the row, breaks, counterfactual: once the answer is out
         try:
-            await finish(state, ex, usage, "ok", status, _analyzer(state, ex))
+            await finish(state, ex, usage, "ok", status, _analyzer(state, ex),
+                         gate=lambda: RecordOrder.after(prev))
         finally:
+            mine.set()
             if announced is not None:
                 announced.settle(token)
 

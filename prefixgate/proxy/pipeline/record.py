@@ -88,10 +88,12 @@ async def merge_memory(state: ProxyState, ex: Exchange) -> None:
 
 async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, http_status: int,
                  analyze: Callable[[], Awaitable[Analysis]] | None = None,
-                 memory: bool = False) -> None:
+                 memory: bool = False,
+                 gate: Callable[[], Awaitable[None]] | None = None) -> None:
     """Fill the row's usage and timing, merge the rewrite's session memory (``memory``), run
-    the break / counterfactual analysis (``analyze``), record. Whatever fails in between, the
-    row is written (with what is known)."""
+    the break / counterfactual analysis (``analyze``), await ``gate`` (rows kept in answer
+    order, :class:`prefixgate.proxy.pipeline.after_answer.RecordOrder`), record. Whatever
+    fails in between, the row is written (with what is known)."""
     row, timing = ex.row, ex.timing
     try:
         row.prompt_tokens, row.cached_tokens = usage.prompt_tokens, usage.cached_tokens
@@ -133,4 +135,9 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
     except Exception:
         log.exception("after-answer accounting failed; the row keeps what is known")
     finally:
+        if gate is not None:
+            try:
+                await gate()
+            except Exception:
+                log.exception("waiting for the previous row failed")
         ex.record(state, status, http_status)

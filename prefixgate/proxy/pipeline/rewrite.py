@@ -55,6 +55,9 @@ REWRITE_THREADS = 4
 """Rewrites running at once; more wait for a thread, and the wait counts against the budget."""
 OVER_BUDGET = "over_budget"
 LARGE_BODY_BYTES = 1 << 20
+STAGES_MAX_BYTES = 1 << 20
+"""Bodies above this keep no stage chain (the IR after each pass) for the after-answer
+attribution: their analysis is skipped anyway."""
 
 
 def default_rewrite_fn() -> RewriteFn | None:
@@ -123,7 +126,9 @@ def run_rewrite(fn: RewriteFn | None, body: dict[str, Any], raw: bytes, api: Api
         memory.update(ed.memory)
     summary = result.summary() or "none"
     pruned = sum(ed.tokens_removed for ed in result.edits if ed.applied)
-    stages = getattr(result, "stages", ())  # a test's rewrite function may return none
+    # a test's rewrite function may record none; a large body's are not kept through the send
+    # (its analysis is skipped, pipeline.answer.ANALYZE_MAX_BYTES)
+    stages = getattr(result, "stages", ()) if len(raw) <= STAGES_MAX_BYTES else ()
     if result.body is body:
         return RewriteOutcome(body, raw, summary, pruned, memory, False, result.edits, stages)
     return RewriteOutcome(result.body, _dumps(result.body), summary, pruned, memory, True,
