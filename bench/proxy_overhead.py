@@ -1,7 +1,7 @@
 """What the proxy adds, side by side in one run: direct, prefixgate, LiteLLM (issue 10).
 
-    python bench/proxy_overhead.py [--requests 300] [--wrk-seconds 10] [--no-litellm]
-        [--out bench/results/proxy_overhead.json]
+    python bench/proxy_overhead.py [--requests 300] [--wrk-seconds 10] [--rounds 3]
+        [--profile-seconds 8] [--no-litellm] [--no-workers] [--out bench/results/proxy_overhead.json]
 
 One fake upstream (``bench/fake_upstream.py``, its own process: a canned ``chat.completion`` or
 SSE answer at once) and, each in its own process on loopback, one worker each:
@@ -23,9 +23,16 @@ Figures (ms, req/s):
 - ``first_chunk_added_ms``: streamed requests, time to the first body chunk, p50 minus direct's;
 - ``throughput_rps``: ``wrk -t1 -c32 -d<s>`` POSTing the body (Debian ``wrk``).
 
+Rounds (issue 25): the whole set of figures is measured ``--rounds`` times, one round after
+another; each figure is the median over the rounds and ``spread`` gives its median / min / max.
+``workers_scaling``: ``wrk`` throughput of ``--workers 2`` servers next to the one-worker ones
+(1 KB rewrite off, 29 KB rewrite on), in the same rounds, with what 2 shared cores allow and
+why. ``profile_top``: :mod:`hot_path_profile`'s top entries (py-spy under ``wrk``), per case.
+
 Output: ``{"command", "figures": {"added_p50_ms": {"small_off", "agent_off", "agent_on",
 "litellm"}, "added_p99_ms": {...}, "first_chunk_added_ms": {"small_off", "litellm"},
-"throughput_rps": {"direct", "small_off", "agent_on", "litellm"}}, "setup": {...}}``.
+"throughput_rps": {"direct", "small_off", "agent_on", "litellm"}}, "spread": {same keys:
+{"median", "min", "max"}}, "goals", "workers_scaling", "profile_top", "setup": {...}}``.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
 from prefixgate.cache.report import percentile  # noqa: E402
 from prefixgate.proxy.sim.traces import load_tau, openai_body  # noqa: E402
@@ -104,9 +112,9 @@ def start_upstream() -> tuple[subprocess.Popen[bytes], str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
-def start_prefixgate(up: str, tmp: Path, name: str, rewrite: bool
+def start_prefixgate(up: str, tmp: Path, name: str, rewrite: bool, workers: int = 1
                      ) -> tuple[subprocess.Popen[bytes], str]:
-    """``prefixgate serve`` (one worker) in front of ``up``."""
+    """``prefixgate serve --workers <workers>`` in front of ``up``."""
     port = free_port()
     policy = tmp / f"{name}.yaml"
     policy.write_text(json.dumps({
@@ -116,7 +124,7 @@ def start_prefixgate(up: str, tmp: Path, name: str, rewrite: bool
         "rewrite": {"enabled": rewrite},
         "ledger": {"path": str(tmp / f"{name}.sqlite")}}))
     proc = subprocess.Popen([sys.executable, "-m", "prefixgate.proxy.cli", "serve", "--policy", str(policy),
-                             "--log-level", "warning"], cwd=REPO)
+                             "--log-level", "warning", "--workers", str(workers)], cwd=REPO)
     url = f"http://127.0.0.1:{port}"
     wait_up(url + "/healthz", proc, 120)
     return proc, url
@@ -191,8 +199,8 @@ def sequential(targets: dict[str, tuple[str, bytes]], n: int, stream: bool
     return out
 
 
-def wrk(url: str, body: bytes, seconds: int, tmp: Path) -> float:
-    """Requests/s of ``wrk -t1 -c32 -d<seconds>s`` POSTing ``body``."""
+def wrk(url: str, body: bytes, seconds: int, tmp: Path, connections: int = 32) -> float:
+    """Requests/s of ``wrk -t1 -c<connections> -d<seconds>s`` POSTing ``body``."""
     script, payload = tmp / f"post-{len(body)}.lua", tmp / f"body-{len(body)}.json"
     payload.write_bytes(body)  # read by the script: no escaping of the body into Lua source
     script.write_text(
@@ -200,7 +208,7 @@ def wrk(url: str, body: bytes, seconds: int, tmp: Path) -> float:
         f'local f = io.open("{payload}", "rb")\nwrk.body = f:read("*all")\nf:close()\n'
         'wrk.headers["Content-Type"] = "application/json"\n'
         f'wrk.headers["Authorization"] = "Bearer {MASTER_KEY}"\n')
-    out = subprocess.run(["wrk", "-t1", "-c32", f"-d{seconds}s", "-s", str(script),
+    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "-s", str(script),
                           url + "/v1/chat/completions"], capture_output=True, text=True,
                          check=True).stdout
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
@@ -212,9 +220,10 @@ def wrk(url: str, body: bytes, seconds: int, tmp: Path) -> float:
 
 
 GOALS = {("added_p50_ms", "small_off"): 1.0, ("added_p50_ms", "agent_off"): 1.5,
-         ("added_p50_ms", "agent_on"): 3.0, ("first_chunk_added_ms", "small_off"): 1.0,
+         ("added_p50_ms", "agent_on"): 2.0, ("first_chunk_added_ms", "small_off"): 1.0,
          ("throughput_rps", "small_off"): 1500.0, ("throughput_rps", "agent_on"): 800.0}
-"""Issue 10's goals: latencies at most, throughputs at least (and >= 50x LiteLLM's rps)."""
+"""Issue 25's goals (issue 10's, agent_on tightened from 3.0 to 2.0 ms): latencies at most,
+throughputs at least (and >= 50x LiteLLM's rps)."""
 
 
 def goals(figures: dict[str, dict[str, float | None]]) -> dict[str, Any]:
@@ -232,47 +241,21 @@ def goals(figures: dict[str, dict[str, float | None]]) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    """Run the benchmark (module docstring)."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--requests", type=int, default=300)
-    ap.add_argument("--wrk-seconds", type=int, default=10)
-    ap.add_argument("--no-litellm", action="store_true")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "proxy_overhead.json"))
-    args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="pg-overhead-"))
-    small, agent = wire(SMALL), wire(agent_body())
-    small_stream = wire({**SMALL, "stream": True})
-    procs: list[subprocess.Popen[bytes]] = []
-    t0 = time.perf_counter()
-    try:
-        up_proc, up = start_upstream()
-        procs.append(up_proc)
-        off_proc, off = start_prefixgate(up, tmp, "off", rewrite=False)
-        on_proc, on = start_prefixgate(up, tmp, "on", rewrite=True)
-        procs += [off_proc, on_proc]
-        lite = None
-        if not args.no_litellm:
-            lite_proc, lite = start_litellm(up, tmp)
-            procs.append(lite_proc)
-        seq = {"direct_small": (up, small), "small_off": (off, small),
-               "direct_agent": (up, agent), "agent_off": (off, agent), "agent_on": (on, agent)}
-        first = {"direct": (up, small_stream), "small_off": (off, small_stream)}
-        if lite:
-            seq["litellm"] = (lite, small)
-            first["litellm"] = (lite, small_stream)
-        lat = sequential(seq, args.requests, stream=False)
-        fc = sequential(first, args.requests // 2, stream=True)
-        rps = {"direct": wrk(up, small, args.wrk_seconds, tmp),
-               "small_off": wrk(off, small, args.wrk_seconds, tmp),
-               "agent_on": wrk(on, agent, args.wrk_seconds, tmp)}
-        if lite:
-            rps["litellm"] = wrk(lite, small, args.wrk_seconds, tmp)
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(30)
+def spread(values: list[float]) -> dict[str, float]:
+    """``{"median", "min", "max"}`` of one figure over the rounds (rounded)."""
+    vs = sorted(values)
+    return {"median": round(percentile(vs, 50), 3), "min": round(vs[0], 3),
+            "max": round(vs[-1], 3)}
+
+
+def one_round(seq: dict[str, tuple[str, bytes]], first: dict[str, tuple[str, bytes]],
+              rps_targets: dict[str, tuple[str, bytes]], args: argparse.Namespace, tmp: Path
+              ) -> dict[str, dict[str, float | None]]:
+    """One round's figures: latencies interleaved request by request, then one ``wrk`` run
+    per throughput target (module docstring)."""
+    lat = sequential(seq, args.requests, stream=False)
+    fc = sequential(first, args.requests // 2, stream=True)
+    rps = {k: wrk(url, body, args.wrk_seconds, tmp) for k, (url, body) in rps_targets.items()}
 
     def added(q: float) -> dict[str, float | None]:
         base = {"small_off": "direct_small", "agent_off": "direct_agent",
@@ -280,26 +263,138 @@ def main() -> None:
         return {k: (round(percentile(lat[k], q) - percentile(lat[b], q), 3) if k in lat else None)
                 for k, b in base.items()}
 
-    figures = {
+    return {
         "added_p50_ms": added(50), "added_p99_ms": added(99),
         "first_chunk_added_ms": {
             k: (round(percentile(fc[k], 50) - percentile(fc["direct"], 50), 3)
                 if k in fc else None) for k in ("small_off", "litellm")},
         "throughput_rps": {k: (round(rps[k], 1) if k in rps else None)
                            for k in ("direct", "small_off", "agent_on", "litellm")},
+        "workers_rps": {**{f"w1_{k}": round(rps[k], 1) for k in ("small_off", "agent_on")},
+                        **{k: round(v, 1) for k, v in rps.items() if k.startswith("w2_")}},
+        "direct_p50_ms": {"small": round(percentile(lat["direct_small"], 50), 3),
+                          "agent": round(percentile(lat["direct_agent"], 50), 3)},
     }
+
+
+def combine(rounds: list[dict[str, dict[str, float | None]]]
+            ) -> tuple[dict[str, dict[str, float | None]], dict[str, dict[str, Any]]]:
+    """(the medians over the rounds in the figures' shape, each figure's spread)."""
+    medians: dict[str, dict[str, float | None]] = {}
+    spreads: dict[str, dict[str, Any]] = {}
+    for fig in rounds[0]:
+        medians[fig], spreads[fig] = {}, {}
+        for key in rounds[0][fig]:
+            vals = [r[fig][key] for r in rounds if r[fig].get(key) is not None]
+            if not vals:
+                medians[fig][key] = spreads[fig][key] = None
+                continue
+            sp = spread(vals)  # type: ignore[arg-type]
+            medians[fig][key], spreads[fig][key] = sp["median"], sp
+    return medians, spreads
+
+
+WORKERS_WHY = (
+    "2 workers on 2 CPUs that also run the client (wrk), the fake upstream and other jobs: "
+    "one worker already keeps about one core busy, wrk and the upstream take a good share of "
+    "the other, so a second worker process mostly competes for the same cores (and a shared "
+    "SQLite ledger file); the >= 1.8x goal needs cores free for the second worker.")
+
+
+def workers_scaling(medians: dict[str, dict[str, float | None]],
+                    spreads: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Throughput of ``--workers 1`` (the throughput figures' servers, same round) vs
+    ``--workers 2`` (1 KB rewrite off, 29 KB rewrite on)."""
+    w = medians.get("workers_rps", {})
+    out: dict[str, Any] = {"rps": w, "spread": spreads.get("workers_rps", {}),
+                           "cpus": os.cpu_count(), "why": WORKERS_WHY}
+    for case in ("small_off", "agent_on"):
+        one_w, two_w = w.get(f"w1_{case}"), w.get(f"w2_{case}")
+        out[f"ratio_{case}"] = round(two_w / one_w, 2) if one_w and two_w else None
+    return out
+
+
+def main() -> None:
+    """Run the benchmark (module docstring)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--wrk-seconds", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--profile-seconds", type=int, default=8, help="0: no profile_top")
+    ap.add_argument("--no-litellm", action="store_true")
+    ap.add_argument("--no-workers", action="store_true", help="skip workers_scaling")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "proxy_overhead.json"))
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="pg-overhead-"))
+    small, agent = wire(SMALL), wire(agent_body())
+    small_stream = wire({**SMALL, "stream": True})
+    procs: list[subprocess.Popen[bytes]] = []
+    t0 = time.perf_counter()
+    lite_why = None
+    try:
+        up_proc, up = start_upstream()
+        procs.append(up_proc)
+        off_proc, off = start_prefixgate(up, tmp, "off", rewrite=False)
+        procs.append(off_proc)
+        on_proc, on = start_prefixgate(up, tmp, "on", rewrite=True)
+        procs.append(on_proc)
+        lite = None
+        if not args.no_litellm:
+            try:
+                lite_proc, lite = start_litellm(up, tmp)
+                procs.append(lite_proc)
+            except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
+                lite_why = f"LiteLLM could not be started: {e}"
+        seq = {"direct_small": (up, small), "small_off": (off, small),
+               "direct_agent": (up, agent), "agent_off": (off, agent), "agent_on": (on, agent)}
+        first = {"direct": (up, small_stream), "small_off": (off, small_stream)}
+        rps_targets = {"direct": (up, small), "small_off": (off, small), "agent_on": (on, agent)}
+        if lite:
+            seq["litellm"] = (lite, small)
+            first["litellm"] = (lite, small_stream)
+            rps_targets["litellm"] = (lite, small)
+        if not args.no_workers:
+            w2_off_proc, w2_off = start_prefixgate(up, tmp, "w2off", rewrite=False, workers=2)
+            procs.append(w2_off_proc)
+            w2_on_proc, w2_on = start_prefixgate(up, tmp, "w2on", rewrite=True, workers=2)
+            procs.append(w2_on_proc)
+            rps_targets |= {"w2_small_off": (w2_off, small), "w2_agent_on": (w2_on, agent)}
+            for url, body in ((w2_off, small), (w2_on, agent)):
+                wrk(url, body, 2, tmp)  # warm both workers' imports and token counters
+        wrk(on, agent, 2, tmp)
+        rounds = [one_round(seq, first, rps_targets, args, tmp) for _ in range(args.rounds)]
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(30)
+    medians, spreads = combine(rounds)
+    figures = {k: medians[k] for k in ("added_p50_ms", "added_p99_ms", "first_chunk_added_ms",
+                                       "throughput_rps")}
+    profile = None
+    if args.profile_seconds > 0:
+        import hot_path_profile
+
+        profile = hot_path_profile.profile_all(args.profile_seconds, 12, tmp)
     doc = {"command": "nice -n 5 python bench/proxy_overhead.py " + " ".join(sys.argv[1:]),
            "figures": figures,
+           "spread": {k: spreads[k] for k in figures},
            "goals": goals(figures),
-           "setup": {"requests": args.requests, "wrk": f"wrk -t1 -c32 -d{args.wrk_seconds}s",
+           "workers_scaling": None if args.no_workers else workers_scaling(medians, spreads),
+           "profile_top": profile,
+           "setup": {"requests": args.requests, "rounds": args.rounds,
+                     "wrk": f"wrk -t1 -c32 -d{args.wrk_seconds}s",
                      "body_bytes": {"small": len(small), "agent": len(agent)},
                      "bodies": "compact JSON as the OpenAI SDK sends it; agent = the tau-bench "
                                "airline request closest to 29 KB",
-                     "direct_p50_ms": {"small": round(percentile(lat["direct_small"], 50), 3),
-                                       "agent": round(percentile(lat["direct_agent"], 50), 3)},
+                     "direct_p50_ms": medians["direct_p50_ms"],
+                     "figures_are": "the median over the rounds; spread: median / min / max of "
+                                    "the rounds, which run one after another (targets "
+                                    "interleaved request by request within a round)",
                      "prefixgate": "prefixgate serve, 1 worker, default policy limits, ledger "
                                    "on disk (batched writer), aiohttp upstream client",
-                     "litellm": None if args.no_litellm else _litellm_version(),
+                     "litellm": (None if args.no_litellm else
+                                 lite_why or _litellm_version()),
                      "wall_s": round(time.perf_counter() - t0, 1),
                      "machine": f"{os.cpu_count()} CPUs shared with other jobs; loopback; "
                                 "client, proxies, upstream and wrk on the same cores"}}

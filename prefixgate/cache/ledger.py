@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from prefixgate.cache import rollup
+from prefixgate.cache.announced_rows import AnnouncedRows
 
 SCHEMA_VERSION = 8  # 2: key_id; 3: issue 9 columns + rollup_minutes; 4: tenant;
 # 5: deployment, attempts, attempt_reasons; 6: stood_back; 7: breaks.tenant, rollups per
@@ -142,6 +143,7 @@ class Ledger:
             p = str(fp)
         self.path = p
         self._lock = threading.Lock()
+        self.announced = AnnouncedRows()  # rows the proxy has answered for, not yet written
         self._db = sqlite3.connect(p, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -202,6 +204,7 @@ class Ledger:
 
     def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Run a read-only ``sql`` under the lock (for :mod:`prefixgate.cache.savings`)."""
+        self.announced.wait()  # rows already answered for (cache.announced_rows)
         with self._lock:
             return self._db.execute(sql, params).fetchall()
 
@@ -209,11 +212,13 @@ class Ledger:
                 tenant: str | None = None) -> list[dict[str, Any]]:
         """Per-minute rollups in ``[from_ts, to_ts)`` (:func:`prefixgate.cache.rollup.read`),
         ``tenant``'s only when given."""
+        self.announced.wait()  # rows already answered for (cache.announced_rows)
         with self._lock:
             return rollup.read(self._db, from_ts, to_ts, tenant)
 
     def rows(self, since_ts: float = 0.0) -> list[dict[str, Any]]:
         """All rows with ``ts >= since_ts``, oldest first, as dicts keyed by column name."""
+        self.announced.wait()  # rows already answered for (cache.announced_rows)
         with self._lock:
             cur = self._db.execute(
                 f"SELECT id, {', '.join(COLUMNS)} FROM requests WHERE ts >= ? ORDER BY id",
@@ -231,6 +236,7 @@ class Ledger:
     def breaks(self, since_ts: float = 0.0, tenant: str | None = None) -> list[dict[str, Any]]:
         """Stored break records, oldest first (the dicts given to :meth:`write_break`);
         ``tenant``'s and its sub-tenants' only when given."""
+        self.announced.wait()  # rows already answered for (cache.announced_rows)
         where, params = rollup.tenant_filter(tenant)
         with self._lock:
             cur = self._db.execute(f"SELECT record FROM breaks WHERE ts >= ?{where} ORDER BY id",

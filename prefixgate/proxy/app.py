@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -81,6 +82,7 @@ from prefixgate.proxy.routing.kv_events import KVEventHub
 from prefixgate.proxy.routing.probes import health_check_loop
 from prefixgate.proxy.routing.router import Target, pick_target
 from prefixgate.proxy.upstream.client import Upstream
+from prefixgate.rewriter.tokens import warm_encodings
 
 __all__ = ["ProxyState", "build_app", "route_for"]
 
@@ -140,6 +142,8 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         if hub.streams:
             state.kv_events = hub
             hub.start()
+        if state.insight is not None:  # the after-answer analysis counts tokens from request 1
+            threading.Thread(target=warm_encodings, name="warm-encodings", daemon=True).start()
         checks = None
         if policy.health_checks.interval_s > 0:
             assert state.breakers is not None

@@ -47,7 +47,7 @@ from prefixgate.rewriter import (
 from prefixgate.rewriter.ir import Api, Prompt
 from prefixgate.rewriter.stable import stable_prefix_hash
 from prefixgate.rewriter.types import Context, Edit, RewriteResult
-from prefixgate.rewriter.validate import introduced
+from prefixgate.rewriter.validate import Violations, new_violations, violations
 
 PassFn = Callable[[Prompt, Context], tuple[Prompt, list[Edit]]]
 UNCHANGED = "left the prompt unchanged"
@@ -134,10 +134,23 @@ def _load(spec: PassSpec) -> PassFn | None:
     return spec.fn
 
 
-def run_passes(prompt: Prompt, ctx: Context,
-               passes: tuple[PassSpec, ...] = PASSES) -> tuple[Prompt, list[Edit]]:
-    """Run the enabled passes in order with per-pass validation (see module docstring)."""
+Stage = tuple[str, Prompt, bool]
+"""``(pass name, the prompt after it, whether it applied)``: one step of the stage chain."""
+
+
+def run_passes(prompt: Prompt, ctx: Context, passes: tuple[PassSpec, ...] = PASSES,
+               stages: list[Stage] | None = None) -> tuple[Prompt, list[Edit]]:
+    """Run the enabled passes in order with per-pass validation (see module docstring).
+
+    ``stages``, when given, receives a :data:`Stage` for each pass that ran (the prompt it
+    kept: its input when its output was dropped; applied: any of the Edits it added is), in
+    order — what :mod:`prefixgate.proxy.observe.stages` gets by running the passes one at a
+    time (the passes are deterministic in the prompt and the context).
+    The input's violations are computed once and carried to the next pass (the output a pass
+    keeps is the next one's input), and a pass that returns its input object is not validated
+    (it cannot introduce a violation)."""
     edits: list[Edit] = []
+    before: Violations | None = None  # violations(prompt), computed when first needed
     for spec in passes:
         if not getattr(ctx.settings, spec.switch, False):
             continue
@@ -150,19 +163,29 @@ def run_passes(prompt: Prompt, ctx: Context,
         except Exception as e:  # noqa: BLE001 - fail-open: a broken pass must not break the request
             edits.append(Edit(spec.name, False, "all", f"pass failed, input kept: "
                               f"{type(e).__name__}: {str(e)[:200]}"))
+            _stage(stages, spec.name, prompt, False)
             continue
-        bad = introduced(prompt, out)
-        if bad:
-            edits.append(Edit(spec.name, False, "all",
-                              "output invalid, input kept: " + ",".join(bad[:5])))
-            continue
-        if same_wire(out, prompt):  # the body it produced is its input: listed, never as applied
-            edits.extend(_unapplied(pass_edits, UNCHANGED))
-            prompt = out  # same bytes; IR-only flags (``volatile``) still reach later passes
-            continue
-        edits.extend(pass_edits)
-        prompt = out
+        after: Violations | None = None
+        if out is not prompt:
+            before = violations(prompt) if before is None else before
+            after = violations(out)
+            bad = new_violations(before, after)
+            if bad:
+                edits.append(Edit(spec.name, False, "all",
+                                  "output invalid, input kept: " + ",".join(bad[:5])))
+                _stage(stages, spec.name, prompt, False)
+                continue
+        kept = _unapplied(pass_edits, UNCHANGED) if same_wire(out, prompt) else pass_edits
+        edits.extend(kept)  # a body that is its input's bytes is listed, never as applied
+        if out is not prompt:  # same bytes or not, IR-only flags (``volatile``) reach later passes
+            prompt, before = out, after
+        _stage(stages, spec.name, prompt, any(e.applied for e in kept))
     return prompt, edits
+
+
+def _stage(stages: list[Stage] | None, name: str, prompt: Prompt, applied: bool) -> None:
+    if stages is not None:
+        stages.append((name, prompt, applied))
 
 
 def rewrite_request(body: dict[str, Any], api: Api, ctx: Context) -> RewriteResult:
@@ -179,14 +202,16 @@ def rewrite_request(body: dict[str, Any], api: Api, ctx: Context) -> RewriteResu
     if not ctx.settings.enabled:
         return RewriteResult(body, [Edit("pipeline", False, "all", "rewrite disabled")],
                              stable_prefix_hash(prompt))
-    out, edits = run_passes(prompt, ctx)
+    stages: list[Stage] = []
+    out, edits = run_passes(prompt, ctx, stages=stages)
     if not any(e.applied for e in edits):
-        return RewriteResult(body, edits, stable_prefix_hash(out))
+        return RewriteResult(body, edits, stable_prefix_hash(out), tuple(stages))
     check_deadline(ctx, "render")
     final = wire.render(out)
     if wire_bytes(final) == wire_bytes(body):  # e.g. only IR-only flags changed
-        return RewriteResult(body, _unapplied(edits, UNCHANGED), stable_prefix_hash(out))
-    return RewriteResult(final, edits, stable_prefix_hash(out))
+        return RewriteResult(body, _unapplied(edits, UNCHANGED), stable_prefix_hash(out),
+                             tuple(stages))
+    return RewriteResult(final, edits, stable_prefix_hash(out), tuple(stages))
 
 
 def session_updates(result: RewriteResult) -> dict[str, Any]:

@@ -50,14 +50,27 @@ def stable_region(prompt: Prompt) -> dict[str, Any]:
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+ONE_SHOT_MAX_ITEMS = 4096
+"""Regions with at most this many tools + system blocks are serialized in one call of the
+C encoder (``JSONEncoder.encode``: ~10x the piecewise encoder's speed on a 29 KB agent body);
+larger ones piece by piece. Both give the same text (the same encoder settings)."""
+ONE_SHOT_MAX_CHARS = 1 << 20
+"""Above this many characters the one-shot text is dropped and the region hashed piecewise."""
 
 
 def stable_prefix_hash(prompt: Prompt) -> str:
     """Hex sha256 of :func:`stable_region` serialized compactly (key order kept): the bytes of
-    ``json.dumps(region, separators=(",", ":"), ensure_ascii=False)``, fed to the hash piece by
-    piece (no copy of a megabytes-long system prompt, and a worker thread yields between
-    pieces)."""
+    ``json.dumps(region, separators=(",", ":"), ensure_ascii=False)``. A region of more than
+    :data:`ONE_SHOT_MAX_ITEMS` items, or one whose text passes :data:`ONE_SHOT_MAX_CHARS`, is
+    fed to the hash piece by piece (no copy of a megabytes-long system prompt, and a worker
+    thread yields between pieces)."""
+    region = stable_region(prompt)
     h = hashlib.sha256()
-    for piece in _ENCODER.iterencode(stable_region(prompt)):
+    if len(region["tools"]) + len(region["system"]) <= ONE_SHOT_MAX_ITEMS:
+        text = _ENCODER.encode(region)
+        if len(text) <= ONE_SHOT_MAX_CHARS:
+            h.update(text.encode())
+            return h.hexdigest()
+    for piece in _ENCODER.iterencode(region):
         h.update(piece.encode())
     return h.hexdigest()

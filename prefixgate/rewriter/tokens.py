@@ -11,8 +11,8 @@ with each media block at a fixed, documented cost (:func:`media_tokens`).
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
-from functools import lru_cache
 from typing import Any, Protocol
 
 TokenCounter = Callable[[str], int]
@@ -22,8 +22,27 @@ class _Encoder(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
 
-@lru_cache(maxsize=8)
+_ENCODERS: dict[str, _Encoder | None] = {}
+_LOAD_LOCK = threading.Lock()
+
+
 def _encoder(name: str) -> _Encoder | None:
+    """The encoding ``name`` (None when no package has it), loaded once per process.
+
+    Loading takes ~0.7 s of CPU; threads asking at the same time wait for the one load instead
+    of each loading it (issue 25: the proxy's after-answer workers, started by concurrent first
+    requests, loaded the vocabulary once each and held both cores for seconds)."""
+    try:
+        return _ENCODERS[name]
+    except KeyError:
+        pass
+    with _LOAD_LOCK:
+        if name not in _ENCODERS:
+            _ENCODERS[name] = _load_encoder(name)
+        return _ENCODERS[name]
+
+
+def _load_encoder(name: str) -> _Encoder | None:
     try:
         import quicktok
 
@@ -36,6 +55,18 @@ def _encoder(name: str) -> _Encoder | None:
         return tiktoken.get_encoding(f"{name}_offline" if name == "cl100k_base" else name)
     except Exception:
         return None
+
+
+ENCODINGS = ("o200k_base", "cl100k_base")
+"""Every encoding :func:`encoding_for_model` names."""
+
+
+def warm_encodings() -> None:
+    """Load every encoding of :data:`ENCODINGS` now (a few seconds of CPU on a busy machine),
+    so a server's first requests do not pay for it inside their time budgets; the proxy calls it
+    in a thread at start."""
+    for name in ENCODINGS:
+        _encoder(name)
 
 
 def encoding_for_model(model: str) -> str:

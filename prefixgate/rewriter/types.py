@@ -83,12 +83,16 @@ class RewriteResult:
 
     ``body``: the wire body to send upstream (same API as the input); ``edits``: every pass's
     Edit in pipeline order; ``stable_prefix_hash``: hex sha256 of the rendered stable region
-    (tools + system) after rewriting, for prefix affinity and ``prompt_cache_key``.
+    (tools + system) after rewriting, for prefix affinity and ``prompt_cache_key``;
+    ``stages``: ``(pass name, prompt IR after it, whether it applied)`` for each pass that ran,
+    in order (:func:`prefixgate.rewriter.pipeline.run_passes`; empty when none ran), so the
+    after-answer attribution reads the stage chain instead of running the passes again.
     """
 
     body: dict[str, Any]
     edits: list[Edit]
     stable_prefix_hash: str = ""
+    stages: tuple[tuple[str, Any, bool], ...] = ()
 
     def summary(self) -> str:
         """Short ASCII text for headers (``x-prefixgate-edits``) and the ledger.

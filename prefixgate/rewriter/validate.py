@@ -223,5 +223,10 @@ def violations(prompt: Prompt) -> Violations:
 
 def introduced(before: Prompt, after: Prompt) -> list[str]:
     """Violations present in ``after`` but not in ``before``, as sorted ``"kind:key"`` strings."""
-    new = violations(after) - violations(before)
-    return sorted(f"{k}:{v}" for (k, v) in new.elements())
+    return new_violations(violations(before), violations(after))
+
+
+def new_violations(before: Violations, after: Violations) -> list[str]:
+    """:func:`introduced` from already computed :func:`violations` of the input and the output
+    (the pipeline carries a pass's output's violations to the next pass as its input's)."""
+    return sorted(f"{k}:{v}" for (k, v) in (after - before).elements())

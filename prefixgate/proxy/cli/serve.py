@@ -49,6 +49,10 @@ from prefixgate.proxy.http.auth import KeyStore, needs_keys
 from prefixgate.proxy.http.server import guarded_protocol, uvicorn_options
 
 LOG_FORMAT = "%(asctime)s %(name)s %(message)s"
+WORKER_HEALTHCHECK_S = 60
+"""Seconds a ``--workers`` process may take to answer uvicorn's supervisor (its default, 5 s,
+killed every worker of a busy 2-core machine while it was still importing and building the
+app, and respawned it, forever: issue 25's scaling run)."""
 POLICY_ENV = "PREFIXGATE_POLICY"
 """Policy file path handed to ``--workers`` processes ("" = the shipped default policy)."""
 
@@ -202,6 +206,7 @@ def serve(
             return
         os.environ[POLICY_ENV] = str(policy.resolve()) if policy else ""
         options["http"] = f"{__name__}:WorkerProtocol"
+        options["timeout_worker_healthcheck"] = WORKER_HEALTHCHECK_S
         uvicorn.run(f"{__name__}:app_from_env", factory=True, workers=workers, **options)
 
 

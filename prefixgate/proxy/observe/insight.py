@@ -50,10 +50,12 @@ Every estimate says where it came from (ledger ``cf_source``): ``modelled`` (a m
 proxy sets ``measured`` when the backend saw the client's own prompt; ``holdout`` rows are those
 of sessions sent unrewritten on purpose; ``""`` when there is none.
 
-About 3 ms per 6k-token request (token counting, memoised across stages and requests), one
-more run of the passes for a rewritten request, plus one or two local HTTP calls (tokenize the
-original, and the rewritten body to compare); run after the answer has been relayed, so it adds
-nothing to TTFT. Failures are logged and never fail a request.
+About 3 ms per 6k-token request (token counting, memoised across stages and requests), the
+stage bodies rendered from the stages the rewrite recorded (one more run of the passes only for
+a rewrite function that records none), plus one or two local HTTP calls (tokenize the original,
+and the rewritten body to compare); run after the answer has been sent
+(:mod:`prefixgate.proxy.pipeline.after_answer`), so it adds nothing to TTFT nor to a non-streamed
+answer's latency. Failures are logged and never fail a request.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ from prefixgate.proxy.core.errors import Api
 from prefixgate.proxy.core.offload import off_loop
 from prefixgate.proxy.http.tenants import salts, tenant_salt
 from prefixgate.proxy.observe.engine_tokens import EngineTokenizer
-from prefixgate.proxy.observe.stages import PASS_NAMES, stage_bodies
+from prefixgate.proxy.observe.stages import PASS_NAMES, recorded_bodies, stage_bodies
 from prefixgate.proxy.routing.router import Target
 from prefixgate.proxy.upstream.client import Upstream
 from prefixgate.rewriter.tokens import TokenCounter, encoding_for_model, make_counter
@@ -216,7 +218,8 @@ class Insight:
                       model: str, original: dict[str, Any], sent: dict[str, Any],
                       budget_ms: int, max_depth: int, inline: bool = False, tenant: str = "",
                       view: dict[str, Any] | None = None,
-                      ctx: Context | None = None) -> Analysis:
+                      ctx: Context | None = None,
+                      recorded: Sequence[tuple[str, Any, bool]] = ()) -> Analysis:
         """The :class:`Analysis` of one finished request, off the event loop: the backend's
         token ids of ``original`` (and of ``sent`` when it differs) when it tokenizes
         (:mod:`prefixgate.proxy.observe.engine_tokens`, bounded by the tokenizer's timeout),
@@ -225,7 +228,8 @@ class Insight:
         :meth:`observe` on the loop instead (a small body whose token counter is loaded: ~0.05
         ms of work for 1 KB, less than the thread hop; see :meth:`warm_for`). ``tenant``: the
         request's; ``view`` / ``ctx``: the pass body the rewrite started from and its context
-        (None: not rewritten), for the stage chain."""
+        (None: not rewritten), for the stage chain; ``recorded``: the stages the rewrite
+        recorded (:func:`prefixgate.proxy.observe.stages.recorded_bodies`; empty: re-run)."""
         ids = await self.tokenizer.ids(upstream, target, api, original, max_depth)
         sent_ids = None
         if ids and sent is not original:
@@ -235,7 +239,7 @@ class Insight:
                                original=original, sent=sent, token_ids=ids, sent_ids=sent_ids,
                                salt=backend_salt(target, tenant, original),
                                partition=partition_key(target), view=view, ctx=ctx,
-                               budget_ms=budget_ms)
+                               budget_ms=budget_ms, recorded=recorded)
         if inline and self.warm_for(model) and (ctx is None or sent is original):
             return fn()
         return await off_loop(fn, budget_ms, Analysis())
@@ -250,7 +254,8 @@ class Insight:
                 token_ids: Sequence[int] | None = None, salt: str = "",
                 sent_ids: Sequence[int] | None = None, partition: str | None = None,
                 view: dict[str, Any] | None = None, ctx: Context | None = None,
-                budget_ms: int = 1000) -> Analysis:
+                budget_ms: int = 1000,
+                recorded: Sequence[tuple[str, Any, bool]] = ()) -> Analysis:
         """The :class:`Analysis` of one finished request.
 
         ``session``: hashed session id (what the break record will carry); ``original``: the
@@ -260,14 +265,15 @@ class Insight:
         backend receives (:func:`backend_salt`); ``partition``: the real cache
         (:func:`partition_key`; default: the backend); ``view`` / ``ctx``: see
         :meth:`analyze`; ``budget_ms``: the analysis's; the stage re-run must end within its
-        first half (else nothing is attributed, and the counterfactual is still made).
+        first half (else nothing is attributed, and the counterfactual is still made);
+        ``recorded``: the rewrite's own stages (used instead of the re-run when given).
         """
         start = time.monotonic()
         count = self._counter(model)  # a first load takes ~0.7 s: the stages may get none
         stages = None
         if ctx is not None and view is not None and sent is not original:
-            stages = stage_bodies(view, api, ctx, sent,  # type: ignore[arg-type]
-                                  start + budget_ms / 2000)
+            stages = recorded_bodies(view, recorded, sent) if recorded else stage_bodies(
+                view, api, ctx, sent, start + budget_ms / 2000)  # type: ignore[arg-type]
         cf: CacheOutcome | None = None
         brk: dict[str, Any] | None = None
         credits: dict[str, int] | None = None

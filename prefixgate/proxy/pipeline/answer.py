@@ -36,8 +36,9 @@ from prefixgate.proxy.core.errors import (
 from prefixgate.proxy.core.usage import Usage, usage_from_headers
 from prefixgate.proxy.http.headers import downstream_headers
 from prefixgate.proxy.observe.insight import Analysis
+from prefixgate.proxy.pipeline.after_answer import AfterResponse, RecordOrder
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
-from prefixgate.proxy.pipeline.record import finish
+from prefixgate.proxy.pipeline.record import finish, merge_memory
 from prefixgate.proxy.upstream.client import ERROR_BODY_MAX_BYTES, JSON, read_at_most
 from prefixgate.proxy.upstream.relay import SSE_HEADERS, SSEResponse, StreamRelay
 
@@ -152,7 +153,7 @@ def _analyzer(state: ProxyState, ex: Exchange) -> Callable[[], Awaitable[Analysi
             original=ex.body, sent=ex.rw.body, budget_ms=state.policy.rewrite.time_budget_ms,
             max_depth=state.policy.limits.max_json_depth,
             inline=len(ex.raw) <= INLINE_ANALYZE_BYTES, tenant=ex.row.tenant,
-            view=ex.pass_view, ctx=ex.ctx)
+            view=ex.pass_view, ctx=ex.ctx, recorded=ex.rw.stages)
     return analyze
 
 
@@ -219,7 +220,20 @@ async def _json_answer(state: ProxyState, ex: Exchange, resp: httpx.Response) ->
     ex.timing.end = time.perf_counter()
     if usage.cached_tokens is not None:
         headers["x-prefixgate-cached-tokens"] = str(usage.cached_tokens)
-    response = Response(content, status_code=resp.status_code, headers=headers,
-                        media_type=resp.headers.get("content-type", JSON))
-    await finish(state, ex, usage, "ok", response.status_code, _analyzer(state, ex), memory=True)
-    return response
+    await merge_memory(state, ex)  # before the answer: the session's next turn reads it
+    status = resp.status_code
+    announced = state.ledger.announced if ex.endpoint.ledger else None
+    token = announced.announce() if announced is not None else 0  # readers wait for the row
+    prev, mine = state.record_order.turn()  # rows in the order of their answers
+
+    async def after() -> None:  # the row, breaks, counterfactual: once the answer is out
+        try:
+            await finish(state, ex, usage, "ok", status, _analyzer(state, ex),
+                         gate=lambda: RecordOrder.after(prev))
+        finally:
+            mine.set()
+            if announced is not None:
+                announced.settle(token)
+
+    return AfterResponse(content, after=after, status_code=status, headers=headers,
+                         media_type=resp.headers.get("content-type", JSON))

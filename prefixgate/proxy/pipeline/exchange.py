@@ -35,6 +35,7 @@ from prefixgate.proxy.observe.health import LoopLagMonitor, health_reasons
 from prefixgate.proxy.observe.insight import Insight
 from prefixgate.proxy.observe.metrics import BREAKERS_OPEN, ProxyMetrics, RequestObs
 from prefixgate.proxy.observe.otel import GenAITelemetry
+from prefixgate.proxy.pipeline.after_answer import RecordOrder
 from prefixgate.proxy.pipeline.endpoint import Endpoint
 from prefixgate.proxy.pipeline.rewrite import RewriteFn, RewriteOutcome
 from prefixgate.proxy.routing.balance import Balancer
@@ -76,6 +77,7 @@ class ProxyState:
     judge: RouteJudge = field(default_factory=RouteJudge)  # per-route stand-back (replaced below)
     salt_key: SaltKey | None = None  # keys the tenants' cache_salt (http.salt_key)
     kv_events: KVEventHub | None = None  # deployments' KV event indexes (routing.kv_events)
+    record_order: RecordOrder = field(default_factory=RecordOrder)  # rows in answer order
 
     def __post_init__(self) -> None:
         rw = self.policy.rewrite

@@ -37,6 +37,8 @@ from prefixgate.proxy.pipeline.session_key import session_hash, session_id_for
 from prefixgate.proxy.routing.retries import Step
 from prefixgate.proxy.routing.router import Target, plan_targets
 from prefixgate.rewriter.pipeline import PASSES
+from prefixgate.rewriter.token_memo import TokenMemo
+from prefixgate.rewriter.tokens import count_tokens
 from prefixgate.rewriter.types import Context, Edit
 
 
@@ -152,7 +154,8 @@ async def passes(ex: Exchange, request: Request, state: ProxyState) -> None:
         ctx = Context(settings=stood_back(policy.rewrite, verdict), model=ex.row.model,
                       provider=primary.provider, session_id=ex.session_id,
                       session=await state.sessions.aget(ex.session_id), now_s=time.time(),
-                      masks_tools=traits(primary.backend.kind).masks_tools)
+                      masks_tools=traits(primary.backend.kind).masks_tools,
+                      count_tokens=PASS_TOKENS)
     ex.ctx = ctx
     ex.rw = await rewrite_off_loop(state.rewrite_fn, ex.pass_view, view_raw, bridge.pass_api, ctx)
     ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
@@ -170,6 +173,10 @@ async def passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     ex.primary_bridge = bridge
 
 
+PASS_TOKENS = TokenMemo(count_tokens)
+"""The passes' token counter, shared by the process's requests: a turn's texts resent by the
+next turn are counted once (:mod:`prefixgate.rewriter.token_memo`; the same encoding as
+``Context``'s default, so the same counts)."""
 STAND_BACK = "stand_back"
 STAND_BACK_HEADER = "x-prefixgate-stand-back"
 STAND_BACK_MAX_CHARS = 300

@@ -75,12 +75,25 @@ def measured_as_sent(row: LedgerRow, credits: Mapping[str, int] | None) -> None:
     row.cf_source = "holdout" if row.holdout else "modelled"
 
 
+async def merge_memory(state: ProxyState, ex: Exchange) -> None:
+    """Merge the rewrite's session-memory updates into the session's memory (what the next
+    turn's passes read); a failure is logged, never raised."""
+    if ex.rw is None or not ex.rw.memory:
+        return
+    try:
+        await state.sessions.amerge(ex.session_id, ex.rw.memory)
+    except Exception:
+        log.exception("session memory merge failed")
+
+
 async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, http_status: int,
                  analyze: Callable[[], Awaitable[Analysis]] | None = None,
-                 memory: bool = False) -> None:
+                 memory: bool = False,
+                 gate: Callable[[], Awaitable[None]] | None = None) -> None:
     """Fill the row's usage and timing, merge the rewrite's session memory (``memory``), run
-    the break / counterfactual analysis (``analyze``), record. Whatever fails in between, the
-    row is written (with what is known)."""
+    the break / counterfactual analysis (``analyze``), await ``gate`` (rows kept in answer
+    order, :class:`prefixgate.proxy.pipeline.after_answer.RecordOrder`), record. Whatever
+    fails in between, the row is written (with what is known)."""
     row, timing = ex.row, ex.timing
     try:
         row.prompt_tokens, row.cached_tokens = usage.prompt_tokens, usage.cached_tokens
@@ -93,11 +106,8 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
         row.tpot_ms = timing.tpot_ms(row.output_tokens)
         row.total_ms = timing.total_ms()
         apply_reported_timings(row, with_body_times(ex.reported, usage.prefill_ms, usage.decode_ms))
-        if memory and ex.rw is not None and ex.rw.memory:
-            try:
-                await state.sessions.amerge(ex.session_id, ex.rw.memory)
-            except Exception:
-                log.exception("session memory merge failed")
+        if memory:
+            await merge_memory(state, ex)
         own = _own_price(ex)
         row.input_usd = input_cost_usd(row.model, row.prompt_tokens, row.cached_tokens,
                                        row.cache_write_tokens) if own is None else (
@@ -125,4 +135,9 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
     except Exception:
         log.exception("after-answer accounting failed; the row keeps what is known")
     finally:
+        if gate is not None:
+            try:
+                await gate()
+            except Exception:
+                log.exception("waiting for the previous row failed")
         ex.record(state, status, http_status)

@@ -55,6 +55,9 @@ REWRITE_THREADS = 4
 """Rewrites running at once; more wait for a thread, and the wait counts against the budget."""
 OVER_BUDGET = "over_budget"
 LARGE_BODY_BYTES = 1 << 20
+STAGES_MAX_BYTES = 1 << 20
+"""Bodies above this keep no stage chain (the IR after each pass) for the after-answer
+attribution: their analysis is skipped anyway."""
 
 
 def default_rewrite_fn() -> RewriteFn | None:
@@ -87,6 +90,9 @@ class RewriteOutcome:
     memory: dict[str, Any] = field(default_factory=dict)
     applied: bool = False
     edits: list[Edit] = field(default_factory=list)
+    stages: tuple[tuple[str, Any, bool], ...] = ()
+    """The rewrite's stage chain (:attr:`prefixgate.rewriter.types.RewriteResult.stages`), read
+    by the after-answer attribution; empty when it has none."""
 
 
 def _dumps(body: dict[str, Any]) -> bytes:
@@ -120,10 +126,13 @@ def run_rewrite(fn: RewriteFn | None, body: dict[str, Any], raw: bytes, api: Api
         memory.update(ed.memory)
     summary = result.summary() or "none"
     pruned = sum(ed.tokens_removed for ed in result.edits if ed.applied)
+    # a test's rewrite function may record none; a large body's are not kept through the send
+    # (its analysis is skipped, pipeline.answer.ANALYZE_MAX_BYTES)
+    stages = getattr(result, "stages", ()) if len(raw) <= STAGES_MAX_BYTES else ()
     if result.body is body:
-        return RewriteOutcome(body, raw, summary, pruned, memory, False, result.edits)
+        return RewriteOutcome(body, raw, summary, pruned, memory, False, result.edits, stages)
     return RewriteOutcome(result.body, _dumps(result.body), summary, pruned, memory, True,
-                          result.edits)
+                          result.edits, stages)
 
 
 class _GcFreeze:

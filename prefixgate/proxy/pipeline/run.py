@@ -16,7 +16,9 @@ owns it, the request's state in one :class:`~prefixgate.proxy.pipeline.exchange.
     answer   pipeline.answer    the upstream's error in the client's shape, SSE event by
                                 event, or the JSON answer mapped by the bridge; TTFT / TPOT
     record   pipeline.record    one ledger row (usage, cost, engine timings, attempts),
-                                session memory, metrics, cache breaks + counterfactual
+                                session memory, metrics, cache breaks + counterfactual;
+                                for a JSON answer all but session memory run once the
+                                answer is sent (pipeline.after_answer)
 
 Invariants (issue 8, classes 1 and 7): whatever can fail on the client's body fails before the
 send; from the send on, the upstream response is closed on every path
