@@ -52,7 +52,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from prefixgate.cache import rollup
+from prefixgate.cache import announced_rows, rollup
 from prefixgate.cache.ledger import COLUMNS, Ledger, LedgerRow, default_replica
 from prefixgate.cache.ledger_pg_schema import migrate, missing_columns
 from prefixgate.cache.ledger_spool import Item, Spool
@@ -163,6 +163,7 @@ class PgLedger(Ledger):
                  retry_s: float = RETRY_S) -> None:
         self.url = url
         self.path = url.split("@")[-1]  # host:port/db, never a password
+        self.announced = announced_rows.AnnouncedRows()  # rows answered for, not yet queued
         self.replica = replica or default_replica()
         self.flush_interval_s = flush_interval_s
         self.retry_s = retry_s
@@ -334,7 +335,9 @@ class PgLedger(Ledger):
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Block until every row queued so far is acknowledged — committed, or spooled while
-        the database is down — or ``timeout_s`` passes."""
+        the database is down — or ``timeout_s`` passes; rows announced as answered for
+        (:mod:`prefixgate.cache.announced_rows`) are waited for first."""
+        self.announced.wait(announced_rows.WAIT_S if timeout_s is None else timeout_s)
         with self._cv:
             self._flushing += 1
             self._cv.notify_all()
