@@ -200,6 +200,17 @@ answers. OpenAI ``reminder``: 54 changed, 7 about the note (``end`` 57 / 9, ``sy
 ``end``: 57 / 5 (``reminder`` 54 / 7). ``tests/config/test_hoist_default.py`` keeps the two equal."""
 
 
+MOVES_THE_MODEL_READS = ("hoist_volatile", "stabilise_passages")
+"""The passes that move text the model reads to where the client did not put it: opt-in.
+Measured (``bench/answer_stability.py`` -> ``bench/results/answer_stability.json``, 101 agent
+turns, greedy on our engine): with either on, more answers change than the clock ticking
+changes (hoisting the clock: 54 of 101 at the best placement, 18 of 61 from taking the line out
+of the system prompt alone, against 1 of 101 for the clock's value advancing; restoring a
+retrieval's first-seen order: 2 of 7 reordered turns). DESIGN.md: "a pass that changes what the
+model answers is a defect", so by default nothing the model reads moves; turn them on per route
+where the backend's model has been measured to keep its answers (``docs/policy_guide.md``)."""
+
+
 class RewriteSettings(_Strict):
     """Switches for each rewrite pass; ``enabled: false`` turns the whole pipeline off.
 
@@ -211,13 +222,19 @@ class RewriteSettings(_Strict):
 
     enabled: bool = True
     canonicalize_tools: bool = True
-    tool_order: Literal["name", "first_seen"] = "name"
+    tool_order: Literal["name", "first_seen"] = "first_seen"
+    """``first_seen``: a session's first request keeps its tools as sent, later ones get that
+    form back; ``name``: sorted by name and canonical on every request
+    (:mod:`prefixgate.rewriter.canonicalize_tools`)."""
     tool_schema_sort_properties: bool = False
-    hoist_volatile: bool = True
+    hoist_volatile: bool = False
+    """Opt-in (:data:`MOVES_THE_MODEL_READS`): move a clock / id / changing line out of the
+    system prompt into a note after the conversation."""
     hoist_target: HoistTarget = "auto"
     learn_volatility: bool = True
-    stabilise_passages: bool = True
-    """Injected passages keep the order the session first saw them in (nothing removed)."""
+    stabilise_passages: bool = False
+    """Opt-in (:data:`MOVES_THE_MODEL_READS`): injected passages keep the order the session
+    first saw them in (nothing removed)."""
     place_breakpoints: bool = True
     breakpoint_ttl: Literal["5m", "1h", "auto"] = "auto"
     """TTL of the breakpoints prefixgate places; ``auto``: the lower expected cost over the
