@@ -473,6 +473,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"[{time.time() - t0:6.0f}s] {c.session} t{c.turn} {c.kind} tick={int(row['clock_tick_changed'])} "
                   + " ".join(f"{v}:{int(x['changed'])}{'m' if x['mentions_note'] else ''}"
                              for v, x in row["variants"].items()), flush=True)
+        if args.rows:  # after every session: a cut-off run keeps its rows (``--from-rows``)
+            args.rows.write_text(json.dumps(rows, indent=1) + "\n")
     eng.eng.shutdown()
     return {"rows": rows, "wall_s": round(time.time() - t0, 1), "prompt_tokens": eng.prompt_tokens}
 
