@@ -38,8 +38,11 @@ tokens equal one-at-a-time decoding, checked on 16 corpus prompts):
 
 * ``original`` — as the client sent it; ``clock_tick`` — the same body with only the clock
   value advanced (by the gap to the session's next request): the noise floor;
-* the rewrite — the whole default pipeline (``rewriter.rewrite_request``, provider ``radix``,
-  session memory carried like the proxy) with ``hoist_target`` set to each placement, for the
+* ``<api>/defaults`` — the shipped defaults (``RewriteSettings()``: the passes that move text
+  the model reads, ``MOVES_THE_MODEL_READS``, are off): the headline figures;
+* ``<api>/<placement>`` — the pipeline with those moves switched on (:data:`OPT_IN`;
+  ``rewriter.rewrite_request``, provider ``radix``, session memory carried like the proxy) and
+  ``hoist_target`` set to each placement, for the
   OpenAI API (the corpus as sent) and for the Anthropic API (the body mapped to Messages by
   prefixgate's own bridge, rewritten, and mapped back for the engine, as the proxy serves an
   Anthropic client from a Chat backend; its original is the same round trip unrewritten);
@@ -64,10 +67,11 @@ stabilise_passages alone).
 
 Writes ``bench/results/answer_stability.json``: ``{"command", "figures": {"requests",
 "changed_by_rewrite", "changed_by_clock_tick", "mentions_note", "default_placement": {api:
-placement}, "by_placement": {"<api>/<placement>": {"changed_by_rewrite", "mentions_note",
-"hoisted", "turn2_cached_share", "turn3_on_cached_share"}}, "by_api", "by_kind",
-"where_hoisted", "where_not_hoisted", "passages", "prefix_reuse"}, "setup"}`` (headline figures:
-the OpenAI API's default placement). Cap: under 30 minutes on 2 shared cores (18 min measured,
+placement}, "opt_in_moves": {api: figures of its winning placement}, "by_placement":
+{"<api>/defaults" | "<api>/<placement>": {"changed_by_rewrite", "mentions_note", "hoisted",
+"turn2_cached_share", "turn3_on_cached_share"}}, "by_api", "by_kind", "where_hoisted",
+"where_not_hoisted", "passages", "prefix_reuse"}, "setup"}`` (headline figures: the OpenAI API
+with the shipped defaults; ``where_*`` and ``passages``: the OpenAI winner with the moves on). Cap: under 30 minutes on 2 shared cores (18 min measured,
 other engineers' test runs on the box: ``setup.wall_s``); ``--limit N`` runs the first N sessions
 only, ``--from-rows`` prints the figures of saved rows.
 """
@@ -369,7 +373,7 @@ class Answers:
         self.prompt_tokens: list[int] = []
 
     def ids(self, body: dict[str, Any]) -> list[int]:
-        from prefixgate.local_engine.chat import encode_chat
+        from prefixgate.local_engine.server.chat import encode_chat
 
         return encode_chat(self.tok, body["messages"], body.get("tools"))
 
@@ -434,8 +438,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     t0 = time.time()
     for s in sessions:
-        rewrites = {f"{api}/{p}": rewrite_session(s, api, p) for api, ps in PLACEMENTS.items() for p in ps}
-        others = rewrite_session(s, "openai", "end", hoist_volatile=False)
+        rewrites = {f"{api}/defaults": rewrite_session(s, api, "auto") for api in PLACEMENTS}
+        rewrites.update({f"{api}/{p}": rewrite_session(s, api, p, **OPT_IN) for api, ps in PLACEMENTS.items()
+                         for p in ps})
+        others = rewrite_session(s, "openai", "end", **dict(OPT_IN, hoist_volatile=False))
         prev: dict[str, list[int]] = {}
         for k, c in enumerate(s):
             base, sent, summary = rewrites["openai/reminder"][k]
@@ -467,10 +473,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"[{time.time() - t0:6.0f}s] {c.session} t{c.turn} {c.kind} tick={int(row['clock_tick_changed'])} "
                   + " ".join(f"{v}:{int(x['changed'])}{'m' if x['mentions_note'] else ''}"
                              for v, x in row["variants"].items()), flush=True)
+        if args.rows:  # after every session: a cut-off run keeps its rows (``--from-rows``)
+            args.rows.write_text(json.dumps(rows, indent=1) + "\n")
     eng.eng.shutdown()
     return {"rows": rows, "wall_s": round(time.time() - t0, 1), "prompt_tokens": eng.prompt_tokens}
 
 
+OPT_IN = {"hoist_volatile": True, "stabilise_passages": True}
+"""The passes that move text the model reads (``MOVES_THE_MODEL_READS``, off by default),
+switched on for the placement variants."""
 REUSE_MARGIN = 0.02
 """A placement keeps the prefix reusable when its cached share from turn 3 on is at most this
 far below the API's best (:func:`winner`)."""
@@ -511,32 +522,36 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     won = {api: winner(by_placement, api) for api in PLACEMENTS}
     by_api = {api: {"winner": won[api], "configured_default": f"{api}/{HOIST_TARGET_BY_API[api]}",
                     **by_placement[won[api]]} for api in PLACEMENTS}
-    d = won["openai"]
+    d = "openai/defaults"
+    h = won["openai"]
     by_kind = {kd: {"requests": len(rs), "changed_by_clock_tick": sum(r["clock_tick_changed"] for r in rs),
                     "changed_by_rewrite": count(rs, d, "changed"), "mentions_note": count(rs, d, "mentions_note"),
-                    "hoisted": count(rs, d, "hoisted"), "stabilised": count(rs, d, "stabilised")}
+                    "changed_by_opt_in_moves": count(rs, h, "changed"),
+                    "hoisted_by_opt_in_moves": count(rs, h, "hoisted"),
+                    "stabilised_by_opt_in_moves": count(rs, h, "stabilised")}
                for kd in sorted({r["kind"] for r in rows}) for rs in [[r for r in rows if r["kind"] == kd]]}
-    hoisted = [r for r in rows if r["variants"][d]["hoisted"]]
+    hoisted = [r for r in rows if r["variants"][h]["hoisted"]]
     ranked = [r for r in rows if r["kind"] == "passages_ranked" and r["turn"] == 1]
     unranked = [r for r in rows if r["kind"] == "passages_unranked" and r["turn"] == 1]
     return {"requests": len(rows), "changed_by_rewrite": by_placement[d]["changed_by_rewrite"],
             "changed_by_clock_tick": tick, "mentions_note": by_placement[d]["mentions_note"],
             "default_placement": {api: won[api].split("/")[1] for api in PLACEMENTS},
+            "opt_in_moves": {api: by_placement[won[api]] for api in PLACEMENTS},
             "by_placement": by_placement, "by_api": by_api, "by_kind": by_kind,
-            "where_hoisted": {"requests": len(hoisted), "changed_by_rewrite": count(hoisted, d, "changed"),
+            "where_hoisted": {"requests": len(hoisted), "changed_by_rewrite": count(hoisted, h, "changed"),
                               "changed_by_clock_tick": sum(r["clock_tick_changed"] for r in hoisted),
                               "changed_by_system_edit_alone": sum(r["system_edit_only_changed"] for r in hoisted),
                               "changed_by_other_passes_alone": sum(r["other_passes_only_changed"] for r in hoisted)},
             "where_not_hoisted": {"requests": len(rows) - len(hoisted),
-                                  "changed_by_rewrite": count([r for r in rows if r not in hoisted], d, "changed"),
+                                  "changed_by_rewrite": count([r for r in rows if r not in hoisted], h, "changed"),
                                   "changed_by_clock_tick": sum(r["clock_tick_changed"] for r in rows
                                                                if r not in hoisted)},
             "passages": {"ranked_turn2_reordered": sum(any(v["stabilised"] for v in r["variants"].values())
                                                        for r in ranked),
                          "ranked_turn2_requests": len(ranked),
-                         "unranked_turn2_stabilised": count(unranked, d, "stabilised"),
+                         "unranked_turn2_stabilised": count(unranked, h, "stabilised"),
                          "unranked_turn2_requests": len(unranked),
-                         "unranked_turn2_changed": count(unranked, d, "changed"),
+                         "unranked_turn2_changed": count(unranked, h, "changed"),
                          "unranked_turn2_changed_by_stabilise_alone": sum(r["other_passes_only_changed"]
                                                                          for r in unranked)},
             "prefix_reuse": {"original": {"turn2_cached_share": reuse("original", lambda t: t == 1),

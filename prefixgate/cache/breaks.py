@@ -251,4 +251,19 @@ def format_breaks(records: list[BreakRecord], width: int = 80) -> str:
     totals = ", ".join(f"{k}: {v}" for k, v in count_by_kind(records).items())
     lines += textwrap.wrap(f"{len(records)} break(s) — {totals}; "
                            f"{sum(r.tokens_lost for r in records)} prefix tokens lost", width)
+    advice = break_advice(records)
+    if advice:
+        lines += textwrap.wrap(advice, width)
     return "\n".join(lines)
+
+
+def break_advice(records: list[BreakRecord]) -> str:
+    """What would recover the prefix lost to volatile spans, or ``""`` when none broke it: the
+    opt-in ``hoist_volatile`` (off by default because it moves text the model reads:
+    :data:`prefixgate.config.schema.MOVES_THE_MODEL_READS`)."""
+    lost = sum(r.tokens_lost for r in records if r.kind == "volatile_span")
+    if not lost:
+        return ""
+    return (f"{lost} of those tokens were lost to a changing clock / id: `rewrite.hoist_volatile: "
+            "true` moves such a line after the conversation (opt-in: it can change answers; "
+            "README, \"What prefixgate changes\")")

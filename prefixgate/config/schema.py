@@ -195,14 +195,27 @@ class Route(RouteTargets):
 
 HoistTarget = Literal["auto", "end", "last_user", "system_end", "reminder"]
 HOIST_TARGET_BY_API: dict[str, str] = {"openai": "reminder", "anthropic": "end"}
-"""Where ``hoist_target: auto`` puts the hoisted note, per client API (placements in
-``prefixgate/rewriter/note_placement.py``). Chosen by measurement (``bench/answer_stability.py``
--> ``bench/results/answer_stability.json``, ``figures.default_placement``; 101 agent turns, greedy
-on our engine): among the placements that keep the prefix reusable (cached share from the third
-request on within 0.02 of the best), the fewest answers about the note, then the fewest changed
-answers. OpenAI ``reminder``: 54 changed, 7 about the note (``end`` 57 / 9, ``system_end`` 67 / 33;
-``last_user`` 52 / 4 re-reads a tool loop's history: 0.766 cached against 0.811); Anthropic
-``end``: 57 / 5 (``reminder`` 54 / 7). ``tests/config/test_hoist_default.py`` keeps the two equal."""
+"""Where ``hoist_target: auto`` puts the hoisted note when ``hoist_volatile`` is on, per client
+API (placements in ``prefixgate/rewriter/note_placement.py``). Chosen by measurement
+(``bench/answer_stability.py`` -> ``bench/results/answer_stability.json``,
+``figures.default_placement``; 101 agent turns, greedy on our engine, the moves on): among the
+placements that keep the prefix reusable (cached share from the third request on within 0.02 of
+the best), the fewest answers about the note, then the fewest changed answers. OpenAI
+``reminder``: 48 changed, 6 about the note (``end`` 51 / 9, ``system_end`` 61 / 33;
+``last_user`` 45 / 4 re-reads a tool loop's history: 0.767 cached against 0.812); Anthropic
+``end``: 50 / 5 (``reminder`` 48 / 6). ``tests/config/test_hoist_default.py`` keeps the two equal."""
+
+
+MOVES_THE_MODEL_READS = ("hoist_volatile", "stabilise_passages")
+"""The passes that move text the model reads to where the client did not put it: opt-in.
+Measured (``bench/answer_stability.py`` -> ``bench/results/answer_stability.json``, 101 agent
+turns, greedy on our engine): with the shipped defaults 0 answers change; with these on, 48 of
+101 at the best placement (taking the clock out of the system prompt alone: 22 of the 61 turns
+where it moved; restoring a retrieval's first-seen order alone: 2 of 7 reordered turns), against
+1 of 101 for the clock's value advancing; what they buy there: cached share from the third
+request on 0.245 -> 0.804. DESIGN.md: "a pass that changes what the model answers is a defect",
+so by default nothing the model reads moves; turn them on per route where the backend's model
+has been measured to keep its answers (``docs/changes.md``)."""
 
 
 class RewriteSettings(_Strict):
@@ -216,13 +229,19 @@ class RewriteSettings(_Strict):
 
     enabled: bool = True
     canonicalize_tools: bool = True
-    tool_order: Literal["name", "first_seen"] = "name"
+    tool_order: Literal["name", "first_seen"] = "first_seen"
+    """``first_seen``: a session's first request keeps its tools as sent, later ones get that
+    form back; ``name``: sorted by name and canonical on every request
+    (:mod:`prefixgate.rewriter.canonicalize_tools`)."""
     tool_schema_sort_properties: bool = False
-    hoist_volatile: bool = True
+    hoist_volatile: bool = False
+    """Opt-in (:data:`MOVES_THE_MODEL_READS`): move a clock / id / changing line out of the
+    system prompt into a note after the conversation."""
     hoist_target: HoistTarget = "auto"
     learn_volatility: bool = True
-    stabilise_passages: bool = True
-    """Injected passages keep the order the session first saw them in (nothing removed)."""
+    stabilise_passages: bool = False
+    """Opt-in (:data:`MOVES_THE_MODEL_READS`): injected passages keep the order the session
+    first saw them in (nothing removed)."""
     place_breakpoints: bool = True
     breakpoint_ttl: Literal["5m", "1h", "auto"] = "auto"
     """TTL of the breakpoints prefixgate places; ``auto``: the lower expected cost over the

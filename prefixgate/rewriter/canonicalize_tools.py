@@ -1,29 +1,43 @@
-"""Pass: canonical tool order and byte-stable tool schemas (case B04).
+"""Pass: one byte form per tool set, so tools that did not change keep their cached bytes (case B04).
 
 Rule. Prefix caches are byte-exact (Anthropic: "cache hits require 100% identical prompt
 segments, including all text and images up to and including the block marked with cache
 control"; OpenAI: exact prefix match), and tools come first in the cached prefix. So two
 requests with the same tool set must serialize it identically, whatever order the client
-registered its tools in (e.g. MCP servers that finished connecting in a different order):
+registered its tools in (e.g. MCP servers that finished connecting in a different order).
 
-* Order: ``tool_order: "name"`` sorts tools by name (stable; ties keep client order).
-  ``"first_seen"`` keeps the order in which this session first saw each tool
-  (``ctx.session["tool_order"]``; tools new to the session go last, by name); the updated list is
-  returned in ``Edit.memory["tool_order"]``.
-* Serialization: inside each tool's JSON schema (``parameters`` / ``input_schema`` /
-  ``inputSchema``), object keys are sorted recursively — except the member order of
-  ``properties`` / ``patternProperties`` (the author's argument order, which the model reads as
-  the parameter list) unless ``settings.tool_schema_sort_properties``. Arrays (``required``,
-  ``enum``, ``anyOf``...) keep their order: order is content there. The tool wrapper's own keys
-  get a fixed order (``type, function`` / ``name, description, parameters|input_schema, ...``
-  then the rest sorted; ``cache_control`` last).
-* Never changed: names, descriptions, schema values. ``tool_choice`` names a tool by name, so it
-  still resolves. Client ``cache_control`` markers on tools stay at the same *positions* (the
-  client meant "cache the first i+1 tools"), never dropped.
+Two modes (``settings.tool_order``):
+
+* ``"first_seen"`` (the default) — the form the session first saw is the canonical one: a
+  session's first request goes out as sent (a model reads tool order and key order, and an
+  answer may change with them: ``bench/answer_stability.py``), and a later request whose tools
+  are the same *values* in another order or another key order gets the first-seen order and
+  each tool's first-seen bytes back. Order: the tools the session knows, in the order it first
+  saw them, then new tools in the client's order (``ctx.session["tool_order"]``). Form: per
+  tool name, the digest of its canonical form (below) and the key order it was first seen with
+  (``ctx.session["tool_forms"]``: ``{name: [digest, skeleton]}``, key names only, no values); a
+  tool whose canonical digest matches gets that key order back, a tool that changed is sent as
+  sent and its new form remembered. Updates go in ``Edit.memory``.
+* ``"name"`` — stateless: tools sorted by name (stable; ties keep client order) and each schema
+  in the canonical key order below, on every request (identical across sessions and replicas,
+  but a first request whose tools were not in that form changes).
+
+Canonical form: inside each tool's JSON schema (``parameters`` / ``input_schema`` /
+``inputSchema``), object keys are sorted recursively — except the member order of
+``properties`` / ``patternProperties`` (the author's argument order, which the model reads as
+the parameter list) unless ``settings.tool_schema_sort_properties``. Arrays (``required``,
+``enum``, ``anyOf``...) keep their order: order is content there. The tool wrapper's own keys
+get a fixed order (``type, function`` / ``name, description, parameters|input_schema, ...``
+then the rest sorted; ``cache_control`` last).
+
+Never changed: names, descriptions, schema values. ``tool_choice`` names a tool by name, so it
+still resolves. Client ``cache_control`` markers on tools stay at the same *positions* (the
+client meant "cache the first i+1 tools"), never dropped.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -73,14 +87,60 @@ def canonical_tool(tool: Tool, sort_properties: bool = False) -> Tool:
 
 
 def _order(tools: list[Tool], ctx: Context) -> tuple[list[Tool], list[str] | None]:
+    """``(tools in the mode's order, the session's updated first-seen names or None)``."""
     if ctx.settings.tool_order == "name":
         return sorted(tools, key=lambda t: t.name), None
     known = [n for n in ctx.session.get("tool_order", []) if isinstance(n, str)]
     rank = {n: i for i, n in enumerate(known)}
-    new_names = sorted({t.name for t in tools if t.name not in rank})
-    memory = known + new_names
+    new_names = list(dict.fromkeys(t.name for t in tools if t.name not in rank))
     rank.update({n: len(known) + i for i, n in enumerate(new_names)})
-    return sorted(tools, key=lambda t: rank[t.name]), memory
+    return sorted(tools, key=lambda t: rank[t.name]), known + new_names
+
+
+def skeleton(v: Any) -> Any:
+    """The key order of a JSON value, without its values: ``["d", [[key, skeleton], ...]]`` for
+    an object, ``["l", [skeleton, ...]]`` for an array, ``0`` for a scalar."""
+    if isinstance(v, dict):
+        return ["d", [[k, skeleton(x)] for k, x in v.items()]]
+    if isinstance(v, list):
+        return ["l", [skeleton(x) for x in v]]
+    return 0
+
+
+def with_skeleton(v: Any, sk: Any) -> Any:
+    """``v`` with the key order of ``sk`` (:func:`skeleton`); keys ``sk`` does not name follow
+    in ``v``'s order; a shape that does not match leaves that part of ``v`` as it is."""
+    if isinstance(v, dict) and isinstance(sk, list) and len(sk) == 2 and sk[0] == "d":
+        order = {k: child for k, child in sk[1] if isinstance(k, str)}
+        keys = [k for k in order if k in v] + [k for k in v if k not in order]
+        return {k: with_skeleton(v[k], order.get(k, 0)) for k in keys}
+    if isinstance(v, list) and isinstance(sk, list) and len(sk) == 2 and sk[0] == "l":
+        return [with_skeleton(x, sk[1][i] if i < len(sk[1]) else 0) for i, x in enumerate(v)]
+    return v
+
+
+def form_digest(tool: Tool, sort_properties: bool) -> str:
+    """Digest of the tool's canonical form: equal iff the same values (key order aside)."""
+    text = _dump(canonical_tool(Tool(without_key(tool.raw, "cache_control")), sort_properties).raw)
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+def _first_seen_forms(tools: list[Tool], ctx: Context, sort_props: bool
+                      ) -> tuple[list[Tool], dict[str, list[Any]]]:
+    """Each tool in the key order the session first saw it with (same values only), and the
+    session's updated ``tool_forms``."""
+    forms = ctx.session.get("tool_forms")
+    known: dict[str, list[Any]] = dict(forms) if isinstance(forms, dict) else {}
+    out = []
+    for t in tools:
+        digest = form_digest(t, sort_props)
+        seen = known.get(t.name)
+        if isinstance(seen, list) and len(seen) == 2 and seen[0] == digest:
+            out.append(Tool(with_skeleton(t.raw, seen[1])))
+        else:
+            known[t.name] = [digest, skeleton(t.raw)]
+            out.append(t)
+    return out, known
 
 
 def _keep_marker_positions(original: tuple[Tool, ...], ordered: list[Tool]) -> list[Tool]:
@@ -93,20 +153,24 @@ def _keep_marker_positions(original: tuple[Tool, ...], ordered: list[Tool]) -> l
 
 
 def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
-    """Reorder and canonicalize ``prompt.tools``; one Edit (``region="tools"``)."""
+    """Reorder and re-form ``prompt.tools`` by the mode (module docstring); one Edit
+    (``region="tools"``)."""
     if not prompt.tools:
         return prompt, [Edit(NAME, False, "tools", "no tools")]
     if any(not t.name for t in prompt.tools):
         return prompt, [Edit(NAME, False, "tools", "a tool has no name: order left as sent")]
     sort_props = bool(getattr(ctx.settings, "tool_schema_sort_properties", False))
-    ordered, memory = _order(list(prompt.tools), ctx)
-    canon = [canonical_tool(t, sort_props) for t in ordered]
+    ordered, names = _order(list(prompt.tools), ctx)
+    if names is None:
+        canon, mem = [canonical_tool(t, sort_props) for t in ordered], {}
+    else:
+        canon, forms = _first_seen_forms(ordered, ctx, sort_props)
+        mem = {"tool_order": names, "tool_forms": forms}
     canon = _keep_marker_positions(prompt.tools, canon)
-    mem = {"tool_order": memory} if memory is not None else {}
     moved = sum(1 for a, b in zip(prompt.tools, ordered) if a.name != b.name)
     rewritten = sum(1 for a, b in zip(ordered, canon) if _dump(a.raw) != _dump(b.raw))
     if moved == 0 and all(_dump(a.raw) == _dump(b.raw) for a, b in zip(prompt.tools, canon)):
-        return prompt, [Edit(NAME, False, "tools", "tools already canonical", memory=mem)]
+        return prompt, [Edit(NAME, False, "tools", "tools already in their form", memory=mem)]
     tokens = ctx.count_tokens(json.dumps([t.raw for t in canon], ensure_ascii=False))
     detail = f"order={ctx.settings.tool_order}; moved {moved} of {len(canon)} tools; " \
              f"re-keyed {rewritten} schemas"

@@ -174,3 +174,16 @@ def test_the_breaks_table_fits_80_columns_and_keeps_every_word() -> None:
     assert any(line.endswith("tool added") and line.startswith("s2") for line in text.splitlines())
     assert "2 break(s)" in text
     assert all(len(line) <= 76 for line in format_breaks([long], width=76).splitlines())
+
+
+def test_breaks_lost_to_a_changing_clock_point_at_the_opt_in_move_with_their_tokens() -> None:
+    from prefixgate.cache.breaks import BreakRecord, break_advice
+
+    clock = BreakRecord("a", 2, "volatile_span", "system", 0, 0, 0, 10, 300, "clock changed")
+    clock2 = BreakRecord("b", 3, "volatile_span", "system", 0, 0, 0, 20, 250, "clock changed")
+    other = BreakRecord("a", 3, "history_edit", "messages", 1, 0, 0, 30, 700, "edited")
+    advice = break_advice([clock, other, clock2])
+    assert advice.startswith("550 of those tokens") and "hoist_volatile: true" in advice
+    assert break_advice([other]) == "" and break_advice([]) == ""
+    assert " ".join(format_breaks([clock, other, clock2]).split()).endswith(" ".join(advice.split()))
+    assert "hoist_volatile" not in format_breaks([other])

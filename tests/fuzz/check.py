@@ -93,10 +93,12 @@ def make_case(seed: int, path: int) -> Case:
 
 
 def applied_passes(summary: str) -> set[str]:
-    """Pass names the ``x-prefixgate-edits`` summary says applied (``!name`` = reverted)."""
+    """Pass names the ``x-prefixgate-edits`` summary says applied (``!name`` = reverted;
+    ``none`` / ``off`` / ``unavailable`` / ``over_budget``: the body went as the client sent it,
+    no pass)."""
     names = set()
     for item in summary.split(";"):
-        if item and not item.startswith("!") and item not in ("none", "off", "unavailable"):
+        if item and not item.startswith("!") and item not in ("none", "off", "unavailable", "over_budget"):
             names.add(re.split(r"[:-]", item, maxsplit=1)[0])
     return names
 

@@ -37,7 +37,8 @@ KEY_ENV = "PG_FUZZ_ANTHROPIC_KEY"
 
 REWRITE_ALL_ON: dict[str, Any] = {
     "enabled": True, "canonicalize_tools": True, "tool_schema_sort_properties": True,
-    "hoist_volatile": True, "learn_volatility": True, "place_breakpoints": True,
+    "hoist_volatile": True, "learn_volatility": True, "stabilise_passages": True,  # both opt-in
+    "place_breakpoints": True,
     "openai_prompt_cache_key": True, "prune_tools": True, "prune_tools_min_catalog": 4,
     "pinned_tools": ["get_weather"], "prune_history": True,
     "history_high_watermark_tokens": 400, "history_low_watermark_tokens": 200,

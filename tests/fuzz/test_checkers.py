@@ -172,3 +172,5 @@ def test_error_shape_and_param_naming() -> None:
         assert (error_problems(400, anthropic, "anthropic") == []) == ok, message
     assert applied_passes("canonicalize_tools;prune_tools:2-812;!hoist_volatile") == \
         {"canonicalize_tools", "prune_tools"}
+    for sent_as_is in ("none", "off", "unavailable", "over_budget"):
+        assert applied_passes(sent_as_is) == set(), sent_as_is

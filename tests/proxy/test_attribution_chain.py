@@ -24,12 +24,14 @@ TOOLS = [{"function": {"name": f"tool_{i:02d}", "description": f"Tool number {i}
 
 class Session:
     """One agent conversation through the real passes and one :class:`Insight`, the proxy's
-    way: session memory read before, merged after."""
+    way: session memory read before, merged after; ``settings``: :class:`RewriteSettings`
+    switches (none: the defaults)."""
 
-    def __init__(self, insight: Insight, name: str, partition: str = "b\x00b") -> None:
+    def __init__(self, insight: Insight, name: str, partition: str = "b\x00b",
+                 **settings: Any) -> None:
         self.insight, self.name, self.partition = insight, name, partition
         self.memory: dict[str, Any] = {}
-        self.settings = RewriteSettings()
+        self.settings = RewriteSettings(**settings)
 
     def send(self, body: dict[str, Any], salt: str = "") -> tuple[Analysis, Any]:
         ctx = Context(settings=self.settings, model="gpt-4o", provider="radix",
@@ -56,8 +58,10 @@ def _body(system: str, turns: int, tools: list[dict[str, Any]] = TOOLS,
 def test_a_pass_that_moves_nothing_is_credited_nothing() -> None:
     """Issue 19, item 5: canonicalize_tools re-keyed 14 identical tools on every request and
     was credited 35,895 "reusable" tokens. Same tools every request: nothing it did made a
-    token reusable that the client's own bytes would not have."""
-    s = Session(Insight(), "s")
+    token reusable that the client's own bytes would not have. ``tool_order: "name"`` (opt-in)
+    is the mode that re-keys them on every request (the default ``first_seen`` sends a session's
+    first tools as sent)."""
+    s = Session(Insight(), "s", tool_order="name")
     for turn in range(1, 16):
         a, res = s.send(_body(RULES, turn))
         canon = [e for e in res.edits if e.pass_name == "canonicalize_tools"][0]
@@ -80,11 +84,13 @@ def test_a_pass_that_makes_tools_reusable_is_credited_for_them() -> None:
 
 def test_credits_telescope_to_the_rewritten_arm_minus_the_counterfactual() -> None:
     """Per request, the credits sum to (cached of the sent bodies) - (cached of the client's),
-    two caches fed each stream from the start (the rule's exact identity)."""
+    two caches fed each stream from the start (the rule's exact identity). Hoisting (opt-in,
+    ``MOVES_THE_MODEL_READS``) and ``tool_order: "name"`` (re-keys the tools every request) on:
+    two passes that change bytes, one that pays and one that does not."""
     insight = Insight()
     count = make_counter("o200k_base")
     arm, cf = RadixCacheModel(count), RadixCacheModel(count)
-    sessions = [Session(insight, f"s{i}") for i in range(3)]
+    sessions = [Session(insight, f"s{i}", hoist_volatile=True, tool_order="name") for i in range(3)]
     total = 0
     for turn in range(1, 5):
         for i, s in enumerate(sessions):

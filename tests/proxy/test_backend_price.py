@@ -105,7 +105,8 @@ def test_a_rewritten_requests_counterfactual_is_priced_the_same_way(rig_factory:
     from prefixgate.proxy.pipeline.rewrite import default_rewrite_fn
 
     _, url = upstream
-    rig = rig_factory(rewrite_fn=default_rewrite_fn(),
+    # a request that is rewritten: the clock hoisted (opt-in, MOVES_THE_MODEL_READS)
+    rig = rig_factory(rewrite_fn=default_rewrite_fn(), rewrite={"hoist_volatile": True},
                       **priced_backends(url, price_per_mtok=2.0, cached_price_per_mtok=0.5))
     rules = "Follow the airline policy. Be brief. Verify the user id first. " * 40
     for minute in (15, 16):

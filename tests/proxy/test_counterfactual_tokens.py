@@ -31,6 +31,12 @@ TOOLS = [{"type": "function", "function": {
 RULES = "Follow the airline policy. Verify the user id first. Be brief. " * 6
 
 
+MOVES = {"hoist_volatile": True, "tool_order": "name"}
+"""The rewritten side must differ from the client's bytes for its counterfactual to be modelled:
+the clock hoisted once it changes (opt-in, ``MOVES_THE_MODEL_READS``) and the tools re-keyed on
+every request (``tool_order: "name"``; the default ``first_seen`` sends them as the client did)."""
+
+
 def _system(clock: str) -> str:
     return f"# Airline agent\nThe current time is 2024-05-15 {clock} EST.\n{RULES}"
 
@@ -63,6 +69,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Ledge
             policy = parse_policy({
                 "backends": {"local": {"kind": "local", "base_url": engine_url + "/v1"}},
                 "routes": [{"match": "*", "backend": "local"}],
+                "rewrite": MOVES,
                 "ledger": {"path": str(tmp_path_factory.mktemp("l") / "ledger.sqlite")}})
             ledger = Ledger(policy.ledger.path)
             with serve_app(build_app(policy, ledger=ledger)) as url:
@@ -100,7 +107,7 @@ def test_modelled_counterfactual_of_the_rewritten_side_equals_the_measured_unrew
 
 
 def test_a_backend_without_tokenize_falls_back_to_the_block_model(rig_factory: Any) -> None:
-    rig = rig_factory(rewrite_fn=rewrite_request)
+    rig = rig_factory(rewrite_fn=rewrite_request, rewrite=MOVES)
     rig.upstream.script = Script(body=completion())
     for body in session_bodies()[:2]:
         resp = httpx.post(rig.url + "/v1/chat/completions", timeout=30, json={**body,

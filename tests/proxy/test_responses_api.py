@@ -235,8 +235,10 @@ def test_passthrough_stream_is_relayed_and_recorded(rig_factory: Any, upstream: 
 
 def test_passthrough_passes_canonicalise_tools_and_set_prompt_cache_key(
         rig_factory: Any, upstream: Any) -> None:
+    # tool_order "name" (opt-in): the pass visibly reorders one request's tools (the default
+    # first_seen sends a session's first tools as sent)
     rig = rig_factory(rewrite_fn="default",
-                      rewrite={"openai_prompt_cache_key": True, "tenant": "acme"},
+                      rewrite={"openai_prompt_cache_key": True, "tenant": "acme", "tool_order": "name"},
                       backends={"oai": {"kind": "openai", "base_url": upstream[1] + "/v1"}},
                       routes=[{"match": "gpt-*", "backend": "oai"}])
     rig.upstream.script = Script(body={"id": "resp_1", "object": "response", "output": []})
@@ -337,7 +339,8 @@ def test_stream_events_with_reasoning_text_and_calls_pass_the_open_responses_sch
 
 
 def test_bridged_request_runs_the_passes_and_says_so(rig_factory: Any) -> None:
-    rig = rig_factory(rewrite_fn="default")
+    # tool_order "name" (opt-in): the pass visibly reorders one request's tools
+    rig = rig_factory(rewrite_fn="default", rewrite={"tool_order": "name"})
     rig.upstream.script = Script(body=completion("ok"))
     tools = [{"type": "function", "name": n, "parameters": {"type": "object", "properties": {}}}
              for n in ("zeta", "alpha")]

@@ -21,7 +21,8 @@ from tests.proxy.upstream import Script, completion
 BODY = {"model": "m", "messages": [
     {"role": "system", "content": "Request ID: req_8f3a9c2e7b1d4f60a9b7\n" + "Answer briefly. " * 40},
     {"role": "user", "content": "hi"}]}
-"""A per-request id (hoisted on a session's first request) before a stable instruction."""
+"""A per-request id (hoisted on a session's first request where ``hoist_volatile``, opt-in, is
+on) before a stable instruction."""
 RAW = b'{"model": "m",   "messages": [{"role": "system", "content": "s"}, ' \
       b'{"role": "user", "content": "hi"}]}'
 
@@ -52,8 +53,9 @@ def test_a_rewrite_past_its_budget_sends_the_clients_own_bytes_and_says_so(rig_f
 
 def test_other_requests_are_served_while_a_rewrite_is_running(rig_factory: Any) -> None:
     release, entered = threading.Event(), threading.Event()
+    # hoist_volatile (opt-in): the slow request's answer shows its rewrite ran to the end
     rig = rig_factory(rewrite_fn=_blocking(release, entered, "slow"),
-                      rewrite={"time_budget_ms": 60_000})
+                      rewrite={"time_budget_ms": 60_000, "hoist_volatile": True})
     rig.upstream.script = Script(body=completion())
     url = rig.url + "/v1/chat/completions"
     slow: list[httpx.Response] = []

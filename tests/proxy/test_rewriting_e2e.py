@@ -19,13 +19,19 @@ def post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) 
     return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
 
 
-@pytest.fixture
-def rewriting(rig_factory: Any) -> Any:
+def rewriting_rig(rig_factory: Any, **rewrite: Any) -> Any:
+    """A proxy with the real pipeline; ``rewrite``: the policy's ``rewrite`` switches (none:
+    the defaults)."""
     fn = default_rewrite_fn()
     assert fn is not None, "rewriter.pipeline must be importable"
-    rig = rig_factory(rewrite_fn=fn)
+    rig = rig_factory(rewrite_fn=fn, **({"rewrite": rewrite} if rewrite else {}))
     rig.upstream.script = Script(body=completion())
     return rig
+
+
+@pytest.fixture
+def rewriting(rig_factory: Any) -> Any:
+    return rewriting_rig(rig_factory)
 
 
 def turns() -> list[dict[str, Any]]:
@@ -40,9 +46,11 @@ def turns() -> list[dict[str, Any]]:
     ]
 
 
-def test_b03_timestamp_is_hoisted_so_the_upstream_prefix_is_byte_stable(rewriting: Any) -> None:
+def test_b03_timestamp_is_hoisted_so_the_upstream_prefix_is_byte_stable(rig_factory: Any) -> None:
     """The clock moves once it is seen changing (turn 2); from then on the system prompt the
-    upstream receives is byte-stable (issue 19, item 2)."""
+    upstream receives is byte-stable (issue 19, item 2). Hoisting is opt-in
+    (``MOVES_THE_MODEL_READS``): the route turns it on."""
+    rewriting = rewriting_rig(rig_factory, hoist_volatile=True)
     h = {"x-prefixgate-session": "b03"}
     third = json.loads(json.dumps(turns()[1]).replace("10:16", "10:17"))
     r1, r2, r3 = (post(rewriting.url, t, h) for t in [*turns(), third])
@@ -65,18 +73,41 @@ def test_b03_with_the_opt_out_header_the_body_is_forwarded_unchanged(rewriting: 
     assert [r["rewrite"] for r in rewriting.ledger.rows()] == [0, 0]
 
 
-def test_b04_swapped_tool_order_gives_the_same_upstream_tools_block(rewriting: Any) -> None:
-    fs = {"type": "function", "function": {"name": "fs_read_tree", "parameters": {
-        "type": "object", "properties": {}}}}
-    gh = {"type": "function", "function": {"name": "gh_search", "parameters": {
-        "type": "object", "properties": {"q": {"type": "string"}}}}}
+FS = {"type": "function", "function": {"name": "fs_read_tree", "parameters": {
+    "type": "object", "properties": {}}}}
+GH = {"type": "function", "function": {"name": "gh_search", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string"}}}}}
+
+
+def test_b04_swapped_tool_order_gives_the_same_upstream_tools_block(rig_factory: Any) -> None:
+    """``tool_order: "name"`` (opt-in): every request's tools sorted by name."""
+    rewriting = rewriting_rig(rig_factory, tool_order="name")
     msgs = [{"role": "user", "content": "list repo"}]
-    post(rewriting.url, {"model": "m", "tools": [gh, fs], "messages": msgs})
-    post(rewriting.url, {"model": "m", "tools": [fs, gh], "messages": msgs})
+    post(rewriting.url, {"model": "m", "tools": [GH, FS], "messages": msgs})
+    post(rewriting.url, {"model": "m", "tools": [FS, GH], "messages": msgs})
     a, b = rewriting.upstream.seen
     assert [t["function"]["name"] for t in a.json["tools"]] == ["fs_read_tree", "gh_search"]
     # the clients' bodies differ only in tool order: the bytes sent upstream are identical
     assert a.raw == b.raw
+
+
+def test_b04_by_default_the_first_tools_go_as_sent_and_a_swap_gets_their_bytes_back(
+        rewriting: Any) -> None:
+    """The default ``tool_order: "first_seen"``: the session's first request keeps its tools as
+    sent (order and key order); a later one with the same tools swapped and re-keyed goes
+    upstream with the first one's bytes, through the proxy's session memory."""
+    h = {"x-prefixgate-session": "b04"}
+    msgs = [{"role": "user", "content": "list repo"}]
+    first = {"model": "m", "tools": [GH, FS], "messages": msgs}
+    gh_rekeyed = {"function": {"parameters": {"properties": {"q": {"type": "string"}},
+                                              "type": "object"}, "name": "gh_search"},
+                  "type": "function"}
+    post(rewriting.url, first, h)
+    post(rewriting.url, {"model": "m", "tools": [FS, gh_rekeyed], "messages": msgs}, h)
+    a, b = rewriting.upstream.seen
+    assert json.dumps(a.json["tools"]) == json.dumps(first["tools"])  # as sent, key order too
+    tools_bytes = json.dumps(a.json["tools"])
+    assert json.dumps(b.json["tools"]) == tools_bytes
 
 
 def test_no_pass_applies_then_the_original_bytes_go_upstream(rig_factory: Any) -> None:

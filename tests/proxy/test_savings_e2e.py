@@ -82,7 +82,9 @@ def test_holdout_membership_is_deterministic_per_session_and_close_to_the_fracti
 def test_holdout_sends_sessions_unrewritten_and_finds_the_difference(rig_factory: Any) -> None:
     from prefixgate.rewriter.pipeline import rewrite_request
 
-    rig = rig_factory(rewrite_fn=rewrite_request, holdout={"fraction": 0.5, "seed": 11})
+    # the rewriting that pays here is hoisting the clock (opt-in, MOVES_THE_MODEL_READS)
+    rig = rig_factory(rewrite_fn=rewrite_request, holdout={"fraction": 0.5, "seed": 11},
+                      rewrite={"hoist_volatile": True})
     rig.upstream.script = PrefixCachingUpstream()
     with httpx.Client(timeout=30) as client:
         for s in range(56):

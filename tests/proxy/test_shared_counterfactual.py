@@ -30,11 +30,18 @@ from tests.servers import serve_app
 
 RULES = "".join(f"Rule {i}: follow the airline policy on changes and refunds, verify the user "
                 f"id first, never book without an explicit yes. " for i in range(60))
-# the client registers each tool wrapper as {"function", "type"}: canonicalize_tools re-keys
-# every one (bytes change) but moves none, and a template renders them with sorted keys
+# the client registers each tool wrapper as {"function", "type"}: canonicalize_tools with
+# tool_order "name" re-keys every one (bytes change) but moves none, and a template renders
+# them with sorted keys
 TOOLS = [{"function": {"name": f"tool_{c}", "description": f"Does {c} for the airline agent.",
                        "parameters": {"type": "object", "properties": {"id": {"type": "string"}}}},
           "type": "function"} for c in "abcdef"]
+
+
+MOVES = {"hoist_volatile": True, "tool_order": "name"}
+"""The rewritten arm's passes: the clock hoisted (opt-in, ``MOVES_THE_MODEL_READS``: the saving
+here) and the tools re-keyed on every request (``tool_order: "name"``; the default
+``first_seen`` sends them as the client did): bytes that change and save nothing."""
 
 
 @pytest.fixture
@@ -48,6 +55,7 @@ def arms(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[str, 
                          "off": {"kind": kind, "base_url": off_url + "/v1"}},
             "routes": [{"match": "gpt-4o-on", "backend": "on"},
                        {"match": "gpt-4o-off", "backend": "off"}],
+            "rewrite": MOVES,
             "ledger": {"path": str(tmp_path / "ledger.sqlite"), "batch_writes": False},
             "default_max_tokens": 0})
         ledger = Ledger(policy.ledger.path)

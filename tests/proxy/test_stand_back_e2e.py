@@ -57,7 +57,11 @@ def stack(tmp_path: Path) -> Iterator[tuple[str, Ledger, dict[str, PrefixEngine]
             "backends": {"lose": {"kind": "openai_compat", "base_url": lose + "/v1"},
                          "win": {"kind": "openai_compat", "base_url": win + "/v1"}},
             "routes": [{"match": "lose-*", "backend": "lose"}, {"match": "win-*", "backend": "win"}],
-            "rewrite": {"stand_back_min_requests": 4, "edit_detail_header": True},
+            # hoist_volatile is opt-in (MOVES_THE_MODEL_READS): the stand-in pass is its switch
+            # time_budget_ms: the first after-answer analysis loads the tokenizer, over the
+            # 1 s default on a loaded machine (its row then has no counterfactual)
+            "rewrite": {"stand_back_min_requests": 4, "edit_detail_header": True,
+                        "hoist_volatile": True, "time_budget_ms": 20000},
             "ledger": {"path": str(tmp_path / "ledger.sqlite"), "batch_writes": False},
             "default_max_tokens": 0})
         ledger = Ledger(policy.ledger.path)

@@ -41,6 +41,21 @@ def request_body() -> dict[str, Any]:
         {"role": "user", "content": "Change my flight to tomorrow, booking ABC123."}]}
 
 
+MOVES = {"hoist_volatile": True, "stabilise_passages": True, "tool_order": "name"}
+"""The passes this file explains, switched on: hoisting and passage stabilising are opt-in
+(``MOVES_THE_MODEL_READS``), and the default ``tool_order: "first_seen"`` leaves a session's
+first tools as sent; ``"name"`` sorts them, so every pass has something to show."""
+
+
+def moves_policy(tmp_path: Path) -> Path:
+    """A policy file with :data:`MOVES` on (the shipped one has them off)."""
+    pol = tmp_path / "moves.yaml"
+    pol.write_text("backends: {up: {kind: openai_compat, base_url: 'http://127.0.0.1:9/v1'}}\n"
+                   "routes: [{match: '*', backend: up}]\n"
+                   "rewrite: {hoist_volatile: true, stabilise_passages: true, tool_order: name}\n")
+    return pol
+
+
 def tool_tokens(body: dict[str, Any]) -> int:
     return sum(b.tokens for b in blocks_of(body, "openai") if b.region == "tools")
 
@@ -53,11 +68,11 @@ def run_cli(tmp_path: Path, *args: str, body: Any = None) -> Any:
 
 
 def test_rewrite_json_is_the_pipelines_body_with_a_diff_and_explained_edits(tmp_path: Path) -> None:
-    res = run_cli(tmp_path, "--provider", "radix", "--json")
+    res = run_cli(tmp_path, "--provider", "radix", "--json", "--policy", str(moves_policy(tmp_path)))
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     body = request_body()
-    expected = rewrite_request(body, "openai", Context(settings=RewriteSettings(), model="gpt-4o",
+    expected = rewrite_request(body, "openai", Context(settings=RewriteSettings(**MOVES), model="gpt-4o",
                                                        provider="radix", session_id="cli"))
     assert out["body"] == json.loads(orjson.dumps(expected.body))
     assert [t["function"]["name"] for t in out["body"]["tools"]] == [
@@ -83,7 +98,7 @@ def test_rewrite_json_is_the_pipelines_body_with_a_diff_and_explained_edits(tmp_
 
 
 def test_rewrite_text_output_and_numbers_kept(tmp_path: Path) -> None:
-    res = run_cli(tmp_path, "--provider", "radix")
+    res = run_cli(tmp_path, "--provider", "radix", "--policy", str(moves_policy(tmp_path)))
     assert res.exit_code == 0, res.output
     text = res.output
     assert text.index("== rewritten body ==") < text.index("== diff") < text.index("== edits")
@@ -120,12 +135,12 @@ def test_rewrite_refuses_bad_input_with_exit_2(tmp_path: Path) -> None:
 
 
 def test_edit_detail_header_opt_in(rig_factory: Any) -> None:
-    off = rig_factory(rewrite_fn=rewrite_request)
+    off = rig_factory(rewrite_fn=rewrite_request, rewrite=MOVES)
     off.upstream.script = Script(body=completion())
     r = httpx.post(off.url + "/v1/chat/completions", json=request_body())
     assert r.status_code == 200 and HEADER not in r.headers  # off by default
 
-    on = rig_factory(rewrite_fn=rewrite_request, rewrite={"edit_detail_header": True})
+    on = rig_factory(rewrite_fn=rewrite_request, rewrite={**MOVES, "edit_detail_header": True})
     r = httpx.post(on.url + "/v1/chat/completions", json=request_body())
     assert r.status_code == 200
     detail = json.loads(r.headers[HEADER])

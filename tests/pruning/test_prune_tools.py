@@ -101,7 +101,9 @@ def test_pinned_tools_always_kept_and_small_catalogs_untouched() -> None:
 
 
 def test_kept_tools_stay_in_canonical_order_and_edit_counts_tokens() -> None:
-    res = replay([b06_anthropic()], "anthropic", prune_tools=True)[0]
+    """With ``tool_order: "name"`` (opt-in; the default ``first_seen`` keeps a first request's
+    order as sent) canonicalize_tools sorts by name, and pruning must keep that order."""
+    res = replay([b06_anthropic()], "anthropic", prune_tools=True, tool_order="name")[0]
     kept = names(res.body)
     assert kept == sorted(kept)  # canonicalize_tools sorted by name; pruning keeps that order
     edit = next(e for e in res.edits if e.pass_name == "prune_tools")

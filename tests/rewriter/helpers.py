@@ -5,16 +5,22 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
-from prefixgate.config.schema import RewriteSettings
+from prefixgate.config.schema import MOVES_THE_MODEL_READS, RewriteSettings
 from prefixgate.rewriter.ir import Api
 from prefixgate.rewriter.pipeline import rewrite_request, session_updates
 from prefixgate.rewriter.types import Context, RewriteResult
 
+OPT_IN_MOVES = {name: True for name in MOVES_THE_MODEL_READS}
+"""The rewriter tests exercise every pass, the opt-in ones that move text included (a test
+passes ``hoist_volatile=False`` to see a pass alone); what is on by default is pinned by
+``tests/config/test_rewrite_defaults.py``."""
+
 
 def ctx(provider: str = "radix", session: dict[str, Any] | None = None,
         betas: tuple[str, ...] = (), model: str = "", **settings: Any) -> Context:
-    """A Context with ``RewriteSettings(**settings)`` and a read-only session copy."""
-    return Context(RewriteSettings(**settings), model=model, provider=provider,
+    """A Context with ``RewriteSettings(**OPT_IN_MOVES, **settings)`` and a read-only session
+    copy."""
+    return Context(RewriteSettings(**{**OPT_IN_MOVES, **settings}), model=model, provider=provider,
                    session=MappingProxyType(dict(session or {})), betas=betas)
 
 

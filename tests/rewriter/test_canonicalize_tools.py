@@ -31,18 +31,22 @@ def _by_name(tools: list[dict[str, Any]]) -> dict[str, Any]:
     return {(t.get("function") or t)["name"]: t for t in tools}
 
 
+NAME = {"tool_order": "name"}
+"""The stateless mode (sorted by name, canonical keys on every request)."""
+
+
 def test_swapped_tool_order_gives_identical_tools_bytes_b04() -> None:
-    a = rewrite_request(_b04(B04_TOOLS), "openai", ctx()).body
-    b = rewrite_request(_b04(B04_TOOLS[::-1]), "openai", ctx()).body
+    a = rewrite_request(_b04(B04_TOOLS), "openai", ctx(**NAME)).body
+    b = rewrite_request(_b04(B04_TOOLS[::-1]), "openai", ctx(**NAME)).body
     assert json.dumps(a["tools"]) == json.dumps(b["tools"])
     assert [t["function"]["name"] for t in a["tools"]] == ["fs_read_tree", "gh_search"]
 
 
 def test_reordering_is_logged_and_switchable_off() -> None:
-    r = rewrite_request(_b04(B04_TOOLS[::-1]), "openai", ctx())
+    r = rewrite_request(_b04(B04_TOOLS[::-1]), "openai", ctx(**NAME))
     assert "canonicalize_tools" in r.summary()
     assert any(e.pass_name == "canonicalize_tools" and "moved 2" in e.detail for e in r.edits)
-    off = rewrite_request(_b04(B04_TOOLS[::-1]), "openai", ctx(canonicalize_tools=False))
+    off = rewrite_request(_b04(B04_TOOLS[::-1]), "openai", ctx(canonicalize_tools=False, **NAME))
     assert off.body["tools"] == B04_TOOLS[::-1]
 
 
@@ -53,8 +57,8 @@ def test_real_mcp_catalog_in_any_order_serializes_identically() -> None:
     body = {"model": "claude-x", "max_tokens": 8, "tools": tools,
             "messages": [{"role": "user", "content": "hi"}]}
     shuffled = dict(body, tools=tools[::-1][50:] + tools[::-1][:50])
-    a = rewrite_request(body, "anthropic", ctx()).body
-    b = rewrite_request(shuffled, "anthropic", ctx()).body
+    a = rewrite_request(body, "anthropic", ctx(**NAME)).body
+    b = rewrite_request(shuffled, "anthropic", ctx(**NAME)).body
     assert json.dumps(a["tools"]) == json.dumps(b["tools"])
     assert _by_name(a["tools"]) == _by_name(tools)  # names, descriptions, schemas: same values
 
@@ -65,8 +69,8 @@ def test_any_permutation_of_tools_gives_same_bytes_and_same_content(body: dict[s
                                                                     rnd: Any) -> None:
     tools = list(body["tools"])
     rnd.shuffle(tools)
-    a = rewrite_request(body, "openai", ctx()).body
-    b = rewrite_request(dict(body, tools=tools), "openai", ctx()).body
+    a = rewrite_request(body, "openai", ctx(**NAME)).body
+    b = rewrite_request(dict(body, tools=tools), "openai", ctx(**NAME)).body
     assert json.dumps(a["tools"]) == json.dumps(b["tools"])
     assert _by_name(a["tools"]) == _by_name(body["tools"])
 
@@ -94,12 +98,59 @@ def test_schema_keywords_sorted_but_argument_order_kept_by_default() -> None:
 
 def test_first_seen_order_is_kept_per_session_and_remembered() -> None:
     body = _b04(B04_TOOLS[::-1])
-    first = rewrite_request(body, "openai", ctx(tool_order="first_seen"))
+    first = rewrite_request(body, "openai", ctx())
+    assert first.body is body  # a session's first request goes out as sent
     mem = next(e.memory for e in first.edits if e.memory.get("tool_order"))
-    assert mem["tool_order"] == ["fs_read_tree", "gh_search"]
-    seen = {"tool_order": ["gh_search", "fs_read_tree"]}
-    again = rewrite_request(_b04(B04_TOOLS), "openai", ctx(session=seen, tool_order="first_seen"))
+    assert mem["tool_order"] == ["gh_search", "fs_read_tree"]  # the client's order, not by name
+    again = rewrite_request(_b04(B04_TOOLS), "openai", ctx(session=mem))
     assert [t["function"]["name"] for t in again.body["tools"]] == ["gh_search", "fs_read_tree"]
+    assert json.dumps(again.body["tools"]) == json.dumps(body["tools"])
+    assert any(e.applied and "moved 2 of 2" in e.detail for e in again.edits)
+
+
+def _rekeyed(tool: dict[str, Any]) -> dict[str, Any]:
+    """The same tool with every object's keys in reverse order (values untouched), except the
+    members of ``properties`` (the argument order, content the model reads)."""
+    def rev(v: Any, names: bool = False) -> Any:
+        if isinstance(v, dict):
+            keys = list(v) if names else list(reversed(list(v)))
+            return {k: rev(v[k], k == "properties" and not names) for k in keys}
+        return [rev(x) for x in v] if isinstance(v, list) else v
+    return rev(tool)  # type: ignore[no-any-return]
+
+
+def test_a_first_request_keeps_the_clients_key_order_and_later_ones_get_it_back() -> None:
+    tools = json.loads((DATA / "tools" / "github_mcp_server.json").read_text())[:6]
+    tools = [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
+                                               "parameters": t["inputSchema"]}} for t in tools]
+    body = {"model": "m", "tools": tools, "messages": [{"role": "user", "content": "hi"}]}
+    first = rewrite_request(body, "openai", ctx())
+    assert first.body is body and "canonicalize_tools" not in first.summary()
+    mem = {k: v for e in first.edits for k, v in e.memory.items()}
+    shuffled = [_rekeyed(t) for t in tools[3:]] + tools[:3]
+    later = rewrite_request(dict(body, tools=shuffled), "openai", ctx(session=mem))
+    assert json.dumps(later.body["tools"]) == json.dumps(tools)  # byte-identical to turn 1
+    assert any(e.applied and "moved 6 of 6" in e.detail and "re-keyed 3" in e.detail for e in later.edits)
+
+
+def test_a_tool_whose_values_changed_is_sent_as_sent_and_its_new_form_remembered() -> None:
+    mem = {k: v for e in rewrite_request(_b04(B04_TOOLS), "openai", ctx()).edits for k, v in e.memory.items()}
+    changed = json.loads(json.dumps(B04_TOOLS))
+    changed[1]["function"]["parameters"]["properties"]["q"]["description"] = "query"
+    changed[1] = _rekeyed(changed[1])
+    out = rewrite_request(_b04(changed), "openai", ctx(session=mem))
+    assert json.dumps(out.body["tools"]) == json.dumps(changed)
+    forms = {k: v for e in out.edits for k, v in e.memory.items()}["tool_forms"]
+    assert forms["gh_search"] != mem["tool_forms"]["gh_search"]
+    assert forms["fs_read_tree"] == mem["tool_forms"]["fs_read_tree"]
+
+
+def test_skeleton_round_trip_restores_any_key_order() -> None:
+    v = {"b": {"y": [1, {"q": 1, "p": 2}], "x": 0}, "a": None}
+    w = {"a": None, "b": {"x": 0, "y": [1, {"p": 2, "q": 1}]}}
+    restored = canonicalize_tools.with_skeleton(w, canonicalize_tools.skeleton(v))
+    assert json.dumps(restored) == json.dumps(v)
+    assert json.dumps(canonicalize_tools.with_skeleton(v, 0)) == json.dumps(v)  # no shape: as is
 
 
 def test_client_cache_marker_on_tools_stays_at_the_same_position() -> None:
@@ -108,6 +159,6 @@ def test_client_cache_marker_on_tools_stays_at_the_same_position() -> None:
               "cache_control": {"type": "ephemeral"}}]
     body = {"model": "claude-x", "max_tokens": 8, "tools": tools,
             "messages": [{"role": "user", "content": "hi"}]}
-    out = rewrite_request(body, "anthropic", ctx()).body["tools"]
+    out = rewrite_request(body, "anthropic", ctx(**NAME)).body["tools"]
     assert [t["name"] for t in out] == ["alpha", "zeta"]
     assert "cache_control" not in out[0] and out[1]["cache_control"] == {"type": "ephemeral"}

@@ -37,7 +37,7 @@ TAU = [b for run in tau_requests(runs=[0, 7, 42]) for b in run]
 HISTORY: dict[str, Any] = {"prune_history": True, "history_high_watermark_tokens": 2000,
            "history_low_watermark_tokens": 800}
 ALL_ON: dict[str, Any] = {"prune_tools": True, "prune_tools_min_catalog": 2, "prune_rag": True,
-          "rag_budget_tokens": 20, **HISTORY}
+          "rag_budget_tokens": 20, "tool_order": "name", **HISTORY}
 HITS = "\n".join(f"[{i}] passage {i} about " + ("baggage allowance " if i == 3 else "weather ")
                  + "filler words " * 12 for i in range(1, 9))
 
@@ -63,7 +63,7 @@ def _called(prompt: Prompt) -> set[str]:
 def test_canonicalize_tools_alone_sorts_and_keeps_every_tool_of_a_reversed_catalog() -> None:
     for body in TAU[:8]:
         prompt = _valid(wire.parse(dict(body, tools=body["tools"][::-1]), "openai"))
-        out, edits = canonicalize_tools.run(prompt, ctx())
+        out, edits = canonicalize_tools.run(prompt, ctx(tool_order="name"))
         _applied(edits, "canonicalize_tools")
         names = [t.name for t in out.tools or ()]
         assert names == sorted(t.name for t in prompt.tools or ())

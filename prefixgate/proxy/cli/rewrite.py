@@ -42,8 +42,9 @@ from prefixgate.rewriter.types import Context, Edit
 
 # What the model reads differently after each pass (README "pass → what the model now sees").
 WHAT_THE_MODEL_SEES: dict[str, str] = {
-    "canonicalize_tools": "the same tools, sorted by name (or first-seen order in the session), "
-                          "each schema's keys in one canonical order",
+    "canonicalize_tools": "the same tools: a session's first request as sent, later ones in the "
+                          "order and key order the session first saw (`tool_order: name`: sorted, "
+                          "canonical keys)",
     "hoist_volatile": "a system prompt without the clock / id / changing line once it is seen "
                       "changing (a span in a longer line leaves `[see note n at the end]`), and "
                       "that line in a note after the conversation (a `<system-reminder>` block on "
