@@ -38,6 +38,9 @@ class EngineConfig:
     most this many bytes (measured: ``suffix_index.SuffixIndex.nbytes``, ~0.5 KB a token) and
     this many ``cache_salt`` namespaces, least recently used evicted first.
     quantization: None (weights in ``dtype``) or ``int8`` (weight-only, per-channel scales).
+    quant_fp32_layers / quant_fp32_head: with int8, this many decoder layers (from the ends
+    inwards, measured most sensitive: ``quant_sensitivity.edge_layers``) and the LM head stay in
+    full precision.
     packed_linear: fp32 on CPU, run linear layers through oneDNN with pre-packed weights
     (``cpu_linear``; skinny products such as speculative verification are ~2x cheaper).
     """
@@ -63,6 +66,8 @@ class EngineConfig:
     spec_suffix_max_namespaces: int = 256
     draft_model_path: str | None = None
     quantization: str | None = None
+    quant_fp32_layers: int = 2
+    quant_fp32_head: bool = True
     packed_linear: bool = True
 
 
