@@ -28,7 +28,8 @@ class EngineConfig:
     model_name: name reported by ``/v1/models`` (default: the directory name).
     max_context_len: cap on prompt + completion tokens (default: the model's
     ``max_position_embeddings``, further capped by the pool size).
-    speculative: None (off), ``ngram``, ``suffix``, ``ngram+suffix`` or ``draft`` (needs
+    speculative: None (off), ``ngram``, ``suffix``, ``tools`` (tool-call JSON from the request's
+    tool schemas), several joined by ``+`` (``ngram+suffix+tools``), or ``draft`` (needs
     ``draft_model_path``, a model sharing the tokenizer). num_speculative_tokens: most draft
     tokens per request and step (k). spec_max_batch_tokens: decode rows + draft tokens per step
     above which drafting stops (compute-bound; measured by ``bench/engine_speculative.py``).

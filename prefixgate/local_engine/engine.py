@@ -154,7 +154,7 @@ class Engine:
                                   self.device, self.dtype)
         self.eos_ids = _eos_ids(path, self.tokenizer)
         self.spec = build_spec_decoder(cfg, self.scheduler.kv, self.device, self.dtype,
-                                       args.vocab_size, self.max_context_len)
+                                       args.vocab_size, self.max_context_len, self.tokenizer)
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
