@@ -368,6 +368,7 @@ def main() -> None:
     result = {
         "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]),
         "figures": figures,
+        "goals": goals(figures),
         "details": details,
         "setup": {
             "model": "SmolLM2-135M-Instruct (fp32 safetensors; llama.cpp: Q4_1 GGUF)",
@@ -421,6 +422,30 @@ def int8_figures(base: dict[str, Any], n_agree: int, n_dec: int, max_tokens: int
     return fig, det
 
 
+def goals(figures: dict[str, Any]) -> dict[str, bool | None]:
+    """The issue's goals (issue 27 adds tool_drafts / int4) as booleans; None when unmeasured."""
+    def at(path: str) -> Any:
+        node: Any = figures
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+
+    def ge(path: str, bound: float) -> bool | None:
+        v = at(path)
+        return None if v is None else bool(v >= bound)
+
+    out = {f"{p}>={b}": ge(p, b) for p, b in (
+        ("grounded.tpot_ratio_b1", 2.0), ("grounded.tpot_ratio_b8", 1.3), ("open.tpot_ratio_b1", 0.97),
+        ("open.tpot_ratio_b8", 0.97), ("int8.decode_ratio_b1", 1.7), ("int8.top1_agreement", 0.98),
+        ("tool_drafts.mean_accepted_len_b1", 3.0), ("tool_drafts.tpot_ratio_b1", 2.5),
+        ("tool_drafts.tpot_ratio_b8", 1.3))}
+    ours, llama = at("vs_llamacpp.ours_grounded_tok_s"), at("vs_llamacpp.llamacpp_tok_s")
+    out["vs_llamacpp ours>llamacpp"] = None if ours is None or llama is None else bool(ours > llama)
+    out["tool_drafts.identical_outputs"] = at("tool_drafts.identical_outputs")
+    out["int4 decode>=llamacpp Q4_1"] = None  # unmeasured: no fast x86 4-bit kernel adopted (int4)
+    return out
+
+
 def partial_main(args: Any, want: set[str]) -> None:
     """Rerun only the sections in ``want``; the rest of the existing JSON is kept as it was."""
     import torch
@@ -448,6 +473,7 @@ def partial_main(args: Any, want: set[str]) -> None:
                            "int4_vs_fp32_matmul": round(probe["us_per_row"]["fp32_onednn"]
                                                         / probe["us_per_row"]["int4_torch"], 3)}
         details["int4"] = probe
+    result["goals"] = goals(figures)
     runs = result["setup"].setdefault("partial_runs", [])
     runs.append({"command": " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]),
                  "sections": sorted(want), "wall_s": round(time.time() - t0, 1),
