@@ -390,8 +390,8 @@ def main() -> None:
     print(json.dumps(result["figures"], indent=2))
 
 
-def int8_figures(base: dict[str, Any], n_agree: int, n_dec: int, max_tokens: int
-                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+def int8_figures(base: dict[str, Any], n_agree: int, n_dec: int, max_tokens: int,
+                 **quant: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """int8 (default keep policy) vs fp32 at batch 1: decode TPOT ratio on ``n_dec`` prompts
     (alternating order) and first-token greedy agreement on ``n_agree`` prompts."""
     from prefixgate.local_engine.api_types import SamplingParams
@@ -399,7 +399,7 @@ def int8_figures(base: dict[str, Any], n_agree: int, n_dec: int, max_tokens: int
     from prefixgate.local_engine.server.chat import encode_chat
 
     plain = {**base, "speculative": None}
-    e32, q8 = Engine(EngineConfig(**plain)), Engine(EngineConfig(**plain, quantization="int8"))
+    e32, q8 = Engine(EngineConfig(**plain)), Engine(EngineConfig(**plain, quantization="int8", **quant))
     tok = e32.tokenizer
     dec_prompts = [encode_chat(tok, m) for m in grounded_messages(n_dec)]
     fixed = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -418,7 +418,7 @@ def int8_figures(base: dict[str, Any], n_agree: int, n_dec: int, max_tokens: int
            "top1_agreement": round(sum(a == b for a, b in zip(ref, got)) / max(1, len(ref)), 4)}
     det = {"tpot_ms_b1": dec, "agreement_prompts": len(ref),
            "disagreeing_prompts": [i for i, (a, b) in enumerate(zip(ref, got)) if a != b],
-           "kept_fp32": "LM head + layers quant_sensitivity.edge_layers(30, 2) = [0, 29]"}
+           "kept_fp32": quant or {"quant_fp32_head": True, "quant_fp32_layers": 2}}
     return fig, det
 
 
@@ -462,6 +462,10 @@ def partial_main(args: Any, want: set[str]) -> None:
     if "int8" in want:
         figures["int8"], new = int8_figures(base, args.agree, args.b1, args.max_tokens)
         details["int8"] = {**details.get("int8", {}), **new}
+    if "int8_variants" in want:  # the same figures for other keep policies
+        details["int8_variants"] = [{"quant": q, **dict(zip(("figures", "details"), int8_figures(
+            base, args.agree, args.b1, args.max_tokens, **q)))} for q in (
+            {"quant_fp32_head": False, "quant_fp32_layers": 2},)]
     if "tool_drafts" in want:
         curve = details.get("knee", {}).get("step_ms")
         figures["tool_drafts"], details["tool_drafts"] = tool_drafts(
