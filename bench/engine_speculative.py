@@ -131,10 +131,12 @@ def agreement_prompts(tok: Any, n: int, max_len: int = 700) -> list[list[int]]:
 
 
 # -- timing ----------------------------------------------------------------------------------
-async def _one(eng: Any, ids: list[int], params: Any) -> dict[str, float]:
+async def _one(eng: Any, ids: list[int], params: Any, keep_ids: bool = False) -> dict[str, Any]:
     first = last = None
     n = 0
+    got: list[int] = []
     async for out in eng.generate(ids, params):
+        got += out.new_token_ids
         now = time.perf_counter()
         if out.new_token_ids:
             if first is None:
@@ -142,13 +144,18 @@ async def _one(eng: Any, ids: list[int], params: Any) -> dict[str, float]:
             last = now
             n += len(out.new_token_ids)
     tpot = (last - first) / (n - n0) if first is not None and n > n0 else None  # type: ignore[operator]
-    return {"tpot_s": tpot or 0.0, "tokens": n, "ok": tpot is not None}
+    row: dict[str, Any] = {"tpot_s": tpot or 0.0, "tokens": n, "ok": tpot is not None}
+    if keep_ids:
+        row["ids"] = got
+    return row
 
 
-def run_batch(eng: Any, prompts: list[list[int]], params: Any) -> list[dict[str, float]]:
-    """Run ``prompts`` concurrently; per-request TPOT (s) and token counts."""
-    async def all_() -> list[dict[str, float]]:
-        return list(await asyncio.gather(*[_one(eng, p, params) for p in prompts]))
+def run_batch(eng: Any, prompts: list[list[int]], params: Any,
+              keep_ids: bool = False) -> list[dict[str, Any]]:
+    """Run ``prompts`` concurrently; per-request TPOT (s) and token counts (+ ``ids``, the
+    output tokens, with ``keep_ids``)."""
+    async def all_() -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*[_one(eng, p, params, keep_ids) for p in prompts]))
     return asyncio.run(all_())
 
 
@@ -257,7 +264,15 @@ def main() -> None:
     ap.add_argument("--agree", type=int, default=30, help="prompts for int8 top-1 agreement")
     ap.add_argument("--k", type=int, default=6, help="most draft tokens per request and step")
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--only", default="", help="comma list of sections to rerun (int8, tool_drafts, "
+                    "int4); the others are kept from the existing JSON")
+    ap.add_argument("--tool-b1", type=int, default=3, help="tool-call prompts run one at a time")
+    ap.add_argument("--tool-b8", type=int, default=8, help="tool-call prompts run 8 at a time")
+    ap.add_argument("--note", default="", help="recorded in setup (e.g. the box was shared)")
     args = ap.parse_args()
+    if args.only:
+        partial_main(args, set(args.only.split(",")))
+        return
     import torch
 
     from prefixgate.local_engine.api_types import SamplingParams
@@ -340,9 +355,20 @@ def main() -> None:
             details["llamacpp_error"] = str(exc)
     phases["llamacpp"] = round(time.time() - t0, 1)
     figures["vs_llamacpp"] = {"ours_grounded_tok_s": ours, "llamacpp_tok_s": llama}
+    from bench.decode_sections import int4_probe, tool_drafts
+
+    figures["tool_drafts"], details["tool_drafts"] = tool_drafts(
+        base, args.tool_b1, args.tool_b8, args.max_tokens, sorted(kn["step_ms"].items()))
+    probe = int4_probe()
+    figures["int4"] = {"kernel": "torch _weight_int4pack_mm_for_cpu", "adopted": False,
+                       "int4_vs_fp32_matmul": round(probe["us_per_row"]["fp32_onednn"]
+                                                    / probe["us_per_row"]["int4_torch"], 3)}
+    details["int4"] = probe
+    phases["tool_drafts+int4"] = round(time.time() - t0, 1)
     result = {
         "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]),
         "figures": figures,
+        "goals": goals(figures),
         "details": details,
         "setup": {
             "model": "SmolLM2-135M-Instruct (fp32 safetensors; llama.cpp: Q4_1 GGUF)",
@@ -362,6 +388,103 @@ def main() -> None:
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["figures"], indent=2))
+
+
+def int8_figures(base: dict[str, Any], n_agree: int, n_dec: int, max_tokens: int,
+                 **quant: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """int8 (default keep policy) vs fp32 at batch 1: decode TPOT ratio on ``n_dec`` prompts
+    (alternating order) and first-token greedy agreement on ``n_agree`` prompts."""
+    from prefixgate.local_engine.api_types import SamplingParams
+    from prefixgate.local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.server.chat import encode_chat
+
+    plain = {**base, "speculative": None}
+    e32, q8 = Engine(EngineConfig(**plain)), Engine(EngineConfig(**plain, quantization="int8", **quant))
+    tok = e32.tokenizer
+    dec_prompts = [encode_chat(tok, m) for m in grounded_messages(n_dec)]
+    fixed = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    rows: dict[str, list[dict[str, Any]]] = {"fp32": [], "int8": []}
+    for i, ids in enumerate(dec_prompts):
+        order = (("fp32", e32), ("int8", q8)) if i % 2 == 0 else (("int8", q8), ("fp32", e32))
+        for name, eng in order:
+            rows[name] += run_batch(eng, [ids], fixed)
+    dec = {k: round(mean_tpot(v) * 1000, 2) for k, v in rows.items()}
+    agree_ids = agreement_prompts(tok, n_agree, 500)
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    ref, got = e32.generate_batch(agree_ids, one), q8.generate_batch(agree_ids, one)
+    e32.shutdown()
+    q8.shutdown()
+    fig = {"decode_ratio_b1": round(dec["fp32"] / dec["int8"], 3),
+           "top1_agreement": round(sum(a == b for a, b in zip(ref, got)) / max(1, len(ref)), 4)}
+    det = {"tpot_ms_b1": dec, "agreement_prompts": len(ref),
+           "disagreeing_prompts": [i for i, (a, b) in enumerate(zip(ref, got)) if a != b],
+           "kept_fp32": quant or {"quant_fp32_head": True, "quant_fp32_layers": 2}}
+    return fig, det
+
+
+def goals(figures: dict[str, Any]) -> dict[str, bool | None]:
+    """The issue's goals (issue 27 adds tool_drafts / int4) as booleans; None when unmeasured."""
+    def at(path: str) -> Any:
+        node: Any = figures
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+
+    def ge(path: str, bound: float) -> bool | None:
+        v = at(path)
+        return None if v is None else bool(v >= bound)
+
+    out = {f"{p}>={b}": ge(p, b) for p, b in (
+        ("grounded.tpot_ratio_b1", 2.0), ("grounded.tpot_ratio_b8", 1.3), ("open.tpot_ratio_b1", 0.97),
+        ("open.tpot_ratio_b8", 0.97), ("int8.decode_ratio_b1", 1.7), ("int8.top1_agreement", 0.98),
+        ("tool_drafts.mean_accepted_len_b1", 3.0), ("tool_drafts.tpot_ratio_b1", 2.5),
+        ("tool_drafts.tpot_ratio_b8", 1.3))}
+    ours, llama = at("vs_llamacpp.ours_grounded_tok_s"), at("vs_llamacpp.llamacpp_tok_s")
+    out["vs_llamacpp ours>llamacpp"] = None if ours is None or llama is None else bool(ours > llama)
+    out["tool_drafts.identical_outputs"] = at("tool_drafts.identical_outputs")
+    out["int4 decode>=llamacpp Q4_1"] = None  # unmeasured: no fast x86 4-bit kernel adopted (int4)
+    return out
+
+
+def partial_main(args: Any, want: set[str]) -> None:
+    """Rerun only the sections in ``want``; the rest of the existing JSON is kept as it was."""
+    import torch
+
+    from bench.decode_sections import int4_probe, tool_drafts
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    result = json.loads(out.read_text()) if out.exists() else {"figures": {}, "details": {}, "setup": {}}
+    figures, details = result["figures"], result["details"]
+    t0 = time.time()
+    base = dict(model_path=str(MODEL_DIR), device=args.device, num_kv_slots=16384, max_context_len=2048,
+                speculative="ngram+suffix", num_speculative_tokens=args.k, spec_max_batch_tokens=32)
+    if "int8" in want:
+        figures["int8"], new = int8_figures(base, args.agree, args.b1, args.max_tokens)
+        details["int8"] = {**details.get("int8", {}), **new}
+    if "int8_variants" in want:  # the same figures for other keep policies
+        details["int8_variants"] = [{"quant": q, **dict(zip(("figures", "details"), int8_figures(
+            base, args.agree, args.b1, args.max_tokens, **q)))} for q in (
+            {"quant_fp32_head": False, "quant_fp32_layers": 2},)]
+    if "tool_drafts" in want:
+        curve = details.get("knee", {}).get("step_ms")
+        figures["tool_drafts"], details["tool_drafts"] = tool_drafts(
+            base, args.tool_b1, args.tool_b8, args.max_tokens,
+            sorted((int(k), v) for k, v in curve.items()) if curve else None)
+    if "int4" in want:
+        probe = int4_probe()
+        figures["int4"] = {"kernel": "torch _weight_int4pack_mm_for_cpu", "adopted": False,
+                           "int4_vs_fp32_matmul": round(probe["us_per_row"]["fp32_onednn"]
+                                                        / probe["us_per_row"]["int4_torch"], 3)}
+        details["int4"] = probe
+    result["goals"] = goals(figures)
+    runs = result["setup"].setdefault("partial_runs", [])
+    runs.append({"command": " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]),
+                 "sections": sorted(want), "wall_s": round(time.time() - t0, 1),
+                 "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "note": args.note,
+                 "max_tokens": args.max_tokens})
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: figures[k] for k in want if k in figures}, indent=2))
 
 
 if __name__ == "__main__":

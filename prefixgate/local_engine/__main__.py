@@ -42,7 +42,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--disable-prefix-cache", action="store_true")
     p.add_argument("--speculative", default=None,
-                   help="speculative decoding drafters joined by '+': ngram, suffix, draft")
+                   help="speculative decoding drafters joined by '+': ngram, suffix, tools, draft")
     p.add_argument("--num-speculative-tokens", type=int, default=4, help="most draft tokens (k)")
     p.add_argument("--spec-max-batch-tokens", type=int, default=16,
                    help="no drafts when a step's decode rows + drafts would exceed this")

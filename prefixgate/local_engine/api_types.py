@@ -28,7 +28,8 @@ class EngineConfig:
     model_name: name reported by ``/v1/models`` (default: the directory name).
     max_context_len: cap on prompt + completion tokens (default: the model's
     ``max_position_embeddings``, further capped by the pool size).
-    speculative: None (off), ``ngram``, ``suffix``, ``ngram+suffix`` or ``draft`` (needs
+    speculative: None (off), ``ngram``, ``suffix``, ``tools`` (tool-call JSON from the request's
+    tool schemas), several joined by ``+`` (``ngram+suffix+tools``), or ``draft`` (needs
     ``draft_model_path``, a model sharing the tokenizer). num_speculative_tokens: most draft
     tokens per request and step (k). spec_max_batch_tokens: decode rows + draft tokens per step
     above which drafting stops (compute-bound; measured by ``bench/engine_speculative.py``).
@@ -38,6 +39,9 @@ class EngineConfig:
     most this many bytes (measured: ``suffix_index.SuffixIndex.nbytes``, ~0.5 KB a token) and
     this many ``cache_salt`` namespaces, least recently used evicted first.
     quantization: None (weights in ``dtype``) or ``int8`` (weight-only, per-channel scales).
+    quant_fp32_layers / quant_fp32_head: with int8, this many decoder layers (from the ends
+    inwards, measured most sensitive: ``quant_sensitivity.edge_layers``) and the LM head stay in
+    full precision.
     packed_linear: fp32 on CPU, run linear layers through oneDNN with pre-packed weights
     (``cpu_linear``; skinny products such as speculative verification are ~2x cheaper).
     kv_events_endpoint: a ZMQ endpoint (``tcp://*:5557``) to publish KV events on, in vLLM's
@@ -68,6 +72,8 @@ class EngineConfig:
     spec_suffix_max_namespaces: int = 256
     draft_model_path: str | None = None
     quantization: str | None = None
+    quant_fp32_layers: int = 2
+    quant_fp32_head: bool = True
     packed_linear: bool = True
     kv_events_endpoint: str | None = None
     kv_events_replay: str | None = None

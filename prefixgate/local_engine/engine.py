@@ -33,6 +33,7 @@ from prefixgate.local_engine.kv_pool import KVPool, ReqToTokenTable
 from prefixgate.local_engine.model import load_model, split_model_path
 from prefixgate.local_engine.model_runner import ModelRunner
 from prefixgate.local_engine.quant import quantize_model
+from prefixgate.local_engine.quant_sensitivity import edge_layers
 from prefixgate.local_engine.radix_cache import RadixCache
 from prefixgate.local_engine.sampler import (
     SamplingError,
@@ -134,7 +135,8 @@ class Engine:
         self.tokenizer = _load_tokenizer(path)
         self.model = load_model(path, self.device, self.dtype)
         if cfg.quantization is not None:
-            quantize_model(self.model, cfg.quantization)
+            keep = edge_layers(self.model.args.num_layers, cfg.quant_fp32_layers)
+            quantize_model(self.model, cfg.quantization, keep, cfg.quant_fp32_head)
         elif cfg.packed_linear and cpu_linear.available(self.device, self.dtype):
             cpu_linear.pack_model(self.model)
         args = self.model.args
@@ -160,7 +162,7 @@ class Engine:
         self.eos_ids = _eos_ids(path, self.tokenizer)
         self.kv_events = self._kv_events(cfg)
         self.spec = build_spec_decoder(cfg, self.scheduler.kv, self.device, self.dtype,
-                                       args.vocab_size, self.max_context_len)
+                                       args.vocab_size, self.max_context_len, self.tokenizer)
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()

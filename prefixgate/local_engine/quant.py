@@ -14,8 +14,14 @@ storage; torch's weight-only int8 kernel ``_weight_int8pack_mm`` measured ~50x s
 here.) ``reduce_range`` (7-bit activations) is used only on CPUs without VNNI, where the AVX2
 kernel's int16 accumulation can saturate. On other devices the int8 weights are dequantized
 inside the matmul (``F.linear(x, Wq.to(dtype)) * s``): it saves weight memory, not time.
-Embedding lookups keep the full-precision table; the (tied) LM head is quantized too — it is
-~20 % of SmolLM2-135M's weights.
+Embedding lookups keep the full-precision table.
+
+What stays in full precision (issue 27: int8 everywhere moved greedy top-1 on 10 % of the
+benchmark's prompts): the LM head (``keep_head``; ~20 % of SmolLM2-135M's weights, and alone
+the largest single loss: teacher-forced top-1 agreement 0.945 with only the head int8) and the
+decoder layers ``keep_layers`` (the engine keeps ``quant_sensitivity.edge_layers``: the first
+and last layers, measured most sensitive). Kept products run as oneDNN pre-packed fp32
+(``cpu_linear``) where available.
 """
 
 from __future__ import annotations
@@ -88,21 +94,38 @@ def linear_any(x: torch.Tensor, w: Any, b: torch.Tensor | None = None) -> torch.
     return w(x)
 
 
-def quantize_model(model: CausalLM, method: str) -> CausalLM:
+def _full_precision(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+    """The kept product: oneDNN-packed fp32 on CPU where available, else ``F.linear``."""
+    from prefixgate.local_engine import cpu_linear
+
+    if cpu_linear.available(weight.device, weight.dtype):
+        return cpu_linear.PackedLinear(weight, bias)
+    w, b = weight.detach().clone(), None if bias is None else bias.detach().clone()
+    return lambda x: F.linear(x, w, b)
+
+
+def quantize_model(model: CausalLM, method: str, keep_layers: list[int] | None = None,
+                   keep_head: bool = False) -> CausalLM:
     """Quantize ``model``'s linear weights in place (``method``: ``int8``); returns it.
 
-    Raises ``ValueError`` for an unknown method. Norm weights and the embedding table stay in the
-    model dtype. Call after ``load_model`` (layers bound).
+    ``keep_layers``: decoder layer indices left in full precision; ``keep_head``: the LM head
+    too (module docstring). Raises ``ValueError`` for an unknown method or a layer index out of
+    range. Norm weights and the embedding table stay in the model dtype. Call after
+    ``load_model`` (layers bound).
     """
     if method not in METHODS:
         raise ValueError(f"unknown quantization {method!r} (one of {list(METHODS)})")
-    for layer in model.decoder_layers():
+    keep = set(keep_layers or [])
+    n = len(model.decoder_layers())
+    if any(not 0 <= i < n for i in keep):
+        raise ValueError(f"keep_layers {sorted(keep)} out of range 0..{n - 1}")
+    for i, layer in enumerate(model.decoder_layers()):
         w_in, w_qkv, b_qkv, w_o, w_post, w_gu, w_down = layer._w
-        layer._w = (w_in, Int8Linear(w_qkv, b_qkv), None, Int8Linear(w_o, None),  # type: ignore[assignment]
-                    w_post, Int8Linear(w_gu, None), Int8Linear(w_down, None))
+        mk = _full_precision if i in keep else Int8Linear
+        layer._w = (w_in, mk(w_qkv, b_qkv), None, mk(w_o, None),  # type: ignore[assignment]
+                    w_post, mk(w_gu, None), mk(w_down, None))
         layer._mm = linear_any
-    head = Int8Linear(model.head_weight(), None)
-    model._head = head
+    model._head = (_full_precision if keep_head else Int8Linear)(model.head_weight(), None)
     for lyr in model.decoder_layers():  # free the float copies no longer read
         for mod in (lyr.qkv, lyr.o_proj, lyr.gate_up, lyr.down):
             mod.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)

@@ -1,12 +1,15 @@
 """Builds the engine's ``SpecDecoder`` from ``EngineConfig`` (or None with speculation off).
 
-``speculative`` names drafters joined by ``+`` (``ngram``, ``suffix``, ``draft``); several are
+``speculative`` names drafters joined by ``+`` (``ngram``, ``suffix``, ``draft``, ``tools``:
+tool-call JSON from the request's tool schemas, ``tool_drafter``); several are
 chained (``drafters.ChainDrafter``: the longest proposal wins). ``suffix`` subscribes its index
 to the KV manager's tree insertions, bounded by ``spec_suffix_max_bytes`` /
 ``spec_suffix_max_namespaces``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -15,15 +18,17 @@ from prefixgate.local_engine.drafters import ChainDrafter, Drafter, NgramDrafter
 from prefixgate.local_engine.kv_manager import KVManager
 from prefixgate.local_engine.spec_decode import SpecDecoder
 
-METHODS = ("ngram", "suffix", "draft")
+METHODS = ("ngram", "suffix", "draft", "tools")
 
 
 def build_spec_decoder(cfg: EngineConfig, kv: KVManager, device: torch.device,
-                       dtype: torch.dtype, vocab: int, max_context_len: int) -> SpecDecoder | None:
-    """The decoder for ``cfg.speculative`` (None when off).
+                       dtype: torch.dtype, vocab: int, max_context_len: int,
+                       tokenizer: Any = None) -> SpecDecoder | None:
+    """The decoder for ``cfg.speculative`` (None when off). ``tokenizer``: the model's (for
+    ``tools``).
 
-    Raises ``ValueError`` for an unknown method, ``draft`` without ``draft_model_path``, or a
-    draft model whose vocabulary differs from the target's.
+    Raises ``ValueError`` for an unknown method, ``draft`` without ``draft_model_path``, a
+    draft model whose vocabulary differs from the target's, or ``tools`` without a tokenizer.
     """
     if not cfg.speculative:
         return None
@@ -45,6 +50,12 @@ def build_spec_decoder(cfg: EngineConfig, kv: KVManager, device: torch.device,
 
             drafters.append(DraftModelDrafter(cfg.draft_model_path, device, dtype,
                                               max_context_len, vocab, cfg.max_running))
+        elif name == "tools":
+            if tokenizer is None:
+                raise ValueError("speculative 'tools' needs the model's tokenizer")
+            from prefixgate.local_engine.tool_drafter import ToolSchemaDrafter
+
+            drafters.append(ToolSchemaDrafter(tokenizer))
         else:
             raise ValueError(f"unknown speculative method {name!r} (one of {list(METHODS)})")
     drafter: Drafter = drafters[0] if len(drafters) == 1 else ChainDrafter(drafters)
