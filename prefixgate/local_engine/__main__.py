@@ -6,6 +6,13 @@ pool (tokens / GiB), ``--max-num-batched-tokens`` and ``--chunk-size`` bound eac
 prefill work (chunked prefill), ``--disable-prefix-cache`` turns the radix cache off.
 ``--speculative ngram+suffix`` (or ``draft`` with ``--draft-model``) turns speculative decoding
 on; ``--quantization int8`` stores the linear weights as int8 with per-channel scales.
+
+P/D disaggregation (``--role``): ``both`` (default) prefills and decodes here. A ``prefill``
+instance (``--pd-peer-url`` = the decode instance's base URL, for its cache match) and a
+``decode`` instance pair over ``--pd-link tcp://HOST:PORT`` (``torch.distributed``, rank 0 =
+prefill hosts it; gloo on CPU, NCCL on CUDA), set up once at start with a
+``--pd-buffer-tokens`` staging buffer; ``--pd-timeout-s`` bounds pairing, each transfer and how
+long an import waits for its decode request (``pd_roles.py``, ``server/pd_handoff.py``).
 """
 
 from __future__ import annotations
@@ -53,6 +60,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="fp32 CPU: use plain F.linear instead of oneDNN pre-packed weights")
     p.add_argument("--quantization", default=None, choices=["int8"],
                    help="weight quantization (default: none, weights in --dtype)")
+    p.add_argument("--role", default="both", choices=["both", "prefill", "decode"],
+                   help="P/D disaggregation role (both: colocated)")
+    p.add_argument("--pd-link", default="tcp://127.0.0.1:29517",
+                   help="torch.distributed init method both P/D instances share")
+    p.add_argument("--pd-peer-url", default=None,
+                   help="prefill role: the decode instance's base URL (asked for its cache match)")
+    p.add_argument("--pd-buffer-tokens", type=int, default=4096,
+                   help="most tokens one KV transfer carries (staging buffer, allocated once)")
+    p.add_argument("--pd-timeout-s", type=float, default=30.0,
+                   help="P/D pairing / transfer / unclaimed-import timeout (s)")
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-stats-interval", type=float, default=10.0,
                    help="seconds between engine status log lines while busy (0: off)")
@@ -96,10 +113,15 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         torch.set_num_threads(args.threads)
     engine = Engine(cfg)
+    from prefixgate.local_engine.pd_setup import start_role
+
+    pd, stop_pd = start_role(engine, args.role, args.pd_link, args.pd_peer_url,
+                             args.pd_buffer_tokens, args.pd_timeout_s, args.host, args.port)
     try:
-        app = build_app(engine, log_stats_interval_s=args.log_stats_interval or None)
+        app = build_app(engine, log_stats_interval_s=args.log_stats_interval or None, pd=pd)
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     finally:
+        stop_pd()
         engine.shutdown()
 
 
