@@ -31,6 +31,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from prefixgate.config.pd_settings import PDSettings
 from prefixgate.config.routing import (
     AffinitySettings,
     BreakerSettings,
@@ -107,6 +108,9 @@ class Backend(_Strict):
     """Refuse (403) a tenant's request to this backend when ``tenant_keys`` has no key for it,
     instead of sending it with the shared ``api_key``. Requests without a tenant are not
     affected."""
+    pd: PDSettings | None = None
+    """Prefill/decode disaggregation: a prefill and a decode endpoint, the contract they speak
+    and when to split (:mod:`prefixgate.config.pd_settings`). None: one endpoint does both."""
     usd_per_hour: float | None = Field(None, ge=0)
     """What the deployment costs per hour (GPU rental, amortised hardware): the report prices
     the prefill time saved at it (``prefill_usd_saved`` = prefill seconds saved x this / 3600;
