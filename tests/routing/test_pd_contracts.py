@@ -166,3 +166,16 @@ async def test_without_a_cache_match_the_prompt_is_estimated(client: httpx.Async
     decode = Fake({"choices": []}, match_status=404)
     _, dec = await _run(client, prefill, decode, protocol="vllm", split_min_uncached_tokens=10)
     assert dec.cached_tokens == 0 and dec.prompt_tokens > 10 and dec.split
+
+
+async def test_decisions_reach_the_proxy_metrics(client: httpx.AsyncClient) -> None:
+    from prometheus_client import generate_latest
+
+    from prefixgate.proxy.observe.metrics import ProxyMetrics
+
+    decode = Fake({"choices": []}, cached=0, prompt=10)
+    await _run(client, Fake({}), decode, protocol="vllm")
+    n = DECISIONS[("colocate", "short_uncached")]
+    text = generate_latest(ProxyMetrics().registry).decode()
+    assert f'prefixgate_pd_decisions_total{{decision="colocate",reason="short_uncached"}} {float(n)}' \
+        in text
