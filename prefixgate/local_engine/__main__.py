@@ -68,6 +68,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="prefill role: the decode instance's base URL (asked for its cache match)")
     p.add_argument("--pd-buffer-tokens", type=int, default=4096,
                    help="most tokens one KV transfer carries (staging buffer, allocated once)")
+    p.add_argument("--pd-backend", default=None, choices=["nccl", "gloo"],
+                   help="P/D link backend (default: nccl on CUDA, gloo on CPU; gloo on CUDA stages "
+                        "through host memory: two instances on one GPU)")
     p.add_argument("--pd-timeout-s", type=float, default=30.0,
                    help="P/D pairing / transfer / unclaimed-import timeout (s)")
     p.add_argument("--log-level", default="info")
@@ -116,7 +119,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from prefixgate.local_engine.pd_setup import start_role
 
     pd, stop_pd = start_role(engine, args.role, args.pd_link, args.pd_peer_url,
-                             args.pd_buffer_tokens, args.pd_timeout_s, args.host, args.port)
+                             args.pd_buffer_tokens, args.pd_timeout_s, args.host, args.port,
+                             args.pd_backend)
     try:
         app = build_app(engine, log_stats_interval_s=args.log_stats_interval or None, pd=pd)
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

@@ -113,6 +113,8 @@ def import_kv(pool: KVPool, cache: RadixCache, tokens: list[int], extra_key: byt
         raise ValueError(f"import of tokens [{start}, {len(tokens)}) is empty or not page aligned")
     if kv.shape[2] != n or kv.shape[0] != len(pool.k):
         raise ValueError(f"KV of shape {tuple(kv.shape)} for {n} tokens, {len(pool.k)} layers")
+    if kv.device != pool.k[0].device:  # a link staged through host memory
+        kv = kv.to(pool.k[0].device)
     match = cache.match_prefix(tokens, extra_key)
     have = match.handle.cached_len
     if have < start:

@@ -85,18 +85,26 @@ class PDLink:
 
     ``start()`` pairs in the calling thread (blocks until the peer joins or ``timeout_s``).
     Raises ``LinkDead`` when pairing fails or the layouts differ.
+
+    ``backend`` None: NCCL for a CUDA pool, gloo otherwise. ``gloo`` with a CUDA pool stages the
+    KV through host memory (one more copy each way): the path for two instances on ONE GPU,
+    since NCCL refuses two ranks on the same device.
     """
 
     def __init__(self, role: str, init_method: str, layout: KVLayout, device: torch.device,
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 30.0, backend: str | None = None) -> None:
         if role not in ("prefill", "decode"):
             raise ValueError(f"role must be prefill or decode, not {role!r}")
         self.role = role
         self.rank = 0 if role == "prefill" else 1
         self.init_method = init_method
         self.layout = layout
-        self.device = device
-        self.backend = "nccl" if device.type == "cuda" else "gloo"
+        self.backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+        if self.backend not in ("nccl", "gloo"):
+            raise ValueError(f"backend must be nccl or gloo, not {self.backend!r}")
+        self.pool_device = device
+        self.device = device if self.backend == "nccl" else torch.device("cpu")  # the comm side
+        self.stage = torch.zeros(0, dtype=layout.dtype, device=device)  # pool-side staging
         self.timeout_s = timeout_s
         self.dead = False
         self.ready = threading.Event()
@@ -120,6 +128,9 @@ class PDLink:
         self.tokens = torch.zeros(lay.buffer_tokens * 2 + 8, dtype=torch.int64, device=self.device)
         self.buffer = torch.zeros(lay.buffer_tokens * lay.per_token, dtype=lay.dtype,
                                   device=self.device)
+        if self.pool_device != self.device and self.role == "prefill":
+            self.stage = torch.zeros(lay.buffer_tokens * lay.per_token, dtype=lay.dtype,
+                                     device=self.pool_device)
         mine = lay.as_tensor(self.device)
         peers = [torch.zeros_like(mine) for _ in range(2)]
         dist.all_gather(peers, mine)
@@ -162,7 +173,12 @@ class PDLink:
         lay = self.layout
         with self._send_lock:
             view = kv_view(self.buffer, lay.layers, n, lay.heads, lay.head_dim)
-            fill(view)
+            if self.stage.numel():  # the pool is on another device: gather there, then copy
+                staged = kv_view(self.stage, lay.layers, n, lay.heads, lay.head_dim)
+                fill(staged)
+                view.copy_(staged)
+            else:
+                fill(view)
             self.header.copy_(torch.tensor([KIND_KV, transfer_id, start, n, len(tokens), len(salt),
                                             0, 0], dtype=torch.int64))
             self.tokens[: len(tokens)] = torch.tensor(tokens, dtype=torch.int64)

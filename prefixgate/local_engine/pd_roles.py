@@ -162,7 +162,7 @@ class PrefillRole:
 
     def stats(self) -> dict[str, Any]:
         """Counters (module docstring), keyed ``kv_transfer_*``."""
-        return _stats_dict(self.stats_, pending=0)
+        return _stats_dict(self.stats_, pending=0, up=_up(self.link))
 
 
 class DecodeRole:
@@ -271,11 +271,16 @@ class DecodeRole:
 
     def stats(self) -> dict[str, Any]:
         """Counters (module docstring), keyed ``kv_transfer_*``."""
-        return _stats_dict(self.stats_, pending=self.pending_count())
+        return _stats_dict(self.stats_, pending=self.pending_count(), up=_up(self.link))
 
 
-def _stats_dict(st: _Stats, pending: int) -> dict[str, Any]:
+def _up(link: PDLink) -> int:
+    return int(link.ready.is_set() and not link.dead)
+
+
+def _stats_dict(st: _Stats, pending: int, up: int) -> dict[str, Any]:
     out: dict[str, Any] = {
+        "kv_link_up": up,
         "kv_transfers_total": st.transfers,
         "kv_transfer_tokens_total": st.tokens,
         "kv_transfer_seconds_total": round(st.seconds, 6),

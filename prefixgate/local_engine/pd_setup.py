@@ -30,9 +30,11 @@ def layout_of(engine: Any, buffer_tokens: int) -> KVLayout:
 
 
 def start_role(engine: Any, role: str, link_url: str, peer_url: str | None, buffer_tokens: int,
-               timeout_s: float, host: str, port: int) -> tuple[PDHandoff, Callable[[], None]]:
+               timeout_s: float, host: str, port: int, backend: str | None = None
+               ) -> tuple[PDHandoff, Callable[[], None]]:
     """The server hooks for ``role`` and a stop function; for ``prefill`` / ``decode`` the link
     is paired in a daemon thread (pairing errors are logged; the engine serves on, unpaired).
+    ``backend``: the link's (``pd_link.PDLink``; None: NCCL on CUDA, gloo on CPU).
     Raises ``ValueError`` for an unknown role or a prefill role without ``peer_url``."""
     if role == "both":
         return PDHandoff("both"), lambda: None
@@ -40,7 +42,8 @@ def start_role(engine: Any, role: str, link_url: str, peer_url: str | None, buff
         raise ValueError(f"unknown role {role!r}")
     if engine.cache is None:
         raise ValueError("P/D roles need the prefix cache (KV enters and leaves through the tree)")
-    link = PDLink(role, link_url, layout_of(engine, buffer_tokens), engine.device, timeout_s)
+    link = PDLink(role, link_url, layout_of(engine, buffer_tokens), engine.device, timeout_s,
+                  backend)
     prole: PrefillRole | None = None
     drole: DecodeRole | None = None
     if role == "prefill":

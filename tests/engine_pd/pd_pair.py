@@ -53,6 +53,10 @@ def pd_pair(model: Path, tmp: Path, ready_s: float = 240.0) -> Iterator[tuple[st
                     raise RuntimeError("engine pair did not start: " +
                                        (tmp / "prefill.log").read_text()[-2000:])
                 time.sleep(0.5)
+        while "engine_kv_link_up 1.0" not in httpx.get(f"http://127.0.0.1:{pp}/metrics").text:
+            if time.monotonic() > end:
+                raise RuntimeError("the P/D link did not pair")
+            time.sleep(0.5)
         yield f"http://127.0.0.1:{pp}/v1", f"http://127.0.0.1:{dp}/v1"
     finally:
         for p in (pre, dec):

@@ -35,6 +35,7 @@ name                                            type     meaning (unit)
 ``engine_kv_transfer_failures{reason}``         counter  P/D transfers dropped (timeout,
                                                          link_down, gap, no_room, ...)
 ``engine_kv_transfer_pending``                  gauge    imports waiting for their decode request
+``engine_kv_link_up``                           gauge    1 while the P/D link is paired
 ==============================================  =======  ==========================================
 """
 
@@ -130,6 +131,9 @@ def _pd_metrics(s: dict[str, Any]) -> Iterator[Metric]:
              "kv_transfer_seconds_total")):
         if key in s:
             yield CounterMetricFamily(name, doc, value=float(s[key]))
+    if "kv_link_up" in s:
+        yield GaugeMetricFamily("engine_kv_link_up", "1 while the P/D link is paired.",
+                                value=float(s["kv_link_up"]))
     if "kv_transfer_pending" in s:
         yield GaugeMetricFamily("engine_kv_transfer_pending",
                                 "P/D imports waiting for their decode request.",
