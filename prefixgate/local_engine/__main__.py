@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         torch.set_num_threads(args.threads)
     engine = Engine(cfg)
-    from prefixgate.local_engine.pd_setup import start_role
+    from prefixgate.local_engine.server.pd_setup import start_role
 
     pd, stop_pd = start_role(engine, args.role, args.pd_link, args.pd_peer_url,
                              args.pd_buffer_tokens, args.pd_timeout_s, args.host, args.port,

@@ -12,7 +12,7 @@ import pytest
 from prefixgate.local_engine.api_types import SamplingParams
 from prefixgate.local_engine.pd_link import LinkDead
 from prefixgate.local_engine.pd_roles import DecodeRole, PrefillRole
-from prefixgate.local_engine.pd_setup import layout_of
+from prefixgate.local_engine.server.pd_setup import layout_of
 from tests.engine_pd.conftest import LoopbackLink
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
