@@ -190,7 +190,8 @@ class Bench:
         return itls
 
 
-def unchunked_itl(model: Path, prompts: list[list[int]], long_ids: list[int] | None) -> list[float]:
+async def unchunked_itl(model: Path, prompts: list[list[int]],
+                        long_ids: list[int] | None) -> list[float]:
     """The same mixed load on an in-process colocated engine prefilling in one step."""
     import torch
 
@@ -229,7 +230,7 @@ def unchunked_itl(model: Path, prompts: list[list[int]], long_ids: list[int] | N
             if extra is not None:
                 await extra
             return out
-        return asyncio.run(run())
+        return await run()
     finally:
         eng.shutdown()
 
@@ -270,8 +271,8 @@ async def measure(b: Bench, args: argparse.Namespace, runs: dict[str, Any]) -> d
     async def colo_arrival() -> None:
         await b.c.post(b.decode + "/completions", json=b.comp(long_colo, 4, False))
     chunked_itl = await b.streams_itl([ids(rng, 64) for _ in range(2)], colo_arrival)
-    un_base = unchunked_itl(args.model, [ids(rng, 64) for _ in range(2)], None)
-    un_itl = unchunked_itl(args.model, [ids(rng, 64) for _ in range(2)], ids(rng, args.long))
+    un_base = await unchunked_itl(args.model, [ids(rng, 64) for _ in range(2)], None)
+    un_itl = await unchunked_itl(args.model, [ids(rng, 64) for _ in range(2)], ids(rng, args.long))
     fig["itl_p99_ratio_split"] = round(p99(split_itl) / p99(base), 3)
     fig["itl_p99_ratio_colocated_chunked"] = round(p99(chunked_itl) / p99(base), 3)
     fig["itl_p99_ratio_colocated_unchunked"] = round(p99(un_itl) / p99(un_base), 3)

@@ -34,6 +34,7 @@ log = logging.getLogger("local_engine.pd")
 KIND_KV = 1
 KIND_CLOSE = 2
 MAX_SALT_BYTES = 4096
+MAX_PROMPT_TOKENS = 1 << 17  # token ids one transfer may carry (an int64 buffer of 1 MiB)
 _DTYPE_CODES = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 
 
@@ -125,7 +126,7 @@ class PDLink:
             self.dead = True
             raise LinkDead(f"pairing failed: {type(exc).__name__}") from exc
         lay = self.layout
-        self.tokens = torch.zeros(lay.buffer_tokens * 2 + 8, dtype=torch.int64, device=self.device)
+        self.tokens = torch.zeros(MAX_PROMPT_TOKENS, dtype=torch.int64, device=self.device)
         self.buffer = torch.zeros(lay.buffer_tokens * lay.per_token, dtype=lay.dtype,
                                   device=self.device)
         if self.pool_device != self.device and self.role == "prefill":
@@ -167,9 +168,10 @@ class PDLink:
             raise LinkDead("no paired decode instance")
         n = len(tokens) - start
         salt = extra_key or b""
-        if n > self.layout.buffer_tokens or len(salt) > MAX_SALT_BYTES:
+        if n > self.layout.buffer_tokens or len(salt) > MAX_SALT_BYTES or (
+                len(tokens) > MAX_PROMPT_TOKENS):
             raise ValueError(f"transfer of {n} tokens exceeds the {self.layout.buffer_tokens}-token "
-                             "buffer (or its cache_salt is too long)")
+                             "buffer (or its prompt or cache_salt is too long)")
         lay = self.layout
         with self._send_lock:
             view = kv_view(self.buffer, lay.layers, n, lay.heads, lay.head_dim)

@@ -34,6 +34,7 @@ from prefixgate.local_engine.radix_cache import CacheHandle
 __all__ = ["DecodeRole", "PendingImport", "PrefillRole", "TransferTicket"]
 
 log = logging.getLogger("local_engine.pd")
+MAX_FAILED_KEPT = 4096  # failed transfer ids remembered for their decode request (bounded)
 
 
 class _EngineLike(Protocol):
@@ -198,6 +199,8 @@ class DecodeRole:
         if imp.handle is None:
             self.stats_.failures[imp.reason or "error"] += 1
             with self._cond:
+                if len(self._failed) >= MAX_FAILED_KEPT:  # nobody asked for those: forget them
+                    self._failed.clear()
                 self._failed.add(got.transfer_id)
                 self._cond.notify_all()
             return

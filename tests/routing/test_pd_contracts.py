@@ -179,3 +179,20 @@ async def test_decisions_reach_the_proxy_metrics(client: httpx.AsyncClient) -> N
     text = generate_latest(ProxyMetrics().registry).decode()
     assert f'prefixgate_pd_decisions_total{{decision="colocate",reason="short_uncached"}} {float(n)}' \
         in text
+
+
+async def test_a_token_prompt_is_matched_by_its_ids(client: httpx.AsyncClient) -> None:
+    decode = Fake({"choices": []}, cached=3000, prompt=4000)
+    runners = [await _serve(decode)]
+    try:
+        pd = PDSettings(prefill="http://127.0.0.1:9/v1", decode=decode.url)
+        body = {"model": "m", "prompt": list(range(50)), "max_tokens": 2}
+        resp, dec = await _driver(client).drive(pd, "/completions", body, {})
+        await resp.aread()
+        await resp.aclose()
+    finally:
+        for r in runners:
+            await r.cleanup()
+    match = [s for s in decode.seen if s[0].endswith("/cache/match")]
+    assert match[0][2] == {"input_ids": list(range(50))}
+    assert not dec.split and dec.reason == "prefix_hit"

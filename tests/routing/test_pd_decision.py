@@ -50,3 +50,15 @@ def test_sglang_and_llmd_shapes() -> None:
                  "bootstrap_room": 5}
     assert llmd_headers("http://p:9/v1") == {"x-prefiller-host-port": b"p:9"}
     assert host_port("https://h/v1") == ("h", 443) and host_port("http://h/v1") == ("h", 80)
+
+
+def test_cache_match_asks_with_ids_for_token_prompts_and_skips_text() -> None:
+    from prefixgate.proxy.routing.pd_split import cache_match_body
+
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    assert cache_match_body(chat) is chat
+    assert cache_match_body({"prompt": [1, 2, 3], "cache_salt": "t"}) == {
+        "input_ids": [1, 2, 3], "cache_salt": "t"}
+    assert cache_match_body({"prompt": [[4, 5]]}) == {"input_ids": [4, 5]}
+    assert cache_match_body({"prompt": "text"}) is None
+    assert cache_match_body({"prompt": [1, True]}) is None

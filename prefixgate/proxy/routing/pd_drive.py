@@ -1,7 +1,8 @@
 """P/D disaggregation, HTTP part: drive one request through a prefill + decode pair.
 
 ``PDDriver.drive`` asks the decode side how much of the prompt it holds (our engine's
-``/v1/cache/match``, when ``pd.cache_match``), decides (``pd_split.decide``) and then:
+``/v1/cache/match``, when ``pd.cache_match``: ``pd_split.cache_match_body``), decides
+(``pd_split.decide``) and then:
 
 - colocate: the client's body to the decode side alone (it prefills itself);
 - ``vllm``: the prefill request, then the decode request with the prefill answer's
@@ -32,6 +33,7 @@ import orjson
 from prefixgate.config.pd_settings import PDSettings
 from prefixgate.proxy.routing.pd_split import (
     SplitDecision,
+    cache_match_body,
     decide,
     llmd_headers,
     sglang_body,
@@ -65,9 +67,10 @@ class PDDriver:
                          headers: Mapping[str, bytes]) -> tuple[int, int]:
         """``(prompt_tokens, cached_tokens)`` on the decode side; an estimate and 0 when it
         cannot answer."""
-        if pd.cache_match:
+        ask = cache_match_body(body) if pd.cache_match else None
+        if ask is not None:
             try:
-                r = await self.send(pd.decode + "/cache/match", headers, orjson.dumps(body), 5.0)
+                r = await self.send(pd.decode + "/cache/match", headers, orjson.dumps(ask), 5.0)
                 try:
                     raw = await r.aread()
                 finally:

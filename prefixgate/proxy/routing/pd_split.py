@@ -24,8 +24,8 @@ from urllib.parse import urlsplit
 
 from prefixgate.config.pd_settings import PDSettings
 
-__all__ = ["LLMD_HEADER", "SplitDecision", "decide", "host_port", "llmd_headers",
-           "sglang_body", "vllm_decode_body", "vllm_prefill_body"]
+__all__ = ["LLMD_HEADER", "SplitDecision", "cache_match_body", "decide", "host_port",
+           "llmd_headers", "sglang_body", "vllm_decode_body", "vllm_prefill_body"]
 
 LLMD_HEADER = "x-prefiller-host-port"
 VLLM_PREFILL_PARAMS: dict[str, Any] = {
@@ -62,6 +62,24 @@ def decide(prompt_tokens: int, cached_tokens: int, pd: PDSettings) -> SplitDecis
     if prompt and cached / prompt >= pd.colocate_min_cached_fraction:
         return SplitDecision(False, "prefix_hit", prompt, cached)
     return SplitDecision(True, "split", prompt, cached)
+
+
+def cache_match_body(body: dict[str, Any]) -> dict[str, Any] | None:
+    """What to ask the decode side's ``/v1/cache/match`` (our engine's) for ``body``: a chat
+    body as it is; a completions body with token ids as ``{"input_ids", "cache_salt"?}``; None
+    for a text prompt (the proxy holds no tokenizer: the hit is then unknown)."""
+    if "messages" in body:
+        return body
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        out: dict[str, Any] = {"input_ids": prompt}
+        if isinstance(body.get("cache_salt"), str):
+            out["cache_salt"] = body["cache_salt"]
+        return out
+    return None
 
 
 def vllm_prefill_body(body: dict[str, Any]) -> dict[str, Any]:
