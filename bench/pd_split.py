@@ -10,8 +10,8 @@ plain request. SmolLM2-135M-Instruct fp32 (``$PREFIXGATE_MODEL_DIR``). Figures:
 - ``greedy_identical``: three chat prompts, split (through ``routing.pd_drive``, vLLM contract)
   vs colocated (the prefill instance answering a plain request): the same bytes.
 - ``itl_p99_ratio_*``: two decode streams (64-token prompts, 24 tokens) run; after their 4th
-  token a ``--long``-token prompt arrives. p99 inter-token latency of the two streams over their
-  undisturbed p99 (same instance, no arrival): split (the long prompt is prefilled on the
+  token a ``--long``-token prompt arrives. p99 inter-token latency of the two streams from their
+  4th token on (the gap the arrival lands in included) over their undisturbed p99 (same instance, no arrival): split (the long prompt is prefilled on the
   prefill instance, its KV imported by the decode one), colocated chunked (the decode instance
   prefills it in 512-token chunks), colocated unchunked (in-process engine, one step).
 - ``handoff_ms_4k``: a ``--handoff-tokens`` prompt split: prefill side gather + send seconds +
@@ -177,7 +177,7 @@ class Bench:
                         if min(counts) >= 4:
                             started.set()
             await resp.aclose()
-            return [(b - a) * 1000.0 for a, b in zip(times[4:], times[5:])]
+            return [(b - a) * 1000.0 for a, b in zip(times[3:], times[4:])]
 
         tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(prompts)]
         extra = None
@@ -213,7 +213,7 @@ async def unchunked_itl(model: Path, prompts: list[list[int]],
                         counts[i] += 1
                         if min(counts) >= 4:
                             started.set()
-                return [(b - a) * 1000.0 for a, b in zip(times[4:], times[5:])]
+                return [(b - a) * 1000.0 for a, b in zip(times[3:], times[4:])]
 
             async def arrive() -> None:
                 assert long_ids is not None

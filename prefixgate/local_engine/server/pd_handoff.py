@@ -111,7 +111,7 @@ class PDHandoff:
         self.role = role
         self.prefill_role = prefill_role
         self.decode_role = decode_role
-        self.peer_url = peer_url.rstrip("/") if peer_url else None
+        self.peer_url = peer_url.rstrip("/").removesuffix("/v1") if peer_url else None
         self.engine_id, self.host, self.port = engine_id, host, port
         self.sources: Counter[str] = Counter()
         self._client: httpx.AsyncClient | None = None

@@ -17,7 +17,7 @@ from prefixgate.proxy.http.headers import upstream_headers
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
 from prefixgate.proxy.routing.pd_drive import PDDriver
 from prefixgate.proxy.routing.probes import cache_matches
-from prefixgate.proxy.routing.retries import Sender, Step
+from prefixgate.proxy.routing.retries import Picked, Sender, Step
 from prefixgate.proxy.routing.router import Target
 from prefixgate.proxy.upstream.client import send_unless_gone
 
@@ -36,7 +36,7 @@ async def send(ex: Exchange, request: Request, state: ProxyState) -> httpx.Respo
         step = ex.steps[0] if ex.steps else None
         if step is not None and step.target.backend.pd is not None and step.bridge.path in PD_PATHS:
             rid = request.headers.get("x-request-id")
-            run = pd_send(state, step, headers_for(step.target), rid)
+            run = pd_send(state, ex, step, headers_for(step.target), rid)
         else:
             run = sender(state).run(ex.steps, headers_for, ex.session_id, ex.attempts, ex.picked)
         return await send_unless_gone(run, lambda: client_gone(request))
@@ -45,15 +45,20 @@ async def send(ex: Exchange, request: Request, state: ProxyState) -> httpx.Respo
 PD_PATHS = ("/chat/completions", "/completions")
 
 
-async def pd_send(state: ProxyState, step: Step, headers: dict[str, bytes],
+async def pd_send(state: ProxyState, ex: Exchange, step: Step, headers: dict[str, bytes],
                   request_id: str | None) -> httpx.Response:
     """One request through its backend's P/D pair (``routing.pd_drive``: split or colocate,
-    decided per request and logged); the decode side's answer, unread."""
+    decided per request and logged); the decode side's answer, unread. The ledger row's
+    ``deployment`` says the decision: ``<backend>/pd-split:<reason>`` or
+    ``<backend>/pd-colocate:<reason>``."""
     pd = step.target.backend.pd
     assert pd is not None
     driver = PDDriver(state.upstream.send)
-    resp, _ = await driver.drive(pd, step.bridge.path, orjson.loads(step.body), headers,
-                                 request_id)
+    resp, dec = await driver.drive(pd, step.bridge.path, orjson.loads(step.body), headers,
+                                   request_id)
+    ex.picked(Picked(step, step.target, lambda: None))
+    ex.row.deployment = (f"{step.target.deployment_name}/pd-"
+                         f"{'split' if dec.split else 'colocate'}:{dec.reason}")
     return resp
 
 
