@@ -13,7 +13,9 @@ an 80-90 ms transfer of 4k tokens); each transfer then is three sends on one thr
 
 At start both ranks exchange their KV layout (layers, KV heads, head dim, page size, dtype,
 buffer tokens) and refuse to pair when it differs. A failed send or receive (peer gone,
-gloo timeout) marks the link ``dead``: the caller's ``on_dead`` frees what waits on it.
+gloo timeout) marks the link ``dead``: the caller's ``on_dead`` frees what waits on it. An idle
+prefill side sends a heartbeat header (``KIND_PING``) every third of the timeout, so only a
+peer that is really gone trips the decode side's receive timeout.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["KIND_CLOSE", "KIND_KV", "KVLayout", "LinkDead", "PDLink", "Received"]
+__all__ = ["KIND_CLOSE", "KIND_KV", "KIND_PING", "KVLayout", "LinkDead", "PDLink", "Received"]
 
 log = logging.getLogger("local_engine.pd")
 
 KIND_KV = 1
 KIND_CLOSE = 2
+KIND_PING = 3  # an idle prefill side's heartbeat: the receive's timeout means a lost peer only
 MAX_SALT_BYTES = 4096
 MAX_PROMPT_TOKENS = 1 << 17  # token ids one transfer may carry (an int64 buffer of 1 MiB)
 _DTYPE_CODES = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
@@ -157,6 +160,20 @@ class PDLink:
         self.dead = True
 
     # -- prefill side --------------------------------------------------------------------------
+    def ping(self) -> None:
+        """Send a heartbeat (the decode side's receive would time out on an idle link).
+        Raises ``LinkDead`` (and marks the link dead) when the peer does not take it."""
+        if self.dead or not self.ready.is_set():
+            raise LinkDead("no paired decode instance")
+        with self._send_lock:
+            self.header.zero_()
+            self.header[0] = KIND_PING
+            try:
+                dist.send(self.header, dst=1)
+            except Exception as exc:
+                self.dead = True
+                raise LinkDead(f"ping failed: {type(exc).__name__}") from exc
+
     def send(self, transfer_id: int, start: int, tokens: list[int], extra_key: bytes | None,
              fill: Callable[[torch.Tensor], None]) -> None:
         """Send one transfer; ``fill(view)`` writes the K/V of ``tokens[start:]`` into the
@@ -209,6 +226,8 @@ class PDLink:
             while True:
                 dist.recv(self.header, src=0)
                 kind, tid, start, n, ntok, nsalt = (int(x) for x in self.header[:6].tolist())
+                if kind == KIND_PING:
+                    continue
                 if kind != KIND_KV:
                     log.info("P/D link closed by the prefill side")
                     return

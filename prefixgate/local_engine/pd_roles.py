@@ -122,7 +122,15 @@ class PrefillRole:
 
     def _send_loop(self) -> None:
         while True:
-            job = self._jobs.get()
+            try:
+                job = self._jobs.get(timeout=max(0.05, self.link.timeout_s / 3))
+            except queue.Empty:  # idle: a heartbeat keeps the decode side's receive alive
+                if not self.link.dead:
+                    try:
+                        self.link.ping()
+                    except LinkDead:
+                        self.stats_.failures["link_down"] += 1
+                continue
             if job is None:
                 return
             tid, exp, salt, deadline = job

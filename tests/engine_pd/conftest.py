@@ -56,6 +56,9 @@ class LoopbackLink:
     def close(self) -> None:
         self.dead = True
 
+    def ping(self) -> None:
+        self.pings = getattr(self, "pings", 0) + 1
+
     def send(self, transfer_id: int, start: int, tokens: list[int], extra_key: bytes | None,
              fill: Callable[[torch.Tensor], None]) -> None:
         from prefixgate.local_engine.pd_link import LinkDead, Received

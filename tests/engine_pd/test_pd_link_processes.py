@@ -29,14 +29,18 @@ def _url() -> str:
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
-def _decode(url: str, heads: int = 2) -> PDLink:
+def _decode(url: str, heads: int = 2, timeout_s: float = 20) -> PDLink:
     return PDLink("decode", url, KVLayout(2, heads, 4, 1, torch.float32, 64), torch.device("cpu"),
-                  timeout_s=20)
+                  timeout_s=timeout_s)
 
 
-def _spawn(url: str, heads: int, mode: str) -> mp.process.BaseProcess:
-    p = mp.get_context("spawn").Process(target=run_prefill, args=(url, heads, mode))
+def _spawn(url: str, heads: int, mode: str, wait_ready: bool = False) -> mp.process.BaseProcess:
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event() if wait_ready else None
+    p = ctx.Process(target=run_prefill, args=(url, heads, mode, ready))
     p.start()
+    if ready is not None:
+        assert ready.wait(60)
     return p
 
 
@@ -88,3 +92,14 @@ def test_different_layouts_refuse_to_pair() -> None:
         link.start()
     p.join(timeout=60)
     assert p.exitcode == 3 and link.dead
+
+
+@pytest.mark.slow
+def test_heartbeats_keep_an_idle_link_past_its_receive_timeout() -> None:
+    url = _url()
+    p = _spawn(url, 2, "idle", wait_ready=True)
+    link = _decode(url, timeout_s=3)
+    link.start()
+    got, dead = _receive(link)  # the peer idles 5 s (> 3 s) with pings, then sends
+    p.join(timeout=60)
+    assert dead.is_set() and len(got) == 1 and got[0].transfer_id == 77
