@@ -43,6 +43,7 @@ class LoopbackLink:
 
     def __init__(self, layout: Any) -> None:
         self.layout = layout
+        self.timeout_s = 30.0
         self.dead = False
         self.ready = threading.Event()
         self.ready.set()

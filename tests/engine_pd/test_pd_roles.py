@@ -168,3 +168,15 @@ def test_nothing_to_send_when_the_decode_side_holds_the_prompt(make_engine: Any)
     _settle(pre)
     assert pre.cache.protected_size == 0
     prole.stop()
+
+
+def test_an_idle_prefill_side_sends_heartbeats(make_engine: Any) -> None:
+    pre, dec, prole, drole, link = _pair(make_engine)
+    link.timeout_s = 0.3
+    prole.stop()  # the loop picks the new timeout up on a fresh start
+    prole2 = PrefillRole(pre, link, 5.0)
+    link.dead = False
+    prole2.start()
+    time.sleep(0.6)
+    assert getattr(link, "pings", 0) >= 1
+    prole2.stop()
