@@ -62,7 +62,8 @@ def run(ledger_path: Path, sessions: int = 40) -> None:
     policy = parse_policy({
         "backends": {"up": {"kind": "openai_compat", "base_url": "http://up.test/v1"}},
         "routes": [{"match": "gpt-4o*", "backend": "up"}, {"match": "gpt-4.1*", "backend": "up"}],
-        "ledger": {"path": str(ledger_path)}, "holdout": {"fraction": 0.25, "seed": 1}})
+        "ledger": {"path": str(ledger_path)}, "holdout": {"fraction": 0.25, "seed": 1},
+        "rewrite": {"hoist_volatile": True}})  # opt-in (MOVES_THE_MODEL_READS): the demo's clock moves
     ledger = Ledger(ledger_path)
     app = build_app(policy, ledger=ledger, rewrite_fn=rewrite_request,
                     transport=httpx.MockTransport(PrefixCache().handle))

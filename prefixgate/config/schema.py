@@ -31,6 +31,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from prefixgate.config.pd_settings import PDSettings
 from prefixgate.config.routing import (
     AffinitySettings,
     BreakerSettings,
@@ -111,6 +112,9 @@ class Backend(_Strict):
     slots: int = Field(1, ge=1, le=1024)
     """``llamacpp``: slots per deployment (its server's ``--parallel``); each conversation is
     pinned to one (``id_slot``, :mod:`prefixgate.proxy.routing.slots`)."""
+    pd: PDSettings | None = None
+    """Prefill/decode disaggregation: a prefill and a decode endpoint, the contract they speak
+    and when to split (:mod:`prefixgate.config.pd_settings`). None: one endpoint does both."""
     usd_per_hour: float | None = Field(None, ge=0)
     """What the deployment costs per hour (GPU rental, amortised hardware): the report prices
     the prefill time saved at it (``prefill_usd_saved`` = prefill seconds saved x this / 3600;

@@ -8,6 +8,13 @@ prefill work (chunked prefill), ``--disable-prefix-cache`` turns the radix cache
 on; ``--quantization int8`` stores the linear weights as int8 with per-channel scales.
 ``--kv-events-endpoint tcp://*:5557`` (off by default) publishes KV events in vLLM's schema,
 ``--kv-events-replay tcp://*:5558`` serves their replay (``kv_event_publisher.py``).
+
+P/D disaggregation (``--role``): ``both`` (default) prefills and decodes here. A ``prefill``
+instance (``--pd-peer-url`` = the decode instance's base URL, for its cache match) and a
+``decode`` instance pair over ``--pd-link tcp://HOST:PORT`` (``torch.distributed``, rank 0 =
+prefill hosts it; gloo on CPU, NCCL on CUDA), set up once at start with a
+``--pd-buffer-tokens`` staging buffer; ``--pd-timeout-s`` bounds pairing, each transfer and how
+long an import waits for its decode request (``pd_roles.py``, ``server/pd_handoff.py``).
 """
 
 from __future__ import annotations
@@ -62,6 +69,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-events-hash", default="sha256", choices=["sha256", "sha256_cbor"])
     p.add_argument("--kv-events-seed", default="", help="block hash seed (sha256_cbor: vLLM's "
                    "PYTHONHASHSEED, else 'vllm-none-hash')")
+    p.add_argument("--role", default="both", choices=["both", "prefill", "decode"],
+                   help="P/D disaggregation role (both: colocated)")
+    p.add_argument("--pd-link", default="tcp://127.0.0.1:29517",
+                   help="torch.distributed init method both P/D instances share")
+    p.add_argument("--pd-peer-url", default=None,
+                   help="prefill role: the decode instance's base URL (asked for its cache match)")
+    p.add_argument("--pd-buffer-tokens", type=int, default=4096,
+                   help="most tokens one KV transfer carries (staging buffer, allocated once)")
+    p.add_argument("--pd-backend", default=None, choices=["nccl", "gloo"],
+                   help="P/D link backend (default: nccl on CUDA, gloo on CPU; gloo on CUDA stages "
+                        "through host memory: two instances on one GPU)")
+    p.add_argument("--pd-timeout-s", type=float, default=30.0,
+                   help="P/D pairing / transfer / unclaimed-import timeout (s)")
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-stats-interval", type=float, default=10.0,
                    help="seconds between engine status log lines while busy (0: off)")
@@ -111,10 +131,16 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         torch.set_num_threads(args.threads)
     engine = Engine(cfg)
+    from prefixgate.local_engine.server.pd_setup import start_role
+
+    pd, stop_pd = start_role(engine, args.role, args.pd_link, args.pd_peer_url,
+                             args.pd_buffer_tokens, args.pd_timeout_s, args.host, args.port,
+                             args.pd_backend)
     try:
-        app = build_app(engine, log_stats_interval_s=args.log_stats_interval or None)
+        app = build_app(engine, log_stats_interval_s=args.log_stats_interval or None, pd=pd)
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     finally:
+        stop_pd()
         engine.shutdown()
 
 

@@ -14,6 +14,7 @@ sample / verify drafts → stop checks → release finished requests → emit ou
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -83,7 +84,17 @@ class ResetCacheCmd:
     done: Callable[[bool], None]
 
 
-Command = AddCmd | AbortCmd | StopCmd | ResetCacheCmd
+@dataclass(frozen=True)
+class CallCmd:
+    """Run ``fn()`` on the engine thread between steps; its result or exception goes to
+    ``future`` (P/D KV import / export touch the pool and the radix tree, which only the engine
+    thread may change)."""
+
+    fn: Callable[[], Any]
+    future: concurrent.futures.Future[Any]
+
+
+Command = AddCmd | AbortCmd | StopCmd | ResetCacheCmd | CallCmd
 
 
 def _dtype(name: str | None, default: torch.dtype) -> torch.dtype:
@@ -303,6 +314,16 @@ class Engine:
         """Stop a request (waiting or running) and free its slots; unknown ids are ignored."""
         self._inbox.put(AbortCmd(request_id))
 
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        """Run ``fn()`` on the engine thread before its next step (``CallCmd``); the returned
+        future holds its result. Raises ``RuntimeError`` once the engine is shut down."""
+        if self._stopped:
+            raise RuntimeError("engine is shut down")
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._ensure_thread()
+        self._inbox.put(CallCmd(fn, fut))
+        return fut
+
     def stats(self) -> dict[str, float | int]:
         """Counters: KV slots used/total, cache hit and prompt tokens (totals), queue sizes,
         prefill / decode throughput (tokens/s over steps that did prefill / only decode),
@@ -370,6 +391,12 @@ class Engine:
             if freed is not None:
                 self.pool.free(freed)
             cmd.done(freed is not None)
+        elif isinstance(cmd, CallCmd):
+            if cmd.future.set_running_or_notify_cancel():
+                try:
+                    cmd.future.set_result(cmd.fn())
+                except Exception as exc:
+                    cmd.future.set_exception(exc)
         else:
             seq = self.scheduler.abort(cmd.request_id)
             if seq is not None:
@@ -377,6 +404,13 @@ class Engine:
         return True
 
     def _abort_all(self) -> None:
+        while True:  # calls queued behind the stop: their callers must not wait forever
+            try:
+                cmd = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(cmd, CallCmd):
+                cmd.future.cancel()
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.abort(seq.request_id)
             self._emit(seq, final=True)

@@ -58,6 +58,7 @@ from prefixgate.local_engine.server.chunks import (
 )
 from prefixgate.local_engine.server.jobs import Job, chat_job, completion_job
 from prefixgate.local_engine.server.metrics import CONTENT_TYPE, EngineMetrics, stats_log_line
+from prefixgate.local_engine.server.pd_handoff import PDHandoff, PDRequest
 from prefixgate.local_engine.server.protocol import (
     ApiError,
     ChatCompletionRequest,
@@ -104,9 +105,10 @@ class _Timing:
 class _Server:
     """Route handlers bound to one engine and its metrics."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, pd: PDHandoff | None = None) -> None:
         self.engine = engine
-        self.metrics = EngineMetrics(engine.stats)
+        self.pd = pd if pd is not None else PDHandoff()
+        self.metrics = EngineMetrics(lambda: engine.stats() | self.pd.stats())
         self.limit = PromptLimit(engine.max_context_len, max_token_bytes(engine.tokenizer))
 
     # ---- engine stream -------------------------------------------------------------------
@@ -131,6 +133,8 @@ class _Server:
             if last is None or not last.finished:
                 self.engine.abort(job.request_id)
             self._observe(timing, last)
+            if last is not None:
+                self.pd.record(last.prompt_tokens, last.cached_tokens, job.external_tokens)
 
     def _observe(self, timing: _Timing, last: RequestOutput | None) -> None:
         n = last.completion_tokens if last else 0
@@ -156,12 +160,25 @@ class _Server:
 
     async def respond(self, request: Request, job: Job) -> Response:
         """Start ``job`` and wait for its first output, so that engine errors still become a
-        4xx; then answer JSON (non-stream) or an SSE stream of the rest."""
+        4xx; then answer JSON (non-stream) or an SSE stream of the rest. P/D requests
+        (``kv_transfer_params``) go through ``pd_handoff``: the decode side claims its KV import
+        first, the prefill side exports its KV after and answers with the transfer's params."""
+        pd = self.pd.parse(job.extra)
+        if pd is not None and pd.kind == "prefill" and job.stream:
+            raise ApiError("A prefill request (do_remote_decode) must have stream false.",
+                           param="stream", code="invalid_value")
+        peer_cached = await self.pd.peer_cached(job.prompt_ids, job.extra_key) if (
+            pd is not None and pd.kind == "prefill") else 0
+        pending = await self.pd.before(pd)
+        job.external_tokens = pending.new_tokens if pending is not None else 0
         timing = _Timing(received=job.received)
         watcher = asyncio.create_task(self._watch_disconnect(request, job))
         outputs = self._outputs(job, timing)
         try:
-            first = await anext(outputs)
+            try:
+                first = await anext(outputs)
+            finally:
+                self.pd.admitted(pending)
         except ValueError as exc:  # the engine's own input checks (ids, params)
             watcher.cancel()
             await outputs.aclose()
@@ -188,7 +205,21 @@ class _Server:
             watcher.cancel()
         if timing.first is not None and timing.last is not None:  # decode: first -> last token
             headers[HDR_DECODE_MS] = f"{(timing.last - timing.first) * 1000.0:.1f}"
-        return _json(self._final_body(job, "".join(text), last), headers=headers)
+        body = self._final_body(job, "".join(text), last)
+        await self._kv_params(body, pd, job, peer_cached, last)
+        return _json(body, headers=headers)
+
+    async def _kv_params(self, body: dict[str, Any], pd: PDRequest | None, job: Job,
+                         peer_cached: int, last: RequestOutput) -> None:
+        """A prefill answer's ``kv_transfer_params`` (``pd_handoff.PDHandoff.after``); an
+        aborted prefill exports nothing."""
+        if pd is None:
+            return
+        if pd.kind == "prefill" and last.finished and last.finish_reason != "abort":
+            body["kv_transfer_params"] = await self.pd.after(pd, job.prompt_ids, job.extra_key,
+                                                             peer_cached)
+        else:
+            body["kv_transfer_params"] = None
 
     def _final_body(self, job: Job, text: str, last: RequestOutput) -> dict[str, Any]:
         model = self.engine.model_name
@@ -356,11 +387,13 @@ async def _log_stats(engine: Engine, interval_s: float) -> None:
         was_busy = busy
 
 
-def build_app(engine: Engine, log_stats_interval_s: float | None = None) -> FastAPI:
+def build_app(engine: Engine, log_stats_interval_s: float | None = None,
+              pd: PDHandoff | None = None) -> FastAPI:
     """The FastAPI app serving ``engine`` (routes: module docstring). The engine's lifetime is
     the caller's: the app never shuts it down. ``log_stats_interval_s`` (seconds): log the
-    engine's status line at that period while it is busy (None: never)."""
-    server = _Server(engine)
+    engine's status line at that period while it is busy (None: never). ``pd``: the P/D role's
+    hooks (``server/pd_handoff.py``; None: colocated, role ``both``)."""
+    server = _Server(engine, pd)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

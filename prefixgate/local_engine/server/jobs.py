@@ -49,6 +49,8 @@ class Job:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     received: float = field(default_factory=time.perf_counter)
+    extra: dict[str, Any] | None = None  # the body's fields outside OpenAI's (kv_transfer_params)
+    external_tokens: int = 0  # prompt tokens whose KV a P/D transfer brought (server/pd_handoff.py)
 
 
 def _check_common(req: ChatCompletionRequest | CompletionRequest) -> None:
@@ -147,6 +149,7 @@ async def chat_job(engine: Any, limit: PromptLimit, req: ChatCompletionRequest) 
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         parse_tools=bool(req.tools) and req.tool_choice != "none",
         extra_key=_salt(req),
+        extra=req.model_extra,
     )
 
 
@@ -168,4 +171,5 @@ async def completion_job(engine: Any, limit: PromptLimit, req: CompletionRequest
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         parse_tools=False,
         extra_key=_salt(req),
+        extra=req.model_extra,
     )

@@ -26,6 +26,16 @@ name                                            type     meaning (unit)
 ``engine_time_to_first_token_seconds``          hist.    TTFT: request received -> first token (s)
 ``engine_time_per_output_token_seconds``        hist.    TPOT: (last - first token) / (n - 1) (s)
 ``engine_e2e_request_latency_seconds``          hist.    request received -> finished (s)
+``engine_prompt_tokens_by_source{source}``      counter  prompt tokens by where their KV came from:
+                                                         computed / local_cache_hit /
+                                                         external_kv_transfer (vLLM's split)
+``engine_kv_transfers``                         counter  P/D transfers sent / imported
+``engine_kv_transfer_tokens``                   counter  tokens whose KV a P/D transfer moved
+``engine_kv_transfer_seconds``                  counter  seconds in P/D send / receive + import
+``engine_kv_transfer_failures{reason}``         counter  P/D transfers dropped (timeout,
+                                                         link_down, gap, no_room, ...)
+``engine_kv_transfer_pending``                  gauge    imports waiting for their decode request
+``engine_kv_link_up``                           gauge    1 while the P/D link is paired
 ==============================================  =======  ==========================================
 """
 
@@ -94,6 +104,40 @@ class _StatsCollector(Collector):
         for name, doc, key in _COUNTERS:
             if key in s:
                 yield CounterMetricFamily(name, doc, value=float(s[key]))
+        yield from _pd_metrics(s)
+
+
+def _labelled(s: dict[str, Any], prefix: str, name: str, doc: str, label: str) -> Iterator[Metric]:
+    """``prefix:<value>`` keys of ``s`` as one counter family labelled ``label``."""
+    keys = [k for k in s if k.startswith(prefix + ":")]
+    if keys:
+        fam = CounterMetricFamily(name, doc, labels=[label])
+        for k in sorted(keys):
+            fam.add_metric([k.split(":", 1)[1]], float(s[k]))
+        yield fam
+
+
+def _pd_metrics(s: dict[str, Any]) -> Iterator[Metric]:
+    """The P/D and prompt-source metrics (``server/pd_handoff.py``'s ``stats()`` keys)."""
+    yield from _labelled(s, "prompt_tokens_by_source", "engine_prompt_tokens_by_source",
+                         "Prompt tokens by where their KV came from.", "source")
+    yield from _labelled(s, "kv_transfer_failures_total", "engine_kv_transfer_failures",
+                         "P/D KV transfers dropped, by reason.", "reason")
+    for name, doc, key in (
+            ("engine_kv_transfers", "P/D KV transfers sent or imported.", "kv_transfers_total"),
+            ("engine_kv_transfer_tokens", "Tokens whose KV a P/D transfer moved.",
+             "kv_transfer_tokens_total"),
+            ("engine_kv_transfer_seconds", "Seconds in P/D KV send or receive + import.",
+             "kv_transfer_seconds_total")):
+        if key in s:
+            yield CounterMetricFamily(name, doc, value=float(s[key]))
+    if "kv_link_up" in s:
+        yield GaugeMetricFamily("engine_kv_link_up", "1 while the P/D link is paired.",
+                                value=float(s["kv_link_up"]))
+    if "kv_transfer_pending" in s:
+        yield GaugeMetricFamily("engine_kv_transfer_pending",
+                                "P/D imports waiting for their decode request.",
+                                value=float(s["kv_transfer_pending"]))
 
 
 class EngineMetrics:

@@ -23,23 +23,28 @@ Resource gauges, read when scraped (:meth:`ProxyMetrics.watch_resources`):
 proxy itself), ``upstream_pool_connections{state="active"|"idle"}`` and
 ``upstream_pool_queued`` (httpx's pool, when readable), ``event_loop_lag_seconds`` (the newest
 sample of :class:`prefixgate.proxy.observe.health.LoopLagMonitor`).
+``pd_decisions_total{decision, reason}``: P/D backends' per-request split / colocate decisions
+(:mod:`prefixgate.proxy.routing.pd_drive`).
 """
 
 from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from prefixgate.cache.ledger import LedgerRow
 from prefixgate.config.cache_rules import normalize_model_id
 from prefixgate.config.prices import PRICES, price_for
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.core.bounded import LABEL_CHARS, clip
+from prefixgate.proxy.routing.pd_drive import DECISIONS as PD_DECISIONS
 
 _LATENCY_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120)
 _TPOT_BUCKETS = (.001, .0025, .005, .01, .02, .04, .08, .16, .32, .64)
@@ -208,6 +213,7 @@ class ProxyMetrics:
         self.rejections = Counter("prefixgate_rejections", "Requests rejected, by whom "
                                   "(rejected_by): the proxy's rate limit, open breakers, a 429 / "
                                   "529 upstream", BASE + ["by"], registry=r)
+        r.register(PDDecisionCollector())
 
     def watch_resources(self, in_use: Callable[[], float], pool: Callable[[], dict[str, int]],
                         loop_lag_s: Callable[[], float]) -> None:
@@ -321,6 +327,18 @@ def label_vocabulary(policy: Policy) -> list[str]:
     for name, target in policy.aliases.items():
         out += [name, target]
     return sorted(set(out))
+
+
+class PDDecisionCollector(Collector):
+    """``prefixgate_pd_decisions_total{decision, reason}``: P/D split or colocate per request
+    (``routing.pd_drive.DECISIONS``, read at scrape time)."""
+
+    def collect(self) -> Iterator[Metric]:
+        fam = CounterMetricFamily("prefixgate_pd_decisions", "P/D split decisions by reason",
+                                  labels=["decision", "reason"])
+        for (decision, reason), n in sorted(PD_DECISIONS.items()):
+            fam.add_metric([decision, reason], float(n))
+        yield fam
 
 
 def _reader(stats: Callable[[], dict[str, int]], key: str) -> Callable[[], float]:

@@ -1,5 +1,6 @@
 """The send step: the failover loop (deployments, breakers, retries, fallbacks) behind the fan-out
-gate, abandoned when the client leaves before the upstream's headers (499).
+gate, abandoned when the client leaves before the upstream's headers (499). A backend with a
+``pd`` setting (prefill/decode disaggregation) is driven through ``routing.pd_drive`` instead.
 """
 
 from __future__ import annotations
@@ -8,14 +9,16 @@ import time
 
 import anyio
 import httpx
+import orjson
 from fastapi import Request
 
 from prefixgate.config.routing import Deployment
 from prefixgate.proxy.http.headers import upstream_headers
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
 from prefixgate.proxy.routing.kv_match import event_matches
+from prefixgate.proxy.routing.pd_drive import PDDriver
 from prefixgate.proxy.routing.probes import cache_matches
-from prefixgate.proxy.routing.retries import Sender
+from prefixgate.proxy.routing.retries import Picked, Sender, Step
 from prefixgate.proxy.routing.router import Target
 from prefixgate.proxy.upstream.client import send_unless_gone
 
@@ -31,8 +34,33 @@ async def send(ex: Exchange, request: Request, state: ProxyState) -> httpx.Respo
     assert state.fanout is not None
     # routing.fanout: held only behind a writer of the same tenant (no cross-tenant timing)
     async with state.fanout.turn(ex.rw.body, ex.targets[0].provider, tenant=ex.row.tenant):
-        run = sender(state).run(ex.steps, headers_for, ex.session_id, ex.attempts, ex.picked)
+        step = ex.steps[0] if ex.steps else None
+        if step is not None and step.target.backend.pd is not None and step.bridge.path in PD_PATHS:
+            rid = request.headers.get("x-request-id")
+            run = pd_send(state, ex, step, headers_for(step.target), rid)
+        else:
+            run = sender(state).run(ex.steps, headers_for, ex.session_id, ex.attempts, ex.picked)
         return await send_unless_gone(run, lambda: client_gone(request))
+
+
+PD_PATHS = ("/chat/completions", "/completions")
+
+
+async def pd_send(state: ProxyState, ex: Exchange, step: Step, headers: dict[str, bytes],
+                  request_id: str | None) -> httpx.Response:
+    """One request through its backend's P/D pair (``routing.pd_drive``: split or colocate,
+    decided per request and logged); the decode side's answer, unread. The ledger row's
+    ``deployment`` says the decision: ``<backend>/pd-split:<reason>`` or
+    ``<backend>/pd-colocate:<reason>``."""
+    pd = step.target.backend.pd
+    assert pd is not None
+    driver = PDDriver(state.upstream.send)
+    resp, dec = await driver.drive(pd, step.bridge.path, orjson.loads(step.body), headers,
+                                   request_id)
+    ex.picked(Picked(step, step.target, lambda: None))
+    ex.row.deployment = (f"{step.target.deployment_name}/pd-"
+                         f"{'split' if dec.split else 'colocate'}:{dec.reason}")
+    return resp
 
 
 def sender(state: ProxyState) -> Sender:

@@ -1,0 +1,366 @@
+"""P/D disaggregation on our engine: split vs colocated, on a mixed load, one core per instance.
+
+    PYTHONPATH=. .venv/bin/python bench/pd_split.py [--long 1024] [--handoff-tokens 4000]
+
+Starts a prefill + decode pair (``--role prefill|decode``, one torch thread each, gloo link on
+loopback) and, in this process, a colocated *unchunked* engine (chunk = whole prompt); the
+decode instance itself is the colocated *chunked* engine (``--chunk-size 512``) when it gets a
+plain request. SmolLM2-135M-Instruct fp32 (``$PREFIXGATE_MODEL_DIR``). Figures:
+
+- ``greedy_identical``: three chat prompts, split (through ``routing.pd_drive``, vLLM contract)
+  vs colocated (the prefill instance answering a plain request): the same bytes.
+- ``itl_p99_ratio_*``: two decode streams (64-token prompts, 24 tokens) run; after their 4th
+  token a ``--long``-token prompt arrives. p99 inter-token latency of the two streams from their
+  4th token on (the gap the arrival lands in included) over their undisturbed p99 (same instance, no arrival): split (the long prompt is prefilled on the
+  prefill instance, its KV imported by the decode one), colocated chunked (the decode instance
+  prefills it in 512-token chunks), colocated unchunked (in-process engine, one step).
+- ``handoff_ms_4k``: a ``--handoff-tokens`` prompt split: prefill side gather + send seconds +
+  decode side import seconds (the engines' ``engine_kv_transfer_seconds_total`` deltas);
+  ``recompute_ms_4k``: the same length prefilled colocated (``X-Engine-Prefill-Ms``).
+- ``ttft_penalty_ms_p50``: three fresh 256-token prompts, client-side TTFT split (driver start ->
+  first streamed token) minus colocated (decode instance alone), medians; beside it the mean
+  transfer ms of those splits (the goal: penalty <= transfer + 20 ms).
+- ``followup_ttft_ratio_vs_always_split``: turn 2 of a conversation (turn 1 = 512 tokens, +64)
+  through the driver's decision (the decode side holds turn 1: colocated) over the same shape
+  with the split forced; medians of three conversations each.
+
+Writes ``bench/results/pd_split.json`` ``{"command", "figures", "setup", "runs", "notes"}``.
+The box this ran on was shared (2 cores, several other jobs): every run is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from prefixgate.config.pd_settings import PDSettings  # noqa: E402
+from prefixgate.proxy.routing.pd_drive import PDDriver  # noqa: E402
+
+DEFAULT_MODEL = Path(os.environ.get("PREFIXGATE_MODEL_DIR", "~/.cache/prefixgate/models/"
+                                    "SmolLM2-135M-Instruct")).expanduser()
+CHAT = ["Name three colors of the rainbow.", "What is a radix tree?", "Say hello in French."]
+
+
+def _port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_pair(model: Path, log_dir: Path) -> tuple[list[subprocess.Popen[bytes]], str, str]:
+    """Prefill + decode engine processes; their base URLs once both answer /health."""
+    pp, dp, lp = _port(), _port(), _port()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    common = ["--model", str(model), "--threads", "1", "--num-kv-slots", "12000",
+              "--pd-link", f"tcp://127.0.0.1:{lp}", "--pd-buffer-tokens", "4096",
+              "--log-level", "warning", "--pd-timeout-s", "120", "--log-stats-interval", "0"]
+    procs = []
+    for role, port, extra in (("decode", dp, []), ("prefill", pp,
+                                                   ["--pd-peer-url", f"http://127.0.0.1:{dp}"])):
+        cmd = [sys.executable, "-m", "prefixgate.local_engine", "--role", role, "--port",
+               str(port), *common, *extra]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=(log_dir / f"{role}.log").open("wb"),
+                                      stderr=subprocess.STDOUT))
+    end = time.monotonic() + 300
+    for port in (pp, dp):
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > end or any(p.poll() is not None for p in procs):
+                raise RuntimeError("engine pair did not start (see the logs in " + str(log_dir))
+            time.sleep(0.5)
+    while "engine_kv_link_up 1.0" not in httpx.get(f"http://127.0.0.1:{pp}/metrics").text:
+        if time.monotonic() > end:
+            raise RuntimeError("the P/D link did not pair")
+        time.sleep(0.5)
+    return procs, f"http://127.0.0.1:{pp}/v1", f"http://127.0.0.1:{dp}/v1"
+
+
+def metric(text: str, name: str) -> float:
+    """A metric's value in Prometheus text (0 when absent)."""
+    m = re.search(rf"^{re.escape(name)} ([0-9.eE+-]+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def p99(xs: list[float]) -> float:
+    """The 99th percentile (nearest rank) of ``xs``."""
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, int(round(0.99 * len(s))) - 1))]
+
+
+class Bench:
+    """The HTTP side: one client, the pair's URLs, a driver."""
+
+    def __init__(self, client: httpx.AsyncClient, prefill: str, decode: str) -> None:
+        self.c, self.prefill, self.decode = client, prefill, decode
+
+        async def send(url: str, headers: Mapping[str, bytes], body: bytes,
+                       timeout_s: float) -> httpx.Response:
+            req = client.build_request("POST", url, content=body, headers={
+                "content-type": "application/json", **{k: v.decode() for k, v in headers.items()}})
+            return await client.send(req, stream=True)
+        self.driver = PDDriver(send)
+
+    def pd(self, forced: bool) -> PDSettings:
+        kw: dict[str, Any] = {"split_min_uncached_tokens": 0,
+                              "colocate_min_cached_fraction": 1.0} if forced else {}
+        return PDSettings(prefill=self.prefill, decode=self.decode, protocol="vllm", **kw)
+
+    async def metrics(self, base: str) -> str:
+        return (await self.c.get(base.removesuffix("/v1") + "/metrics")).text
+
+    async def stream_times(self, resp: httpx.Response) -> list[float]:
+        """perf_counter of each streamed content event (completions SSE)."""
+        times = []
+        async for line in resp.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                ev = json.loads(line[6:])
+                if ev.get("choices") and ev["choices"][0].get("text"):
+                    times.append(time.perf_counter())
+        await resp.aclose()
+        return times
+
+    def comp(self, ids: list[int], n: int, stream: bool) -> dict[str, Any]:
+        return {"model": "m", "prompt": ids, "max_tokens": n, "temperature": 0,
+                "ignore_eos": True, "stream": stream}
+
+    async def ttft(self, ids: list[int], split: bool) -> float:
+        """Client-side TTFT (ms) of one streamed completion, split or on the decode side."""
+        t0 = time.perf_counter()
+        body = self.comp(ids, 2, True)
+        if split:
+            resp, _ = await self.driver.drive(self.pd(True), "/completions", body, {})
+        else:
+            req = self.c.build_request("POST", self.decode + "/completions", json=body)
+            resp = await self.c.send(req, stream=True)
+        times = await self.stream_times(resp)
+        return (times[0] - t0) * 1000.0
+
+    async def streams_itl(self, prompts: list[list[int]], arrive: Any) -> list[float]:
+        """ITLs (ms) of decode streams on the decode instance; ``arrive()`` (a coroutine
+        factory or None) starts once every stream has 4 tokens."""
+        started = asyncio.Event()
+        counts = [0] * len(prompts)
+
+        async def one(i: int, ids: list[int]) -> list[float]:
+            req = self.c.build_request("POST", self.decode + "/completions",
+                                       json=self.comp(ids, 24, True))
+            resp = await self.c.send(req, stream=True)
+            times: list[float] = []
+            async for line in resp.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    ev = json.loads(line[6:])
+                    if ev.get("choices") and ev["choices"][0].get("text"):
+                        times.append(time.perf_counter())
+                        counts[i] += 1
+                        if min(counts) >= 4:
+                            started.set()
+            await resp.aclose()
+            return [(b - a) * 1000.0 for a, b in zip(times[3:], times[4:])]
+
+        tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(prompts)]
+        extra = None
+        if arrive is not None:
+            await started.wait()
+            extra = asyncio.create_task(arrive())
+        itls = [x for t in await asyncio.gather(*tasks) for x in t]
+        if extra is not None:
+            await extra
+        return itls
+
+
+async def unchunked_itl(model: Path, prompts: list[list[int]],
+                        long_ids: list[int] | None) -> list[float]:
+    """The same mixed load on an in-process colocated engine prefilling in one step."""
+    import torch
+
+    from prefixgate.local_engine.engine import Engine, EngineConfig, SamplingParams
+    torch.set_num_threads(1)
+    eng = Engine(EngineConfig(model_path=str(model), num_kv_slots=8192, chunk_size=8192,
+                              max_num_batched_tokens=8192))
+    try:
+        async def run() -> list[float]:
+            counts = [0] * len(prompts)
+            started = asyncio.Event()
+            sp = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+            async def one(i: int, ids: list[int]) -> list[float]:
+                times = []
+                async for out in eng.generate(ids, sp):
+                    if out.new_token_ids:
+                        times.append(time.perf_counter())
+                        counts[i] += 1
+                        if min(counts) >= 4:
+                            started.set()
+                return [(b - a) * 1000.0 for a, b in zip(times[3:], times[4:])]
+
+            async def arrive() -> None:
+                assert long_ids is not None
+                async for _ in eng.generate(long_ids, SamplingParams(max_tokens=4, temperature=0.0,
+                                                                     ignore_eos=True)):
+                    pass
+
+            tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(prompts)]
+            extra = None
+            if long_ids is not None:
+                await started.wait()
+                extra = asyncio.create_task(arrive())
+            out = [x for t in await asyncio.gather(*tasks) for x in t]
+            if extra is not None:
+                await extra
+            return out
+        return await run()
+    finally:
+        eng.shutdown()
+
+
+def ids(rng: random.Random, n: int) -> list[int]:
+    """``n`` random token ids from the ordinary vocabulary range."""
+    return [rng.randrange(1000, 40000) for _ in range(n)]
+
+
+async def measure(b: Bench, args: argparse.Namespace, runs: dict[str, Any]) -> dict[str, Any]:
+    rng = random.Random(7)
+    fig: dict[str, Any] = {}
+    # greedy identity (chat prompts, real text)
+    same = []
+    for q in CHAT:
+        body = {"model": "m", "messages": [{"role": "user", "content": q}], "max_tokens": 12,
+                "temperature": 0}
+        colo = (await b.c.post(b.prefill + "/chat/completions", json=body)).json()
+        resp, dec = await b.driver.drive(b.pd(True), "/chat/completions", body, {})
+        await resp.aread()
+        split = resp.json()
+        same.append(split["choices"][0]["message"]["content"]
+                    == colo["choices"][0]["message"]["content"] and dec.split)
+    fig["greedy_identical"] = all(same)
+    runs["greedy_identical"] = same
+    # ITL under long-prefill arrivals
+    streams = [ids(rng, 64) for _ in range(2)]
+    base = await b.streams_itl(streams, None)
+    long_split = ids(rng, args.long)
+
+    async def split_arrival() -> None:
+        resp, _ = await b.driver.drive(b.pd(True), "/completions",
+                                       b.comp(long_split, 4, False), {})
+        await resp.aread()
+    split_itl = await b.streams_itl([ids(rng, 64) for _ in range(2)], split_arrival)
+    long_colo = ids(rng, args.long)
+
+    async def colo_arrival() -> None:
+        await b.c.post(b.decode + "/completions", json=b.comp(long_colo, 4, False))
+    chunked_itl = await b.streams_itl([ids(rng, 64) for _ in range(2)], colo_arrival)
+    un_base = await unchunked_itl(args.model, [ids(rng, 64) for _ in range(2)], None)
+    un_itl = await unchunked_itl(args.model, [ids(rng, 64) for _ in range(2)], ids(rng, args.long))
+    fig["itl_p99_ratio_split"] = round(p99(split_itl) / p99(base), 3)
+    fig["itl_p99_ratio_colocated_chunked"] = round(p99(chunked_itl) / p99(base), 3)
+    fig["itl_p99_ratio_colocated_unchunked"] = round(p99(un_itl) / p99(un_base), 3)
+    runs["itl_ms"] = {"undisturbed_p99": p99(base), "split_p99": p99(split_itl),
+                      "colocated_chunked_p99": p99(chunked_itl),
+                      "unchunked_undisturbed_p99": p99(un_base),
+                      "colocated_unchunked_p99": p99(un_itl),
+                      "samples_per_run": len(base), "long_prompt_tokens": args.long}
+    # TTFT penalty of the split path
+    pm0, dm0 = await b.metrics(b.prefill), await b.metrics(b.decode)
+    split_t = [await b.ttft(ids(rng, 256), True) for _ in range(3)]
+    pm1, dm1 = await b.metrics(b.prefill), await b.metrics(b.decode)
+    colo_t = [await b.ttft(ids(rng, 256), False) for _ in range(3)]
+    xfer_ms = 1000.0 * ((metric(pm1, "engine_kv_transfer_seconds_total")
+                         - metric(pm0, "engine_kv_transfer_seconds_total"))
+                        + (metric(dm1, "engine_kv_transfer_seconds_total")
+                           - metric(dm0, "engine_kv_transfer_seconds_total"))) / 3
+    fig["ttft_penalty_ms_p50"] = round(statistics.median(split_t) - statistics.median(colo_t), 1)
+    runs["ttft_ms"] = {"split": [round(x, 1) for x in split_t],
+                       "colocated": [round(x, 1) for x in colo_t],
+                       "transfer_ms_mean": round(xfer_ms, 2), "prompt_tokens": 256}
+    # follow-up turns: decided vs always split
+    decided, forced = [], []
+    for mode, out in (("decided", decided), ("forced", forced)):
+        for _ in range(3):
+            turn1 = ids(rng, 512)
+            resp, _ = await b.driver.drive(b.pd(True), "/completions", b.comp(turn1, 2, False), {})
+            await resp.aread()
+            turn2 = turn1 + ids(rng, 64)
+            t0 = time.perf_counter()
+            resp, dec = await b.driver.drive(b.pd(mode == "forced"), "/completions",
+                                             b.comp(turn2, 2, True), {})
+            times = await b.stream_times(resp)
+            out.append(((times[0] - t0) * 1000.0, dec.reason))
+    fig["followup_ttft_ratio_vs_always_split"] = round(
+        statistics.median(x for x, _ in decided) / statistics.median(x for x, _ in forced), 3)
+    runs["followup_ttft_ms"] = {"decided": decided, "always_split": forced}
+    # 4k handoff vs recompute
+    pm0, dm0 = await b.metrics(b.prefill), await b.metrics(b.decode)
+    resp, dec = await b.driver.drive(b.pd(True), "/completions",
+                                     b.comp(ids(rng, args.handoff_tokens), 1, False), {})
+    await resp.aread()
+    pm1, dm1 = await b.metrics(b.prefill), await b.metrics(b.decode)
+    send_s = metric(pm1, "engine_kv_transfer_seconds_total") - metric(pm0,
+                                                                      "engine_kv_transfer_seconds_total")
+    imp_s = metric(dm1, "engine_kv_transfer_seconds_total") - metric(dm0,
+                                                                     "engine_kv_transfer_seconds_total")
+    tok = metric(dm1, "engine_kv_transfer_tokens_total") - metric(dm0, "engine_kv_transfer_tokens_total")
+    r = await b.c.post(b.decode + "/completions", json=b.comp(ids(rng, args.handoff_tokens), 1, False))
+    fig["handoff_ms_4k"] = round((send_s + imp_s) * 1000.0, 1)
+    fig["recompute_ms_4k"] = float(r.headers.get("x-engine-prefill-ms", "nan"))
+    runs["handoff"] = {"tokens_moved": tok, "prefill_side_gather_send_ms": round(send_s * 1000, 1),
+                       "decode_side_import_ms": round(imp_s * 1000, 1),
+                       "kv_mib": round(tok * 30 * 2 * 3 * 64 * 4 / 2 ** 20, 1)}
+    return fig
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--long", type=int, default=1024)
+    ap.add_argument("--handoff-tokens", type=int, default=4000)
+    ap.add_argument("--out", type=Path, default=REPO / "bench/results/pd_split.json")
+    args = ap.parse_args()
+    log_dir = Path("/tmp/pd_split_bench")
+    log_dir.mkdir(exist_ok=True)
+    procs, prefill, decode = start_pair(args.model, log_dir)
+    runs: dict[str, Any] = {}
+    try:
+        async def go() -> dict[str, Any]:
+            async with httpx.AsyncClient(timeout=600) as client:
+                return await measure(Bench(client, prefill, decode), args, runs)
+        figures = asyncio.run(go())
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+    out = {"command": "PYTHONPATH=. .venv/bin/python bench/pd_split.py " + shlex.join(sys.argv[1:]),
+           "figures": figures, "runs": runs,
+           "setup": {"model": args.model.name, "dtype": "float32", "device": "cpu",
+                     "threads_per_instance": 1, "link": "torch.distributed gloo, loopback",
+                     "chunk_size": 512, "os_cpus": os.cpu_count()},
+           "notes": "shared 2-core box with other jobs running: ratios are noisy; p99 over "
+                    "~40 ITL samples per run is close to the max."}
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""vLLM's P/D contract on the engine's HTTP side: ``kv_transfer_params`` in, out.
+
+The proxy (vLLM's ``disagg_proxy``, llm-d's sidecar, prefixgate's ``routing/pd_split.py``) sends
+the *prefill* request with ``max_tokens: 1``, ``stream: false`` and
+``kv_transfer_params: {"do_remote_decode": true, "do_remote_prefill": false, ...}``; the prefill
+answer's ``kv_transfer_params`` go verbatim into the *decode* request (same prompt, the client's
+own ``max_tokens`` / ``stream``), one ``X-Request-Id`` on both.
+
+Prefill role: before running, ask the decode peer how much of the prompt its radix tree holds
+(``POST {peer}/v1/cache/match``; unreachable = 0), run the request, then export the KV of the
+part the peer lacks. The answer carries::
+
+    {"do_remote_decode": false, "do_remote_prefill": true, "remote_engine_id": str,
+     "remote_host": str, "remote_port": int, "remote_block_ids": [], "tp_size": 1,
+     "transfer_id": int, "remote_cached_tokens": int, "transfer_tokens": int}
+
+(``transfer_tokens`` 0: nothing to send; ``kv_transfer_params`` null: the link is down, so the
+decode side recomputes.) Decode role: claim the import of ``transfer_id`` (waiting for it up to
+the link timeout), run the request, and drop the import's lock once the request is admitted.
+
+Bad input is a 400 naming ``kv_transfer_params``: a dict is required, ``do_remote_decode`` only
+on a prefill instance, ``do_remote_prefill`` only on a decode one with an integer
+``transfer_id``.
+
+Prompt tokens by source (vLLM's ``prompt_tokens_by_source``: ``computed``,
+``local_cache_hit``, ``external_kv_transfer``) are counted here for every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from prefixgate.local_engine.pd_link import LinkDead
+from prefixgate.local_engine.pd_roles import DecodeRole, PendingImport, PrefillRole
+from prefixgate.local_engine.server.protocol import ApiError
+
+__all__ = ["PDHandoff", "PDRequest", "parse_kv_transfer_params", "prompt_sources"]
+
+log = logging.getLogger("local_engine.server.pd")
+
+SOURCES = ("computed", "local_cache_hit", "external_kv_transfer")
+
+
+@dataclass(frozen=True)
+class PDRequest:
+    """A parsed ``kv_transfer_params``: ``kind`` ``prefill`` (do_remote_decode) or ``decode``
+    (do_remote_prefill) and, for decode, the ``transfer_id`` (0: nothing was sent)."""
+
+    kind: str
+    transfer_id: int = 0
+    raw: dict[str, Any] | None = None
+
+
+def _err(msg: str) -> ApiError:
+    return ApiError(msg, param="kv_transfer_params", code="invalid_value")
+
+
+def parse_kv_transfer_params(value: Any, role: str) -> PDRequest | None:
+    """Validate a request's ``kv_transfer_params`` for an engine of ``role`` (``prefill``,
+    ``decode``, ``both``); None when absent or asking for neither side. Raises ``ApiError``."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _err("Invalid type for 'kv_transfer_params': expected an object.")
+    remote_decode = value.get("do_remote_decode", False)
+    remote_prefill = value.get("do_remote_prefill", False)
+    if not isinstance(remote_decode, bool) or not isinstance(remote_prefill, bool):
+        raise _err("'do_remote_decode' and 'do_remote_prefill' must be booleans.")
+    if remote_decode and remote_prefill:
+        raise _err("'do_remote_decode' and 'do_remote_prefill' cannot both be true.")
+    if remote_decode:
+        if role != "prefill":
+            raise _err(f"This engine runs as '{role}', not as a prefill instance "
+                       "(do_remote_decode).")
+        return PDRequest("prefill", raw=value)
+    if remote_prefill:
+        if role != "decode":
+            raise _err(f"This engine runs as '{role}', not as a decode instance "
+                       "(do_remote_prefill).")
+        tid = value.get("transfer_id", 0)
+        if isinstance(tid, bool) or not isinstance(tid, int) or tid < 0:
+            raise _err("'transfer_id' must be a non-negative integer (the prefill answer's).")
+        return PDRequest("decode", transfer_id=tid, raw=value)
+    return None
+
+
+def prompt_sources(prompt_tokens: int, cached_tokens: int, external_tokens: int) -> dict[str, int]:
+    """Split a request's prompt tokens by where their KV came from: ``external_kv_transfer``
+    (imported for this request and hit: at most ``cached_tokens``), ``local_cache_hit`` (the
+    rest of the cache hit), ``computed`` (prefilled here)."""
+    cached = max(0, min(cached_tokens, prompt_tokens))
+    ext = max(0, min(external_tokens, cached))
+    return {"computed": prompt_tokens - cached, "local_cache_hit": cached - ext,
+            "external_kv_transfer": ext}
+
+
+class PDHandoff:
+    """The server's P/D hooks for one engine of ``role``: ``prefill`` (with ``prefill_role``
+    and the decode peer's ``peer_url``), ``decode`` (with ``decode_role``) or ``both``
+    (no P/D: only the prompt-source counters)."""
+
+    def __init__(self, role: str = "both", prefill_role: PrefillRole | None = None,
+                 decode_role: DecodeRole | None = None, peer_url: str | None = None,
+                 engine_id: str = "prefixgate", host: str = "127.0.0.1", port: int = 0) -> None:
+        self.role = role
+        self.prefill_role = prefill_role
+        self.decode_role = decode_role
+        self.peer_url = peer_url.rstrip("/").removesuffix("/v1") if peer_url else None
+        self.engine_id, self.host, self.port = engine_id, host, port
+        self.sources: Counter[str] = Counter()
+        self._client: httpx.AsyncClient | None = None
+
+    def parse(self, job_extra: dict[str, Any] | None) -> PDRequest | None:
+        """The request's P/D part (``parse_kv_transfer_params``) from its extra fields."""
+        return parse_kv_transfer_params((job_extra or {}).get("kv_transfer_params"), self.role)
+
+    async def peer_cached(self, prompt: list[int], extra_key: bytes | None) -> int:
+        """Tokens of ``prompt[:-1]`` the decode peer's tree holds (0 when it cannot say)."""
+        if self.peer_url is None:
+            return 0
+        body: dict[str, Any] = {"input_ids": prompt[:-1]}
+        if extra_key:
+            body["cache_salt"] = extra_key.decode()
+        try:
+            if self._client is None:
+                self._client = httpx.AsyncClient(timeout=2.0)
+            r = await self._client.post(f"{self.peer_url}/v1/cache/match", json=body)
+            r.raise_for_status()
+            return max(0, int(r.json().get("cached_tokens", 0)))
+        except (httpx.HTTPError, ValueError, TypeError) as exc:
+            log.warning("decode peer's cache match failed (%s); sending the whole prompt",
+                        type(exc).__name__)
+            return 0
+
+    async def before(self, pd: PDRequest | None) -> PendingImport | None:
+        """Decode side: the claimed import of the request's transfer (None: recompute)."""
+        if pd is None or pd.kind != "decode" or pd.transfer_id == 0 or self.decode_role is None:
+            return None
+        return await asyncio.to_thread(self.decode_role.claim, pd.transfer_id)
+
+    def admitted(self, pending: PendingImport | None) -> None:
+        """The request has its first output (it holds its own lock): drop the import's."""
+        if pending is not None and self.decode_role is not None:
+            self.decode_role.unclaim(pending)
+
+    async def after(self, pd: PDRequest | None, prompt: list[int], extra_key: bytes | None,
+                    peer_cached: int) -> dict[str, Any] | None:
+        """Prefill side, once the request ran: export the KV and return the answer's
+        ``kv_transfer_params`` (None when the link is down: the decode side recomputes)."""
+        if pd is None or pd.kind != "prefill" or self.prefill_role is None:
+            return None
+        try:
+            ticket = await asyncio.to_thread(self.prefill_role.export, prompt, extra_key,
+                                             peer_cached)
+        except (LinkDead, ValueError) as exc:
+            log.warning("P/D export skipped: %s", exc)
+            return None
+        return {
+            "do_remote_decode": False, "do_remote_prefill": True,
+            "remote_engine_id": self.engine_id, "remote_host": self.host,
+            "remote_port": self.port, "remote_block_ids": [], "tp_size": 1,
+            "transfer_id": ticket.transfer_id, "remote_cached_tokens": ticket.start,
+            "transfer_tokens": ticket.num_tokens,
+        }
+
+    def record(self, prompt_tokens: int, cached_tokens: int, external_tokens: int) -> None:
+        """Count one request's prompt tokens by source (``prompt_sources``)."""
+        self.sources.update(prompt_sources(prompt_tokens, cached_tokens, external_tokens))
+
+    def stats(self) -> dict[str, Any]:
+        """``prompt_tokens_by_source:<source>`` counters and the role's ``kv_transfer_*``."""
+        out: dict[str, Any] = {f"prompt_tokens_by_source:{s}": self.sources[s] for s in SOURCES}
+        role = self.prefill_role or self.decode_role
+        if role is not None:
+            out.update(role.stats())
+        return out

@@ -1,0 +1,182 @@
+"""Prefill and decode roles over a loopback link: the KV moved is the KV the decode side uses
+(greedy output identical to colocated), only the uncached suffix moves, and abort / timeout /
+a lost peer leave no page locked on either side."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from prefixgate.local_engine.api_types import SamplingParams
+from prefixgate.local_engine.pd_link import LinkDead
+from prefixgate.local_engine.pd_roles import DecodeRole, PrefillRole
+from prefixgate.local_engine.server.pd_setup import layout_of
+from tests.engine_pd.conftest import LoopbackLink
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+ONE = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+
+
+def _pair(make_engine: Any, timeout_s: float = 5.0, **kw: Any) -> tuple[Any, Any, PrefillRole,
+                                                                        DecodeRole, LoopbackLink]:
+    pre, dec = make_engine(**kw), make_engine(**kw)
+    link = LoopbackLink(layout_of(pre, 512))
+    prole = PrefillRole(pre, link, timeout_s)
+    drole = DecodeRole(dec, link, timeout_s)  # type: ignore[arg-type]
+    link.decode = drole
+    prole.start()
+    return pre, dec, prole, drole, link
+
+
+def _settle(eng: Any) -> None:
+    eng.call(lambda: None).result(timeout=10)  # lock releases queued before this have run
+
+
+def _split_run(pre: Any, dec: Any, prole: PrefillRole, drole: DecodeRole,
+               prompt: list[int]) -> tuple[list[int], Any]:
+    pre.generate_batch([prompt], ONE)
+    start = dec.cache.peek_prefix_len(prompt[:-1])
+    ticket = prole.export(prompt, None, start)
+    pending = drole.claim(ticket.transfer_id, 5.0) if ticket.transfer_id else None
+    out = dec.generate_batch([prompt], GREEDY)[0]
+    if pending is not None:
+        drole.unclaim(pending)
+    return out, ticket
+
+
+def test_split_greedy_output_is_identical_to_colocated(make_engine: Any) -> None:
+    prompt = list(range(100, 160))
+    colo = make_engine().generate_batch([prompt], GREEDY)[0]
+    pre, dec, prole, drole, link = _pair(make_engine)
+    out, ticket = _split_run(pre, dec, prole, drole, prompt)
+    assert out == colo
+    assert ticket.start == 0 and ticket.num_tokens == len(prompt) - 1
+    assert dec.stats()["cache_hit_tokens_total"] == len(prompt) - 1  # it computed one token
+    assert dec.stats()["prefill_tokens_total"] == 0  # the last prompt token runs as a decode row
+    _settle(pre)
+    _settle(dec)
+    assert pre.cache.protected_size == 0 and dec.cache.protected_size == 0
+    assert drole.stats()["kv_transfer_tokens_total"] == len(prompt) - 1
+    prole.stop()
+
+
+def test_a_follow_up_turn_moves_only_what_the_decode_side_lacks(make_engine: Any) -> None:
+    pre, dec, prole, drole, _ = _pair(make_engine)
+    turn1 = list(range(200, 240))
+    _split_run(pre, dec, prole, drole, turn1)
+    turn2 = turn1 + list(range(300, 320))
+    colo = make_engine().generate_batch([turn2], GREEDY)[0]
+    out, ticket = _split_run(pre, dec, prole, drole, turn2)
+    assert ticket.start >= len(turn1) - 1  # the decode side holds turn 1 (and its answer)
+    assert ticket.num_tokens == len(turn2) - 1 - ticket.start
+    assert ticket.num_tokens < 25
+    assert out == colo
+    prole.stop()
+
+
+def test_an_unclaimed_import_is_released_at_its_timeout(make_engine: Any) -> None:
+    pre, dec, prole, drole, _ = _pair(make_engine, timeout_s=0.3)
+    prompt = list(range(10, 50))
+    pre.generate_batch([prompt], ONE)
+    ticket = prole.export(prompt, None, 0)
+    deadline = time.monotonic() + 5
+    while drole.pending_count() == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    _settle(dec)
+    assert dec.cache.protected_size == len(prompt) - 1  # locked while it waits for its request
+    time.sleep(0.6)
+    _settle(dec)
+    assert dec.cache.protected_size == 0
+    assert drole.claim(ticket.transfer_id, 0.05) is None
+    assert drole.stats()["kv_transfer_failures_total:timeout"] == 1
+    prole.stop()
+
+
+def test_a_lost_peer_releases_the_decode_sides_imports_and_wakes_waiters(make_engine: Any) -> None:
+    pre, dec, prole, drole, link = _pair(make_engine)
+    prompt = list(range(10, 40))
+    pre.generate_batch([prompt], ONE)
+    prole.export(prompt, None, 0)
+    deadline = time.monotonic() + 5
+    while drole.pending_count() == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    link.dead = True
+    drole.on_dead()
+    _settle(dec)
+    assert dec.cache.protected_size == 0 and drole.pending_count() == 0
+    t0 = time.monotonic()
+    assert drole.claim(12345, 5.0) is None  # dead link: no wait for the full timeout
+    assert time.monotonic() - t0 < 1.0
+    prole.stop()
+
+
+def test_a_send_that_fails_releases_the_prefill_sides_lock(make_engine: Any) -> None:
+    pre, dec, prole, drole, link = _pair(make_engine)
+    prompt = list(range(10, 40))
+    pre.generate_batch([prompt], ONE)
+    link.fail_next = True
+    prole.export(prompt, None, 0)
+    deadline = time.monotonic() + 5
+    while not prole.stats().get("kv_transfer_failures_total:link_down") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    _settle(pre)
+    assert pre.cache.protected_size == 0
+    assert dec.cache.protected_size == 0 and drole.pending_count() == 0
+    with pytest.raises(LinkDead):
+        prole.export(prompt, None, 0)  # the link is down now: refused, nothing locked
+    _settle(pre)
+    assert pre.cache.protected_size == 0
+    prole.stop()
+
+
+def test_a_transfer_queued_past_its_timeout_is_released_unsent(make_engine: Any) -> None:
+    pre, dec, prole, drole, link = _pair(make_engine, timeout_s=0.0)
+    prompt = list(range(10, 40))
+    pre.generate_batch([prompt], ONE)
+    prole.export(prompt, None, 0)
+    deadline = time.monotonic() + 5
+    while not prole.stats().get("kv_transfer_failures_total:timeout") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    _settle(pre)
+    assert link.sent == 0 and pre.cache.protected_size == 0
+    prole.stop()
+
+
+def test_claim_then_abort_releases_the_import(make_engine: Any) -> None:
+    pre, dec, prole, drole, _ = _pair(make_engine)
+    prompt = list(range(60, 90))
+    pre.generate_batch([prompt], ONE)
+    ticket = prole.export(prompt, None, 0)
+    pending = drole.claim(ticket.transfer_id, 5.0)
+    assert pending is not None and pending.new_tokens == len(prompt) - 1
+    _settle(dec)
+    assert dec.cache.protected_size == len(prompt) - 1
+    drole.unclaim(pending)  # the decode request went away before admission
+    _settle(dec)
+    assert dec.cache.protected_size == 0
+    prole.stop()
+
+
+def test_nothing_to_send_when_the_decode_side_holds_the_prompt(make_engine: Any) -> None:
+    pre, dec, prole, drole, link = _pair(make_engine)
+    prompt = list(range(60, 90))
+    dec.generate_batch([prompt], ONE)
+    out, ticket = _split_run(pre, dec, prole, drole, prompt)
+    assert ticket.transfer_id == 0 and ticket.num_tokens == 0 and link.sent == 0
+    _settle(pre)
+    assert pre.cache.protected_size == 0
+    prole.stop()
+
+
+def test_an_idle_prefill_side_sends_heartbeats(make_engine: Any) -> None:
+    pre, dec, prole, drole, link = _pair(make_engine)
+    link.timeout_s = 0.3
+    prole.stop()  # the loop picks the new timeout up on a fresh start
+    prole2 = PrefillRole(pre, link, 5.0)
+    link.dead = False
+    prole2.start()
+    time.sleep(0.6)
+    assert getattr(link, "pings", 0) >= 1
+    prole2.stop()
