@@ -56,7 +56,7 @@ def test_counterfactual_of_a_rewritten_request_comes_from_the_cache_model(
     from prefixgate.rewriter.pipeline import rewrite_request
     from tests.proxy.upstream import completion
 
-    rig = rig_factory(rewrite_fn=rewrite_request)
+    rig = rig_factory(rewrite_fn=rewrite_request, rewrite={"hoist_volatile": True})  # opt-in move
     rig.upstream.script = Script(body=completion())
     for body in clock_turns():
         httpx.post(rig.url + "/v1/chat/completions", json=body, timeout=30,

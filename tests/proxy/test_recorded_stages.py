@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from prefixgate.config.schema import RewriteSettings
+from prefixgate.config.schema import MOVES_THE_MODEL_READS, RewriteSettings
 from prefixgate.proxy.observe.stages import PASS_NAMES, recorded_bodies, stage_bodies
 from prefixgate.rewriter import pipeline
 from prefixgate.rewriter.ir import Prompt
@@ -18,13 +18,17 @@ from prefixgate.rewriter.pipeline import rewrite_request, session_updates, wire_
 from prefixgate.rewriter.types import Context, Edit
 from tests.trace_requests import tau_requests
 
+MOVES: dict = {**{name: True for name in MOVES_THE_MODEL_READS}, "tool_order": "name"}
+"""Every pass that can change bytes on these sessions (constant clocks, constant tools): the
+opt-in moves and the stateless tool order, which re-keys every request's tools."""
+
 
 def _session(bodies: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Context, Any]]:
     """Each body rewritten in turn, session memory carried as the proxy carries it."""
     memory: dict[str, Any] = {}
     out = []
     for k, body in enumerate(bodies):
-        ctx = Context(settings=RewriteSettings(), model="gpt-4o", provider="anthropic",
+        ctx = Context(settings=RewriteSettings(**MOVES), model="gpt-4o", provider="anthropic",
                       session_id="s", session=MappingProxyType(dict(memory)),
                       now_s=1_800_000_000.0 + 60 * k)
         res = rewrite_request(body, "openai", ctx)
@@ -79,7 +83,7 @@ def test_a_dropped_pass_records_its_input_and_no_apply(monkeypatch: pytest.Monke
              pipeline.PassSpec("same", "stabilise_passages", "tests", _same_pass))
     prompt = pipeline.wire.parse(body, "openai")
     stages: list[pipeline.Stage] = []
-    out, edits = pipeline.run_passes(prompt, Context(settings=RewriteSettings()), specs, stages)
+    out, edits = pipeline.run_passes(prompt, Context(settings=RewriteSettings(**MOVES)), specs, stages)
     assert out is prompt
     assert [(n, p is prompt, a) for n, p, a in stages] == [("bad", True, False),
                                                           ("same", True, False)]

@@ -11,13 +11,16 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixgate.config.schema import RewriteSettings
+from prefixgate.config.schema import MOVES_THE_MODEL_READS, RewriteSettings
 from prefixgate.rewriter.pipeline import rewrite_request, session_updates, wire_bytes
 from prefixgate.rewriter.token_memo import TokenMemo
 from prefixgate.rewriter.tokens import count_tokens
 from prefixgate.rewriter.types import Context
 from tests.trace_requests import tau_requests
 
+MOVES: dict = {**{name: True for name in MOVES_THE_MODEL_READS}, "tool_order": "name"}
+"""Every pass that can change bytes on these sessions (constant clocks, constant tools): the
+opt-in moves and the stateless tool order, which re-keys every request's tools."""
 RUNS = tau_requests()[:4]
 
 
@@ -25,7 +28,7 @@ def _turns(counter: Any, bodies: list[dict[str, Any]]) -> list[bytes]:
     memory: dict[str, Any] = {}
     out = []
     for k, body in enumerate(bodies):
-        ctx = Context(settings=RewriteSettings(), model="gpt-4o", provider="anthropic",
+        ctx = Context(settings=RewriteSettings(**MOVES), model="gpt-4o", provider="anthropic",
                       session_id="s", session=MappingProxyType(dict(memory)),
                       now_s=1_800_000_000.0 + 30 * k, count_tokens=counter)
         res = rewrite_request(body, "openai", ctx)

@@ -281,7 +281,7 @@ def _break_records(dicts: list[dict[str, Any]]) -> list[Any]:
 
 
 def report(
-    ledger: str | None = typer.Option(None, "--ledger",
+    ledger: str | None = typer.Option(None, "--ledger", metavar="<path>|<url>",
                                        help="ledger SQLite file or postgresql:// URL"),
     policy: Path | None = typer.Option(None, "--policy", help="take the ledger path from here"),
     since: float = typer.Option(0.0, "--since", help="only the last N minutes (0 = all)"),
