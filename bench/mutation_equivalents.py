@@ -46,10 +46,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             'placed = ""',
             "placed is replaced in prefix / exact mode and never read by choose in round_robin / "
             "least_load (they return first)"),
-        "xǁSenderǁorder__mutmut_74": (
-            "key=lambda i: (loads[i], rendezvous(None, [names[i]])))",
-            "rendezvous over a one-name list is always 0, whatever the key: the tie-break is the "
-            "group's order either way (a no-op in the original too, reported)"),
         "xǁSenderǁrun__mutmut_30": (
             "sent, paid = 0, True  # paid: the next send's budget token is already taken",
             "`paid` is read only when `sent` is non-zero, and the first send resets it to False"),
