@@ -56,6 +56,7 @@ TARGETS: dict[str, list[str]] = {
                                             "tests/routing/test_retries_paths.py"],
     "prefixgate/proxy/routing/shared.py": [SHARED, "tests/routing/test_breaker_machine.py",
                                            "tests/routing/test_shared_pinned.py"],
+    "prefixgate/config/routing.py": [R, "tests/config/test_routing_config_pinned.py"],
     "prefixgate/proxy/http/ratelimit.py": ["tests/proxy/test_auth_and_limits.py",
                                           "tests/adversarial/test_tpm_charges_what_is_spent.py",
                                           "tests/proxy/test_ratelimit_pinned.py"],
