@@ -68,7 +68,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             "self.replica = replica or uuid.uuid4().hex[:13]",
             "the default replica id only has to be unique per process: 12 or 13 hex digits alike"),
         "xǁSharedRoutingǁ_apply_breaker__mutmut_17": (
-            'if self._applied.get(name, float("-INF")) >= stamp:',
+            'if self._applied.get(name, float("-INF")) > stamp:',
             'float() reads "-INF" as "-inf": the same value'),
         "xǁSharedRoutingǁrefresh__mutmut_14": (
             'if self.clock() - self._read_at.get(key, float("-INF")) < self.max_age_s:',
