@@ -10,6 +10,12 @@ from __future__ import annotations
 UNREACHABLE_FALLBACK = ("unreachable: with session_balance >= 1, the group's live keys number total - 1 < "
                         "n * cap, so some deployment is under the cap and the generator never runs out")
 
+PROTOCOL = "the Limiter Protocol's method is never run: each limiter has its own signature and defaults"
+PRUNE = ("_window only skips a repeated prune within one window; pruning is idempotent, so a prune "
+         "more (or one skipped in a window with no counters yet) keeps the same counters")
+NEVER_RAISES = ("the drained tasks (_add) never raise: RedisLink.run answers the fallback for any Redis "
+                "error and MemoryLimiter.add_tokens cannot fail, so return_exceptions is never used")
+
 EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
     "prefixgate/proxy/routing/breaker.py": {
         "xǁBreakerǁavailable__mutmut_1": (
@@ -89,5 +95,28 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             'own = self.backends or [self.backend or "XXXX"]',
             "unreachable: the model validator sets backend to backends[0] whenever it is None, so "
             "the empty-string default is never taken"),
+    },
+    "prefixgate/proxy/http/ratelimit.py": {
+        "x_window_of__mutmut_3": (
+            "w = int(now / WINDOW_S)",
+            "unix time is >= 0, where int() truncates the quotient as floor does (no float just under "
+            "60 k rounds up to k: checked for k < 200,000)"),
+        "xǁLimiterǁadmit__mutmut_1": (
+            "async def admit(self, key_id: str, rpm: int | None, tpm: int | None, tokens: int = 1,",
+            PROTOCOL),
+        "xǁLimiterǁadmit__mutmut_2": ("pending: int = 1) -> Refusal | None:", PROTOCOL),
+        "xǁMemoryLimiterǁ__init____mutmut_4": ("self._window = None", PRUNE),
+        "xǁMemoryLimiterǁ__init____mutmut_5": ("self._window = +1", PRUNE),
+        "xǁMemoryLimiterǁ_prune__mutmut_7": ("self._window = None", PRUNE),
+        "xǁRedisLimiterǁdrain__mutmut_1": (
+            "await asyncio.gather(*list(self._tasks), return_exceptions=None)", NEVER_RAISES),
+        "xǁRedisLimiterǁdrain__mutmut_3": ("await asyncio.gather(*list(self._tasks), )", NEVER_RAISES),
+        "xǁRedisLimiterǁdrain__mutmut_5": (
+            "await asyncio.gather(*list(self._tasks), return_exceptions=False)", NEVER_RAISES),
+    },
+    "prefixgate/cache/attribution.py": {
+        "x_attribute_usd__mutmut_27": (
+            'price = price_for(str(row.get("model") or "XXXX"))',
+            "no price id is a prefix of 'XXXX' or of '': a row without a model is unpriced either way"),
     },
 }

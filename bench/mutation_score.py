@@ -66,6 +66,7 @@ TARGETS: dict[str, list[str]] = {
                                           "tests/cache/test_holdout_pinned.py"],
     "prefixgate/cache/savings.py": ["tests/cache/test_savings_math.py", "tests/cache/test_time_saved.py",
                                     "tests/cache/test_savings_pinned.py"],
+    "prefixgate/cache/attribution.py": ["tests/cache/test_attribution.py", "tests/cache/test_attribution_pinned.py"],
     "prefixgate/cache/ledger_writer.py": ["tests/cache/test_ledger_writer.py", "tests/cache/test_ledger_writer_pinned.py"],
     "prefixgate/cache/responses_store.py": ["tests/proxy/test_responses_store.py",
                                             "tests/cache/test_responses_store_machine.py"],
