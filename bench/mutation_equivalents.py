@@ -16,6 +16,16 @@ PRUNE = ("_window only skips a repeated prune within one window; pruning is idem
 NEVER_RAISES = ("the drained tasks (_add) never raise: RedisLink.run answers the fallback for any Redis "
                 "error and MemoryLimiter.add_tokens cannot fail, so return_exceptions is never used")
 
+EMPTY_MATCH = ("a one-id prompt's match of ids[:-1] = [] is 0 (the root has no key), as the else "
+               "branch says: the match only advances the recency clock")
+ROOT = "the root's key and last_access are never read: match / insert start at its children, and the "\
+       "root never enters the eviction heap"
+SPLIT = ("the assertion holds on every call (insert splits a child under a parent where 0 < n < its "
+         "length), so a weaker one never fires either")
+
+SALT_ONE = ("a salted prompt of 0 or 1 ids matches at most the salt's pseudo id, and max(0, match - 1) "
+            "is then 0, as the else branch says")
+
 EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
     "prefixgate/proxy/routing/breaker.py": {
         "xǁBreakerǁavailable__mutmut_1": (
@@ -118,5 +128,44 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
         "x_attribute_usd__mutmut_27": (
             'price = price_for(str(row.get("model") or "XXXX"))',
             "no price id is a prefix of 'XXXX' or of '': a row without a model is unpriced either way"),
+    },
+    "prefixgate/cache/provider_models/token_radix.py": {
+        "x_common_prefix__mutmut_12": (
+            "mid = (lo + hi + 2) // 2",
+            "any mid in (lo, hi] keeps the binary search exact, and (lo + hi + 2) // 2 is in (lo, hi] "
+            "whenever lo < hi"),
+        "x_engine_cached_tokens__mutmut_9": (
+            "matched = tree.match(ids[:-1]) if (len(ids) > 1) or True else 0", EMPTY_MATCH),
+        "x_engine_cached_tokens__mutmut_13": (
+            "matched = tree.match(ids[:-1]) if len(ids) >= 1 else 0", EMPTY_MATCH),
+        "xǁTokenRadixǁ__init____mutmut_11": (
+            "self._clock = itertools.count(2)",
+            "recency is only compared (heap order, touched = newer): a clock starting at 2 orders alike"),
+        "xǁTokenRadixǁ__init____mutmut_13": ("self._root = _Node(None, None, 0)", ROOT),
+        "xǁTokenRadixǁ__init____mutmut_14": ("self._root = _Node(array(\"i\"), None, None)", ROOT),
+        "xǁTokenRadixǁ__init____mutmut_20": ("self._root = _Node(array(\"I\"), None, 0)", ROOT),
+        "xǁTokenRadixǁ__init____mutmut_21": ("self._root = _Node(array(\"i\"), None, 1)", ROOT),
+        "xǁTokenRadixǁ_evict__mutmut_1": (
+            "if self.total_tokens < self.capacity_tokens:",
+            "at total == capacity the eviction loop's own test (total > capacity) evicts nothing"),
+        "xǁTokenRadixǁ_split__mutmut_1": (
+            "assert node.parent is not None or 0 < at < len(node.key)", SPLIT),
+        "xǁTokenRadixǁ_split__mutmut_4": (
+            "assert node.parent is not None and 0 <= at < len(node.key)", SPLIT),
+        "xǁTokenRadixǁ_split__mutmut_5": (
+            "assert node.parent is not None and 0 < at <= len(node.key)", SPLIT),
+        "x_salt_id__mutmut_15": (
+            'return -1 - (int(hashlib.sha256(salt.encode("UTF-8", "surrogatepass")).hexdigest()[:8], 16)',
+            "codec names are case-insensitive: UTF-8 is utf-8"),
+        "xǁTokenCachesǁprocess__mutmut_12": (
+            "matched = max(0, tree.match(keyed[:-1]) - 1) if (len(ids) > 1) or True else 0", SALT_ONE),
+        "xǁTokenCachesǁprocess__mutmut_23": (
+            "matched = max(0, tree.match(keyed[:-1]) - 1) if len(ids) >= 1 else 0", SALT_ONE),
+        "xǁTokenCachesǁprocess__mutmut_44": (
+            "self._trees.popitem(last=None)",
+            "OrderedDict.popitem reads `last` for its truth: None pops the oldest as False does"),
+        "xǁTokenRadixǁ_split__mutmut_9": (
+            "upper = _Node(node.key[:at], node.parent, None)",
+            "insert sets the returned upper node's last_access to now at once, before any read"),
     },
 }

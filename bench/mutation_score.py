@@ -111,6 +111,25 @@ def mutmut(work: Path, *args: str, capture: bool = False) -> subprocess.Complete
                           capture_output=capture)
 
 
+_DIFFS = """
+import json, sys
+from pathlib import Path
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+path, names = Path(sys.argv[1]), json.loads(sys.stdin.read())
+print(json.dumps({n: get_diff_for_mutant(n, path=path) for n in names}))
+"""
+
+
+def diffs_of(work: Path, module: str, names: list[str]) -> dict[str, str]:
+    """Each mutant's diff (what ``mutmut show`` prints), all in one process (``mutmut show``
+    per mutant costs an interpreter start each, minutes for a module's survivors)."""
+    if not names:
+        return {}
+    got = subprocess.run([sys.executable, "-c", _DIFFS, module], cwd=work, input=json.dumps(names),
+                         text=True, capture_output=True, check=True)
+    return json.loads(got.stdout)
+
+
 def mutated_lines(diff: str) -> list[str]:
     """The added lines of a mutant's diff, stripped."""
     return [ln[1:].strip() for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
@@ -232,8 +251,7 @@ def rerun(work: Path, module: str, tests: list[str], jobs: int, out: Path) -> in
     """Refresh ``work``'s tests/ from the work tree, run only the unexplained survivors of the
     last run (by name; every other verdict stands, the source being unchanged), score."""
     verdicts = read_verdicts(work, module)
-    diffs = {name: mutmut(work, "show", name, capture=True).stdout
-             for name, code in verdicts.items() if code not in KILLED_CODES}
+    diffs = diffs_of(work, module, [name for name, code in verdicts.items() if code not in KILLED_CODES])
     todo = [name for name, _, _ in classify(module, verdicts, diffs)["unexplained"]]
     changed = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", module], cwd=REPO).returncode
     if changed or (REPO / module).read_text() != (work / module).read_text():
@@ -254,8 +272,7 @@ def rerun(work: Path, module: str, tests: list[str], jobs: int, out: Path) -> in
 def score(work: Path, module: str, out: Path) -> int:
     """Classify the verdicts of the run in ``work``, print the unexplained survivors, record."""
     verdicts = read_verdicts(work, module)
-    diffs = {name: mutmut(work, "show", name, capture=True).stdout
-             for name, code in verdicts.items() if code not in KILLED_CODES}
+    diffs = diffs_of(work, module, [name for name, code in verdicts.items() if code not in KILLED_CODES])
     result = classify(module, verdicts, diffs)
     for name, diff, why in result["unexplained"]:
         print(f"\n### SURVIVED {name} ({why})\n{diff}")
