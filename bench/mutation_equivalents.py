@@ -26,6 +26,14 @@ SPLIT = ("the assertion holds on every call (insert splits a child under a paren
 SALT_ONE = ("a salted prompt of 0 or 1 ids matches at most the salt's pseudo id, and max(0, match - 1) "
             "is then 0, as the else branch says")
 
+INTEGERS = "Generator.integers(n, size=...) draws from [0, n) as integers(0, n, size=...) does, same stream"
+SIDE = ("entered only when strict[0] > eps or strict[1] < -eps with strict[0] <= strict[1] and eps >= 0, "
+        "where strict[1] > eps and strict[0] >= eps each agree with strict[0] > eps")
+FLOATS = "the values are Python floats already (float(...)): numpy infers float64, and an empty list is float64 too"
+ERRSTATE = ("the division never sees a zero (np.where puts 1 where den <= 0) nor a NaN, so there is no "
+            "warning to silence")
+OUTER = "the outer np.where answers NaN wherever den <= 0, whatever the inner division gave there"
+
 EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
     "prefixgate/proxy/routing/breaker.py": {
         "xǁBreakerǁavailable__mutmut_1": (
@@ -167,5 +175,36 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
         "xǁTokenRadixǁ_split__mutmut_9": (
             "upper = _Node(node.key[:at], node.parent, None)",
             "insert sets the returned upper node's last_access to now at once, before any read"),
+    },
+    "prefixgate/cache/holdout_stats.py": {
+        "x__rng__mutmut_10": (
+            "return np.random.default_rng(int.from_bytes(h[:8], ))",
+            "int.from_bytes defaults to big-endian since Python 3.11 (the project's floor)"),
+        "x_bootstrap_diffs__mutmut_12": (
+            "ia = rng.integers(len(va), size=(rounds, len(va)))", INTEGERS),
+        "x_bootstrap_diffs__mutmut_20": (
+            "ib = rng.integers(len(vb), size=(rounds, len(vb)))", INTEGERS),
+        "x_compare__mutmut_94": (
+            "(good if (strict[1] > eps) == (metric.sign > 0) else bad).append(name)", SIDE),
+        "x_compare__mutmut_95": (
+            "(good if (strict[0] >= eps) == (metric.sign > 0) else bad).append(name)", SIDE),
+        "x_compare__mutmut_97": (
+            "(good if (strict[0] > eps) == (metric.sign >= 0) else bad).append(name)",
+            "every metric's sign is +1 or -1: sign >= 0 and sign > 0 agree"),
+        "xǁMetricǁarrays__mutmut_11": (
+            "v = np.array([float(r[self.field]) for r in keep], dtype=None)", FLOATS),
+        "xǁMetricǁarrays__mutmut_13": ("v = np.array([float(r[self.field]) for r in keep], )", FLOATS),
+        "xǁMetricǁarrays__mutmut_19": (
+            "w = np.array([float(r[self.weight]) for r in keep], dtype=None) if self.weight \\", FLOATS),
+        "xǁMetricǁarrays__mutmut_21": (
+            "w = np.array([float(r[self.weight]) for r in keep], ) if self.weight \\", FLOATS),
+        "xǁMetricǁof__mutmut_7": ('with np.errstate(invalid=None, divide="ignore"):', ERRSTATE),
+        "xǁMetricǁof__mutmut_8": ('with np.errstate(invalid="ignore", divide=None):', ERRSTATE),
+        "xǁMetricǁof__mutmut_9": ('with np.errstate(divide="ignore"):', ERRSTATE),
+        "xǁMetricǁof__mutmut_10": ('with np.errstate(invalid="ignore", ):', ERRSTATE),
+        "xǁMetricǁof__mutmut_32": (
+            "return np.where(den > 0, v.sum(axis=1) / np.where(den >= 0, den, 1), np.nan)", OUTER),
+        "xǁMetricǁof__mutmut_34": (
+            "return np.where(den > 0, v.sum(axis=1) / np.where(den > 0, den, 2), np.nan)", OUTER),
     },
 }
