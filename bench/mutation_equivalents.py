@@ -207,4 +207,10 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
         "xǁMetricǁof__mutmut_34": (
             "return np.where(den > 0, v.sum(axis=1) / np.where(den > 0, den, 2), np.nan)", OUTER),
     },
+    "prefixgate/rewriter/ttl_choice.py": {
+        "x_plan__mutmut_37": (
+            "costs = [sum(c1[:j]) + sum(c5[j:]) for j in range(k + 2)]",
+            "the extra split j = k + 1 costs exactly what j = k does (slices past the end), and ties "
+            "go to the lower j"),
+    },
 }
