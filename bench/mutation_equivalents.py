@@ -34,6 +34,10 @@ ERRSTATE = ("the division never sees a zero (np.where puts 1 where den <= 0) nor
             "warning to silence")
 OUTER = "the outer np.where answers NaN wherever den <= 0, whatever the inner division gave there"
 
+SQL_CASE = "SQLite keywords and (unquoted) column names are case-insensitive: the same statement"
+SEPARATORS = ("the data column is only read back through json.loads: the default separators change its "
+              "whitespace, not a value")
+
 EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
     "prefixgate/proxy/routing/breaker.py": {
         "xǁBreakerǁavailable__mutmut_1": (
@@ -212,5 +216,25 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             "costs = [sum(c1[:j]) + sum(c5[j:]) for j in range(k + 2)]",
             "the extra split j = k + 1 costs exactly what j = k does (slices past the end), and ties "
             "go to the lower j"),
+    },
+    "prefixgate/cache/rollup.py": {
+        "x_cf_source_of__mutmut_6": (
+            'src = row.get("cf_source") or "XXXX"',
+            "neither '' nor 'XXXX' is a known source: both fall through to the row's flags"),
+        "x_create__mutmut_3": ('"backend text, tenant text, data text, "', SQL_CASE),
+        "x_create__mutmut_4": ('"BACKEND TEXT, TENANT TEXT, DATA TEXT, "', SQL_CASE),
+        "x_create__mutmut_6": ('"primary key (minute, route, model, backend, tenant))")', SQL_CASE),
+        "x_create__mutmut_7": ('"PRIMARY KEY (MINUTE, ROUTE, MODEL, BACKEND, TENANT))")', SQL_CASE),
+        "x_tenant_filter__mutmut_4": ('return (" and (tenant = ? or substr(tenant, 1, ?) = ?)",', SQL_CASE),
+        "x_tenant_filter__mutmut_5": ('return (" AND (TENANT = ? OR SUBSTR(TENANT, 1, ?) = ?)",', SQL_CASE),
+        "x_upsert__mutmut_35": ('"and backend=? and tenant=?", key).fetchone()', SQL_CASE),
+        "x_upsert__mutmut_36": ('"AND BACKEND=? AND TENANT=?", key).fetchone()', SQL_CASE),
+        "x_upsert__mutmut_52": (
+            '"values (?, ?, ?, ?, ?, ?)", (*key, json.dumps(data, separators=(",", ":"))))', SQL_CASE),
+        "x_upsert__mutmut_54": (
+            '"VALUES (?, ?, ?, ?, ?, ?)", (*key, json.dumps(data, separators=None)))', SEPARATORS),
+        "x_upsert__mutmut_56": ('"VALUES (?, ?, ?, ?, ?, ?)", (*key, json.dumps(data, )))', SEPARATORS),
+        "x_merge__mutmut_12": (
+            "a.setdefault(k, )", "dict.setdefault's default is None: the same call"),
     },
 }
