@@ -237,4 +237,11 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
         "x_merge__mutmut_12": (
             "a.setdefault(k, )", "dict.setdefault's default is None: the same call"),
     },
+    "prefixgate/proxy/routing/fanout.py": {
+        "x_fanout_key__mutmut_36": (
+            'name = tenant.encode("UTF-8", "surrogatepass")', "codec names are case-insensitive: UTF-8 is utf-8"),
+        "xǁGateCoreǁanswered__mutmut_23": (
+            "self.warm.popitem(last=None)",
+            "OrderedDict.popitem reads `last` for its truth: None pops the oldest as False does"),
+    },
 }

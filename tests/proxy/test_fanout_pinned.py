@@ -40,8 +40,8 @@ def test_an_answered_writer_makes_the_prefix_warm_and_feeds_the_ewma() -> None:
     assert g.ttft_ewma_s == 3.0 and g.warm["k"] == 313.0 and "k" not in g.writers
     assert g.arrive("k", 312.9) is None and "k" not in g.writers  # warm: go, no new writer
     assert g.arrive("k", 313.0) is None and g.writers == {"k": 313.0}  # expired: a new writer
-    g.answered("k", 314.0, ok=True)  # TTFT 1 s: 0.8 x 3 + 0.2 x 1
-    assert g.ttft_ewma_s == pytest.approx(0.8 * 3.0 + 0.2 * 1.0, rel=1e-12)
+    g.answered("k", 315.0, ok=True)  # TTFT 2 s: 0.8 x 3 + 0.2 x 2 = 2.8
+    assert g.ttft_ewma_s == pytest.approx(2.8, rel=1e-12)
 
 
 def test_a_failed_writer_leaves_the_prefix_cold_and_the_ewma_alone() -> None:
