@@ -46,6 +46,9 @@ RADIX = ["tests/engine/test_radix_cache.py", "tests/engine/test_radix_lock_shape
          "tests/engine/test_radix_machine_shared_prefixes.py"]
 SCHED = ["tests/engine/test_scheduler_pool_pressure.py"]
 SPEC = ["tests/engine/test_spec_rollback.py", "tests/engine/test_spec_verify.py"]
+ROUTE = ["tests/routing/test_breaker_machine.py", "tests/routing/test_retries_pinned.py"]
+LIMIT = ["tests/proxy/test_ratelimit_pinned.py"]
+ATTR = ["tests/cache/test_attribution_pinned.py"]
 
 
 def m(id: str, file: str, original: str, replacement: str, tests: list[str], bug: str) -> Mutant:
@@ -223,4 +226,20 @@ MUTANTS: list[Mutant] = [
       "    while m < len(draft) and draft[m] == target[m]:",
       "    while m < len(draft) and (m == 0 or draft[m - 1] == target[m - 1]):", SPEC,
       "greedy verification accepts the first mismatching draft token"),
+    # -- routing, limits, attribution (issue 21: the two real bugs found, and the audit's classes) --
+    m("shared_same_ms_news_dropped", "prefixgate/proxy/routing/shared.py",
+      'if self._applied.get(name, float("-inf")) > stamp:',
+      'if self._applied.get(name, float("-inf")) >= stamp:', ROUTE,
+      "a breaker reopening stamped in the same millisecond as the closing a peer applied is dropped"),
+    m("retries_ties_by_name_alone", "prefixgate/proxy/routing/retries.py",
+      "key=lambda i: (loads[i], rank[i]))", "key=lambda i: (loads[i], i))", ROUTE,
+      "equally loaded next deployments always in the group's order, whatever the key"),
+    m("ratelimit_refusal_counted", "prefixgate/proxy/http/ratelimit.py",
+      '            if rpm is not None and c[0] >= rpm:\n                return Refusal("requests", rpm, left)',
+      '            if rpm is not None and c[0] >= rpm:\n                c[0] += 1\n'
+      '                return Refusal("requests", rpm, left)', LIMIT,
+      "a refused request still counted against the window"),
+    m("attribution_remainder_double_counts", "prefixgate/cache/attribution.py",
+      "rest = total - sum(out.values())", "rest = total", ATTR,
+      "the unattributed remainder repeats the whole saving: the parts no longer add up"),
 ]

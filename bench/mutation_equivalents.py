@@ -10,6 +10,34 @@ from __future__ import annotations
 UNREACHABLE_FALLBACK = ("unreachable: with session_balance >= 1, the group's live keys number total - 1 < "
                         "n * cap, so some deployment is under the cap and the generator never runs out")
 
+PROTOCOL = "the Limiter Protocol's method is never run: each limiter has its own signature and defaults"
+PRUNE = ("_window only skips a repeated prune within one window; pruning is idempotent, so a prune "
+         "more (or one skipped in a window with no counters yet) keeps the same counters")
+NEVER_RAISES = ("the drained tasks (_add) never raise: RedisLink.run answers the fallback for any Redis "
+                "error and MemoryLimiter.add_tokens cannot fail, so return_exceptions is never used")
+
+EMPTY_MATCH = ("a one-id prompt's match of ids[:-1] = [] is 0 (the root has no key), as the else "
+               "branch says: the match only advances the recency clock")
+ROOT = "the root's key and last_access are never read: match / insert start at its children, and the "\
+       "root never enters the eviction heap"
+SPLIT = ("the assertion holds on every call (insert splits a child under a parent where 0 < n < its "
+         "length), so a weaker one never fires either")
+
+SALT_ONE = ("a salted prompt of 0 or 1 ids matches at most the salt's pseudo id, and max(0, match - 1) "
+            "is then 0, as the else branch says")
+
+INTEGERS = "Generator.integers(n, size=...) draws from [0, n) as integers(0, n, size=...) does, same stream"
+SIDE = ("entered only when strict[0] > eps or strict[1] < -eps with strict[0] <= strict[1] and eps >= 0, "
+        "where strict[1] > eps and strict[0] >= eps each agree with strict[0] > eps")
+FLOATS = "the values are Python floats already (float(...)): numpy infers float64, and an empty list is float64 too"
+ERRSTATE = ("the division never sees a zero (np.where puts 1 where den <= 0) nor a NaN, so there is no "
+            "warning to silence")
+OUTER = "the outer np.where answers NaN wherever den <= 0, whatever the inner division gave there"
+
+SQL_CASE = "SQLite keywords and (unquoted) column names are case-insensitive: the same statement"
+SEPARATORS = ("the data column is only read back through json.loads: the default separators change its "
+              "whitespace, not a value")
+
 EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
     "prefixgate/proxy/routing/breaker.py": {
         "xǁBreakerǁavailable__mutmut_1": (
@@ -46,10 +74,6 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             'placed = ""',
             "placed is replaced in prefix / exact mode and never read by choose in round_robin / "
             "least_load (they return first)"),
-        "xǁSenderǁorder__mutmut_74": (
-            "key=lambda i: (loads[i], rendezvous(None, [names[i]])))",
-            "rendezvous over a one-name list is always 0, whatever the key: the tie-break is the "
-            "group's order either way (a no-op in the original too, reported)"),
         "xǁSenderǁrun__mutmut_30": (
             "sent, paid = 0, True  # paid: the next send's budget token is already taken",
             "`paid` is read only when `sent` is non-zero, and the first send resets it to False"),
@@ -72,7 +96,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             "self.replica = replica or uuid.uuid4().hex[:13]",
             "the default replica id only has to be unique per process: 12 or 13 hex digits alike"),
         "xǁSharedRoutingǁ_apply_breaker__mutmut_17": (
-            'if self._applied.get(name, float("-INF")) >= stamp:',
+            'if self._applied.get(name, float("-INF")) > stamp:',
             'float() reads "-INF" as "-inf": the same value'),
         "xǁSharedRoutingǁrefresh__mutmut_14": (
             'if self.clock() - self._read_at.get(key, float("-INF")) < self.max_age_s:',
@@ -87,5 +111,137 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             "and now - self._written.get(n, 1.0) > self.load_ttl_s / 2):",
             "the default only applies before a replica's first write, and the unix clock is far "
             "past load_ttl_s / 2 + 1 s: both defaults ask for the write"),
+    },
+    "prefixgate/config/routing.py": {
+        "xǁRouteTargetsǁchain__mutmut_4": (
+            'own = self.backends or [self.backend or "XXXX"]',
+            "unreachable: the model validator sets backend to backends[0] whenever it is None, so "
+            "the empty-string default is never taken"),
+    },
+    "prefixgate/proxy/http/ratelimit.py": {
+        "x_window_of__mutmut_3": (
+            "w = int(now / WINDOW_S)",
+            "unix time is >= 0, where int() truncates the quotient as floor does (no float just under "
+            "60 k rounds up to k: checked for k < 200,000)"),
+        "xǁLimiterǁadmit__mutmut_1": (
+            "async def admit(self, key_id: str, rpm: int | None, tpm: int | None, tokens: int = 1,",
+            PROTOCOL),
+        "xǁLimiterǁadmit__mutmut_2": ("pending: int = 1) -> Refusal | None:", PROTOCOL),
+        "xǁMemoryLimiterǁ__init____mutmut_4": ("self._window = None", PRUNE),
+        "xǁMemoryLimiterǁ__init____mutmut_5": ("self._window = +1", PRUNE),
+        "xǁMemoryLimiterǁ_prune__mutmut_7": ("self._window = None", PRUNE),
+        "xǁRedisLimiterǁdrain__mutmut_1": (
+            "await asyncio.gather(*list(self._tasks), return_exceptions=None)", NEVER_RAISES),
+        "xǁRedisLimiterǁdrain__mutmut_3": ("await asyncio.gather(*list(self._tasks), )", NEVER_RAISES),
+        "xǁRedisLimiterǁdrain__mutmut_5": (
+            "await asyncio.gather(*list(self._tasks), return_exceptions=False)", NEVER_RAISES),
+    },
+    "prefixgate/cache/attribution.py": {
+        "x_attribute_usd__mutmut_27": (
+            'price = price_for(str(row.get("model") or "XXXX"))',
+            "no price id is a prefix of 'XXXX' or of '': a row without a model is unpriced either way"),
+    },
+    "prefixgate/cache/provider_models/token_radix.py": {
+        "x_common_prefix__mutmut_12": (
+            "mid = (lo + hi + 2) // 2",
+            "any mid in (lo, hi] keeps the binary search exact, and (lo + hi + 2) // 2 is in (lo, hi] "
+            "whenever lo < hi"),
+        "x_engine_cached_tokens__mutmut_9": (
+            "matched = tree.match(ids[:-1]) if (len(ids) > 1) or True else 0", EMPTY_MATCH),
+        "x_engine_cached_tokens__mutmut_13": (
+            "matched = tree.match(ids[:-1]) if len(ids) >= 1 else 0", EMPTY_MATCH),
+        "xǁTokenRadixǁ__init____mutmut_11": (
+            "self._clock = itertools.count(2)",
+            "recency is only compared (heap order, touched = newer): a clock starting at 2 orders alike"),
+        "xǁTokenRadixǁ__init____mutmut_13": ("self._root = _Node(None, None, 0)", ROOT),
+        "xǁTokenRadixǁ__init____mutmut_14": ("self._root = _Node(array(\"i\"), None, None)", ROOT),
+        "xǁTokenRadixǁ__init____mutmut_20": ("self._root = _Node(array(\"I\"), None, 0)", ROOT),
+        "xǁTokenRadixǁ__init____mutmut_21": ("self._root = _Node(array(\"i\"), None, 1)", ROOT),
+        "xǁTokenRadixǁ_evict__mutmut_1": (
+            "if self.total_tokens < self.capacity_tokens:",
+            "at total == capacity the eviction loop's own test (total > capacity) evicts nothing"),
+        "xǁTokenRadixǁ_split__mutmut_1": (
+            "assert node.parent is not None or 0 < at < len(node.key)", SPLIT),
+        "xǁTokenRadixǁ_split__mutmut_4": (
+            "assert node.parent is not None and 0 <= at < len(node.key)", SPLIT),
+        "xǁTokenRadixǁ_split__mutmut_5": (
+            "assert node.parent is not None and 0 < at <= len(node.key)", SPLIT),
+        "x_salt_id__mutmut_15": (
+            'return -1 - (int(hashlib.sha256(salt.encode("UTF-8", "surrogatepass")).hexdigest()[:8], 16)',
+            "codec names are case-insensitive: UTF-8 is utf-8"),
+        "xǁTokenCachesǁprocess__mutmut_12": (
+            "matched = max(0, tree.match(keyed[:-1]) - 1) if (len(ids) > 1) or True else 0", SALT_ONE),
+        "xǁTokenCachesǁprocess__mutmut_23": (
+            "matched = max(0, tree.match(keyed[:-1]) - 1) if len(ids) >= 1 else 0", SALT_ONE),
+        "xǁTokenCachesǁprocess__mutmut_44": (
+            "self._trees.popitem(last=None)",
+            "OrderedDict.popitem reads `last` for its truth: None pops the oldest as False does"),
+        "xǁTokenRadixǁ_split__mutmut_9": (
+            "upper = _Node(node.key[:at], node.parent, None)",
+            "insert sets the returned upper node's last_access to now at once, before any read"),
+    },
+    "prefixgate/cache/holdout_stats.py": {
+        "x__rng__mutmut_10": (
+            "return np.random.default_rng(int.from_bytes(h[:8], ))",
+            "int.from_bytes defaults to big-endian since Python 3.11 (the project's floor)"),
+        "x_bootstrap_diffs__mutmut_12": (
+            "ia = rng.integers(len(va), size=(rounds, len(va)))", INTEGERS),
+        "x_bootstrap_diffs__mutmut_20": (
+            "ib = rng.integers(len(vb), size=(rounds, len(vb)))", INTEGERS),
+        "x_compare__mutmut_94": (
+            "(good if (strict[1] > eps) == (metric.sign > 0) else bad).append(name)", SIDE),
+        "x_compare__mutmut_95": (
+            "(good if (strict[0] >= eps) == (metric.sign > 0) else bad).append(name)", SIDE),
+        "x_compare__mutmut_97": (
+            "(good if (strict[0] > eps) == (metric.sign >= 0) else bad).append(name)",
+            "every metric's sign is +1 or -1: sign >= 0 and sign > 0 agree"),
+        "xǁMetricǁarrays__mutmut_11": (
+            "v = np.array([float(r[self.field]) for r in keep], dtype=None)", FLOATS),
+        "xǁMetricǁarrays__mutmut_13": ("v = np.array([float(r[self.field]) for r in keep], )", FLOATS),
+        "xǁMetricǁarrays__mutmut_19": (
+            "w = np.array([float(r[self.weight]) for r in keep], dtype=None) if self.weight \\", FLOATS),
+        "xǁMetricǁarrays__mutmut_21": (
+            "w = np.array([float(r[self.weight]) for r in keep], ) if self.weight \\", FLOATS),
+        "xǁMetricǁof__mutmut_7": ('with np.errstate(invalid=None, divide="ignore"):', ERRSTATE),
+        "xǁMetricǁof__mutmut_8": ('with np.errstate(invalid="ignore", divide=None):', ERRSTATE),
+        "xǁMetricǁof__mutmut_9": ('with np.errstate(divide="ignore"):', ERRSTATE),
+        "xǁMetricǁof__mutmut_10": ('with np.errstate(invalid="ignore", ):', ERRSTATE),
+        "xǁMetricǁof__mutmut_32": (
+            "return np.where(den > 0, v.sum(axis=1) / np.where(den >= 0, den, 1), np.nan)", OUTER),
+        "xǁMetricǁof__mutmut_34": (
+            "return np.where(den > 0, v.sum(axis=1) / np.where(den > 0, den, 2), np.nan)", OUTER),
+    },
+    "prefixgate/rewriter/ttl_choice.py": {
+        "x_plan__mutmut_37": (
+            "costs = [sum(c1[:j]) + sum(c5[j:]) for j in range(k + 2)]",
+            "the extra split j = k + 1 costs exactly what j = k does (slices past the end), and ties "
+            "go to the lower j"),
+    },
+    "prefixgate/cache/rollup.py": {
+        "x_cf_source_of__mutmut_6": (
+            'src = row.get("cf_source") or "XXXX"',
+            "neither '' nor 'XXXX' is a known source: both fall through to the row's flags"),
+        "x_create__mutmut_3": ('"backend text, tenant text, data text, "', SQL_CASE),
+        "x_create__mutmut_4": ('"BACKEND TEXT, TENANT TEXT, DATA TEXT, "', SQL_CASE),
+        "x_create__mutmut_6": ('"primary key (minute, route, model, backend, tenant))")', SQL_CASE),
+        "x_create__mutmut_7": ('"PRIMARY KEY (MINUTE, ROUTE, MODEL, BACKEND, TENANT))")', SQL_CASE),
+        "x_tenant_filter__mutmut_4": ('return (" and (tenant = ? or substr(tenant, 1, ?) = ?)",', SQL_CASE),
+        "x_tenant_filter__mutmut_5": ('return (" AND (TENANT = ? OR SUBSTR(TENANT, 1, ?) = ?)",', SQL_CASE),
+        "x_upsert__mutmut_35": ('"and backend=? and tenant=?", key).fetchone()', SQL_CASE),
+        "x_upsert__mutmut_36": ('"AND BACKEND=? AND TENANT=?", key).fetchone()', SQL_CASE),
+        "x_upsert__mutmut_52": (
+            '"values (?, ?, ?, ?, ?, ?)", (*key, json.dumps(data, separators=(",", ":"))))', SQL_CASE),
+        "x_upsert__mutmut_54": (
+            '"VALUES (?, ?, ?, ?, ?, ?)", (*key, json.dumps(data, separators=None)))', SEPARATORS),
+        "x_upsert__mutmut_56": ('"VALUES (?, ?, ?, ?, ?, ?)", (*key, json.dumps(data, )))', SEPARATORS),
+        "x_merge__mutmut_12": (
+            "a.setdefault(k, )", "dict.setdefault's default is None: the same call"),
+    },
+    "prefixgate/proxy/routing/fanout.py": {
+        "x_fanout_key__mutmut_36": (
+            'name = tenant.encode("UTF-8", "surrogatepass")', "codec names are case-insensitive: UTF-8 is utf-8"),
+        "xǁGateCoreǁanswered__mutmut_23": (
+            "self.warm.popitem(last=None)",
+            "OrderedDict.popitem reads `last` for its truth: None pops the oldest as False does"),
     },
 }

@@ -56,6 +56,7 @@ TARGETS: dict[str, list[str]] = {
                                             "tests/routing/test_retries_paths.py"],
     "prefixgate/proxy/routing/shared.py": [SHARED, "tests/routing/test_breaker_machine.py",
                                            "tests/routing/test_shared_pinned.py"],
+    "prefixgate/config/routing.py": [R, "tests/config/test_routing_config_pinned.py"],
     "prefixgate/proxy/http/ratelimit.py": ["tests/proxy/test_auth_and_limits.py",
                                           "tests/adversarial/test_tpm_charges_what_is_spent.py",
                                           "tests/proxy/test_ratelimit_pinned.py"],
@@ -65,6 +66,7 @@ TARGETS: dict[str, list[str]] = {
                                           "tests/cache/test_holdout_pinned.py"],
     "prefixgate/cache/savings.py": ["tests/cache/test_savings_math.py", "tests/cache/test_time_saved.py",
                                     "tests/cache/test_savings_pinned.py"],
+    "prefixgate/cache/attribution.py": ["tests/cache/test_attribution.py", "tests/cache/test_attribution_pinned.py"],
     "prefixgate/cache/ledger_writer.py": ["tests/cache/test_ledger_writer.py", "tests/cache/test_ledger_writer_pinned.py"],
     "prefixgate/cache/responses_store.py": ["tests/proxy/test_responses_store.py",
                                             "tests/cache/test_responses_store_machine.py"],
@@ -107,6 +109,25 @@ def mutmut(work: Path, *args: str, capture: bool = False) -> subprocess.Complete
     env.update(HYPOTHESIS_PROFILE="ci", PREFIXGATE_DATA_DIR=str(DATA))
     return subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=work, env=env, text=True,
                           capture_output=capture)
+
+
+_DIFFS = """
+import json, sys
+from pathlib import Path
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+path, names = Path(sys.argv[1]), json.loads(sys.stdin.read())
+print(json.dumps({n: get_diff_for_mutant(n, path=path) for n in names}))
+"""
+
+
+def diffs_of(work: Path, module: str, names: list[str]) -> dict[str, str]:
+    """Each mutant's diff (what ``mutmut show`` prints), all in one process (``mutmut show``
+    per mutant costs an interpreter start each, minutes for a module's survivors)."""
+    if not names:
+        return {}
+    got = subprocess.run([sys.executable, "-c", _DIFFS, module], cwd=work, input=json.dumps(names),
+                         text=True, capture_output=True, check=True)
+    return json.loads(got.stdout)
 
 
 def mutated_lines(diff: str) -> list[str]:
@@ -230,8 +251,7 @@ def rerun(work: Path, module: str, tests: list[str], jobs: int, out: Path) -> in
     """Refresh ``work``'s tests/ from the work tree, run only the unexplained survivors of the
     last run (by name; every other verdict stands, the source being unchanged), score."""
     verdicts = read_verdicts(work, module)
-    diffs = {name: mutmut(work, "show", name, capture=True).stdout
-             for name, code in verdicts.items() if code not in KILLED_CODES}
+    diffs = diffs_of(work, module, [name for name, code in verdicts.items() if code not in KILLED_CODES])
     todo = [name for name, _, _ in classify(module, verdicts, diffs)["unexplained"]]
     changed = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", module], cwd=REPO).returncode
     if changed or (REPO / module).read_text() != (work / module).read_text():
@@ -252,8 +272,7 @@ def rerun(work: Path, module: str, tests: list[str], jobs: int, out: Path) -> in
 def score(work: Path, module: str, out: Path) -> int:
     """Classify the verdicts of the run in ``work``, print the unexplained survivors, record."""
     verdicts = read_verdicts(work, module)
-    diffs = {name: mutmut(work, "show", name, capture=True).stdout
-             for name, code in verdicts.items() if code not in KILLED_CODES}
+    diffs = diffs_of(work, module, [name for name, code in verdicts.items() if code not in KILLED_CODES])
     result = classify(module, verdicts, diffs)
     for name, diff, why in result["unexplained"]:
         print(f"\n### SURVIVED {name} ({why})\n{diff}")

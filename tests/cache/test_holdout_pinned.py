@@ -213,3 +213,85 @@ def test_cached_share_is_monotone_in_cached_tokens(rs: list[dict], i: int, more:
     after = m.point([dict(r, cached_tokens=r["cached_tokens"] + more) if k == j else r
                      for k, r in enumerate(rs)])
     assert before is not None and after is not None and after > before
+
+
+# ---- issue 21, round two: the seeding, the bootstrap's edges, the noise tolerance, buckets --------
+
+def _arm(n: int, k: int) -> list[dict[str, object]]:
+    return [{"prompt_tokens": 600 + i, "cached_tokens": (i * k) % 500, "input_usd": 0.001 * (i % 7),
+             "ttft_ms": 100.0 + (i * k) % 50} for i in range(n)]
+
+
+RW, HO = _arm(25, 37), [{**r, "holdout": True} for r in _arm(25, 13)]
+
+
+def test_each_metric_draws_from_its_own_seeded_generator() -> None:
+    """The generator of (seed, bucket, metric) is pinned: sha256("seed:bucket:metric"), first 8
+    bytes big-endian; compare's intervals are exactly the bootstrap of that generator."""
+    assert hs._rng(0, "all", "ttft_p50_ms").integers(0, 10**9) == 392167128
+    assert hs._rng(7, "1k-4k", "cached_share").integers(0, 10**9) == 369758890
+    got = compare(RW, HO, seed=3)
+    for name, metric in METRICS.items():
+        d = hs.bootstrap_diffs(RW, HO, metric, hs._rng(3, "all", name))
+        ci = interval(d)
+        assert ci is not None and got[name]["ci95"] == [ci[0], ci[1]]
+
+
+def test_the_default_seed_is_zero_and_the_report_passes_its_seed_on() -> None:
+    assert compare(RW, HO) == compare(RW, HO, seed=0)
+    assert holdout_report(RW + HO) == holdout_report(RW + HO, seed=0)
+    rep = holdout_report(RW + HO, seed=5)
+    assert rep["overall"] == compare(RW, HO, seed=5)
+    assert rep["buckets"] == [compare(RW, HO, seed=5, label="0-1k")]  # every prompt is under 1024
+
+
+def test_the_bootstrap_with_one_record_per_arm_and_with_an_empty_arm() -> None:
+    m = METRICS["ttft_p50_ms"]
+    d = hs.bootstrap_diffs([{"ttft_ms": 5.0}], [{"ttft_ms": 1.0}], m, hs._rng(0, "x"), rounds=10)
+    assert d.tolist() == [4.0] * 10  # index 0 is drawn (the only one)
+    assert len(hs.bootstrap_diffs([], [{"ttft_ms": 1.0}], m, hs._rng(0, "x"))) == 0
+    assert len(hs.bootstrap_diffs([{"ttft_ms": 1.0}], [], m, hs._rng(0, "x"))) == 0
+
+
+def test_interval_needs_half_the_rounds_rounded_down() -> None:
+    assert interval(np.array([1.0, 2.0]), rounds=5) is not None  # 2 >= 5 // 2
+    assert interval(np.array([1.0]), rounds=5) is None
+
+
+def test_a_ratio_under_a_fractional_denominator() -> None:
+    share = METRICS["cached_share"]
+    assert share.of(np.array([[0.25]]), np.array([[0.5]])).tolist() == [0.5]
+
+
+def test_the_mixed_reason_lists_each_side() -> None:
+    assert hs.verdict(False, ["a", "b"], ["c", "d"]) == (
+        INCONCLUSIVE, "mixed: better a, b; worse c, d")
+
+
+def _share_arms(rw_cached: int, rw_prompt: int, ho_cached: int, ho_prompt: int
+                ) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    rw = [{"prompt_tokens": rw_prompt, "cached_tokens": rw_cached}] * MIN_PER_ARM
+    ho = [{"prompt_tokens": ho_prompt, "cached_tokens": ho_cached, "holdout": True}] * MIN_PER_ARM
+    return rw, ho
+
+
+def test_a_tiny_share_against_zero_is_still_a_difference() -> None:
+    """The noise tolerance is relative to the larger figure: 1e-10 against 0 is a difference
+    (a tolerance of 1e-9 absolute would hide it)."""
+    rw, ho = _share_arms(0, 1000, 1, 10**10)
+    assert compare(rw, ho)["verdict"] == HURTS
+    rw, ho = _share_arms(1, 10**10, 0, 1000)
+    assert compare(rw, ho)["verdict"] == HELPS
+
+
+def test_two_arms_of_zero_share_are_no_difference() -> None:
+    rw, ho = _share_arms(0, 1000, 0, 1000)
+    got = compare(rw, ho)
+    assert got["cached_share"]["ci95"] == [0.0, 0.0] and got["verdict"] == NO_DIFF
+
+
+def test_buckets_include_their_lower_edge_and_exclude_their_upper() -> None:
+    recs = [{"prompt_tokens": 0}, {"prompt_tokens": 1023}, {"prompt_tokens": 1024},
+            {"prompt_tokens": 4095, "holdout": True}]
+    got = {b["bucket"]: (b["n_rewritten"], b["n_holdout"]) for b in holdout_report(recs)["buckets"]}
+    assert got == {"0-1k": (2, 0), "1k-4k": (1, 1)}

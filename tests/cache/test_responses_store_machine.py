@@ -178,3 +178,9 @@ class Store(RuleBasedStateMachine):
 
 Store.TestCase.settings = settings(max_examples=150, stateful_step_count=40)
 test_the_store_keeps_its_bounds = Store.TestCase
+
+
+def test_the_default_bounds() -> None:
+    """10,000 responses, 256 MiB held, 24 h (the module's documented defaults)."""
+    s = MemoryResponseStore()
+    assert (s.max_entries, s.max_bytes, s.ttl_s) == (10_000, 256 * 1024 * 1024, 86_400.0)

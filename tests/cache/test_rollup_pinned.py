@@ -203,3 +203,47 @@ def test_hist_percentile_is_monotone_in_p(xs: list[float], p: float, q: float) -
     assert a is not None and b is not None and a <= b
     first = min(int(k) for k in h)
     assert a >= rollup.LAT_EDGES_MS[first]
+
+
+# ---- issue 21, round two -------------------------------------------------------------------------
+
+def test_an_explicit_cf_source_wins_over_the_row_flags() -> None:
+    assert rollup.cf_source_of({"cf_source": "modelled", "holdout": True}) == "modelled"
+    assert rollup.cf_source_of({"cf_source": "holdout", "cf_cached_tokens": 5, "edits": "x"}) == "holdout"
+    assert rollup.cf_source_of({"cf_source": "measured", "holdout": True}) == "measured"
+
+
+def test_counts_over_adds_same_index_keys_and_drops_out_of_range() -> None:
+    assert rollup.counts_over({"1": 2, "01": 3, "3": 7, "-1": 4}, 3) == [0, 5, 0]
+
+
+def test_hist_percentile_walks_the_running_count_and_past_100_reports_the_last_edge() -> None:
+    e = rollup.LAT_EDGES_MS
+    assert rollup.hist_percentile({"0": 1, "1": 1, "2": 1}, 100) == e[3]  # 2 seen before bucket 2
+    assert rollup.hist_percentile({"0": 1, "1": 1, "3": 2}, 150) == float(e[3])
+
+
+def _db() -> sqlite3.Connection:
+    db = sqlite3.connect(":memory:")
+    rollup.create(db)
+    return db
+
+
+def test_each_key_field_keeps_its_own_rollup_row() -> None:
+    db = _db()
+    base = {"ts": 60, "route": "r", "model": "a", "backend": "x", "tenant": "t1", "status": "ok"}
+    for row in (base, {**base, "model": "b"}, {**base, "backend": "y"}, {**base, "tenant": "t2"},
+                {**base, "tenant": None}, base):
+        rollup.upsert(db, row)
+    got = sorted((r["model"], r["backend"], r["tenant"], r["data"]["requests"]) for r in rollup.read(db, 0, 999))
+    assert got == [("a", "x", "", 1), ("a", "x", "t1", 2), ("a", "x", "t2", 1), ("a", "y", "t1", 1),
+                   ("b", "x", "t1", 1)]
+
+
+def test_reading_one_tenant_keeps_its_sub_tenants_only() -> None:
+    db = _db()
+    for t in ("acme", "acme/team", "acme2", "other", ""):
+        rollup.upsert(db, {"ts": 60, "route": "r", "tenant": t, "status": "ok"})
+    assert sorted(r["tenant"] for r in rollup.read(db, 0, 999, tenant="acme")) == ["acme", "acme/team"]
+    assert sorted(r["tenant"] for r in rollup.read(db, 0, 999, tenant="acme/team")) == ["acme/team"]
+    assert len(rollup.read(db, 0, 999)) == 5

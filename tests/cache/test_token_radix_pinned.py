@@ -18,6 +18,7 @@ from prefixgate.cache.provider_models.token_radix import (
     TokenRadix,
     common_prefix,
     engine_cached_tokens,
+    salt_id,
 )
 
 
@@ -105,14 +106,32 @@ def test_eviction_stops_as_soon_as_it_fits() -> None:
 
 
 def test_capacity_must_be_positive() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^capacity_tokens must be positive$"):
         TokenRadix(0)
-    with pytest.raises(ValueError):
+    assert TokenRadix(1).capacity_tokens == 1
+    with pytest.raises(ValueError, match="^max_keys and total_tokens must be positive$"):
         TokenCaches(max_keys=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^max_keys and total_tokens must be positive$"):
         TokenCaches(total_tokens=0)
-    with pytest.raises(ValueError):
+    one = TokenCaches(max_keys=1, total_tokens=1)  # the smallest bounds are allowed
+    assert (one.max_keys, one.total_cap) == (1, 1)
+    with pytest.raises(ValueError, match="^page_size must be positive$"):
         engine_cached_tokens(TokenRadix(), [1, 2], page_size=0)
+
+
+def test_a_parent_with_children_left_is_never_evicted_with_them() -> None:
+    """A=[1,2] over B=[3] and D=[5] over E=[6], F=[7]; inserting [9] at capacity 2 evicts B,
+    E, F, then D and A as each is left childless: the count stays exact (a parent evicted while
+    it still held D would drop D's id uncounted)."""
+    t = TokenRadix(capacity_tokens=100)
+    t.insert([1, 2, 3])
+    t.insert([1, 2, 5, 6])
+    t.insert([1, 2, 5, 7])
+    t.capacity_tokens = 2
+    assert t.total_tokens == 6
+    t.insert([9])
+    t.check()
+    assert t.total_tokens == 1 and t.match([1, 2, 5, 7]) == 0 and t.match([9]) == 1
 
 
 def test_engine_cached_tokens_all_but_the_last_rounded_to_pages() -> None:
@@ -146,3 +165,85 @@ def test_the_total_bound_drops_old_keys_but_never_the_one_in_use() -> None:
     assert len(c) == 2 and c.stored_tokens() == 10  # exactly at the bound: both kept
     c.process("c", list(range(200, 212)))  # 12 alone, over the bound: the others go, c stays
     assert list(c._trees) == ["c"] and c.stored_tokens() == 12
+
+
+def test_salt_id_is_a_negative_31_bit_pseudo_id_of_the_salts_sha256() -> None:
+    """-1 - (first 8 hex digits of sha256(salt) & 0x3FFFFFFF): values pinned, never a real id."""
+    assert salt_id("a") == -177701139 and salt_id("tenant-1") == -177646516
+    assert salt_id("") == -598787139
+    assert salt_id("\ud800") == -296124858  # a lone surrogate is hashed, never an error
+    for s in ("a", "b", "tenant-1", "x" * 500):
+        assert -(2**30) <= salt_id(s) <= -1
+
+
+def test_a_salted_prompt_matches_only_its_own_salt() -> None:
+    """The pseudo id leads the path: the same ids under another salt, or none, share nothing;
+    the pseudo id is stored (it takes one id of capacity) but never counted as cached."""
+    c = TokenCaches(capacity_tokens=100)
+    first = c.process("k", [1, 2, 3, 4], salt="s")
+    assert (first.input_tokens, first.cached_read_tokens, first.uncached_tokens) == (4, 0, 4)
+    assert c.stored_tokens() == 5  # 4 ids + the salt's pseudo id
+    again = c.process("k", [1, 2, 3, 4], salt="s")
+    assert (again.cached_read_tokens, again.uncached_tokens) == (3, 1)  # all but the last id
+    assert c.process("k", [1, 2, 3, 4], salt="t").cached_read_tokens == 0
+    assert c.process("k", [1, 2, 3, 4]).cached_read_tokens == 0  # unsalted: another path
+    assert c.process("k", [1, 2, 3, 4]).cached_read_tokens == 3
+    assert len(c) == 1 and c.stored_tokens() == 5 + 5 + 4
+
+
+def test_a_salted_two_id_prompt_caches_one_and_a_one_id_prompt_none() -> None:
+    c = TokenCaches(capacity_tokens=100)
+    c.process("k", [7, 8], salt="s")
+    assert c.process("k", [7, 8], salt="s").cached_read_tokens == 1
+    c.process("k", [9], salt="s")
+    assert c.process("k", [9], salt="s").cached_read_tokens == 0
+
+
+def test_salted_cached_tokens_round_down_to_pages() -> None:
+    c = TokenCaches(capacity_tokens=100, page_size=2)
+    ids = [1, 2, 3, 4, 5]
+    c.process("k", ids, salt="s")
+    assert c.process("k", ids, salt="s").cached_read_tokens == 4  # 4 of 4 matched: 4
+    assert c.process("k", [1, 2, 3, 4], salt="s").cached_read_tokens == 2  # 3 matched: 2
+
+
+def _tree() -> tuple[TokenRadix, object]:
+    t = TokenRadix(capacity_tokens=100)
+    t.insert([1, 2, 3])
+    t.insert([1, 2, 4])
+    return t, t._root.children[1]
+
+
+def test_check_catches_a_child_keyed_by_another_id() -> None:
+    t, upper = _tree()
+    t.check()
+    kids = upper.children  # type: ignore[attr-defined]
+    kids[9] = kids.pop(3)
+    with pytest.raises(AssertionError):
+        t.check()
+
+
+def test_check_catches_a_child_not_pointing_back() -> None:
+    t, upper = _tree()
+    upper.children[3].parent = t._root  # type: ignore[attr-defined]
+    with pytest.raises(AssertionError):
+        t.check()
+
+
+def test_check_catches_an_empty_key_and_a_wrong_total() -> None:
+    t, upper = _tree()
+    from array import array
+    upper.children[3].key = array("i")  # type: ignore[attr-defined]
+    with pytest.raises(AssertionError):
+        t.check()
+    t2, _ = _tree()
+    t2.total_tokens += 1
+    with pytest.raises(AssertionError):
+        t2.check()
+
+
+def test_unsalted_cached_tokens_round_down_to_the_caches_pages() -> None:
+    c = TokenCaches(capacity_tokens=100, page_size=2)
+    c.process("k", [1, 2, 3, 4, 5])
+    assert c.process("k", [1, 2, 3, 4, 5]).cached_read_tokens == 4
+    assert c.process("k", [1, 2, 3, 4]).cached_read_tokens == 2  # 3 matched: one page of 2

@@ -239,3 +239,65 @@ def test_a_large_body_is_estimated_off_the_loop_with_the_same_answer(monkeypatch
     assert asyncio.run(prompt_estimate({"a": "xyz"}, rl.OFF_LOOP_BYTES + 1)) == 3
     assert calls == [estimate_now]
     assert asyncio.run(prompt_estimate({"a": "xyz"}, rl.OFF_LOOP_BYTES)) == 3 and len(calls) == 1
+
+
+def test_an_unserializable_body_is_estimated_from_its_size_on_both_paths(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The byte-size fallback gets the size it was given, on and off the loop."""
+    assert asyncio.run(prompt_estimate({"a": object()}, 10)) == 3
+
+    async def run_sync(fn: Any, *a: Any) -> Any:
+        return fn(*a)
+
+    monkeypatch.setattr(rl.anyio.to_thread, "run_sync", run_sync)
+    big = rl.OFF_LOOP_BYTES + 1
+    assert asyncio.run(prompt_estimate({"a": object()}, big)) == (big + 3) // 4
+
+
+def test_tokens_for_a_window_never_counted_go_nowhere() -> None:
+    """A window with no counter (never admitted in, or forgotten): the tokens are dropped, not
+    moved to the current window."""
+    now = [130.0]
+    lim = MemoryLimiter(lambda: now[0])
+    lim.add_tokens("k", 50, window=1)  # the previous window, no counter for k
+    lim.add_tokens("k", 50, window=9)  # a future one
+    assert lim.used("k") == (0, 0) and lim.used("k", 1) == (0, 0)
+    lim.add_tokens("k", 5, window=2)  # the current window by number: created
+    assert lim.used("k") == (0, 5)
+
+
+def test_redis_limiter_keeps_the_local_limiter_it_is_given() -> None:
+    local = MemoryLimiter(lambda: 0.0)
+    assert RedisLimiter(FakeLink(None), local, clock=lambda: 0.0).local is local  # type: ignore[arg-type]
+    own = RedisLimiter(FakeLink(None), clock=lambda: 0.0).local  # type: ignore[arg-type]
+    assert isinstance(own, MemoryLimiter) and own is not local
+
+
+def test_redis_down_admits_on_the_local_tpm_with_pending() -> None:
+    lim = RedisLimiter(FakeLink(None), clock=lambda: 0.0)  # type: ignore[arg-type]
+    assert asyncio.run(lim.admit("k", None, 10, tokens=4, pending=3)) is None
+    assert lim.local.used("k") == (1, 7)
+    assert asyncio.run(lim.admit("k", None, 10, pending=3)) == Refusal("tokens", 10, 60)
+    assert lim.local.used("k") == (1, 10)
+
+
+def test_redis_down_adds_tokens_to_the_window_named() -> None:
+    now = [30.0]
+    lim = RedisLimiter(FakeLink(None), clock=lambda: now[0])  # type: ignore[arg-type]
+    asyncio.run(lim.admit("k", None, None, tokens=4))  # window 0
+    now[0] = 70.0  # window 1
+
+    async def add() -> None:
+        lim.add_tokens("k", 6, window=0)
+        await lim.drain()
+
+    asyncio.run(add())
+    assert lim.local.used("k", 0) == (1, 10) and lim.local.used("k", 1) == (0, 0)
+
+
+def test_no_event_loop_logs_the_dropped_write(caplog: pytest.LogCaptureFixture) -> None:
+    lim = RedisLimiter(FakeLink(FakeRedis(5)), clock=lambda: 0.0)  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", logger="prefixgate.ratelimit"):
+        lim.add_tokens("k", 3)
+    assert [r.getMessage() for r in caplog.records] == [
+        "rate limiter: no event loop; tokens not written to Redis"]

@@ -107,3 +107,22 @@ def test_updated_files_the_gap_under_the_previous_kind() -> None:
     new = updated(full, 99.0, "user")
     assert new["g"]["user"] == [float(i) for i in range(1, MAX_GAPS)] + [99.0]
     assert new["g"]["tool"] == [1.0]
+
+
+def test_the_reason_quotes_the_chosen_all_5m_and_all_1h_costs() -> None:
+    """Two segments: all-5m = E5(a) + E5(b), all-1h = E1(a) + E1(b), the 1h-then-5m split
+    E1(a) + E5(b) (25106) is neither; the cheapest here is all-5m."""
+    g = [10.0, 400.0, 2000.0, 30.0]
+    segs = [(10000, 10000), (5000, 0)]
+    c5 = [segment_cost("5m", n, d, g) for n, d in segs]
+    c1 = [segment_cost("1h", n, d, g) for n, d in segs]
+    assert round(sum(c5)) == 20170 and round(sum(c1)) == 23824 and round(c1[0] + c5[1]) == 25106
+    assert plan(segs, g) == (["5m", "5m"], "ttl 0 x 1h then 2 x 5m: expected cost 20170 vs all-5m "
+                                           "20170, all-1h 23824 over 4 gaps")
+
+
+def test_exactly_min_samples_pooled_gaps_decide() -> None:
+    """Own kind short (2 gaps), pooled exactly MIN_SAMPLES (3): the pooled gaps are used."""
+    mem = {"g": {"tool": [1.0, 2.0], "user": [5.0]}}
+    assert samples(mem, "tool") == [1.0, 2.0, 5.0]
+    assert samples({"g": {"tool": [1.0], "user": [5.0]}}, "tool") == []

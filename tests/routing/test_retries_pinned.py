@@ -23,7 +23,7 @@ from prefixgate.config.loader import parse_policy
 from prefixgate.config.routing import RetrySettings
 from prefixgate.proxy.bridges import bridge_for
 from prefixgate.proxy.core.errors import UpstreamTimeout, UpstreamUnavailable
-from prefixgate.proxy.routing.balance import Balancer, rendezvous
+from prefixgate.proxy.routing.balance import Balancer, rendezvous_order
 from prefixgate.proxy.routing.breaker import CLOSED, OPEN, BreakerBoard
 from prefixgate.proxy.routing.retries import (
     Attempts,
@@ -335,10 +335,9 @@ def test_order_puts_the_choice_first_then_the_rest_by_load() -> None:
     assert [(d.name, why) for d, why in got] == [(f"d{first}", "affinity"), (others[1], "next"),
                                                 (others[0], "next")]
     assert opened == [False]
-    s.balancer.inflight[others[0]] = 1  # a tie in load: rendezvous of each name alone
+    s.balancer.inflight[others[0]] = 1  # a tie in load: the key's rendezvous order breaks it
     got = asyncio.run(s.order(steps[0], "k"))
-    tied = sorted(others, key=lambda n: (1, rendezvous("k", [n])))
-    assert [d.name for d, _ in got][1:] == tied
+    assert [d.name for d, _ in got][1:] == [others[i] for i in rendezvous_order("k", others)]
     one, st1 = setup(1)
     s1 = make(one, Transport(clock, {}), clock)
     assert [(d.name, why) for d, why in asyncio.run(s1.order(st1[0], "k"))] == [("d0", "single")]
@@ -415,3 +414,20 @@ def test_a_head_slower_than_first_byte_s_is_a_timeout_and_moves_on() -> None:
     resp, _ = run(s, steps, log)
     assert resp.status_code == 200 and sent == [A, B] and log.reasons == ["d0:timeout"]
     assert s.balancer.inflight["d0"] == 0
+
+
+def test_equally_loaded_next_deployments_follow_each_keys_rendezvous_order() -> None:
+    """least_load mode, every load 0: after the choice, the rest are in the key's rendezvous
+    order (highest sha256(key | name) first), so different keys spread their retries over
+    different deployments instead of all falling back to the group's order."""
+    policy, steps = setup(3, mode="least_load")
+    clock = Clock()
+    s = make(policy, Transport(clock, {}), clock)
+    seen = set()
+    for n in range(20):
+        key = f"k{n}"
+        got = [d.name for d, _ in asyncio.run(s.order(steps[0], key))]
+        rest = [x for x in ("d0", "d1", "d2") if x != got[0]]
+        assert got[1:] == [rest[i] for i in rendezvous_order(key, rest)]
+        seen.add(tuple(got[1:]) == tuple(rest))
+    assert seen == {True, False}  # some keys reverse the group's order

@@ -50,7 +50,7 @@ from prefixgate.config.backend_kinds import traits
 from prefixgate.config.routing import Deployment, RetrySettings
 from prefixgate.proxy.bridges.base import Bridge
 from prefixgate.proxy.core.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
-from prefixgate.proxy.routing.balance import Balancer, choose, rendezvous
+from prefixgate.proxy.routing.balance import Balancer, choose, rendezvous_order
 from prefixgate.proxy.routing.breaker import BreakerBoard
 from prefixgate.proxy.routing.router import Target
 from prefixgate.proxy.routing.shared import SharedRouting
@@ -200,8 +200,8 @@ class Sender:
             placed = self.balancer.place(key, names, backend.affinity)
         c = choose(names, loads, key, backend.affinity, self.balancer.turn(name), matches,
                    placed)
-        rest = sorted((i for i in range(len(avail)) if i != c.index),
-                      key=lambda i: (loads[i], rendezvous(key, [names[i]])))
+        rank = {i: r for r, i in enumerate(rendezvous_order(key, names))}  # the key's own tie order
+        rest = sorted((i for i in range(len(avail)) if i != c.index), key=lambda i: (loads[i], rank[i]))
         return [(avail[c.index], c.why)] + [(avail[i], "next") for i in rest]
 
     async def run(self, steps: list[Step], headers_for: Callable[[Target], Mapping[str, bytes]],

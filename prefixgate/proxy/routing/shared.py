@@ -173,12 +173,14 @@ class SharedRouting:
                        now: float) -> None:
         """Apply a peer's breaker news once; a stamp ahead of ``now`` counts as ``now``
         (module docstring, "Clocks"), so it neither opens the breaker for longer than one
-        cooldown nor hides the later news of a replica whose clock is right."""
+        cooldown nor hides the later news of a replica whose clock is right. News stamped the
+        same millisecond as the news applied is newer (the name holds one value: a reopening
+        right after a closing must reach the peers, issue 21)."""
         if seen is None or self._applied_news.get(name) == seen:
             return
         stamp = min(seen[1], now)
-        if self._applied.get(name, float("-inf")) >= stamp:
-            return
+        if self._applied.get(name, float("-inf")) > stamp:
+            return  # older than the news applied; the same ms but other news is newer (one value)
         self._applied[name], self._applied_news[name] = stamp, seen
         age = now - stamp
         if seen[0] == CLOSED:
