@@ -15,7 +15,11 @@ from tests.proxy.upstream import Script, completion
 FORGED = "gpt-x\n2026-01-01 00:00:00 prefixgate.proxy admin login ok"
 
 
-def _proxy_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+def _proxy_lines(caplog: pytest.LogCaptureFixture, rig: Any = None) -> list[str]:
+    """The proxy's log lines; with ``rig``, once its answered requests are recorded (the
+    per-request line is logged with the row, after a non-streamed answer is sent)."""
+    if rig is not None:
+        rig.ledger.rows()  # waits for the rows already answered for (cache.announced_rows)
     fmt = logging.Formatter("%(name)s %(message)s")  # a plain formatter: call sites must escape
     return [fmt.format(r) for r in caplog.records if r.name == "prefixgate.proxy"]
 
@@ -27,7 +31,7 @@ def test_newline_in_model_does_not_forge_a_log_line(rig: Any,
     r = httpx.post(rig.url + "/v1/chat/completions", timeout=30,
                    json={"model": FORGED, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200
-    lines = _proxy_lines(caplog)
+    lines = _proxy_lines(caplog, rig)
     assert lines and all("\n" not in line for line in lines)
     assert any("gpt-x\\n2026-01-01" in line for line in lines)
 
@@ -41,7 +45,7 @@ def test_other_line_breaking_characters_in_model_are_escaped(
     httpx.post(rig.url + "/v1/chat/completions", timeout=30,
                json={"model": "m" + char + "forged", "messages": [{"role": "user",
                                                                     "content": "hi"}]})
-    lines = _proxy_lines(caplog)
+    lines = _proxy_lines(caplog, rig)
     assert lines and not any(char in line for line in lines)
 
 
@@ -52,7 +56,7 @@ def test_newline_in_path_does_not_forge_a_log_line(rig: Any,
     r = httpx.post(rig.url + "/v1/chat/completions/%0Aforged%20line", timeout=30,
                    json={"model": "gpt-x", "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 404
-    assert all("\n" not in line for line in _proxy_lines(caplog))
+    assert all("\n" not in line for line in _proxy_lines(caplog, rig))
 
 
 def test_safe_formatter_escapes_any_message_but_keeps_traceback_lines() -> None:
