@@ -175,6 +175,7 @@ def test_real_smollm2_through_the_proxy_caches_the_repeated_prefix(
             policy = parse_policy({
                 "backends": {"local": {"kind": "local", "base_url": engine_url + "/v1"}},
                 "routes": [{"match": "*", "backend": "local"}],
+                "rewrite": {"hoist_volatile": True},  # opt-in (MOVES_THE_MODEL_READS)
                 "ledger": {"path": str(tmp_path / "ledger.sqlite")}})
             with serve_app(build_app(policy)) as url:
                 client = OpenAI(base_url=url + "/v1", api_key="sk-proxy-test", max_retries=0)
