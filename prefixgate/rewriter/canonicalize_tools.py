@@ -165,7 +165,8 @@ def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
         canon, mem = [canonical_tool(t, sort_props) for t in ordered], {}
     else:
         canon, forms = _first_seen_forms(ordered, ctx, sort_props)
-        mem = {"tool_order": names, "tool_forms": forms}
+        mem = {k: v for k, v in (("tool_order", names), ("tool_forms", forms))
+               if ctx.session.get(k) != v}  # only what changed: memory merges shallowly
     canon = _keep_marker_positions(prompt.tools, canon)
     moved = sum(1 for a, b in zip(prompt.tools, ordered) if a.name != b.name)
     rewritten = sum(1 for a, b in zip(ordered, canon) if _dump(a.raw) != _dump(b.raw))

@@ -162,3 +162,15 @@ def test_client_cache_marker_on_tools_stays_at_the_same_position() -> None:
     out = rewrite_request(body, "anthropic", ctx(**NAME)).body["tools"]
     assert [t["name"] for t in out] == ["alpha", "zeta"]
     assert "cache_control" not in out[0] and out[1]["cache_control"] == {"type": "ephemeral"}
+
+
+def test_memory_is_proposed_only_when_the_sessions_forms_change() -> None:
+    first = rewrite_request(_b04(B04_TOOLS), "openai", ctx())
+    mem = {k: v for e in first.edits if e.pass_name == "canonicalize_tools" for k, v in e.memory.items()}
+    assert set(mem) == {"tool_order", "tool_forms"}
+    again = rewrite_request(_b04(B04_TOOLS), "openai", ctx(session=mem))
+    assert all(not e.memory for e in again.edits if e.pass_name == "canonicalize_tools")
+    grown = rewrite_request(_b04([*B04_TOOLS, {"type": "function", "function": {"name": "z"}}]),
+                            "openai", ctx(session=mem))
+    new = {k: v for e in grown.edits if e.pass_name == "canonicalize_tools" for k, v in e.memory.items()}
+    assert new["tool_order"] == ["fs_read_tree", "gh_search", "z"] and "z" in new["tool_forms"]
