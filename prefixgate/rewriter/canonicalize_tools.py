@@ -15,7 +15,7 @@ Two modes (``settings.tool_order``):
   each tool's first-seen bytes back. Order: the tools the session knows, in the order it first
   saw them, then new tools in the client's order (``ctx.session["tool_order"]``). Form: per
   tool name, the digest of its canonical form (below) and the key order it was first seen with
-  (``ctx.session["tool_forms"]``: ``{name: [digest, skeleton]}``, key names only, no values); a
+  (``ctx.session["tool_forms"]``: ``{name: digest + key_order}``, no keys, no values); a
   tool whose canonical digest matches gets that key order back, a tool that changed is sent as
   sent and its new form remembered. Updates go in ``Edit.memory``.
 * ``"name"`` — stateless: tools sorted by name (stable; ties keep client order) and each schema
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from prefixgate.rewriter.ir import Prompt, Tool, with_key, without_key
@@ -49,6 +50,8 @@ _NAME_MAP_KEYS = frozenset({"properties", "patternProperties"})
 _WRAPPER_FIRST = ("type", "function", "custom", "name", "description", "parameters",
                   "input_schema", "inputSchema", "strict")
 _SCHEMA_KEYS = ("parameters", "input_schema", "inputSchema")
+_DIGEST_CHARS = 24
+"""Hex characters of a tool's canonical-form digest at the head of its ``tool_forms`` entry."""
 
 
 def canonical_schema(v: Any, sort_properties: bool = False, _in_names: bool = False) -> Any:
@@ -97,48 +100,97 @@ def _order(tools: list[Tool], ctx: Context) -> tuple[list[Tool], list[str] | Non
     return sorted(tools, key=lambda t: rank[t.name]), known + new_names
 
 
-def skeleton(v: Any) -> Any:
-    """The key order of a JSON value, without its values: ``["d", [[key, skeleton], ...]]`` for
-    an object, ``["l", [skeleton, ...]]`` for an array, ``0`` for a scalar."""
+_PERM_DIGITS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def _dicts_in_sorted_order(v: Any) -> Iterator[dict[str, Any]]:
+    """Every object in ``v``, depth first, children visited in *sorted* key order (so the walk
+    depends on the values only, not on the order their keys arrived in)."""
     if isinstance(v, dict):
-        return ["d", [[k, skeleton(x)] for k, x in v.items()]]
-    if isinstance(v, list):
-        return ["l", [skeleton(x) for x in v]]
-    return 0
+        yield v
+        for k in sorted(v):
+            yield from _dicts_in_sorted_order(v[k])
+    elif isinstance(v, list):
+        for x in v:
+            yield from _dicts_in_sorted_order(x)
 
 
-def with_skeleton(v: Any, sk: Any) -> Any:
-    """``v`` with the key order of ``sk`` (:func:`skeleton`); keys ``sk`` does not name follow
-    in ``v``'s order; a shape that does not match leaves that part of ``v`` as it is."""
-    if isinstance(v, dict) and isinstance(sk, list) and len(sk) == 2 and sk[0] == "d":
-        order = {k: child for k, child in sk[1] if isinstance(k, str)}
-        keys = [k for k in order if k in v] + [k for k in v if k not in order]
-        return {k: with_skeleton(v[k], order.get(k, 0)) for k in keys}
-    if isinstance(v, list) and isinstance(sk, list) and len(sk) == 2 and sk[0] == "l":
-        return [with_skeleton(x, sk[1][i] if i < len(sk[1]) else 0) for i, x in enumerate(v)]
-    return v
+def _perm_token(keys: list[str]) -> str:
+    """The permutation taking ``sorted(keys)`` to ``keys``: ``""`` when already sorted, one
+    base-62 digit per key up to 62 keys, else ``*`` and comma-separated decimals."""
+    rank = {k: i for i, k in enumerate(sorted(keys))}
+    perm = [rank[k] for k in keys]
+    if perm == sorted(perm):
+        return ""
+    if len(perm) <= len(_PERM_DIGITS):
+        return "".join(_PERM_DIGITS[i] for i in perm)
+    return "*" + ",".join(map(str, perm))
+
+
+def _perm_from_token(token: str, n: int) -> list[int] | None:
+    """Inverse of :func:`_perm_token` for an object of ``n`` keys; ``None`` when it does not fit."""
+    if token == "":
+        return list(range(n))
+    try:
+        perm = ([int(x) for x in token[1:].split(",")] if token.startswith("*")
+                else [_PERM_DIGITS.index(c) for c in token])
+    except ValueError:
+        return None
+    return perm if sorted(perm) == list(range(n)) else None
+
+
+def key_order(v: Any) -> str:
+    """The key order of a JSON value as a compact string, without keys or values: one token per
+    object (depth first, children in sorted key order) naming the permutation of its sorted keys,
+    ``/``-separated, trailing sorted objects left out. ~3 bytes per object of a tool schema, so a
+    117-tool catalog's forms fit a session's memory budget (the key names themselves did not)."""
+    return "/".join(_perm_token(list(d)) for d in _dicts_in_sorted_order(v)).rstrip("/")
+
+
+def with_key_order(v: Any, code: str) -> Any:
+    """``v`` with the key order :func:`key_order` recorded; ``v`` as it is when ``code`` does not
+    fit its shape (the caller only applies it to a tool whose canonical values are unchanged)."""
+    tokens = code.split("/") if code else []
+    dicts = list(_dicts_in_sorted_order(v))
+    if len(tokens) > len(dicts):
+        return v
+    perms: dict[int, list[int]] = {}
+    for i, d in enumerate(dicts):
+        perm = _perm_from_token(tokens[i] if i < len(tokens) else "", len(d))
+        if perm is None:
+            return v
+        perms[id(d)] = perm
+
+    def rebuild(x: Any) -> Any:
+        if isinstance(x, dict):
+            keys = sorted(x)
+            return {keys[i]: rebuild(x[keys[i]]) for i in perms[id(x)]}
+        if isinstance(x, list):
+            return [rebuild(y) for y in x]
+        return x
+    return rebuild(v)
 
 
 def form_digest(tool: Tool, sort_properties: bool) -> str:
     """Digest of the tool's canonical form: equal iff the same values (key order aside)."""
     text = _dump(canonical_tool(Tool(without_key(tool.raw, "cache_control")), sort_properties).raw)
-    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+    return hashlib.blake2b(text.encode(), digest_size=_DIGEST_CHARS // 2).hexdigest()
 
 
 def _first_seen_forms(tools: list[Tool], ctx: Context, sort_props: bool
-                      ) -> tuple[list[Tool], dict[str, list[Any]]]:
+                      ) -> tuple[list[Tool], dict[str, str]]:
     """Each tool in the key order the session first saw it with (same values only), and the
     session's updated ``tool_forms``."""
     forms = ctx.session.get("tool_forms")
-    known: dict[str, list[Any]] = dict(forms) if isinstance(forms, dict) else {}
+    known: dict[str, str] = dict(forms) if isinstance(forms, dict) else {}
     out = []
     for t in tools:
         digest = form_digest(t, sort_props)
         seen = known.get(t.name)
-        if isinstance(seen, list) and len(seen) == 2 and seen[0] == digest:
-            out.append(Tool(with_skeleton(t.raw, seen[1])))
+        if isinstance(seen, str) and seen[:_DIGEST_CHARS] == digest:
+            out.append(Tool(with_key_order(t.raw, seen[_DIGEST_CHARS:])))
         else:
-            known[t.name] = [digest, skeleton(t.raw)]
+            known[t.name] = digest + key_order(t.raw)
             out.append(t)
     return out, known
 

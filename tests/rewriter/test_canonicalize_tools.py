@@ -145,12 +145,51 @@ def test_a_tool_whose_values_changed_is_sent_as_sent_and_its_new_form_remembered
     assert forms["fs_read_tree"] == mem["tool_forms"]["fs_read_tree"]
 
 
-def test_skeleton_round_trip_restores_any_key_order() -> None:
+def test_key_order_round_trip_restores_any_key_order() -> None:
     v = {"b": {"y": [1, {"q": 1, "p": 2}], "x": 0}, "a": None}
     w = {"a": None, "b": {"x": 0, "y": [1, {"p": 2, "q": 1}]}}
-    restored = canonicalize_tools.with_skeleton(w, canonicalize_tools.skeleton(v))
-    assert json.dumps(restored) == json.dumps(v)
-    assert json.dumps(canonicalize_tools.with_skeleton(v, 0)) == json.dumps(v)  # no shape: as is
+    code = canonicalize_tools.key_order(v)
+    assert json.dumps(canonicalize_tools.with_key_order(w, code)) == json.dumps(v)
+    assert canonicalize_tools.key_order(w) == ""  # all sorted: nothing to remember
+    assert json.dumps(canonicalize_tools.with_key_order(v, "")) == json.dumps(w)  # "" = sorted
+    assert json.dumps(canonicalize_tools.with_key_order(v, "0/1/2/3/4")) == json.dumps(v)  # no fit: as is
+    assert json.dumps(canonicalize_tools.with_key_order(v, "Z")) == json.dumps(v)
+
+
+_JSON = st.recursive(st.none() | st.integers() | st.text(max_size=3),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=3), inner, max_size=70), max_leaves=120)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_JSON, st.randoms(use_true_random=False))
+def test_key_order_restores_the_order_of_any_json_value_from_any_other_order(v: Any, rnd: Any) -> None:
+    def shuffled(x: Any) -> Any:
+        if isinstance(x, dict):
+            keys = list(x)
+            rnd.shuffle(keys)
+            return {k: shuffled(x[k]) for k in keys}
+        return [shuffled(y) for y in x] if isinstance(x, list) else x
+    code = canonicalize_tools.key_order(v)
+    assert json.dumps(canonicalize_tools.with_key_order(shuffled(v), code)) == json.dumps(v)
+
+
+def test_a_117_tool_catalogs_forms_fit_the_session_budget_and_come_back_byte_identical() -> None:
+    """The whole GitHub MCP catalog: its remembered forms survive the store's per-session budget
+    (the key-name skeletons did not: ~890 KB against 64 KiB, so only the order came back)."""
+    from prefixgate.cache.session import MemorySessionStore
+    raw = json.loads((DATA / "tools" / "github_mcp_server.json").read_text())
+    tools = [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
+                                               "parameters": t["inputSchema"]}} for t in raw]
+    assert len(tools) > 100
+    body = {"model": "m", "tools": tools, "messages": [{"role": "user", "content": "hi"}]}
+    store = MemorySessionStore()
+    first = rewrite_request(body, "openai", ctx())
+    store.merge("s", {k: v for e in first.edits for k, v in e.memory.items()})
+    assert set(store.get("s")) >= {"tool_order", "tool_forms"}
+    later = rewrite_request(dict(body, tools=[_rekeyed(t) for t in tools[::-1]]), "openai",
+                            ctx(session=dict(store.get("s"))))
+    assert json.dumps(later.body["tools"]) == json.dumps(tools)
 
 
 def test_client_cache_marker_on_tools_stays_at_the_same_position() -> None:
