@@ -33,6 +33,9 @@ def test_the_prefill_answer_shape_is_a_decode_request_on_a_decode_instance() -> 
               "remote_engine_id": "x", "remote_block_ids": [], "remote_host": "h", "remote_port": 1}
     pd = parse_kv_transfer_params(answer, "decode")
     assert pd is not None and pd.kind == "decode" and pd.transfer_id == 42
+    assert pd.first_token_ids == ()
+    pd = parse_kv_transfer_params({**answer, "first_token_ids": [17]}, "decode")
+    assert pd is not None and pd.first_token_ids == (17,)
     with pytest.raises(ApiError):
         parse_kv_transfer_params(answer, "prefill")
 
@@ -41,6 +44,10 @@ def test_the_prefill_answer_shape_is_a_decode_request_on_a_decode_instance() -> 
     [], "x", {"do_remote_decode": "true"}, {"do_remote_decode": True, "do_remote_prefill": True},
     {"do_remote_prefill": True, "transfer_id": "7"}, {"do_remote_prefill": True, "transfer_id": -1},
     {"do_remote_prefill": True, "transfer_id": True},
+    {"do_remote_prefill": True, "first_token_ids": 5},
+    {"do_remote_prefill": True, "first_token_ids": [1, -2]},
+    {"do_remote_prefill": True, "first_token_ids": [True]},
+    {"do_remote_prefill": True, "first_token_ids": list(range(9))},
 ])
 def test_malformed_params_are_400s(bad: object) -> None:
     with pytest.raises(ApiError) as e:
