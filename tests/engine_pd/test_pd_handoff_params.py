@@ -3,6 +3,8 @@ and the prompt-tokens-by-source split."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
 
 from prefixgate.local_engine.server.pd_handoff import (
@@ -78,3 +80,28 @@ def test_the_handoff_counts_sources_into_its_stats() -> None:
     assert s["prompt_tokens_by_source:computed"] == 31
     assert s["prompt_tokens_by_source:local_cache_hit"] == 20
     assert s["prompt_tokens_by_source:external_kv_transfer"] == 9
+
+
+async def test_hold_keeps_the_import_locked_until_the_outputs_end() -> None:
+    released: list[object] = []
+
+    class Role:
+        def unclaim(self, pending: object) -> None:
+            released.append(pending)
+
+    hooks = PDHandoff("decode", decode_role=Role())  # type: ignore[arg-type]
+    token = object()
+
+    async def outputs() -> AsyncIterator[int]:
+        for i in range(3):
+            yield i
+
+    seen = []
+    async for out in hooks.hold(token, outputs()):  # type: ignore[arg-type]
+        seen.append(out)
+        assert released == []  # not after the first output: the request is not admitted yet
+    assert seen == [0, 1, 2] and released == [token]
+    gen = hooks.hold(token, outputs())  # type: ignore[arg-type]
+    await anext(gen)
+    await gen.aclose()  # a client gone mid-stream
+    assert released == [token, token]
