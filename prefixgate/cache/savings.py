@@ -26,6 +26,7 @@ from prefixgate.cache import rollup
 from prefixgate.cache.attribution import merge_techniques
 from prefixgate.cache.holdout_stats import holdout_report
 from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.pd_decisions import pd_summary
 from prefixgate.cache.report import percentile
 from prefixgate.cache.time_saved import rate_fields, rates, time_saved
 from prefixgate.config.prices import price_for
@@ -35,7 +36,8 @@ RANGES: dict[str, tuple[int, int]] = {"1h": (3600, 60), "24h": (86400, 300), "7d
 """range -> (span seconds, series bucket seconds)."""
 ROW_COLUMNS = ("ts", "route", "model", "backend", "status", "prompt_tokens", "cached_tokens",
                "output_tokens", "input_usd", "cf_input_usd", "ttft_ms", "tpot_ms", "queue_ms",
-               "prefill_ms", "decode_ms", "holdout", "cf_cached_tokens", "stood_back", "replica")
+               "prefill_ms", "decode_ms", "holdout", "cf_cached_tokens", "stood_back", "replica",
+               "deployment")
 
 
 def _pct(xs: Iterable[float | None], p: float) -> float | None:
@@ -194,6 +196,8 @@ def routes_table(rolls: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str,
             **rate_fields(known.get((key[0] or "-", key[2] or "-"))),
             **time_saved(rs, usd_per_hour, known),
             "stood_back": stood_back_of(rs),
+            "pd": (pd := pd_summary(rs)),  # P/D backends: split / colocate counts, reasons
+            "pd_split_share": pd["split_share"] if pd else None,
         })
     return out
 

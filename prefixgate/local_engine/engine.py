@@ -60,9 +60,10 @@ Sink = Callable[[RequestOutput | BaseException], None]
 
 @dataclass(frozen=True)
 class AddCmd:
-    """Queue ``seq`` for admission."""
+    """Queue ``seq`` for admission, after emitting its ``given`` tokens (``_take_given``)."""
 
     seq: Sequence
+    given: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -231,11 +232,11 @@ class Engine:
             sink=sink,
         )
 
-    def _submit(self, seq: Sequence) -> None:
+    def _submit(self, seq: Sequence, given: tuple[int, ...] = ()) -> None:
         if self._stopped:
             raise RuntimeError("engine is shut down")
         self._ensure_thread()
-        self._inbox.put(AddCmd(seq))
+        self._inbox.put(AddCmd(seq, given))
 
     def _ensure_thread(self) -> None:
         with self._start_lock:
@@ -246,8 +247,12 @@ class Engine:
     # -- facade --------------------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
                        extra_key: bytes | None = None,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+                       request_id: str | None = None,
+                       given_ids: list[int] | None = None) -> AsyncIterator[RequestOutput]:
         """Stream one request: one ``RequestOutput`` per decode step, the last has ``finished``.
+
+        ``given_ids``: first completion tokens sampled elsewhere (P/D: the prefill side's), emitted
+        at once and counted toward ``max_tokens`` and the stop checks.
 
         Raises ``PromptTooLong`` / ``ValueError`` before streaming for bad input. Closing or
         cancelling the iterator aborts the request and frees its slots.
@@ -259,7 +264,10 @@ class Engine:
             loop.call_soon_threadsafe(outq.put_nowait, item)
 
         seq = self._make_seq(prompt_ids, params, extra_key, request_id, sink)
-        self._submit(seq)
+        given = tuple(given_ids or ())
+        if given and (min(given) < 0 or max(given) >= self.vocab_size):
+            raise ValueError(f"given token id out of range [0, {self.vocab_size})")
+        self._submit(seq, given)
         done = False
         try:
             while True:
@@ -385,7 +393,8 @@ class Engine:
             return False
         if isinstance(cmd, AddCmd):
             self._seqs[cmd.seq.request_id] = cmd.seq
-            self.scheduler.add(cmd.seq)
+            if not (cmd.given and self._take_given(cmd.seq, cmd.given)):
+                self.scheduler.add(cmd.seq)
         elif isinstance(cmd, ResetCacheCmd):
             freed = self.cache.reset() if self.cache is not None else None
             if freed is not None:
@@ -556,8 +565,8 @@ class Engine:
             out[id(it)] = accepted + [nxt]
         return out
 
-    def _append(self, seq: Sequence, tokens: list[int]) -> None:
-        """Append ``tokens`` one by one with stop checks (a stop drops the rest), then emit."""
+    def _push(self, seq: Sequence, tokens: list[int] | tuple[int, ...]) -> bool:
+        """Append ``tokens`` with stop checks (a stop drops the rest); True when it finished."""
         for tok in tokens:
             seq.token_ids.append(tok)
             seq.pending_ids.append(tok)
@@ -566,9 +575,29 @@ class Engine:
             elif seq.num_completion >= seq.max_tokens:
                 seq.finish_reason = "length"
             if seq.finish_reason is not None:
-                self.scheduler.finish(seq)
-                break
+                return True
+        return False
+
+    def _append(self, seq: Sequence, tokens: list[int]) -> None:
+        """``_push`` ``tokens``, release ``seq`` if it finished, then emit."""
+        if self._push(seq, tokens):
+            self.scheduler.finish(seq)
         self._emit(seq, final=seq.finish_reason is not None)
+
+    def _take_given(self, seq: Sequence, given: tuple[int, ...]) -> bool:
+        """Emit a new request's ``given`` tokens before any forward (their K/V comes with its
+        next step); ``cached_tokens`` is its prompt's hit now (P/D: the import, locked by the
+        server until the request ends). True when it finished on them (never queued)."""
+        finished = self._push(seq, given)
+        if self.cache is not None:
+            seq.cached_tokens = self.cache.peek_prefix_len(seq.token_ids[: seq.num_prompt],
+                                                           seq.extra_key)
+            self.scheduler.stats.cache_hit_tokens += seq.cached_tokens
+        if finished:
+            seq.status = Status.FINISHED
+            self.scheduler.stats.prompt_tokens += seq.num_prompt
+        self._emit(seq, final=finished)
+        return finished
 
 
 def _rows_by_item(logits: torch.Tensor, items: list[ScheduledSeq]) -> dict[int, torch.Tensor]:

@@ -1,6 +1,6 @@
 """P/D disaggregation, engine-thread side: take a prompt's KV out of the pool, put one in.
 
-Prefill instance (``export_prefix``): the radix tree's match of ``prompt[:-1]`` is locked and
+Prefill instance (``export_prefix``): the radix tree's match of the whole prompt is locked and
 the slots of the tokens the decode side lacks (``[start, matched)``) are handed to the sender,
 which gathers them (``gather_kv``) into its one staging buffer and sends them; the lock keeps
 them from eviction until ``release`` (sent, timed out or peer lost).
@@ -9,8 +9,10 @@ Decode instance (``import_kv``): the tokens ``[0, start)`` must already be in it
 what it told the prefill side); pages are allocated for the tokens it lacks now, the received
 K/V is written into them, the tokens are inserted into the tree and the match is locked until
 the decode request that owns the transfer has been admitted (``release``), or the transfer's
-timeout passes. Then that request's admission matches the whole prompt but its last token, which
-it computes itself to get the first logits (vLLM's P/D does the same).
+timeout passes. The decode request then either carries the prefill side's first token (the
+usual case: it is emitted at once and its K/V computed by the step that samples the second
+token, so no prompt token is computed twice) or, without it, computes the last prompt token
+itself to get the first logits (vLLM's recompute of the last token).
 
 Every function here touches the pool or the tree: run them on the engine thread only
 (``Engine.call``). ``gather_kv`` only reads locked slots and may run on the sender's thread.
@@ -72,8 +74,9 @@ def kv_view(flat: torch.Tensor, layers: int, n: int, heads: int, head_dim: int) 
 
 def export_prefix(cache: RadixCache, prompt: list[int], extra_key: bytes | None,
                   start: int) -> ExportedPrefix | None:
-    """Lock the tree's match of ``prompt[:-1]`` and return the part from ``start`` on; None when
-    the match does not reach past ``start`` (the decode side holds all of it: nothing to send).
+    """Lock the tree's match of ``prompt`` (its last token included: the prefill request
+    computed it) and return the part from ``start`` on; None when the match does not reach past
+    ``start`` (the decode side holds all of it: nothing to send).
 
     ``start`` is the decode side's cached length (its ``/v1/cache/match``); it is lowered to a
     page boundary. The caller must ``release(cache, result.handle)`` exactly once.
@@ -81,7 +84,7 @@ def export_prefix(cache: RadixCache, prompt: list[int], extra_key: bytes | None,
     if start < 0:
         raise ValueError("start must be >= 0")
     start -= start % cache.page_size
-    match = cache.match_prefix(prompt[:-1], extra_key)
+    match = cache.match_prefix(prompt, extra_key)
     if match.handle.cached_len <= start:
         return None
     cache.lock(match.handle)

@@ -100,7 +100,7 @@ class PrefillRole:
         self._thread.start()
 
     def export(self, prompt: list[int], extra_key: bytes | None, start: int) -> TransferTicket:
-        """Queue the KV of ``prompt[:-1]`` from ``start`` on (blocking: waits for the engine
+        """Queue the KV of ``prompt`` from ``start`` on (blocking: waits for the engine
         thread's lock). Raises ``LinkDead`` when no decode instance is paired."""
         if self.link.dead or not self.link.ready.is_set():
             self.stats_.failures["link_down"] += 1

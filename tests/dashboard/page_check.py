@@ -101,6 +101,8 @@ def expected_keys(payload: dict[str, Any]) -> set[str]:
             keys |= {f"{name}.{i}.{f}" for f in fields}
     for i, r in enumerate(payload.get("routes") or []):  # the time columns, where the API has them
         keys |= {f"routes.{i}.{f}" for f in ("prefill_ms_per_token", "prefill_s_saved") if f in r}
+        if any(x.get("pd") for x in payload["routes"]):  # a P/D backend: the split share column
+            keys.add(f"routes.{i}.pd_split_share")
     holdout = payload.get("holdout") or {}
     if holdout.get("enabled"):
         keys.add("holdout.verdict")

@@ -146,7 +146,10 @@ def busy_payload(rng: str = "1h", to_ts: int = 1_790_000_000, n: int = 24) -> di
             {"route": "claude", "model": "claude-sonnet-4-5", "backend": "anthropic", "requests": 20,
              "errors": 0, "cached_share": 0.655, "saved_usd": 0.0123, "ttft_p50_ms": 402.25,
              "ttft_p95_ms": 771.0, "tpot_p50_ms": None, "queue_ms_p50": 1.5, "prefill_ms_p50": 88.0,
-             "decode_ms_p50": 310.75, "prefill_ms_per_token": 0.0525, "prefill_s_saved": 12.345},
+             "decode_ms_p50": 310.75, "prefill_ms_per_token": 0.0525, "prefill_s_saved": 12.345,
+             "pd": {"split": 6, "colocate": 14, "split_share": 0.3,
+                    "reasons": {"colocate:prefix_hit": 14, "split:split": 6}},
+             "pd_split_share": 0.3},
         ],
     }
 

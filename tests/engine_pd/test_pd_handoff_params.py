@@ -3,6 +3,8 @@ and the prompt-tokens-by-source split."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
 
 from prefixgate.local_engine.server.pd_handoff import (
@@ -33,6 +35,9 @@ def test_the_prefill_answer_shape_is_a_decode_request_on_a_decode_instance() -> 
               "remote_engine_id": "x", "remote_block_ids": [], "remote_host": "h", "remote_port": 1}
     pd = parse_kv_transfer_params(answer, "decode")
     assert pd is not None and pd.kind == "decode" and pd.transfer_id == 42
+    assert pd.first_token_ids == ()
+    pd = parse_kv_transfer_params({**answer, "first_token_ids": [17]}, "decode")
+    assert pd is not None and pd.first_token_ids == (17,)
     with pytest.raises(ApiError):
         parse_kv_transfer_params(answer, "prefill")
 
@@ -41,6 +46,10 @@ def test_the_prefill_answer_shape_is_a_decode_request_on_a_decode_instance() -> 
     [], "x", {"do_remote_decode": "true"}, {"do_remote_decode": True, "do_remote_prefill": True},
     {"do_remote_prefill": True, "transfer_id": "7"}, {"do_remote_prefill": True, "transfer_id": -1},
     {"do_remote_prefill": True, "transfer_id": True},
+    {"do_remote_prefill": True, "first_token_ids": 5},
+    {"do_remote_prefill": True, "first_token_ids": [1, -2]},
+    {"do_remote_prefill": True, "first_token_ids": [True]},
+    {"do_remote_prefill": True, "first_token_ids": list(range(9))},
 ])
 def test_malformed_params_are_400s(bad: object) -> None:
     with pytest.raises(ApiError) as e:
@@ -71,3 +80,28 @@ def test_the_handoff_counts_sources_into_its_stats() -> None:
     assert s["prompt_tokens_by_source:computed"] == 31
     assert s["prompt_tokens_by_source:local_cache_hit"] == 20
     assert s["prompt_tokens_by_source:external_kv_transfer"] == 9
+
+
+async def test_hold_keeps_the_import_locked_until_the_outputs_end() -> None:
+    released: list[object] = []
+
+    class Role:
+        def unclaim(self, pending: object) -> None:
+            released.append(pending)
+
+    hooks = PDHandoff("decode", decode_role=Role())  # type: ignore[arg-type]
+    token = object()
+
+    async def outputs() -> AsyncIterator[int]:
+        for i in range(3):
+            yield i
+
+    seen = []
+    async for out in hooks.hold(token, outputs()):  # type: ignore[arg-type]
+        seen.append(out)
+        assert released == []  # not after the first output: the request is not admitted yet
+    assert seen == [0, 1, 2] and released == [token]
+    gen = hooks.hold(token, outputs())  # type: ignore[arg-type]
+    await anext(gen)
+    await gen.aclose()  # a client gone mid-stream
+    assert released == [token, token]

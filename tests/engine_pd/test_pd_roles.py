@@ -4,6 +4,7 @@ a lost peer leave no page locked on either side."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -34,31 +35,71 @@ def _settle(eng: Any) -> None:
     eng.call(lambda: None).result(timeout=10)  # lock releases queued before this have run
 
 
-def _split_run(pre: Any, dec: Any, prole: PrefillRole, drole: DecodeRole,
-               prompt: list[int]) -> tuple[list[int], Any]:
-    pre.generate_batch([prompt], ONE)
-    start = dec.cache.peek_prefix_len(prompt[:-1])
+def _decode(dec: Any, prompt: list[int], given: list[int] | None) -> list[Any]:
+    """Every ``RequestOutput`` of a greedy decode request (``given_ids`` handed over)."""
+    async def run() -> list[Any]:
+        return [o async for o in dec.generate(prompt, GREEDY, given_ids=given)]
+    return asyncio.run(run())
+
+
+def _split_run(pre: Any, dec: Any, prole: PrefillRole, drole: DecodeRole, prompt: list[int],
+               hand_first: bool = True) -> tuple[list[int], Any, list[Any]]:
+    """Prefill on ``pre`` (one token), export, import, decode on ``dec`` with the prefill's
+    first token handed over (``hand_first``) or recomputed; (completion ids, ticket, outputs)."""
+    first = pre.generate_batch([prompt], ONE)[0]
+    start = dec.cache.peek_prefix_len(prompt)
     ticket = prole.export(prompt, None, start)
     pending = drole.claim(ticket.transfer_id, 5.0) if ticket.transfer_id else None
-    out = dec.generate_batch([prompt], GREEDY)[0]
+    outs = _decode(dec, prompt, first if hand_first else None)
     if pending is not None:
         drole.unclaim(pending)
-    return out, ticket
+    return [t for o in outs for t in o.new_token_ids], ticket, outs
 
 
 def test_split_greedy_output_is_identical_to_colocated(make_engine: Any) -> None:
     prompt = list(range(100, 160))
     colo = make_engine().generate_batch([prompt], GREEDY)[0]
     pre, dec, prole, drole, link = _pair(make_engine)
-    out, ticket = _split_run(pre, dec, prole, drole, prompt)
+    out, ticket, outs = _split_run(pre, dec, prole, drole, prompt)
     assert out == colo
-    assert ticket.start == 0 and ticket.num_tokens == len(prompt) - 1
-    assert dec.stats()["cache_hit_tokens_total"] == len(prompt) - 1  # it computed one token
-    assert dec.stats()["prefill_tokens_total"] == 0  # the last prompt token runs as a decode row
+    assert ticket.start == 0 and ticket.num_tokens == len(prompt)  # the last prompt token too
+    # the prefill side's first token is the decode side's first output, before any forward
+    assert outs[0].new_token_ids == colo[:1] and outs[0].scheduled_at is None
+    assert dec.stats()["cache_hit_tokens_total"] == len(prompt)  # no prompt token recomputed
+    assert dec.stats()["prefill_tokens_total"] == 0
+    assert dec.stats()["decode_tokens_total"] == len(colo) - 1  # one step per later token
     _settle(pre)
     _settle(dec)
     assert pre.cache.protected_size == 0 and dec.cache.protected_size == 0
-    assert drole.stats()["kv_transfer_tokens_total"] == len(prompt) - 1
+    assert drole.stats()["kv_transfer_tokens_total"] == len(prompt)
+    prole.stop()
+
+
+def test_without_the_first_token_the_decode_side_recomputes_the_last_one(
+        make_engine: Any) -> None:
+    prompt = list(range(100, 160))
+    colo = make_engine().generate_batch([prompt], GREEDY)[0]
+    pre, dec, prole, drole, link = _pair(make_engine)
+    out, ticket, outs = _split_run(pre, dec, prole, drole, prompt, hand_first=False)
+    assert out == colo and outs[0].scheduled_at is not None
+    assert dec.stats()["cache_hit_tokens_total"] == len(prompt) - 1  # vLLM's recompute
+    assert dec.stats()["decode_tokens_total"] == len(colo)
+    prole.stop()
+
+
+def test_a_handed_first_token_that_ends_the_request_runs_no_step(make_engine: Any) -> None:
+    pre, dec, prole, drole, link = _pair(make_engine)
+    prompt = list(range(100, 140))
+    first = pre.generate_batch([prompt], ONE)[0]
+
+    async def run() -> list[Any]:
+        return [o async for o in dec.generate(prompt, ONE, given_ids=first)]
+    outs = asyncio.run(run())
+    assert [o.new_token_ids for o in outs] == [first] and outs[-1].finished
+    assert outs[-1].finish_reason == "length" and outs[-1].completion_tokens == 1
+    assert dec.stats()["decode_tokens_total"] == 0 and dec.stats()["num_running"] == 0
+    with pytest.raises(ValueError, match="given token id"):
+        _decode(dec, prompt, [10 ** 9])
     prole.stop()
 
 
@@ -68,9 +109,9 @@ def test_a_follow_up_turn_moves_only_what_the_decode_side_lacks(make_engine: Any
     _split_run(pre, dec, prole, drole, turn1)
     turn2 = turn1 + list(range(300, 320))
     colo = make_engine().generate_batch([turn2], GREEDY)[0]
-    out, ticket = _split_run(pre, dec, prole, drole, turn2)
-    assert ticket.start >= len(turn1) - 1  # the decode side holds turn 1 (and its answer)
-    assert ticket.num_tokens == len(turn2) - 1 - ticket.start
+    out, ticket, _ = _split_run(pre, dec, prole, drole, turn2)
+    assert ticket.start >= len(turn1)  # the decode side holds turn 1 (and its answer)
+    assert ticket.num_tokens == len(turn2) - ticket.start
     assert ticket.num_tokens < 25
     assert out == colo
     prole.stop()
@@ -85,7 +126,7 @@ def test_an_unclaimed_import_is_released_at_its_timeout(make_engine: Any) -> Non
     while drole.pending_count() == 0 and time.monotonic() < deadline:
         time.sleep(0.02)
     _settle(dec)
-    assert dec.cache.protected_size == len(prompt) - 1  # locked while it waits for its request
+    assert dec.cache.protected_size == len(prompt)  # locked while it waits for its request
     time.sleep(0.6)
     _settle(dec)
     assert dec.cache.protected_size == 0
@@ -150,9 +191,9 @@ def test_claim_then_abort_releases_the_import(make_engine: Any) -> None:
     pre.generate_batch([prompt], ONE)
     ticket = prole.export(prompt, None, 0)
     pending = drole.claim(ticket.transfer_id, 5.0)
-    assert pending is not None and pending.new_tokens == len(prompt) - 1
+    assert pending is not None and pending.new_tokens == len(prompt)
     _settle(dec)
-    assert dec.cache.protected_size == len(prompt) - 1
+    assert dec.cache.protected_size == len(prompt)
     drole.unclaim(pending)  # the decode request went away before admission
     _settle(dec)
     assert dec.cache.protected_size == 0
@@ -163,7 +204,7 @@ def test_nothing_to_send_when_the_decode_side_holds_the_prompt(make_engine: Any)
     pre, dec, prole, drole, link = _pair(make_engine)
     prompt = list(range(60, 90))
     dec.generate_batch([prompt], ONE)
-    out, ticket = _split_run(pre, dec, prole, drole, prompt)
+    out, ticket, _ = _split_run(pre, dec, prole, drole, prompt)
     assert ticket.transfer_id == 0 and ticket.num_tokens == 0 and link.sent == 0
     _settle(pre)
     assert pre.cache.protected_size == 0

@@ -4,6 +4,7 @@ imported KV with the colocated answer, and misuse is a 400 naming the field."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -37,15 +38,36 @@ async def test_prefill_then_decode_over_http_matches_colocated(make_engine: Any)
         first = (await pc.post("/v1/completions", json=PREFILL)).json()
         params = first["kv_transfer_params"]
         assert params["do_remote_prefill"] is True and params["do_remote_decode"] is False
-        assert params["transfer_tokens"] == len(PROMPT) - 1 and params["transfer_id"] > 0
+        assert params["transfer_tokens"] == len(PROMPT) and params["transfer_id"] > 0
+        assert len(params["first_token_ids"]) == 1  # the token the prefill request sampled
         answer = (await dc.post("/v1/completions", json={**BODY, "kv_transfer_params": params}))
         assert answer.status_code == 200
         got = answer.json()
         assert got["choices"][0]["text"] == colo["choices"][0]["text"]
-        assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == len(PROMPT) - 1
+        assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == len(PROMPT)
+        assert answer.headers["x-engine-cached-tokens"] == str(len(PROMPT))
+        assert got["usage"]["completion_tokens"] == BODY["max_tokens"]
+        assert dec.stats()["decode_tokens_total"] == BODY["max_tokens"] - 1  # none for token 1
         metrics = (await dc.get("/metrics")).text
         assert f'engine_prompt_tokens_by_source_total{{source="external_kv_transfer"}} ' \
-               f'{float(len(PROMPT) - 1)}' in metrics
+               f'{float(len(PROMPT))}' in metrics
+        assert 'engine_prompt_tokens_by_source_total{source="computed"} 0.0' in metrics
+        dec.call(lambda: None).result(timeout=10)
+        assert dec.cache.protected_size == 0 and drole.pending_count() == 0
+        # a streamed decode request: the handed-over first token, then the rest; the import's
+        # lock is dropped when it ends
+        prompt2 = list(range(500, 540))
+        pre2 = {**PREFILL, "prompt": prompt2}
+        params2 = (await pc.post("/v1/completions", json=pre2)).json()["kv_transfer_params"]
+        colo2 = (await c.post("/v1/completions", json={**BODY, "prompt": prompt2})).json()
+        parts: list[str] = []
+        async with dc.stream("POST", "/v1/completions", json={
+                **BODY, "prompt": prompt2, "stream": True, "kv_transfer_params": params2}) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    parts.append(line)
+        texts = [json.loads(x[6:])["choices"][0]["text"] for x in parts]
+        assert "".join(texts) == colo2["choices"][0]["text"] and len(texts) >= 2
         dec.call(lambda: None).result(timeout=10)
         assert dec.cache.protected_size == 0 and drole.pending_count() == 0
         # misuse: a streamed prefill request, a prefill request on the decode side

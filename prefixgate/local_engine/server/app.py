@@ -120,7 +120,8 @@ class _Server:
         last: RequestOutput | None = None
         try:
             async for out in self.engine.generate(
-                job.prompt_ids, job.params, extra_key=job.extra_key, request_id=job.request_id
+                job.prompt_ids, job.params, extra_key=job.extra_key, request_id=job.request_id,
+                given_ids=job.given_ids,
             ):
                 if out.new_token_ids:
                     timing.tick()
@@ -167,26 +168,27 @@ class _Server:
         if pd is not None and pd.kind == "prefill" and job.stream:
             raise ApiError("A prefill request (do_remote_decode) must have stream false.",
                            param="stream", code="invalid_value")
-        peer_cached = await self.pd.peer_cached(job.prompt_ids, job.extra_key) if (
-            pd is not None and pd.kind == "prefill") else 0
         pending = await self.pd.before(pd)
         job.external_tokens = pending.new_tokens if pending is not None else 0
+        job.given_ids = list(pd.first_token_ids) if pd is not None and pd.kind == "decode" else None
+        peer = self.pd.ask_peer(pd, job.prompt_ids, job.extra_key)  # overlaps the prefill
         timing = _Timing(received=job.received)
         watcher = asyncio.create_task(self._watch_disconnect(request, job))
-        outputs = self._outputs(job, timing)
+        outputs = self.pd.hold(pending, self._outputs(job, timing))
         try:
-            try:
-                first = await anext(outputs)
-            finally:
-                self.pd.admitted(pending)
+            first = await anext(outputs)
         except ValueError as exc:  # the engine's own input checks (ids, params)
             watcher.cancel()
             await outputs.aclose()
+            if peer is not None:
+                peer.cancel()
             raise ApiError(str(exc), param=getattr(exc, "param", None),
                            code="invalid_value") from None
         except BaseException:
             watcher.cancel()
             await outputs.aclose()
+            if peer is not None:
+                peer.cancel()
             raise
         headers = _engine_headers(job, timing, first)
         if job.stream:
@@ -196,29 +198,34 @@ class _Server:
                 headers={**SSE_HEADERS, **headers},
             )
         text = [first.text_delta]
+        ids = list(first.new_token_ids)
         last = first
         try:
             async for out in outputs:
                 text.append(out.text_delta)
+                ids.extend(out.new_token_ids)
                 last = out
         finally:
             watcher.cancel()
         if timing.first is not None and timing.last is not None:  # decode: first -> last token
             headers[HDR_DECODE_MS] = f"{(timing.last - timing.first) * 1000.0:.1f}"
         body = self._final_body(job, "".join(text), last)
-        await self._kv_params(body, pd, job, peer_cached, last)
+        await self._kv_params(body, pd, job, peer, last, ids)
         return _json(body, headers=headers)
 
     async def _kv_params(self, body: dict[str, Any], pd: PDRequest | None, job: Job,
-                         peer_cached: int, last: RequestOutput) -> None:
-        """A prefill answer's ``kv_transfer_params`` (``pd_handoff.PDHandoff.after``); an
-        aborted prefill exports nothing."""
+                         peer: asyncio.Task[int] | None, last: RequestOutput,
+                         ids: list[int]) -> None:
+        """A prefill answer's ``kv_transfer_params`` (``pd_handoff.PDHandoff.after``, with the
+        tokens it sampled); an aborted prefill exports nothing."""
         if pd is None:
             return
         if pd.kind == "prefill" and last.finished and last.finish_reason != "abort":
             body["kv_transfer_params"] = await self.pd.after(pd, job.prompt_ids, job.extra_key,
-                                                             peer_cached)
+                                                             peer, ids)
         else:
+            if peer is not None:
+                peer.cancel()
             body["kv_transfer_params"] = None
 
     def _final_body(self, job: Job, text: str, last: RequestOutput) -> dict[str, Any]:

@@ -51,6 +51,7 @@ class Job:
     received: float = field(default_factory=time.perf_counter)
     extra: dict[str, Any] | None = None  # the body's fields outside OpenAI's (kv_transfer_params)
     external_tokens: int = 0  # prompt tokens whose KV a P/D transfer brought (server/pd_handoff.py)
+    given_ids: list[int] | None = None  # P/D decode: the prefill side's first token(s)
 
 
 def _check_common(req: ChatCompletionRequest | CompletionRequest) -> None:

@@ -6,21 +6,27 @@ the *prefill* request with ``max_tokens: 1``, ``stream: false`` and
 answer's ``kv_transfer_params`` go verbatim into the *decode* request (same prompt, the client's
 own ``max_tokens`` / ``stream``), one ``X-Request-Id`` on both.
 
-Prefill role: before running, ask the decode peer how much of the prompt its radix tree holds
-(``POST {peer}/v1/cache/match``; unreachable = 0), run the request, then export the KV of the
-part the peer lacks. The answer carries::
+Prefill role: ask the decode peer how much of the prompt its radix tree holds
+(``POST {peer}/v1/cache/match``; unreachable = 0) while the request runs (the round trip
+overlaps the prefill), then export the KV of every prompt token the peer lacks. The answer
+carries::
 
     {"do_remote_decode": false, "do_remote_prefill": true, "remote_engine_id": str,
      "remote_host": str, "remote_port": int, "remote_block_ids": [], "tp_size": 1,
-     "transfer_id": int, "remote_cached_tokens": int, "transfer_tokens": int}
+     "transfer_id": int, "remote_cached_tokens": int, "transfer_tokens": int,
+     "first_token_ids": [int]}
 
 (``transfer_tokens`` 0: nothing to send; ``kv_transfer_params`` null: the link is down, so the
 decode side recomputes.) Decode role: claim the import of ``transfer_id`` (waiting for it up to
-the link timeout), run the request, and drop the import's lock once the request is admitted.
+the link timeout), run the request with ``first_token_ids`` as its first completion tokens
+(``Engine.generate(given_ids=)``: streamed at once, no forward recomputes the prompt's last
+token; their K/V is computed by the step that samples the next token), and drop the import's
+lock when the request ends.
 
 Bad input is a 400 naming ``kv_transfer_params``: a dict is required, ``do_remote_decode`` only
 on a prefill instance, ``do_remote_prefill`` only on a decode one with an integer
-``transfer_id``.
+``transfer_id`` and, optionally, ``first_token_ids`` (a list of at most ``MAX_FIRST_TOKENS``
+non-negative integers).
 
 Prompt tokens by source (vLLM's ``prompt_tokens_by_source``: ``computed``,
 ``local_cache_hit``, ``external_kv_transfer``) are counted here for every request.
@@ -31,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,16 +52,19 @@ __all__ = ["PDHandoff", "PDRequest", "parse_kv_transfer_params", "prompt_sources
 log = logging.getLogger("local_engine.server.pd")
 
 SOURCES = ("computed", "local_cache_hit", "external_kv_transfer")
+MAX_FIRST_TOKENS = 8  # first tokens a decode request may carry (the prefill side sends one)
 
 
 @dataclass(frozen=True)
 class PDRequest:
     """A parsed ``kv_transfer_params``: ``kind`` ``prefill`` (do_remote_decode) or ``decode``
-    (do_remote_prefill) and, for decode, the ``transfer_id`` (0: nothing was sent)."""
+    (do_remote_prefill) and, for decode, the ``transfer_id`` (0: nothing was sent) and the
+    prefill side's ``first_token_ids`` (empty: the decode side samples the first token)."""
 
     kind: str
     transfer_id: int = 0
     raw: dict[str, Any] | None = None
+    first_token_ids: tuple[int, ...] = ()
 
 
 def _err(msg: str) -> ApiError:
@@ -86,7 +96,12 @@ def parse_kv_transfer_params(value: Any, role: str) -> PDRequest | None:
         tid = value.get("transfer_id", 0)
         if isinstance(tid, bool) or not isinstance(tid, int) or tid < 0:
             raise _err("'transfer_id' must be a non-negative integer (the prefill answer's).")
-        return PDRequest("decode", transfer_id=tid, raw=value)
+        first = value.get("first_token_ids") or []
+        if not isinstance(first, list) or len(first) > MAX_FIRST_TOKENS or any(
+                isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in first):
+            raise _err(f"'first_token_ids' must be a list of at most {MAX_FIRST_TOKENS} "
+                       "non-negative integers (the prefill answer's).")
+        return PDRequest("decode", transfer_id=tid, raw=value, first_token_ids=tuple(first))
     return None
 
 
@@ -120,11 +135,19 @@ class PDHandoff:
         """The request's P/D part (``parse_kv_transfer_params``) from its extra fields."""
         return parse_kv_transfer_params((job_extra or {}).get("kv_transfer_params"), self.role)
 
+    def ask_peer(self, pd: PDRequest | None, prompt: list[int],
+                 extra_key: bytes | None) -> asyncio.Task[int] | None:
+        """Prefill side: start ``peer_cached`` now (it runs while the request prefills); None
+        for any other request."""
+        if pd is None or pd.kind != "prefill":
+            return None
+        return asyncio.create_task(self.peer_cached(prompt, extra_key))
+
     async def peer_cached(self, prompt: list[int], extra_key: bytes | None) -> int:
-        """Tokens of ``prompt[:-1]`` the decode peer's tree holds (0 when it cannot say)."""
+        """Tokens of ``prompt`` the decode peer's tree holds (0 when it cannot say)."""
         if self.peer_url is None:
             return 0
-        body: dict[str, Any] = {"input_ids": prompt[:-1]}
+        body: dict[str, Any] = {"input_ids": prompt}
         if extra_key:
             body["cache_salt"] = extra_key.decode()
         try:
@@ -145,16 +168,34 @@ class PDHandoff:
         return await asyncio.to_thread(self.decode_role.claim, pd.transfer_id)
 
     def admitted(self, pending: PendingImport | None) -> None:
-        """The request has its first output (it holds its own lock): drop the import's."""
+        """The request is over (or holds its own lock): drop the import's."""
         if pending is not None and self.decode_role is not None:
             self.decode_role.unclaim(pending)
 
+    async def hold(self, pending: PendingImport | None, outputs: AsyncIterator[Any]
+                   ) -> AsyncGenerator[Any, None]:
+        """``outputs``, keeping ``pending``'s lock until they end or are closed (a request whose
+        first token came with the transfer emits it before its admission locks the prefix)."""
+        try:
+            async for out in outputs:
+                yield out
+        finally:
+            close = getattr(outputs, "aclose", None)
+            if close is not None:
+                await close()
+            self.admitted(pending)
+
     async def after(self, pd: PDRequest | None, prompt: list[int], extra_key: bytes | None,
-                    peer_cached: int) -> dict[str, Any] | None:
-        """Prefill side, once the request ran: export the KV and return the answer's
+                    peer: asyncio.Task[int] | None, first_token_ids: list[int]
+                    ) -> dict[str, Any] | None:
+        """Prefill side, once the request ran: export the KV of the prompt beyond what ``peer``
+        (``ask_peer``) says the decode side holds and return the answer's
         ``kv_transfer_params`` (None when the link is down: the decode side recomputes)."""
         if pd is None or pd.kind != "prefill" or self.prefill_role is None:
+            if peer is not None:
+                peer.cancel()
             return None
+        peer_cached = await peer if peer is not None else 0
         try:
             ticket = await asyncio.to_thread(self.prefill_role.export, prompt, extra_key,
                                              peer_cached)
@@ -166,7 +207,7 @@ class PDHandoff:
             "remote_engine_id": self.engine_id, "remote_host": self.host,
             "remote_port": self.port, "remote_block_ids": [], "tp_size": 1,
             "transfer_id": ticket.transfer_id, "remote_cached_tokens": ticket.start,
-            "transfer_tokens": ticket.num_tokens,
+            "transfer_tokens": ticket.num_tokens, "first_token_ids": list(first_token_ids),
         }
 
     def record(self, prompt_tokens: int, cached_tokens: int, external_tokens: int) -> None:

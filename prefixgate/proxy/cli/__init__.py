@@ -2,7 +2,7 @@
 
 Each command lives in its own module of this package with a ``register(app)`` function, so
 this file only assembles them: ``serve``, ``engine``, ``config check / reference / show-default``,
-``report``, ``replay``, ``simulate``, ``keys add / list / remove``, ``rewrite``, ``grafana``.
+``report``, ``plan``, ``replay``, ``simulate``, ``keys add / list / remove``, ``rewrite``, ``grafana``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,17 @@ import typer
 from typer.core import TyperOption
 
 from prefixgate import __version__
-from prefixgate.proxy.cli import config, grafana, keys, replay, report, rewrite, serve, simulate
+from prefixgate.proxy.cli import (
+    config,
+    grafana,
+    keys,
+    plan,
+    replay,
+    report,
+    rewrite,
+    serve,
+    simulate,
+)
 
 app = typer.Typer(help="prefixgate: prefix-cache-aware reverse proxy for agents.",
                   no_args_is_help=True, add_completion=False)
@@ -34,6 +44,7 @@ COMMAND_MODULES = (
     serve,  # prefixgate serve / engine
     config,  # prefixgate config check FILE
     report,  # prefixgate report [--breaks]
+    plan,  # prefixgate plan --route R --ttft-slo-ms --tpot-slo-ms
     replay,  # prefixgate replay TRACE
     simulate,  # prefixgate simulate TRACE
     keys,  # prefixgate keys add / list / remove

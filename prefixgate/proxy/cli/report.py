@@ -20,7 +20,9 @@ proxy on streams).
 ``--json``: ``{"ledger", "by", "saved": {...}, "groups": [{<by>: key, figures...}],
 "by_technique": [{"technique", "tokens_reusable", "tokens_removed", "tokens_added",
 "saved_tokens", "usd"}], "stood_back": [{"route", "requests", "passes", "reason", "last_ts"}],
-"errors": [...]}`` with named fields (:mod:`prefixgate.cache.attribution`: the techniques,
+"pd": {"split", "colocate", "split_share", "reasons"} | null, "errors": [...]}`` with named
+fields (``pd``: P/D backends' split decisions, :mod:`prefixgate.cache.pd_decisions`, also
+printed as a "P/D:" line; :mod:`prefixgate.cache.attribution`: the techniques,
 ``unattributed`` included, sum to the saved line; :mod:`prefixgate.cache.stand_back`: routes
 whose token-adding passes switched themselves off, also printed under the saved line);
 ``--csv``: one header line and one line per group, every cell through :func:`csv_cell` (no cell
@@ -47,6 +49,7 @@ from rich.table import Table
 
 from prefixgate.cache.attribution import by_technique
 from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.pd_decisions import pd_summary
 from prefixgate.cache.report import (
     BY,
     error_figures,
@@ -179,6 +182,14 @@ def stand_back_lines(routes: list[dict[str, Any]], width: int) -> list[str]:
     return out
 
 
+def pd_line(pd: dict[str, Any], width: int) -> str:
+    """The P/D decisions line (:func:`prefixgate.cache.pd_decisions.pd_summary`), wrapped."""
+    reasons = ", ".join(f"{k} {n:,}" for k, n in pd["reasons"].items())
+    text = (f"P/D: split {pd['split']:,} · colocated {pd['colocate']:,} "
+            f"({_pct(pd['split_share'])} split; {reasons})")
+    return "\n".join(textwrap.wrap(text, width, subsequent_indent="  "))
+
+
 def _table(groups: list[dict[str, Any]], by: str, width: int) -> Table:
     wide, full = width >= WIDE, width >= FULL
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), show_edge=False)
@@ -307,7 +318,7 @@ def report(
     if as_json:
         doc: dict[str, Any] = {"ledger": path, "by": by, "saved": saved, "groups": groups,
                                "by_technique": [t.to_dict() for t in by_technique(rows)],
-                               "stood_back": stood}
+                               "stood_back": stood, "pd": pd_summary(rows)}
         if errors:
             doc["errors"] = errs
         typer.echo(json.dumps(doc, indent=2))
@@ -322,6 +333,8 @@ def report(
             console.print(technique_line(techs, saved["saved_tokens"], width))
         for line in stand_back_lines(stood, width):
             console.print(line)
+        if (pd := pd_summary(rows)) is not None:
+            console.print(pd_line(pd, width))
         console.print(_table(groups, by, width))
         if any(g["ttft_reported"] for g in groups):
             console.print("* includes TTFT reported by the backend (non-streamed answers)")

@@ -305,7 +305,9 @@
       ["TTFT p95", "ms", "ttft_p95_ms"], ["TPOT p50", "ms", "tpot_p50_ms"], ["queue p50", "ms", "queue_ms_p50"],
       ["prefill p50", "ms", "prefill_ms_p50"], ["decode p50", "ms", "decode_ms_p50"],
       ...(routes.some((r) => "prefill_ms_per_token" in r) ? [["prefill rate", "rate", "prefill_ms_per_token"],
-        ["prefill saved", "s", "prefill_s_saved"]] : [])]));
+        ["prefill saved", "s", "prefill_s_saved"]] : []),
+      /* P/D backends: the share of requests split (the rest prefilled on the decode side) */
+      ...(routes.some((r) => r.pd) ? [["P/D split", "pct", "pd_split_share"]] : [])]));
   }
 
   /* Issue 26: the range's traffic per proxy replica (a shared ledger holds every replica's rows). */
