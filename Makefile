@@ -64,11 +64,15 @@ chromium:
 	    echo "chromium: apt-get install failed; the dashboard browser tests will skip"; \
 	  else echo "chromium: not installed (needs root + apt-get); the dashboard browser tests will skip"; fi; }
 
+# Tests run in TEST_WORKERS pytest-xdist processes (one per core here; every test binds port 0,
+# keys its Redis/PostgreSQL state by its own id, and the 10,000-body fuzzer is split in shards).
+TEST_WORKERS ?= 2
+
 test: $(MODEL_DIR)/config.json redis postgres chromium wrk
-	PREFIXGATE_MODEL_DIR=$(MODEL_DIR) $(PY) -m pytest -q
+	PREFIXGATE_MODEL_DIR=$(MODEL_DIR) $(PY) -m pytest -q -n $(TEST_WORKERS)
 
 test-fast: $(VENV)/.installed chromium
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
 
 # Mutation score of one module (issue 21; docs/mutation.md): mutmut into the venv when missing, run
 # over MODULE with only the test files that cover it (bench/mutation_score.py's TARGETS), niced.
