@@ -13,6 +13,7 @@ tokens are monotone in what they count.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,9 @@ from hypothesis import strategies as st
 
 from prefixgate.cache import rollup
 from prefixgate.cache import savings as sv
+from prefixgate.cache.holdout_stats import holdout_report
 from prefixgate.cache.ledger import Ledger, LedgerRow
-from prefixgate.config.schema import Slo, SloSettings
+from prefixgate.config.schema import HoldoutSettings, Slo, SloSettings
 
 
 def test_totals_by_hand() -> None:
@@ -228,3 +230,131 @@ def test_saved_tokens_are_monotone_in_pruned_tokens(rows: list[dict], i: int, mo
     bumped = [dict(r, pruned=r["pruned"] + more) if k == j else r for k, r in enumerate(rows)]
     after = sv.totals(rollup.total({"data": _fold(r)} for r in bumped), [], None)["saved_tokens"]
     assert after == before + more
+
+
+def _ledger_row(**kw: object) -> dict:
+    """A row as :func:`prefixgate.cache.savings.range_rows` returns it: every column, None unless given."""
+    return {**dict.fromkeys(sv.ROW_COLUMNS), "status": "ok", **kw}
+
+
+def _rolls(rows: list[dict]) -> list[dict]:
+    """One rollup per row (its own minute), keyed as the ledger keys them ("" for a missing name)."""
+    return [{"minute": 60 * i, "route": r["route"] or "", "model": r["model"] or "", "backend": r["backend"] or "",
+             "data": rollup.fold({"ts": 60 * i, **r})} for i, r in enumerate(rows)]
+
+
+def test_routes_table_by_hand() -> None:
+    """Route r1 on backend b1 serves two models. m1: rows a (1000 prompt, 0 cached, prefill 500
+    ms), b (2000 prompt, 1000 cached, 200 counterfactual, prefill 200 ms), c (errored, no usage).
+    (r1, b1)'s prefill rate: two samples of 1000 uncached tokens (one x: no slope) -> ratio
+    700 / 2000 = 0.35 ms per token. m1: cached share 1000 / 3000; hit rate 1 of the 2 reporting;
+    saved $0.006 - $0.003; prefill saved (1000 - 200) * 0.35 ms = 0.28 s, cached 1000 * 0.35 ms =
+    0.35 s, at $36 an hour 0.28 * 36 / 3600 = $0.0028. m2 (no prefill time of its own) uses the
+    route's rate: 100 cached, 0 counterfactual -> 0.035 s, $0.00035. The unnamed route / backend
+    ("-", "-") has its own rate 100 ms / 100 tokens = 1 ms per token."""
+    a = _ledger_row(route="r1", model="m1", backend="b1", prompt_tokens=1000, cached_tokens=0, cf_cached_tokens=0,
+                    input_usd=0.003, cf_input_usd=0.003, output_tokens=5, ttft_ms=100.0004, tpot_ms=10.0004,
+                    queue_ms=1.0004, prefill_ms=500.0004, decode_ms=40.0004)
+    b = _ledger_row(route="r1", model="m1", backend="b1", prompt_tokens=2000, cached_tokens=1000, cf_cached_tokens=200,
+                    input_usd=0.003, cf_input_usd=0.006, output_tokens=50, ttft_ms=200.0004, tpot_ms=20.0004,
+                    queue_ms=2.0004, prefill_ms=199.9996, decode_ms=50.0004)
+    c = _ledger_row(route="r1", model="m1", backend="b1", status="upstream_error", ttft_ms=400.0004,
+                    tpot_ms=30.0004, queue_ms=4.0004, decode_ms=70.0004, stood_back="stabilise,hoist: slower")
+    d = _ledger_row(route="r1", model="m2", backend="b1", prompt_tokens=500, cached_tokens=100, cf_cached_tokens=0)
+    e = _ledger_row(prompt_tokens=100, cached_tokens=0, prefill_ms=100.0)
+    out = sv.routes_table(_rolls([a, b, c, d, e]), [a, b, c, d, e], {"b1": 36.0})
+    assert [(t["route"], t["model"], t["backend"]) for t in out] == [("", "", ""), ("r1", "m1", "b1"),
+                                                                      ("r1", "m2", "b1")]
+    none, m1, m2 = out
+    assert {k: v for k, v in m1.items() if k != "lengths"} == {
+        "route": "r1", "model": "m1", "backend": "b1", "requests": 3, "errors": 1,
+        "cached_share": 0.333333, "cache_hit_rate": 0.5, "saved_usd": 0.003,
+        "ttft_p50_ms": 200.0, "ttft_p95_ms": 380.0, "tpot_p50_ms": 20.0, "queue_ms_p50": 2.0,
+        "prefill_ms_p50": 350.0, "decode_ms_p50": 50.0,
+        "prefill_ms_per_token": 0.35, "prefill_rate_method": "ratio", "prefill_rate_samples": 2,
+        "prefill_s_saved": 0.28, "prefill_s_cached": 0.35, "prefill_usd_saved": 0.0028,
+        "ttft_s_saved_holdout": None, "rows_with_rate": 2,
+        "stood_back": {"requests": 1, "passes": ["hoist", "stabilise"], "reason": "slower"}}
+    assert m1["lengths"]["prompt"]["counts"] == sv.lengths(rollup.total({"data": r["data"]} for r in _rolls([a, b, c])))["prompt"]["counts"]
+    assert sum(m1["lengths"]["prompt"]["counts"]) == 2 and sum(m1["lengths"]["output"]["counts"]) == 2
+    assert (m2["requests"], m2["errors"], m2["saved_usd"], m2["cache_hit_rate"]) == (1, 0, None, 1.0)
+    assert (m2["prefill_ms_per_token"], m2["prefill_s_saved"], m2["prefill_s_cached"],
+            m2["prefill_usd_saved"], m2["stood_back"]) == (0.35, 0.035, 0.035, 0.00035, None)
+    assert (none["requests"], none["prefill_ms_per_token"], none["prefill_rate_samples"],
+            none["prefill_s_cached"], none["prefill_usd_saved"], none["ttft_p50_ms"]) == (1, 1.0, 1, 0.0, None, None)
+    assert sv.routes_table(_rolls([a]), [a])[0]["prefill_usd_saved"] is None  # no hourly price given
+
+
+def test_stood_back_of_counts_marked_rows_and_takes_the_latest_reason() -> None:
+    rows = [{"stood_back": "b,a: first"}, {"stood_back": ""}, {}, {"stood_back": None},
+            {"stood_back": "c,,a: the latest: with a colon"}]
+    assert sv.stood_back_of(rows) == {"requests": 2, "passes": ["a", "b", "c"],
+                                      "reason": "the latest: with a colon"}
+    assert sv.stood_back_of([{"stood_back": ""}]) is None and sv.stood_back_of([]) is None
+
+
+def test_replicas_table_by_hand() -> None:
+    """Replica a: 3 rows, one errored, cached 300 + 100 of 1000 + 3000 prompt tokens reporting
+    both (the third has no cached figure) -> 0.1; TTFT p50 of 10, 30 (one unknown) = 20; last ts
+    103. Replica b: one row, nothing reported. Rows without a replica count under "-"."""
+    rows = [_ledger_row(replica="a", ts=101.0, prompt_tokens=1000, cached_tokens=300, ttft_ms=10.00044),
+            _ledger_row(replica="a", ts=103.0, prompt_tokens=3000, cached_tokens=100, ttft_ms=30.00044),
+            _ledger_row(replica="a", ts=102.0, prompt_tokens=500, status="timeout"),
+            _ledger_row(replica="b", ts=99.0, status=None),
+            _ledger_row(replica=None, ts=None, cached_tokens=5)]
+    assert sv.replicas_table(rows) == [
+        {"replica": "-", "requests": 1, "errors": 0, "cached_share": None, "ttft_p50_ms": None, "last_ts": 0.0},
+        {"replica": "a", "requests": 3, "errors": 1, "cached_share": 0.1, "ttft_p50_ms": 20.0, "last_ts": 103.0},
+        {"replica": "b", "requests": 1, "errors": 0, "cached_share": None, "ttft_p50_ms": None, "last_ts": 99.0}]
+    assert sv.replicas_table([_ledger_row(replica="z", ts=5.0, prompt_tokens=0, cached_tokens=0)])[0]["cached_share"] is None
+
+
+def test_the_document_of_a_tenant_over_24h_by_hand(tmp_path: Path) -> None:
+    """Tenant t1 (its sub-tenant t1/sub included; t2 and a 2-day-old row left out), 24 h in
+    5-minute buckets. Row a: 1500 of 2000 cached where the client's body would have cached 0,
+    $0.0012 paid of $0.006, prefill 100 ms for 500 uncached; row b (holdout, t1/sub): nothing
+    cached, $0.006 both ways, prefill 400 ms for 2000 uncached. Route rate: ratio 500 / 2500 =
+    0.2 ms per token -> prefill saved 1500 * 0.2 ms = 0.3 s, at $36 an hour $0.003. Saved $0.0048
+    of $0.012 = 40 %; saved tokens 1500. SLO 100 ms / 5 ms: TTFTs 80, 120 -> 1/2; TPOTs 9, 3 -> 1/2;
+    goodput 0 (a misses TPOT, b TTFT). t1's one break of 40 tokens; t2's is not shown."""
+    led = Ledger(tmp_path / "l.sqlite")
+    now = time.time()
+    common = {"route": "r", "model": "claude-3-5-sonnet-20241022", "backend": "b", "status": "ok",
+              "prompt_tokens": 2000, "cf_cached_tokens": 0, "cf_input_usd": 0.006, "output_tokens": 20}
+    led.write(LedgerRow(ts=now - 100, tenant="t1", replica="p1", cached_tokens=1500, input_usd=0.0012,
+                        prefill_ms=100.0, ttft_ms=80.0, tpot_ms=9.0, **common))  # type: ignore[arg-type]
+    led.write(LedgerRow(ts=now - 50, tenant="t1/sub", replica="p2", cached_tokens=0, input_usd=0.006,
+                        prefill_ms=400.0, ttft_ms=120.0, tpot_ms=3.0, holdout=True, **common))  # type: ignore[arg-type]
+    led.write(LedgerRow(ts=now - 60, tenant="t2", cached_tokens=2000, input_usd=0.0001, **common))  # type: ignore[arg-type]
+    led.write(LedgerRow(ts=now - 2 * 86400, tenant="t1", cached_tokens=2000, input_usd=0.0001, **common))  # type: ignore[arg-type]
+    led.write_break("s1", {"region": "system", "kind": "edit", "token_offset": 3, "tokens_lost": 40}, "t1")
+    led.write_break("s2", {"region": "tools", "kind": "edit", "token_offset": 0, "tokens_lost": 900}, "t2")
+    slo = SloSettings(routes={"r": Slo(ttft_ms=100.0, tpot_ms=5.0)})
+    doc = sv.savings_document(led, "24h", slo=slo, holdout=HoldoutSettings(fraction=0.25, seed=3),
+                              usd_per_hour={"b": 36.0}, tenant="t1")
+    assert (doc["range"], doc["bucket_s"], doc["to_ts"] - doc["from_ts"]) == ("24h", 300, 86400)
+    assert int(now) + 1 <= doc["to_ts"] <= int(time.time()) + 1  # ends now (the clock moved on)
+    t = doc["totals"]
+    assert (t["requests"], t["holdout_requests"], t["saved_tokens"], t["saved_pct"]) == (2, 1, 1500, 0.4)
+    assert t["saved_usd"] == pytest.approx(0.0048, rel=1e-9)
+    assert (t["prefill_s_saved"], t["prefill_s_cached"], t["prefill_usd_saved"]) == (0.3, 0.3, 0.003)
+    assert [(b["saved_tokens"], b["technique"]) for b in doc["by_technique"]] == [(1500, "unattributed")]
+    assert doc["by_technique"][0]["usd"] == pytest.approx(0.0048, rel=1e-9)
+    h = doc["holdout"]
+    assert (h["enabled"], h["fraction"], h["verdict"]) == (True, 0.25, "inconclusive")
+    assert (h["overall"]["n_rewritten"], h["overall"]["n_holdout"]) == (1, 1) and h["reason"]
+    assert [b["bucket"] for b in h["buckets"]] == [b["bucket"] for b in holdout_report(led.rows(), 3)["buckets"]]
+    assert sum(doc["series"]["requests"]) == 2 and doc["series"]["ts"][0] == doc["from_ts"] // 300 * 300
+    assert doc["slo"] == [{"route": "r", "ttft_ms": 100.0, "tpot_ms": 5.0, "requests": 2, "n_ttft": 2, "n_tpot": 2,
+                           "ttft_attainment": 0.5, "tpot_attainment": 0.5, "goodput": 0.0}]
+    assert sum(doc["lengths"]["prompt"]["counts"]) == 2 and sum(doc["lengths"]["output"]["counts"]) == 2
+    assert doc["breaks"] == [{"field": "system", "kind": "edit", "token_offset": 3, "tokens_lost": 40, "count": 1}]
+    assert [(r["route"], r["requests"], r["prefill_usd_saved"]) for r in doc["routes"]] == [("r", 2, 0.003)]
+    assert [(r["replica"], r["requests"]) for r in doc["replicas"]] == [("p1", 1), ("p2", 1)]
+    every = sv.savings_document(led, "24h")  # no tenant: t2 counts; no hourly price: no USD figure
+    assert every["totals"]["requests"] == 3 and every["totals"]["prefill_usd_saved"] is None
+    assert len(every["breaks"]) == 2 and every["holdout"]["enabled"] is False
+    assert every["slo"][0]["ttft_ms"] == 2000.0  # the default SLO
+    last_hour = sv.savings_document(led)  # the default range: 1 h, ending now
+    assert (last_hour["range"], last_hour["bucket_s"], last_hour["totals"]["requests"]) == ("1h", 60, 3)
+    led.close()
