@@ -28,6 +28,7 @@ from prefixgate.proxy.api.count_tokens import COUNT_TOKENS
 from prefixgate.proxy.core.bounded import ROW_CHARS
 from prefixgate.proxy.observe.health import IN_USE_DEGRADED, LAG_DEGRADED_S
 from prefixgate.proxy.observe.metrics import BREAKERS_OPEN, RequestObs
+from prefixgate.proxy.pipeline import exchange
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
 from prefixgate.proxy.routing.breaker import BreakerBoard
 from prefixgate.proxy.routing.retries import Picked, Step
@@ -167,18 +168,29 @@ def test_record_bounds_each_text_column_first(tmp_path: Path) -> None:
     assert len(written.error) <= limit and written.error.startswith("x")
 
 
-def test_record_never_raises_and_a_failed_step_skips_only_itself(tmp_path: Path,
-                                                                 caplog: pytest.LogCaptureFixture) -> None:
+def test_record_never_raises_and_a_failed_step_skips_only_itself(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     s = make_state(tmp_path, ledger=Sink(fail=True))
     with caplog.at_level(logging.ERROR, logger="prefixgate.proxy"):
         s.record(LedgerRow(model="m"))
-    assert "ledger write failed" in caplog.text and s.metrics.rows == []  # type: ignore[attr-defined]
+    assert caplog.messages == ["ledger write failed"] and s.metrics.rows == []  # type: ignore[attr-defined]
+    caplog.clear()
     ok = make_state(tmp_path)
     ok.judge = None  # type: ignore[assignment]  # observe raises AttributeError
     with caplog.at_level(logging.ERROR, logger="prefixgate.proxy"):
         ok.record(LedgerRow(model="m2"))
-    assert "stand-back observation failed" in caplog.text
+    assert caplog.messages == ["stand-back observation failed"]
     assert [r.model for r, _ in ok.ledger.rows] == ["m2"]  # type: ignore[attr-defined]
+    caplog.clear()
+
+    def broken(row: object) -> None:
+        raise ValueError("clip")
+
+    monkeypatch.setattr(exchange, "clip_fields", broken)
+    with caplog.at_level(logging.ERROR, logger="prefixgate.proxy"):
+        ok.record(LedgerRow(model="m3"))
+    assert caplog.messages[0] == "row clip failed"
+    assert [r.model for r, _ in ok.ledger.rows] == ["m2", "m3"]  # type: ignore[attr-defined]
 
 
 def test_record_logs_one_line_of_figures_never_text(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -260,6 +272,7 @@ def test_record_writes_once_releases_once_and_fills_the_row(tmp_path: Path) -> N
     row = ex.row
     assert released == [1] and ex.recorded
     assert [r for r, _ in s.ledger.rows] == [row]  # type: ignore[attr-defined]
+    assert s.metrics.rows == [(row, ex.obs)]  # type: ignore[attr-defined]  # the request's observations go along
     assert (row.status, row.http_status, row.attempts) == ("ok", 200, 3)
     assert row.attempt_reasons == "up-1:status-503,up-2:connect"
     assert row.total_ms == pytest.approx(250.0) and row.error == ""
