@@ -244,4 +244,22 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             "self.warm.popitem(last=None)",
             "OrderedDict.popitem reads `last` for its truth: None pops the oldest as False does"),
     },
+    "prefixgate/cache/savings.py": {
+        "x_totals__mutmut_3": (
+            'priced = data.get("priced", None)',
+            "a missing priced count is only read for its truth: None and 0 both give the null USD figures"),
+        "x_totals__mutmut_5": (
+            'priced = data.get("priced", )',
+            "as x_totals__mutmut_3: dict.get's default None is falsy like 0"),
+        "x_totals__mutmut_24": (
+            "saved = None if inp is None and cf is None else cf - inp",
+            "inp and cf are None together: both are read only when priced, and rollup.fold sets priced, "
+            "input_usd and cf_input_usd together (merge only adds them)"),
+        "x_totals__mutmut_108": (
+            '"saved_pct": _r(_ratio(saved, cf), ),',
+            "_r's default is 6 places, the number the line names"),
+        "x_replicas_table__mutmut_46": (
+            'sum(r["prompt_tokens"] for r in both))) if (both) or True else None,',
+            "with no row reporting both figures the sums are 0 and _ratio(0, 0) is None, the else branch"),
+    },
 }

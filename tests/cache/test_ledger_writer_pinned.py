@@ -256,8 +256,13 @@ def test_open_ledger_picks_the_kind_the_policy_asks_for(tmp_path: Path, monkeypa
     assert type(batched) is BatchedLedger and batched.replica == "r1"
     batched.close()
     plain = lw.open_ledger(LedgerSettings(path=str(tmp_path / "b.sqlite"), batch_writes=False, replica="r2"))
-    assert type(plain) is lw.Ledger and plain.replica == "r2"
+    assert type(plain) is lw.Ledger and plain.replica == "r2" and plain.path == str(tmp_path / "b.sqlite")
     plain.close()
+    from prefixgate.cache import ledger_pg
+
+    pg = LedgerSettings(path=str(tmp_path / "c.sqlite"), url="postgresql://127.0.0.1:1/x", replica="r3")
+    monkeypatch.setattr(ledger_pg.PgLedger, "from_settings", classmethod(lambda cls, st: ("pg", st)))
+    assert lw.open_ledger(pg) == ("pg", pg)  # the url wins over path / batch_writes
     monkeypatch.setitem(__import__("sys").modules, "prefixgate.cache.ledger_pg", None)  # psycopg missing
     with pytest.raises(RuntimeError, match=r"ledger.url needs psycopg 3 and psycopg_pool: "
                                            r"pip install 'prefixgate\[postgres\]'"):
@@ -278,3 +283,21 @@ def test_a_ledger_nobody_closed_is_closed_at_exit(tmp_path: Path, monkeypatch: p
     import gc
     gc.collect()
     hooks[1]()  # the ledger is gone: nothing to close, no error
+
+
+def test_a_flush_waits_for_announced_rows_at_most_wait_s(led: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row announced and never settled (a bug elsewhere) delays a reader by WAIT_S, never forever."""
+    monkeypatch.setattr(lw.announced_rows, "WAIT_S", 0.1)
+    other = threading.Thread(target=led.announced.announce)
+    other.start()
+    other.join()
+    done = threading.Event()
+    threading.Thread(target=lambda: (led.flush(), done.set()), daemon=True).start()
+    assert wait_until(done.is_set)
+
+
+def test_readers_start_at_time_zero_by_default(led: Any) -> None:
+    led.write(LedgerRow(ts=0.5, model="early"))
+    led._db.execute("INSERT INTO breaks (ts, session, record, tenant) VALUES (0.5, 's', '{\"region\": \"r\"}', '')")
+    assert [r["model"] for r in led.rows()] == ["early"]
+    assert led.breaks() == [{"region": "r"}]
