@@ -290,3 +290,77 @@ def test_a_system_retrievals_own_words_are_not_read_as_the_instructions() -> Non
              digest(TAG.format(k="b", t="beta passage about the weather"))]
     out, e = rewrite(sys_body(text("ba")), seen=first)
     assert out["messages"][0]["content"] == text("ab") and e.applied
+
+
+def _retrieval(texts: dict[str, str], keys: str, before: str = "Retrieved documents:\n",
+               after: str = "\n\nAnswer from these only.") -> str:
+    return before + "\n".join(TAG.format(k=k, t=texts[k]) for k in keys) + after
+
+
+RANKED = {"x": "xray passage about teams ranked in the league", "y": "yankee passage about the weather",
+          "z": "zulu passage about players ranked by goals"}
+
+
+def test_none_of_a_system_retrievals_passages_is_read_as_its_surroundings_or_instructions() -> None:
+    """Three passages, the first and the last saying "ranked": their words are the passages'
+    content; only the text around the whole retrieval (and the rest of the system text) counts."""
+    seen = [digest(TAG.format(k=k, t=RANKED[k])) for k in "xyz"]
+    out, e = rewrite(sys_body(_retrieval(RANKED, "zyx")), seen=seen)
+    assert out["messages"][0]["content"] == _retrieval(RANKED, "xyz") and e.applied
+
+
+def test_the_system_text_is_the_instructions_of_a_retrieval_elsewhere() -> None:
+    """The system prompt says "ranked" (inside its own retrieval): a user message's retrieval is
+    read against the whole system text, so it is kept; the system's own is read without itself."""
+    seen = [digest(TAG.format(k=k, t=RANKED[k])) for k in "xyz"]
+    text = _retrieval(RANKED, "zyx")
+    out, e = rewrite(sys_body(text, user=text), seen=seen)
+    assert out["messages"][0]["content"] == _retrieval(RANKED, "xyz")
+    assert out["messages"][1]["content"] == text
+    assert "1 retrieval(s) left in the client's order: the instructions gives the order a meaning ('ranked')" in e.detail
+
+
+def test_a_retrieval_sent_twice_in_the_system_text_reads_its_other_copy_as_instructions() -> None:
+    seen = [digest(TAG.format(k=k, t=RANKED[k])) for k in "xyz"]
+    text = _retrieval(RANKED, "zyx")
+    out, e = rewrite(sys_body(text, text), seen=seen)
+    assert [m["content"] for m in out["messages"][:2]] == [text, text] and not e.applied
+    assert "2 retrieval(s) left in the client's order" in e.detail
+
+
+def test_the_system_text_around_a_retrieval_is_read_joined() -> None:
+    """ "Listed by <retrieval> relevance.": without the retrieval the system text says "by
+    relevance" — an instruction about the order, so the retrieval is kept."""
+    seen = [d("a"), d("b")]
+    text = "Listed by " + "\n".join(TAG.format(k=k, t=TEXTS[k]) for k in "ba") + "relevance."
+    out, e = rewrite(sys_body(text), seen=seen)
+    assert out["messages"][0]["content"] == text
+    assert e.detail.endswith("the instructions gives the order a meaning ('by relevance')")
+
+
+RESULTS = {k: f"{k} result about topic {k} with words {k}{k}" for k in "ab"}
+
+
+def _results(keys: str) -> str:
+    return "\n".join(f'<result id="{k}">{RESULTS[k]}</result>' for k in keys)
+
+
+def test_a_tool_results_generic_tags_are_passages_there_only() -> None:
+    """``<result>`` elements are passages in a tool result (retrieved by construction), as a
+    string or a text item, never in a user's own message; the region is the messages'."""
+    seen = [digest(f'<result id="{k}">{RESULTS[k]}</result>') for k in "ab"]
+    out, e = rewrite(tool_body(_results("ba")), "anthropic", seen)
+    assert out["messages"][2]["content"][0]["content"] == _results("ab")
+    assert (e.applied, e.region) == (True, "messages")
+    out, e = rewrite(tool_body([{"type": "text", "text": _results("ba")}]), "anthropic", seen)
+    assert out["messages"][2]["content"][0]["content"] == [{"type": "text", "text": _results("ab")}]
+    assert (e.applied, e.region) == (True, "messages")
+    user = {"model": "m", "messages": [{"role": "user", "content": _results("ba")}]}
+    out, e = rewrite(user, seen=seen)
+    assert out is user and not e.applied
+
+
+def test_a_tool_results_document_run_is_in_the_messages_region() -> None:
+    out, e = rewrite(tool_body([doc("b"), doc("a")]), "anthropic", [block_digest(doc(k)) for k in "ab"])
+    assert [b["title"] for b in out["messages"][2]["content"][0]["content"]] == ["a", "b"]
+    assert (e.applied, e.region) == (True, "messages")
