@@ -92,10 +92,10 @@ def test_flush_leaves_no_count_behind(led: Any) -> None:
         led.write(LedgerRow(model=f"m{i}"))
     led.flush()
     assert (led._pending, led._flushing, led.written) == (0, 0, 3)
-    led._db.slow_s = 0.3
+    led._db.slow_s = 1.0
     led.write(LedgerRow(model="slow"))
     led.flush(timeout_s=0.01)  # gave up waiting: still no flush counted as in progress
-    assert led._flushing == 0
+    assert led._flushing == 0 and led.written == 3  # it returned before the slow row landed
     led.flush()
     assert led._pending == 0 and led.written == 4
 
@@ -152,7 +152,7 @@ def test_close_flushes_refuses_later_writes_and_is_idempotent(tmp_path: Path) ->
             led.write(LedgerRow(model=f"m{i}"))
     led.close()
     assert led.written == 3 and not led._thread.is_alive()
-    with pytest.raises(RuntimeError, match="ledger closed"):
+    with pytest.raises(RuntimeError, match="^ledger closed$"):
         led.write(LedgerRow(model="late"))
     led.close()
 
@@ -301,3 +301,16 @@ def test_readers_start_at_time_zero_by_default(led: Any) -> None:
     led._db.execute("INSERT INTO breaks (ts, session, record, tenant) VALUES (0.5, 's', '{\"region\": \"r\"}', '')")
     assert [r["model"] for r in led.rows()] == ["early"]
     assert led.breaks() == [{"region": "r"}]
+
+
+def test_flushes_at_once_leave_no_count_behind(led: Any) -> None:
+    """Two readers flushing at the same time: each counts itself in and out."""
+    led._db.slow_s = 0.3
+    led.write(LedgerRow(model="m"))
+    ts = [threading.Thread(target=led.flush) for _ in range(2)]
+    for t in ts:
+        t.start()
+    assert wait_until(lambda: led._flushing == 2)
+    for t in ts:
+        t.join()
+    assert led._flushing == 0 and led.written == 1
