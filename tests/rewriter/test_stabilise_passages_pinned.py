@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import pytest
+
 from prefixgate.rewriter import wire
 from prefixgate.rewriter.ir import Api
 from prefixgate.rewriter.stabilise_passages import (
@@ -364,3 +366,33 @@ def test_a_tool_results_document_run_is_in_the_messages_region() -> None:
     out, e = rewrite(tool_body([doc("b"), doc("a")]), "anthropic", [block_digest(doc(k)) for k in "ab"])
     assert [b["title"] for b in out["messages"][2]["content"][0]["content"]] == ["a", "b"]
     assert (e.applied, e.region) == (True, "messages")
+
+
+def test_a_run_holding_a_pdf_document_is_still_put_in_order() -> None:
+    """A base64 PDF's text is unknown (nothing to read an order from): the run moves by digest."""
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0x"},
+           "title": "p"}
+    seen = [block_digest(doc("a")), block_digest(pdf)]
+    out, e = rewrite(user_blocks(pdf, doc("a")), "anthropic", seen)
+    assert titles(out) == ["a", "p"] and e.applied
+
+
+@pytest.mark.parametrize("where", ["second system block", "system message", "developer message"])
+def test_every_piece_of_system_text_is_read_as_instructions(where: str) -> None:
+    """The instructions are every system text block and every system / developer message, each
+    on its own line (a block that starts "Ranked." says so)."""
+    retrieval = render("tag", ["b", "a"])
+    if where == "second system block":
+        body: dict[str, Any] = {"model": "claude-x", "max_tokens": 10,
+                                "system": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Ranked."}],
+                                "messages": [{"role": "user", "content": retrieval}]}
+        api: Api = "anthropic"
+    else:
+        role = "system" if where == "system message" else "developer"
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"},
+                                           {"role": role, "content": "Ranked."},
+                                           {"role": "user", "content": retrieval}]}
+        api = "openai"
+    out, e = rewrite(body, api, [d("a"), d("b")])
+    assert out is body and not e.applied
+    assert e.detail.endswith("the instructions gives the order a meaning ('Ranked')")
