@@ -21,6 +21,7 @@ import pytest
 from prefixgate.cache import ledger_writer as lw
 from prefixgate.cache.ledger import LedgerRow
 from prefixgate.cache.ledger_writer import BatchedLedger
+from tests.cache.hang_guard import hang_guard  # noqa: F401  (autouse: a hung writer fails fast)
 
 
 class DB:
