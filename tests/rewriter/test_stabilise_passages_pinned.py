@@ -396,3 +396,43 @@ def test_every_piece_of_system_text_is_read_as_instructions(where: str) -> None:
     out, e = rewrite(body, api, [d("a"), d("b")])
     assert out is body and not e.applied
     assert e.detail.endswith("the instructions gives the order a meaning ('Ranked')")
+
+
+def test_each_different_reason_is_said_once_in_the_client_order() -> None:
+    ranked_run = [{"type": "document", "title": f"r{i}",
+                   "source": {"type": "text", "media_type": "text/plain", "data": f"rank: {i} match {i}"}}
+                  for i in (2, 1)]
+    text = "Results ranked by relevance:\n" + "\n".join(TAG.format(k=k, t=TEXTS[k]) for k in "ba")
+    body = user_blocks({"type": "text", "text": text}, *ranked_run)
+    seen = [d("a"), d("b"), *(block_digest(b) for b in reversed(ranked_run))]
+    out, e = rewrite(body, "anthropic", seen)
+    assert out is body and not e.applied
+    assert e.detail == ("no retrieval out of its first-seen order; 2 retrieval(s) left in the client's order: "
+                        "the text around it gives the order a meaning ('ranked'); "
+                        "the passages carry ranks or scores")
+
+
+def test_an_openai_tool_message_is_a_tool_result() -> None:
+    """A ``tool`` role message: tool-only tags count, region messages."""
+    seen = [digest(f'<result id="{k}">{RESULTS[k]}</result>') for k in "ab"]
+    body = {"model": "m", "messages": [
+        {"role": "user", "content": "search"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "s", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": _results("ba")}]}
+    out, e = rewrite(body, seen=seen)
+    assert out["messages"][2]["content"] == _results("ab")
+    assert (e.applied, e.region) == (True, "messages")
+
+
+@pytest.mark.parametrize("role", ["system", "developer"])
+def test_a_system_message_mid_conversation_is_system_text(role: str) -> None:
+    """Its retrieval is put in order (read without itself: its passages' own "ranked" is content),
+    in the messages region."""
+    seen = [digest(TAG.format(k=k, t=RANKED[k])) for k in "xyz"]
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"},
+                                       {"role": role, "content": _retrieval(RANKED, "zyx")},
+                                       {"role": "user", "content": "and?"}]}
+    out, e = rewrite(body, seen=seen)
+    assert out["messages"][2]["content"] == _retrieval(RANKED, "xyz")
+    assert (e.applied, e.region) == (True, "messages")
