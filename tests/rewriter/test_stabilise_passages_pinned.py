@@ -344,13 +344,14 @@ RESULTS = {k: f"{k} result about topic {k} with words {k}{k}" for k in "ab"}
 
 
 def _results(keys: str) -> str:
-    return "\n".join(f'<result id="{k}">{RESULTS[k]}</result>' for k in keys)
+    """Unlabelled ``<result>`` elements: passages only where every tag counts (a tool result)."""
+    return "\n".join(f"<result>{RESULTS[k]}</result>" for k in keys)
 
 
 def test_a_tool_results_generic_tags_are_passages_there_only() -> None:
     """``<result>`` elements are passages in a tool result (retrieved by construction), as a
     string or a text item, never in a user's own message; the region is the messages'."""
-    seen = [digest(f'<result id="{k}">{RESULTS[k]}</result>') for k in "ab"]
+    seen = [digest(f"<result>{RESULTS[k]}</result>") for k in "ab"]
     out, e = rewrite(tool_body(_results("ba")), "anthropic", seen)
     assert out["messages"][2]["content"][0]["content"] == _results("ab")
     assert (e.applied, e.region) == (True, "messages")
@@ -414,7 +415,7 @@ def test_each_different_reason_is_said_once_in_the_client_order() -> None:
 
 def test_an_openai_tool_message_is_a_tool_result() -> None:
     """A ``tool`` role message: tool-only tags count, region messages."""
-    seen = [digest(f'<result id="{k}">{RESULTS[k]}</result>') for k in "ab"]
+    seen = [digest(f"<result>{RESULTS[k]}</result>") for k in "ab"]
     body = {"model": "m", "messages": [
         {"role": "user", "content": "search"},
         {"role": "assistant", "content": None, "tool_calls": [
