@@ -290,4 +290,9 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
         "x__tool_result__mutmut_67": (
             'items.append(c if (new is c["text"]) and False else with_key(c, "text", new))', REBUILT),
     },
+    "prefixgate/cache/ledger_writer.py": {
+        "xǁBatchedLedgerǁ_commit__mutmut_16": ('self._db.execute("begin immediate")', SQL_CASE),
+        "xǁBatchedLedgerǁ_commit__mutmut_27": ('self._db.execute("commit")', SQL_CASE),
+        "xǁBatchedLedgerǁ_commit__mutmut_30": ('self._db.execute("rollback")', SQL_CASE),
+    },
 }
