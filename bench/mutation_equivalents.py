@@ -291,6 +291,8 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             'items.append(c if (new is c["text"]) and False else with_key(c, "text", new))', REBUILT),
     },
     "prefixgate/cache/ledger_writer.py": {
+        "xǁBatchedLedgerǁ__init____mutmut_11": (
+            "self._stopping = None", "_stopping is only read for its truth until close sets it True: None is falsy as False"),
         "xǁBatchedLedgerǁ_commit__mutmut_16": ('self._db.execute("begin immediate")', SQL_CASE),
         "xǁBatchedLedgerǁ_commit__mutmut_27": ('self._db.execute("commit")', SQL_CASE),
         "xǁBatchedLedgerǁ_commit__mutmut_30": ('self._db.execute("rollback")', SQL_CASE),

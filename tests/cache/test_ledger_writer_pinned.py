@@ -315,3 +315,27 @@ def test_flushes_at_once_leave_no_count_behind(led: Any) -> None:
     for t in ts:
         t.join()
     assert led._flushing == 0 and led.written == 1
+
+
+def test_a_process_that_never_closed_its_ledger_exits_with_its_rows_written(tmp_path: Path) -> None:
+    """The writer is a daemon thread named ``ledger-writer`` (as thread dumps show it): the
+    interpreter does not wait for it, and the atexit hook commits what was queued."""
+    import subprocess
+    import sys
+
+    from tests.paths import REPO
+
+    path = tmp_path / "l.sqlite"
+    code = ("from prefixgate.cache.ledger_writer import BatchedLedger\n"
+            "from prefixgate.cache.ledger import LedgerRow\n"
+            "import threading\n"
+            f"led = BatchedLedger({str(path)!r})\n"
+            "with led._cv:\n"
+            "    led.write(LedgerRow(model='queued'))\n"
+            "print([(t.name, t.daemon) for t in threading.enumerate() if t is led._thread])\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=20)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[('ledger-writer', True)]"
+    led = BatchedLedger(path)
+    assert [r["model"] for r in led.rows()] == ["queued"]
+    led.close()
