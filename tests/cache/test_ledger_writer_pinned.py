@@ -289,12 +289,15 @@ def test_a_ledger_nobody_closed_is_closed_at_exit(tmp_path: Path, monkeypatch: p
 def test_a_flush_waits_for_announced_rows_at_most_wait_s(led: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A row announced and never settled (a bug elsewhere) delays a reader by WAIT_S, never forever."""
     monkeypatch.setattr(lw.announced_rows, "WAIT_S", 0.1)
-    other = threading.Thread(target=led.announced.announce)
+    hold = threading.Event()  # the announcing thread stays alive (a thread id can be reused)
+    other = threading.Thread(target=lambda: (led.announced.announce(), hold.wait()))
     other.start()
-    other.join()
+    assert wait_until(lambda: led.announced.pending == 1)
     done = threading.Event()
     threading.Thread(target=lambda: (led.flush(), done.set()), daemon=True).start()
     assert wait_until(done.is_set)
+    hold.set()
+    other.join()
 
 
 def test_readers_start_at_time_zero_by_default(led: Any) -> None:
