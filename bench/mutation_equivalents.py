@@ -34,6 +34,9 @@ ERRSTATE = ("the division never sees a zero (np.where puts 1 where den <= 0) nor
             "warning to silence")
 OUTER = "the outer np.where answers NaN wherever den <= 0, whatever the inner division gave there"
 
+REBUILT = ("an unchanged block rebuilt with its own text holds equal content: stabilise returns the prompt "
+           "itself unless a retrieval moved, and then the rebuilt block renders to the same bytes")
+
 SQL_CASE = "SQLite keywords and (unquoted) column names are case-insensitive: the same statement"
 SEPARATORS = ("the data column is only read back through json.loads: the default separators change its "
               "whitespace, not a value")
@@ -243,5 +246,55 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
         "xǁGateCoreǁanswered__mutmut_23": (
             "self.warm.popitem(last=None)",
             "OrderedDict.popitem reads `last` for its truth: None pops the oldest as False does"),
+    },
+    "prefixgate/cache/savings.py": {
+        "x_totals__mutmut_3": (
+            'priced = data.get("priced", None)',
+            "a missing priced count is only read for its truth: None and 0 both give the null USD figures"),
+        "x_totals__mutmut_5": (
+            'priced = data.get("priced", )',
+            "as x_totals__mutmut_3: dict.get's default None is falsy like 0"),
+        "x_totals__mutmut_24": (
+            "saved = None if inp is None and cf is None else cf - inp",
+            "inp and cf are None together: both are read only when priced, and rollup.fold sets priced, "
+            "input_usd and cf_input_usd together (merge only adds them)"),
+        "x_totals__mutmut_108": (
+            '"saved_pct": _r(_ratio(saved, cf), ),',
+            "_r's default is 6 places, the number the line names"),
+        "x_replicas_table__mutmut_46": (
+            'sum(r["prompt_tokens"] for r in both))) if (both) or True else None,',
+            "with no row reporting both figures the sums are 0 and _ratio(0, 0) is None, the else branch"),
+    },
+    "prefixgate/rewriter/stabilise_passages.py": {
+        "x_digest__mutmut_10": (
+            'raw = hashlib.sha256(" ".join(text.split()).encode("UTF-8", "surrogatepass")).digest()',
+            "codec names are looked up case-insensitively: UTF-8 is utf-8"),
+        "x_block_digest__mutmut_4": (
+            "sort_keys=True, ensure_ascii=None))",
+            "json.dumps reads ensure_ascii for its truth: None escapes nothing, as False"),
+        "x__stabilise_runs__mutmut_5": (
+            "while i <= len(out):",
+            "the extra pass at i == len(out) reads no block (j stays i: a run of 0) and steps past the end"),
+        "x__stabilise_runs__mutmut_28": (
+            'texts = [p[1] if (p := block_passage(r)) else "XXXX" for r in raws]',
+            "the text of a document whose text is unknown only feeds order_reason: 'XXXX' holds no rank, "
+            "date, version or supersede signal, as '' holds none"),
+        "x__stabilise_runs__mutmut_36": (
+            'why = order_reason("XXXX", texts, tally.instructions)',
+            "a block run has no surrounding text: 'XXXX' holds no order word, as '' holds none"),
+        "x__message__mutmut_16": (
+            "blocks.append(b if (new is b.text) and False else b.with_text(new))", REBUILT),
+        "x__tool_result__mutmut_22": (
+            'return block if (new is content) and False else replace(block, raw=with_key(block.raw, "content", new))',
+            REBUILT),
+        "x__tool_result__mutmut_67": (
+            'items.append(c if (new is c["text"]) and False else with_key(c, "text", new))', REBUILT),
+    },
+    "prefixgate/cache/ledger_writer.py": {
+        "xǁBatchedLedgerǁ__init____mutmut_11": (
+            "self._stopping = None", "_stopping is only read for its truth until close sets it True: None is falsy as False"),
+        "xǁBatchedLedgerǁ_commit__mutmut_16": ('self._db.execute("begin immediate")', SQL_CASE),
+        "xǁBatchedLedgerǁ_commit__mutmut_27": ('self._db.execute("commit")', SQL_CASE),
+        "xǁBatchedLedgerǁ_commit__mutmut_30": ('self._db.execute("rollback")', SQL_CASE),
     },
 }

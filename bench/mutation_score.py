@@ -74,6 +74,10 @@ TARGETS: dict[str, list[str]] = {
     "prefixgate/rewriter/ttl_choice.py": ["tests/rewriter/test_ttl_choice.py", "tests/rewriter/test_ttl_choice_pinned.py"],
     "prefixgate/cache/provider_models/token_radix.py": ["tests/cache/test_token_radix.py",
                                                         "tests/cache/test_token_radix_pinned.py"],
+    "prefixgate/proxy/pipeline/exchange.py": ["tests/proxy/test_exchange_pinned.py"],
+    "prefixgate/rewriter/stabilise_passages.py": ["tests/rewriter/test_stabilise_passages.py",
+                                                  "tests/rewriter/test_passage_order_meaning.py",
+                                                  "tests/rewriter/test_stabilise_passages_pinned.py"],
 }
 
 # mutmut's exit-code vocabulary (mutmut/stats.py)

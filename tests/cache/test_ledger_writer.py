@@ -13,6 +13,7 @@ from prefixgate.cache.ledger_writer import BatchedLedger, open_ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.config.schema import LedgerSettings
 from prefixgate.proxy.app import build_app
+from tests.cache.hang_guard import hang_guard  # noqa: F401  (autouse: a hung writer fails fast)
 from tests.proxy.upstream import Script, ScriptedUpstream, completion
 from tests.servers import serve_app
 
