@@ -110,7 +110,7 @@ def setup_cfg(module: str, tests: list[str], others: list[str]) -> str:
 def mutmut(work: Path, *args: str, capture: bool = False) -> subprocess.CompletedProcess[str]:
     """Run ``python -m mutmut ARGS`` in ``work`` (no PYTHONPATH: mutmut puts mutants/ first)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HYPOTHESIS_PROFILE="ci", PREFIXGATE_DATA_DIR=str(DATA))
+    env.update(HYPOTHESIS_PROFILE="ci", PREFIXGATE_DATA_DIR=str(DATA), PREFIXGATE_HANG_GUARD_S="30")
     return subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=work, env=env, text=True,
                           capture_output=capture)
 
