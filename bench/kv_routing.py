@@ -37,6 +37,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -81,6 +82,57 @@ def _share(answers: list[dict[str, Any]]) -> float | None:
     return round(cached / prompt, 3) if prompt else None
 
 
+def _record_matches(hub: Any) -> dict[int, list[int]]:
+    """Wrap ``hub.matches`` so each routing decision's predicted cached tokens per deployment
+    are kept, by the prompt's token count (unique per request in this benchmark)."""
+    seen: dict[int, list[int]] = {}
+    inner = hub.matches
+
+    def matches(deps: Any, tokens: list[int], salt: bytes | None = None) -> list[int] | None:
+        got = inner(deps, tokens, salt)
+        if got is not None:
+            seen[len(tokens)] = dict(zip([d.name for d in deps], got))
+        return got
+    hub.matches = matches
+    return seen
+
+
+def _per_request(fleet: list[dict[str, Any]], rows: list[dict[str, Any]],
+                 predicted: dict[int, dict[str, int]]) -> list[dict[str, Any]]:
+    """Per request: session, turn, the replica that served it, the index's predicted cached
+    tokens on each replica when it was routed, and what the engine reported cached."""
+    by_len = {r["prompt_tokens"]: r for r in rows}
+    out = []
+    for a in sorted(fleet, key=lambda a: a["_sk"]):
+        n = a["usage"]["prompt_tokens"]
+        row = by_len.get(n, {})
+        out.append({"session": a["_sk"][0], "turn": a["_sk"][1], "prompt_tokens": n,
+                    "replica": row.get("deployment"),
+                    "failed": row.get("attempt_reasons") or "",
+                    "index_cached": predicted.get(n),
+                    "engine_cached": (a["usage"].get("prompt_tokens_details") or {})
+                    .get("cached_tokens") or 0})
+    return out
+
+
+def _fleet_oracle(one: list[dict[str, Any]], order: list[tuple[int, int]],
+                  replicas: int) -> dict[str, Any]:
+    """The one-replica oracle less what no placement over ``replicas`` replicas can avoid:
+    each replica that serves anything computes the prefix every session shares (the system
+    prompt) once. ``shared_prefix_tokens``: the least any later session's first turn found
+    cached on the oracle engine (that prefix, as the engine counts it)."""
+    firsts = [a for (s, k), a in zip(order, one) if k == 0 and s > 0]
+    shared = min(((a["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+                  for a in firsts), default=0)
+    prompt = sum(a["usage"]["prompt_tokens"] for a in one)
+    cached = sum((a["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+                 for a in one)
+    lost = (replicas - 1) * shared
+    return {"cached_share": round((cached - lost) / prompt, 3) if prompt else None,
+            "shared_prefix_tokens": shared, "replicas_used": replicas,
+            "tokens_recomputed": lost, "prompt_tokens": prompt}
+
+
 def run_live(n_sessions: int, turns: int, max_tokens: int) -> dict[str, Any]:
     """The ``live_engines`` figures (module docstring)."""
     sessions = sessions_from_trace(n_sessions, turns)
@@ -106,14 +158,21 @@ def run_live(n_sessions: int, turns: int, max_tokens: int) -> dict[str, Any]:
         app = build_app(policy, ledger=ledger, rewrite_fn=None, analyze=False)
         url = stack.enter_context(serve_app(app))
         hub = app.state.proxy.kv_events
+        predicted = _record_matches(hub)
         deadline = time.monotonic() + 60
         while not all(s.usable() for s in hub.streams.values()) and time.monotonic() < deadline:
             time.sleep(0.1)
+        started = [threading.Event() for _ in range(n_sessions + 1)]
+        started[0].set()
+
         def session(s: int) -> list[dict[str, Any]]:
+            started[s].wait()  # sessions arrive one after another (each after the last's 1st answer)
             with httpx.Client(timeout=600) as client:
                 out = []
-                for msgs in sessions[s]:
-                    out.append(_ask(client, url, msgs, max_tokens, {"x-prefixgate-session": f"s{s}"}))
+                for k, msgs in enumerate(sessions[s]):
+                    a = _ask(client, url, msgs, max_tokens, {"x-prefixgate-session": f"s{s}"})
+                    out.append({**a, "_sk": (s, k)})
+                    started[s + 1].set()
                     time.sleep(0.2)  # think time: this turn's events reach the router
                 return out
 
@@ -128,12 +187,22 @@ def run_live(n_sessions: int, turns: int, max_tokens: int) -> dict[str, Any]:
                    for s, k in order]
         served = collections.Counter(r["deployment"] for r in rows)
         why = collections.Counter(r.get("attempt_reasons") or "" for r in rows)
+    fleet_bound = _fleet_oracle(one, order, len(served))
     return {"figures": {"cached_share": _share(fleet), "oracle": _share(one),
+                        "fleet_oracle": fleet_bound["cached_share"],
                         "event_lag_ms_p99": _r(percentile(lags, 99))},
             "detail": {"sessions": n_sessions, "turns": turns, "max_tokens": max_tokens,
                        "requests": len(fleet), "served_per_replica": dict(sorted(served.items())),
+                       "max_min_load": round(max(served.values()) / min(served.values()), 2)
+                       if len(served) == 3 else None,
+                       "fleet_oracle": fleet_bound,
                        "event_batches_sampled": len(lags),
-                       "event_lag_ms_p50": _r(percentile(lags, 50)), "failed_sends": dict(why)}}
+                       "event_lag_ms_p50": _r(percentile(lags, 50)), "failed_sends": dict(why),
+                       "per_request": _per_request(fleet, rows, predicted),
+                       "oracle_per_request": [
+                           {"session": s, "turn": k, "prompt_tokens": a["usage"]["prompt_tokens"],
+                            "engine_cached": (a["usage"].get("prompt_tokens_details") or {})
+                            .get("cached_tokens") or 0} for (s, k), a in zip(order, one)]}}
 
 
 # ---------------------------------------------------------------- llama.cpp slots ----------
