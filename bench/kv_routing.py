@@ -225,12 +225,14 @@ def smollm2_gguf() -> Path:
 class LlamaCppProcess:
     """``bench/llamacpp_server.py`` in a subprocess, until ``/health`` answers."""
 
-    def __init__(self, gguf: Path, slots: int, log: Path) -> None:
+    def __init__(self, gguf: Path, slots: int, log: Path, cache_ram: int | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.cmd = [sys.executable, str(ROOT / "bench" / "llamacpp_server.py"), "--gguf", str(gguf),
                     "--port", str(self.port), "--threads", "2", "--parallel", str(slots),
                     "--poll", "50", "--ctx", "4096"]
+        if cache_ram is not None:
+            self.cmd += ["--cache-ram", str(cache_ram)]
         self.log = log
 
     def __enter__(self) -> LlamaCppProcess:
@@ -257,30 +259,31 @@ class LlamaCppProcess:
 
 
 def _llamacpp_run(kind: str, slots: int, sessions: list[list[list[dict[str, str]]]],
-                  max_tokens: int, d: Path) -> dict[str, Any]:
-    with LlamaCppProcess(smollm2_gguf(), slots, d / f"llamacpp-{kind}.log") as server:
+                  max_tokens: int, d: Path, cache_ram: int | None) -> dict[str, Any]:
+    with LlamaCppProcess(smollm2_gguf(), slots, d / f"llamacpp-{kind}-{cache_ram}.log",
+                         cache_ram) as server:
         policy = parse_policy({
             "backends": {"lc": {"kind": kind, "base_url": server.url + "/v1", "slots": slots,
                                 "timeout_s": 300}},
             "routes": [{"match": "*", "backend": "lc"}],
-            "ledger": {"path": str(d / f"ledger-{kind}.sqlite")}})
+            "ledger": {"path": str(d / f"ledger-{kind}-{cache_ram}.sqlite")}})
         ledger = Ledger(policy.ledger.path)
         with serve_app(build_app(policy, ledger=ledger, rewrite_fn=None, analyze=False)) as url:
-            def conversation(s: int) -> None:
-                with httpx.Client(timeout=600) as client:
-                    for msgs in sessions[s]:  # streamed: the proxy times the first token
+            turns = max(map(len, sessions))
+            with httpx.Client(timeout=600) as client:  # one at a time, the turns interleaved
+                for k in range(turns):
+                    for s, conv in enumerate(sessions):
+                        if k >= len(conv):
+                            continue
                         with client.stream("POST", url + "/v1/chat/completions",
                                            headers={"x-prefixgate-session": f"c{s}"}, json={
-                                               "model": "smollm2", "messages": msgs,
+                                               "model": "smollm2", "messages": conv[k],
                                                "max_tokens": max_tokens, "temperature": 0,
-                                               "stream": True,
+                                               "stream": True,  # the proxy times the 1st token
                                                "stream_options": {"include_usage": True}}) as r:
                             r.raise_for_status()
                             for _ in r.iter_bytes():
                                 pass
-
-            with concurrent.futures.ThreadPoolExecutor(len(sessions)) as pool:
-                list(pool.map(conversation, range(len(sessions))))
             deadline = time.monotonic() + 10
             rows = ledger.rows()
             while len(rows) < sum(map(len, sessions)) and time.monotonic() < deadline:
@@ -298,17 +301,25 @@ def _llamacpp_run(kind: str, slots: int, sessions: list[list[list[dict[str, str]
 def run_llamacpp(n_conv: int, turns: int, max_tokens: int, slots: int = 4) -> dict[str, Any]:
     """The ``llamacpp_slots`` figures (module docstring)."""
     sessions = sessions_from_trace(n_conv, turns)
+    runs: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as d:
-        pinned = _llamacpp_run("llamacpp", slots, sessions, max_tokens, Path(d))
-        unpinned = _llamacpp_run("openai_compat", slots, sessions, max_tokens, Path(d))
+        for ram, label in ((None, "cache_ram_default"), (0, "cache_ram_off")):
+            for kind, name in (("llamacpp", "pinned"), ("openai_compat", "unpinned")):
+                runs.setdefault(label, {})[name] = _llamacpp_run(kind, slots, sessions, max_tokens,
+                                                                 Path(d), ram)
+                print(label, name, json.dumps(runs[label][name]), flush=True)
+    pinned, unpinned = runs["cache_ram_default"]["pinned"], runs["cache_ram_default"]["unpinned"]
     ratio = (unpinned["ttft_p50_ms"] / pinned["ttft_p50_ms"]
              if pinned["ttft_p50_ms"] and unpinned["ttft_p50_ms"] else None)
+    off = runs["cache_ram_off"]
     return {"figures": {"cached_share_pinned": pinned["cached_share"],
                         "cached_share_unpinned": unpinned["cached_share"],
-                        "ttft_p50_ratio": _r(ratio, 2)},
-            "detail": {"pinned": pinned, "unpinned": unpinned, "slots": slots,
-                       "conversations": n_conv, "turns": turns, "max_tokens": max_tokens,
-                       "gguf": smollm2_gguf().name}}
+                        "ttft_p50_ratio": _r(ratio, 2),
+                        "cache_ram_off": {"cached_share_pinned": off["pinned"]["cached_share"],
+                                          "cached_share_unpinned": off["unpinned"]["cached_share"]}},
+            "detail": {**runs, "slots": slots, "conversations": n_conv, "turns": turns,
+                       "max_tokens": max_tokens, "order": "one request at a time, turns "
+                       "interleaved across the conversations", "gguf": smollm2_gguf().name}}
 
 
 # ---------------------------------------------------------------- main ---------------------

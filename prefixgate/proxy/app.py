@@ -79,6 +79,7 @@ from prefixgate.proxy.pipeline.rewrite import (
     default_rewrite_fn,
 )
 from prefixgate.proxy.routing.kv_events import KVEventHub
+from prefixgate.proxy.routing.kv_shared import SharedKVIndex
 from prefixgate.proxy.routing.probes import health_check_loop
 from prefixgate.proxy.routing.router import Target, pick_target
 from prefixgate.proxy.upstream.client import Upstream
@@ -139,6 +140,8 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         state.side = httpx.AsyncClient(transport=transport, follow_redirects=False)
         state.loop_lag.start()
         hub = KVEventHub.from_policy(policy)
+        if hub.streams and link is not None:  # shared with the other replicas (routing.kv_shared)
+            hub.shared = SharedKVIndex(state.shared, dict(hub.streams))
         if hub.streams:
             state.kv_events = hub
             hub.start()
