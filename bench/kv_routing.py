@@ -136,7 +136,8 @@ def _fleet_oracle(one: list[dict[str, Any]], order: list[tuple[int, int]],
 def run_live(n_sessions: int, turns: int, max_tokens: int) -> dict[str, Any]:
     """The ``live_engines`` figures (module docstring)."""
     sessions = sessions_from_trace(n_sessions, turns)
-    order = [(s, k) for k in range(turns) for s in range(n_sessions)]  # interleaved
+    order = [(s, k) for k in range(turns) for s in range(n_sessions)
+             if k < len(sessions[s])]  # interleaved
     with tempfile.TemporaryDirectory() as d, ExitStack() as stack:
         engines, deps = [], []
         for i in range(3):

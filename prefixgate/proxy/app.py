@@ -71,6 +71,7 @@ from prefixgate.proxy.http.tenants import salts, shared_cache_warnings, tenancy_
 from prefixgate.proxy.observe import savings_api
 from prefixgate.proxy.observe.dashboard import install as install_dashboard
 from prefixgate.proxy.observe.insight import Insight
+from prefixgate.proxy.observe.kv_events_metrics import KVEventsCollector
 from prefixgate.proxy.observe.metrics import ProxyMetrics, label_vocabulary
 from prefixgate.proxy.observe.otel import telemetry_from_env
 from prefixgate.proxy.pipeline.exchange import ProxyState
@@ -133,6 +134,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     state.metrics.watch_resources(lambda: state.upstream.in_use, state.upstream.pool_stats,
                                   lambda: state.loop_lag.last_s)
     state.metrics.watch_ledger(state.ledger.state)  # spool / database reachability (issue 26)
+    state.metrics.registry.register(KVEventsCollector(lambda: state.kv_events))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
