@@ -293,6 +293,17 @@ class Placement(RuleBasedStateMachine):
             del self.keys[next(iter(self.keys))]
         assert self.bal.place(key, names, self.s) == want
 
+    @rule(key=st.sampled_from([f"k{i}" for i in range(8)]), name=st.sampled_from(NAMES))
+    def follow(self, key: str, name: str) -> None:
+        """The placement moves where the key's cache went, its last-seen time and order kept;
+        ``known`` is a placement seen within the TTL."""
+        held = self.keys.get(key)
+        assert self.bal.known(key, self.s) == (held is not None
+                                               and held[1] >= self.t[0] - self.TTL)
+        if held is not None:
+            self.keys[key] = (name, held[1])
+        self.bal.follow(key, name)
+
     @invariant()
     def live_counts_exact(self) -> None:
         assert list(self.bal._keys) == list(self.keys)
