@@ -340,6 +340,33 @@ def run_llamacpp(n_conv: int, turns: int, max_tokens: int, slots: int = 4,
                        "interleaved across the conversations", "gguf": smollm2_gguf().name}}
 
 
+def _keep_other_settings(got: dict[str, Any], old_figures: dict[str, Any],
+                         old_detail: dict[str, Any]) -> dict[str, Any]:
+    """The llama.cpp part of a run merged with the last result's runs of OTHER ``--cache-ram``
+    settings on the same workload (conversations, turns, slots); ``cache_ram_0`` stays the
+    headline when it was run."""
+    same = all(old_detail.get(k) == got["detail"][k] for k in ("conversations", "turns", "slots"))
+    if not same:
+        return got
+    new_labels = [k for k in got["detail"] if k.startswith("cache_ram_")]
+    old_labels = [k for k in old_detail if k.startswith("cache_ram_") and k not in new_labels]
+    if not old_labels:
+        return got
+    detail = {**got["detail"], **{k: old_detail[k] for k in old_labels}}
+    flat = {k: v for k, v in got["figures"].items() if k != "setting" and not isinstance(v, dict)}
+    figures = {k: v for k, v in got["figures"].items() if isinstance(v, dict)}
+    figures[got["figures"]["setting"]] = flat
+    old_flat = {k: v for k, v in old_figures.items() if k != "setting" and not isinstance(v, dict)}
+    if old_figures.get("setting"):
+        figures[old_figures["setting"]] = old_flat
+    for k, v in old_figures.items():
+        if isinstance(v, dict) and k not in figures:
+            figures[k] = v
+    head = "cache_ram_0" if "cache_ram_0" in figures else got["figures"]["setting"]
+    out = {**figures.pop(head), "setting": head, **figures}
+    return {"figures": out, "detail": detail}
+
+
 # ---------------------------------------------------------------- main ---------------------
 
 def main() -> None:
@@ -367,6 +394,8 @@ def main() -> None:
             continue
         print(f"{key} ...", flush=True)
         got = run()
+        if key == "llamacpp_slots":
+            got = _keep_other_settings(got, figures.get(key, {}), detail.get(key, {}))
         figures[key], detail[key] = got["figures"], got["detail"]
         ran.add(key)
         print(json.dumps(got["figures"]), flush=True)
