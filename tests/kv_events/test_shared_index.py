@@ -154,3 +154,38 @@ async def test_with_redis_down_each_replica_routes_on_its_own_streams(
         await link_a.close()
         await link_b.close()
 
+
+
+async def test_an_app_with_redis_publishes_its_streams_summaries(
+        fleet: list[Published], prefix: str, tmp_path: Any) -> None:
+    import redis
+
+    from prefixgate.cache.ledger import Ledger
+    from prefixgate.proxy.app import build_app
+
+    deps = [{"name": f"d{i}", "base_url": f"http://10.0.0.{i + 1}:8000/v1",
+             "kv_events": {"endpoint": p.pub_at, "replay": p.replay_at, "block_size": 4}}
+            for i, p in enumerate(fleet)]
+    policy = parse_policy({"backends": {"g": {"kind": "openai_compat", "deployments": deps,
+                                              "affinity": {"mode": "exact"}}},
+                           "routes": [{"match": "*", "backend": "g"}],
+                           "ledger": {"path": str(tmp_path / "l.sqlite"), "redis_url": SHARED,
+                                      "redis_prefix": prefix}})
+    app = build_app(policy, ledger=Ledger(str(tmp_path / "l.sqlite")), rewrite_fn=None,
+                    analyze=False)
+    r = redis.Redis.from_url(SHARED)
+    async with app.router.lifespan_context(app):
+        hub = app.state.proxy.kv_events
+        assert hub.shared is not None
+        fleet[0].insert(PROMPT)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 10
+        while loop.time() < end:
+            raw = r.get(f"{prefix}state:kvindex:d0")
+            got = BlockSummary.parse(raw.decode()) if raw else None
+            if got is not None and got.blocks == 6:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("no summary of d0's 6 blocks reached Redis")
+        assert r.get(f"{prefix}state:kvindex:d1") is not None  # empty index: 0 blocks, published
