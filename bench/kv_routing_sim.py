@@ -103,8 +103,13 @@ def simulate(policy: str, cfg: SimConfig, lag_ms: float = 20.0,
                 held = v.at(t)
                 matches.append(_blocks(min(prompt - 1, max(held.get("system", 0) if "system" in held
                                                            else 0, held.get(key, 0)))))
+            new_key = not balancer.known(key, settings)
             placed = balancer.place(key, names, settings)
-            i = choose(names, loads, key, settings, matches=matches, placed=placed).index
+            c = choose(names, loads, key, settings, matches=matches, placed=placed,
+                       new_key=new_key)
+            if c.why == "cache_match" and c.index != placed:
+                balancer.follow(key, names[c.index])
+            i = c.index
         turn += 1
         rep = reps[i]
         cached = prompt_at[k - 1] if (policy == "oracle" and k) else rep.cached(key, cfg)

@@ -23,6 +23,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--parallel", type=int, default=1)
+    ap.add_argument("--cache-ram", type=int, default=None,
+                    help="MiB of host RAM for llama.cpp's prompt cache (its --cache-ram; 0: off, "
+                         "as before llama.cpp PR 16391; unset: the build's default)")
     ap.add_argument("--poll", type=int, default=50,
                     help="llama.cpp threadpool busy-poll level 0-100 (llama.cpp's default 50)")
     args = ap.parse_args()
@@ -40,6 +43,8 @@ def main() -> None:
     p.hostnames = ["127.0.0.1"]
     p.port = args.port
     p.cache_prompt = True
+    if args.cache_ram is not None:
+        p.cache_ram_mib = args.cache_ram
     server = xllamacpp.Server(p)
     print("llama.cpp listening on", server.listening_address, flush=True)
     done = threading.Event()

@@ -24,6 +24,7 @@ import collections
 import concurrent.futures
 import heapq
 import json
+import os
 import random
 import sys
 import tempfile
@@ -47,7 +48,9 @@ from prefixgate.proxy.routing.balance import Balancer, choose  # noqa: E402
 from tests.servers import serve_app  # noqa: E402
 from tests.tiny_model import model_dir  # noqa: E402
 
-TRACE = ROOT.parent / "shared" / "data" / "traces" / "tau_bench_airline_gpt4o.json"
+# the shared data beside the checkout (PREFIXGATE_SHARED_DIR names it from a worktree elsewhere)
+SHARED = Path(os.environ.get("PREFIXGATE_SHARED_DIR", ROOT.parent / "shared"))
+TRACE = SHARED / "data" / "traces" / "tau_bench_airline_gpt4o.json"
 RESULT = ROOT / "bench" / "results" / "routing_affinity.json"
 PREFIX_RESULT = ROOT / "bench" / "results" / "engine_prefix.json"
 

@@ -43,7 +43,9 @@ class KVEventsSettings(_Strict):
     ``sha256_cbor`` (vLLM's ``--prefix-caching-hash-algo sha256_cbor``, with ``seed`` = the
     engine's ``PYTHONHASHSEED``, default ``vllm-none-hash``) or ``sha256`` (our engine's
     default form); ``max_staleness_s``: the index is trusted only while the stream was seen
-    alive (an event or an answered replay probe) this recently."""
+    alive (an event or an answered replay probe) this recently; ``subscribe``: False when this
+    proxy replica does not follow the stream itself but routes on the index summary another
+    replica shares through Redis (:mod:`prefixgate.proxy.routing.kv_shared`)."""
 
     endpoint: str
     replay: str | None = None
@@ -52,6 +54,7 @@ class KVEventsSettings(_Strict):
     hash: Literal["sha256", "sha256_cbor"] = "sha256"
     seed: str | None = None
     max_staleness_s: float = Field(5.0, gt=0)
+    subscribe: bool = True
 
     @field_validator("endpoint", "replay")
     @classmethod

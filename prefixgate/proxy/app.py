@@ -71,6 +71,7 @@ from prefixgate.proxy.http.tenants import salts, shared_cache_warnings, tenancy_
 from prefixgate.proxy.observe import savings_api
 from prefixgate.proxy.observe.dashboard import install as install_dashboard
 from prefixgate.proxy.observe.insight import Insight
+from prefixgate.proxy.observe.kv_events_metrics import KVEventsCollector
 from prefixgate.proxy.observe.metrics import ProxyMetrics, label_vocabulary
 from prefixgate.proxy.observe.otel import telemetry_from_env
 from prefixgate.proxy.pipeline.exchange import ProxyState
@@ -79,6 +80,7 @@ from prefixgate.proxy.pipeline.rewrite import (
     default_rewrite_fn,
 )
 from prefixgate.proxy.routing.kv_events import KVEventHub
+from prefixgate.proxy.routing.kv_shared import SharedKVIndex
 from prefixgate.proxy.routing.probes import health_check_loop
 from prefixgate.proxy.routing.router import Target, pick_target
 from prefixgate.proxy.upstream.client import Upstream
@@ -132,6 +134,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     state.metrics.watch_resources(lambda: state.upstream.in_use, state.upstream.pool_stats,
                                   lambda: state.loop_lag.last_s)
     state.metrics.watch_ledger(state.ledger.state)  # spool / database reachability (issue 26)
+    state.metrics.registry.register(KVEventsCollector(lambda: state.kv_events))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -139,6 +142,8 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         state.side = httpx.AsyncClient(transport=transport, follow_redirects=False)
         state.loop_lag.start()
         hub = KVEventHub.from_policy(policy)
+        if hub.streams and link is not None:  # shared with the other replicas (routing.kv_shared)
+            hub.shared = SharedKVIndex(state.shared, dict(hub.streams))
         if hub.streams:
             state.kv_events = hub
             hub.start()

@@ -13,7 +13,7 @@ import pytest
 from prefixgate.config.loader import PolicyError, parse_policy
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.bridges import bridge_for
-from prefixgate.proxy.routing.balance import Balancer
+from prefixgate.proxy.routing.balance import Balancer, rendezvous_order
 from prefixgate.proxy.routing.breaker import BreakerBoard
 from prefixgate.proxy.routing.kv_events import KVEventHub, KVEventStream
 from prefixgate.proxy.routing.kv_hash import wire_hashes
@@ -110,11 +110,16 @@ async def test_sender_routes_for_the_cache_until_the_load_guard_says_no(
     sender = Sender(lambda *a, **k: None, policy.retry, BreakerBoard(policy.breaker), balancer,  # type: ignore[arg-type]
                     match)
     step = Step(plan_targets(policy, "m", "openai")[0], bridge_for("openai", "openai"), BODY)
-    order = await sender.order(step, "session-1")
+    key = next(k for k in (f"session-{i}" for i in range(100))
+               if rendezvous_order(k, ["d0", "d1", "d2"])[0] != 0)
+    order = await sender.order(step, key)  # a new key: its placement, not another key's prefix
+    assert order[0][1] == "affinity" and order[0][0].name != "d0"
+    order = await sender.order(step, key)  # known now: its longest held prefix
     assert (order[0][0].name, order[0][1]) == ("d0", "cache_match")
+    assert balancer.place(key, ["d0", "d1", "d2"], policy.backends["g"].affinity) == 0  # followed
     for _ in range(3):
         balancer.acquire("d0")  # d0 is 3 ahead: over imbalance_abs 2
-    order = await sender.order(step, "session-1")
+    order = await sender.order(step, key)
     assert order[0][1] == "load_guard" and order[0][0].name != "d0"
     await client.aclose()
 

@@ -97,6 +97,36 @@ def test_exact_mode_takes_the_longest_match_and_rendezvous_among_ties() -> None:
     assert choose(NAMES, [0, 0, 0], "k", p, matches=[0, 9, 0], placed=2) == Choice(2, "affinity")
 
 
+def test_a_new_key_follows_its_placement_whatever_matches_and_a_known_one_its_cache() -> None:
+    """A new key's match is a prefix other keys left (a system prompt held on one replica):
+    the placement decides, unless the load guard says no; a known key goes for its match."""
+    s = AffinitySettings(mode="exact")
+    assert choose(NAMES, [0, 0, 0], "k", s, matches=[272, 0, 0], placed=1,
+                  new_key=True) == Choice(1, "affinity")
+    assert choose(NAMES, [0, 0, 0], "k", s, matches=[272, 0, 0], placed=1) == Choice(0, "cache_match")
+    assert choose(NAMES, [0, 3, 0], "k", s, matches=[272, 0, 0], placed=1,
+                  new_key=True).why == "load_guard"
+    # without a placement (plain rendezvous) the match still decides
+    assert choose(NAMES, [0, 0, 0], "k", s, matches=[272, 0, 0], new_key=True) == Choice(0, "cache_match")
+
+
+def test_known_and_follow_move_a_placement_with_its_live_count() -> None:
+    now = [0.0]
+    bal = Balancer(now=lambda: now[0])
+    s = AffinitySettings(mode="exact", session_ttl_s=10)
+    assert not bal.known("k", s)
+    i = bal.place("k", NAMES, s)
+    assert bal.known("k", s)
+    other = NAMES[(i + 1) % 3]
+    bal.follow("k", other)
+    assert (bal._live[NAMES[i]], bal._live[other]) == (0, 1)
+    assert bal.place("k", NAMES, s) == NAMES.index(other)
+    bal.follow("nobody", "d0")  # no placement: nothing moves
+    assert sum(bal._live.values()) == 1
+    now[0] = 10.5  # seen at 0, ttl 10: no longer live
+    assert not bal.known("k", s)
+
+
 # ---- placement: hand-computed --------------------------------------------------------------------
 
 def test_a_new_key_skips_deployments_at_the_cap() -> None:
@@ -262,6 +292,17 @@ class Placement(RuleBasedStateMachine):
         if len(self.keys) > self.MAX:
             del self.keys[next(iter(self.keys))]
         assert self.bal.place(key, names, self.s) == want
+
+    @rule(key=st.sampled_from([f"k{i}" for i in range(8)]), name=st.sampled_from(NAMES))
+    def follow(self, key: str, name: str) -> None:
+        """The placement moves where the key's cache went, its last-seen time and order kept;
+        ``known`` is a placement seen within the TTL."""
+        held = self.keys.get(key)
+        assert self.bal.known(key, self.s) == (held is not None
+                                               and held[1] >= self.t[0] - self.TTL)
+        if held is not None:
+            self.keys[key] = (name, held[1])
+        self.bal.follow(key, name)
 
     @invariant()
     def live_counts_exact(self) -> None:

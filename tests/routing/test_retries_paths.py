@@ -329,6 +329,8 @@ def test_exact_mode_asks_the_match_and_takes_the_longest() -> None:
 
     s = sender(p, Recorder(clock), clock, match=match)
     steps = steps_of(p)
+    got = asyncio.run(s.order(steps[0], KEY))  # a new key: its placement, nothing asked
+    assert got[0][1] == "affinity" and asked == []
     got = asyncio.run(s.order(steps[0], KEY))
     assert got[0][0].name == "g1" and got[0][1] == "cache_match"
     assert asked == [("g", ["g0", "g1", "g2"], b'{"a":1}')]

@@ -21,7 +21,15 @@ loaded deployment. Routing for the cache is, by ``AffinitySettings.mode``:
   :mod:`prefixgate.proxy.routing.kv_events`; :func:`choose` gets ``matches``); the longest
   match wins; among tied longest matches the key's placement wins when it is one of them (a
   system prompt every replica holds must not undo the bounded-load placement), else
-  rendezvous; the placement decides when nothing matches.
+  rendezvous; the placement decides when nothing matches. A **new key** (its first request
+  through this process) follows its placement whatever matches: a conversation not seen yet
+  holds no history anywhere, so what it matches is a prefix other conversations left (the
+  system prompt, the tools), which the placed replica computes once and then holds for every
+  later key — following the match instead piles every new conversation onto the first replica
+  to hold that prefix, for good (live, 3 engines: the one-replica oracle minus one system
+  prompt per extra replica is the bound, ``bench/kv_routing.py``). Once a key's request went
+  to another deployment for its match (its history is there: the load guard moved a turn, a
+  restart lost the placement), the placement follows it (:meth:`Balancer.follow`).
 - ``least_load`` / ``round_robin``: no affinity (the baselines of ``bench/routing_affinity.py``).
 
 :func:`choose` is pure; :class:`Balancer` keeps the in-flight counts and the round-robin turn.
@@ -70,11 +78,12 @@ def _least(loads: Sequence[int], tie_key: str, names: Sequence[str]) -> int:
 
 def choose(names: Sequence[str], loads: Sequence[int], key: str, settings: AffinitySettings,
            turn: int = 0, matches: Sequence[int] | None = None,
-           placed: int | None = None) -> Choice:
+           placed: int | None = None, new_key: bool = False) -> Choice:
     """The deployment for one request (see module docstring). ``names``, ``loads`` (in
     flight) and ``matches`` (cached tokens, ``exact`` mode) are parallel; ``turn``: the
     round-robin counter; ``placed``: where the key was placed (:meth:`Balancer.place`; None:
-    plain rendezvous)."""
+    plain rendezvous); ``new_key``: the key's first request here (with ``placed``, the
+    placement decides, ``matches`` aside)."""
     if len(names) == 1:
         return Choice(0, "single")
     mode = settings.mode
@@ -86,6 +95,8 @@ def choose(names: Sequence[str], loads: Sequence[int], key: str, settings: Affin
         return Choice(tied[turn % len(tied)], "least_load")
     if imbalanced(loads, settings.imbalance_abs, settings.imbalance_rel):
         return Choice(_least(loads, key, names), "load_guard")
+    if new_key and placed is not None:
+        return Choice(placed, "affinity")
     if mode == "exact" and matches is not None and max(matches) > 0:
         best = max(matches)
         tied = [i for i, m in enumerate(matches) if m == best]
@@ -136,6 +147,22 @@ class Balancer:
         order = rendezvous_order(key, names)
         pick = next((i for i in order if self._live[names[i]] < cap), order[0])
         return self._keep(key, names[pick], names, now)
+
+    def known(self, key: str, settings: AffinitySettings) -> bool:
+        """Whether ``key`` holds a placement seen within ``settings.session_ttl_s`` (its next
+        :meth:`place` keeps it)."""
+        held = self._keys.get(key)
+        return held is not None and held[1] >= self.now() - settings.session_ttl_s
+
+    def follow(self, key: str, name: str) -> None:
+        """Move ``key``'s placement to ``name`` (its conversation's cache went there: an
+        ``exact`` match chose it over the placement). Nothing when ``key`` holds none."""
+        held = self._keys.get(key)
+        if held is None or held[0] == name:
+            return
+        self._live[held[0]] -= 1
+        self._live[name] += 1
+        self._keys[key] = (name, held[1])
 
     def _keep(self, key: str, name: str, names: Sequence[str], now: float) -> int:
         self._keys[key] = (name, now)

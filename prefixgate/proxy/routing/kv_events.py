@@ -39,6 +39,7 @@ from prefixgate.config.routing import Deployment, KVEventsSettings
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.routing.kv_hash import wire_hashes
 from prefixgate.proxy.routing.kv_index import BlockIndex, SeqTracker
+from prefixgate.proxy.routing.kv_shared import SharedKVIndex
 
 log = logging.getLogger("prefixgate.kv_events")
 
@@ -228,10 +229,14 @@ class KVEventStream:
 
 
 class KVEventHub:
-    """Every deployment's stream, by deployment name; :meth:`start` / :meth:`stop` their tasks."""
+    """Every deployment's stream, by deployment name; :meth:`start` / :meth:`stop` their tasks.
+    ``shared``: the index summaries shared with the other proxy replicas (None: this replica's
+    streams only), :mod:`prefixgate.proxy.routing.kv_shared`."""
 
-    def __init__(self, streams: dict[str, KVEventStream] | None = None) -> None:
+    def __init__(self, streams: dict[str, KVEventStream] | None = None,
+                 shared: SharedKVIndex | None = None) -> None:
         self.streams: dict[str, KVEventStream] = streams or {}
+        self.shared = shared
         self._tasks: list[asyncio.Task[None]] = []
 
     @classmethod
@@ -243,9 +248,12 @@ class KVEventHub:
         return cls(streams)
 
     def start(self) -> None:
-        """Start a task per stream (on the running loop)."""
+        """Start a task per subscribed stream, and the summaries' publisher (on the running
+        loop)."""
         self._tasks = [asyncio.create_task(s.run(), name=f"kv-events:{n}")
-                       for n, s in self.streams.items()]
+                       for n, s in self.streams.items() if s.settings.subscribe]
+        if self.shared is not None:
+            self._tasks.append(asyncio.create_task(self.shared.run(), name="kv-index-summaries"))
 
     async def stop(self) -> None:
         """Cancel the tasks and wait for them."""
@@ -262,15 +270,29 @@ class KVEventHub:
         """Whether any of ``deps`` publishes events."""
         return any(d.name in self.streams for d in deps)
 
+    async def refresh_shared(self, deps: list[Deployment]) -> None:
+        """Read the shared summaries of those of ``deps`` whose stream is not usable here (no
+        I/O when every one is, or nothing is shared)."""
+        if self.shared is None:
+            return
+        names = [d.name for d in deps if d.name in self.streams
+                 and not self.streams[d.name].usable()]
+        if names:
+            await self.shared.refresh(names)
+
     def matches(self, deps: list[Deployment], tokens: list[int],
                 salt: bytes | None = None) -> list[int] | None:
         """Cached tokens of the prompt ``tokens`` on each of ``deps`` by their indexes (whole
-        blocks: held prefix blocks x block size; 0 for a deployment without a usable index),
-        or None when none of them has one (the caller falls back)."""
+        blocks: held prefix blocks x block size) — this replica's own stream where usable, else
+        the fresh shared summary (:meth:`refresh_shared` first); 0 for a deployment with
+        neither — or None when no deployment has either (the caller falls back)."""
         out, hashes, any_usable = [], {}, False
         for d in deps:
             s = self.streams.get(d.name)
-            if s is None or not s.usable():
+            summary = None
+            if s is not None and not s.usable() and self.shared is not None:
+                summary = self.shared.summary(d.name)
+            if s is None or (not s.usable() and summary is None):
                 out.append(0)
                 continue
             any_usable = True
@@ -278,5 +300,6 @@ class KVEventHub:
             key = (k.block_size, k.hash, k.hash_seed())
             if key not in hashes:
                 hashes[key] = wire_hashes(tokens, k.block_size, k.hash, k.hash_seed(), salt)
-            out.append(s.index.prefix_blocks(hashes[key]) * k.block_size)
+            held = summary if summary is not None else s.index
+            out.append(held.prefix_blocks(hashes[key]) * k.block_size)
         return out if any_usable else None

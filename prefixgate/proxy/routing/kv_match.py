@@ -61,4 +61,5 @@ async def event_matches(client: httpx.AsyncClient, hub: KVEventHub, target: Targ
         return None
     if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < 1 << 32 for t in ids):
         return None
+    await hub.refresh_shared(deps)
     return hub.matches(deps, ids, salt_of(chat))

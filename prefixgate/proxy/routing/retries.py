@@ -192,14 +192,16 @@ class Sender:
             return [(avail[0], "single")]
         names = [d.name for d in avail]
         loads = self.balancer.loads(names)
-        matches = None
-        if backend.affinity.mode == "exact" and self.match is not None:
-            matches = await self.match(step.target, avail, step.body)
-        placed = None
-        if backend.affinity.mode in ("prefix", "exact"):
+        placed, new_key, matches = None, False, None
+        if backend.affinity.mode in ("prefix", "exact"):  # a new key: its placement (balance.py)
+            new_key = not self.balancer.known(key, backend.affinity)
             placed = self.balancer.place(key, names, backend.affinity)
+        if backend.affinity.mode == "exact" and self.match is not None and not new_key:
+            matches = await self.match(step.target, avail, step.body)
         c = choose(names, loads, key, backend.affinity, self.balancer.turn(name), matches,
-                   placed)
+                   placed, new_key)
+        if c.why == "cache_match" and c.index != placed:
+            self.balancer.follow(key, names[c.index])
         rank = {i: r for r, i in enumerate(rendezvous_order(key, names))}  # the key's own tie order
         rest = sorted((i for i in range(len(avail)) if i != c.index), key=lambda i: (loads[i], rank[i]))
         return [(avail[c.index], c.why)] + [(avail[i], "next") for i in rest]

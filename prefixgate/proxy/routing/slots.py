@@ -4,7 +4,10 @@ llama.cpp's server keeps one KV cache per slot (``--parallel N``) and, unless to
 request takes (``id_slot`` in the body, llama.cpp ``tools/server/README.md``), gives it the
 idle slot whose cached prompt is most similar — or the least recently used one. Measured on
 tau-bench turns interleaved across 3 conversations: every request reused only the shared system
-prompt another conversation left, never its own history (issue 24). So for a ``llamacpp``
+prompt another conversation left, never its own history (issue 24); ``bench/kv_routing.py``
+found the same with llama.cpp's host-memory prompt cache off (``--cache-ram 0``; it came with
+llama.cpp PR 16391, Oct 2025, default 8 GiB: it saves a slot's prompt when the slot is reused and
+restores it when its conversation returns, which does what pinning does). So for a ``llamacpp``
 backend the proxy names the slot: the conversation's key (the session id) is pinned to one slot
 of the deployment that serves it, and every later turn goes back to it.
 
