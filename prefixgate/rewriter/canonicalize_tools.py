@@ -42,6 +42,7 @@ import json
 from typing import Any
 
 from prefixgate.rewriter.ir import Prompt, Tool, with_key, without_key
+from prefixgate.rewriter.region_memo import TailFree
 from prefixgate.rewriter.types import Context, Edit
 
 NAME = "canonicalize_tools"
@@ -49,6 +50,11 @@ _NAME_MAP_KEYS = frozenset({"properties", "patternProperties"})
 _WRAPPER_FIRST = ("type", "function", "custom", "name", "description", "parameters",
                   "input_schema", "inputSchema", "strict")
 _SCHEMA_KEYS = ("parameters", "input_schema", "inputSchema")
+READS = TailFree(settings=("tool_order", "tool_schema_sort_properties"),
+                 session=("tool_order", "tool_forms"))
+"""Everything :func:`run` reads besides ``prompt.tools`` (and ``ctx.count_tokens``): its
+output is a pure function of these, so :mod:`prefixgate.rewriter.region_memo` may keep it.
+Keep in step with the code: a new read here must be named here."""
 
 
 def canonical_schema(v: Any, sort_properties: bool = False, _in_names: bool = False) -> Any:
