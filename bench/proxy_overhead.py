@@ -59,7 +59,8 @@ sys.path.insert(0, str(REPO / "bench"))
 from prefixgate.cache.report import percentile  # noqa: E402
 from prefixgate.proxy.sim.traces import load_tau, openai_body  # noqa: E402
 
-TRACE = REPO.parent / "shared" / "data" / "traces" / "tau_bench_airline_gpt4o.json"
+DATA = Path(os.environ.get("PREFIXGATE_DATA_DIR") or REPO.parent / "shared" / "data")
+TRACE = DATA / "traces" / "tau_bench_airline_gpt4o.json"
 LITELLM_VENV = Path("~/.cache/prefixgate/litellm-venv").expanduser()
 MASTER_KEY = "sk-bench-master"
 AGENT_BYTES = 29_000

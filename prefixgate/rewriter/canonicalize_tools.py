@@ -15,7 +15,10 @@ Two modes (``settings.tool_order``):
   each tool's first-seen bytes back. Order: the tools the session knows, in the order it first
   saw them, then new tools in the client's order (``ctx.session["tool_order"]``). Form: per
   tool name, the digest of its canonical form (below) and the key order it was first seen with
-  (``ctx.session["tool_forms"]``: ``{name: [digest, skeleton]}``, key names only, no values); a
+  (``ctx.session["tool_forms"]``: ``{name: [digest, skeleton]}``, key names only, no values,
+  the skeleton kept as its compact JSON text — one string, not thousands of small lists, so a
+  14-tool agent's forms take ~7 KB of session memory instead of ~73 KB, within a session's
+  budget; a skeleton kept as a list by an earlier version is read as well); a
   tool whose canonical digest matches gets that key order back, a tool that changed is sent as
   sent and its new form remembered. Updates go in ``Edit.memory``.
 * ``"name"`` — stateless: tools sorted by name (stable; ties keep client order) and each schema
@@ -125,6 +128,22 @@ def with_skeleton(v: Any, sk: Any) -> Any:
     return v
 
 
+def skeleton_text(v: Any) -> str:
+    """:func:`skeleton` as compact JSON text (how ``tool_forms`` keeps it)."""
+    return json.dumps(skeleton(v), separators=(",", ":"), ensure_ascii=False)
+
+
+def _skeleton_of(kept: Any) -> Any:
+    """A kept skeleton: its JSON text parsed, or an earlier version's list as it is (text that
+    does not parse: no shape, the tool as sent)."""
+    if not isinstance(kept, str):
+        return kept
+    try:
+        return json.loads(kept)
+    except ValueError:
+        return 0
+
+
 def form_digest(tool: Tool, sort_properties: bool) -> str:
     """Digest of the tool's canonical form: equal iff the same values (key order aside)."""
     text = _dump(canonical_tool(Tool(without_key(tool.raw, "cache_control")), sort_properties).raw)
@@ -142,9 +161,9 @@ def _first_seen_forms(tools: list[Tool], ctx: Context, sort_props: bool
         digest = form_digest(t, sort_props)
         seen = known.get(t.name)
         if isinstance(seen, list) and len(seen) == 2 and seen[0] == digest:
-            out.append(Tool(with_skeleton(t.raw, seen[1])))
+            out.append(Tool(with_skeleton(t.raw, _skeleton_of(seen[1]))))
         else:
-            known[t.name] = [digest, skeleton(t.raw)]
+            known[t.name] = [digest, skeleton_text(t.raw)]
             out.append(t)
     return out, known
 
