@@ -63,6 +63,7 @@ DATA = Path(os.environ.get("PREFIXGATE_DATA_DIR") or REPO.parent / "shared" / "d
 TRACE = DATA / "traces" / "tau_bench_airline_gpt4o.json"
 LITELLM_VENV = Path("~/.cache/prefixgate/litellm-venv").expanduser()
 MASTER_KEY = "sk-bench-master"
+LITELLM_SPEC = "litellm[proxy]==1.108.7"  # the version issue 25 compares against
 AGENT_BYTES = 29_000
 SMALL = {"model": "m", "max_tokens": 16,
          "messages": [{"role": "system", "content": "You are a terse assistant. " * 6},
@@ -137,7 +138,7 @@ def litellm_bin() -> Path:
     if not exe.exists():
         subprocess.run([shutil.which("python3.11") or "python3", "-m", "venv",
                         str(LITELLM_VENV)], check=True)
-        subprocess.run([str(LITELLM_VENV / "bin" / "pip"), "install", "-q", "litellm[proxy]"],
+        subprocess.run([str(LITELLM_VENV / "bin" / "pip"), "install", "-q", LITELLM_SPEC],
                        check=True)
     return exe
 

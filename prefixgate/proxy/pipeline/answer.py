@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import httpx
@@ -175,17 +176,32 @@ async def _stream(state: ProxyState, ex: Exchange, resp: httpx.Response) -> Resp
             "not an SSE stream")
     ex.watcher.usage.merge(usage_from_headers(resp.headers))
     watcher, analyze, bridge = ex.watcher, _analyzer(state, ex), ex.bridge
+    announced = state.ledger.announced if ex.endpoint.ledger else None
+    order: list[Any] = []  # [announce token, previous answer's event, this answer's]
 
-    async def on_end(status: str, http_status: int) -> None:
-        if bridge is not None:
-            bridge.stream_done(watcher, status)
-        await finish(state, ex, watcher.usage, status, http_status, analyze, memory=True)
+    async def before_end() -> None:  # before the stream's final message (upstream.relay)
+        await merge_memory(state, ex)  # the session's next turn reads it
+        token = announced.announce() if announced is not None else 0  # readers wait for it
+        order.extend((token, *state.record_order.turn()))  # rows in the order of their answers
+
+    async def on_end(status: str, http_status: int) -> None:  # once the client has it all
+        try:
+            if bridge is not None:
+                bridge.stream_done(watcher, status)
+            prev = order[1] if order else None
+            await finish(state, ex, watcher.usage, status, http_status, analyze,
+                         gate=lambda: RecordOrder.after(prev))
+        finally:
+            if order:
+                order[2].set()
+                if announced is not None:
+                    announced.settle(order[0])
 
     _, _, idle, _ = ex.target.backend.timeouts_s()
     read = max(ex.target.backend.timeouts_s()[1], idle)
     relay = StreamRelay(resp, watcher, ex.timing, on_end, ex.mapper, ex.api,
                         idle_s=idle if idle < read else None, deadline=_deadline(ex),
-                        end_mapper=ex.end_mapper)
+                        end_mapper=ex.end_mapper, before_end=before_end)
     return SSEResponse(relay, headers={**_ours(ex, resp), **SSE_HEADERS})
 
 
