@@ -104,3 +104,22 @@ def test_a_lost_predecessor_delays_a_row_without_blocking_it(monkeypatch: pytest
             await RecordOrder.after(prev)
 
     anyio.run(main)
+
+
+def test_analysis_is_shed_only_while_more_rows_than_the_bound_wait() -> None:
+    from prefixgate.proxy.pipeline.after_answer import ANALYZE_MAX_PENDING, RecordOrder
+
+    async def main() -> None:
+        order = RecordOrder()
+        turns = [order.turn()[1] for _ in range(ANALYZE_MAX_PENDING)]
+        assert order.pending == ANALYZE_MAX_PENDING and not order.shed_analysis()
+        extra = order.turn()[1]
+        assert order.shed_analysis() and order.shed == 1
+        extra.set()
+        extra.set()  # twice: counted once
+        assert order.pending == ANALYZE_MAX_PENDING and not order.shed_analysis()
+        for t in turns:
+            t.set()
+        assert order.pending == 0
+
+    anyio.run(main)

@@ -148,6 +148,8 @@ def _analyzer(state: ProxyState, ex: Exchange) -> Callable[[], Awaitable[Analysi
     async def analyze() -> Analysis:
         if state.insight is None or len(ex.raw) > ANALYZE_MAX_BYTES or not ex.endpoint.analyze:
             return Analysis()
+        if state.record_order.shed_analysis():  # behind under load: the row without it
+            return Analysis()
         assert ex.target is not None and ex.rw is not None
         return await state.insight.analyze(
             state.upstream, ex.target, api=ex.api, session=ex.row.session, model=ex.row.model,
