@@ -117,6 +117,16 @@ class RecordOrder:
         self.shed += 1
         return True
 
+    async def wait(self, prev: asyncio.Event | None) -> None:
+        """:meth:`after`, unless more than :data:`ANALYZE_MAX_PENDING` rows wait: then at once.
+        Each waiting row wakes the next one loop iteration later, so under a sustained load a
+        chain of waits drains one row per iteration while answers come faster, and the waiting
+        tasks grew without bound (503s past ``limits.max_connections``); past the bound rows are
+        recorded as they finish. A sequential client never has that many rows pending."""
+        if self.pending > ANALYZE_MAX_PENDING:
+            return
+        await self.after(prev)
+
     @staticmethod
     async def after(prev: asyncio.Event | None) -> None:
         """Wait until ``prev`` is set, at most :data:`ORDER_WAIT_S`."""

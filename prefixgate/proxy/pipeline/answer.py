@@ -37,7 +37,7 @@ from prefixgate.proxy.core.errors import (
 from prefixgate.proxy.core.usage import Usage, usage_from_headers
 from prefixgate.proxy.http.headers import downstream_headers
 from prefixgate.proxy.observe.insight import Analysis
-from prefixgate.proxy.pipeline.after_answer import AfterResponse, RecordOrder
+from prefixgate.proxy.pipeline.after_answer import AfterResponse
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
 from prefixgate.proxy.pipeline.record import finish, merge_memory
 from prefixgate.proxy.upstream.client import ERROR_BODY_MAX_BYTES, JSON, read_at_most
@@ -192,7 +192,7 @@ async def _stream(state: ProxyState, ex: Exchange, resp: httpx.Response) -> Resp
                 bridge.stream_done(watcher, status)
             prev = order[1] if order else None
             await finish(state, ex, watcher.usage, status, http_status, analyze,
-                         gate=lambda: RecordOrder.after(prev))
+                         gate=lambda: state.record_order.wait(prev))
         finally:
             if order:
                 order[2].set()
@@ -247,7 +247,7 @@ async def _json_answer(state: ProxyState, ex: Exchange, resp: httpx.Response) ->
     async def after() -> None:  # the row, breaks, counterfactual: once the answer is out
         try:
             await finish(state, ex, usage, "ok", status, _analyzer(state, ex),
-                         gate=lambda: RecordOrder.after(prev))
+                         gate=lambda: state.record_order.wait(prev))
         finally:
             mine.set()
             if announced is not None:
