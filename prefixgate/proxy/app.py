@@ -11,7 +11,8 @@ caller's shape) and installs the endpoints, each of which runs the one request p
   (:mod:`prefixgate.proxy.api.count_tokens`); ``/v1/embeddings``, ``/v1/completions``
   (:mod:`prefixgate.proxy.api.passthrough`); ``GET /v1/models`` and ``/v1/models/{id}``
   (:mod:`prefixgate.proxy.api.models`); every API route also without ``/v1``
-  (:mod:`prefixgate.proxy.http.middleware`);
+  (:mod:`prefixgate.proxy.http.middleware`); the two chat routes' POSTs skip the router
+  (:mod:`prefixgate.proxy.http.lean`: same handlers, same errors);
 - ``GET /healthz`` (``{"status": "ok" | "degraded", "reasons": [...], "backends": [...],
   "down": {deployment: why}}``, 503 when degraded, see :mod:`prefixgate.proxy.observe.health`; a
   deployment whose breaker is not closed is named in ``down`` without degrading the proxy, which
@@ -66,6 +67,7 @@ from prefixgate.proxy.core.errors import (
     error_response,
 )
 from prefixgate.proxy.http.auth import Guard
+from prefixgate.proxy.http.lean import LeanRoutes
 from prefixgate.proxy.http.middleware import BarePaths, TrailingSlash
 from prefixgate.proxy.http.tenants import salts, shared_cache_warnings, tenancy_possible
 from prefixgate.proxy.observe import savings_api
@@ -177,6 +179,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     # openapi_url=None: /openapi.json is served below, behind the keys
     app = FastAPI(title="prefixgate", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None, redirect_slashes=False)
+    app.add_middleware(LeanRoutes, fastapi_app=app)  # innermost: the hot POSTs skip the router
     app.add_middleware(TrailingSlash)  # /v1/messages/ is served as /v1/messages, no redirect
     app.add_middleware(BarePaths)  # /chat/completions is served as /v1/chat/completions
     app.state.proxy = state

@@ -43,6 +43,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prefixgate.rewriter.ir import Prompt, Tool, with_key, without_key
+from prefixgate.rewriter.region_memo import TailFree
 from prefixgate.rewriter.types import Context, Edit
 
 NAME = "canonicalize_tools"
@@ -52,6 +53,11 @@ _WRAPPER_FIRST = ("type", "function", "custom", "name", "description", "paramete
 _SCHEMA_KEYS = ("parameters", "input_schema", "inputSchema")
 _DIGEST_CHARS = 24
 """Hex characters of a tool's canonical-form digest at the head of its ``tool_forms`` entry."""
+READS = TailFree(settings=("tool_order", "tool_schema_sort_properties"),
+                 session=("tool_order", "tool_forms"))
+"""Everything :func:`run` reads besides ``prompt.tools`` (and ``ctx.count_tokens``): its
+output is a pure function of these, so :mod:`prefixgate.rewriter.region_memo` may keep it.
+Keep in step with the code: a new read here must be named here."""
 
 
 def canonical_schema(v: Any, sort_properties: bool = False, _in_names: bool = False) -> Any:

@@ -45,7 +45,8 @@ from prefixgate.rewriter import (
     wire_openai,
 )
 from prefixgate.rewriter.ir import Api, Prompt
-from prefixgate.rewriter.stable import stable_prefix_hash
+from prefixgate.rewriter.region_memo import TailFree
+from prefixgate.rewriter.stable import marked_region, stable_prefix_hash
 from prefixgate.rewriter.types import Context, Edit, RewriteResult
 from prefixgate.rewriter.validate import Violations, new_violations, violations
 
@@ -109,17 +110,21 @@ def _unapplied(edits: list[Edit], why: str) -> list[Edit]:
 @dataclass(frozen=True)
 class PassSpec:
     """One pipeline stage: Edit name, ``RewriteSettings`` switch, module path (documentation:
-    where ``fn`` lives), and ``fn``, the pass itself (None: the stage is skipped)."""
+    where ``fn`` lives), and ``fn``, the pass itself (None: the stage is skipped). ``reads``:
+    for a pass that reads only the tool list, what else it reads (declared in its module), so
+    ``ctx.memo`` may keep its output across requests (:mod:`prefixgate.rewriter.region_memo`);
+    None: the pass runs on every request."""
 
     name: str
     switch: str
     module: str
     fn: PassFn | None = None
+    reads: TailFree | None = None
 
 
 PASSES: tuple[PassSpec, ...] = (
     PassSpec("canonicalize_tools", "canonicalize_tools", "prefixgate.rewriter.canonicalize_tools",
-             canonicalize_tools.run),
+             canonicalize_tools.run, canonicalize_tools.READS),
     PassSpec("hoist_volatile", "hoist_volatile", "prefixgate.rewriter.hoist_volatile", hoist_volatile.run),
     PassSpec("stabilise_passages", "stabilise_passages", "prefixgate.rewriter.stabilise_passages",
              stabilise_passages.run),
@@ -159,7 +164,10 @@ def run_passes(prompt: Prompt, ctx: Context, passes: tuple[PassSpec, ...] = PASS
             continue
         check_deadline(ctx, spec.name)
         try:
-            out, pass_edits = fn(prompt, ctx)
+            if ctx.memo is not None and spec.reads is not None:
+                out, pass_edits = ctx.memo.run_pass(spec.name, fn, spec.reads, prompt, ctx)
+            else:
+                out, pass_edits = fn(prompt, ctx)
         except Exception as e:  # noqa: BLE001 - fail-open: a broken pass must not break the request
             edits.append(Edit(spec.name, False, "all", f"pass failed, input kept: "
                               f"{type(e).__name__}: {str(e)[:200]}"))
@@ -201,17 +209,24 @@ def rewrite_request(body: dict[str, Any], api: Api, ctx: Context) -> RewriteResu
     prompt = wire.parse(body, api)
     if not ctx.settings.enabled:
         return RewriteResult(body, [Edit("pipeline", False, "all", "rewrite disabled")],
-                             stable_prefix_hash(prompt))
+                             _stable_hash(prompt, ctx))
     stages: list[Stage] = []
     out, edits = run_passes(prompt, ctx, stages=stages)
     if not any(e.applied for e in edits):
-        return RewriteResult(body, edits, stable_prefix_hash(out), tuple(stages))
+        return RewriteResult(body, edits, _stable_hash(out, ctx), tuple(stages))
     check_deadline(ctx, "render")
     final = wire.render(out)
     if wire_bytes(final) == wire_bytes(body):  # e.g. only IR-only flags changed
-        return RewriteResult(body, _unapplied(edits, UNCHANGED), stable_prefix_hash(out),
+        return RewriteResult(body, _unapplied(edits, UNCHANGED), _stable_hash(out, ctx),
                              tuple(stages))
-    return RewriteResult(final, edits, stable_prefix_hash(out), tuple(stages))
+    return RewriteResult(final, edits, _stable_hash(out, ctx), tuple(stages))
+
+
+def _stable_hash(prompt: Prompt, ctx: Context) -> str:
+    """:func:`stable_prefix_hash`, through ``ctx.memo`` when there is one (same value)."""
+    if ctx.memo is None:
+        return stable_prefix_hash(prompt)
+    return str(ctx.memo.stable_hash(prompt, marked_region(prompt), stable_prefix_hash))
 
 
 def session_updates(result: RewriteResult) -> dict[str, Any]:

@@ -39,11 +39,17 @@ def _has_key(v: Any, key: str) -> bool:
     return False
 
 
+def marked_region(prompt: Prompt) -> dict[str, Any]:
+    """``{"tools": [...], "system": [...]}`` in wire form, ``cache_control`` markers included:
+    what :func:`stable_region` is a function of (a memo's key)."""
+    render = render_openai if prompt.api == "openai" else render_anthropic
+    return {"tools": [t.raw for t in prompt.tools or ()],
+            "system": [render(m) for m in prompt.system]}
+
+
 def stable_region(prompt: Prompt) -> dict[str, Any]:
     """``{"tools": [...], "system": [...]}`` in wire form, without cache_control markers."""
-    render = render_openai if prompt.api == "openai" else render_anthropic
-    region = {"tools": [t.raw for t in prompt.tools or ()],
-              "system": [render(m) for m in prompt.system]}
+    region = marked_region(prompt)
     if _has_key(region, "cache_control"):
         return _strip(region)  # type: ignore[no-any-return]
     return region

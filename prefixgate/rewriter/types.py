@@ -75,6 +75,10 @@ class Context:
     deadline: float | None = None
     """``time.monotonic()`` second past which the pipeline stops before its next pass and the
     request goes out as sent (:class:`prefixgate.rewriter.pipeline.OverBudget`); None = no limit."""
+    memo: Any = None
+    """A :class:`prefixgate.rewriter.region_memo.RegionMemo` the pipeline keeps the stable
+    region's pass outputs and hash in across requests (the proxy's, shared by its requests);
+    None = every request computed afresh. Either way the same bytes come out."""
 
 
 @dataclass

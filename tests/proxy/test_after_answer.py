@@ -104,3 +104,53 @@ def test_a_lost_predecessor_delays_a_row_without_blocking_it(monkeypatch: pytest
             await RecordOrder.after(prev)
 
     anyio.run(main)
+
+
+def test_analysis_is_shed_only_while_more_rows_than_the_bound_wait() -> None:
+    from prefixgate.proxy.pipeline.after_answer import ANALYZE_MAX_PENDING, RecordOrder
+
+    async def main() -> None:
+        order = RecordOrder()
+        turns = [order.turn()[1] for _ in range(ANALYZE_MAX_PENDING)]
+        assert order.pending == ANALYZE_MAX_PENDING and not order.shed_analysis()
+        extra = order.turn()[1]
+        assert order.shed_analysis() and order.shed == 1
+        extra.set()
+        extra.set()  # twice: counted once
+        assert order.pending == ANALYZE_MAX_PENDING and not order.shed_analysis()
+        for t in turns:
+            t.set()
+        assert order.pending == 0
+
+    anyio.run(main)
+
+
+def test_rows_past_the_bound_do_not_wait_for_their_predecessor() -> None:
+    from prefixgate.proxy.pipeline.after_answer import ANALYZE_MAX_PENDING, RecordOrder
+
+    async def main() -> None:
+        order = RecordOrder()
+        first = order.turn()[1]  # never set: a slow predecessor
+        prev = first
+        for _ in range(ANALYZE_MAX_PENDING):
+            prev, _mine = order.turn()
+        with anyio.fail_after(1):
+            await order.wait(prev)  # past the bound: at once
+        first.set()
+
+    anyio.run(main)
+
+
+def test_rows_within_the_bound_wait_for_their_predecessor() -> None:
+    from prefixgate.proxy.pipeline.after_answer import RecordOrder
+
+    async def main() -> None:
+        order = RecordOrder()
+        prev, _ = order.turn()
+        assert prev is None
+        prev, _ = order.turn()
+        with anyio.move_on_after(0.2) as scope:
+            await order.wait(prev)
+        assert scope.cancelled_caught  # still waiting for the first row
+
+    anyio.run(main)

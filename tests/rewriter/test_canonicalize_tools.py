@@ -213,3 +213,40 @@ def test_memory_is_proposed_only_when_the_sessions_forms_change() -> None:
                             "openai", ctx(session=mem))
     new = {k: v for e in grown.edits if e.pass_name == "canonicalize_tools" for k, v in e.memory.items()}
     assert new["tool_order"] == ["fs_read_tree", "gh_search", "z"] and "z" in new["tool_forms"]
+
+
+def _tau_tools() -> list[dict[str, Any]]:
+    return json.loads((DATA / "tools" / "tau_bench_airline.json").read_text())
+
+
+def test_a_real_agents_forms_stay_in_session_memory_and_restore_its_key_order() -> None:
+    """The 14 tau-bench tools' forms fit a session's budget in the in-process store, so the
+    session keeps them: the next turn proposes no memory and a re-keyed turn gets turn 1's
+    bytes back (issue 25: the forms as lists of lists took ~73 KB and were dropped on every
+    merge, re-learned on every request)."""
+    from prefixgate.cache.session import MemorySessionStore
+
+    tools = _tau_tools()
+    store = MemorySessionStore()
+    body = {"model": "m", "tools": tools, "messages": [{"role": "user", "content": "hi"}]}
+    first = rewrite_request(body, "openai", ctx())
+    store.merge("s", {k: v for e in first.edits for k, v in e.memory.items()})
+    assert set(store.get("s")) >= {"tool_order", "tool_forms"}  # not dropped to fit
+    again = rewrite_request(body, "openai", ctx(session=dict(store.get("s"))))
+    assert all(not e.memory for e in again.edits if e.pass_name == "canonicalize_tools")
+    rekeyed = rewrite_request(dict(body, tools=[_rekeyed(t) for t in tools]), "openai",
+                              ctx(session=dict(store.get("s"))))
+    assert json.dumps(rekeyed.body["tools"]) == json.dumps(tools)
+
+
+def test_forms_kept_by_an_earlier_version_as_lists_are_relearned_not_misread() -> None:
+    """An entry in the old ``[digest, skeleton]`` shape is not a form this version reads: the tool
+    goes out as sent and its form is remembered anew (as ``digest + key_order``)."""
+    first = rewrite_request(_b04(B04_TOOLS), "openai", ctx())
+    mem = {k: v for e in first.edits for k, v in e.memory.items()}
+    mem["tool_forms"] = {n: [f[:24], ["d", []]] for n, f in mem["tool_forms"].items()}
+    rekeyed = [_rekeyed(t) for t in B04_TOOLS]
+    later = rewrite_request(_b04(rekeyed), "openai", ctx(session=mem))
+    assert json.dumps(later.body["tools"]) == json.dumps(rekeyed)
+    forms = {k: v for e in later.edits for k, v in e.memory.items()}["tool_forms"]
+    assert all(isinstance(f, str) for f in forms.values())

@@ -67,19 +67,65 @@ ORDER_WAIT_S = 5.0
 blocks, the rows after it)."""
 
 
+ANALYZE_MAX_PENDING = 64
+"""Answers whose rows are not recorded yet above which a new answer's after-answer analysis
+(cache breaks, counterfactual) is skipped — its row still written, with what is known, as for a
+body too large to analyse. Under a sustained load the analysis falls behind the answers (it is
+the heavier part on a 29 KB body); unbounded, the waiting tasks grew past the server's
+``limits.max_connections`` and new requests got 503s (issue 25's benchmark under ``wrk``)."""
+
+
+class _Turn(asyncio.Event):
+    """One answer's "recorded" event; setting it (once) lowers its order's ``pending``."""
+
+    def __init__(self, order: RecordOrder) -> None:
+        super().__init__()
+        self._order = order
+
+    def set(self) -> None:
+        if not self.is_set():
+            self._order.pending -= 1
+        super().set()
+
+
 class RecordOrder:
     """The order answers were made in, for recording their rows in it (module docstring).
-    One per proxy (its event loop)."""
+    One per proxy (its event loop). ``pending``: answers whose rows are not recorded yet;
+    ``shed``: analyses skipped because there were more than :data:`ANALYZE_MAX_PENDING`."""
 
     def __init__(self) -> None:
         self._tail: asyncio.Event | None = None
+        self.pending = 0
+        self.shed = 0
 
     def turn(self) -> tuple[asyncio.Event | None, asyncio.Event]:
         """``(the previous answer's "recorded" event or None, this answer's)``: set this
         answer's event once its row is recorded (or will never be)."""
-        prev, mine = self._tail, asyncio.Event()
+        prev, mine = self._tail, _Turn(self)
         self._tail = mine
+        self.pending += 1
         return prev, mine
+
+    def shed_analysis(self) -> bool:
+        """True (and counted, logged at the first and every 1000th) when more than
+        :data:`ANALYZE_MAX_PENDING` rows wait: the caller skips its analysis."""
+        if self.pending <= ANALYZE_MAX_PENDING:
+            return False
+        if self.shed % 1000 == 0:
+            log.warning("%d answers' rows pending: after-answer analysis skipped (%d so far)",
+                        self.pending, self.shed + 1)
+        self.shed += 1
+        return True
+
+    async def wait(self, prev: asyncio.Event | None) -> None:
+        """:meth:`after`, unless more than :data:`ANALYZE_MAX_PENDING` rows wait: then at once.
+        Each waiting row wakes the next one loop iteration later, so under a sustained load a
+        chain of waits drains one row per iteration while answers come faster, and the waiting
+        tasks grew without bound (503s past ``limits.max_connections``); past the bound rows are
+        recorded as they finish. A sequential client never has that many rows pending."""
+        if self.pending > ANALYZE_MAX_PENDING:
+            return
+        await self.after(prev)
 
     @staticmethod
     async def after(prev: asyncio.Event | None) -> None:

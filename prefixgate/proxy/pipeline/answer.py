@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import httpx
@@ -36,7 +37,7 @@ from prefixgate.proxy.core.errors import (
 from prefixgate.proxy.core.usage import Usage, usage_from_headers
 from prefixgate.proxy.http.headers import downstream_headers
 from prefixgate.proxy.observe.insight import Analysis
-from prefixgate.proxy.pipeline.after_answer import AfterResponse, RecordOrder
+from prefixgate.proxy.pipeline.after_answer import AfterResponse
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
 from prefixgate.proxy.pipeline.record import finish, merge_memory
 from prefixgate.proxy.upstream.client import ERROR_BODY_MAX_BYTES, JSON, read_at_most
@@ -147,6 +148,8 @@ def _analyzer(state: ProxyState, ex: Exchange) -> Callable[[], Awaitable[Analysi
     async def analyze() -> Analysis:
         if state.insight is None or len(ex.raw) > ANALYZE_MAX_BYTES or not ex.endpoint.analyze:
             return Analysis()
+        if state.record_order.shed_analysis():  # behind under load: the row without it
+            return Analysis()
         assert ex.target is not None and ex.rw is not None
         return await state.insight.analyze(
             state.upstream, ex.target, api=ex.api, session=ex.row.session, model=ex.row.model,
@@ -175,17 +178,32 @@ async def _stream(state: ProxyState, ex: Exchange, resp: httpx.Response) -> Resp
             "not an SSE stream")
     ex.watcher.usage.merge(usage_from_headers(resp.headers))
     watcher, analyze, bridge = ex.watcher, _analyzer(state, ex), ex.bridge
+    announced = state.ledger.announced if ex.endpoint.ledger else None
+    order: list[Any] = []  # [announce token, previous answer's event, this answer's]
 
-    async def on_end(status: str, http_status: int) -> None:
-        if bridge is not None:
-            bridge.stream_done(watcher, status)
-        await finish(state, ex, watcher.usage, status, http_status, analyze, memory=True)
+    async def before_end() -> None:  # before the stream's final message (upstream.relay)
+        await merge_memory(state, ex)  # the session's next turn reads it
+        token = announced.announce() if announced is not None else 0  # readers wait for it
+        order.extend((token, *state.record_order.turn()))  # rows in the order of their answers
+
+    async def on_end(status: str, http_status: int) -> None:  # once the client has it all
+        try:
+            if bridge is not None:
+                bridge.stream_done(watcher, status)
+            prev = order[1] if order else None
+            await finish(state, ex, watcher.usage, status, http_status, analyze,
+                         gate=lambda: state.record_order.wait(prev))
+        finally:
+            if order:
+                order[2].set()
+                if announced is not None:
+                    announced.settle(order[0])
 
     _, _, idle, _ = ex.target.backend.timeouts_s()
     read = max(ex.target.backend.timeouts_s()[1], idle)
     relay = StreamRelay(resp, watcher, ex.timing, on_end, ex.mapper, ex.api,
                         idle_s=idle if idle < read else None, deadline=_deadline(ex),
-                        end_mapper=ex.end_mapper)
+                        end_mapper=ex.end_mapper, before_end=before_end)
     return SSEResponse(relay, headers={**_ours(ex, resp), **SSE_HEADERS})
 
 
@@ -229,7 +247,7 @@ async def _json_answer(state: ProxyState, ex: Exchange, resp: httpx.Response) ->
     async def after() -> None:  # the row, breaks, counterfactual: once the answer is out
         try:
             await finish(state, ex, usage, "ok", status, _analyzer(state, ex),
-                         gate=lambda: RecordOrder.after(prev))
+                         gate=lambda: state.record_order.wait(prev))
         finally:
             mine.set()
             if announced is not None:

@@ -37,6 +37,7 @@ from prefixgate.proxy.pipeline.session_key import session_hash, session_id_for
 from prefixgate.proxy.routing.retries import Step
 from prefixgate.proxy.routing.router import Target, plan_targets
 from prefixgate.rewriter.pipeline import PASSES
+from prefixgate.rewriter.region_memo import RegionMemo
 from prefixgate.rewriter.token_memo import TokenMemo
 from prefixgate.rewriter.tokens import count_tokens
 from prefixgate.rewriter.types import Context, Edit
@@ -155,7 +156,7 @@ async def passes(ex: Exchange, request: Request, state: ProxyState) -> None:
                       provider=primary.provider, session_id=ex.session_id,
                       session=await state.sessions.aget(ex.session_id), now_s=time.time(),
                       masks_tools=traits(primary.backend.kind).masks_tools,
-                      count_tokens=PASS_TOKENS)
+                      count_tokens=PASS_TOKENS, memo=PASS_MEMO)
     ex.ctx = ctx
     ex.rw = await rewrite_off_loop(state.rewrite_fn, ex.pass_view, view_raw, bridge.pass_api, ctx)
     ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
@@ -177,6 +178,10 @@ PASS_TOKENS = TokenMemo(count_tokens)
 """The passes' token counter, shared by the process's requests: a turn's texts resent by the
 next turn are counted once (:mod:`prefixgate.rewriter.token_memo`; the same encoding as
 ``Context``'s default, so the same counts)."""
+PASS_MEMO = RegionMemo()
+"""The passes' stable-region memo, shared by the process's requests: a turn whose tools and
+system text the proxy has seen reuses their rewrite (:mod:`prefixgate.rewriter.region_memo`;
+bounded in bytes, the same bytes out as a full rewrite)."""
 STAND_BACK = "stand_back"
 STAND_BACK_HEADER = "x-prefixgate-stand-back"
 STAND_BACK_MAX_CHARS = 300

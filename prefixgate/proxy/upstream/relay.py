@@ -7,7 +7,14 @@ into whole SSE events on blank-line boundaries (:class:`prefixgate.proxy.core.ss
 event's original bytes are written to the client as soon as it is complete. The relay owns the
 upstream response from the moment the handler hands it over: whatever ends the response (the
 last byte, a client gone, a failed send, a response never started), :meth:`StreamRelay.close`
-runs exactly once — upstream response closed, ``on_end`` called.
+runs exactly once — upstream response closed, ``before_end`` then ``on_end`` called.
+
+Nothing after the answer on the client's critical path (issue 25): served by
+:class:`SSEResponse`, the stream's last event goes out and then the response's final (empty)
+body message — the end of the client's stream — before ``on_end`` (the ledger row, the break
+and counterfactual analysis) runs. What must be in place before the client can send its next
+turn runs before that final message: ``before_end`` (session memory, the row's place in the
+answer order), at the upstream's end (:meth:`StreamRelay.close_upstream`).
 
 Timing (:class:`Timing`, all milliseconds from the moment the proxy received the request):
 
@@ -131,25 +138,31 @@ class StreamRelay:
     """One streamed upstream response, relayed to one client (see module docstring).
 
     ``events()`` yields the client's bytes; ``close()`` ends the relay exactly once (idempotent,
-    shielded from cancellation): closes ``resp`` and awaits ``on_end(status, http_status)``.
-    ``headers_sent`` is set by :class:`SSEResponse` once the client's response head is out.
+    shielded from cancellation): closes ``resp``, awaits ``before_end()`` (when given), then
+    ``on_end(status, http_status)``. ``headers_sent`` is set by :class:`SSEResponse` once the
+    client's response head is out.
     """
 
     def __init__(self, resp: httpx.Response, watcher: StreamWatcher, timing: Timing,
                  on_end: OnEnd, mapper: EventMapper | None = None, api: Api = "openai",
                  status_code: int = 200, idle_s: float | None = None,
-                 deadline: float | None = None, end_mapper: EventMapper | None = None
-                 ) -> None:
+                 deadline: float | None = None, end_mapper: EventMapper | None = None,
+                 before_end: Callable[[], Awaitable[None]] | None = None) -> None:
         self.resp, self.watcher, self.timing = resp, watcher, timing
         self.end_mapper = end_mapper  # the relay's own error event -> the client's API
         self.mapper, self.api, self.status_code = mapper, api, status_code
         self.idle_s, self.deadline = idle_s, deadline  # s between chunks; loop.time() limit
         self._on_end: OnEnd | None = on_end
+        self._before_end = before_end
+        self._upstream_open = True
         self.status = "client_disconnect"  # until the relay knows better
         self.headers_sent = False
 
-    async def events(self) -> AsyncIterator[bytes]:
-        """The client's stream: whole events as they complete, then what the end calls for."""
+    async def events(self, report_end: bool = True) -> AsyncIterator[bytes]:
+        """The client's stream: whole events as they complete, then what the end calls for.
+        Once it ends: :meth:`close` (``report_end``), or only :meth:`close_upstream` (the
+        caller calls :meth:`close` once the client's response is complete, as
+        :class:`SSEResponse` does)."""
         splitter = EventSplitter()
         try:
             try:
@@ -172,7 +185,10 @@ class StreamRelay:
             for out in tail:
                 yield out
         finally:
-            await self.close()
+            if report_end:
+                await self.close()
+            else:
+                await self.close_upstream()
 
     def _chunks(self) -> AsyncIterator[bytes]:
         """The upstream's body chunks; with ``idle_s`` / ``deadline`` each wait is bounded
@@ -227,18 +243,31 @@ class StreamRelay:
             log.exception("end mapper failed")
             return [ev]
 
-    async def close(self) -> None:
-        """Close the upstream response and report the end, once; never raises."""
-        on_end, self._on_end = self._on_end, None
-        if on_end is None:
+    async def close_upstream(self) -> None:
+        """Close the upstream response and run ``before_end``, once; never raises."""
+        if not self._upstream_open:
             return
+        self._upstream_open = False
         self.timing.end = time.perf_counter()
-        http_status = self.status_code if self.headers_sent else ClientDisconnected.status
         with anyio.CancelScope(shield=True):  # runs even when the client's task is cancelled
             try:
                 await self.resp.aclose()
             except Exception:
                 log.exception("closing the upstream response failed")
+            if self._before_end is not None:
+                try:
+                    await self._before_end()
+                except Exception:
+                    log.exception("the stream's before-end work failed")
+
+    async def close(self) -> None:
+        """:meth:`close_upstream` (if not done yet), then report the end, once; never raises."""
+        on_end, self._on_end = self._on_end, None
+        if on_end is None:
+            return
+        await self.close_upstream()
+        http_status = self.status_code if self.headers_sent else ClientDisconnected.status
+        with anyio.CancelScope(shield=True):  # runs even when the client's task is cancelled
             try:
                 await on_end(self.status, http_status)
             except Exception:
@@ -247,7 +276,7 @@ class StreamRelay:
 
 class SSEResponse(StreamingResponse):
     """The client's side of a :class:`StreamRelay`; whatever ends the response, the relay is
-    closed.
+    closed — its ``on_end`` once the response's final body message is out (module docstring).
 
     Starlette may stop iterating without closing the generator (a send failing on a closed
     socket), or never start it (the client gone before the response head); closing the relay
@@ -258,7 +287,8 @@ class SSEResponse(StreamingResponse):
     media_type = "text/event-stream"
 
     def __init__(self, relay: StreamRelay, headers: dict[str, str]) -> None:
-        super().__init__(relay.events(), status_code=relay.status_code, headers=headers)
+        super().__init__(relay.events(report_end=False), status_code=relay.status_code,
+                         headers=headers)
         self.relay = relay
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
