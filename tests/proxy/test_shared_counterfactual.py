@@ -149,3 +149,31 @@ def test_the_modelled_unrewritten_share_matches_the_measured_one_across_conversa
     tech = {t["technique"]: t for t in doc["by_technique"]}
     assert tech["hoist_volatile"]["tokens_reusable"] > 0
     assert tech.get("canonicalize_tools", {}).get("tokens_reusable", 0) == 0
+
+
+def test_a_request_answered_without_its_analysis_withholds_the_next_modelled_savings(
+        arms: tuple[str, Ledger, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Conversation 0's body is too large to analyse (as under load, when analyses are shed):
+    its prefix never reaches the cache model, so a later request that hit it on the engine
+    would be modelled uncached and the hit claimed as a saving (``Insight.note_gap``). Within
+    the window a row the backend saw as sent keeps its measured counterfactual; a rewritten
+    one carries no modelled counterfactual; the report claims nothing."""
+    from prefixgate.proxy.pipeline import answer
+    url, ledger, (on, _) = arms
+    monkeypatch.setattr(answer, "ANALYZE_MAX_BYTES", len(RULES) + 2000)
+    big = [{"role": "system", "content": f"{RULES}\nThe current time is 2024-05-15 10:00:00 EST."},
+           {"role": "user", "content": "Conversation 0: " + "x" * 4000}]
+    _send(url, "on", "c0", big)
+    msgs: list[dict[str, Any]] = []
+    for t in range(2):  # the clock moves: hoisted on the second turn, so that body is modelled
+        system = f"{RULES}\nThe current time is 2024-05-15 10:0{t + 1}:00 EST."
+        msgs = [{"role": "system", "content": system}, *msgs[1:],
+                {"role": "user", "content": f"Conversation 1, question {t}."}]
+        _send(url, "on", "c1", msgs)
+        msgs.append({"role": "assistant", "content": f"Answer {t}."})
+    rows = wait_rows(ledger, 3)
+    assert on.log[1][1] > 1000  # the engine did reuse conversation 0's prefix
+    assert "hoist_volatile" in rows[2]["edits"]  # rewritten: would have been modelled
+    assert [r["cf_source"] for r in rows] == ["", "measured", ""]
+    assert rows[2]["cf_cached_tokens"] is None
+    assert _report(ledger)["saved"]["saved_tokens"] <= 0  # only the note's added tokens count

@@ -96,6 +96,12 @@ from prefixgate.rewriter.types import Context
 log = logging.getLogger("prefixgate.insight")
 
 MAX_PARTITIONS = 64
+GAP_WINDOW_S = 300.0
+"""How long after a skipped analysis (shed under load, a body too large to analyse) a real
+cache's modelled counterfactuals are withheld: the skipped request's prefix never reached the
+model, so a later request it would have warmed would be modelled uncached and its hit claimed as
+a saving. 300 s is the longest hosted prompt-cache TTL in the default table (5 min); rows in the
+window keep their measured counterfactual (a body sent as is) and carry no modelled one."""
 """Partitions (deployments) whose models are kept; the least recently used goes beyond."""
 
 
@@ -198,6 +204,21 @@ class Insight:
         self._token_caches = TokenCaches()
         self._counters: dict[str, TokenCounter] = {}
         self._lock = threading.Lock()
+        self._gaps: dict[str, float] = {}  # partition -> monotonic time of its last skipped analysis
+        self.clock = time.monotonic
+
+    def note_gap(self, partition: str) -> None:
+        """A request of the real cache ``partition`` (:func:`partition_key`) was answered without
+        its analysis: withhold that cache's modelled counterfactuals for :data:`GAP_WINDOW_S`."""
+        with self._lock:
+            self._gaps[partition] = self.clock()
+            while len(self._gaps) > MAX_PARTITIONS:
+                self._gaps.pop(next(iter(self._gaps)))
+
+    def _gapped(self, partition: str) -> bool:
+        """Whether ``partition`` skipped an analysis within :data:`GAP_WINDOW_S` (call locked)."""
+        at = self._gaps.get(partition)
+        return at is not None and self.clock() - at < GAP_WINDOW_S
 
     def _counter(self, model: str) -> TokenCounter:
         enc = encoding_for_model(model)
@@ -300,6 +321,8 @@ class Insight:
                     same = same or (sent_ids is not None and list(sent_ids) == list(token_ids))
                 except Exception:
                     log.exception("token counterfactual failed")
+            if self._gapped(key):  # the model misses a skipped request's prefix: no estimate
+                cf, credits = None, None
         if ctx is None:  # not rewritten on purpose (holdout, opted out, off): measured as is
             credits = {}
         if cf is None:

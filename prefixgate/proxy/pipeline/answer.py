@@ -36,7 +36,7 @@ from prefixgate.proxy.core.errors import (
 )
 from prefixgate.proxy.core.usage import Usage, usage_from_headers
 from prefixgate.proxy.http.headers import downstream_headers
-from prefixgate.proxy.observe.insight import Analysis
+from prefixgate.proxy.observe.insight import Analysis, partition_key
 from prefixgate.proxy.pipeline.after_answer import AfterResponse
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
 from prefixgate.proxy.pipeline.record import finish, merge_memory
@@ -146,11 +146,12 @@ def _analyzer(state: ProxyState, ex: Exchange) -> Callable[[], Awaitable[Analysi
     """The after-answer analysis of this request (cache breaks, counterfactual from the
     backend's own token ids where it tokenizes, :mod:`prefixgate.proxy.observe.insight`)."""
     async def analyze() -> Analysis:
-        if state.insight is None or len(ex.raw) > ANALYZE_MAX_BYTES or not ex.endpoint.analyze:
-            return Analysis()
-        if state.record_order.shed_analysis():  # behind under load: the row without it
+        if state.insight is None or not ex.endpoint.analyze:
             return Analysis()
         assert ex.target is not None and ex.rw is not None
+        if len(ex.raw) > ANALYZE_MAX_BYTES or state.record_order.shed_analysis():
+            state.insight.note_gap(partition_key(ex.target))  # too large / behind under load
+            return Analysis()
         return await state.insight.analyze(
             state.upstream, ex.target, api=ex.api, session=ex.row.session, model=ex.row.model,
             original=ex.body, sent=ex.rw.body, budget_ms=state.policy.rewrite.time_budget_ms,
