@@ -74,6 +74,13 @@ TARGETS: dict[str, list[str]] = {
     "prefixgate/rewriter/ttl_choice.py": ["tests/rewriter/test_ttl_choice.py", "tests/rewriter/test_ttl_choice_pinned.py"],
     "prefixgate/cache/provider_models/token_radix.py": ["tests/cache/test_token_radix.py",
                                                         "tests/cache/test_token_radix_pinned.py"],
+    "prefixgate/local_engine/spec_decode.py": ["tests/engine/test_spec_verify.py",
+                                               "tests/engine/test_spec_step_rules.py"],
+    "prefixgate/local_engine/scheduler.py": ["tests/engine/test_scheduler_pool_pressure.py",
+                                             "tests/engine/test_spec_rollback.py",
+                                             "tests/engine/test_scheduler_step_rules.py"],
+    "prefixgate/local_engine/quant.py": ["tests/engine/test_quant.py", "tests/engine/test_quant_keep.py",
+                                         "tests/engine/test_quant_layers.py"],
 }
 
 # mutmut's exit-code vocabulary (mutmut/stats.py)
