@@ -1,0 +1,239 @@
+"""Scheduler rules at the step level (issue 21), without a model.
+
+Driven like ``test_scheduler_pool_pressure`` (the forward pass is "every ready request samples
+token 7") with the slot ledger checked after every step. What is pinned here, by hand-computed
+figures: ``cache_hit_tokens`` counts the cached prompt tokens of each request once, at its first
+admission that sticks (an admission undone for lack of room counts nothing; a retracted request
+re-admitted counts nothing again); ``prompt_tokens`` / ``prefill_tokens`` / ``decode_tokens``
+count what was queued / computed (draft rows are decode rows); the spare budget after decodes
+and prefills is what drafts get, charged per draft, and a draft that finds no room is dropped
+without evicting or retracting anyone.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from prefixgate.local_engine.drafters import Draft
+from prefixgate.local_engine.scheduler import LPM_MAX_QUEUE, Scheduler
+from prefixgate.local_engine.sequence import Sequence, Status
+from tests.engine.test_scheduler_pool_pressure import TOKEN, conserved, make, request, run_all, step
+
+
+def hits_add_up(s: Scheduler, reqs: list[Sequence]) -> None:
+    assert s.stats.cache_hit_tokens == sum(r.cached_tokens or 0 for r in reqs)
+
+
+def test_an_unadmitted_request_keeps_no_hit_statistic() -> None:
+    s = make(slots=64, budget=64, chunk=64, running=4)
+    shared = list(range(100, 120))
+    warm = request("warm", shared, max_tokens=1)
+    s.add(warm)
+    run_all(s)
+    assert s.stats.cache_hit_tokens == 0 and s.cache is not None and s.cache.total_size == 20
+    big = request("big", list(range(300, 330)), max_tokens=4)
+    s.add(big)
+    step(s)                      # big: 30 slots; the tree keeps the warm prompt's 20
+    late = request("late", shared + list(range(400, 431)), max_tokens=2)
+    s.add(late)
+    step(s)                      # late matches 20, but its other 31 tokens do not fit: undone
+    assert list(s.waiting) == [late] and late.cached_tokens is None
+    assert s.stats.cache_hit_tokens == 0
+    run_all(s)
+    assert late.cached_tokens == 20 and s.stats.cache_hit_tokens == 20  # counted once, when it ran
+    assert s.stats.prompt_tokens == 20 + 30 + 51
+
+
+def test_a_retracted_request_is_not_counted_again_when_readmitted() -> None:
+    s = make(slots=44, running=2)
+    first, second = request("first", list(range(500, 520)), 8), request("second", list(range(600, 620)), 8)
+    s.add(first)
+    s.add(second)
+    for _ in range(60):
+        if not s.has_work():
+            break
+        step(s)
+        hits_add_up(s, [first, second])
+    assert s.stats.retractions >= 1 and second.cached_tokens == 0
+    assert s.stats.cache_hit_tokens == 0  # its KV came back from the tree, but it was no prompt hit
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(slots=st.integers(40, 120), page=st.sampled_from([1, 4]), n=st.integers(2, 6),
+       seed=st.integers(0, 1000))
+def test_hit_statistic_is_the_sum_of_admitted_requests_hits_after_every_step(
+        slots: int, page: int, n: int, seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    s = make(slots=slots, page=page, budget=32, chunk=16, running=3)
+    base = list(range(50, 66))
+    reqs = [request(f"r{i}", (base if rng.random() < 0.7 else []) + [rng.randrange(100, 900)
+                                                                      for _ in range(rng.randint(1, 12))],
+                    max_tokens=rng.randint(1, 6)) for i in range(n)]
+    for r in reqs:
+        s.add(r)
+    for _ in range(400):
+        if not s.has_work():
+            break
+        step(s)
+        hits_add_up(s, reqs)
+    assert not s.has_work()
+    assert s.stats.prompt_tokens == sum(r.num_prompt for r in reqs)
+
+
+def test_prefill_and_decode_tokens_count_rows_computed_drafts_included() -> None:
+    s = make(slots=128, budget=64, chunk=6)
+    r = request("r", list(range(10, 20)), max_tokens=8)
+    s.add(r)
+    step(s)
+    step(s)                                  # 6 + 4 prompt tokens in chunks of 6
+    assert (s.stats.prefill_tokens, s.stats.decode_tokens) == (10, 0)
+    batch = s.schedule(lambda decodes, budget: [Draft([TOKEN, TOKEN, 3])])
+    assert [(it.is_decode, it.n, it.num_rows) for it in batch] == [(True, 1, 4)]
+    assert (s.stats.prefill_tokens, s.stats.decode_tokens) == (10, 4)
+    s.complete_step(batch)
+    s.accept_draft(r, [TOKEN])
+    r.token_ids += [TOKEN, TOKEN]
+    assert r.num_computed == 12 and len(r.slots) == 12
+    conserved(s)
+
+
+def test_drafts_get_the_spare_budget_and_each_draft_is_charged() -> None:
+    s = make(slots=256, budget=8, chunk=8, running=4)
+    a, b = request("a", list(range(10, 15)), 20), request("b", list(range(20, 25)), 20)
+    s.add(a)
+    s.add(b)
+    step(s)  # 5 + 3 of b
+    step(s)  # a decodes (1), b's last 2 prompt tokens
+    seen: list[int] = []
+
+    def greedy(decodes: list[Sequence], budget: int) -> list[Draft | None]:
+        seen.append(budget)
+        return [Draft([TOKEN] * 5) for _ in decodes]  # ignores the budget
+
+    batch = s.schedule(greedy)
+    # 2 decode rows of 8: 6 spare; a's 5-token draft takes 5, b's is cut to the 1 left
+    assert seen == [6]
+    assert [(it.seq.request_id, it.num_rows) for it in batch] == [("a", 6), ("b", 2)]
+    assert sum(it.num_rows for it in batch) == 8
+    assert len(a.slots) == 7 + 5 and len(b.slots) == 6 + 1  # a: 5 prompt + 2 decoded
+
+
+def test_no_draft_is_asked_for_when_no_budget_is_left() -> None:
+    s = make(slots=256, budget=2, chunk=2, running=4)
+    reqs = [request(f"r{i}", [10 + i, 20 + i], 6) for i in range(2)]
+    for r in reqs:
+        s.add(r)
+    step(s)   # r0's prompt (2 of budget 2)
+    step(s)   # r0 decodes, r1 gets 1 token
+    called: list[int] = []
+    batch = s.schedule(lambda decodes, budget: called.append(budget) or [Draft([TOKEN])] * len(decodes))
+    assert called == [] and all(it.draft is None for it in batch)
+    assert sum(it.num_rows for it in batch) == 2
+
+
+def test_decodes_beyond_the_budget_wait_for_the_next_step() -> None:
+    s = make(slots=256, budget=3, chunk=1, running=4)
+    reqs = [request(f"q{i}", [10 + i], 5) for i in range(3)]
+    for r in reqs:
+        s.add(r)
+    step(s)                               # three 1-token prompts, one token each
+    s.budget = 2                          # max_num_batched_tokens below the decoding requests
+    batch = s.schedule()
+    assert [(it.seq.request_id, it.is_decode) for it in batch] == [("q0", True), ("q1", True)]
+    assert len(reqs[2].slots) == 1 and s.stats.decode_tokens == 2
+
+
+def test_a_draft_without_room_is_dropped_and_nobody_is_evicted_or_retracted() -> None:
+    s = make(slots=12, budget=64, chunk=64, running=2)
+    a = request("a", list(range(10, 20)), 4)
+    s.add(a)
+    step(s)              # 10 slots for the prompt; 2 left
+    batch = s.schedule(lambda decodes, budget: [Draft([TOKEN] * 4)])  # needs 1 + 4 > 2
+    assert [(it.n, it.draft) for it in batch] == [(1, None)]
+    assert s.stats.retractions == 0 and s.running == [a] and len(a.slots) == 11
+    assert s.stats.decode_tokens == 1
+
+
+def test_a_draft_is_kept_when_exactly_enough_room_is_left() -> None:
+    s = make(slots=12, budget=64, chunk=64, running=2)
+    a = request("a", list(range(10, 20)), 4)
+    s.add(a)
+    step(s)
+    batch = s.schedule(lambda decodes, budget: [Draft([TOKEN])])  # 1 + 1 = the 2 slots left
+    assert batch[0].draft is not None and batch[0].draft.tokens == [TOKEN] and len(a.slots) == 12
+
+
+def test_admission_stops_at_max_running_and_keeps_arrival_order_without_hits() -> None:
+    s = make(slots=256, budget=64, chunk=64, running=2)
+    reqs = [request(f"r{i}", [10 * i + j for j in range(1, 5)], 2) for i in range(1, 5)]
+    for r in reqs:
+        s.add(r)
+    step(s)
+    assert [x.request_id for x in s.running] == ["r1", "r2"]
+    assert [x.request_id for x in s.waiting] == ["r3", "r4"]
+
+
+def test_longest_cached_prefix_goes_first_only_for_a_sortable_queue() -> None:
+    shared = list(range(100, 140))
+
+    def warmed(extra: int) -> tuple[Scheduler, Sequence]:
+        s = make(slots=2048, budget=512, chunk=512, running=1)
+        s.add(request("warm", shared + [1], max_tokens=1))
+        run_all(s)
+        cold = [request(f"c{i}", [900 + i, 901 + i, 902 + i], 3) for i in range(extra)]
+        hot = request("hot", shared + [2, 3], 3)
+        for r in cold + [hot]:
+            s.add(r)
+        return s, hot
+
+    s, hot = warmed(1)
+    step(s)
+    assert s.running == [hot] and hot.cached_tokens == 40
+    s, hot = warmed(LPM_MAX_QUEUE)       # 129 waiting: sorting skipped, arrival order
+    step(s)
+    assert [r.request_id for r in s.running] == ["c0"]
+
+
+def test_a_shared_uncached_prefix_defers_only_the_same_cache_namespace() -> None:
+    shared = list(range(500, 540))
+    for key, deferred in ((None, True), (b"other", False)):
+        s = make(slots=512, budget=512, chunk=16, running=4)
+        a = request("a", shared + [1, 2], 3)
+        b = request("b", shared + [3, 4], 3)
+        b.extra_key = key
+        s.add(a)
+        s.add(b)
+        step(s)
+        assert (b.status is Status.WAITING) is deferred
+        run_all(s)
+        assert b.cached_tokens == (40 if deferred else 0)
+
+
+def test_a_shared_prefix_below_the_threshold_is_computed_twice() -> None:
+    s = make(slots=512, budget=512, chunk=512, running=4)
+    a, b = request("a", list(range(500, 531)) + [1], 2), request("b", list(range(500, 531)) + [2], 2)
+    s.add(a)
+    s.add(b)
+    step(s)  # 31 shared tokens < 32: both run at once
+    assert s.running == [a, b]
+    s = make(slots=512, budget=512, chunk=16, running=4)
+    a, b = request("a", list(range(500, 532)) + [1], 2), request("b", list(range(500, 532)) + [2], 2)
+    s.add(a)
+    s.add(b)
+    step(s)  # 32: b waits for a's prompt
+    assert s.running == [a]
+
+
+def test_abort_finds_waiting_and_running_requests() -> None:
+    s = make(slots=256, running=1)
+    a, b = request("a", [1, 2, 3], 4), request("b", [4, 5, 6], 4)
+    s.add(a)
+    s.add(b)
+    step(s)
+    assert s.abort("b") is b and b.status is Status.FINISHED and b.finish_reason == "abort"
+    assert list(s.waiting) == [] and s.abort("nobody") is None
+    assert s.abort("a") is a and s.running == [] and not s.has_work()
+    conserved(s)
