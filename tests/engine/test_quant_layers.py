@@ -9,7 +9,9 @@ zeroed must be far outside it — so an int8 layer that drops or doubles its bia
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -53,8 +55,17 @@ def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_qwen2(tmp_path_factory.mktemp("qwen_bias"), 1.0)
 
 
-def fp32(d: Path, dtype: torch.dtype = torch.float32):  # noqa: ANN201 - CausalLM
-    return load_model(str(d), torch.device("cpu"), dtype)
+_LOADED: dict[tuple[Path, torch.dtype], Any] = {}
+
+
+def fp32(d: Path, dtype: torch.dtype = torch.float32) -> Any:
+    """A fresh copy of the checkpoint in ``d`` as a ``CausalLM`` (loaded once per dtype)."""
+    if (d, dtype) not in _LOADED:
+        _LOADED[(d, dtype)] = load_model(str(d), torch.device("cpu"), dtype)
+    model = copy.deepcopy(_LOADED[(d, dtype)])
+    for layer in model.decoder_layers():
+        layer.bind()
+    return model
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
