@@ -237,3 +237,175 @@ def test_abort_finds_waiting_and_running_requests() -> None:
     assert list(s.waiting) == [] and s.abort("nobody") is None
     assert s.abort("a") is a and s.running == [] and not s.has_work()
     conserved(s)
+
+
+def test_without_a_prefix_cache_requests_run_in_arrival_order_and_none_waits() -> None:
+    s = make(slots=512, budget=512, chunk=64, running=4, cache=False)
+    shared = list(range(500, 540))
+    reqs = [request("a", shared + [1], 2), request("b", shared + [2], 2), request("c", [9, 8, 7], 2)]
+    for r in reqs:
+        s.add(r)
+    step(s)
+    assert s.running == reqs and s.stats.cache_hit_tokens == 0
+    run_all(s)
+    assert s.stats.prefill_tokens == 41 + 41 + 3
+
+
+def test_the_newest_of_three_is_retracted_first() -> None:
+    s = make(slots=70, running=3)
+    reqs = [request(f"r{i}", list(range(100 * i + 100, 100 * i + 120)), 8) for i in range(3)]
+    for r in reqs:
+        s.add(r)
+    step(s)
+    assert s.running == reqs
+    for _ in range(40):
+        if s.stats.retractions:
+            break
+        step(s)
+    assert s.stats.retractions == 1 and s.running == reqs[:2] and list(s.waiting) == [reqs[2]]
+    assert reqs[2].status is Status.WAITING and reqs[2].prompt_cached is False
+    run_all(s)
+    assert all(r.num_completion == 8 for r in reqs)
+
+
+def test_longest_prefix_sorting_covers_a_full_queue_and_reads_the_whole_cacheable_prompt() -> None:
+    shared = list(range(100, 140))
+
+    def warmed(extra: int, key: bytes | None = None) -> tuple[Scheduler, Sequence, Sequence]:
+        s = make(slots=4096, budget=512, chunk=512, running=1)
+        w = request("warm", shared + [1], max_tokens=1)
+        w.extra_key = key
+        s.add(w)
+        run_all(s)
+        cold = [request(f"c{i}", [900 + i, 901 + i, 902 + i], 3) for i in range(extra)]
+        near = request("near", shared + [7, 8, 9], 3)   # 40 cached of its 42 cacheable
+        full = request("full", shared + [1, 9], 3)      # all 41 cacheable tokens cached
+        for r in cold + [near, full]:
+            r.extra_key = key
+            s.add(r)
+        return s, near, full
+
+    s, near, full = warmed(LPM_MAX_QUEUE - 2)   # 128 waiting: still sorted
+    step(s)
+    assert s.running == [full] and full.cached_tokens == 41
+    s, near, full = warmed(0, key=b"tenant")     # hits are looked up in the request's namespace
+    step(s)
+    assert s.running == [full]
+
+
+def test_a_deferred_request_does_not_hold_back_the_rest_of_the_queue() -> None:
+    shared = list(range(500, 540))
+    s = make(slots=1024, budget=512, chunk=16, running=4)
+    x = request("x", list(range(700, 740)), 3)
+    x.extra_key = b"other"                        # prefilling too, but another namespace
+    a, b = request("a", shared + [1, 2], 3), request("b", shared + [3, 4], 3)
+    c = request("c", [9, 8, 7], 3)
+    for r in (x, a, b, c):
+        s.add(r)
+    step(s)
+    assert s.running == [x, a, c] and list(s.waiting) == [b]
+
+
+def test_only_the_uncached_part_of_a_shared_prefix_defers() -> None:
+    cached = list(range(100, 140))
+    for key in (None, b"k"):
+        s = make(slots=1024, budget=512, chunk=16, running=4)
+        w = request("warm", cached + [1], max_tokens=1)
+        w.extra_key = key
+        s.add(w)
+        run_all(s)
+        tail = [600, 601, 602, 603, 604]
+        a, b = request("a", cached + tail + [1, 2], 3), request("b", cached + tail + [3, 4], 3)
+        for r in (a, b):
+            r.extra_key = key
+            s.add(r)
+        step(s)  # 45 shared, 40 of them cached: 5 uncached < 32, both run
+        assert s.running == [a, b] and a.cached_tokens == b.cached_tokens == 40
+
+
+def test_a_prefill_is_cut_by_the_chunk_and_by_what_the_step_has_left() -> None:
+    s = make(slots=512, budget=10, chunk=6, running=4)
+    a, b = request("a", list(range(10, 25)), 2), request("b", list(range(30, 42)), 2)
+    s.add(a)
+    s.add(b)
+    sizes = []
+    for _ in range(3):
+        batch = s.schedule()
+        sizes.append([(it.seq.request_id, it.n) for it in batch])
+        s.complete_step(batch)
+        conserved(s)
+    # step 1: a 6 (chunk), b 4 (budget); step 2: a 6, b 4; step 3: a 3 (its rest), b 4 (its rest)
+    assert sizes == [[("a", 6), ("b", 4)], [("a", 6), ("b", 4)], [("a", 3), ("b", 4)]]
+
+
+def test_one_spare_row_is_enough_for_a_one_token_draft_and_an_empty_budget_drops_the_rest() -> None:
+    s = make(slots=256, budget=3, chunk=8, running=4)
+    a, b = request("a", [10, 11], 20), request("b", [20], 20)
+    s.add(a)
+    s.add(b)
+    step(s)   # both prompts (3 rows)
+    budgets: list[int] = []
+
+    def propose(decodes: list[Sequence], budget: int) -> list[Draft | None]:
+        budgets.append(budget)
+        return [Draft([TOKEN]) for _ in decodes]
+
+    batch = s.schedule(propose)  # 2 decode rows of 3: one spare row, a's draft takes it
+    assert budgets == [1]
+    assert [(it.seq.request_id, None if it.draft is None else it.draft.tokens) for it in batch] \
+        == [("a", [TOKEN]), ("b", None)]
+
+
+def test_a_request_whose_cacheable_prompt_is_all_cached_starts_as_a_decode() -> None:
+    s = make(slots=256, budget=64, chunk=64, running=4)
+    w = request("w", list(range(10, 20)), max_tokens=3)
+    s.add(w)
+    run_all(s)                  # the tree holds its 10 prompt + 2 computed completion tokens
+    again = request("again", list(w.token_ids), 2)  # 13 tokens: all but the last are cached
+    s.add(again)
+    before = (s.stats.prefill_tokens, s.stats.decode_tokens)
+    batch = s.schedule()
+    assert [(it.n, it.is_decode) for it in batch] == [(1, True)] and again.cached_tokens == 12
+    assert (s.stats.prefill_tokens, s.stats.decode_tokens) == (before[0], before[1] + 1)
+
+
+def test_admission_stops_when_the_budget_is_spent_exactly() -> None:
+    s = make(slots=256, budget=4, chunk=8, running=4)
+    a, b = request("a", [1, 2, 3, 4], 3), request("b", [5, 6], 3)
+    s.add(a)
+    s.add(b)
+    batch = s.schedule()
+    assert [(it.seq.request_id, it.n) for it in batch] == [("a", 4)] and list(s.waiting) == [b]
+    assert b.status is Status.WAITING and b.slots == []
+
+
+def test_every_table_row_can_be_used() -> None:
+    s = make(slots=256, budget=64, chunk=8, running=8)  # the table has 8 rows
+    reqs = [request(f"r{i}", [10 + i, 20 + i], 2) for i in range(9)]
+    for r in reqs:
+        s.add(r)
+    step(s)
+    assert s.running == reqs[:8] and list(s.waiting) == [reqs[8]]
+
+
+def test_a_prefill_that_cannot_fit_even_alone_schedules_nothing() -> None:
+    s = make(slots=20, budget=64, chunk=16, running=2)
+    r = request("r", list(range(100, 130)), 2)   # 30 prompt tokens in a 20-slot pool
+    s.add(r)
+    assert [it.n for it in s.schedule()] == [16]
+    assert s.schedule() == [] and s.running == [r]
+
+
+def test_room_for_a_prefill_is_made_by_retracting_only_as_many_as_needed() -> None:
+    s = make(slots=56, budget=64, chunk=16, running=3)
+    reqs = [request(f"r{i}", list(range(100 * i + 100, 100 * i + 148)), 2) for i in range(3)]
+    for r in reqs:
+        s.add(r)
+    step(s)          # 16 of each 48-token prompt: 48 of 56 slots, nobody decodes yet
+    batch = s.schedule()
+    # r0's next chunk needs 16 of the 8 free: the newest (r2) goes back, its 16 slots are enough
+    assert [(it.seq.request_id, it.n) for it in batch] == [("r0", 16)]
+    assert s.stats.retractions == 1 and s.running == reqs[:2] and list(s.waiting) == [reqs[2]]
+    s.complete_step(batch)
+    conserved(s)
+    run_all(s)
