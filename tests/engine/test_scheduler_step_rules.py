@@ -409,3 +409,29 @@ def test_room_for_a_prefill_is_made_by_retracting_only_as_many_as_needed() -> No
     s.complete_step(batch)
     conserved(s)
     run_all(s)
+
+
+def test_the_prompt_enters_the_tree_when_its_prefill_ends_and_the_rest_at_finish() -> None:
+    s = make(slots=256, budget=64, chunk=8, running=2)
+    r = request("r", list(range(10, 22)), max_tokens=5)   # 12 prompt tokens: chunks of 8 + 4
+    s.add(r)
+    assert s.cache is not None
+    step(s)
+    assert s.cache.total_size == 0 and not r.prompt_cached   # 8 of 12 computed
+    step(s)
+    assert s.cache.total_size == 12 and r.prompt_cached       # the prompt, as soon as computed
+    for _ in range(3):
+        step(s)
+        assert s.cache.total_size == 12                        # decoding adds nothing yet
+    step(s)
+    assert r.status is Status.FINISHED and s.cache.total_size == 12 + 4  # the computed completion
+
+
+def test_one_cached_token_and_one_to_compute_is_a_decode() -> None:
+    s = make(slots=256, budget=64, chunk=64, running=4)
+    s.add(request("w", [5], max_tokens=1))
+    run_all(s)
+    again = request("again", [5, 7], 2)
+    s.add(again)
+    batch = s.schedule()
+    assert [(it.start, it.n, it.is_decode) for it in batch] == [(1, 1, True)]
