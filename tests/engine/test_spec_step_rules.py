@@ -12,6 +12,8 @@ never drafts past ``max_tokens - completion - 1``, ``k`` grows by one after a fu
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -143,12 +145,32 @@ def test_constrained_requests_do_not_draft() -> None:
     assert [r for r, _ in rec.asked] == ["free"]
 
 
-def test_a_failing_drafter_costs_that_request_its_draft_only() -> None:
+def test_a_failing_drafter_costs_that_request_its_draft_only(caplog: pytest.LogCaptureFixture) -> None:
     rec = Recorder(fail={"bad"})
     spec = SpecDecoder(rec, k_max=2, max_batch_tokens=64)
     bad, good = request("bad"), request("good")
-    assert drafted(spec.propose([bad, good], budget=8)) == [0, 2]
+    with caplog.at_level(logging.ERROR, logger="local_engine.spec"):
+        assert drafted(spec.propose([bad, good], budget=8)) == [0, 2]
     assert rec.released == ["bad"] and spec.metrics.no_draft_steps == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "drafter recorder failed for one request; it decodes without a draft"]
+
+
+def test_one_spare_row_still_asks_the_cost_model() -> None:
+    steep = [(1, 50.0), (2, 100.0), (8, 400.0)]
+    assert drafted(SpecDecoder(Recorder(), 4, 64, steep).propose([request("a")], 1)) == [0]
+    assert drafted(SpecDecoder(Recorder(), 4, 64).propose([request("a")], 1)) == [1]
+
+
+def test_a_paused_request_adds_no_draft_rows_to_the_cost_model() -> None:
+    """Curve where one more draft row tips the cap: the fresh request (estimate 0.7, k 4) with a
+    paused neighbour (k 1, estimate 0.5) gets cap 1; counting the paused one's k would give 0."""
+    curve = [(2, 2.0), (3, 2.0), (7, 8.0)]
+    spec = SpecDecoder(Recorder(), k_max=4, max_batch_tokens=64, cost_curve=curve)
+    paused, fresh = request("p"), request("f")
+    for _ in range(5):
+        reject(spec, paused)
+    assert drafted(spec.propose([fresh, paused], budget=8)) == [1, 0]
 
 
 def test_a_cost_curve_that_makes_drafts_dear_stops_drafting() -> None:
@@ -310,6 +332,10 @@ def test_sampled_verification_draws_from_the_requests_own_generator() -> None:
 def test_release_forgets_the_request_and_tells_the_drafter() -> None:
     rec = Recorder()
     spec = SpecDecoder(rec, k_max=3, max_batch_tokens=64)
+    never = request("never")
+    spec.release(never)  # a request that never drafted: nothing to forget, no error
+    assert rec.released == ["never"]
+    rec.released.clear()
     r = request("r")
     spec.propose([r], budget=8)
     spec.verify(r, rows(9, 9, 9, 9), Draft([1, 2, 3]))  # k -> 1
@@ -356,6 +382,8 @@ def test_interpolate_is_linear_between_points_and_extends_past_the_last_two() ->
     assert interpolate(curve, 3) == 20.0 and interpolate(curve, 5) == 30.0
     assert interpolate(curve, 7) == 34.0 and interpolate(curve, 9) == 38.0
     assert interpolate(curve, 13) == 46.0  # slope 2 of the last segment
+    assert interpolate([(1, 10.0), (5, 30.0)], 7) == 40.0  # two points: their slope, 5 per row
+    assert interpolate([(1, 1.0), (4, 7.0), (4, 9.0)], 4) == 7.0  # the first segment reaching it
     assert interpolate([(4, 7.0)], 10) == 7.0  # one point: flat
     assert interpolate([(4, 7.0), (4, 9.0)], 10) == 9.0
 
