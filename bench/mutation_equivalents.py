@@ -38,6 +38,13 @@ SQL_CASE = "SQLite keywords and (unquoted) column names are case-insensitive: th
 SEPARATORS = ("the data column is only read back through json.loads: the default separators change its "
               "whitespace, not a value")
 
+RUNNING_COMPUTED = ("a running request has computed at least its first chunk (admission schedules one in the "
+                    "same step), so num_computed > 0 whenever it is running")
+ONE_LEFT = ("a running request with one token to compute is a decode (num_computed > 0, see RUNNING_COMPUTED) "
+            "or one cut by decodes[:budget], which leaves no budget: the loop skipped it already")
+CACHED_UNREAD = ("`cached` is read only by _should_defer, which returns before reading it without a cache, "
+                 "and with a cache it is overwritten by the peek")
+
 EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
     "prefixgate/proxy/routing/breaker.py": {
         "xǁBreakerǁavailable__mutmut_1": (
@@ -243,5 +250,42 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
         "xǁGateCoreǁanswered__mutmut_23": (
             "self.warm.popitem(last=None)",
             "OrderedDict.popitem reads `last` for its truth: None pops the oldest as False does"),
+    },
+    "prefixgate/local_engine/spec_decode.py": {
+        "x_verify_greedy__mutmut_3": (
+            "target = logits.argmax(dim=+1).tolist()", "logits are 2-D [k + 1, V]: dim +1 is dim -1"),
+        "x_expected_tokens__mutmut_1": (
+            "if k < 0:", "at k = 0 the series gives 1 + a (1 - a^0) / (1 - a) = 1 (and k + 1 = 1 for a >= 1)"),
+        "x_interpolate__mutmut_1": (
+            "if rows < curve[0][0]:",
+            "at the first point's rows the first segment (or a one-point curve's flat tail) answers c0 too"),
+        "x_choose_k_cap__mutmut_11": (
+            "for cap in range(k_max + 1):",
+            "cap 0 drafts nothing: its rate is plain decoding's, which a cap must beat by 10 % to be taken"),
+        "xǁSpecDecoderǁpropose__mutmut_12": (
+            "if self.cost_curve is not None and allowance >= 0:",
+            "with no spare rows every share is 0 and nothing is drafted whatever the cap"),
+        "xǁSpecDecoderǁpropose__mutmut_38": (
+            "share = allowance // (len(decodes) - i) if allowance > len(decodes) - i else (",
+            "when the allowance equals the requests left, allowance // left is 1, as the else branch gives"),
+    },
+    "prefixgate/local_engine/scheduler.py": {
+        "xǁSchedulerǁcomplete_step__mutmut_9": (
+            "self.kv.cache_seq(seq, finished=None)",
+            "KVManager.cache_seq reads `finished` for its truth: None takes the running branch as False"),
+        "xǁSchedulerǁschedule__mutmut_6": (
+            "decodes = [s for s in self.running if s.num_uncomputed == 1 and s.num_computed >= 0]",
+            RUNNING_COMPUTED),
+        "xǁSchedulerǁschedule__mutmut_40": ("if s.num_uncomputed <= 1:", ONE_LEFT),
+        "xǁSchedulerǁschedule__mutmut_41": ("if s.num_uncomputed < 2:", ONE_LEFT),
+        "xǁSchedulerǁschedule__mutmut_42": (
+            "break", "unreachable: a running request always has a token to compute when schedule() runs "
+                     "(each step ends with its sampled token appended, or the request finished)"),
+        "xǁSchedulerǁschedule__mutmut_96": ("cached = None", CACHED_UNREAD),
+        "xǁSchedulerǁschedule__mutmut_97": ("cached = 1", CACHED_UNREAD),
+        "xǁSchedulerǁschedule__mutmut_105": (
+            "cached = self.cache.peek_prefix_len(seq.token_ids[:-2], seq.extra_key)",
+            "differs only when the match covers all of token_ids[:-1]; the shared prefix is then at most "
+            "the match, so shared - cached <= 1 < 32 either way: no deferral"),
     },
 }

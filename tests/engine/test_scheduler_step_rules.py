@@ -435,3 +435,26 @@ def test_one_cached_token_and_one_to_compute_is_a_decode() -> None:
     s.add(again)
     batch = s.schedule()
     assert [(it.start, it.n, it.is_decode) for it in batch] == [(1, 1, True)]
+
+
+def test_each_retraction_is_counted_and_goes_to_the_front_of_the_queue() -> None:
+    s = make(slots=256, budget=64, chunk=64, running=4)
+    a, b, c = (request(x, [ord(x), ord(x) + 1, ord(x) + 2], 4) for x in "abc")
+    for r in (a, b, c):
+        s.add(r)
+    step(s)
+    s.retract(b)
+    s.retract(a)
+    assert s.stats.retractions == 2 and list(s.waiting) == [a, b] and s.running == [c]
+    assert a.status is Status.WAITING and b.status is Status.WAITING and not a.prompt_cached
+    conserved(s)
+
+
+def test_the_last_row_of_the_budget_goes_to_a_running_prefill() -> None:
+    s = make(slots=256, budget=2, chunk=8, running=4)
+    a, b = request("a", [1], 4), request("b", list(range(10, 20)), 2)
+    s.add(a)
+    s.add(b)
+    step(s)   # a's 1-token prompt, b's first token
+    batch = s.schedule()
+    assert [(it.seq.request_id, it.n, it.is_decode) for it in batch] == [("b", 1, False), ("a", 1, True)]
