@@ -1,7 +1,7 @@
 """int8 layer by layer against fp32, QKV bias included (issue 21: "a QKV bias dropped in int8").
 
-A tiny random Qwen2 checkpoint (q|k|v projections with bias, the biases drawn large so a lost
-bias is plain to see; no tokenizer, no real model) is loaded twice: fp32, and with exactly one
+A tiny random Qwen2-shaped model (q|k|v projections with bias, the biases drawn large so a lost
+bias is plain to see; built in memory: no checkpoint, no tokenizer, no real model) is taken twice: fp32, and with exactly one
 decoder layer int8 (every other layer and the LM head kept). Each int8 layer's prefill logits
 must stay within ``LAYER_REL_TOL`` of fp32's, and the same model with that layer's QKV bias
 zeroed must be far outside it — so an int8 layer that drops or doubles its bias fails.
@@ -10,7 +10,6 @@ zeroed must be far outside it — so an int8 layer that drops or doubles its bia
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,54 +17,42 @@ import torch
 import torch.nn.functional as F
 
 from prefixgate.local_engine import quant
-from prefixgate.local_engine.model import load_model
+from prefixgate.local_engine.model import CausalLM, ModelArgs
 from prefixgate.local_engine.quant import Int8Linear, linear_any, quantize_model
 from prefixgate.local_engine.quant_sensitivity import prefill
 
-# ‖logits(one layer int8) − logits(fp32)‖ / ‖logits(fp32)‖; measured 0.036 / 0.017 / 0.009 for
-# layers 0 / 1 / 2 of this checkpoint (its QKV bias zeroed instead: 1.01 / 0.51 / 0.29)
+# ‖logits(one layer int8) − logits(fp32)‖ / ‖logits(fp32)‖; measured 0.035 / 0.017 / 0.010 for
+# layers 0 / 1 / 2 of this model (its QKV bias zeroed instead: 1.00 / 0.45 / 0.24)
 LAYER_REL_TOL = 0.05
 LAYERS = 3
 IDS = [3, 17, 250, 96, 41, 7, 199, 128, 64, 5, 230, 12]
 
 
-def write_qwen2(dst: Path, bias_scale: float) -> Path:
-    """Write a 3-layer Qwen2 (hidden 64, 4 heads, 2 KV heads, vocab 256, its own LM head, fixed
-    seed; the tied-embedding case is ``test_quant_keep``'s tiny Llama) whose q/k/v
-    biases are ``bias_scale * N(0, 1)`` into ``dst``; return ``dst``."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    cfg = Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                      initializer_range=0.2, use_sliding_window=False)
-    torch.manual_seed(21)
-    model = Qwen2ForCausalLM(cfg).to(torch.float32)
-    gen = torch.Generator().manual_seed(22)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                proj.bias.copy_(bias_scale * torch.randn(proj.bias.shape, generator=gen))
-    model.save_pretrained(dst)
-    return dst
-
-
-@pytest.fixture(scope="module")
-def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_qwen2(tmp_path_factory.mktemp("qwen_bias"), 1.0)
-
-
-_LOADED: dict[tuple[Path, torch.dtype], Any] = {}
-
-
-def fp32(d: Path, dtype: torch.dtype = torch.float32) -> Any:
-    """A fresh copy of the checkpoint in ``d`` as a ``CausalLM`` (loaded once per dtype)."""
-    if (d, dtype) not in _LOADED:
-        _LOADED[(d, dtype)] = load_model(str(d), torch.device("cpu"), dtype)
-    model = copy.deepcopy(_LOADED[(d, dtype)])
+def qwen_like(dtype: torch.dtype = torch.float32) -> Any:
+    """A 3-layer Qwen2-shaped ``CausalLM`` (hidden 64, 4 heads, 2 KV heads, vocab 256, its own
+    LM head; the tied case is ``test_quant_keep``'s tiny Llama), built directly with fixed-seed
+    random weights (no checkpoint, no transformers) and q/k/v biases ``N(0, 1)``."""
+    if dtype not in _BUILT:
+        args = ModelArgs(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=LAYERS,
+                         num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5,
+                         max_position_embeddings=256, tie_word_embeddings=False, qkv_bias=True,
+                         rope_theta=10000.0, rope_scaling=None)
+        torch.manual_seed(21)
+        model = CausalLM(args)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, 0.2)
+            for layer in model.decoder_layers():
+                layer.qkv.bias.normal_(0.0, 1.0)
+        _BUILT[dtype] = model.to(dtype).eval()
+    model = copy.deepcopy(_BUILT[dtype])
     for layer in model.decoder_layers():
         layer.bind()
     return model
+
+
+_BUILT: dict[torch.dtype, Any] = {}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -73,44 +60,40 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("layer", range(LAYERS))
-def test_each_int8_layer_matches_fp32_within_tolerance_with_its_qkv_bias(
-        qwen_dir: Path, layer: int) -> None:
-    with_bias = qwen_dir
-    ref = prefill(fp32(with_bias), IDS)
+def test_each_int8_layer_matches_fp32_within_tolerance_with_its_qkv_bias(layer: int) -> None:
+    ref = prefill(qwen_like(), IDS)
     others = [i for i in range(LAYERS) if i != layer]
-    one_int8 = quantize_model(fp32(with_bias), "int8", keep_layers=others, keep_head=True)
+    one_int8 = quantize_model(qwen_like(), "int8", keep_layers=others, keep_head=True)
     got = prefill(one_int8, IDS)
     assert rel(got, ref) <= LAYER_REL_TOL
     # the test has power: this layer without its bias (in fp32, so no quantization error at all)
     # is several tolerances away
-    unbiased = fp32(with_bias)
+    unbiased = qwen_like()
     unbiased.decoder_layers()[layer].qkv.bias.zero_()
     unbiased.decoder_layers()[layer].bind()
     assert rel(prefill(unbiased, IDS), ref) > 4 * LAYER_REL_TOL
 
 
-def test_the_whole_model_int8_stays_close_and_frees_the_float_weights(qwen_dir: Path) -> None:
-    with_bias = qwen_dir
-    ref = prefill(fp32(with_bias), IDS)
-    q = quantize_model(fp32(with_bias), "int8")
+def test_the_whole_model_int8_stays_close_and_frees_the_float_weights() -> None:
+    ref = prefill(qwen_like(), IDS)
+    q = quantize_model(qwen_like(), "int8")
     got = prefill(q, IDS)
     assert rel(got, ref) <= 2 * LAYER_REL_TOL
     for lyr in q.decoder_layers():
         assert all(m.weight.numel() == 0 for m in (lyr.qkv, lyr.o_proj, lyr.gate_up, lyr.down))
     assert q.lm_head is not None and q.lm_head.weight.numel() == 0
-    kept = quantize_model(fp32(with_bias), "int8", keep_layers=list(range(LAYERS)), keep_head=True)
+    kept = quantize_model(qwen_like(), "int8", keep_layers=list(range(LAYERS)), keep_head=True)
     assert rel(prefill(kept, IDS), ref) < 1e-5  # nothing int8: fp32 up to summation order
     for lyr in kept.decoder_layers():
         assert lyr.qkv.weight.numel() == 0  # the kept products hold their own copies
 
 
-def test_bf16_model_quantizes_and_answers_in_bf16(qwen_dir: Path) -> None:
+def test_bf16_model_quantizes_and_answers_in_bf16() -> None:
     """bf16 on CPU: the kept products fall back to ``F.linear`` (no packed fp32 path) and the int8
     products answer in the activations' dtype."""
-    with_bias = qwen_dir
-    ref = prefill(fp32(with_bias), IDS)
-    bf = fp32(with_bias, torch.bfloat16)
-    kept = quantize_model(fp32(with_bias, torch.bfloat16), "int8", keep_layers=list(range(LAYERS)),
+    ref = prefill(qwen_like(), IDS)
+    bf = qwen_like(torch.bfloat16)
+    kept = quantize_model(qwen_like(torch.bfloat16), "int8", keep_layers=list(range(LAYERS)),
                           keep_head=True)
     assert torch.allclose(prefill(kept, IDS), prefill(bf, IDS), atol=1e-2, rtol=0)
     q = quantize_model(bf, "int8", keep_layers=[0], keep_head=False)
@@ -145,11 +128,11 @@ def test_a_zero_row_quantizes_to_zero_without_dividing_by_zero() -> None:
     assert float(lin(torch.zeros(3, 16)).abs().max()) == 0.0  # an all-zero activation row too
 
 
-def test_kept_layer_indices_must_lie_in_the_model(qwen_dir: Path) -> None:
-    quantize_model(fp32(qwen_dir), "int8", keep_layers=[0, LAYERS - 1])
+def test_kept_layer_indices_must_lie_in_the_model() -> None:
+    quantize_model(qwen_like(), "int8", keep_layers=[0, LAYERS - 1])
     for bad in ([LAYERS], [-1]):
         with pytest.raises(ValueError, match="out of range"):
-            quantize_model(fp32(qwen_dir), "int8", keep_layers=bad)
+            quantize_model(qwen_like(), "int8", keep_layers=bad)
 
 
 class _CpuInfo:
