@@ -304,6 +304,10 @@ def test_verify_applies_biases_with_the_history_at_each_draft_position() -> None
     logits = torch.zeros(3, V)
     logits[:, 1], logits[:, 2] = 5.0, 4.0
     assert spec.verify(request("p", params=pen), logits.clone(), Draft([1, 1])) == ([1], 2)
+    # the penalty counts completion tokens only: 12 is in the prompt, so row 0 keeps it on top
+    logits12 = torch.zeros(2, V)
+    logits12[:, 12], logits12[:, 3] = 5.0, 4.0
+    assert spec.verify(request("q", params=pen), logits12, Draft([12])) == ([12], 3)
     biased = SamplingParams(max_tokens=64, temperature=0.0, logit_bias={6: 100.0})
     assert spec.verify(request("b", params=biased), logits.clone(), Draft([6, 6])) == ([6, 6], 6)
     assert spec.verify(request("g"), logits.clone(), Draft([1, 1])) == ([1, 1], 1)
@@ -347,8 +351,28 @@ def test_release_forgets_the_request_and_tells_the_drafter() -> None:
 
 
 def test_k_max_below_one_is_refused() -> None:
-    with pytest.raises(ValueError, match="num_speculative_tokens"):
+    with pytest.raises(ValueError, match="^num_speculative_tokens must be >= 1$"):
         SpecDecoder(Recorder(), k_max=0)
+
+
+def test_defaults_draft_four_tokens_within_sixteen_rows() -> None:
+    spec = SpecDecoder(Recorder())
+    assert drafted(spec.propose([request("a")], budget=100)) == [4]
+    reqs = [request(f"r{i}") for i in range(15)]  # 15 decode rows of 16: one spare row
+    assert drafted(SpecDecoder(Recorder()).propose(reqs, budget=100)) == [1] + [0] * 14
+
+
+def test_a_partial_acceptance_counts_two_trials_not_three() -> None:
+    """From 0.7, one of two accepted (rate 1/2): 0.64; then four misses give 0.154 (still
+    drafting) and the fifth 0.108 (paused). A rate of 1/3 would pause at the fourth miss."""
+    spec = SpecDecoder(Recorder(), k_max=2, max_batch_tokens=64)
+    r = request("r")
+    spec.verify(r, rows(1, 9, 9), Draft([1, 2]))
+    for _ in range(4):
+        reject(spec, r)
+    assert drafts_next(spec, r, 1) == [1]
+    reject(spec, r)
+    assert drafts_next(spec, r, 1) == [0]
 
 
 def test_stats_add_the_suffix_index_figures() -> None:
@@ -357,7 +381,7 @@ def test_stats_add_the_suffix_index_figures() -> None:
             self.nbytes, self.num_namespaces, self.evicted_docs = nbytes, ns, ev
 
     spec = SpecDecoder(Recorder(), k_max=2)
-    spec.suffix_indexes = [Index(100, 2, 1), Index(50, 3, 4)]
+    spec.suffix_indexes = [Index(100, 2, 1), Index(50, 3, 4)]  # as spec_factory sets them
     st = spec.stats()
     assert (st["spec_suffix_index_bytes"], st["spec_suffix_namespaces"], st["spec_suffix_evicted_docs"]) \
         == (150, 5, 5)
