@@ -116,7 +116,11 @@ def setup_cfg(module: str, tests: list[str], others: list[str]) -> str:
 def mutmut(work: Path, *args: str, capture: bool = False) -> subprocess.CompletedProcess[str]:
     """Run ``python -m mutmut ARGS`` in ``work`` (no PYTHONPATH: mutmut puts mutants/ first)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HYPOTHESIS_PROFILE="ci", PREFIXGATE_DATA_DIR=str(DATA))
+    # one torch / OpenMP thread: a second thread spinning in a forked child counts against the
+    # child's CPU-time limit, and a run on the shared box then reads as "timed out" (killed)
+    # for mutants whose tests in fact pass (seen on spec_decode.py and quant.py)
+    env.update(HYPOTHESIS_PROFILE="ci", PREFIXGATE_DATA_DIR=str(DATA), OMP_NUM_THREADS="1",
+               MKL_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=work, env=env, text=True,
                           capture_output=capture)
 
