@@ -38,6 +38,16 @@ SQL_CASE = "SQLite keywords and (unquoted) column names are case-insensitive: th
 SEPARATORS = ("the data column is only read back through json.loads: the default separators change its "
               "whitespace, not a value")
 
+CPU_RAND = ("torch.rand's default device is the CPU, where p is on this box (no GPU here: on a CUDA engine "
+            "the draw would follow the generator's device)")
+RESIDUAL = ("unreachable else: max(0, p - q) sums to 0 only when p <= q everywhere, i.e. p = q, where the "
+            "ratio is 1 and x was accepted (a deterministic drafter: p(x) = 1 likewise)")
+PAUSE_COUNT = ("from the first estimate 0.7 the EMA is >= 0.7^4 = 0.24 for three drafts and first falls under "
+               "0.15 at the fifth (0.118), so the drafts test (>= 4, > 4, >= 5, counting by 2) never decides")
+FREED = ("the freed float weight is never read again (the products hold their own copies): an empty "
+         "Parameter from None / no data, or one with requires_grad, frees it the same way at inference")
+VNNI_DEFAULT = ("linear_dynamic's reduce_range defaults to False, which is what this CPU (avx512_vnni) uses; "
+                "on a CPU without VNNI the activations would be 8-bit instead of 7-bit (rounding only)")
 RUNNING_COMPUTED = ("a running request has computed at least its first chunk (admission schedules one in the "
                     "same step), so num_computed > 0 whenever it is running")
 ONE_LEFT = ("a running request with one token to compute is a decode (num_computed > 0, see RUNNING_COMPUTED) "
@@ -268,6 +278,70 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
         "xǁSpecDecoderǁpropose__mutmut_38": (
             "share = allowance // (len(decodes) - i) if allowance > len(decodes) - i else (",
             "when the allowance equals the requests left, allowance // left is 1, as the else branch gives"),
+        "x_verify_sampled__mutmut_17": (
+            "ratio = px if q is None else min(2.0, px / max(float(q[x]), 1e-20))",
+            "u is in [0, 1): a ratio capped at 2 passes u < ratio exactly when one capped at 1 does"),
+        "x_verify_sampled__mutmut_29": ("u = float(torch.rand(1, generator=gen, device=None).item())", CPU_RAND),
+        "x_verify_sampled__mutmut_32": ("u = float(torch.rand(1, generator=gen, ).item())", CPU_RAND),
+        "x_verify_sampled__mutmut_34": (
+            "if u <= ratio:", "differs only when the uniform equals the ratio exactly (p(x) = 0 and u = 0.0)"),
+        "x_verify_sampled__mutmut_48": (
+            "nxt = _draw(residual / total, gen) if (total > 0) or True else _draw(p, gen)", RESIDUAL),
+        "x_verify_sampled__mutmut_53": (
+            "nxt = _draw(residual * total, gen) if total > 0 else _draw(p, gen)",
+            "torch.multinomial normalises its weights: residual * total draws as residual / total"),
+        "x_verify_sampled__mutmut_54": (
+            "nxt = _draw(residual / total, gen) if total >= 0 else _draw(p, gen)", RESIDUAL),
+        "x_verify_sampled__mutmut_56": (
+            "nxt = _draw(residual / total, gen) if total > 0 else _draw(None, gen)", RESIDUAL),
+        "x_verify_sampled__mutmut_57": (
+            "nxt = _draw(residual / total, gen) if total > 0 else _draw(p, None)", RESIDUAL),
+        "x_verify_sampled__mutmut_58": (
+            "nxt = _draw(residual / total, gen) if total > 0 else _draw(gen)", RESIDUAL),
+        "x_verify_sampled__mutmut_59": (
+            "nxt = _draw(residual / total, gen) if total > 0 else _draw(p, )", RESIDUAL),
+        "xǁSpecDecoderǁ__init____mutmut_20": (
+            "self.suffix_indexes: list[Any] = None  # suffix_index.SuffixIndex, for stats()",
+            "stats() reads the list for its truth (None and [] both: no index) and spec_factory assigns it"),
+        "xǁSpecDecoderǁverify__mutmut_56": (
+            "st.k = min(self.k_max, st.k + 1) if (m == k) and False else max(1, m + 1)",
+            "after a full acceptance m + 1 = k + 1, and propose drafts min(st.k, cap) with cap <= k_max"),
+        "xǁSpecDecoderǁverify__mutmut_88": ("st.drafts += 2", PAUSE_COUNT),
+        "xǁSpecDecoderǁverify__mutmut_90": ("if st.drafts > 4 and st.ema < PAUSE_BELOW:", PAUSE_COUNT),
+        "xǁSpecDecoderǁverify__mutmut_91": ("if st.drafts >= 5 and st.ema < PAUSE_BELOW:", PAUSE_COUNT),
+        "xǁSpecDecoderǁverify__mutmut_92": (
+            "if st.drafts >= 4 and st.ema <= PAUSE_BELOW:", "differs only when the estimate is exactly 0.15"),
+    },
+    "prefixgate/local_engine/quant.py": {
+        "x__full_precision__mutmut_2": (
+            "if cpu_linear.available(weight.device, None):",
+            "the kept product falls back to F.linear: the same fp32 product summed in another order (speed only)"),
+        "x_quantize_model__mutmut_46": ("mod.weight = torch.nn.Parameter(None, requires_grad=False)", FREED),
+        "x_quantize_model__mutmut_48": ("mod.weight = torch.nn.Parameter(requires_grad=False)", FREED),
+        "x_quantize_model__mutmut_49": ("mod.weight = torch.nn.Parameter(torch.empty(0), )", FREED),
+        "x_quantize_model__mutmut_52": ("mod.weight = torch.nn.Parameter(torch.empty(0), requires_grad=True)", FREED),
+        "x_quantize_model__mutmut_55": ("model.lm_head.weight = torch.nn.Parameter(None, requires_grad=False)", FREED),
+        "x_quantize_model__mutmut_57": ("model.lm_head.weight = torch.nn.Parameter(requires_grad=False)", FREED),
+        "x_quantize_model__mutmut_58": ("model.lm_head.weight = torch.nn.Parameter(torch.empty(0), )", FREED),
+        "x_quantize_model__mutmut_61": (
+            "model.lm_head.weight = torch.nn.Parameter(torch.empty(0), requires_grad=True)", FREED),
+        "xǁInt8Linearǁ__call____mutmut_8": (
+            "y = torch.ops.quantized.linear_dynamic(xf, self.packed, None)", VNNI_DEFAULT),
+        "xǁInt8Linearǁ__call____mutmut_11": ("y = torch.ops.quantized.linear_dynamic(xf, self.packed, )", VNNI_DEFAULT),
+        "xǁInt8Linearǁ__call____mutmut_26": (
+            "y = torch.ops.quantized.linear_dynamic(xf / r, self.packed, None) * r", VNNI_DEFAULT),
+        "xǁInt8Linearǁ__call____mutmut_29": (
+            "y = torch.ops.quantized.linear_dynamic(xf / r, self.packed, ) * r", VNNI_DEFAULT),
+        "xǁInt8Linearǁ__call____mutmut_18": (
+            "r = xf.abs().amax(dim=+1, keepdim=True).clamp_min(1e-12)", "x is 2-D [T, in]: dim +1 is dim -1"),
+        "xǁInt8Linearǁ__call____mutmut_2": (
+            "if xf.shape[0] == 1:  # one row: the per-tensor scale is already per token".replace(
+                "xf.shape[0]", "xf.shape[1]"),
+            "one row through the per-token path is the per-tensor product (r is its own scale), rescaled"),
+        "xǁInt8Linearǁ__call____mutmut_34": (
+            "return y if (y.dtype == x.dtype) and False else y.to(x.dtype)", "Tensor.to(its own dtype) is a no-op"),
+        "xǁInt8Linearǁ__init____mutmut_36": (
+            "self.packed = torch.ops.quantized.linear_prepack(q, )", "linear_prepack's bias defaults to None"),
     },
     "prefixgate/local_engine/scheduler.py": {
         "xǁSchedulerǁcomplete_step__mutmut_9": (

@@ -177,3 +177,47 @@ def test_int8_on_cuda_matches_fp32_bias_included() -> None:
     got = lin(x)
     assert got.dtype == torch.float32 and rel(got - b, ref - b) < 0.02
     assert rel(lin.dequantized(), w) < 0.01
+
+
+def test_the_lm_head_is_int8_unless_kept_and_every_unkept_layer_is_int8() -> None:
+    ref = prefill(qwen_like(), IDS)
+    default = prefill(quantize_model(qwen_like(), "int8"), IDS)
+    head_kept = prefill(quantize_model(qwen_like(), "int8", keep_head=True), IDS)
+    assert not torch.allclose(default, head_kept, atol=1e-4, rtol=0)  # keep_head defaults to False
+    assert rel(head_kept, ref) > 1e-3                                  # the layers are int8
+
+
+def test_bad_arguments_are_refused_with_their_message() -> None:
+    with pytest.raises(ValueError, match=r"^unknown quantization 'int3' \(one of \['int8'\]\)$"):
+        quantize_model(qwen_like(), "int3")
+    with pytest.raises(ValueError, match=r"^keep_layers \[3\] out of range 0\.\.2$"):
+        quantize_model(qwen_like(), "int8", keep_layers=[3])
+
+
+def test_per_channel_scales_bound_each_weight_error() -> None:
+    torch.manual_seed(0)
+    w = torch.randn(96, 64) * torch.linspace(0.01, 2.0, 96)[:, None]
+    q = Int8Linear(w, None)
+    assert bool(((q.dequantized() - w).abs() <= q.scale[:, None] / 2 + 1e-7).all())
+    assert q.qweight.dtype == torch.int8 and int(q.qweight.abs().max()) == 127
+    assert torch.allclose(q.scale, w.abs().amax(dim=1) / 127)
+
+
+def test_two_rows_of_very_different_size_are_each_accurate() -> None:
+    torch.manual_seed(7)
+    w = torch.randn(32, 16) * 0.1
+    x = torch.randn(2, 16) * torch.tensor([[1e-3], [1e2]])
+    got, ref = Int8Linear(w, None)(x), F.linear(x, w)
+    assert rel(got[0], ref[0]) < 0.02 and rel(got[1], ref[1]) < 0.02
+
+
+def test_on_another_device_the_weights_are_int8_and_the_product_keeps_the_shape() -> None:
+    """The non-CPU path (dequantizing matmul) on the ``meta`` device: dtypes and shapes only (its
+    values are checked by the CUDA test where a GPU exists)."""
+    for dt in (torch.float32, torch.bfloat16):  # the model's dtype: weights, bias, activations
+        w, b = torch.randn(8, 4, device="meta", dtype=dt), torch.randn(8, device="meta", dtype=dt)
+        for bias in (b, None):
+            lin = Int8Linear(w, bias)
+            assert lin.qweight.dtype == torch.int8 and lin.qweight.shape == (8, 4)
+            y = lin(torch.randn(3, 4, device="meta", dtype=dt))
+            assert y.shape == (3, 8) and y.dtype == dt
