@@ -44,6 +44,8 @@ RESIDUAL = ("unreachable else: max(0, p - q) sums to 0 only when p <= q everywhe
             "ratio is 1 and x was accepted (a deterministic drafter: p(x) = 1 likewise)")
 PAUSE_COUNT = ("from the first estimate 0.7 the EMA is >= 0.7^4 = 0.24 for three drafts and first falls under "
                "0.15 at the fifth (0.118), so the drafts test (>= 4, > 4, >= 5, counting by 2) never decides")
+CLAMP = ("the non-CPU weights' clamp never binds: s = max|W[o, :]| / 127, so |W / s| <= 127 and rounds "
+         "into [-127, 127] whatever the bounds (the CPU path quantizes with torch's own kernel)")
 FREED = ("the freed float weight is never read again (the products hold their own copies): an empty "
          "Parameter from None / no data, or one with requires_grad, frees it the same way at inference")
 VNNI_DEFAULT = ("linear_dynamic's reduce_range defaults to False, which is what this CPU (avx512_vnni) uses; "
@@ -340,6 +342,16 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             "one row through the per-token path is the per-tensor product (r is its own scale), rescaled"),
         "xǁInt8Linearǁ__call____mutmut_34": (
             "return y if (y.dtype == x.dtype) and False else y.to(x.dtype)", "Tensor.to(its own dtype) is a no-op"),
+        "xǁInt8Linearǁ__init____mutmut_42": (
+            "self.qweight = torch.round(w / self.scale[:, None]).clamp(None, 127).to(torch.int8)", CLAMP),
+        "xǁInt8Linearǁ__init____mutmut_43": (
+            "self.qweight = torch.round(w / self.scale[:, None]).clamp(-127, None).to(torch.int8)", CLAMP),
+        "xǁInt8Linearǁ__init____mutmut_45": (
+            "self.qweight = torch.round(w / self.scale[:, None]).clamp(-127, ).to(torch.int8)", CLAMP),
+        "xǁInt8Linearǁ__init____mutmut_49": (
+            "self.qweight = torch.round(w / self.scale[:, None]).clamp(-128, 127).to(torch.int8)", CLAMP),
+        "xǁInt8Linearǁ__init____mutmut_50": (
+            "self.qweight = torch.round(w / self.scale[:, None]).clamp(-127, 128).to(torch.int8)", CLAMP),
         "xǁInt8Linearǁ__init____mutmut_36": (
             "self.packed = torch.ops.quantized.linear_prepack(q, )", "linear_prepack's bias defaults to None"),
     },
