@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TypedDict
 
+from bench.mutation_score import TARGETS
+
 
 class Mutant(TypedDict):
     """One mutant (module docstring)."""
@@ -49,6 +51,20 @@ SPEC = ["tests/engine/test_spec_rollback.py", "tests/engine/test_spec_verify.py"
 ROUTE = ["tests/routing/test_breaker_machine.py", "tests/routing/test_retries_pinned.py"]
 LIMIT = ["tests/proxy/test_ratelimit_pinned.py"]
 ATTR = ["tests/cache/test_attribution_pinned.py"]
+SPEC_STEP = ["tests/engine/test_spec_step_rules.py"]
+SCHED_STEP = ["tests/engine/test_scheduler_step_rules.py", "tests/engine/test_scheduler_pool_pressure.py"]
+QUANT = ["tests/engine/test_quant_layers.py"]
+TOOLS = ["tests/engine/test_tool_constraint_pinned.py"]
+RESP = ["tests/proxy/test_responses_api.py", "tests/proxy/test_bridge_lossless.py"]
+CF = ["tests/proxy/test_measured_counterfactual.py", "tests/proxy/test_savings_e2e.py",
+      "tests/proxy/test_counterfactual_tokens.py"]
+
+
+def T(part: str) -> list[str]:
+    """The test files :data:`bench.mutation_score.TARGETS` gives the one module whose path holds
+    ``part``."""
+    (tests,) = [t for mod, t in TARGETS.items() if part in mod]
+    return tests
 
 
 def m(id: str, file: str, original: str, replacement: str, tests: list[str], bug: str) -> Mutant:
@@ -63,8 +79,8 @@ MUTANTS: list[Mutant] = [
       "return sorted(tools, key=lambda t: t.name, reverse=True), None", CANON,
       "wrong sort direction"),
     m("canon_drops_a_tool", "prefixgate/rewriter/canonicalize_tools.py",
-      "canon = [canonical_tool(t, sort_props) for t in ordered]",
-      "canon = [canonical_tool(t, sort_props) for t in ordered[:-1] or ordered]", CANON,
+      "canon, mem = [canonical_tool(t, sort_props) for t in ordered], {}",
+      "canon, mem = [canonical_tool(t, sort_props) for t in ordered[:-1] or ordered], {}", CANON,
       "a tool lost while reordering (the audit's canonicalize_tools mutant)"),
     m("canon_sorts_property_order", "prefixgate/rewriter/canonicalize_tools.py",
       "keys = list(v) if (_in_names and not sort_properties) else sorted(v)",
@@ -124,7 +140,8 @@ MUTANTS: list[Mutant] = [
     m("a2o_length_stop_reason", "prefixgate/proxy/bridges/anthropic_openai.py",
       '"length": "max_tokens"', '"length": "end_turn"', A2O, "wrong stop-reason mapping"),
     m("a2o_stream_usage_dropped", "prefixgate/proxy/bridges/anthropic_openai.py",
-      'self.usage = usage_to_anthropic(chunk["usage"])', "self.usage = usage_to_anthropic({})",
+      "self.usage = usage_to_anthropic(filled_usage(self.last_usage, self.engine))",
+      "self.usage = usage_to_anthropic({})",
       A2O, "the stream's usage chunk is ignored"),
     m("a2o_stream_tool_delta_index", "prefixgate/proxy/bridges/anthropic_openai.py",
       '"type": "content_block_delta", "index": self.tool_blocks[i],',
@@ -242,4 +259,120 @@ MUTANTS: list[Mutant] = [
     m("attribution_remainder_double_counts", "prefixgate/cache/attribution.py",
       "rest = total - sum(out.values())", "rest = total", ATTR,
       "the unattributed remainder repeats the whole saving: the parts no longer add up"),
+    # -- issue 21, round two: the audit's classes (each module's tests: mutation_score.TARGETS) --
+    m("retries_retried_answer_not_released", "prefixgate/proxy/routing/retries.py",
+      "                    await resp.aclose()\n                release()\n",
+      "                    await resp.aclose()\n", T("retries"),
+      "a retried response's in-flight count is never released on the retry-status path"),
+    m("retries_next_is_most_loaded", "prefixgate/proxy/routing/retries.py",
+      "key=lambda i: (loads[i], rank[i]))", "key=lambda i: (-loads[i], rank[i]))", T("retries"),
+      "the next deployment is the most loaded one"),
+    m("breaker_success_keeps_streak", "prefixgate/proxy/routing/breaker.py",
+      "self._note(True)\n        self.consecutive = 0\n", "self._note(True)\n", T("breaker"),
+      "a success does not reset the consecutive-failure streak"),
+    m("breaker_peer_closes_half_open", "prefixgate/proxy/routing/breaker.py",
+      "if self.state == OPEN:\n            self.state, self.consecutive",
+      "if self.state != CLOSED:\n            self.state, self.consecutive", T("breaker"),
+      "a peer's success closes a half-open breaker whose own probe is in flight"),
+    m("balance_replaced_key_keeps_load", "prefixgate/proxy/routing/balance.py",
+      "            self._live[held[0]] -= 1\n", "", T("balance"),
+      "a re-placed session key never decrements the load of where it was"),
+    m("balance_cap_off_by_one", "prefixgate/proxy/routing/balance.py",
+      "if self._live[names[i]] < cap)", "if self._live[names[i]] <= cap)", T("balance"),
+      "the bounded-load capacity floor admits one more than the cap"),
+    m("shared_load_refreshed_after_expiry", "prefixgate/proxy/routing/shared.py",
+      "> self.load_ttl_s / 2):", "> self.load_ttl_s):", T("routing/shared"),
+      "a live load entry is rewritten only after it expired (others see the load vanish)"),
+    m("routing_fallback_loses_model", "prefixgate/config/routing.py",
+      "if isinstance(f, str) else f)",
+      "if isinstance(f, str) else FallbackTarget(backend=f.backend, model=self.model))",
+      T("config/routing"), "a fallback's own model name replaced by the route's"),
+    m("ratelimit_retry_after_rounded_down", "prefixgate/proxy/http/ratelimit.py",
+      "max(1, math.ceil((w + 1) * WINDOW_S - now))", "max(1, math.floor((w + 1) * WINDOW_S - now))",
+      T("ratelimit"), "retry-after rounded down: the client retries before the window turns"),
+    m("responses_cache_key_overridden", "prefixgate/proxy/bridges/responses_identity.py",
+      "if key in rewritten.body and key not in body:", "if key in rewritten.body:", RESP,
+      "the client's own prompt_cache_key overridden by the rewriter's"),
+    m("responses_items_out_of_order", "prefixgate/proxy/bridges/responses_chat_stream.py",
+      "[it for _, it in sorted(done, key=lambda d: d[0])]", "[it for _, it in done]", RESP,
+      "the final response's output items in kind order, not output_index order"),
+    m("responses_failed_stream_stored", "prefixgate/proxy/bridges/responses_chat_stream.py",
+      '        return out + [self._ev("response.failed", response=r)]',
+      '        if self.on_done is not None:\n            self.on_done(r)\n'
+      '        return out + [self._ev("response.failed", response=r)]', RESP,
+      "a failed stream stored as a response"),
+    m("responses_store_replace_counted_twice", "prefixgate/cache/responses_store.py",
+      "            self._drop(rec.id)\n            if size", "            if size", T("responses_store"),
+      "a replaced entry counted twice against the byte bound"),
+    m("token_radix_lru_is_fifo", "prefixgate/cache/provider_models/token_radix.py",
+      "            child.last_access = now\n            pos += n", "            pos += n",
+      T("token_radix"), "a match does not refresh recency: LRU turned FIFO"),
+    m("token_radix_kept_parent_evicted", "prefixgate/cache/provider_models/token_radix.py",
+      "and not parent.children and id(parent) not in keep:", "and not parent.children:",
+      T("token_radix"), "the parent of an evicted leaf is evicted although the insert keeps it"),
+    m("savings_zero_counts_as_hit", "prefixgate/cache/savings.py",
+      "sum(1 for c in known if c > 0)", "sum(1 for c in known if c >= 0)", T("cache/savings"),
+      "a request with 0 cached tokens counted into the hit rate"),
+    m("savings_top_breaks_ascending", "prefixgate/cache/savings.py",
+      'key=lambda e: (-e["tokens_lost"], -e["count"]))[:limit]',
+      'key=lambda e: (e["tokens_lost"], -e["count"]))[:limit]', T("cache/savings"),
+      "top-N cache breaks sorted the wrong way (the smallest losses first)"),
+    m("savings_writes_counted_uncached", "prefixgate/cache/savings.py",
+      'max(0, d.get("usage_prompt", 0) - read - write)', 'max(0, d.get("usage_prompt", 0) - read)',
+      T("cache/savings"), "cache writes counted as uncached tokens"),
+    m("rollup_prompt_without_cached", "prefixgate/cache/rollup.py",
+      '"prompt_tokens": prompt or 0,', '"prompt_tokens": (prompt or 0) - (cached or 0),',
+      T("rollup"), "prompt totals exclude the cached tokens"),
+    m("holdout_min_is_max", "prefixgate/cache/holdout_stats.py",
+      "small = min(len(rewritten), len(holdout)) < MIN_PER_ARM",
+      "small = max(len(rewritten), len(holdout)) < MIN_PER_ARM", T("holdout"),
+      "the too-few-samples rule reads the larger arm, not the smaller"),
+    m("holdout_includes_errors", "prefixgate/cache/holdout_stats.py",
+      'rs = [r for r in records if (r.get("status") or "ok") == "ok"', "rs = [r for r in records if True",
+      T("holdout"), "errored requests included in the holdout comparison"),
+    m("exchange_counterfactual_not_recorded", "prefixgate/proxy/pipeline/exchange.py",
+      "        measured_counterfactual(self.row)\n", "", CF,
+      "a row's measured counterfactual is never recorded"),
+    m("stabilise_moves_marked_run", "prefixgate/rewriter/stabilise_passages.py",
+      'citations_enabled(r) or isinstance(r.get("cache_control"), dict)', "citations_enabled(r)",
+      ["tests/rewriter/test_stabilise_passages.py"], "a run with a cache_control marker is reordered"),
+    m("ttl_tool_results_ignored", "prefixgate/rewriter/ttl_choice.py",
+      'if last.role == "tool" or any(b.type == "tool_result" for b in last.blocks):',
+      'if last.role == "tool":', T("ttl_choice"), "an Anthropic tool_result turn counted as the user's"),
+    m("ttl_oldest_gaps_kept", "prefixgate/rewriter/ttl_choice.py",
+      "round(now_s - float(last), 1)][-MAX_GAPS:]", "round(now_s - float(last), 1)][:MAX_GAPS]",
+      T("ttl_choice"), "the oldest gaps kept instead of the newest"),
+    m("fanout_failed_writer_warms", "prefixgate/proxy/routing/fanout.py",
+      "if not ok or started is None:", "if started is None:", T("fanout"),
+      "a failed writer still marks the prefix warm"),
+    m("fanout_ewma_swapped", "prefixgate/proxy/routing/fanout.py",
+      "(1 - EWMA_WEIGHT) * self.ttft_ewma_s + EWMA_WEIGHT * ttft)",
+      "EWMA_WEIGHT * self.ttft_ewma_s + (1 - EWMA_WEIGHT) * ttft)", T("fanout"), "EWMA weights swapped"),
+    m("ledger_writer_not_woken", "prefixgate/cache/ledger_writer.py",
+      "                self._cv.notify_all()  # wake the writer", "                pass  # wake the writer",
+      T("ledger_writer"), "the writer is not woken when a batch starts or fills"),
+    m("ledger_flush_counter_leaks", "prefixgate/cache/ledger_writer.py",
+      "            finally:\n                self._flushing -= 1", "            finally:\n                pass",
+      T("ledger_writer"), "a flush never gives back its count: the writer stays in flush mode"),
+    m("spec_allowance_never_spent", "prefixgate/local_engine/spec_decode.py",
+      "                    allowance -= len(d.tokens)\n", "", SPEC_STEP,
+      "a draft does not spend the step's allowance: later requests draft past the row cap"),
+    m("spec_k_past_max_tokens", "prefixgate/local_engine/spec_decode.py",
+      "k = min(st.k, cap, share, seq.max_tokens - seq.num_completion - 1)", "k = min(st.k, cap, share)",
+      SPEC_STEP, "k drafted past max_tokens"),
+    m("sched_draft_budget_not_charged", "prefixgate/local_engine/scheduler.py",
+      "                    self.kv.grow(s, k)\n                    budget -= k\n",
+      "                    self.kv.grow(s, k)\n", SCHED_STEP,
+      "a draft's tokens not charged to the step budget: the next draft overruns it"),
+    m("sched_hit_kept_for_unadmitted", "prefixgate/local_engine/scheduler.py",
+      "self.stats.cache_hit_tokens -= seq.cached_tokens or 0", "pass", SCHED_STEP,
+      "an undone admission keeps its cache-hit tokens (counted again when it runs)"),
+    m("quant_qkv_bias_dropped", "prefixgate/local_engine/quant.py",
+      "mk(w_qkv, b_qkv)", "mk(w_qkv, None)", QUANT, "the QKV bias dropped in int8"),
+    m("tool_mask_allowed_defaults_required", "prefixgate/local_engine/server/tool_mask.py",
+      'mode = spec.get("mode", "auto")', 'mode = spec.get("mode", "required")', TOOLS,
+      "allowed_tools without a mode forces a call"),
+    m("constrained_array_items_unbounded", "prefixgate/local_engine/server/constrained.py",
+      'for key in ("items", "additionalProperties", "not"):', 'for key in ("additionalProperties", "not"):',
+      TOOLS, "strings inside array items get no maxLength: the grammar repeats without bound"),
 ]

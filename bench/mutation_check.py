@@ -65,7 +65,7 @@ def check_snippets(mutants: list[Mutant], root: Path) -> None:
         raise SystemExit("stale mutants (snippet must occur exactly once):\n  " + "\n  ".join(bad))
 
 
-def run_tests(root: Path, tests: list[str], seed: int) -> str:
+def run_tests(root: Path, tests: list[str], seed: int, timeout_s: float = TIMEOUT_S) -> str:
     """``"failed"`` / ``"passed"`` / ``"timeout"`` for one pytest run in ``root``."""
     shutil.rmtree(root / ".hypothesis", ignore_errors=True)
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "not slow",
@@ -74,7 +74,7 @@ def run_tests(root: Path, tests: list[str], seed: int) -> str:
     # "dev" honours the seed, so the three seeds really draw different examples
     env = dict(os.environ, PREFIXGATE_DATA_DIR=str(DATA), HYPOTHESIS_PROFILE=PROFILE)
     try:
-        rc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, timeout=TIMEOUT_S).returncode
+        rc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, timeout=timeout_s).returncode
     except subprocess.TimeoutExpired:
         return "timeout"
     return "passed" if rc == 0 else "failed"
@@ -86,14 +86,14 @@ def status_of(seeds: dict[int, str]) -> str:
     return "killed" if all(caught) else "survived" if not any(caught) else "flaky"
 
 
-def run_mutant(m: Mutant, base: Path, seeds: list[int]) -> dict[str, Any]:
+def run_mutant(m: Mutant, base: Path, seeds: list[int], timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
     """Apply ``m`` to a private copy of ``base``, run its tests per seed, return its record."""
     with tempfile.TemporaryDirectory(prefix=f"pg-mut-{m['id']}-") as tmp:
         root = Path(tmp) / "repo"
         shutil.copytree(base, root)
         path = root / m["file"]
         path.write_text(path.read_text().replace(m["original"], m["replacement"], 1))
-        results = {s: run_tests(root, m["tests"], s) for s in seeds}
+        results = {s: run_tests(root, m["tests"], s, timeout_s) for s in seeds}
     return {"id": m["id"], "file": m["file"], "bug": m["bug"], "tests": m["tests"],
             "seeds": {str(k): v for k, v in results.items()}, "status": status_of(results)}
 
@@ -104,6 +104,8 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", help="mutant ids to run (default: all)")
     ap.add_argument("--jobs", type=int, default=1, help="mutants run in parallel")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--timeout", type=float, default=TIMEOUT_S,
+                    help="seconds one pytest run may take (a shared, loaded box needs more)")
     args = ap.parse_args()
     mutants = [m for m in MUTANTS if not args.only or m["id"] in args.only]
     t0 = time.perf_counter()
@@ -113,16 +115,17 @@ def main() -> int:
         scratch_copy(base)
         check_snippets(mutants, base)
         selected = sorted({t for m in mutants for t in m["tests"]})
-        baseline = run_tests(base, selected, args.seeds[0])
+        baseline = run_tests(base, selected, args.seeds[0], args.timeout)
         if baseline != "passed":
             raise SystemExit(f"baseline: the selected tests do not pass unmutated ({baseline})")
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            records = list(pool.map(lambda m: run_mutant(m, base, args.seeds), mutants))
+            records = list(pool.map(lambda m: run_mutant(m, base, args.seeds, args.timeout), mutants))
     for r in records:
         print(f"{r['status']:9s} {r['id']:40s} {r['seeds']}")
     figures = {k: sum(r["status"] == k for r in records) for k in ("killed", "flaky", "survived")}
     seeds = " ".join(map(str, args.seeds))
     only = f" --only {' '.join(args.only)}" if args.only else ""
+    only += f" --timeout {args.timeout:g}" if args.timeout != TIMEOUT_S else ""
     command = (f".venv/bin/python bench/mutation_check.py --seeds {seeds}{only}"
                f"  # HYPOTHESIS_PROFILE={PROFILE}")
     result = {"command": command, "figures": {"mutants": len(records), **figures},

@@ -78,6 +78,16 @@ TARGETS: dict[str, list[str]] = {
     "prefixgate/rewriter/stabilise_passages.py": ["tests/rewriter/test_stabilise_passages.py",
                                                   "tests/rewriter/test_passage_order_meaning.py",
                                                   "tests/rewriter/test_stabilise_passages_pinned.py"],
+    # test_spec_verify's χ² tests (12,000 draws each) cost minutes per mutant of verify_sampled;
+    # test_spec_sampled_pinned pins the same rule point by point in about a second
+    "prefixgate/local_engine/spec_decode.py": ["tests/engine/test_spec_step_rules.py",
+                                               "tests/engine/test_spec_sampled_pinned.py"],
+    "prefixgate/local_engine/scheduler.py": ["tests/engine/test_scheduler_pool_pressure.py",
+                                             "tests/engine/test_spec_rollback.py",
+                                             "tests/engine/test_scheduler_step_rules.py"],
+    # the engine-level int8 tests (test_quant, test_quant_keep) load a tokenizer and an engine per
+    # test: minutes per mutant on the shared box; test_quant_layers pins the same rules in memory
+    "prefixgate/local_engine/quant.py": ["tests/engine/test_quant_layers.py"],
 }
 
 # mutmut's exit-code vocabulary (mutmut/stats.py)
@@ -110,7 +120,11 @@ def setup_cfg(module: str, tests: list[str], others: list[str]) -> str:
 def mutmut(work: Path, *args: str, capture: bool = False) -> subprocess.CompletedProcess[str]:
     """Run ``python -m mutmut ARGS`` in ``work`` (no PYTHONPATH: mutmut puts mutants/ first)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HYPOTHESIS_PROFILE="ci", PREFIXGATE_DATA_DIR=str(DATA), PREFIXGATE_HANG_GUARD_S="30")
+    # one torch / OpenMP thread: a second thread spinning in a forked child counts against the
+    # child's CPU-time limit, and a run on the shared box then reads as "timed out" (killed)
+    # for mutants whose tests in fact pass (seen on spec_decode.py and quant.py)
+    env.update(HYPOTHESIS_PROFILE="ci", PREFIXGATE_DATA_DIR=str(DATA), OMP_NUM_THREADS="1",
+               MKL_NUM_THREADS="1", PREFIXGATE_HANG_GUARD_S="30")
     return subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=work, env=env, text=True,
                           capture_output=capture)
 
