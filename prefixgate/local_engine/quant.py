@@ -21,7 +21,9 @@ benchmark's prompts): the LM head (``keep_head``; ~20 % of SmolLM2-135M's weight
 the largest single loss: teacher-forced top-1 agreement 0.945 with only the head int8) and the
 decoder layers ``keep_layers`` (the engine keeps ``quant_sensitivity.edge_layers``: the first
 and last layers, measured most sensitive). Kept products run as oneDNN pre-packed fp32
-(``cpu_linear``) where available.
+(``cpu_linear``) where available. A kept head gets ``screened_head``'s argmax head on CPU:
+greedy steps get the fp32 head's argmax from an int8 screen plus exact rescoring of the few
+candidates, so keeping the head costs about what an int8 head does.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from prefixgate.local_engine import screened_head
 from prefixgate.local_engine.model import CausalLM
 
 METHODS = ("int8",)
@@ -126,6 +129,8 @@ def quantize_model(model: CausalLM, method: str, keep_layers: list[int] | None =
                     w_post, mk(w_gu, None), mk(w_down, None))
         layer._mm = linear_any
     model._head = (_full_precision if keep_head else Int8Linear)(model.head_weight(), None)
+    if keep_head:  # greedy steps: the fp32 head's argmax at int8 cost (screened_head)
+        screened_head.attach(model, model._head)
     for lyr in model.decoder_layers():  # free the float copies no longer read
         for mod in (lyr.qkv, lyr.o_proj, lyr.gate_up, lyr.down):
             mod.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
