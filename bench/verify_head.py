@@ -6,7 +6,7 @@ One fp32 engine (``ngram+suffix+tools`` drafter) on SmolLM2-135M-Instruct; two h
 same engine — ``full`` (oneDNN fp32 head over every logits row, ``model._argmax_head`` detached)
 and ``screened`` (``screened_head.ScreenedHead``: int8 screen + exact rescoring of candidates;
 greedy steps only). Each mode gets its own step-cost curve (``knee``, spec off) for the
-drafting policy. Prompts: 8 tool-call chats (``bench/tool_draft_prompts.py``, answer opened
+drafting policy (``interleaved_knee``). Prompts: 8 tool-call chats (``bench/tool_draft_prompts.py``, answer opened
 with ``<tool_call>``) and 8 open chats, run 8 at a time, greedy. Rounds are interleaved
 (round r: every head mode × {speculative, plain}, the order rotated by round) because the box is
 shared; per-round TPOT ratios are reported with their spread. Token ids of every run are
@@ -33,13 +33,32 @@ from bench.engine_speculative import (  # noqa: E402
     MODEL_DIR,
     OUT,
     goals,
-    knee,
     mean_tpot,
     open_messages,
     run_batch,
     spec_figures,
     spec_off,
 )
+
+
+def interleaved_knee(eng: Any, heads: dict[str, Any], prompts: list[list[int]], sizes: list[int],
+                     reps: int) -> dict[str, dict[int, float]]:
+    """Decode step ms per rows per step for each head mode (spec off): the fastest of ``reps``
+    runs, head modes alternating run by run (load on the shared box only ever adds time)."""
+    from prefixgate.local_engine.api_types import SamplingParams
+
+    p = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    out: dict[str, dict[int, float]] = {h: {} for h in heads}
+    for b in sizes:
+        for _ in range(reps):
+            for name, head in heads.items():
+                eng.model._argmax_head = head
+                t = eng._timing
+                s0, n0 = t["decode_s"], t["decode_tokens"]
+                eng.generate_batch([prompts[i % len(prompts)][: 40 + i] for i in range(b)], p)
+                ms = (t["decode_s"] - s0) / ((t["decode_tokens"] - n0) / b) * 1000
+                out[name][b] = round(min(out[name].get(b, float("inf")), ms), 2)
+    return out
 
 
 def main() -> None:
@@ -71,14 +90,10 @@ def main() -> None:
             "open": [encode_chat(tok, m) for m in open_messages(8)]}
     screened = eng.model._argmax_head
     heads = {"full": None, "screened": screened}
-    curves: dict[str, list[tuple[int, float]]] = {}
-    knees: dict[str, Any] = {}
     with spec_off(eng):
         eng.generate_batch([sets["open"][0][:30]], SamplingParams(max_tokens=4, temperature=0.0))
-        for name, head in heads.items():
-            eng.model._argmax_head = head
-            knees[name] = knee(eng, sets["tool"] + sets["open"], [1, 4, 8, 16, 24, 32])
-            curves[name] = sorted(knees[name]["step_ms"].items())
+        knees = interleaved_knee(eng, heads, sets["tool"] + sets["open"], [1, 8, 16, 24, 32], 3)
+    curves = {name: sorted(k.items()) for name, k in knees.items()}
     greedy = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     runs: list[dict[str, Any]] = []
     outputs: dict[str, dict[str, list[list[int]]]] = {s: {} for s in sets}
