@@ -5,31 +5,34 @@ A greedy step (plain decode or the verify step of speculative decoding) needs on
 argmax, but the full-precision head reads ``vocab × hidden`` weights per row (SmolLM2-135M:
 49152 × 576, ~20 % of the model) and, in a verify step, runs on every draft row. Here:
 
-1. ``x [R, D]`` (fp32) is split into two int8 levels per row, ``x̃ = Δ1·q1 + Δ2·q2`` with
-   ``Δ1 = max|x_r| / L``, ``q1 = round(x / Δ1)``, ``Δ2 = Δ1 / 2L``, ``q2 = round((x − Δ1·q1) / Δ2)``
-   (``L`` = 127, or 63 where fbgemm needs 7-bit activations), so ``x − x̃`` is ~``max|x| / 65000``.
-2. One call of fbgemm's int8 kernel (``quantized.linear_dynamic``) on the rows ``[q1; q2;
+1. The ``k`` input channels with the largest ``max |x|`` seen so far (the final RMSNorm's
+   output has a few channels ~50x the rest; re-picked after the calls in ``REFRESH_AT``) are
+   multiplied in fp32 against their weight columns (a ``[k, V]`` copy, k = 16). The rest,
+   ``x_s``, is rounded per row to ``q = round(x_s / Δ)``, ``Δ = max|x_s| / L`` (``L`` = 127, or
+   63 where fbgemm needs 7-bit activations): ``x̃ = Δ·q``, ``e = x_s − x̃``.
+2. One call of fbgemm's int8 kernel (``quantized.linear_dynamic``) on the rows ``[q;
    sentinel]``: the sentinel row holds ``L + 1`` and ``−L``, so the kernel's dynamic activation
    quantization picks scale 1 and zero point ``L`` and the integer inputs pass through exactly
-   (int8 × int8 summed in int32, times the weight row's scale). ``approx = Δ1·y1 + Δ2·y2``.
+   (int8 × int8 summed in int32, times the weight row's scale; checked in the tests).
+   ``approx = Δ·y + x_C·W_C``.
 3. Per row and vocabulary entry ``o`` the error against the fp32 head is bounded by
    ``|e·W_o| + |x̃·(W_o − W̃_o)| ≤ ‖e‖₂‖W_o‖₂ + min(‖x̃‖₁ max|ΔW_o|, ‖x̃‖₂‖ΔW_o‖₂)`` plus a
-   float-rounding margin (Cauchy–Schwarz and Hölder; ``e = x − x̃`` is computed, the per-row
-   norms of ``W`` and ``ΔW = W − W̃`` are stored at load).
-4. ``L_r = max_o (approx − bound)`` over the row's top ``K`` approximate logits is a lower bound
-   of the winner's true logit; every ``o`` with ``approx + bound ≥ L_r`` is a candidate and gets
-   its exact fp32 logit (one gathered product). When the ``K``-th approximate logit is not
-   provably out (``< L_r − max bound``), the row gets the full head instead.
+   float-rounding margin (Cauchy–Schwarz and Hölder; ``e`` is computed, the per-row norms of
+   ``W`` and ``ΔW = W − W̃`` are stored at load).
+4. ``L_r = max_o (approx − bound)`` is a lower bound of the winner's true logit; every ``o``
+   with ``approx + bound ≥ L_r`` is a candidate and gets its exact fp32 logit (one gathered
+   product per candidate). Non-finite inputs get the full head.
 
 The returned row holds the exact logits at the candidates and the approximations elsewhere; every
 non-candidate entry is below ``L_r`` ≤ the best exact candidate, so ``argmax`` equals the fp32
 head's argmax (the same products in another summation order: |Δ| ~ 1e-6, as ``cpu_linear``).
+Correctness does not depend on which channels are split off, only the candidate count does.
 Only the argmax is kept: ``CausalLM.forward(..., argmax_only=True)`` uses it for steps whose
 every logits row is greedy without biases, penalties or processors
-(``model_runner.argmax_suffices``); other steps get the full head. Measured on SmolLM2-135M's
-real hidden states (tau-bench prefixes), rows have a median of ~3 candidates
-(``bench/engine_speculative.py``, ``details.screened_head``). CPU only (fbgemm); elsewhere the
-full head runs.
+(``model_runner.argmax_suffices``); other steps get the full head. Measured on SmolLM2-135M
+(``bench/verify_head.py``, ``details.verify_b8.screened_head``): ~13 candidates per row, no
+row needing the full head; the screen costs ~1/3 of the fp32 head at 8-24 rows. CPU only
+(fbgemm); elsewhere the full head runs.
 """
 
 from __future__ import annotations
@@ -53,10 +56,11 @@ class ScreenedHead:
 
     ``weight [V, D]``: the fp32 head matrix (kept by reference: for tied models the embedding
     table, which the model keeps anyway; rows are gathered from it for rescoring). ``full``: the
-    exact full-precision head (``x -> [R, V]``) used for rows the screen cannot settle and for
-    non-finite inputs. ``levels``: 127, or 63 on CPUs whose int8 kernel needs 7-bit activations.
-    Counters ``rows`` / ``full_rows`` / ``candidates`` record how often the screen settled a row
-    and how many candidates it rescored.
+    exact full-precision head (``x -> [R, V]``) used for non-finite inputs. ``levels``: 127, or
+    63 on CPUs whose int8 kernel needs 7-bit activations. ``num_outliers``: input channels
+    multiplied in fp32 (module docstring, step 1). Counters ``rows`` / ``full_rows`` /
+    ``candidates``: rows screened, rows given the full head, candidates rescored.
+    Raises ``ValueError`` for a weight that is not fp32 ``[V, D]``.
     """
 
     def __init__(self, weight: torch.Tensor, full: Callable[[torch.Tensor], torch.Tensor],

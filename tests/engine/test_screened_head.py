@@ -45,6 +45,19 @@ def test_argmax_equals_the_full_heads_on_every_row() -> None:
     assert head.candidates < 200 * w.shape[0] // 20  # it screened: few rows rescored
 
 
+def test_integer_rows_pass_the_int8_kernel_exactly_beside_the_sentinel() -> None:
+    w = _head(vocab=300)
+    head = ScreenedHead(w, _full(w))
+    torch.manual_seed(9)
+    q = torch.randint(-127, 128, (5, 64)).float()
+    y = torch.ops.quantized.linear_dynamic(torch.cat([q, head.sentinel]), head.packed,
+                                           head.reduce_range)[:5]
+    scale = w.abs().amax(dim=1) / 127.0
+    wq = torch.round(w / scale[:, None])
+    ref = (q.double() @ wq.double().T) * scale.double()
+    assert float((y.double() - ref).abs().max()) < 1e-5 * float(ref.abs().max())
+
+
 def test_the_error_bound_holds_for_every_entry() -> None:
     w, x = _head(seed=3), _hidden(64, seed=4)
     head = ScreenedHead(w, _full(w))
