@@ -485,7 +485,9 @@ def partial_main(args: Any, want: set[str]) -> None:
             base, args.agree, args.b1, args.max_tokens, **q)))} for q in (
             {"quant_outlier_channels": 0},)]
     if "tool_drafts" in want:
-        curve = details.get("knee", {}).get("step_ms")
+        # the engine's default head is the screened one: its measured curve when recorded
+        curve = details.get("verify_b8", {}).get("knee", {}).get("screened") or details.get(
+            "knee", {}).get("step_ms")
         figures["tool_drafts"], details["tool_drafts"] = tool_drafts(
             base, args.tool_b1, args.tool_b8, args.max_tokens,
             sorted((int(k), v) for k, v in curve.items()) if curve else None)
