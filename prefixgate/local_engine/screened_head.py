@@ -125,6 +125,8 @@ class ScreenedHead:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
+        if xf.shape[0] == 0:  # a step whose prefill chunks end no prompt: no logits rows
+            return xf.new_zeros(0, self.weight.shape[0])
         if not torch.isfinite(xf).all():
             self.full_rows += xf.shape[0]
             return self.full(x).float()

@@ -98,6 +98,11 @@ def test_non_finite_rows_use_the_full_head() -> None:
     assert torch.isnan(got[1]).all() and torch.equal(got[0].argmax(), F.linear(x, w)[0].argmax())
 
 
+def test_no_rows_give_no_logits() -> None:
+    w = _head(vocab=100)
+    assert ScreenedHead(w, _full(w))(torch.zeros(0, 64)).shape == (0, 100)
+
+
 def test_rejects_a_non_fp32_weight() -> None:
     with pytest.raises(ValueError, match="fp32"):
         ScreenedHead(torch.zeros(4, 4, dtype=torch.float64), lambda x: x)
