@@ -7,7 +7,9 @@
 - ``int4``: the 4-bit kernel probe. The one x86 CPU 4-bit kernel a well-kept PyPI package ships
   is torch's ``_weight_int4pack_mm_for_cpu`` (group-wise asymmetric, torchao's CPU int4 layout
   uses it); timed against oneDNN fp32 and the int8 product on SmolLM2's gate|up shape at one
-  row. (``_dyn_quant_matmul_4bit`` is KleidiAI, Arm only.)
+  row, with fp32 activations (a scalar fallback) and with bf16 activations (its vectorised
+  path; the activations and the output are rounded to bf16). (``_dyn_quant_matmul_4bit`` is
+  KleidiAI, Arm only.)
 """
 
 from __future__ import annotations
@@ -50,13 +52,21 @@ def int4_probe(out_f: int = 3072, in_f: int = 576, group: int = 32) -> dict[str,
     def int4() -> Any:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_zeros)
 
+    xb, szb = x.bfloat16(), scales_zeros.bfloat16()
+
+    def int4_bf16() -> Any:  # the kernel's vectorised path: bf16 activations and scales
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(xb, packed, group, szb)
+
     deq = (q.view(out_f, in_f // group, group).float() * sc[..., None] + mn[..., None]).view(out_f, in_f)
     ref = F.linear(x, deq)
     p32, p8 = PackedLinear(w, None), Int8Linear(w, None)
     return {"shape": [out_f, in_f], "group": group,
             "us_per_row": {"fp32_onednn": _best_us(lambda: p32(x)), "int8": _best_us(lambda: p8(x)),
-                           "int4_torch": _best_us(int4)},
-            "int4_max_rel_err": float((int4() - ref).abs().max() / ref.abs().max())}
+                           "int4_torch": _best_us(int4), "int4_torch_bf16_act": _best_us(int4_bf16)},
+            "int4_max_rel_err": float((int4() - ref).abs().max() / ref.abs().max()),
+            "int4_bf16_act_max_rel_err": float((int4_bf16().float() - ref).abs().max() / ref.abs().max()),
+            "dyn_quant_matmul_4bit": "not usable on x86 here: _dyn_quant_pack_4bit_weight raises "
+                                     "'Expected bias length to match output dimension' (KleidiAI, Arm)"}
 
 
 def tool_drafts(base: dict[str, Any], n_b1: int, n_b8: int, max_tokens: int,

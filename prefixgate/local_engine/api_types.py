@@ -41,7 +41,8 @@ class EngineConfig:
     quantization: None (weights in ``dtype``) or ``int8`` (weight-only, per-channel scales).
     quant_fp32_layers / quant_fp32_head: with int8, this many decoder layers (from the ends
     inwards, measured most sensitive: ``quant_sensitivity.edge_layers``) and the LM head stay in
-    full precision.
+    full precision. quant_outlier_channels: with int8, per product this many input channels
+    (largest on a fixed calibration prefill) run in fp32 (``quant.Int8Linear``); 0: none.
     packed_linear: fp32 on CPU, run linear layers through oneDNN with pre-packed weights
     (``cpu_linear``; skinny products such as speculative verification are ~2x cheaper).
     kv_events_endpoint: a ZMQ endpoint (``tcp://*:5557``) to publish KV events on, in vLLM's
@@ -74,6 +75,7 @@ class EngineConfig:
     quantization: str | None = None
     quant_fp32_layers: int = 2
     quant_fp32_head: bool = True
+    quant_outlier_channels: int = 24
     packed_linear: bool = True
     kv_events_endpoint: str | None = None
     kv_events_replay: str | None = None

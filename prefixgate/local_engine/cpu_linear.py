@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from prefixgate.local_engine import screened_head
 from prefixgate.local_engine.model import CausalLM
 
 
@@ -38,7 +39,8 @@ class PackedLinear:
 def pack_model(model: CausalLM) -> CausalLM:
     """Replace ``model``'s linear weights (and LM head) by ``PackedLinear`` in place; returns it.
 
-    The float copies of the layers' matrices are dropped; the embedding table stays.
+    The float copies of the layers' matrices are dropped; the embedding table stays. Greedy
+    steps get the argmax head (``screened_head``: int8 screen + exact rescoring).
     """
     from prefixgate.local_engine.quant import linear_any
 
@@ -50,6 +52,7 @@ def pack_model(model: CausalLM) -> CausalLM:
         for mod in (layer.qkv, layer.o_proj, layer.gate_up, layer.down):
             mod.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
     model._head = PackedLinear(model.head_weight(), None)
+    screened_head.attach(model, model._head)
     if model.lm_head is not None:
         model.lm_head.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
     return model

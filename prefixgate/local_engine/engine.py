@@ -148,7 +148,8 @@ class Engine:
         self.model = load_model(path, self.device, self.dtype)
         if cfg.quantization is not None:
             keep = edge_layers(self.model.args.num_layers, cfg.quant_fp32_layers)
-            quantize_model(self.model, cfg.quantization, keep, cfg.quant_fp32_head)
+            quantize_model(self.model, cfg.quantization, keep, cfg.quant_fp32_head,
+                           cfg.quant_outlier_channels)
         elif cfg.packed_linear and cpu_linear.available(self.device, self.dtype):
             cpu_linear.pack_model(self.model)
         args = self.model.args

@@ -225,6 +225,8 @@ class CausalLM(nn.Module):
         self.requires_grad_(False)
         self._layers = self.decoder_layers()
         self._head: Callable[[torch.Tensor], torch.Tensor] | None = None  # set by quant
+        # per-row argmax only (screened_head.ScreenedHead; set by cpu_linear / quant on CPU)
+        self._argmax_head: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def decoder_layers(self) -> list[DecoderLayer]:
         """The layers, typed (``nn.ModuleList`` iterates as plain ``Module``)."""
@@ -235,13 +237,17 @@ class CausalLM(nn.Module):
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
     def forward(self, ids: torch.Tensor, meta: AttnMeta, pool: KVPool,
-                logit_rows: torch.Tensor) -> torch.Tensor:
+                logit_rows: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
         """``ids [T]`` -> logits ``[R, vocab]`` fp32 for ``logit_rows [R]``; writes K/V to
-        ``pool``."""
+        ``pool``. ``argmax_only``: the caller reads only each row's argmax (greedy, no logit
+        changes); a model with an argmax head (``screened_head``) then returns rows whose
+        argmax is the full head's but whose other entries are estimates."""
         x = F.embedding(ids, self.embed.weight)
         for layer in self._layers:
             x = layer.forward(x, meta, pool)
         x = rms_norm(x.index_select(0, logit_rows), self.norm.weight, self.norm.eps)
+        if argmax_only and self._argmax_head is not None:
+            return self._argmax_head(x)
         if self._head is not None:
             return self._head(x).float()
         return F.linear(x, self.head_weight()).float()

@@ -10,10 +10,18 @@ from __future__ import annotations
 
 import torch
 
+from prefixgate.local_engine.api_types import SamplingParams
 from prefixgate.local_engine.attention import AttnMeta, decode_group, prefill_group, verify_group
 from prefixgate.local_engine.kv_pool import KVPool, ReqToTokenTable
 from prefixgate.local_engine.model import CausalLM, rope_tables
+from prefixgate.local_engine.sampler import is_greedy, needs_preparing
 from prefixgate.local_engine.scheduler import ScheduledSeq
+
+
+def argmax_suffices(params: SamplingParams) -> bool:
+    """True when a request's next token (and its draft verification) reads only the argmax
+    of the raw logits: greedy, with no biases, penalties or logits processors."""
+    return is_greedy(params) and not needs_preparing(params)
 
 
 class ModelRunner:
@@ -37,7 +45,9 @@ class ModelRunner:
 
         Only items whose sequence has every token computed after this step get logits rows:
         ``item.num_rows`` consecutive rows for a decode carrying a draft (its newest token and
-        each draft token), one row otherwise. Items come back in packing order.
+        each draft token), one row otherwise. Items come back in packing order. When every
+        such item only needs its rows' argmax (``argmax_suffices``), the model may return
+        argmax-exact estimates (``CausalLM.forward``'s ``argmax_only``).
         """
         ids: list[int] = []
         positions: list[int] = []
@@ -84,5 +94,9 @@ class ModelRunner:
             groups=groups,
             gqa=self.gqa,
         )
-        logits = self.model(self._tensor(ids), meta, self.pool, self._tensor(logit_rows))
+        # a draft model's shadow sequences carry no params: it needs the full distribution
+        params = [getattr(it.seq, "params", None) for it in with_logits]
+        argmax_only = all(isinstance(p, SamplingParams) and argmax_suffices(p) for p in params)
+        logits = self.model(self._tensor(ids), meta, self.pool, self._tensor(logit_rows),
+                            argmax_only=argmax_only)
         return logits, with_logits

@@ -21,7 +21,9 @@ benchmark's prompts): the LM head (``keep_head``; ~20 % of SmolLM2-135M's weight
 the largest single loss: teacher-forced top-1 agreement 0.945 with only the head int8) and the
 decoder layers ``keep_layers`` (the engine keeps ``quant_sensitivity.edge_layers``: the first
 and last layers, measured most sensitive). Kept products run as oneDNN pre-packed fp32
-(``cpu_linear``) where available.
+(``cpu_linear``) where available. A kept head gets ``screened_head``'s argmax head on CPU:
+greedy steps get the fp32 head's argmax from an int8 screen plus exact rescoring of the few
+candidates, so keeping the head costs about what an int8 head does.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from prefixgate.local_engine import screened_head
 from prefixgate.local_engine.model import CausalLM
 
 METHODS = ("int8",)
+CALIBRATION_TOKENS = 256
 
 
 def _cpu_has_vnni() -> bool:
@@ -49,11 +53,21 @@ class Int8Linear:
     """``y = x @ W.T (+ b)`` with ``W`` stored as int8 + per-output-channel fp32 scales.
 
     ``__call__(x [T, in]) -> [T, out]`` in ``x``'s dtype. ``weight``: the float ``[out, in]``
-    matrix to quantize (not kept).
+    matrix to quantize (not kept). ``outlier_channels``: input channel indices whose products
+    run in fp32 (LLM.int8()'s decomposition, Dettmers et al. 2022: a few activation channels
+    hold values ~50x the rest, and a per-token int8 scale set by them rounds every other
+    channel coarsely); the int8 kernel gets the other channels. CPU only; None: none.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 outlier_channels: torch.Tensor | None = None) -> None:
         w = weight.detach().float()
+        self.chans: torch.Tensor | None = None
+        if outlier_channels is not None and outlier_channels.numel() and w.device.type == "cpu":
+            self.chans = outlier_channels.to(torch.long)
+            self.w_chans = w.index_select(1, self.chans).t().contiguous()  # [k, out] fp32
+            self.keep_mask = torch.ones(w.shape[1])
+            self.keep_mask[self.chans] = 0.0
         self.out_features = w.shape[0]
         self.scale = (w.abs().amax(dim=1).clamp_min(1e-12) / 127.0)
         self.bias = bias
@@ -74,11 +88,14 @@ class Int8Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.cpu:
             xf = x.float()
+            xs = xf if self.chans is None else xf * self.keep_mask
             if xf.shape[0] == 1:  # one row: the per-tensor scale is already per token
-                y = torch.ops.quantized.linear_dynamic(xf, self.packed, self.reduce_range)
+                y = torch.ops.quantized.linear_dynamic(xs, self.packed, self.reduce_range)
             else:
-                r = xf.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12)
-                y = torch.ops.quantized.linear_dynamic(xf / r, self.packed, self.reduce_range) * r
+                r = xs.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12)
+                y = torch.ops.quantized.linear_dynamic(xs / r, self.packed, self.reduce_range) * r
+            if self.chans is not None:
+                y = torch.addmm(y, xf.index_select(1, self.chans), self.w_chans)
             if self.bias is not None:
                 y = y + self.bias
             return y if y.dtype == x.dtype else y.to(x.dtype)
@@ -104,28 +121,74 @@ def _full_precision(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
     return lambda x: F.linear(x, w, b)
 
 
+def calibration_ids(vocab_size: int, n: int = CALIBRATION_TOKENS) -> list[int]:
+    """``n`` token ids from a fixed seed (tokenizer-free, so any checkpoint gets the same
+    recipe): the outlier channels of a Llama-family model's activations are structural, set by
+    the weights, not by the text (LLM.int8(); "massive activations", Sun et al. 2024)."""
+    g = torch.Generator().manual_seed(27)
+    return torch.randint(0, vocab_size, (n,), generator=g).tolist()
+
+
+def activation_channel_max(model: CausalLM, ids: list[int]) -> dict[int, torch.Tensor]:
+    """Per linear product (keyed by ``id`` of its weight tensor): ``max |x|`` per input channel
+    over a prefill of ``ids`` (fp32 model, layers bound, not yet quantized or packed)."""
+    from prefixgate.local_engine.quant_sensitivity import prefill
+
+    stats: dict[int, torch.Tensor] = {}
+
+    def record(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        m = x.detach().abs().amax(dim=0).float().cpu()
+        stats[id(w)] = m if id(w) not in stats else torch.maximum(stats[id(w)], m)
+        return F.linear(x, w, b)
+
+    layers = model.decoder_layers()
+    saved = [lyr._mm for lyr in layers]
+    for lyr in layers:
+        lyr._mm = record
+    try:
+        prefill(model, ids)
+    finally:
+        for lyr, mm in zip(layers, saved):
+            lyr._mm = mm
+    return stats
+
+
 def quantize_model(model: CausalLM, method: str, keep_layers: list[int] | None = None,
-                   keep_head: bool = False) -> CausalLM:
+                   keep_head: bool = False, outlier_channels: int = 0) -> CausalLM:
     """Quantize ``model``'s linear weights in place (``method``: ``int8``); returns it.
 
     ``keep_layers``: decoder layer indices left in full precision; ``keep_head``: the LM head
-    too (module docstring). Raises ``ValueError`` for an unknown method or a layer index out of
-    range. Norm weights and the embedding table stay in the model dtype. Call after
-    ``load_model`` (layers bound).
+    too (module docstring). ``outlier_channels``: per int8 product, this many input channels
+    (the largest ``max |x|`` over a calibration prefill of ``calibration_ids``) run in fp32
+    (``Int8Linear``); 0: none. Raises ``ValueError`` for an unknown method, a layer index out
+    of range or a negative ``outlier_channels``. Norm weights and the embedding table stay in
+    the model dtype. Call after ``load_model`` (layers bound).
     """
+    if outlier_channels < 0:
+        raise ValueError("outlier_channels must be >= 0")
     if method not in METHODS:
         raise ValueError(f"unknown quantization {method!r} (one of {list(METHODS)})")
     keep = set(keep_layers or [])
     n = len(model.decoder_layers())
     if any(not 0 <= i < n for i in keep):
         raise ValueError(f"keep_layers {sorted(keep)} out of range 0..{n - 1}")
+    stats = activation_channel_max(model, calibration_ids(model.args.vocab_size)) \
+        if outlier_channels else {}
+
+    def int8(w: torch.Tensor, b: torch.Tensor | None) -> Int8Linear:
+        m = stats.get(id(w))
+        chans = None if m is None else m.topk(min(outlier_channels, m.numel())).indices
+        return Int8Linear(w, b, chans)
+
     for i, layer in enumerate(model.decoder_layers()):
         w_in, w_qkv, b_qkv, w_o, w_post, w_gu, w_down = layer._w
-        mk = _full_precision if i in keep else Int8Linear
+        mk = _full_precision if i in keep else int8
         layer._w = (w_in, mk(w_qkv, b_qkv), None, mk(w_o, None),  # type: ignore[assignment]
                     w_post, mk(w_gu, None), mk(w_down, None))
         layer._mm = linear_any
     model._head = (_full_precision if keep_head else Int8Linear)(model.head_weight(), None)
+    if keep_head:  # greedy steps: the fp32 head's argmax at int8 cost (screened_head)
+        screened_head.attach(model, model._head)
     for lyr in model.decoder_layers():  # free the float copies no longer read
         for mod in (lyr.qkv, lyr.o_proj, lyr.gate_up, lyr.down):
             mod.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
