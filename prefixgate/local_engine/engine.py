@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,14 @@ import torch
 from prefixgate.local_engine import cpu_linear
 from prefixgate.local_engine.api_types import EngineConfig, PromptTooLong, RequestOutput, SamplingParams
 from prefixgate.local_engine.detokenizer import IncrementalDetokenizer
+from prefixgate.local_engine.engine_commands import (
+    AbortCmd,
+    AddCmd,
+    CallCmd,
+    Command,
+    ResetCacheCmd,
+    StopCmd,
+)
 from prefixgate.local_engine.kv_pool import KVPool, ReqToTokenTable
 from prefixgate.local_engine.model import load_model, split_model_path
 from prefixgate.local_engine.model_runner import ModelRunner
@@ -58,44 +66,6 @@ DEFAULT_KV_GB = {"cpu": 1.0, "cuda": 16.0}
 Sink = Callable[[RequestOutput | BaseException], None]
 
 
-@dataclass(frozen=True)
-class AddCmd:
-    """Queue ``seq`` for admission, after emitting its ``given`` tokens (``_take_given``)."""
-
-    seq: Sequence
-    given: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class AbortCmd:
-    """Abort the request ``request_id`` (waiting or running; unknown ids are ignored)."""
-
-    request_id: str
-
-
-@dataclass(frozen=True)
-class StopCmd:
-    """Abort everything and end the step loop."""
-
-
-@dataclass(frozen=True)
-class ResetCacheCmd:
-    """Empty the radix tree if no request holds any of it; ``done`` gets whether it did."""
-
-    done: Callable[[bool], None]
-
-
-@dataclass(frozen=True)
-class CallCmd:
-    """Run ``fn()`` on the engine thread between steps; its result or exception goes to
-    ``future`` (P/D KV import / export touch the pool and the radix tree, which only the engine
-    thread may change)."""
-
-    fn: Callable[[], Any]
-    future: concurrent.futures.Future[Any]
-
-
-Command = AddCmd | AbortCmd | StopCmd | ResetCacheCmd | CallCmd
 
 
 def _dtype(name: str | None, default: torch.dtype) -> torch.dtype:
