@@ -1,8 +1,9 @@
 """Constrained tool calls, point by point (issue 21): which answers each grammar takes, the
 bounds that keep generation finite, and the logits processor's step rules.
 
-Grammars are checked by feeding whole answers to llguidance (the tokenizer of SmolLM2, no
-weights): an answer either parses to the end (accepting) or is refused. The processor's rules
+Grammars are checked by feeding whole answers to llguidance over a byte-level vocabulary (one
+token per byte, plus EOS: no model, no tokenizer files): an answer either parses to the end
+(accepting) or is refused. The processor's rules
 (only new tokens fed, tokens past the vocabulary masked, a lost sync or an empty mask passing
 the logits unchanged) run against a fake matcher whose allowed set the test chooses.
 Rules: :mod:`prefixgate.local_engine.server.constrained` docstring.
@@ -29,18 +30,37 @@ from prefixgate.local_engine.server.constrained import (
 )
 from prefixgate.local_engine.server.protocol import ApiError
 from prefixgate.local_engine.server.tool_mask import ToolConstraint
-from tests.tiny_model import real_model_dir
 
 llguidance = pytest.importorskip("llguidance")
+pytest.importorskip("llguidance.hf")  # imports transformers: once, at collection
 
 OBJ: dict[str, Any] = {"type": "object", "properties": {}}
 
 
-@lru_cache(maxsize=1)
-def _tokenizer() -> Any:
-    from transformers import AutoTokenizer
+class ByteVocab:
+    """A vocabulary of the 256 bytes and EOS (id 256), in llguidance's TokenizerWrapper shape."""
 
-    return AutoTokenizer.from_pretrained(str(real_model_dir()))
+    eos_token_id = 256
+    bos_token_id = None
+    tokens = [bytes([i]) for i in range(256)] + [b"<|im_end|>"]
+    special_token_ids = [256]
+
+    def __call__(self, s: bytes | str) -> list[int]:
+        return list(s if isinstance(s, bytes) else s.encode())
+
+
+@lru_cache(maxsize=1)
+def _llg() -> Any:
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(ByteVocab()))
+
+
+@pytest.fixture
+def hf(monkeypatch: pytest.MonkeyPatch) -> object:
+    """A stand-in for the HF tokenizer whose llguidance view is the byte vocabulary."""
+    token = object()
+    monkeypatch.setattr(llguidance.hf, "from_tokenizer", lambda t: _llg() if t is token else None)
+    monkeypatch.setattr(constrained, "_TOKENIZERS", {})
+    return token
 
 
 def tool(name: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -49,9 +69,8 @@ def tool(name: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
 
 def accepts(lark: str, text: str) -> bool:
     """Whether ``text`` is a whole answer of grammar ``lark`` (parsed to the end, accepting)."""
-    tok = _tokenizer()
-    m = llguidance.LLMatcher(llg_tokenizer(tok), constrained._compiled(lark), log_level=0)
-    return bool(m.consume_tokens(tok.encode(text, add_special_tokens=False)) and m.is_accepting())
+    m = llguidance.LLMatcher(_llg(), constrained._compiled(lark), log_level=0)
+    return bool(m.consume_tokens(list(text.encode())) and m.is_accepting())
 
 
 def call(name: str, args: str = "{}") -> str:
@@ -254,37 +273,51 @@ def test_an_empty_mask_passes_the_logits_unchanged() -> None:
     assert torch.equal(proc([], logits), logits) and proc.failed
 
 
-def test_tool_call_processor_forces_the_call_format_from_the_first_token() -> None:
-    tok = _tokenizer()
-    proc = tool_call_processor(tok, [tool("get")], ToolConstraint("required", ("get",)))
-    assert proc.vocab_size == len(tok) and not proc.failed
-    out = proc([], torch.zeros(proc.vocab_size))
-    allowed = torch.isfinite(out).nonzero().flatten().tolist()
-    assert allowed and all("<tool_call>".startswith(tok.decode([i])) for i in allowed)
+def test_tool_call_processor_forces_the_call_then_eos(hf: object) -> None:
+    proc = tool_call_processor(hf, [STR_TOOL], ToolConstraint("required", ("put",)), max_string=2)
+    assert proc.vocab_size == 257 and not proc.failed
+    text = call("put", '{"s": "ab"}').encode()
+    for n in range(len(text) + 1):
+        out = proc(list(text[:n]), torch.zeros(260))
+        allowed = torch.isfinite(out).nonzero().flatten().tolist()
+        if n < len(text):
+            if text[n:n + 1] == b'"' and text[:n].endswith(b'"ab'):
+                assert allowed == [ord('"')]  # max_string reached: the string must close
+            assert text[n] in allowed and 256 not in allowed
+        else:
+            assert allowed == [256]  # after the closing tag only EOS
+    assert not proc.failed
 
 
-def test_a_schema_llguidance_cannot_enforce_is_a_400_naming_tools() -> None:
+def test_a_schema_llguidance_cannot_enforce_is_a_400_naming_tools(hf: object) -> None:
     bad = tool("get", {"type": "object", "properties": {"x": {"type": "strin"}}})
     with pytest.raises(ApiError) as err:
-        tool_call_processor(_tokenizer(), [bad], ToolConstraint("required", ("get",)))
+        tool_call_processor(hf, [bad], ToolConstraint("required", ("get",)))
     e = err.value
     assert (e.status, e.param, e.code) == (400, "tools", "invalid_value")
     assert e.message.startswith("A tool's parameters schema cannot be enforced: ") and "strin" in e.message
 
 
-def test_a_forced_schema_nested_too_deep_is_a_400_before_compiling() -> None:
+def test_a_lark_syntax_error_is_a_400_naming_tools(hf: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(constrained, "tool_call_grammar", lambda *a: "start: (")
+    with pytest.raises(ApiError) as err:
+        tool_call_processor(hf, [tool("get")], ToolConstraint("required", ("get",)))
+    e = err.value
+    assert (e.status, e.param, e.code) == (400, "tools", "invalid_value")
+    assert e.message.startswith("A tool's parameters schema cannot be enforced: ")
+
+
+def test_a_forced_schema_nested_too_deep_is_a_400_before_compiling(hf: object) -> None:
     s: dict[str, Any] = {"type": "string"}
     for _ in range(70):
         s = {"type": "array", "items": s}
     deep = tool("deep", {"type": "object", "properties": {"x": s}})
     with pytest.raises(ApiError) as err:
-        tool_call_processor(_tokenizer(), [deep], ToolConstraint("required", ("deep",)))
+        tool_call_processor(hf, [deep], ToolConstraint("required", ("deep",)))
     assert err.value.status == 400 and err.value.param.startswith("tools[0]")
 
 
 def test_llg_tokenizer_is_built_once_per_tokenizer_object(monkeypatch: pytest.MonkeyPatch) -> None:
-    import llguidance.hf
-
     built: list[Any] = []
 
     def fake(hf: Any) -> tuple[str, int]:

@@ -1,0 +1,213 @@
+"""``/v1/responses`` endpoint rules, point by point (issue 21): the body checks (400s naming the
+field), what is stored and what is not, GET / DELETE of a stored response, a pointer to an OpenAI
+backend forwarded, an unknown id forwarded only to the one OpenAI backend whose key is set.
+
+Rules: :mod:`prefixgate.proxy.api.responses` docstring. The body checks are a pure function; the
+rest runs a proxy in front of the scripted upstream (``tests/proxy/conftest.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from prefixgate.proxy.api.responses import MAX_OUTPUT_TOKENS, check_body
+from prefixgate.proxy.core.errors import InvalidRequest
+from tests.proxy.upstream import Script, completion
+
+OAI = {"id": "resp_up1", "object": "response", "status": "completed", "model": "gpt-x",
+       "output": [], "usage": {"input_tokens": 5, "output_tokens": 1, "total_tokens": 6}}
+
+
+# ---- body checks ------------------------------------------------------------------------------
+
+def bad(body: dict[str, Any]) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as err:
+        check_body(body)
+    assert err.value.status == 400
+    return err.value
+
+
+def test_model_is_required_and_a_string() -> None:
+    e = bad({"input": "hi"})
+    assert (e.param, e.code, e.message) == ("model", "missing_required_parameter",
+                                            "Missing required parameter: 'model'.")
+    for model in (None, 3, ["m"]):
+        e = bad({"model": model, "input": "hi"})
+        assert (e.param, e.code, e.message) == ("model", "invalid_type",
+                                                "Invalid type for 'model': expected a string.")
+
+
+@pytest.mark.parametrize("inp", [None, 3, {"role": "user"}])
+def test_input_is_a_string_or_an_array(inp: Any) -> None:
+    body = {"model": "m"} if inp is None else {"model": "m", "input": inp}
+    e = bad(body)
+    assert (e.param, e.code, e.message) == ("input", "invalid_type",
+                                            "'input' must be a string or an array of input items.")
+
+
+@pytest.mark.parametrize("key", ["stream", "store"])
+def test_stream_and_store_are_booleans(key: str) -> None:
+    for value in ("true", 1, 0):
+        e = bad({"model": "m", "input": "hi", key: value})
+        assert (e.param, e.code, e.message) == (key, "invalid_type",
+                                                f"Invalid type for '{key}': expected a boolean.")
+    check_body({"model": "m", "input": [], key: None})
+    check_body({"model": "m", "input": [], key: False})
+
+
+@pytest.mark.parametrize("cap", [0, -1, MAX_OUTPUT_TOKENS + 1, True, "5", 1.5])
+def test_max_output_tokens_out_of_range_or_not_an_integer_is_a_400(cap: Any) -> None:
+    e = bad({"model": "m", "input": "hi", "max_output_tokens": cap})
+    assert (e.param, e.code) == ("max_output_tokens", "invalid_value")
+    assert e.message == "Invalid 'max_output_tokens': expected an integer from 1 to 2147483647."
+
+
+@pytest.mark.parametrize("cap", [1, 2**31 - 1, None])
+def test_max_output_tokens_in_range_passes(cap: Any) -> None:
+    assert MAX_OUTPUT_TOKENS == 2**31 - 1
+    check_body({"model": "m", "input": "hi", "max_output_tokens": cap})
+
+
+def test_previous_response_id_is_a_string() -> None:
+    e = bad({"model": "m", "input": "hi", "previous_response_id": 7})
+    assert (e.param, e.code, e.message) == ("previous_response_id", "invalid_type",
+                                            "Invalid type for 'previous_response_id': expected a string.")
+    check_body({"model": "m", "input": "hi", "previous_response_id": None})
+
+
+# ---- bridged: stored, read, continued, deleted ------------------------------------------------
+
+def create(rig: Any, **body: Any) -> httpx.Response:
+    return httpx.post(rig.url + "/v1/responses", json={"model": "m1", "input": "hi", **body}, timeout=10)
+
+
+def test_a_bridged_response_is_stored_read_continued_and_deleted(rig: Any) -> None:
+    rig.upstream.script = Script(body=completion("first"))
+    r = create(rig, input="one")
+    assert r.status_code == 200
+    rid = r.json()["id"]
+    got = httpx.get(f"{rig.url}/v1/responses/{rid}", timeout=10)
+    assert got.status_code == 200 and got.json() == r.json()
+    bare = httpx.get(f"{rig.url}/responses/{rid}", timeout=10)  # served without /v1 too
+    assert bare.status_code == 200 and bare.json()["id"] == rid
+    rig.upstream.script = Script(body=completion("second"))
+    follow = create(rig, input="two", previous_response_id=rid)
+    assert follow.status_code == 200
+    assert rig.upstream.seen[-1].json["messages"] == [
+        {"role": "user", "content": "one"}, {"role": "assistant", "content": "first"},
+        {"role": "user", "content": "two"}]
+    sent = len(rig.upstream.seen)
+    d = httpx.delete(f"{rig.url}/v1/responses/{rid}", timeout=10)
+    assert d.status_code == 200 and d.json() == {"id": rid, "object": "response.deleted", "deleted": True}
+    gone = httpx.get(f"{rig.url}/v1/responses/{rid}", timeout=10)
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "not_found"
+    assert gone.json()["error"]["param"] == "response_id"
+    assert gone.json()["error"]["message"] == f"No response found with id '{rid}'."
+    again = create(rig, input="three", previous_response_id=rid)
+    assert again.status_code == 404
+    err = again.json()["error"]
+    assert (err["code"], err["param"]) == ("previous_response_not_found", "previous_response_id")
+    assert err["message"] == f"Previous response with id '{rid}' not found."
+    assert len(rig.upstream.seen) == sent  # neither the GETs nor the 404 reached the backend
+    assert httpx.get(f"{rig.url}/v1/responses/{follow.json()['id']}", timeout=10).status_code == 200
+
+
+def test_store_false_keeps_nothing(rig: Any) -> None:
+    rig.upstream.script = Script(body=completion("x"))
+    r = create(rig, store=False)
+    assert r.status_code == 200 and r.json()["store"] is False
+    assert httpx.get(f"{rig.url}/v1/responses/{r.json()['id']}", timeout=10).status_code == 404
+    assert create(rig, previous_response_id=r.json()["id"]).status_code == 404
+
+
+def test_an_unknown_post_under_responses_is_a_404_in_openai_shape(rig: Any) -> None:
+    r = httpx.post(rig.url + "/v1/responses/compact", json={}, timeout=10)
+    assert r.status_code == 404 and "error" in r.json() and rig.upstream.seen == []
+
+
+# ---- an OpenAI backend: pointers and forwarding -----------------------------------------------
+
+def oai_rig(rig_factory: Any, upstream: Any, **backend: Any) -> Any:
+    url = upstream[1] + "/v1"
+    return rig_factory(backends={"oai": {"kind": "openai", "base_url": url, **backend},
+                                 "up": {"kind": "openai_compat", "base_url": url}},
+                       routes=[{"match": "gpt-*", "backend": "oai"}, {"match": "m*", "backend": "up"}])
+
+
+def test_a_pointer_forwards_get_and_delete_to_its_backend_with_its_key(
+        rig_factory: Any, upstream: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PG_TEST_OAI_KEY", "sk-oai-backend")
+    rig = oai_rig(rig_factory, upstream, api_key="${PG_TEST_OAI_KEY}")
+    rig.upstream.script = Script(body=OAI)
+    assert create(rig, model="gpt-x").json()["id"] == "resp_up1"
+    rig.upstream.script = Script(body={**OAI, "status": "in_store"}, status=203)
+    got = httpx.get(f"{rig.url}/v1/responses/resp_up1", timeout=10)
+    assert got.status_code == 203 and got.json()["status"] == "in_store"
+    seen = rig.upstream.seen[-1]
+    assert seen.path == "/v1/responses/resp_up1" and seen.headers["authorization"] == "Bearer sk-oai-backend"
+    rig.upstream.script = Script(body={"id": "resp_up1", "object": "response.deleted", "deleted": True})
+    d = httpx.delete(f"{rig.url}/v1/responses/resp_up1", timeout=10)
+    assert d.status_code == 200 and d.json()["deleted"] is True and rig.upstream.seen[-1].path == "/v1/responses/resp_up1"
+
+
+def test_a_pointer_cannot_continue_on_a_bridged_backend(rig_factory: Any, upstream: Any) -> None:
+    rig = oai_rig(rig_factory, upstream)
+    rig.upstream.script = Script(body=OAI)
+    create(rig, model="gpt-x")
+    sent = len(rig.upstream.seen)
+    r = create(rig, model="m1", previous_response_id="resp_up1")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "previous_response_not_found"
+    assert len(rig.upstream.seen) == sent
+
+
+def test_store_false_on_an_openai_backend_keeps_no_pointer(rig_factory: Any, upstream: Any) -> None:
+    url = upstream[1] + "/v1"
+    rig = rig_factory(backends={"oai": {"kind": "openai", "base_url": url},
+                                "oai2": {"kind": "openai", "base_url": url + "/other"}},
+                      routes=[{"match": "gpt-*", "backend": "oai"}])
+    rig.upstream.script = Script(body=OAI)
+    assert create(rig, model="gpt-x", store=False).status_code == 200
+    sent = len(rig.upstream.seen)
+    # two OpenAI backends: an id without a pointer cannot be placed, so it is a 404, not a guess
+    assert httpx.get(f"{rig.url}/v1/responses/resp_up1", timeout=10).status_code == 404
+    assert httpx.delete(f"{rig.url}/v1/responses/resp_up1", timeout=10).status_code == 404
+    assert len(rig.upstream.seen) == sent
+    rig.upstream.script = Script(body=OAI)
+    assert create(rig, model="gpt-x").status_code == 200  # stored: a pointer to "oai"
+    rig.upstream.script = Script(body=OAI)
+    assert httpx.get(f"{rig.url}/v1/responses/resp_up1", timeout=10).status_code == 200
+    assert rig.upstream.seen[-1].path == "/v1/responses/resp_up1"
+
+
+def test_an_unknown_id_goes_to_the_one_openai_backend_only_when_its_key_is_set(
+        rig_factory: Any, upstream: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PG_TEST_UNSET_KEY", raising=False)
+    rig = oai_rig(rig_factory, upstream, api_key="${PG_TEST_UNSET_KEY}")
+    r = httpx.get(f"{rig.url}/v1/responses/resp_elsewhere", timeout=10)
+    assert r.status_code == 404 and rig.upstream.seen == []
+    rig2 = oai_rig(rig_factory, upstream)
+    rig2.upstream.script = Script(body={"error": {"message": "No response"}}, status=404)
+    r = httpx.get(f"{rig2.url}/v1/responses/resp_elsewhere", timeout=10)
+    assert r.status_code == 404 and rig2.upstream.seen[-1].path == "/v1/responses/resp_elsewhere"
+
+
+def test_an_unreachable_openai_backend_is_a_shaped_upstream_error(rig_factory: Any) -> None:
+    rig = rig_factory(backends={"oai": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1",
+                                        "timeout_s": 2}},
+                      routes=[{"match": "gpt-*", "backend": "oai"}])
+    r = httpx.get(f"{rig.url}/v1/responses/resp_x", timeout=10)
+    assert r.status_code in (502, 503)
+    assert "unreachable" in r.json()["error"]["message"] and "'oai'" in r.json()["error"]["message"]
+
+
+def test_a_bad_proxy_key_is_refused_on_get_and_delete(rig_factory: Any) -> None:
+    from prefixgate.proxy.http.auth import hash_key
+
+    rig = rig_factory(auth={"keys": [{"id": "k", "hash": hash_key("pgk-" + "a" * 40)}]})
+    for method in ("GET", "DELETE"):
+        r = httpx.request(method, f"{rig.url}/v1/responses/resp_1",
+                          headers={"authorization": "Bearer pgk-wrong"}, timeout=10)
+        assert r.status_code == 401 and "error" in r.json()
