@@ -38,6 +38,15 @@ SQL_CASE = "SQLite keywords and (unquoted) column names are case-insensitive: th
 SEPARATORS = ("the data column is only read back through json.loads: the default separators change its "
               "whitespace, not a value")
 
+NO_VALUEERROR = ("unreachable with llguidance 1.9.1: grammar_from_lark only wraps the text and never raises; "
+                 "a grammar that cannot compile surfaces through matcher.is_error(), the same 400 below")
+LOG_LEVEL = ("log_level only sets llguidance's own stderr tracing: at 0 and at 1 (the default) it prints "
+             "nothing, for a grammar that compiles and for one that fails (checked)")
+ASCII = ("llguidance reads the %json body as JSON: a \\u00fc escape and the raw character are the same "
+         "schema (test_a_non_ascii_const_is_kept_as_written passes either way)")
+CPU_DEVICE = ("on the CPU (no accelerator here) .to(None) leaves the mask where .to(logits.device) puts it; "
+              "on CUDA it differs: test_the_mask_follows_the_logits_device (skipped without CUDA) kills it")
+
 EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
     "prefixgate/proxy/routing/breaker.py": {
         "xǁBreakerǁavailable__mutmut_1": (
@@ -243,5 +252,46 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
         "xǁGateCoreǁanswered__mutmut_23": (
             "self.warm.popitem(last=None)",
             "OrderedDict.popitem reads `last` for its truth: None pops the oldest as False does"),
+    },
+    "prefixgate/local_engine/server/constrained.py": {
+        "x_call_schema__mutmut_7": (
+            "params = _bounded(copy.copy(parameters), max_string)",
+            "_bounded builds a new dict at every level it rewrites and mutates nothing, and the $defs "
+            "pop acts on its output: the client's schema is untouched either way"),
+        "x_tool_call_grammar__mutmut_18": (
+            'rules.append(f"call_{i}: %json {json.dumps(schema, ensure_ascii=None)}")', ASCII),
+        "x_tool_call_grammar__mutmut_20": ('rules.append(f"call_{i}: %json {json.dumps(schema, )}")', ASCII),
+        "x_tool_call_grammar__mutmut_21": (
+            'rules.append(f"call_{i}: %json {json.dumps(schema, ensure_ascii=True)}")', ASCII),
+        "x_tool_call_processor__mutmut_15": ('raise ApiError(None, param="tools",', NO_VALUEERROR),
+        "x_tool_call_processor__mutmut_16": (
+            'raise ApiError(f"A tool\'s parameters schema cannot be enforced: {exc}", param=None,', NO_VALUEERROR),
+        "x_tool_call_processor__mutmut_17": ("code=None) from None", NO_VALUEERROR),
+        "x_tool_call_processor__mutmut_18": ('raise ApiError(param="tools",', NO_VALUEERROR),
+        "x_tool_call_processor__mutmut_19": (
+            'raise ApiError(f"A tool\'s parameters schema cannot be enforced: {exc}", code="invalid_value") from None',
+            NO_VALUEERROR),
+        "x_tool_call_processor__mutmut_20": (") from None", NO_VALUEERROR),
+        "x_tool_call_processor__mutmut_21": (
+            'raise ApiError(f"A tool\'s parameters schema cannot be enforced: {exc}", param="XXtoolsXX",',
+            NO_VALUEERROR),
+        "x_tool_call_processor__mutmut_22": (
+            'raise ApiError(f"A tool\'s parameters schema cannot be enforced: {exc}", param="TOOLS",', NO_VALUEERROR),
+        "x_tool_call_processor__mutmut_23": ('code="XXinvalid_valueXX") from None', NO_VALUEERROR),
+        "x_tool_call_processor__mutmut_24": ('code="INVALID_VALUE") from None', NO_VALUEERROR),
+        "x_tool_call_processor__mutmut_28": (
+            "matcher = llguidance.LLMatcher(tok, grammar, log_level=None)", LOG_LEVEL),
+        "x_tool_call_processor__mutmut_31": ("matcher = llguidance.LLMatcher(tok, grammar, )", LOG_LEVEL),
+        "x_tool_call_processor__mutmut_32": ("matcher = llguidance.LLMatcher(tok, grammar, log_level=1)", LOG_LEVEL),
+        "xǁGrammarProcessorǁ__call____mutmut_16": (
+            "allowed = self._mask(logits.shape[-1], None)", CPU_DEVICE),
+        "xǁGrammarProcessorǁ_mask__mutmut_25": ("return allowed.to(None)", CPU_DEVICE),
+        "xǁGrammarProcessorǁ__call____mutmut_32": (
+            'return logits.masked_fill(~allowed, float("-INF"))', 'float() reads "-INF" as "-inf": the same value'),
+        "xǁGrammarProcessorǁ__init____mutmut_3": (
+            "self._seen = None", "completion_ids[None:] is completion_ids[0:]; the first call then sets a count"),
+        "xǁGrammarProcessorǁ_mask__mutmut_24": (
+            "allowed[: bits.shape[0]] = torch.from_numpy(bits.astype(None))",
+            "0/1 floats written into the bool tensor convert as the 0/1 bools do"),
     },
 }

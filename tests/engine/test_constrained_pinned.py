@@ -230,6 +230,7 @@ class FakeMatcher:
 def test_processor_masks_to_minus_inf_and_feeds_only_new_tokens() -> None:
     m = FakeMatcher({1, 3})
     proc = GrammarProcessor(m, vocab_size=10)
+    assert proc.failed is False
     logits = torch.arange(10, dtype=torch.float16)
     out = proc([], logits)
     assert out.dtype == torch.float16
@@ -239,7 +240,14 @@ def test_processor_masks_to_minus_inf_and_feeds_only_new_tokens() -> None:
     proc([5], logits)
     proc([5, 6, 7], logits)
     proc([5, 6, 7], logits)  # no new token: not fed again
-    assert m.fed == [[5], [6, 7]]
+    assert m.fed == [[5], [6, 7]] and proc.failed is False
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an accelerator")
+def test_the_mask_follows_the_logits_device() -> None:
+    logits = torch.zeros(10, device="cuda")
+    out = GrammarProcessor(FakeMatcher({2}), vocab_size=10)([], logits)
+    assert out.device == logits.device and torch.isfinite(out).nonzero().flatten().tolist() == [2]
 
 
 def test_tokens_past_the_vocabulary_are_masked() -> None:
@@ -260,8 +268,7 @@ def test_a_lost_sync_passes_the_logits_unchanged_from_then_on(caplog: pytest.Log
     with caplog.at_level(logging.WARNING, logger="local_engine.constrained"):
         assert torch.equal(proc([9], logits), logits)
     assert proc.failed
-    assert any("constrained decoding lost sync: token 9 not allowed" in r.getMessage()
-               for r in caplog.records)
+    assert [r.getMessage() for r in caplog.records] == ["constrained decoding lost sync: token 9 not allowed"]
     m.ok = True
     assert torch.equal(proc([9, 1], logits), logits)  # stays off
     assert m.fed == [[9]]
@@ -298,7 +305,7 @@ def test_a_schema_llguidance_cannot_enforce_is_a_400_naming_tools(hf: object) ->
     assert e.message.startswith("A tool's parameters schema cannot be enforced: ") and "strin" in e.message
 
 
-def test_a_lark_syntax_error_is_a_400_naming_tools(hf: object, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_grammar_llguidance_cannot_compile_is_a_400_naming_tools(hf: object, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(constrained, "tool_call_grammar", lambda *a: "start: (")
     with pytest.raises(ApiError) as err:
         tool_call_processor(hf, [tool("get")], ToolConstraint("required", ("get",)))
@@ -315,6 +322,21 @@ def test_a_forced_schema_nested_too_deep_is_a_400_before_compiling(hf: object) -
     with pytest.raises(ApiError) as err:
         tool_call_processor(hf, [deep], ToolConstraint("required", ("deep",)))
     assert err.value.status == 400 and err.value.param.startswith("tools[0]")
+
+
+def test_a_forced_schema_whose_refs_nest_too_deep_is_a_400(hf: object) -> None:
+    """Each definition is shallow (the tool's JSON passes the definition check), but followed
+    through its ``$ref``s the forced schema nests past the limit: refused before compiling."""
+    n = 70
+    defs: dict[str, Any] = {f"d{i}": {"type": "object", "properties": {"y": {"$ref": f"#/$defs/d{i + 1}"}},
+                                      "required": ["y"]} for i in range(n)}
+    defs[f"d{n}"] = {"type": "string"}
+    params = {"type": "object", "properties": {"x": {"$ref": "#/$defs/d0"}}, "$defs": defs}
+    tools = [tool("chain", params)]
+    with pytest.raises(ApiError) as err:
+        tool_call_processor(hf, tools, ToolConstraint("required", ("chain",)))
+    assert err.value.status == 400 and err.value.param == "tools[0].function.parameters"
+    tool_call_processor(hf, tools, ToolConstraint("none", ()))  # not forced: not expanded
 
 
 def test_llg_tokenizer_is_built_once_per_tokenizer_object(monkeypatch: pytest.MonkeyPatch) -> None:
