@@ -47,6 +47,10 @@ ASCII = ("llguidance reads the %json body as JSON: a \\u00fc escape and the raw 
 CPU_DEVICE = ("on the CPU (no accelerator here) .to(None) leaves the mask where .to(logits.device) puts it; "
               "on CUDA it differs: test_the_mask_follows_the_logits_device (skipped without CUDA) kills it")
 
+SORTED = ("output indexes are unique, so the (index, item) pairs sort by the index alone and the "
+          "item dicts are never compared")
+OPEN_TEXT = "the item's content is replaced by [] on the same line: the text handed to text_item is never seen"
+
 EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
     "prefixgate/proxy/routing/breaker.py": {
         "xǁBreakerǁavailable__mutmut_1": (
@@ -293,5 +297,17 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
         "xǁGrammarProcessorǁ_mask__mutmut_24": (
             "allowed[: bits.shape[0]] = torch.from_numpy(bits.astype(None))",
             "0/1 floats written into the bool tensor convert as the 0/1 bools do"),
+    },
+    "prefixgate/proxy/bridges/responses_chat_stream.py": {
+        "xǁResponsesStreamǁ_finish__mutmut_124": (
+            "final = self._response(status, [it for _, it in sorted(done, key=None)],", SORTED),
+        "xǁResponsesStreamǁ_finish__mutmut_126": (
+            "final = self._response(status, [it for _, it in sorted(done, )],", SORTED),
+        "xǁResponsesStreamǁ_finish__mutmut_130": (
+            "self.usage or usage_object(None))", "usage_object reads anything not a dict as {}"),
+        "xǁResponsesStreamǁ_open_text__mutmut_14": (
+            'item = {**text_item(self.text.item_id, None, "in_progress"), "content": []}', OPEN_TEXT),
+        "xǁResponsesStreamǁ_open_text__mutmut_19": (
+            'item = {**text_item(self.text.item_id, "XXXX", "in_progress"), "content": []}', OPEN_TEXT),
     },
 }

@@ -283,3 +283,65 @@ def test_no_on_done_is_fine() -> None:
     s = ResponsesStream(BODY, "resp_x")
     out = s.map(b"", SSEEvent("message", "[DONE]"))
     assert sse(out[-1])["response"]["status"] == "completed"
+
+
+def test_a_continuation_chunk_without_index_belongs_to_call_zero() -> None:
+    """Chat streams may leave ``index`` out of a call's later chunks: they are call 0's."""
+    r = Run()
+    r.feed(tc(0, "call_a", "get", '{"a'), tc(args='": 1}'), "[DONE]")
+    calls = [o for o in r.events[-1]["response"]["output"] if o["type"] == "function_call"]
+    assert [(c["call_id"], c["arguments"]) for c in calls] == [("call_a", '{"a": 1}')]
+
+
+def test_a_call_without_a_name_keeps_an_empty_name() -> None:
+    r = Run()
+    r.feed(tc(0, "call_a", args="{}"), "[DONE]")
+    added = [e for e in r.events if e["type"] == "response.output_item.added"][0]
+    assert added["item"]["name"] == "" and r.events[-1]["response"]["output"][0]["name"] == ""
+
+
+def test_done_items_keep_the_ids_and_names_they_were_added_with() -> None:
+    r = Run()
+    r.feed(delta(reasoning_content="hm"), tc(0, "call_a", "get", "{}"), "[DONE]")
+    added = {e["output_index"]: e["item"] for e in r.events if e["type"] == "response.output_item.added"}
+    done = {e["output_index"]: e["item"] for e in r.events if e["type"] == "response.output_item.done"}
+    assert [done[i]["id"] for i in (0, 1)] == [added[0]["id"], added[1]["id"]]
+    assert done[1]["name"] == "get" and done[1]["call_id"] == "call_a"
+    assert [o["id"] for o in r.events[-1]["response"]["output"]] == [added[0]["id"], added[1]["id"]]
+
+
+def test_output_indexes_count_every_item_whatever_opens_first() -> None:
+    r = Run()
+    r.feed(tc(0, "call_a", "get", "{}"), delta(reasoning_content="hm"), delta(content="so"),
+           tc(1, "call_b", "get", "{}"), "[DONE]")
+    adds = [(e["item"]["type"], e["output_index"]) for e in r.events if e["type"] == "response.output_item.added"]
+    assert adds == [("function_call", 0), ("reasoning", 1), ("message", 2), ("function_call", 3)]
+    assert [o["type"] for o in r.events[-1]["response"]["output"]] == [
+        "function_call", "reasoning", "message", "function_call"]
+
+
+def test_a_first_chunk_with_calls_keeps_every_event() -> None:
+    """Two calls in one chunk (and the response's opening events before them) all go out."""
+    r = Run()
+    first = r.feed({"choices": [{"index": 0, "delta": {"content": "x", "tool_calls": [
+        {"index": 0, "id": "call_a", "function": {"name": "get", "arguments": "{}"}},
+        {"index": 1, "id": "call_b", "function": {"name": "put", "arguments": "{}"}}]}}]})
+    assert [e["type"] for e in first] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added", "response.output_text.delta",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.output_item.added", "response.function_call_arguments.delta"]
+
+
+def test_empty_or_non_text_reasoning_opens_no_reasoning_item() -> None:
+    r = Run()
+    r.feed(delta(reasoning_content="", reasoning="", content="hi"), delta(reasoning={"text": "x"}), "[DONE]")
+    assert [o["type"] for o in r.events[-1]["response"]["output"]] == ["message"]
+
+
+def test_an_sglang_cached_count_alone_fills_the_usage() -> None:
+    r = Run()
+    r.feed({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 1}},
+           {"choices": [], "sglext": {"cached_tokens_details": {"device": 4, "host": 2}}}, "[DONE]")
+    usage = r.events[-1]["response"]["usage"]
+    assert usage["input_tokens"] == 9 and usage["input_tokens_details"]["cached_tokens"] == 6
