@@ -231,3 +231,24 @@ def test_a_chained_mapper_feeds_every_event_of_the_first_to_the_second() -> None
     both = _chained(first, second)
     assert both(b"data: x\n\n", SSEEvent("message", "x")) == [b"DATA: X-0\n\n", b"DATA: X-1\n\n"]
     assert seen == [(b"data: x-0\n\n", "x-0"), (b"data: x-1\n\n", "x-1")]
+
+
+# ---- on an OpenAI backend (the Responses identity bridge): the client's cache key wins ----------
+
+def test_a_clients_prompt_cache_key_is_never_overridden_on_an_openai_backend() -> None:
+    """The passes may propose a ``prompt_cache_key`` / ``prompt_cache_retention``; a client that
+    sent its own keeps it (its key names its own cache partition), one that sent none gets the
+    proposal, and a body the passes left alone goes byte for byte."""
+    ident = bridge_for("responses", "responses", responses=ResponsesState({"model": "gpt-x", "input": "hi"}))
+    proposal = Out({"model": "gpt-x", "messages": [], "prompt_cache_key": "pg-proxy",
+                    "prompt_cache_retention": "24h"}, b"")
+    mine = {"model": "gpt-x", "input": "hi", "prompt_cache_key": "client-key",
+            "prompt_cache_retention": "in_memory"}
+    raw = b'{"model": "gpt-x", "input": "hi", "prompt_cache_key": "client-key", "prompt_cache_retention": "in_memory"}'
+    assert ident.encode(mine, raw, proposal, None, 64) == raw
+    sent = json.loads(ident.encode(mine, raw, proposal, "gpt-y", 64))
+    assert (sent["prompt_cache_key"], sent["prompt_cache_retention"], sent["model"]) == (
+        "client-key", "in_memory", "gpt-y")
+    bare = {"model": "gpt-x", "input": "hi"}
+    sent = json.loads(ident.encode(bare, b"{}", proposal, None, 64))
+    assert (sent["prompt_cache_key"], sent["prompt_cache_retention"]) == ("pg-proxy", "24h")
