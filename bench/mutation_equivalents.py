@@ -51,6 +51,8 @@ SORTED = ("output indexes are unique, so the (index, item) pairs sort by the ind
           "item dicts are never compared")
 OPEN_TEXT = "the item's content is replaced by [] on the same line: the text handed to text_item is never seen"
 
+NO_RAW = "Translating.encode never reads raw: it encodes request(body) of the (rewritten) body"
+
 EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
     "prefixgate/proxy/routing/breaker.py": {
         "xǁBreakerǁavailable__mutmut_1": (
@@ -309,5 +311,18 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             'item = {**text_item(self.text.item_id, None, "in_progress"), "content": []}', OPEN_TEXT),
         "xǁResponsesStreamǁ_open_text__mutmut_19": (
             'item = {**text_item(self.text.item_id, "XXXX", "in_progress"), "content": []}', OPEN_TEXT),
+    },
+    "prefixgate/proxy/bridges/responses_chat.py": {
+        "xǁResponsesToChatǁanswer__mutmut_9": (
+            "answer = response_to_openai(answer, None)",
+            "the chat.completion's model is never read after: the response echoes the request's model"),
+        "xǁResponsesToChatǁencode__mutmut_15": ("return self.inner.encode(chat, None, None, None, max_depth)", NO_RAW),
+        "xǁResponsesToChatǁencode__mutmut_22": ('return self.inner.encode(chat, b"XXXX", None, None, max_depth)', NO_RAW),
+        "xǁResponsesToChatǁerror__mutmut_4": (
+            "return self.inner.error(raw, None) if self.inner is not None else None",
+            "error_to_openai builds the body from raw alone; status is not read"),
+        "xǁResponsesToChatǁstream__mutmut_13": (
+            'watcher, chunks = self.inner.stream(None, {**body, "stream_options": {"include_usage": True}})',
+            "the model only fills the Chat chunks' model field, which ResponsesStream never reads"),
     },
 }

@@ -10,13 +10,17 @@ Drives :class:`~prefixgate.proxy.bridges.responses_chat.ResponsesToChat` as the 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
+
+import pytest
 
 from prefixgate.proxy.bridges import ResponsesState, bridge_for
 from prefixgate.proxy.bridges.responses_chat import ResponsesToChat
 from prefixgate.proxy.bridges.responses_chat_items import to_chat
 from prefixgate.proxy.core import exactjson
+from prefixgate.proxy.core.errors import NestingTooDeep
 from prefixgate.proxy.core.sse import SSEEvent, parse_event
 from prefixgate.proxy.core.usage import AnthropicStreamWatcher, OpenAIStreamWatcher
 
@@ -105,6 +109,7 @@ def test_a_non_streamed_answer_becomes_a_stored_response() -> None:
     raw, usage = b.answer(answer, b"", "m")
     final = json.loads(raw)
     assert final["object"] == "response" and final["id"].startswith("resp_") and final["status"] == "completed"
+    assert isinstance(final["created_at"], int) and abs(final["created_at"] - time.time()) < 60
     assert [o["content"][0]["text"] for o in final["output"]] == ["2"]
     assert final["usage"]["input_tokens"] == 12 and final["usage"]["input_tokens_details"]["cached_tokens"] == 8
     assert final["max_output_tokens"] == 50 and final["instructions"] == "be brief"
@@ -124,7 +129,7 @@ def test_engine_timings_fill_a_non_streamed_usage() -> None:
 def test_store_false_stores_nothing() -> None:
     b, kept = bridge(store=False)
     b.answer({"choices": [{"message": {"content": "x"}}]}, b"", "m")
-    _, mapper = b.stream("m", to_chat({**BODY, "stream": True}, HISTORY))
+    _, mapper = b.stream("m", {**BODY, "stream": True})
     assert mapper is not None
     events(mapper, [chat_sse({"choices": [{"delta": {"content": "x"}}]}), chat_sse(b"[DONE]")])
     assert kept.calls == []
@@ -147,7 +152,7 @@ def test_an_anthropic_answer_becomes_a_response() -> None:
 def test_a_chat_stream_maps_to_responses_events_and_is_stored_at_the_end() -> None:
     b, kept = bridge()
     assert b.end_mapper(OpenAIStreamWatcher()) is None  # before the stream starts
-    watcher, mapper = b.stream("m", to_chat({**BODY, "stream": True}, HISTORY))
+    watcher, mapper = b.stream("m", {**BODY, "stream": True})  # the client's body, as the pipeline passes it
     assert isinstance(watcher, OpenAIStreamWatcher) and mapper is not None
     assert b.end_mapper(watcher) == mapper
     evs = events(mapper, [chat_sse({"choices": [{"delta": {"content": "Hi"}}]})])
@@ -161,7 +166,7 @@ def test_a_chat_stream_maps_to_responses_events_and_is_stored_at_the_end() -> No
 
 def test_a_failed_stream_is_not_stored() -> None:
     b, kept = bridge()
-    _, mapper = b.stream("m", to_chat({**BODY, "stream": True}, HISTORY))
+    _, mapper = b.stream("m", {**BODY, "stream": True})
     evs = events(mapper, [chat_sse({"choices": [{"delta": {"content": "Hi"}}]}),
                           chat_sse({"error": {"message": "boom"}}), chat_sse(b"[DONE]")])
     assert evs[-1]["type"] == "response.failed" and kept.calls == []
@@ -173,7 +178,8 @@ def anthropic_sse(kind: str, obj: dict[str, Any]) -> bytes:
 
 def test_an_anthropic_stream_maps_through_chat_to_responses_events() -> None:
     b, kept = bridge("anthropic")
-    watcher, mapper = b.stream("m", to_chat({**BODY, "stream": True}, HISTORY))
+    # the client's Responses body asks for no usage chunk: the bridge asks the O->A bridge for it
+    watcher, mapper = b.stream("m", {**BODY, "stream": True})
     assert isinstance(watcher, AnthropicStreamWatcher) and mapper is not None
     raws = [anthropic_sse("message_start", {"message": {"id": "msg_1", "usage": {
                 "input_tokens": 7, "output_tokens": 0, "cache_read_input_tokens": 3}}}),
@@ -200,6 +206,19 @@ def test_an_anthropic_stream_maps_through_chat_to_responses_events() -> None:
     assert kept.calls == [(final["id"], final, b.items)]
 
 
+def test_tool_arguments_nested_past_the_limit_are_a_400_on_anthropic() -> None:
+    deep = '{"a": {"b": {"c": {"d": 1}}}}'
+    body = {"model": "m", "input": [
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": deep},
+        {"type": "function_call_output", "call_id": "c1", "output": "x"}]}
+    b, _ = bridge("anthropic", body)
+    for send in (lambda d: b.request(body, d), lambda d: b.encode(body, b"", None, None, d)):
+        with pytest.raises(NestingTooDeep) as err:
+            send(2)
+        assert "nested more than 2 levels deep" in err.value.message
+        send(64)  # within the limit: translated
+
+
 def test_errors_are_mapped_by_the_o_to_a_bridge_only() -> None:
     b, _ = bridge()
     assert b.error(b'{"error": {"message": "x"}}', 500) is None
@@ -220,6 +239,7 @@ def test_a_chained_mapper_feeds_every_event_of_the_first_to_the_second() -> None
     from prefixgate.proxy.bridges.responses_chat import _chained
 
     def first(raw: bytes, ev: SSEEvent) -> list[bytes]:
+        assert raw == b"data: x\n\n"  # each mapper gets the event's bytes and its parse
         return [b"data: " + (ev.data or "").encode() + b"-" + str(i).encode() + b"\n\n" for i in range(2)]
 
     seen: list[tuple[bytes, str | None]] = []
