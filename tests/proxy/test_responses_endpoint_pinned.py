@@ -125,7 +125,9 @@ def test_store_false_keeps_nothing(rig: Any) -> None:
 
 def test_an_unknown_post_under_responses_is_a_404_in_openai_shape(rig: Any) -> None:
     r = httpx.post(rig.url + "/v1/responses/compact", json={}, timeout=10)
-    assert r.status_code == 404 and "error" in r.json() and rig.upstream.seen == []
+    assert r.status_code == 404 and rig.upstream.seen == []
+    assert r.json() == {"error": {"message": "Invalid URL (POST /v1/responses/compact)",
+                                  "type": "invalid_request_error", "param": None, "code": "unknown_url"}}
 
 
 # ---- an OpenAI backend: pointers and forwarding -----------------------------------------------
@@ -211,3 +213,30 @@ def test_a_bad_proxy_key_is_refused_on_get_and_delete(rig_factory: Any) -> None:
         r = httpx.request(method, f"{rig.url}/v1/responses/resp_1",
                           headers={"authorization": "Bearer pgk-wrong"}, timeout=10)
         assert r.status_code == 401 and "error" in r.json()
+
+
+def test_a_tenants_pointer_is_fetched_with_the_tenants_own_upstream_key(
+        rig_factory: Any, upstream: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tenant with its own key for the OpenAI backend reads its response with that key (one
+    upstream key is one organisation's store); with the key's variable gone, a 424 naming the
+    backend, never the shared key instead."""
+    monkeypatch.setenv("PG_TEST_OAI_KEY", "sk-shared")
+    monkeypatch.setenv("PG_TEST_ACME_KEY", "sk-acme-own")
+    url = upstream[1] + "/v1"
+    rig = rig_factory(tenants={"header": "on"},
+                      backends={"oai": {"kind": "openai", "base_url": url, "api_key": "${PG_TEST_OAI_KEY}",
+                                        "tenant_keys": {"acme": "${PG_TEST_ACME_KEY}"}}},
+                      routes=[{"match": "gpt-*", "backend": "oai"}])
+    acme = {"x-prefixgate-tenant": "acme"}
+    rig.upstream.script = Script(body=OAI)
+    r = httpx.post(rig.url + "/v1/responses", json={"model": "gpt-x", "input": "hi"}, headers=acme, timeout=10)
+    assert r.status_code == 200 and rig.upstream.seen[-1].headers["authorization"] == "Bearer sk-acme-own"
+    got = httpx.get(f"{rig.url}/v1/responses/resp_up1", headers=acme, timeout=10)
+    assert got.status_code == 200
+    assert rig.upstream.seen[-1].path == "/v1/responses/resp_up1"
+    assert rig.upstream.seen[-1].headers["authorization"] == "Bearer sk-acme-own"
+    monkeypatch.delenv("PG_TEST_ACME_KEY")
+    sent = len(rig.upstream.seen)
+    gone = httpx.get(f"{rig.url}/v1/responses/resp_up1", headers=acme, timeout=10)
+    assert gone.status_code == 424 and "backend 'oai'" in gone.json()["error"]["message"]
+    assert len(rig.upstream.seen) == sent

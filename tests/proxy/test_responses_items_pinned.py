@@ -175,6 +175,9 @@ def test_a_function_call_output_that_is_not_text_is_a_400() -> None:
     assert e.message.startswith("'input[0].output' must be a string or a list of text parts")
     out = msgs([{"type": "function_call_output", "call_id": "c"}])
     assert out == [{"role": "tool", "tool_call_id": "c", "content": ""}]
+    e = refused(msgs, [{"type": "function_call_output", "call_id": "c",
+                        "output": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": 5}]}])
+    assert e.param == "input[0].output[1].text" and e.code == "invalid_type"
 
 
 @pytest.mark.parametrize("kind", ["item_reference", "computer_call", "web_search_call"])
@@ -363,6 +366,11 @@ def test_output_from_chat_refusal_reasoning_key_length_and_empty() -> None:
     assert status == "incomplete" and [o["type"] for o in out] == ["reasoning", "message"]
     assert out[1]["content"][0]["text"] == "no"
     assert output_from_chat({}) == ([], "completed")
+    # empty or structured reasoning (not text) makes no reasoning item
+    out, _ = output_from_chat({"choices": [{"message": {"reasoning_content": "", "reasoning": "", "content": "a"}}]})
+    assert [o["type"] for o in out] == ["message"]
+    out, _ = output_from_chat({"choices": [{"message": {"reasoning": {"text": "r"}, "content": "a"}}]})
+    assert [o["type"] for o in out] == ["message"]
     assert output_from_chat({"choices": [{"message": {"content": "", "reasoning_content": ""}}]}) == \
         ([], "completed")
 
