@@ -53,6 +53,16 @@ OPEN_TEXT = "the item's content is replaced by [] on the same line: the text han
 
 NO_RAW = "Translating.encode never reads raw: it encodes request(body) of the (rewritten) body"
 
+TARGET_UNREAD = ("_forward reads only target.api_key(), which reads backend, backend_name, deployment and tenant: "
+                 "route, provider, wire and translate are never read")
+OPENAI_SHAPE = 'error_body answers the Anthropic shape only for api == "anthropic": any other value is the OpenAI shape'
+
+CHECKED_DEFAULT = ("check_fields (run by to_chat before any response is built) refuses every value of this "
+                   "field but absent / null / its default, so the echo is the default either way")
+CLASS_CODE = "InvalidRequest's class code is invalid_value: code=None (or left out) keeps that same code"
+JOINED = ("an assistant message holding tool_calls here is one this loop made (content None) or joined (content "
+          "empty), so `not last.get('content')` is already true whenever `'tool_calls' in last` is")
+
 EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
     "prefixgate/proxy/routing/breaker.py": {
         "xǁBreakerǁavailable__mutmut_1": (
@@ -324,5 +334,57 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
         "xǁResponsesToChatǁstream__mutmut_13": (
             'watcher, chunks = self.inner.stream(None, {**body, "stream_options": {"include_usage": True}})',
             "the model only fills the Chat chunks' model field, which ResponsesStream never reads"),
+    },
+    "prefixgate/proxy/api/responses.py": {
+        "xǁResponsesEndpointǁ_forward__mutmut_3": (
+            'target = Target(None, name, backend, "openai", "openai", False, tenant=tenant)', TARGET_UNREAD),
+        "xǁResponsesEndpointǁ_forward__mutmut_6": (
+            'target = Target("", name, backend, None, "openai", False, tenant=tenant)', TARGET_UNREAD),
+        "xǁResponsesEndpointǁ_forward__mutmut_7": (
+            'target = Target("", name, backend, "openai", None, False, tenant=tenant)', TARGET_UNREAD),
+        "xǁResponsesEndpointǁ_forward__mutmut_8": (
+            'target = Target("", name, backend, "openai", "openai", None, tenant=tenant)', TARGET_UNREAD),
+        "xǁResponsesEndpointǁ_forward__mutmut_17": (
+            'target = Target("XXXX", name, backend, "openai", "openai", False, tenant=tenant)', TARGET_UNREAD),
+        "xǁResponsesEndpointǁ_forward__mutmut_18": (
+            'target = Target("", name, backend, "XXopenaiXX", "openai", False, tenant=tenant)', TARGET_UNREAD),
+        "xǁResponsesEndpointǁ_forward__mutmut_19": (
+            'target = Target("", name, backend, "OPENAI", "openai", False, tenant=tenant)', TARGET_UNREAD),
+        "x__no_such_endpoint__mutmut_2": (
+            'return error_response(UnknownEndpoint(request.method, request.url.path, 404), None)', OPENAI_SHAPE),
+        "x__no_such_endpoint__mutmut_12": (
+            'return error_response(UnknownEndpoint(request.method, request.url.path, 404), "XXopenaiXX")', OPENAI_SHAPE),
+        "x__no_such_endpoint__mutmut_13": (
+            'return error_response(UnknownEndpoint(request.method, request.url.path, 404), "OPENAI")', OPENAI_SHAPE),
+    },
+    "prefixgate/proxy/bridges/responses_chat_items.py": {
+        "x_response_object__mutmut_81": (
+            '"truncation": body.get(None) or "disabled",', CHECKED_DEFAULT),
+        "x_response_object__mutmut_82": (
+            '"truncation": body.get("XXtruncationXX") or "disabled",', CHECKED_DEFAULT),
+        "x_response_object__mutmut_83": (
+            '"truncation": body.get("TRUNCATION") or "disabled",', CHECKED_DEFAULT),
+        "x_response_object__mutmut_134": (
+            '"top_logprobs": body.get(None) or 0,', CHECKED_DEFAULT),
+        "x_response_object__mutmut_135": (
+            '"top_logprobs": body.get("XXtop_logprobsXX") or 0,', CHECKED_DEFAULT),
+        "x_response_object__mutmut_136": (
+            '"top_logprobs": body.get("TOP_LOGPROBS") or 0,', CHECKED_DEFAULT),
+        "x_response_object__mutmut_157": (
+            '"max_tool_calls": body.get(None), "store": body.get("store", True),', CHECKED_DEFAULT),
+        "x_response_object__mutmut_158": (
+            '"max_tool_calls": body.get("XXmax_tool_callsXX"), "store": body.get("store", True),', CHECKED_DEFAULT),
+        "x_response_object__mutmut_159": (
+            '"max_tool_calls": body.get("MAX_TOOL_CALLS"), "store": body.get("store", True),', CHECKED_DEFAULT),
+        "x__message__mutmut_16": (
+            'param=f"{param}.role", code=None)', CLASS_CODE),
+        "x__message__mutmut_19": (
+            'param=f"{param}.role", )', CLASS_CODE),
+        "x_items_to_messages__mutmut_90": (
+            '"XXtool_callsXX" in last or not last.get("content")):', JOINED),
+        "x_items_to_messages__mutmut_91": (
+            '"TOOL_CALLS" in last or not last.get("content")):', JOINED),
+        "x_items_to_messages__mutmut_106": (
+            'last.setdefault("content", )', "dict.setdefault's default is None: the same call"),
     },
 }

@@ -413,3 +413,32 @@ def test_response_object_defaults_for_a_bare_request() -> None:
     inc = response_object({}, "resp_1", 5, [], None, "incomplete")
     assert inc["incomplete_details"] == {"reason": "max_output_tokens"} and isinstance(inc["completed_at"], int)
     assert response_object({}, "resp_1", 5, [], None, "failed")["completed_at"] is None
+
+
+@pytest.mark.parametrize("item, param", [
+    ({"type": "function_call", "call_id": 1, "name": "f"}, "input[0].call_id"),
+    ({"type": "function_call", "id": ["x"], "name": "f"}, "input[0].id"),
+    ({"type": "function_call", "call_id": "c", "name": 2}, "input[0].name"),
+    ({"type": "function_call", "call_id": "c", "name": "f", "arguments": {"a": 1}}, "input[0].arguments"),
+    ({"type": "function_call_output", "call_id": 3, "output": "x"}, "input[0].call_id"),
+    ({"role": "assistant", "content": [{"type": "refusal", "refusal": 4}]}, "input[0].content[0].refusal"),
+    ({"role": "user", "content": [{"type": "input_image", "image_url": "https://x", "detail": 5}]},
+     "input[0].content[0].detail"),
+])
+def test_a_field_of_the_wrong_type_is_a_400_naming_its_path(item: dict[str, Any], param: str) -> None:
+    e = refused(msgs, [item])
+    assert e.param == param and e.code == "invalid_type"
+    assert e.message == f"Invalid type for '{param}': expected a string."
+
+
+def test_the_file_id_refusal_says_why() -> None:
+    e = refused(msgs, [{"role": "user", "content": [{"type": "input_image", "file_id": "file_1"}]}])
+    assert e.message == ("'input[0].content[0]': only images given by URL or data URL can be bridged "
+                         "(file_id names a file stored at OpenAI).")
+
+
+def test_a_reasoning_item_in_the_middle_drops_only_itself() -> None:
+    items = [{"role": "user", "content": "q"}, {"type": "reasoning", "summary": []},
+             {"role": "assistant", "content": "a"}, {"role": "user", "content": "q2"}]
+    assert msgs(items) == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+                           {"role": "user", "content": "q2"}]
