@@ -336,6 +336,8 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             "the model only fills the Chat chunks' model field, which ResponsesStream never reads"),
     },
     "prefixgate/proxy/api/responses.py": {
+        "x_check_body__mutmut_74": ("code=None)", CLASS_CODE),
+        "x_check_body__mutmut_77": (")", CLASS_CODE),
         "xǁResponsesEndpointǁ_forward__mutmut_3": (
             'target = Target(None, name, backend, "openai", "openai", False, tenant=tenant)', TARGET_UNREAD),
         "xǁResponsesEndpointǁ_forward__mutmut_6": (

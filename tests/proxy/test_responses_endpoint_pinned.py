@@ -15,7 +15,7 @@ import pytest
 
 from prefixgate.proxy.api.responses import MAX_OUTPUT_TOKENS, check_body
 from prefixgate.proxy.core.errors import InvalidRequest
-from tests.proxy.upstream import Script, completion
+from tests.proxy.upstream import Script, completion, wait_rows
 
 OAI = {"id": "resp_up1", "object": "response", "status": "completed", "model": "gpt-x",
        "output": [], "usage": {"input_tokens": 5, "output_tokens": 1, "total_tokens": 6}}
@@ -113,6 +113,15 @@ def test_a_bridged_response_is_stored_read_continued_and_deleted(rig: Any) -> No
     assert err["message"] == f"Previous response with id '{rid}' not found."
     assert len(rig.upstream.seen) == sent  # neither the GETs nor the 404 reached the backend
     assert httpx.get(f"{rig.url}/v1/responses/{follow.json()['id']}", timeout=10).status_code == 200
+
+
+def test_each_create_is_one_ledger_row_of_the_responses_endpoint(rig: Any) -> None:
+    rig.upstream.script = Script(body=completion("x"))
+    assert create(rig).status_code == 200
+    rig.upstream.script = Script(body=completion("y"))
+    assert httpx.post(rig.url + "/responses", json={"model": "m1", "input": "hi"}, timeout=10).status_code == 200
+    rows = wait_rows(rig.ledger, 2)
+    assert [r["endpoint"] for r in rows] == ["/v1/responses", "/v1/responses"]  # the bare path is served as /v1
 
 
 def test_store_false_keeps_nothing(rig: Any) -> None:
