@@ -336,6 +336,17 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             "the model only fills the Chat chunks' model field, which ResponsesStream never reads"),
     },
     "prefixgate/proxy/api/responses.py": {
+        "xǁResponsesEndpointǁ_bridge__mutmut_10": (
+            'store = body.get("store", ) is not False', "get's default is None, and None is not False just as True is not"),
+        "xǁResponsesEndpointǁ_bridge__mutmut_46": (
+            'return bridge_for("responses", "responses", responses=ResponsesState(None, keep_pointer=pointer))',
+            "the identity bridge is built from keep_pointer alone: ResponsesState.body is not read on that branch"),
+        "xǁResponsesEndpointǁ_forward__mutmut_20": (
+            'target = Target("", name, backend, "openai", "XXopenaiXX", False, tenant=tenant)', TARGET_UNREAD),
+        "xǁResponsesEndpointǁ_forward__mutmut_21": (
+            'target = Target("", name, backend, "openai", "OPENAI", False, tenant=tenant)', TARGET_UNREAD),
+        "xǁResponsesEndpointǁ_forward__mutmut_22": (
+            'target = Target("", name, backend, "openai", "openai", True, tenant=tenant)', TARGET_UNREAD),
         "x_check_body__mutmut_74": ("code=None)", CLASS_CODE),
         "x_check_body__mutmut_77": (")", CLASS_CODE),
         "xǁResponsesEndpointǁ_forward__mutmut_3": (

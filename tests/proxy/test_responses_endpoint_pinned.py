@@ -154,9 +154,12 @@ def test_a_pointer_forwards_get_and_delete_to_its_backend_with_its_key(
     rig = oai_rig(rig_factory, upstream, api_key="${PG_TEST_OAI_KEY}")
     rig.upstream.script = Script(body=OAI)
     assert create(rig, model="gpt-x").json()["id"] == "resp_up1"
-    rig.upstream.script = Script(body={**OAI, "status": "in_store"}, status=203)
+    rig.upstream.script = Script(body={**OAI, "status": "in_store"}, status=203,
+                                 headers={"x-request-id": "req_42", "set-cookie": "a=b"})
     got = httpx.get(f"{rig.url}/v1/responses/resp_up1", timeout=10)
     assert got.status_code == 203 and got.json()["status"] == "in_store"
+    assert got.headers["content-type"] == "application/json"
+    assert got.headers["x-request-id"] == "req_42" and "set-cookie" not in got.headers
     seen = rig.upstream.seen[-1]
     assert seen.path == "/v1/responses/resp_up1" and seen.headers["authorization"] == "Bearer sk-oai-backend"
     rig.upstream.script = Script(body={"id": "resp_up1", "object": "response.deleted", "deleted": True})
@@ -211,7 +214,7 @@ def test_an_unreachable_openai_backend_is_a_shaped_upstream_error(rig_factory: A
                       routes=[{"match": "gpt-*", "backend": "oai"}])
     r = httpx.get(f"{rig.url}/v1/responses/resp_x", timeout=10)
     assert r.status_code in (502, 503)
-    assert "unreachable" in r.json()["error"]["message"] and "'oai'" in r.json()["error"]["message"]
+    assert r.json()["error"]["message"].startswith("upstream 'oai' unreachable (Connect")
 
 
 def test_a_bad_proxy_key_is_refused_on_get_and_delete(rig_factory: Any) -> None:
@@ -249,3 +252,49 @@ def test_a_tenants_pointer_is_fetched_with_the_tenants_own_upstream_key(
     gone = httpx.get(f"{rig.url}/v1/responses/resp_up1", headers=acme, timeout=10)
     assert gone.status_code == 424 and "backend 'oai'" in gone.json()["error"]["message"]
     assert len(rig.upstream.seen) == sent
+
+
+def test_a_forwarded_get_gives_up_at_the_backends_timeout(rig_factory: Any, upstream: Any) -> None:
+    url = upstream[1] + "/v1"
+    rig = rig_factory(backends={"oai": {"kind": "openai", "base_url": url, "timeout_s": 0.3}},
+                      routes=[{"match": "gpt-*", "backend": "oai"}])
+    rig.upstream.script = Script(pieces=[b"{}"], delay_s=1.5, media_type="application/json")
+    r = httpx.get(f"{rig.url}/v1/responses/resp_slow", timeout=10)
+    assert r.status_code in (502, 503, 504)
+    assert "unreachable (ReadTimeout)" in r.json()["error"]["message"]
+
+
+def test_a_tenant_continues_its_own_openai_response_and_another_gets_a_404_naming_it(
+        rig_factory: Any, upstream: Any) -> None:
+    url = upstream[1] + "/v1"
+    rig = rig_factory(tenants={"header": "on"}, backends={"oai": {"kind": "openai", "base_url": url}},
+                      routes=[{"match": "gpt-*", "backend": "oai"}])
+    acme, globex = {"x-prefixgate-tenant": "acme"}, {"x-prefixgate-tenant": "globex"}
+    rig.upstream.script = Script(body=OAI)
+    body = {"model": "gpt-x", "input": "hi"}
+    assert httpx.post(rig.url + "/v1/responses", json=body, headers=acme, timeout=10).status_code == 200
+    rig.upstream.script = Script(body={**OAI, "id": "resp_up2"})
+    follow = httpx.post(rig.url + "/v1/responses", json={**body, "previous_response_id": "resp_up1"},
+                        headers=acme, timeout=10)
+    assert follow.status_code == 200 and rig.upstream.seen[-1].json["previous_response_id"] == "resp_up1"
+    other = httpx.post(rig.url + "/v1/responses", json={**body, "previous_response_id": "resp_up1"},
+                       headers=globex, timeout=10)
+    assert other.status_code == 404
+    assert other.json()["error"]["message"] == "Previous response with id 'resp_up1' not found."
+
+
+async def test_a_forward_while_the_upstream_client_is_down_is_a_503() -> None:
+    from types import SimpleNamespace
+
+    from prefixgate.cache.responses_store import MemoryResponseStore
+    from prefixgate.config.loader import parse_policy
+    from prefixgate.proxy.api.responses import ResponsesEndpoint
+    from prefixgate.proxy.core.errors import UpstreamUnavailable
+
+    policy = parse_policy({"backends": {"oai": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1"}},
+                           "routes": [{"match": "*", "backend": "oai"}]})
+    state = SimpleNamespace(policy=policy, upstream=SimpleNamespace(client=None))
+    ep = ResponsesEndpoint(state, MemoryResponseStore())  # type: ignore[arg-type]
+    with pytest.raises(UpstreamUnavailable) as err:
+        await ep._forward(SimpleNamespace(headers={}), "oai", "resp_1", "GET", "")  # type: ignore[arg-type]
+    assert err.value.message == "the upstream client is not running"
