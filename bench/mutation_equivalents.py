@@ -336,6 +336,23 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             "the model only fills the Chat chunks' model field, which ResponsesStream never reads"),
     },
     "prefixgate/proxy/api/responses.py": {
+        "xǁResponsesEndpointǁ_bridge__mutmut_8": (
+            'store = body.get("store", None) is not False', "None is not False just as True is not: the same verdict"),
+        "xǁResponsesEndpointǁ_by_id__mutmut_3": (
+            'key_id = await self.state.guard.admit(request.headers, None, limit=False)',
+            "presented_key puts x-api-key first only for api == 'anthropic': any other value reads the key as openai does"),
+        "xǁResponsesEndpointǁ_by_id__mutmut_8": (
+            'key_id = await self.state.guard.admit(request.headers, "XXopenaiXX", limit=False)',
+            "presented_key puts x-api-key first only for api == 'anthropic': any other value reads the key as openai does"),
+        "xǁResponsesEndpointǁ_by_id__mutmut_9": (
+            'key_id = await self.state.guard.admit(request.headers, "OPENAI", limit=False)',
+            "presented_key puts x-api-key first only for api == 'anthropic': any other value reads the key as openai does"),
+        "xǁResponsesEndpointǁ_by_id__mutmut_4": (
+            'key_id = await self.state.guard.admit(request.headers, "openai", limit=None)',
+            "admit's limit is read only for its truth: None and the default False both skip the count"),
+        "xǁResponsesEndpointǁ_by_id__mutmut_7": (
+            'key_id = await self.state.guard.admit(request.headers, "openai", )',
+            "admit's limit is read only for its truth: None and the default False both skip the count"),
         "xǁResponsesEndpointǁ_bridge__mutmut_10": (
             'store = body.get("store", ) is not False', "get's default is None, and None is not False just as True is not"),
         "xǁResponsesEndpointǁ_bridge__mutmut_46": (

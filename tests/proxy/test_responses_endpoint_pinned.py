@@ -298,3 +298,22 @@ async def test_a_forward_while_the_upstream_client_is_down_is_a_503() -> None:
     with pytest.raises(UpstreamUnavailable) as err:
         await ep._forward(SimpleNamespace(headers={}), "oai", "resp_1", "GET", "")  # type: ignore[arg-type]
     assert err.value.message == "the upstream client is not running"
+
+
+def test_on_an_anthropic_backend_the_bridge_speaks_messages(rig: Any) -> None:
+    rig.upstream.script = Script(body={
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x", "stop_reason": "end_turn",
+        "content": [{"type": "text", "text": "Bonjour"}], "usage": {"input_tokens": 5, "output_tokens": 1}})
+    r = create(rig, model="claude-x", input="Hello in French")
+    assert r.status_code == 200 and r.json()["output"][0]["content"][0]["text"] == "Bonjour"
+    assert rig.upstream.seen[-1].path == "/v1/messages"
+
+
+def test_reading_a_response_is_not_counted_against_the_keys_request_rate(rig_factory: Any) -> None:
+    from prefixgate.proxy.http.auth import hash_key
+
+    key = "pgk-" + "r" * 40
+    rig = rig_factory(auth={"keys": [{"id": "k", "hash": hash_key(key), "rpm": 1}]})
+    for _ in range(3):
+        r = httpx.get(f"{rig.url}/v1/responses/resp_none", headers={"authorization": f"Bearer {key}"}, timeout=10)
+        assert r.status_code == 404
