@@ -336,6 +336,9 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             "the model only fills the Chat chunks' model field, which ResponsesStream never reads"),
     },
     "prefixgate/proxy/api/responses.py": {
+        "xǁResponsesEndpointǁ_by_id__mutmut_78": ('return error_response(e, None)', OPENAI_SHAPE),
+        "xǁResponsesEndpointǁ_by_id__mutmut_81": ('return error_response(e, "XXopenaiXX")', OPENAI_SHAPE),
+        "xǁResponsesEndpointǁ_by_id__mutmut_82": ('return error_response(e, "OPENAI")', OPENAI_SHAPE),
         "xǁResponsesEndpointǁ_bridge__mutmut_8": (
             'store = body.get("store", None) is not False', "None is not False just as True is not: the same verdict"),
         "xǁResponsesEndpointǁ_by_id__mutmut_3": (

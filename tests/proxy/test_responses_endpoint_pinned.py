@@ -91,6 +91,7 @@ def test_a_bridged_response_is_stored_read_continued_and_deleted(rig: Any) -> No
     rid = r.json()["id"]
     got = httpx.get(f"{rig.url}/v1/responses/{rid}", timeout=10)
     assert got.status_code == 200 and got.json() == r.json()
+    assert got.headers["content-type"] == "application/json"
     bare = httpx.get(f"{rig.url}/responses/{rid}", timeout=10)  # served without /v1 too
     assert bare.status_code == 200 and bare.json()["id"] == rid
     rig.upstream.script = Script(body=completion("second"))
@@ -317,3 +318,31 @@ def test_reading_a_response_is_not_counted_against_the_keys_request_rate(rig_fac
     for _ in range(3):
         r = httpx.get(f"{rig.url}/v1/responses/resp_none", headers={"authorization": f"Bearer {key}"}, timeout=10)
         assert r.status_code == 404
+
+
+def test_deleting_a_tenants_pointer_forgets_it(rig_factory: Any, upstream: Any) -> None:
+    url = upstream[1] + "/v1"
+    rig = rig_factory(tenants={"header": "on"}, backends={"oai": {"kind": "openai", "base_url": url}},
+                      routes=[{"match": "gpt-*", "backend": "oai"}])
+    acme = {"x-prefixgate-tenant": "acme"}
+    rig.upstream.script = Script(body=OAI)
+    httpx.post(rig.url + "/v1/responses", json={"model": "gpt-x", "input": "hi"}, headers=acme, timeout=10)
+    rig.upstream.script = Script(body={"id": "resp_up1", "object": "response.deleted", "deleted": True})
+    assert httpx.delete(f"{rig.url}/v1/responses/resp_up1", headers=acme, timeout=10).status_code == 200
+    sent = len(rig.upstream.seen)
+    assert httpx.get(f"{rig.url}/v1/responses/resp_up1", headers=acme, timeout=10).status_code == 404
+    assert len(rig.upstream.seen) == sent  # the pointer is gone: nothing is forwarded
+
+
+def test_install_serves_the_store_it_is_given() -> None:
+    from types import SimpleNamespace
+
+    from fastapi import FastAPI
+
+    from prefixgate.cache.responses_store import MemoryResponseStore
+    from prefixgate.proxy.api.responses import install
+
+    app, store = FastAPI(), MemoryResponseStore()
+    assert install(app, SimpleNamespace(), store) is store and app.state.responses is store  # type: ignore[arg-type]
+    default = install(FastAPI(), SimpleNamespace())  # type: ignore[arg-type]
+    assert isinstance(default, MemoryResponseStore) and default is not store
