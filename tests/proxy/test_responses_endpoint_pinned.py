@@ -86,12 +86,14 @@ def create(rig: Any, **body: Any) -> httpx.Response:
 
 def test_a_bridged_response_is_stored_read_continued_and_deleted(rig: Any) -> None:
     rig.upstream.script = Script(body=completion("first"))
-    r = create(rig, input="one")
-    assert r.status_code == 200
+    r = httpx.post(rig.url + "/v1/responses", content=b'{"model": "m1", "input": "one", "temperature": 0.70}',
+                   headers={"content-type": "application/json"}, timeout=10)
+    assert r.status_code == 200 and b'"temperature":0.70' in r.content
     rid = r.json()["id"]
     got = httpx.get(f"{rig.url}/v1/responses/{rid}", timeout=10)
     assert got.status_code == 200 and got.json() == r.json()
     assert got.headers["content-type"] == "application/json"
+    assert got.content == r.content  # stored as exact JSON: 0.70 stays 0.70
     bare = httpx.get(f"{rig.url}/responses/{rid}", timeout=10)  # served without /v1 too
     assert bare.status_code == 200 and bare.json()["id"] == rid
     rig.upstream.script = Script(body=completion("second"))
