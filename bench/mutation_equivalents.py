@@ -63,6 +63,9 @@ CLASS_CODE = "InvalidRequest's class code is invalid_value: code=None (or left o
 JOINED = ("an assistant message holding tool_calls here is one this loop made (content None) or joined (content "
           "empty), so `not last.get('content')` is already true whenever `'tool_calls' in last` is")
 
+UP = "FastAPI upper-cases a route's methods ({m.upper() for m in methods}): the same route"
+GETD = "add_api_route's default methods are ['GET']: the same route"
+
 EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
     "prefixgate/proxy/routing/breaker.py": {
         "xǁBreakerǁavailable__mutmut_1": (
@@ -336,6 +339,12 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             "the model only fills the Chat chunks' model field, which ResponsesStream never reads"),
     },
     "prefixgate/proxy/api/responses.py": {
+        "x_install__mutmut_23": ('app.add_api_route("/v1/responses", ep.create, methods=["post"])', UP),
+        "x_install__mutmut_33": ('app.add_api_route("/v1/responses/{response_id}", ep.retrieve, methods=["get"])', UP),
+        "x_install__mutmut_43": ('app.add_api_route("/v1/responses/{response_id}", ep.delete, methods=["delete"])', UP),
+        "x_install__mutmut_55": ('app.add_api_route("/v1/responses/{response_id}", _no_such_endpoint, methods=["post"],', UP),
+        "x_install__mutmut_26": ('app.add_api_route("/v1/responses/{response_id}", ep.retrieve, methods=None)', GETD),
+        "x_install__mutmut_29": ('app.add_api_route("/v1/responses/{response_id}", ep.retrieve, )', GETD),
         "xǁResponsesEndpointǁ_by_id__mutmut_78": ('return error_response(e, None)', OPENAI_SHAPE),
         "xǁResponsesEndpointǁ_by_id__mutmut_81": ('return error_response(e, "XXopenaiXX")', OPENAI_SHAPE),
         "xǁResponsesEndpointǁ_by_id__mutmut_82": ('return error_response(e, "OPENAI")', OPENAI_SHAPE),

@@ -348,3 +348,9 @@ def test_install_serves_the_store_it_is_given() -> None:
     assert install(app, SimpleNamespace(), store) is store and app.state.responses is store  # type: ignore[arg-type]
     default = install(FastAPI(), SimpleNamespace())  # type: ignore[arg-type]
     assert isinstance(default, MemoryResponseStore) and default is not store
+
+
+def test_the_openapi_document_lists_get_and_delete_of_a_response_but_no_post(rig: Any) -> None:
+    paths = httpx.get(rig.url + "/openapi.json", timeout=10).json()["paths"]
+    assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"}
+    assert set(paths["/v1/responses"]) == {"post"}
