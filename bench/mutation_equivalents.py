@@ -339,6 +339,9 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             "the model only fills the Chat chunks' model field, which ResponsesStream never reads"),
     },
     "prefixgate/proxy/api/responses.py": {
+        "xǁResponsesEndpointǁretrieve__mutmut_8": (
+            'return await self._by_id(request, response_id, "get")',
+            "_by_id compares the method only with 'DELETE', and httpx upper-cases the forwarded request's method"),
         "x_install__mutmut_23": ('app.add_api_route("/v1/responses", ep.create, methods=["post"])', UP),
         "x_install__mutmut_33": ('app.add_api_route("/v1/responses/{response_id}", ep.retrieve, methods=["get"])', UP),
         "x_install__mutmut_43": ('app.add_api_route("/v1/responses/{response_id}", ep.delete, methods=["delete"])', UP),

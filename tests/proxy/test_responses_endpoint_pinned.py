@@ -354,3 +354,15 @@ def test_the_openapi_document_lists_get_and_delete_of_a_response_but_no_post(rig
     paths = httpx.get(rig.url + "/openapi.json", timeout=10).json()["paths"]
     assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"}
     assert set(paths["/v1/responses"]) == {"post"}
+
+
+def test_a_backend_id_that_is_not_a_plain_id_is_never_looked_up_nor_forwarded(
+        rig_factory: Any, upstream: Any) -> None:
+    rig = oai_rig(rig_factory, upstream)
+    rig.upstream.script = Script(body={**OAI, "id": "x y?z=1"})
+    assert create(rig, model="gpt-x").status_code == 200
+    sent = len(rig.upstream.seen)
+    for method in ("GET", "DELETE"):
+        r = httpx.request(method, f"{rig.url}/v1/responses/x%20y%3Fz%3D1", timeout=10)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    assert len(rig.upstream.seen) == sent
