@@ -339,6 +339,9 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             "the model only fills the Chat chunks' model field, which ResponsesStream never reads"),
     },
     "prefixgate/proxy/api/responses.py": {
+        "x_install__mutmut_47": (
+            "include_in_schema=None)",
+            "FastAPI reads include_in_schema for its truth: None leaves the route out of /openapi.json as False does"),
         "xǁResponsesEndpointǁretrieve__mutmut_8": (
             'return await self._by_id(request, response_id, "get")',
             "_by_id compares the method only with 'DELETE', and httpx upper-cases the forwarded request's method"),
