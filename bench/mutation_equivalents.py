@@ -59,6 +59,33 @@ ONE_LEFT = ("a running request with one token to compute is a decode (num_comput
             "or one cut by decodes[:budget], which leaves no budget: the loop skipped it already")
 CACHED_UNREAD = ("`cached` is read only by _should_defer, which returns before reading it without a cache, "
                  "and with a cache it is overwritten by the peek")
+NO_VALUEERROR = ("unreachable with llguidance 1.9.1: grammar_from_lark only wraps the text and never raises; "
+                 "a grammar that cannot compile surfaces through matcher.is_error(), the same 400 below")
+LOG_LEVEL = ("log_level only sets llguidance's own stderr tracing: at 0 and at 1 (the default) it prints "
+             "nothing, for a grammar that compiles and for one that fails (checked)")
+ASCII = ("llguidance reads the %json body as JSON: a \\u00fc escape and the raw character are the same "
+         "schema (test_a_non_ascii_const_is_kept_as_written passes either way)")
+CPU_DEVICE = ("on the CPU (no accelerator here) .to(None) leaves the mask where .to(logits.device) puts it; "
+              "on CUDA it differs: test_the_mask_follows_the_logits_device (skipped without CUDA) kills it")
+
+SORTED = ("output indexes are unique, so the (index, item) pairs sort by the index alone and the "
+          "item dicts are never compared")
+OPEN_TEXT = "the item's content is replaced by [] on the same line: the text handed to text_item is never seen"
+
+NO_RAW = "Translating.encode never reads raw: it encodes request(body) of the (rewritten) body"
+
+TARGET_UNREAD = ("_forward reads only target.api_key(), which reads backend, backend_name, deployment and tenant: "
+                 "route, provider, wire and translate are never read")
+OPENAI_SHAPE = 'error_body answers the Anthropic shape only for api == "anthropic": any other value is the OpenAI shape'
+
+CHECKED_DEFAULT = ("check_fields (run by to_chat before any response is built) refuses every value of this "
+                   "field but absent / null / its default, so the echo is the default either way")
+CLASS_CODE = "InvalidRequest's class code is invalid_value: code=None (or left out) keeps that same code"
+JOINED = ("an assistant message holding tool_calls here is one this loop made (content None) or joined (content "
+          "empty), so `not last.get('content')` is already true whenever `'tool_calls' in last` is")
+
+UP = "FastAPI upper-cases a route's methods ({m.upper() for m in methods}): the same route"
+GETD = "add_api_route's default methods are ['GET']: the same route"
 
 EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
     "prefixgate/proxy/routing/breaker.py": {
@@ -426,5 +453,168 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             "cached = self.cache.peek_prefix_len(seq.token_ids[:-2], seq.extra_key)",
             "differs only when the match covers all of token_ids[:-1]; the shared prefix is then at most "
             "the match, so shared - cached <= 1 < 32 either way: no deferral"),
+    },
+    "prefixgate/local_engine/server/constrained.py": {
+        "x_call_schema__mutmut_7": (
+            "params = _bounded(copy.copy(parameters), max_string)",
+            "_bounded builds a new dict at every level it rewrites and mutates nothing, and the $defs "
+            "pop acts on its output: the client's schema is untouched either way"),
+        "x_tool_call_grammar__mutmut_18": (
+            'rules.append(f"call_{i}: %json {json.dumps(schema, ensure_ascii=None)}")', ASCII),
+        "x_tool_call_grammar__mutmut_20": ('rules.append(f"call_{i}: %json {json.dumps(schema, )}")', ASCII),
+        "x_tool_call_grammar__mutmut_21": (
+            'rules.append(f"call_{i}: %json {json.dumps(schema, ensure_ascii=True)}")', ASCII),
+        "x_tool_call_processor__mutmut_15": ('raise ApiError(None, param="tools",', NO_VALUEERROR),
+        "x_tool_call_processor__mutmut_16": (
+            'raise ApiError(f"A tool\'s parameters schema cannot be enforced: {exc}", param=None,', NO_VALUEERROR),
+        "x_tool_call_processor__mutmut_17": ("code=None) from None", NO_VALUEERROR),
+        "x_tool_call_processor__mutmut_18": ('raise ApiError(param="tools",', NO_VALUEERROR),
+        "x_tool_call_processor__mutmut_19": (
+            'raise ApiError(f"A tool\'s parameters schema cannot be enforced: {exc}", code="invalid_value") from None',
+            NO_VALUEERROR),
+        "x_tool_call_processor__mutmut_20": (") from None", NO_VALUEERROR),
+        "x_tool_call_processor__mutmut_21": (
+            'raise ApiError(f"A tool\'s parameters schema cannot be enforced: {exc}", param="XXtoolsXX",',
+            NO_VALUEERROR),
+        "x_tool_call_processor__mutmut_22": (
+            'raise ApiError(f"A tool\'s parameters schema cannot be enforced: {exc}", param="TOOLS",', NO_VALUEERROR),
+        "x_tool_call_processor__mutmut_23": ('code="XXinvalid_valueXX") from None', NO_VALUEERROR),
+        "x_tool_call_processor__mutmut_24": ('code="INVALID_VALUE") from None', NO_VALUEERROR),
+        "x_tool_call_processor__mutmut_28": (
+            "matcher = llguidance.LLMatcher(tok, grammar, log_level=None)", LOG_LEVEL),
+        "x_tool_call_processor__mutmut_31": ("matcher = llguidance.LLMatcher(tok, grammar, )", LOG_LEVEL),
+        "x_tool_call_processor__mutmut_32": ("matcher = llguidance.LLMatcher(tok, grammar, log_level=1)", LOG_LEVEL),
+        "xǁGrammarProcessorǁ__call____mutmut_16": (
+            "allowed = self._mask(logits.shape[-1], None)", CPU_DEVICE),
+        "xǁGrammarProcessorǁ_mask__mutmut_25": ("return allowed.to(None)", CPU_DEVICE),
+        "xǁGrammarProcessorǁ__call____mutmut_32": (
+            'return logits.masked_fill(~allowed, float("-INF"))', 'float() reads "-INF" as "-inf": the same value'),
+        "xǁGrammarProcessorǁ__init____mutmut_3": (
+            "self._seen = None", "completion_ids[None:] is completion_ids[0:]; the first call then sets a count"),
+        "xǁGrammarProcessorǁ_mask__mutmut_24": (
+            "allowed[: bits.shape[0]] = torch.from_numpy(bits.astype(None))",
+            "0/1 floats written into the bool tensor convert as the 0/1 bools do"),
+    },
+    "prefixgate/proxy/bridges/responses_chat_stream.py": {
+        "xǁResponsesStreamǁ_finish__mutmut_124": (
+            "final = self._response(status, [it for _, it in sorted(done, key=None)],", SORTED),
+        "xǁResponsesStreamǁ_finish__mutmut_126": (
+            "final = self._response(status, [it for _, it in sorted(done, )],", SORTED),
+        "xǁResponsesStreamǁ_finish__mutmut_130": (
+            "self.usage or usage_object(None))", "usage_object reads anything not a dict as {}"),
+        "xǁResponsesStreamǁ_open_text__mutmut_14": (
+            'item = {**text_item(self.text.item_id, None, "in_progress"), "content": []}', OPEN_TEXT),
+        "xǁResponsesStreamǁ_open_text__mutmut_19": (
+            'item = {**text_item(self.text.item_id, "XXXX", "in_progress"), "content": []}', OPEN_TEXT),
+    },
+    "prefixgate/proxy/bridges/responses_chat.py": {
+        "xǁResponsesToChatǁanswer__mutmut_9": (
+            "answer = response_to_openai(answer, None)",
+            "the chat.completion's model is never read after: the response echoes the request's model"),
+        "xǁResponsesToChatǁencode__mutmut_15": ("return self.inner.encode(chat, None, None, None, max_depth)", NO_RAW),
+        "xǁResponsesToChatǁencode__mutmut_22": ('return self.inner.encode(chat, b"XXXX", None, None, max_depth)', NO_RAW),
+        "xǁResponsesToChatǁerror__mutmut_4": (
+            "return self.inner.error(raw, None) if self.inner is not None else None",
+            "error_to_openai builds the body from raw alone; status is not read"),
+        "xǁResponsesToChatǁstream__mutmut_13": (
+            'watcher, chunks = self.inner.stream(None, {**body, "stream_options": {"include_usage": True}})',
+            "the model only fills the Chat chunks' model field, which ResponsesStream never reads"),
+    },
+    "prefixgate/proxy/api/responses.py": {
+        "x_install__mutmut_47": (
+            "include_in_schema=None)",
+            "FastAPI reads include_in_schema for its truth: None leaves the route out of /openapi.json as False does"),
+        "xǁResponsesEndpointǁretrieve__mutmut_8": (
+            'return await self._by_id(request, response_id, "get")',
+            "_by_id compares the method only with 'DELETE', and httpx upper-cases the forwarded request's method"),
+        "x_install__mutmut_23": ('app.add_api_route("/v1/responses", ep.create, methods=["post"])', UP),
+        "x_install__mutmut_33": ('app.add_api_route("/v1/responses/{response_id}", ep.retrieve, methods=["get"])', UP),
+        "x_install__mutmut_43": ('app.add_api_route("/v1/responses/{response_id}", ep.delete, methods=["delete"])', UP),
+        "x_install__mutmut_55": ('app.add_api_route("/v1/responses/{response_id}", _no_such_endpoint, methods=["post"],', UP),
+        "x_install__mutmut_26": ('app.add_api_route("/v1/responses/{response_id}", ep.retrieve, methods=None)', GETD),
+        "x_install__mutmut_29": ('app.add_api_route("/v1/responses/{response_id}", ep.retrieve, )', GETD),
+        "xǁResponsesEndpointǁ_by_id__mutmut_78": ('return error_response(e, None)', OPENAI_SHAPE),
+        "xǁResponsesEndpointǁ_by_id__mutmut_81": ('return error_response(e, "XXopenaiXX")', OPENAI_SHAPE),
+        "xǁResponsesEndpointǁ_by_id__mutmut_82": ('return error_response(e, "OPENAI")', OPENAI_SHAPE),
+        "xǁResponsesEndpointǁ_bridge__mutmut_8": (
+            'store = body.get("store", None) is not False', "None is not False just as True is not: the same verdict"),
+        "xǁResponsesEndpointǁ_by_id__mutmut_3": (
+            'key_id = await self.state.guard.admit(request.headers, None, limit=False)',
+            "presented_key puts x-api-key first only for api == 'anthropic': any other value reads the key as openai does"),
+        "xǁResponsesEndpointǁ_by_id__mutmut_8": (
+            'key_id = await self.state.guard.admit(request.headers, "XXopenaiXX", limit=False)',
+            "presented_key puts x-api-key first only for api == 'anthropic': any other value reads the key as openai does"),
+        "xǁResponsesEndpointǁ_by_id__mutmut_9": (
+            'key_id = await self.state.guard.admit(request.headers, "OPENAI", limit=False)',
+            "presented_key puts x-api-key first only for api == 'anthropic': any other value reads the key as openai does"),
+        "xǁResponsesEndpointǁ_by_id__mutmut_4": (
+            'key_id = await self.state.guard.admit(request.headers, "openai", limit=None)',
+            "admit's limit is read only for its truth: None and the default False both skip the count"),
+        "xǁResponsesEndpointǁ_by_id__mutmut_7": (
+            'key_id = await self.state.guard.admit(request.headers, "openai", )',
+            "admit's limit is read only for its truth: None and the default False both skip the count"),
+        "xǁResponsesEndpointǁ_bridge__mutmut_10": (
+            'store = body.get("store", ) is not False', "get's default is None, and None is not False just as True is not"),
+        "xǁResponsesEndpointǁ_bridge__mutmut_46": (
+            'return bridge_for("responses", "responses", responses=ResponsesState(None, keep_pointer=pointer))',
+            "the identity bridge is built from keep_pointer alone: ResponsesState.body is not read on that branch"),
+        "xǁResponsesEndpointǁ_forward__mutmut_20": (
+            'target = Target("", name, backend, "openai", "XXopenaiXX", False, tenant=tenant)', TARGET_UNREAD),
+        "xǁResponsesEndpointǁ_forward__mutmut_21": (
+            'target = Target("", name, backend, "openai", "OPENAI", False, tenant=tenant)', TARGET_UNREAD),
+        "xǁResponsesEndpointǁ_forward__mutmut_22": (
+            'target = Target("", name, backend, "openai", "openai", True, tenant=tenant)', TARGET_UNREAD),
+        "x_check_body__mutmut_74": ("code=None)", CLASS_CODE),
+        "x_check_body__mutmut_77": (")", CLASS_CODE),
+        "xǁResponsesEndpointǁ_forward__mutmut_3": (
+            'target = Target(None, name, backend, "openai", "openai", False, tenant=tenant)', TARGET_UNREAD),
+        "xǁResponsesEndpointǁ_forward__mutmut_6": (
+            'target = Target("", name, backend, None, "openai", False, tenant=tenant)', TARGET_UNREAD),
+        "xǁResponsesEndpointǁ_forward__mutmut_7": (
+            'target = Target("", name, backend, "openai", None, False, tenant=tenant)', TARGET_UNREAD),
+        "xǁResponsesEndpointǁ_forward__mutmut_8": (
+            'target = Target("", name, backend, "openai", "openai", None, tenant=tenant)', TARGET_UNREAD),
+        "xǁResponsesEndpointǁ_forward__mutmut_17": (
+            'target = Target("XXXX", name, backend, "openai", "openai", False, tenant=tenant)', TARGET_UNREAD),
+        "xǁResponsesEndpointǁ_forward__mutmut_18": (
+            'target = Target("", name, backend, "XXopenaiXX", "openai", False, tenant=tenant)', TARGET_UNREAD),
+        "xǁResponsesEndpointǁ_forward__mutmut_19": (
+            'target = Target("", name, backend, "OPENAI", "openai", False, tenant=tenant)', TARGET_UNREAD),
+        "x__no_such_endpoint__mutmut_2": (
+            'return error_response(UnknownEndpoint(request.method, request.url.path, 404), None)', OPENAI_SHAPE),
+        "x__no_such_endpoint__mutmut_12": (
+            'return error_response(UnknownEndpoint(request.method, request.url.path, 404), "XXopenaiXX")', OPENAI_SHAPE),
+        "x__no_such_endpoint__mutmut_13": (
+            'return error_response(UnknownEndpoint(request.method, request.url.path, 404), "OPENAI")', OPENAI_SHAPE),
+    },
+    "prefixgate/proxy/bridges/responses_chat_items.py": {
+        "x_response_object__mutmut_81": (
+            '"truncation": body.get(None) or "disabled",', CHECKED_DEFAULT),
+        "x_response_object__mutmut_82": (
+            '"truncation": body.get("XXtruncationXX") or "disabled",', CHECKED_DEFAULT),
+        "x_response_object__mutmut_83": (
+            '"truncation": body.get("TRUNCATION") or "disabled",', CHECKED_DEFAULT),
+        "x_response_object__mutmut_134": (
+            '"top_logprobs": body.get(None) or 0,', CHECKED_DEFAULT),
+        "x_response_object__mutmut_135": (
+            '"top_logprobs": body.get("XXtop_logprobsXX") or 0,', CHECKED_DEFAULT),
+        "x_response_object__mutmut_136": (
+            '"top_logprobs": body.get("TOP_LOGPROBS") or 0,', CHECKED_DEFAULT),
+        "x_response_object__mutmut_157": (
+            '"max_tool_calls": body.get(None), "store": body.get("store", True),', CHECKED_DEFAULT),
+        "x_response_object__mutmut_158": (
+            '"max_tool_calls": body.get("XXmax_tool_callsXX"), "store": body.get("store", True),', CHECKED_DEFAULT),
+        "x_response_object__mutmut_159": (
+            '"max_tool_calls": body.get("MAX_TOOL_CALLS"), "store": body.get("store", True),', CHECKED_DEFAULT),
+        "x__message__mutmut_16": (
+            'param=f"{param}.role", code=None)', CLASS_CODE),
+        "x__message__mutmut_19": (
+            'param=f"{param}.role", )', CLASS_CODE),
+        "x_items_to_messages__mutmut_90": (
+            '"XXtool_callsXX" in last or not last.get("content")):', JOINED),
+        "x_items_to_messages__mutmut_91": (
+            '"TOOL_CALLS" in last or not last.get("content")):', JOINED),
+        "x_items_to_messages__mutmut_106": (
+            'last.setdefault("content", )', "dict.setdefault's default is None: the same call"),
     },
 }

@@ -88,6 +88,14 @@ TARGETS: dict[str, list[str]] = {
     # the engine-level int8 tests (test_quant, test_quant_keep) load a tokenizer and an engine per
     # test: minutes per mutant on the shared box; test_quant_layers pins the same rules in memory
     "prefixgate/local_engine/quant.py": ["tests/engine/test_quant_layers.py"],
+    "prefixgate/local_engine/server/tool_mask.py": ["tests/engine/test_tool_mask_pinned.py"],
+    "prefixgate/local_engine/server/constrained.py": ["tests/engine/test_constrained_pinned.py"],
+    "prefixgate/proxy/bridges/responses_chat_stream.py": ["tests/proxy/test_responses_stream_pinned.py"],
+    "prefixgate/proxy/bridges/responses_chat_items.py": ["tests/proxy/test_responses_items_pinned.py",
+                                                        "tests/adversarial/test_responses_bridge_lossless.py"],
+    "prefixgate/proxy/bridges/responses_chat.py": ["tests/proxy/test_responses_bridge_pinned.py"],
+    "prefixgate/proxy/api/responses.py": ["tests/adversarial/test_responses_cross_tenant.py",
+                                          "tests/proxy/test_responses_endpoint_pinned.py"],
 }
 
 # mutmut's exit-code vocabulary (mutmut/stats.py)
