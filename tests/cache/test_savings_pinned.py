@@ -279,7 +279,8 @@ def test_routes_table_by_hand() -> None:
         "prefill_ms_per_token": 0.350123, "prefill_rate_method": "ratio", "prefill_rate_samples": 2,
         "prefill_s_saved": 0.280099, "prefill_s_cached": 0.350123, "prefill_usd_saved": 0.00280099,
         "ttft_s_saved_holdout": None, "rows_with_rate": 2,
-        "stood_back": {"requests": 1, "passes": ["hoist", "stabilise"], "reason": "slower"}}
+        "stood_back": {"requests": 1, "passes": ["hoist", "stabilise"], "reason": "slower"},
+        "pd": None, "pd_split_share": None}
     assert m1["lengths"]["prompt"]["counts"] == sv.lengths(rollup.total({"data": r["data"]} for r in _rolls([a, b, c])))["prompt"]["counts"]
     assert sum(m1["lengths"]["prompt"]["counts"]) == 2 and sum(m1["lengths"]["output"]["counts"]) == 2
     assert (m2["requests"], m2["errors"], m2["saved_usd"], m2["cache_hit_rate"]) == (1, 0, None, 1.0)

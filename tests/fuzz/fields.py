@@ -33,6 +33,11 @@ O2A: dict[str, tuple[str, ...]] = {
 }
 
 
+VOID = {("parallel_tool_calls", (True, "none"))}
+"""(client field, what the upstream body holds at tool_choice.type) where the field can have no
+effect and the bridge documents it is not carried: with tool_choice none no tool call is made."""
+
+
 def _get(body: dict[str, Any], path: str) -> tuple[bool, Any]:
     node: Any = body
     for part in path.split("."):
@@ -60,7 +65,7 @@ def field_violations(client: dict[str, Any], upstream: dict[str, Any], client_ap
         if key in CONTENT or v is None or v is False:
             continue
         paths = table.get(key, (key,))
-        if paths == ("",):
+        if paths == ("",) or (key, _get(upstream, "tool_choice.type")) in VOID:
             continue
         found = [val for ok, val in (_get(upstream, p) for p in paths) if ok]
         if not found:

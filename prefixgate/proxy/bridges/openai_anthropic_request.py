@@ -49,7 +49,8 @@ TOP = {
     "tools": "mapped: tools (function tools); custom tools: 400",
     "tool_choice": "mapped: tool_choice (required -> any); allowed_tools / custom: 400",
     "parallel_tool_calls": "mapped: tool_choice.disable_parallel_tool_use = not it; "
-                           "without tools: 400 (as Chat Completions answers)",
+                           "without tools: 400 (as Chat Completions answers); with tool_choice "
+                           "none: no tool call is made, nothing to carry",
     "functions": "mapped: tools (deprecated form); together with tools: 400",
     "function_call": "mapped: tool_choice (deprecated form); together with tool_choice: 400",
     "user": "mapped: metadata.user_id",
