@@ -87,7 +87,8 @@ TARGETS: dict[str, list[str]] = {
                                              "tests/engine/test_scheduler_step_rules.py"],
     # the engine-level int8 tests (test_quant, test_quant_keep) load a tokenizer and an engine per
     # test: minutes per mutant on the shared box; test_quant_layers pins the same rules in memory
-    "prefixgate/local_engine/quant.py": ["tests/engine/test_quant_layers.py"],
+    "prefixgate/local_engine/quant.py": ["tests/engine/test_quant_layers.py",
+                                         "tests/engine/test_quant_outliers.py"],
     "prefixgate/local_engine/server/tool_mask.py": ["tests/engine/test_tool_mask_pinned.py"],
     "prefixgate/local_engine/server/constrained.py": ["tests/engine/test_constrained_pinned.py"],
     "prefixgate/proxy/bridges/responses_chat_stream.py": ["tests/proxy/test_responses_stream_pinned.py"],
