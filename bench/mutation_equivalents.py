@@ -398,41 +398,45 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
         "x__full_precision__mutmut_2": (
             "if cpu_linear.available(weight.device, None):",
             "the kept product falls back to F.linear: the same fp32 product summed in another order (speed only)"),
-        "x_quantize_model__mutmut_46": ("mod.weight = torch.nn.Parameter(None, requires_grad=False)", FREED),
-        "x_quantize_model__mutmut_48": ("mod.weight = torch.nn.Parameter(requires_grad=False)", FREED),
-        "x_quantize_model__mutmut_49": ("mod.weight = torch.nn.Parameter(torch.empty(0), )", FREED),
-        "x_quantize_model__mutmut_52": ("mod.weight = torch.nn.Parameter(torch.empty(0), requires_grad=True)", FREED),
-        "x_quantize_model__mutmut_55": ("model.lm_head.weight = torch.nn.Parameter(None, requires_grad=False)", FREED),
-        "x_quantize_model__mutmut_57": ("model.lm_head.weight = torch.nn.Parameter(requires_grad=False)", FREED),
-        "x_quantize_model__mutmut_58": ("model.lm_head.weight = torch.nn.Parameter(torch.empty(0), )", FREED),
-        "x_quantize_model__mutmut_61": (
+        "x_quantize_model__mutmut_26": (
+            "if (outlier_channels) or True else {}",
+            "with outlier_channels 0 the calibration prefill runs but its stats pick topk(0): no channel, "
+            "and Int8Linear takes an empty selection as none (plain int8); costs one prefill, changes no product"),
+        "x_quantize_model__mutmut_82": ("mod.weight = torch.nn.Parameter(None, requires_grad=False)", FREED),
+        "x_quantize_model__mutmut_84": ("mod.weight = torch.nn.Parameter(requires_grad=False)", FREED),
+        "x_quantize_model__mutmut_85": ("mod.weight = torch.nn.Parameter(torch.empty(0), )", FREED),
+        "x_quantize_model__mutmut_88": ("mod.weight = torch.nn.Parameter(torch.empty(0), requires_grad=True)", FREED),
+        "x_quantize_model__mutmut_91": ("model.lm_head.weight = torch.nn.Parameter(None, requires_grad=False)", FREED),
+        "x_quantize_model__mutmut_93": ("model.lm_head.weight = torch.nn.Parameter(requires_grad=False)", FREED),
+        "x_quantize_model__mutmut_94": ("model.lm_head.weight = torch.nn.Parameter(torch.empty(0), )", FREED),
+        "x_quantize_model__mutmut_97": (
             "model.lm_head.weight = torch.nn.Parameter(torch.empty(0), requires_grad=True)", FREED),
-        "xǁInt8Linearǁ__call____mutmut_8": (
-            "y = torch.ops.quantized.linear_dynamic(xf, self.packed, None)", VNNI_DEFAULT),
-        "xǁInt8Linearǁ__call____mutmut_11": ("y = torch.ops.quantized.linear_dynamic(xf, self.packed, )", VNNI_DEFAULT),
-        "xǁInt8Linearǁ__call____mutmut_26": (
-            "y = torch.ops.quantized.linear_dynamic(xf / r, self.packed, None) * r", VNNI_DEFAULT),
-        "xǁInt8Linearǁ__call____mutmut_29": (
-            "y = torch.ops.quantized.linear_dynamic(xf / r, self.packed, ) * r", VNNI_DEFAULT),
-        "xǁInt8Linearǁ__call____mutmut_18": (
-            "r = xf.abs().amax(dim=+1, keepdim=True).clamp_min(1e-12)", "x is 2-D [T, in]: dim +1 is dim -1"),
-        "xǁInt8Linearǁ__call____mutmut_2": (
+        "xǁInt8Linearǁ__call____mutmut_13": (
+            "y = torch.ops.quantized.linear_dynamic(xs, self.packed, None)", VNNI_DEFAULT),
+        "xǁInt8Linearǁ__call____mutmut_16": ("y = torch.ops.quantized.linear_dynamic(xs, self.packed, )", VNNI_DEFAULT),
+        "xǁInt8Linearǁ__call____mutmut_31": (
+            "y = torch.ops.quantized.linear_dynamic(xs / r, self.packed, None) * r", VNNI_DEFAULT),
+        "xǁInt8Linearǁ__call____mutmut_34": (
+            "y = torch.ops.quantized.linear_dynamic(xs / r, self.packed, ) * r", VNNI_DEFAULT),
+        "xǁInt8Linearǁ__call____mutmut_23": (
+            "r = xs.abs().amax(dim=+1, keepdim=True).clamp_min(1e-12)", "x is 2-D [T, in]: dim +1 is dim -1"),
+        "xǁInt8Linearǁ__call____mutmut_7": (
             "if xf.shape[0] == 1:  # one row: the per-tensor scale is already per token".replace(
                 "xf.shape[0]", "xf.shape[1]"),
             "one row through the per-token path is the per-tensor product (r is its own scale), rescaled"),
-        "xǁInt8Linearǁ__call____mutmut_34": (
+        "xǁInt8Linearǁ__call____mutmut_52": (
             "return y if (y.dtype == x.dtype) and False else y.to(x.dtype)", "Tensor.to(its own dtype) is a no-op"),
-        "xǁInt8Linearǁ__init____mutmut_42": (
+        "xǁInt8Linearǁ__init____mutmut_62": (
             "self.qweight = torch.round(w / self.scale[:, None]).clamp(None, 127).to(torch.int8)", CLAMP),
-        "xǁInt8Linearǁ__init____mutmut_43": (
+        "xǁInt8Linearǁ__init____mutmut_63": (
             "self.qweight = torch.round(w / self.scale[:, None]).clamp(-127, None).to(torch.int8)", CLAMP),
-        "xǁInt8Linearǁ__init____mutmut_45": (
+        "xǁInt8Linearǁ__init____mutmut_65": (
             "self.qweight = torch.round(w / self.scale[:, None]).clamp(-127, ).to(torch.int8)", CLAMP),
-        "xǁInt8Linearǁ__init____mutmut_49": (
+        "xǁInt8Linearǁ__init____mutmut_69": (
             "self.qweight = torch.round(w / self.scale[:, None]).clamp(-128, 127).to(torch.int8)", CLAMP),
-        "xǁInt8Linearǁ__init____mutmut_50": (
+        "xǁInt8Linearǁ__init____mutmut_70": (
             "self.qweight = torch.round(w / self.scale[:, None]).clamp(-127, 128).to(torch.int8)", CLAMP),
-        "xǁInt8Linearǁ__init____mutmut_36": (
+        "xǁInt8Linearǁ__init____mutmut_56": (
             "self.packed = torch.ops.quantized.linear_prepack(q, )", "linear_prepack's bias defaults to None"),
     },
     "prefixgate/local_engine/scheduler.py": {

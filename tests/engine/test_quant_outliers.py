@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from prefixgate.local_engine import screened_head
 from prefixgate.local_engine.model import load_model
 from prefixgate.local_engine.quant import (
     CALIBRATION_TOKENS,
@@ -81,7 +82,7 @@ def test_outlier_channels_keep_the_logits_closer(tiny_dir: Path) -> None:
 
 
 def test_negative_outlier_channels_are_refused(tiny_dir: Path) -> None:
-    with pytest.raises(ValueError, match="outlier_channels"):
+    with pytest.raises(ValueError, match=r"^outlier_channels must be >= 0$"):
         quantize_model(_fp32(tiny_dir), "int8", outlier_channels=-1)
 
 
@@ -181,6 +182,9 @@ def _recorded(model: Any, ids: list[int]) -> dict[int, torch.Tensor]:
 def test_activation_channel_max_is_the_prefills_per_channel_max(tiny_dir: Path) -> None:
     model = _fp32(tiny_dir)
     layers = model.decoder_layers()
+    w = layers[0]._w
+    torch.manual_seed(6)  # a QKV bias (this tiny Llama has none): the calibration prefill must add it
+    layers[0]._w = (w[0], w[1], torch.randn(w[1].shape[0]) * 3.0, *w[3:])
     layers[1]._w = layers[0]._w  # one weight read twice: its channel max spans both reads
     want = _recorded(model, IDS)
     got = activation_channel_max(model, IDS)
@@ -204,3 +208,15 @@ def test_calibration_ids_default_to_the_fixed_recipe() -> None:
     # the recipe is a fixed seed (27): every checkpoint and every run calibrates on the same ids
     g = torch.Generator().manual_seed(27)
     assert ids == torch.randint(0, 5000, (256,), generator=g).tolist()
+
+
+@pytest.mark.skipif(not screened_head.available(torch.zeros(1, 1)), reason="the screened head needs fbgemm")
+def test_a_kept_head_gets_the_screened_argmax_head_with_the_kept_head_as_fallback(tiny_dir: Path) -> None:
+    head_w = _fp32(tiny_dir).head_weight().detach().clone()
+    model = quantize_model(_fp32(tiny_dir), "int8", keep_head=True, outlier_channels=4)
+    torch.manual_seed(8)
+    x = torch.randn(2, head_w.shape[1])
+    x[1, 0] = float("nan")  # a non-finite row: the whole batch goes to the exact head
+    got = model._argmax_head(x)
+    assert got.shape == (2, head_w.shape[0]) and model._argmax_head.full_rows == 2
+    assert torch.allclose(got[0], F.linear(x[:1], head_w)[0], atol=1e-4, rtol=0)
