@@ -398,6 +398,9 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
         "x__full_precision__mutmut_2": (
             "if cpu_linear.available(weight.device, None):",
             "the kept product falls back to F.linear: the same fp32 product summed in another order (speed only)"),
+        "x_calibration_ids__mutmut_8": (
+            "return torch.randint(vocab_size, (n,), generator=g).tolist()",
+            "torch.randint(high, size) is randint(0, high, size): the same draws from the same generator"),
         "x_quantize_model__mutmut_26": (
             "if (outlier_channels) or True else {}",
             "with outlier_channels 0 the calibration prefill runs but its stats pick topk(0): no channel, "
