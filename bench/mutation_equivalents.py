@@ -71,6 +71,10 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             "pick = next((i for i in order if self._live[names[i]] < cap), )", UNREACHABLE_FALLBACK),
         "xǁBalancerǁplace__mutmut_43": (
             "pick = next((i for i in order if self._live[names[i]] < cap), order[1])", UNREACHABLE_FALLBACK),
+        "xǁBalancerǁfollow__mutmut_5": (
+            "if held is None or held[1] == name:",
+            "held[1] is the float seen-time, never a name, so a follow to the same deployment goes on: "
+            "-1 then +1 on one count, and re-assigning an OrderedDict key keeps its age and order"),
     },
     "prefixgate/proxy/routing/retries.py": {
         "xǁSenderǁorder__mutmut_37": (
