@@ -77,20 +77,27 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             "-1 then +1 on one count, and re-assigning an OrderedDict key keeps its age and order"),
     },
     "prefixgate/proxy/routing/retries.py": {
-        "xǁSenderǁorder__mutmut_37": (
-            'placed = ""',
-            "placed is replaced in prefix / exact mode and never read by choose in round_robin / "
+        "xǁSenderǁorder__mutmut_25": (
+            "placed, new_key, matches = None, True, None",
+            "new_key is replaced in prefix / exact mode and never read by choose in round_robin / "
             "least_load (they return first)"),
+        "xǁSenderǁorder__mutmut_66": (
+            "placed, None)",
+            "a new key's matches are never asked (None), and choose with a placement and no matches "
+            "returns the placement as 'affinity', which is what new_key makes it return"),
+        "xǁSenderǁorder__mutmut_74": (
+            "placed, )",
+            "as order__mutmut_66: new_key defaults to False, and a new key has no matches to follow"),
         "xǁSenderǁrun__mutmut_30": (
             "sent, paid = 0, True  # paid: the next send's budget token is already taken",
             "`paid` is read only when `sent` is non-zero, and the first send resets it to False"),
-        "xǁSenderǁrun__mutmut_55": (
+        "xǁSenderǁrun__mutmut_62": (
             "sent, paid = sent - 1, False",
             "`sent` is read only for its truth: -1, -2, ... are as non-zero as 1, 2, ..."),
-        "xǁSenderǁrun__mutmut_56": (
+        "xǁSenderǁrun__mutmut_63": (
             "sent, paid = sent + 2, False",
             "`sent` is read only for its truth: 2, 4, ... are as non-zero as 1, 2, ..."),
-        "xǁSenderǁrun__mutmut_180": (
+        "xǁSenderǁrun__mutmut_187": (
             "go_on = None",
             "`go_on` is read only as `not go_on`: None and False are both falsy"),
     },
