@@ -101,6 +101,19 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             "go_on = None",
             "`go_on` is read only as `not go_on`: None and False are both falsy"),
     },
+    "prefixgate/proxy/routing/kv_index.py": {
+        "xǁBlockIndexǁapply__mutmut_31": (
+            "self.blocks.popitem(last=None)",
+            "OrderedDict.popitem reads `last` for its truth: None pops the oldest as False does"),
+        "xǁBlockIndexǁapply__mutmut_47": (
+            "if self.blocks.pop(h, 1) is None:",
+            "a held block's value is None; the default (0 or 1) only has to be something else"),
+    },
+    "prefixgate/proxy/routing/kv_shared.py": {
+        "xǁSharedKVIndexǁrefresh__mutmut_11": (
+            'if now - self._read_at.get(key, float("-INF")) < READ_MAX_AGE_S:',
+            'float() reads "-INF" as "-inf": the same value'),
+    },
     "prefixgate/proxy/routing/shared.py": {
         "x_others_load__mutmut_8": (
             'count, _, expires = entry.rpartition(" ")',

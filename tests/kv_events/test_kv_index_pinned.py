@@ -80,6 +80,13 @@ def test_an_event_not_understood_is_counted_bad_and_changes_nothing(event: Any) 
     assert _counters(ix) == (2, 0, 0, 1)
 
 
+def test_every_event_not_understood_counts_one_more() -> None:
+    ix = BlockIndex()
+    for n, event in enumerate([None, "x", ["Nope"], ["BlockStored", 1], [3], ["BlockRemoved"]], 1):
+        ix.apply(event)
+        assert ix.bad == n
+
+
 def test_apply_all_applies_a_batch_in_order() -> None:
     ix = BlockIndex()
     ix.apply_all([["BlockStored", [1, 2]], ["BlockRemoved", [1]], ["BlockStored", [1]], "junk"])

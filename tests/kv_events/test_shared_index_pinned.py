@@ -105,6 +105,9 @@ def test_the_text_form_both_ways() -> None:
     assert BlockSummary.parse(f"w1 7 3 64  {filt}") is None  # an empty part: six
     assert BlockSummary.parse(f"w1 7 x 64 {filt}") is None
     assert BlockSummary.parse(f"w1 7 3 72 {filt}") is None  # 8 bytes, 72 bits want 9
+    # a stray character is a corrupted text, never read as the filter that is left without it
+    assert BlockSummary.parse(f"w1 7 3 64 {filt[:4]}!{filt[4:]}") is None
+    assert BlockSummary.parse(f"w1 7 3 64 {filt[:4]}\n{filt[4:]}") is None
 
 
 def test_the_prefix_walk_of_a_summary() -> None:
@@ -196,7 +199,8 @@ async def test_a_stream_without_settings_is_stale_after_5_seconds() -> None:
     assert ix.summary("zz") is None
 
 
-async def test_run_publishes_every_publish_s_and_survives_a_failed_write() -> None:
+async def test_run_publishes_every_publish_s_and_survives_a_failed_write(
+        caplog: pytest.LogCaptureFixture) -> None:
     calls: list[float] = []
 
     class Flaky(Recording):
@@ -213,20 +217,24 @@ async def test_run_publishes_every_publish_s_and_survives_a_failed_write() -> No
         await task
     assert 3 <= len(calls) <= 9  # ~0.05 s apart, not a busy loop
     assert ix.publishes == len(calls) - 1  # the failed one counts nothing
+    failed = [r for r in caplog.records if r.name == "prefixgate.kv_events"]
+    assert [(r.levelname, r.getMessage()) for r in failed] == [
+        ("ERROR", "KV index summary publish failed")]
+    assert failed[0].exc_info is not None and failed[0].exc_info[0] is ConnectionError
 
 
 async def test_a_read_is_reused_for_read_max_age_s_that_instant_excluded() -> None:
-    now = [10.0]
+    now = [0.0]
     st = Recording(values={"kvindex:d0": BlockSummary.of([1]).text("o", 1)})
     ix = SharedKVIndex(st, {}, clock=lambda: now[0])
     await ix.refresh(["d0"])
     assert st.reads == [["kvindex:d0"]] and ix.reads == 1
-    now[0] = 10.0 + kv_shared.READ_MAX_AGE_S / 2
+    now[0] = kv_shared.READ_MAX_AGE_S / 2
     await ix.refresh(["d0"])
     assert len(st.reads) == 1
     await ix.refresh(["d0", "d1"])  # another set of names: its own read
     assert len(st.reads) == 2
-    now[0] = 10.0 + kv_shared.READ_MAX_AGE_S
+    now[0] = kv_shared.READ_MAX_AGE_S  # exactly that old: read again
     await ix.refresh(["d0"])
     assert len(st.reads) == 3 and ix.reads == 3
 
@@ -241,6 +249,29 @@ async def test_a_failed_read_is_counted_and_keeps_what_was_seen() -> None:
     await ix.refresh(["d0"])
     assert (ix.reads, ix.read_failures) == (1, 1)
     assert ix.summary("d0") is not None
+    now[0] = 0.6
+    await ix.refresh(["d0"])
+    assert (ix.reads, ix.read_failures) == (1, 2)
+
+
+async def test_a_state_answering_the_wrong_number_of_values_is_an_error() -> None:
+    class Short(Recording):
+        async def read_many(self, values: Sequence[str], tables: Sequence[str]) -> tuple[list[str | None], list[Any]]:
+            return [None], []
+
+    ix = SharedKVIndex(Short(), {})
+    with pytest.raises(ValueError):
+        await ix.refresh(["d0", "d1"])
+
+
+async def test_a_name_with_no_summary_does_not_hide_the_next_ones() -> None:
+    st = Recording(values={"kvindex:d1": BlockSummary.of([1]).text("o", 1),
+                           "kvindex:d2": BlockSummary.of([1, 2]).text("o", 1)})
+    ix = SharedKVIndex(st, {}, clock=lambda: 0.0)
+    await ix.refresh(["d0", "d1", "d2"])
+    got = [ix.summary(n) for n in ("d0", "d1", "d2")]
+    assert got[0] is None and got[1] is not None and got[2] is not None
+    assert (got[1].blocks, got[2].blocks) == (1, 2)
 
 
 async def test_a_summary_counts_while_its_text_changed_within_the_staleness_bound() -> None:
