@@ -57,6 +57,7 @@ TARGETS: dict[str, list[str]] = {
     "prefixgate/proxy/routing/kv_index.py": ["tests/kv_events/test_kv_index_pinned.py",
                                              "tests/kv_events/test_stream.py"],
     "prefixgate/proxy/routing/kv_events.py": ["tests/kv_events/test_kv_events_pinned.py",
+                                              "tests/kv_events/test_kv_replay_pinned.py",
                                               "tests/kv_events/test_stream.py",
                                               "tests/kv_events/test_kv_routing.py",
                                               "tests/kv_events/test_shared_index.py"],

@@ -242,3 +242,21 @@ async def test_start_runs_the_subscribed_streams_and_the_publisher_and_stop_ends
     await asyncio.sleep(0.1)
     await hub.stop()
     assert hub._tasks == [] and all(t.cancelled() for t in tasks)
+
+
+def test_unnamed_deployments_stream_under_their_group_name() -> None:
+    p = parse_policy({"backends": {"g": {"kind": "openai_compat", "deployments": [
+        {"base_url": "http://10.0.0.1:8000/v1", "kv_events": {"endpoint": EP}},
+        {"base_url": "http://10.0.0.2:8000/v1", "kv_events": {"endpoint": EP}}]}},
+        "routes": [{"match": "*", "backend": "g"}]})
+    hub = KVEventHub.from_policy(p)
+    assert sorted(hub.streams) == ["g#0", "g#1"]
+    assert [hub.streams[n].name for n in ("g#0", "g#1")] == ["g#0", "g#1"]
+
+
+async def test_a_hub_keeps_the_shared_index_it_is_given_and_stops_before_starting() -> None:
+    shared = Summaries({})
+    hub = KVEventHub(shared=shared)  # type: ignore[arg-type]
+    assert hub.shared is shared
+    await hub.stop()
+    assert hub._tasks == []
