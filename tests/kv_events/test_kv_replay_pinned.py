@@ -222,11 +222,13 @@ async def test_restarts_are_counted_each() -> None:
 
 async def test_a_failed_session_is_logged_unsynced_and_retried_after_probe_s(
         caplog: pytest.LogCaptureFixture) -> None:
-    s = KVEventStream("d7", KVEventsSettings(endpoint="tcp://127.0.0.1:9"), probe_s=0.05)
-    calls: list[bool] = []
+    from tests.kv_events.helpers import until
+
+    s = KVEventStream("d7", KVEventsSettings(endpoint="tcp://127.0.0.1:9"), probe_s=0.3)
+    calls: list[tuple[bool, float]] = []
 
     async def session() -> None:
-        calls.append(s.synced)
+        calls.append((s.synced, asyncio.get_running_loop().time()))
         s.synced = True
         if len(calls) == 1:
             raise RuntimeError("boom")
@@ -234,13 +236,49 @@ async def test_a_failed_session_is_logged_unsynced_and_retried_after_probe_s(
 
     s._session = session  # type: ignore[method-assign]
     task = asyncio.create_task(s.run())
-    await asyncio.sleep(0.02)
-    assert calls == [False] and not s.synced  # failed: unsynced, waiting probe_s
-    await asyncio.sleep(0.15)
-    assert calls == [False, False] and s.synced and not task.done()
+    await until(lambda: len(calls) == 1)
+    await asyncio.sleep(0.05)
+    assert not s.synced  # failed: unsynced, waiting probe_s
+    await until(lambda: len(calls) == 2)
+    assert s.synced and not task.done() and calls[1][0] is False
+    assert calls[1][1] - calls[0][1] >= 0.29
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     got = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "prefixgate.kv_events"]
     assert got == [("ERROR", "KV events of d7: stream failed; resyncing")]
     assert caplog.records[-1].exc_info is not None
+
+
+async def test_a_quiet_stream_is_probed_from_last_plus_one_and_a_failed_probe_resyncs() -> None:
+    """The follow loop: a resync at start (from 0), then after each ``probe_s`` of silence a
+    probe from ``last + 1`` that keeps the stream synced while answered; a probe not answered
+    unsyncs it, and the next quiet turn resyncs (from 0) once the replay answers again."""
+    from tests.kv_events.helpers import until
+
+    mode = ["up"]
+
+    def answer(start: int) -> Frames:
+        if mode[0] == "down":
+            return []
+        return ([[seqb(1), batch(1)]] if start == 0 else []) + [END]
+
+    rep = Replayer(answer)
+    s = KVEventStream("d0", KVEventsSettings(endpoint=f"inproc://pub-{uuid.uuid4().hex[:8]}",
+                                             replay=rep.addr),
+                      replay_timeout_s=0.5, probe_s=0.05)
+    task = asyncio.create_task(s.run())
+    try:
+        await until(lambda: len(rep.asked) >= 4)
+        assert [a[-1] for a in rep.asked[:4]] == [seqb(0), seqb(2), seqb(2), seqb(2)]
+        assert (s.resyncs, s.synced, s.seq.last) == (1, True, 1)
+        mode[0] = "down"
+        await until(lambda: not s.synced)
+        mode[0] = "up"
+        await until(lambda: s.synced and s.resyncs >= 2)
+        assert not task.done()
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await rep.close()
