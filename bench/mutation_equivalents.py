@@ -149,6 +149,9 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
         "xǁKVEventStreamǁ_session__mutmut_31": (
             'await self.handle(int.from_bytes(frames[1], "big", ), frames[2])',
             'live batch numbers are never negative (publishers count up from 0): signed or not, the same number'),
+        "xǁKVEventStreamǁ_session__mutmut_35": (
+            'await self.handle(int.from_bytes(frames[1], "big", signed=False), frames[2])',
+            'live batch numbers are never negative (publishers count up from 0): signed or not, the same number'),
         "xǁKVEventStreamǁ_session__mutmut_45": (
             'self.synced = None',
             '`synced` is read only for its truth: None and False are both falsy'),

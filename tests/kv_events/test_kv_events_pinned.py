@@ -119,6 +119,8 @@ def test_a_payload_that_is_not_a_batch_counts_bad_and_changes_nothing() -> None:
     now[0] = 20.0
     asyncio.run(s.handle(2, b"\xc1"))
     assert (s.index.bad, s.seq.last, s.batches, s.seen_at) == (1, 1, 1, 10.0)
+    asyncio.run(s.handle(2, b"not msgpack at all \xc1"))
+    assert s.index.bad == 2
 
 
 def test_a_restarted_publisher_empties_the_index_and_counts_a_resync() -> None:

@@ -80,13 +80,43 @@ async def test_a_replay_asks_from_start_with_reqs_delimiter_and_applies_in_order
 
 
 async def test_a_replay_from_a_number_keeps_what_follows_and_ignores_the_old() -> None:
-    rep = Replayer(lambda start: [[seqb(2), batch(9)], [seqb(4), batch(4)], [seqb(5), batch(5)], END])
+    rep = Replayer(lambda start: [[seqb(2), batch(9)], [seqb(3), batch(9)], [seqb(4), batch(4)],
+                                  [seqb(5), batch(5)], END])
     s = stream(rep)
     s.seq.last = 3
     try:
         assert await s.replay_from(4) is True
         assert rep.asked[-1] == [b"", seqb(4)]
-        assert (s.seq.last, list(s.index.blocks)) == (5, [4, 5])  # 2 is older: ignored, not a hole
+        assert (s.seq.last, list(s.index.blocks)) == (5, [4, 5])  # 2, 3 already seen: ignored, no hole
+    finally:
+        await rep.close()
+
+
+async def test_a_full_replay_takes_its_first_batch_then_only_what_follows() -> None:
+    rep = Replayer(lambda start: [[seqb(5), batch(5)], [seqb(7), batch(7)], END])
+    s = stream(rep)
+    try:
+        assert await s.replay_from(0) is False  # 6 missing
+        assert (s.seq.last, list(s.index.blocks)) == (5, [5])
+        s2 = stream(rep)
+        assert await s2.replay_from(1) is False  # from 1 on an empty stream: 5 is a hole
+        assert (s2.seq.last, list(s2.index.blocks)) == (0, [])
+    finally:
+        await rep.close()
+
+
+async def test_a_resync_that_brings_exactly_the_batch_does_not_apply_it_again() -> None:
+    def answer(start: int) -> Frames:
+        if start == 0:
+            return [[seqb(n), batch(n)] for n in range(1, 7)] + [END]
+        return [END]
+
+    rep = Replayer(answer)
+    s = stream(rep)
+    s.seq.last = 3
+    try:
+        await s.handle(6, batch(6))
+        assert (s.gaps, s.resyncs, s.seq.last, s.batches, len(s.lags_ms)) == (1, 1, 6, 6, 0)
     finally:
         await rep.close()
 
