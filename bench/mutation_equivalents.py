@@ -117,24 +117,137 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
             "pick = next((i for i in order if self._live[names[i]] < cap), )", UNREACHABLE_FALLBACK),
         "xǁBalancerǁplace__mutmut_43": (
             "pick = next((i for i in order if self._live[names[i]] < cap), order[1])", UNREACHABLE_FALLBACK),
+        "xǁBalancerǁfollow__mutmut_5": (
+            "if held is None or held[1] == name:",
+            "held[1] is the float seen-time, never a name, so a follow to the same deployment goes on: "
+            "-1 then +1 on one count, and re-assigning an OrderedDict key keeps its age and order"),
     },
     "prefixgate/proxy/routing/retries.py": {
-        "xǁSenderǁorder__mutmut_37": (
-            'placed = ""',
-            "placed is replaced in prefix / exact mode and never read by choose in round_robin / "
+        "xǁSenderǁorder__mutmut_25": (
+            "placed, new_key, matches = None, True, None",
+            "new_key is replaced in prefix / exact mode and never read by choose in round_robin / "
             "least_load (they return first)"),
+        "xǁSenderǁorder__mutmut_66": (
+            "placed, None)",
+            "a new key's matches are never asked (None), and choose with a placement and no matches "
+            "returns the placement as 'affinity', which is what new_key makes it return"),
+        "xǁSenderǁorder__mutmut_74": (
+            "placed, )",
+            "as order__mutmut_66: new_key defaults to False, and a new key has no matches to follow"),
         "xǁSenderǁrun__mutmut_30": (
             "sent, paid = 0, True  # paid: the next send's budget token is already taken",
             "`paid` is read only when `sent` is non-zero, and the first send resets it to False"),
-        "xǁSenderǁrun__mutmut_55": (
+        "xǁSenderǁrun__mutmut_62": (
             "sent, paid = sent - 1, False",
             "`sent` is read only for its truth: -1, -2, ... are as non-zero as 1, 2, ..."),
-        "xǁSenderǁrun__mutmut_56": (
+        "xǁSenderǁrun__mutmut_63": (
             "sent, paid = sent + 2, False",
             "`sent` is read only for its truth: 2, 4, ... are as non-zero as 1, 2, ..."),
-        "xǁSenderǁrun__mutmut_180": (
+        "xǁSenderǁrun__mutmut_187": (
             "go_on = None",
             "`go_on` is read only as `not go_on`: None and False are both falsy"),
+    },
+    "prefixgate/proxy/routing/kv_index.py": {
+        "xǁBlockIndexǁapply__mutmut_31": (
+            "self.blocks.popitem(last=None)",
+            "OrderedDict.popitem reads `last` for its truth: None pops the oldest as False does"),
+        "xǁBlockIndexǁapply__mutmut_47": (
+            "if self.blocks.pop(h, 1) is None:",
+            "a held block's value is None; the default (0 or 1) only has to be something else"),
+    },
+    "prefixgate/proxy/routing/kv_events.py": {
+        "x_decode_batch__mutmut_3": (
+            'doc = msgpack.unpackb(payload, raw=None, strict_map_key=False)',
+            'msgpack 1.x unpacks str as str by default (raw=False) and reads raw / strict_map_key for their truth: None is False'),
+        "x_decode_batch__mutmut_4": (
+            'doc = msgpack.unpackb(payload, raw=False, strict_map_key=None)',
+            'msgpack 1.x unpacks str as str by default (raw=False) and reads raw / strict_map_key for their truth: None is False'),
+        "x_decode_batch__mutmut_6": (
+            'doc = msgpack.unpackb(payload, strict_map_key=False)',
+            'msgpack 1.x unpacks str as str by default (raw=False) and reads raw / strict_map_key for their truth: None is False'),
+        "xǁKVEventStreamǁ__init____mutmut_13": (
+            'self.seen_at = float("-INF")',
+            'float() reads "-INF" as "-inf": the same value'),
+        "xǁKVEventStreamǁlag_p99_ms__mutmut_8": (
+            'return xs[min(len(xs) + 1, int(0.99 * len(xs)))]',
+            'int(0.99 * n) <= n - 1 for every n >= 1, so the min never takes its first argument'),
+        "xǁKVEventStreamǁ_session__mutmut_7": (
+            'sub.setsockopt(zmq.LINGER, 1)',
+            'LINGER is how long close() waits to flush unsent messages; nothing is left unsent when these sockets close (a reply was read or given up on), so 0 and 1 ms close alike'),
+        "xǁKVEventStreamǁreplay_from__mutmut_12": (
+            'sock.setsockopt(zmq.LINGER, 1)',
+            'LINGER is how long close() waits to flush unsent messages; nothing is left unsent when these sockets close (a reply was read or given up on), so 0 and 1 ms close alike'),
+        "xǁKVEventStreamǁ_session__mutmut_18": (
+            'if await sub.poll(self.probe_s * 1001.0):',
+            'the poll bound in ms times 1.001 instead of 1000: the same bound within 0.1 %, a timing, no different answer'),
+        "xǁKVEventStreamǁreplay_from__mutmut_32": (
+            'if not await sock.poll(self.replay_timeout_s * 1001.0):',
+            'the poll bound in ms times 1.001 instead of 1000: the same bound within 0.1 %, a timing, no different answer'),
+        "xǁKVEventStreamǁ_session__mutmut_14": (
+            'await asyncio.sleep(1.05)  # let the SUB join, so nothing falls between it and the resync',
+            'a longer wait before the first resync: a timing; what falls in it is still caught by the resync that follows'),
+        "xǁKVEventStreamǁ_session__mutmut_28": (
+            'await self.handle(int.from_bytes(frames[1], "big", signed=None), frames[2])',
+            'live batch numbers are never negative (publishers count up from 0): signed or not, the same number'),
+        "xǁKVEventStreamǁ_session__mutmut_30": (
+            'await self.handle(int.from_bytes(frames[1], signed=True), frames[2])',
+            "Python 3.11's int.to_bytes / from_bytes default to byteorder 'big'"),
+        "xǁKVEventStreamǁ_session__mutmut_31": (
+            'await self.handle(int.from_bytes(frames[1], "big", ), frames[2])',
+            'live batch numbers are never negative (publishers count up from 0): signed or not, the same number'),
+        "xǁKVEventStreamǁ_session__mutmut_35": (
+            'await self.handle(int.from_bytes(frames[1], "big", signed=False), frames[2])',
+            'live batch numbers are never negative (publishers count up from 0): signed or not, the same number'),
+        "xǁKVEventStreamǁ_session__mutmut_45": (
+            'self.synced = None',
+            '`synced` is read only for its truth: None and False are both falsy'),
+        "xǁKVEventStreamǁreplay_from__mutmut_20": (
+            'await sock.send_multipart([b"", start.to_bytes(8, "big", signed=None)])',
+            'start is 0 or last + 1, never negative: signed and unsigned give the same 8 bytes'),
+        "xǁKVEventStreamǁreplay_from__mutmut_22": (
+            'await sock.send_multipart([b"", start.to_bytes(8, signed=True)])',
+            "Python 3.11's int.to_bytes / from_bytes default to byteorder 'big'"),
+        "xǁKVEventStreamǁreplay_from__mutmut_23": (
+            'await sock.send_multipart([b"", start.to_bytes(8, "big", )])',
+            'start is 0 or last + 1, never negative: signed and unsigned give the same 8 bytes'),
+        "xǁKVEventStreamǁreplay_from__mutmut_27": (
+            'await sock.send_multipart([b"", start.to_bytes(8, "big", signed=False)])',
+            'start is 0 or last + 1, never negative: signed and unsigned give the same 8 bytes'),
+        "xǁKVEventStreamǁreplay_from__mutmut_46": (
+            'seq = int.from_bytes(frames[0], "big", signed=None)',
+            "only the end frame's number is negative, and its payload is empty, which ends the replay by itself"),
+        "xǁKVEventStreamǁreplay_from__mutmut_48": (
+            'seq = int.from_bytes(frames[0], signed=True)',
+            "Python 3.11's int.to_bytes / from_bytes default to byteorder 'big'"),
+        "xǁKVEventStreamǁreplay_from__mutmut_49": (
+            'seq = int.from_bytes(frames[0], "big", )',
+            "only the end frame's number is negative, and its payload is empty, which ends the replay by itself"),
+        "xǁKVEventStreamǁreplay_from__mutmut_53": (
+            'seq = int.from_bytes(frames[0], "big", signed=False)',
+            "only the end frame's number is negative, and its payload is empty, which ends the replay by itself"),
+        "xǁKVEventStreamǁreplay_from__mutmut_54": (
+            'if seq == END_SEQ and not frames[1]:',
+            "the replay protocol's only empty payload is the end frame's ([-1, b'']): both halves hold together"),
+        "xǁKVEventStreamǁreplay_from__mutmut_67": (
+            'self._apply(seq, None, events, live=False)',
+            "ts is read only for a live batch's lag; replayed batches are not live (None and False are both falsy)"),
+        "xǁKVEventStreamǁreplay_from__mutmut_69": (
+            'self._apply(seq, ts, events, live=None)',
+            "ts is read only for a live batch's lag; replayed batches are not live (None and False are both falsy)"),
+        "xǁKVEventStreamǁreplay_from__mutmut_85": (
+            'self._apply(seq, None, events, live=False)',
+            "ts is read only for a live batch's lag; replayed batches are not live (None and False are both falsy)"),
+        "xǁKVEventStreamǁreplay_from__mutmut_87": (
+            'self._apply(seq, ts, events, live=None)',
+            "ts is read only for a live batch's lag; replayed batches are not live (None and False are both falsy)"),
+        "xǁKVEventStreamǁreplay_from__mutmut_93": (
+            'elif seq >= self.seq.last + 1:',
+            'seq == last + 1 is taken by the branch before, so >= and > meet the same numbers here'),
+    },
+    "prefixgate/proxy/routing/kv_shared.py": {
+        "xǁSharedKVIndexǁrefresh__mutmut_11": (
+            'if now - self._read_at.get(key, float("-INF")) < READ_MAX_AGE_S:',
+            'float() reads "-INF" as "-inf": the same value'),
     },
     "prefixgate/proxy/routing/shared.py": {
         "x_others_load__mutmut_8": (

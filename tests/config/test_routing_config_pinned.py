@@ -61,3 +61,16 @@ def test_a_backend_given_alone_is_its_own_chain_even_without_validation() -> Non
     """``chain`` on an unvalidated route (model_construct) uses ``backend`` when there is no list."""
     t = RouteTargets.model_construct(backend="p", backends=[], fallbacks=[], model=None)
     assert pairs(t) == [("p", None)]
+
+
+def test_the_kv_events_block_hash_seed_is_the_given_seed_else_the_engines_default() -> None:
+    """``hash_seed``: ``seed`` when given (an empty one too), else vLLM's ``vllm-none-hash`` for
+    ``sha256_cbor`` and no seed for our engine's ``sha256`` (docs/routing.md)."""
+    from prefixgate.config.routing import KVEventsSettings
+
+    ep = "tcp://10.0.0.1:5557"
+    assert KVEventsSettings(endpoint=ep).hash_seed() == ""
+    assert KVEventsSettings(endpoint=ep, hash="sha256_cbor").hash_seed() == "vllm-none-hash"
+    for h in ("sha256", "sha256_cbor"):
+        assert KVEventsSettings(endpoint=ep, hash=h, seed="1234").hash_seed() == "1234"
+        assert KVEventsSettings(endpoint=ep, hash=h, seed="").hash_seed() == ""

@@ -127,6 +127,62 @@ def test_known_and_follow_move_a_placement_with_its_live_count() -> None:
     assert not bal.known("k", s)
 
 
+def test_a_prefix_every_deployment_holds_keeps_the_conversation_on_its_placement() -> None:
+    """Tied longest matches that include the placement: the placement, named ``cache_match``
+    (a shared system prompt must not undo the bounded-load placement) — for every placement,
+    so at least two of them differ from what rendezvous among the tied would pick."""
+    s = AffinitySettings(mode="exact")
+    for placed in range(3):
+        assert choose(NAMES, [0, 0, 0], "k", s, matches=[16, 16, 16], placed=placed) == Choice(
+            placed, "cache_match")
+    # tied between the placement and one other: still the placement
+    for placed, matches in ((0, [40, 40, 3]), (1, [40, 40, 3]), (2, [3, 40, 40]), (1, [3, 40, 40])):
+        assert choose(NAMES, [0, 0, 0], "k", s, matches=matches, placed=placed) == Choice(
+            placed, "cache_match")
+
+
+def test_a_follow_to_where_the_key_already_is_changes_no_load_and_no_age() -> None:
+    now = [0.0]
+    bal = Balancer(now=lambda: now[0])
+    s = AffinitySettings(mode="exact", session_ttl_s=10)
+    i = bal.place("k", NAMES, s)
+    bal.place("j", NAMES, s)
+    live = collections.Counter(bal._live)
+    now[0] = 5.0
+    bal.follow("k", NAMES[i])
+    assert bal._live == live and bal._keys["k"] == (NAMES[i], 0.0)
+    assert list(bal._keys) == ["k", "j"]  # nor its place in the forgetting order
+
+
+def test_a_placement_exactly_at_its_ttl_edge_is_still_known_as_place_keeps_it() -> None:
+    """``known`` agrees with ``place``: seen ``session_ttl_s`` ago, that instant included
+    (``_forget`` keeps ``seen >= now - ttl``), the key is known and its next place keeps it."""
+    now = [100.0]
+    bal = Balancer(now=lambda: now[0])
+    s = AffinitySettings(mode="exact", session_ttl_s=10.0)
+    i = bal.place("k", NAMES, s)
+    now[0] = 110.0
+    assert bal.known("k", s)
+    assert bal.place("k", NAMES, s) == i and bal._live[NAMES[i]] == 1
+    now[0] = 120.25
+    assert not bal.known("k", s)
+
+
+def test_the_llamacpp_slot_pins_time_out_by_the_balancers_clock() -> None:
+    """``Balancer.slots`` runs on the balancer's injected clock: a pin seen more than the slot
+    table's ttl (600 s) ago is forgotten, its slot free again."""
+    now = [0.0]
+    bal = Balancer(now=lambda: now[0])
+    assert bal.slots.slot_for("d0", "a", 2) == 0
+    assert bal.slots.live("d0", 0) == 1
+    now[0] = 600.0  # that instant included: still pinned
+    assert bal.slots.slot_for("d0", "b", 2) == 1
+    assert bal.slots.live("d0", 0) == 1
+    now[0] = 1200.5  # "a" (seen at 0) and "b" (at 600) are both past 600 s now
+    assert bal.slots.slot_for("d0", "c", 2) == 0  # both free; slot 0 used least recently
+    assert (bal.slots.live("d0", 0), bal.slots.live("d0", 1)) == (1, 0)
+
+
 # ---- placement: hand-computed --------------------------------------------------------------------
 
 def test_a_new_key_skips_deployments_at_the_cap() -> None:

@@ -416,3 +416,65 @@ def test_a_retried_answer_is_closed_even_when_the_request_is_cancelled_meanwhile
 
     asyncio.run(main())
     assert closed == [True]
+
+
+def test_a_known_keys_match_elsewhere_moves_its_placement_there() -> None:
+    """Exact mode: a known key whose longest match is not its placement goes there and its
+    placement follows (its history is there now); a later turn matching nothing goes there too."""
+    p = policy_of({"g": 3}, mode="exact")
+    clock = Clock()
+    answer: list[list[int]] = [[0, 0, 0]]
+
+    async def match(target: Any, deps: list[Any], body: bytes) -> list[int]:
+        return answer[0]
+
+    s = sender(p, Recorder(clock), clock, match=match)
+    step = steps_of(p)[0]
+    first = asyncio.run(s.order(step, KEY))[0]
+    assert first[1] == "affinity"
+    placed = G3.index(first[0].name)
+    moved = (placed + 1) % 3
+    answer[0] = [500 if i == moved else 0 for i in range(3)]
+    got = asyncio.run(s.order(step, KEY))[0]
+    assert (got[0].name, got[1]) == (G3[moved], "cache_match")
+    assert s.balancer._keys[KEY][0] == G3[moved]
+    assert (s.balancer._live[G3[placed]], s.balancer._live[G3[moved]]) == (0, 1)
+    answer[0] = [0, 0, 0]
+    got = asyncio.run(s.order(step, KEY))[0]
+    assert (got[0].name, got[1]) == (G3[moved], "affinity")
+
+
+def test_a_load_guard_move_leaves_the_placement_where_it_was() -> None:
+    """The load guard sends one turn elsewhere; the key's placement (and its cache) stays, so
+    the next balanced turn goes back to it."""
+    for mode in ("prefix", "exact"):
+        p = policy_of({"g": 3}, mode=mode)
+        clock = Clock()
+        s = sender(p, Recorder(clock), clock, match=lambda t, d, b: _zeros(len(d)))
+        step = steps_of(p)[0]
+        placed = asyncio.run(s.order(step, KEY))[0][0].name
+        s.balancer.inflight[placed] = 9
+        got = asyncio.run(s.order(step, KEY))[0]
+        assert got[1] == "load_guard" and got[0].name != placed
+        assert s.balancer._keys[KEY][0] == placed and s.balancer._live[placed] == 1
+        s.balancer.inflight[placed] = 0
+        back = asyncio.run(s.order(step, KEY))[0]
+        assert (back[0].name, back[1]) == (placed, "affinity")
+
+
+def test_a_llamacpp_request_names_its_conversations_slot_of_that_deployment() -> None:
+    """``llamacpp`` backends: the body sent carries ``id_slot``, the conversation's own slot of
+    the deployment it went to; another conversation takes the other free slot; the same one
+    comes back to its slot."""
+    p = parse_policy({"backends": {"lc": {"kind": "llamacpp", "slots": 2, "deployments": [
+        {"name": "lc0", "base_url": "http://10.0.9.1:8000/v1"}]}},
+        "routes": [{"match": "*", "backend": "lc"}], "breaker": {"enabled": False}})
+    clock = Clock()
+    rec = Recorder(clock)
+    s = sender(p, rec, clock)
+    steps = steps_of(p)
+    for key in ("conv-a", "conv-b", "conv-a"):
+        go(s, steps, key=key)
+    assert [c[2] for c in rec.calls] == [b'{"id_slot":0,"a":1}', b'{"id_slot":1,"a":1}',
+                                         b'{"id_slot":0,"a":1}']
+    assert (s.balancer.slots.live("lc0", 0), s.balancer.slots.live("lc0", 1)) == (1, 1)
