@@ -4,7 +4,9 @@ shared PostgreSQL ledger, every replica's rows, split by replica."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 from typer.testing import CliRunner
@@ -18,6 +20,18 @@ from tests.proxy.upstream import Script, ScriptedUpstream, completion
 from tests.servers import serve_app
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+
+
+def _fleet_view(url: str, rows: int, wait_s: float = 15.0) -> dict[str, Any]:
+    """``url``'s ``/api/savings`` once it counts ``rows`` requests (or at ``wait_s``): a replica
+    waits for its own answered rows, while another replica's last rows may still be in its
+    writer's batch (a 20 ms timer) when the read comes."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        doc: dict[str, Any] = httpx.get(url + "/api/savings", timeout=30).json()
+        if doc["totals"]["requests"] >= rows or time.monotonic() > deadline:
+            return doc
+        time.sleep(0.05)
 
 
 def test_each_replicas_savings_api_shows_the_whole_fleet(fresh_pg: str, tmp_path: Path) -> None:
@@ -36,7 +50,7 @@ def test_each_replicas_savings_api_shows_the_whole_fleet(fresh_pg: str, tmp_path
                     assert httpx.post(url + "/v1/chat/completions", json=BODY,
                                       timeout=30).status_code == 200
             for url in (a, b):
-                doc = httpx.get(url + "/api/savings", timeout=30).json()
+                doc = _fleet_view(url, 5)
                 assert doc["totals"]["requests"] == 5
                 assert [(r["replica"], r["requests"]) for r in doc["replicas"]] == [
                     ("r0", 3), ("r1", 2)]
