@@ -47,3 +47,29 @@ def _tenant_salt_secret_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> None
     from prefixgate.proxy.http import salt_key
 
     salt_key.DEFAULT_PATH = tmp_path_factory.mktemp("salt") / "tenant_salt.key"
+
+
+@pytest.fixture(autouse=True)
+def _rate_limit_window_from_test_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proxy built in a test counts its rate limits on a clock whose minute window starts one
+    second before the test does: a test that fills ``rpm`` / ``tpm`` and expects the next request
+    refused cannot see the real minute turn over in between (a ~1 % flake per test otherwise).
+    Limiters a test builds with its own clock are untouched."""
+    import time
+
+    from prefixgate.proxy.http import auth, ratelimit
+
+    shift = time.time() % 60 - 1.0
+    real = auth.limiter_for
+
+    def shifted(link: object) -> ratelimit.Limiter:
+        limiter = real(link)  # type: ignore[arg-type]
+        clock = lambda: time.time() - shift  # noqa: E731
+        if isinstance(limiter, ratelimit.RedisLimiter):
+            limiter._clock = clock
+            limiter.local._clock = clock
+        elif isinstance(limiter, ratelimit.MemoryLimiter):
+            limiter._clock = clock
+        return limiter
+
+    monkeypatch.setattr(auth, "limiter_for", shifted)
