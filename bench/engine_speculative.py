@@ -229,12 +229,14 @@ def spec_figures(eng: Any, before: dict[str, Any]) -> dict[str, float]:
 
 
 def llamacpp_tok_s(messages: list[list[dict[str, str]]], threads: int, max_tokens: int,
-                   log: Path) -> float | None:
-    """llama.cpp plain decode tokens/s (median over ``messages``, batch 1), or None if absent."""
+                   log: Path, poll: int = 50) -> float | None:
+    """llama.cpp plain decode tokens/s (median over ``messages``, batch 1), or None if absent.
+    ``poll``: its threadpool busy-poll level (0-100; 50, llama.cpp's default, measured fastest
+    on 2 shared cores by ``bench/engine_vs_llamacpp.py``)."""
     if not GGUF.exists():
         return None
     cmd = [sys.executable, str(REPO / "bench" / "llamacpp_server.py"), "--gguf", str(GGUF),
-           "--threads", str(threads), "--poll", "0", "--port"]
+           "--threads", str(threads), "--poll", str(poll), "--port"]
     server = EngineProcess(GGUF, log_path=log, command=cmd)
     server.cmd.append(str(server.port))
     rates = []

@@ -38,6 +38,7 @@ from prefixgate.local_engine import screened_head
 from prefixgate.local_engine.model import CausalLM
 
 METHODS = ("int8",)
+KINDS = ("qkv", "o", "gate_up", "down")  # a decoder layer's linear products, in order
 CALIBRATION_TOKENS = 256
 
 
@@ -154,14 +155,16 @@ def activation_channel_max(model: CausalLM, ids: list[int]) -> dict[int, torch.T
 
 
 def quantize_model(model: CausalLM, method: str, keep_layers: list[int] | None = None,
-                   keep_head: bool = False, outlier_channels: int = 0) -> CausalLM:
+                   keep_head: bool = False, outlier_channels: int = 0,
+                   keep_kinds: tuple[str, ...] = ()) -> CausalLM:
     """Quantize ``model``'s linear weights in place (``method``: ``int8``); returns it.
 
     ``keep_layers``: decoder layer indices left in full precision; ``keep_head``: the LM head
     too (module docstring). ``outlier_channels``: per int8 product, this many input channels
     (the largest ``max |x|`` over a calibration prefill of ``calibration_ids``) run in fp32
-    (``Int8Linear``); 0: none. Raises ``ValueError`` for an unknown method, a layer index out
-    of range or a negative ``outlier_channels``. Norm weights and the embedding table stay in
+    (``Int8Linear``); 0: none. ``keep_kinds``: products (of ``KINDS``) left in full precision
+    in every layer. Raises ``ValueError`` for an unknown method, a layer index out of range, an
+    unknown kind or a negative ``outlier_channels``. Norm weights and the embedding table stay in
     the model dtype. Call after ``load_model`` (layers bound).
     """
     if outlier_channels < 0:
@@ -169,6 +172,8 @@ def quantize_model(model: CausalLM, method: str, keep_layers: list[int] | None =
     if method not in METHODS:
         raise ValueError(f"unknown quantization {method!r} (one of {list(METHODS)})")
     keep = set(keep_layers or [])
+    if set(keep_kinds) - set(KINDS):
+        raise ValueError(f"unknown keep_kinds {sorted(set(keep_kinds) - set(KINDS))} (of {list(KINDS)})")
     n = len(model.decoder_layers())
     if any(not 0 <= i < n for i in keep):
         raise ValueError(f"keep_layers {sorted(keep)} out of range 0..{n - 1}")
@@ -182,9 +187,9 @@ def quantize_model(model: CausalLM, method: str, keep_layers: list[int] | None =
 
     for i, layer in enumerate(model.decoder_layers()):
         w_in, w_qkv, b_qkv, w_o, w_post, w_gu, w_down = layer._w
-        mk = _full_precision if i in keep else int8
-        layer._w = (w_in, mk(w_qkv, b_qkv), None, mk(w_o, None),  # type: ignore[assignment]
-                    w_post, mk(w_gu, None), mk(w_down, None))
+        mk = {k: _full_precision if i in keep or k in keep_kinds else int8 for k in KINDS}
+        layer._w = (w_in, mk["qkv"](w_qkv, b_qkv), None,  # type: ignore[assignment]
+                    mk["o"](w_o, None), w_post, mk["gate_up"](w_gu, None), mk["down"](w_down, None))
         layer._mm = linear_any
     model._head = (_full_precision if keep_head else Int8Linear)(model.head_weight(), None)
     if keep_head:  # greedy steps: the fp32 head's argmax at int8 cost (screened_head)

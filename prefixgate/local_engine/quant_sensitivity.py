@@ -8,6 +8,8 @@ agreement can be measured teacher-forced over whole prompts (``bench/int8_sensit
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from prefixgate.local_engine.attention import AttnMeta, prefill_group
@@ -52,3 +54,36 @@ def edge_layers(num_layers: int, keep: int) -> list[int]:
             order.append(lo)
         lo, hi = lo + 1, hi - 1
     return sorted(order)
+
+
+def first_token_agreement(ref: list[int], got: list[int]) -> float:
+    """Share of prompts whose first greedy completion token ``got[i]`` equals ``ref[i]`` (the
+    int8 benchmark's figure, ``bench/engine_speculative.py``), rounded to 4 places. Raises
+    ``ValueError`` when the lists differ in length or are empty."""
+    if not ref or len(ref) != len(got):
+        raise ValueError(f"agreement needs two equal, non-empty lists ({len(ref)} vs {len(got)})")
+    return round(sum(int(a) == int(b) for a, b in zip(ref, got)) / len(ref), 4)
+
+
+def agreement(ref_top: list[torch.Tensor], got_top: list[torch.Tensor]) -> dict[str, Any]:
+    """Greedy agreement of two models over the same prompts, teacher-forced.
+
+    ``ref_top`` / ``got_top``: per prompt the argmax token ids ``[len(prompt)]`` of every
+    position (``prefill(...).argmax(-1)``). Returns ``first_token_agreement`` (share of prompts
+    whose last position agrees: the token greedy decoding emits first), ``teacher_forced_
+    agreement`` (share of all positions, each prompt weighted by its length) and
+    ``disagreeing_prompts`` (indices whose last position differs). Raises ``ValueError`` when
+    the lists differ in length or are empty, or a prompt's positions differ in number.
+    """
+    if not ref_top or len(ref_top) != len(got_top):
+        raise ValueError(f"agreement needs two equal, non-empty lists ({len(ref_top)} vs {len(got_top)})")
+    same = total = 0
+    for i, (r, g) in enumerate(zip(ref_top, got_top)):
+        if r.shape != g.shape:
+            raise ValueError(f"prompt {i}: {tuple(r.shape)} positions against {tuple(g.shape)}")
+        same += int((r == g).sum())
+        total += r.numel()
+    bad = [i for i, (r, g) in enumerate(zip(ref_top, got_top)) if int(r[-1]) != int(g[-1])]
+    return {"first_token_agreement": first_token_agreement([int(r[-1]) for r in ref_top],
+                                                           [int(g[-1]) for g in got_top]),
+            "teacher_forced_agreement": round(same / total, 4), "disagreeing_prompts": bad}
