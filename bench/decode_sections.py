@@ -69,6 +69,22 @@ def int4_probe(out_f: int = 3072, in_f: int = 576, group: int = 32) -> dict[str,
                                      "'Expected bias length to match output dimension' (KleidiAI, Arm)"}
 
 
+def int4_summary(cand: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(figures, details) of the int4 section from ``bench/int4_candidates.py``'s JSON: the
+    fastest int4 engine's batch-1 decode against llama.cpp Q4_1's best poll setting and our
+    int8, with its greedy agreement; ``adopted``: whether it reached llama.cpp (the issue's bar
+    for wiring an int4 engine mode)."""
+    best = cand["best_int4"]
+    tok_s = cand["decode_tok_s_b1"]
+    llama = max((v for v in cand["llamacpp_q4_1_tok_s"].values() if v), default=None)
+    fig = {"kernels_tried": [k for k in cand["us_per_row"]["gate_up"] if k.startswith("int4")],
+           "best_int4": best, "best_int4_tok_s_b1": tok_s[best], "int8_tok_s_b1": tok_s["int8"],
+           "fp32_tok_s_b1": tok_s["fp32"], "llamacpp_q4_1_tok_s": llama,
+           "best_int4_top1_agreement": cand["first_token_agreement_vs_fp32"][best],
+           "adopted": bool(llama is not None and tok_s[best] >= llama)}
+    return fig, cand
+
+
 def tool_drafts(base: dict[str, Any], n_b1: int, n_b8: int, max_tokens: int,
                 cost_curve: list[tuple[int, float]] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(figures, details) of the tool-call section (module docstring)."""

@@ -175,16 +175,19 @@ def spec_off(eng: Any) -> Iterator[None]:
         eng.spec = saved
 
 
-def compare(eng: Any, prompts: list[list[int]], params: Any, batch: int) -> dict[str, float]:
+def compare(eng: Any, prompts: list[list[int]], params: Any, batch: int) -> dict[str, Any]:
     """Groups of ``batch`` prompts, each run speculative first then plain on the same engine
-    (so the suffix index never holds a prompt's own plain output); mean TPOT (ms) of each."""
-    rows: dict[str, list[dict[str, float]]] = {"spec": [], "plain": []}
+    (so the suffix index never holds a prompt's own plain output); mean TPOT (ms) of each, and
+    ``identical``: every prompt's greedy output the same token ids both ways."""
+    rows: dict[str, list[dict[str, Any]]] = {"spec": [], "plain": []}
     for g in range(0, len(prompts), batch):
         group = prompts[g:g + batch]
-        rows["spec"] += run_batch(eng, group, params)
+        rows["spec"] += run_batch(eng, group, params, keep_ids=True)
         with spec_off(eng):
-            rows["plain"] += run_batch(eng, group, params)
-    return {k: round(mean_tpot(v) * 1000, 2) for k, v in rows.items()}
+            rows["plain"] += run_batch(eng, group, params, keep_ids=True)
+    out: dict[str, Any] = {k: round(mean_tpot(v) * 1000, 2) for k, v in rows.items()}
+    out["identical"] = all(a["ids"] == b["ids"] for a, b in zip(rows["spec"], rows["plain"]))
+    return out
 
 
 def knee(eng: Any, tok_ids: list[list[int]], sizes: list[int]) -> dict[str, Any]:
@@ -264,7 +267,7 @@ def main() -> None:
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--b1", type=int, default=4, help="prompts run one at a time")
     ap.add_argument("--b8", type=int, default=8, help="prompts run 8 at a time (0: skip)")
-    ap.add_argument("--agree", type=int, default=30, help="prompts for int8 top-1 agreement")
+    ap.add_argument("--agree", type=int, default=60, help="prompts for int8 top-1 agreement")
     ap.add_argument("--k", type=int, default=6, help="most draft tokens per request and step")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--only", default="", help="comma list of sections to rerun (int8, tool_drafts, "
@@ -272,6 +275,12 @@ def main() -> None:
     ap.add_argument("--tool-b1", type=int, default=3, help="tool-call prompts run one at a time")
     ap.add_argument("--tool-b8", type=int, default=8, help="tool-call prompts run 8 at a time")
     ap.add_argument("--note", default="", help="recorded in setup (e.g. the box was shared)")
+    ap.add_argument("--int4-from", default="", help="with --only int4: the int4 section from "
+                    "this bench/int4_candidates.py JSON instead of the kernel probe")
+    ap.add_argument("--skip", default="", help="comma list of sections main leaves as they were "
+                    "(tool_drafts, int4): rerun them with --only")
+    ap.add_argument("--llamacpp-poll", type=int, nargs="+", default=[50, 0],
+                    help="llama.cpp busy-poll levels, each run; the figure is the fastest")
     args = ap.parse_args()
     if args.only:
         partial_main(args, set(args.only.split(",")))
@@ -280,10 +289,11 @@ def main() -> None:
 
     from prefixgate.local_engine.api_types import SamplingParams
     from prefixgate.local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.quant_sensitivity import first_token_agreement
     from prefixgate.local_engine.server.chat import encode_chat
 
     torch.set_num_threads(args.threads)
-    t0 = time.time()
+    t0, load0 = time.time(), _loadavg()
     n_b1, n_b8, n_agree, sizes = args.b1, args.b8, args.agree, [1, 2, 4, 6, 8, 12, 16, 24, 32]
     if args.quick:
         args.max_tokens, n_b1, n_b8, n_agree, sizes = 20, 1, 0, 4, [1, 4, 8]
@@ -313,6 +323,7 @@ def main() -> None:
         figures[name] = {
             "tpot_ratio_b1": round(b1["plain"] / b1["spec"], 3),
             "tpot_ratio_b8": round(b8["plain"] / b8["spec"], 3) if b8 else None,
+            "identical_outputs": b1.pop("identical") and (b8.pop("identical") if b8 else True),
         }
         if name == "grounded":
             figures[name].update(acceptance_rate=sf["acceptance_rate"],
@@ -334,13 +345,15 @@ def main() -> None:
         dec = {k: round(mean_tpot(v) * 1000, 2) for k, v in rows.items()}
         agree_ids = agreement_prompts(tok, n_agree, 200 if args.quick else 500)
         one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-        ref = e32.generate_batch(agree_ids, one)
-        got = q8.generate_batch(agree_ids, one)
+        ref = [o[0] for o in e32.generate_batch(agree_ids, one)]
+        got = [o[0] for o in q8.generate_batch(agree_ids, one)]
     e32.shutdown()
     figures["int8"] = {"decode_ratio_b1": round(dec["fp32"] / dec["int8"], 3),
-                       "top1_agreement": round(sum(a == b for a, b in zip(ref, got))
-                                               / max(1, len(ref)), 4)}
-    details["int8"] = {"tpot_ms_b1": dec, "agreement_prompts": len(ref), "knee": kn8}
+                       "top1_agreement": first_token_agreement(ref, got)}
+    details["int8"] = {"tpot_ms_b1": dec, "agreement_prompts": len(ref), "knee": kn8,
+                       "disagreeing_prompts": [i for i, (a, b) in enumerate(zip(ref, got)) if a != b],
+                       "kept_fp32": {k: getattr(q8.cfg, k) for k in (
+                           "quant_fp32_layers", "quant_fp32_head", "quant_outlier_channels")}}
     phases["int8"] = round(time.time() - t0, 1)
     q8.spec.cost_curve = sorted(kn8["step_ms"].items())
     spec_rows = []
@@ -349,23 +362,34 @@ def main() -> None:
     ours = round(1.0 / mean_tpot(spec_rows), 2)
     q8.shutdown()
     phases["int8_spec"] = round(time.time() - t0, 1)
-    llama = None
-    if not args.no_llamacpp:
+    runs: dict[str, float | None] = {}
+    for poll in ([] if args.no_llamacpp else args.llamacpp_poll):
         try:
-            llama = llamacpp_tok_s(g_msgs[:n_b1], args.threads, args.max_tokens,
-                                   Path(tempfile.gettempdir()) / "engine_speculative_llamacpp.log")
+            runs[f"poll{poll}"] = llamacpp_tok_s(g_msgs[:n_b1], args.threads, args.max_tokens, Path(
+                tempfile.gettempdir()) / "engine_speculative_llamacpp.log", poll=poll)
         except (RuntimeError, httpx.HTTPError) as exc:
-            details["llamacpp_error"] = str(exc)
+            details[f"llamacpp_poll{poll}_error"] = str(exc)
     phases["llamacpp"] = round(time.time() - t0, 1)
-    figures["vs_llamacpp"] = {"ours_grounded_tok_s": ours, "llamacpp_tok_s": llama}
+    llama = max((v for v in runs.values() if v), default=None)
+    figures["vs_llamacpp"] = {"ours_grounded_tok_s": ours, "llamacpp_tok_s": llama,
+                              "llamacpp_best": max(runs, key=lambda k: runs[k] or 0) if llama else None}
+    details["llamacpp_tok_s_by_poll"] = runs
     from bench.decode_sections import int4_probe, tool_drafts
 
-    figures["tool_drafts"], details["tool_drafts"] = tool_drafts(
-        base, args.tool_b1, args.tool_b8, args.max_tokens, sorted(kn["step_ms"].items()))
-    probe = int4_probe()
-    figures["int4"] = int4_figures(probe)
-    details["int4"] = probe
+    skip = set(args.skip.split(",")) - {""}
+    if "tool_drafts" not in skip:
+        figures["tool_drafts"], details["tool_drafts"] = tool_drafts(
+            base, args.tool_b1, args.tool_b8, args.max_tokens, sorted(kn["step_ms"].items()))
+    if "int4" not in skip:
+        probe = int4_probe()
+        figures["int4"] = int4_figures(probe)
+        details["int4"] = probe
     phases["tool_drafts+int4"] = round(time.time() - t0, 1)
+    old = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+    kept = sorted(set(old.get("figures", {})) - set(figures))  # sections this run did not redo
+    figures.update({k: old["figures"][k] for k in kept})
+    details.update({k: v for k, v in old.get("details", {}).items()
+                    if k not in details and k.split("_all_runs")[0].split("_pooled")[0] in kept})
     result = {
         "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]),
         "figures": figures,
@@ -385,10 +409,22 @@ def main() -> None:
                     "use oneDNN pre-packed linear weights (prefixgate/local_engine/cpu_linear.py)",
             "wall_s": round(time.time() - t0, 1),
             "phases_s_since_start": phases,
+            "loadavg_at_start_and_end": [load0, _loadavg()],
+            "sections_kept_from_earlier_runs": kept,
+            "earlier_runs": [r for r in old.get("setup", {}).get("partial_runs", [])
+                             if set(r.get("sections", [])) & set(kept)],
+            "user_note": args.note,
         },
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["figures"], indent=2))
+
+
+def _loadavg() -> str:
+    try:
+        return Path("/proc/loadavg").read_text().strip()
+    except OSError:
+        return ""
 
 
 def int8_figures(base: dict[str, Any], n_agree: int, n_dec: int, max_tokens: int,
@@ -397,6 +433,7 @@ def int8_figures(base: dict[str, Any], n_agree: int, n_dec: int, max_tokens: int
     (alternating order) and first-token greedy agreement on ``n_agree`` prompts."""
     from prefixgate.local_engine.api_types import SamplingParams
     from prefixgate.local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.quant_sensitivity import first_token_agreement
     from prefixgate.local_engine.server.chat import encode_chat
 
     plain = {**base, "speculative": None}
@@ -415,16 +452,17 @@ def int8_figures(base: dict[str, Any], n_agree: int, n_dec: int, max_tokens: int
     dec = {k: round(mean_tpot(v) * 1000, 2) for k, v in rows.items()}
     agree_ids = agreement_prompts(tok, n_agree, 500)
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    ref, got = e32.generate_batch(agree_ids, one), q8.generate_batch(agree_ids, one)
+    ref = [o[0] for o in e32.generate_batch(agree_ids, one)]
+    got = [o[0] for o in q8.generate_batch(agree_ids, one)]
     e32.shutdown()
     q8.shutdown()
     fig = {"decode_ratio_b1": round(dec["fp32"] / dec["int8"], 3),
            "decode_ratio_b1_vs_fp32_full_head": round(dec["fp32_full_head"] / dec["int8"], 3),
-           "top1_agreement": round(sum(a == b for a, b in zip(ref, got)) / max(1, len(ref)), 4)}
+           "top1_agreement": first_token_agreement(ref, got)}
     det = {"tpot_ms_b1": dec, "agreement_prompts": len(ref),
            "disagreeing_prompts": [i for i, (a, b) in enumerate(zip(ref, got)) if a != b],
-           "kept_fp32": quant or {"quant_fp32_head": True, "quant_fp32_layers": 2,
-                                  "quant_outlier_channels": 24},
+           "kept_fp32": {k: getattr(q8.cfg, k) for k in (
+               "quant_fp32_layers", "quant_fp32_head", "quant_outlier_channels")},
            "fp32_engines": "fp32 = packed fp32 with the screened head (the default engine); "
                            "fp32_full_head = the same engine with model._argmax_head detached"}
     return fig, det
@@ -459,10 +497,10 @@ def goals(figures: dict[str, Any]) -> dict[str, bool | None]:
         ("verify_b8.open_tpot_ratio_b8_screened", 0.97))}
     ours, llama = at("vs_llamacpp.ours_grounded_tok_s"), at("vs_llamacpp.llamacpp_tok_s")
     out["vs_llamacpp ours>llamacpp"] = None if ours is None or llama is None else bool(ours > llama)
-    out["tool_drafts.identical_outputs"] = at("tool_drafts.identical_outputs")
-    out["verify_b8.identical_outputs"] = at("verify_b8.identical_outputs")
-    out["int4 decode>=llamacpp Q4_1"] = None  # unmeasured: torch's x86 int4 kernel is slower than
-    # our int8 product per row even on its bf16 path (int4 section), so no int4 engine was built
+    for sec in ("grounded", "open", "tool_drafts", "verify_b8"):
+        out[f"{sec}.identical_outputs"] = at(f"{sec}.identical_outputs")
+    i4, l4 = at("int4.best_int4_tok_s_b1"), at("int4.llamacpp_q4_1_tok_s")
+    out["int4 decode>=llamacpp Q4_1"] = None if i4 is None or l4 is None else bool(i4 >= l4)
     return out
 
 
@@ -493,7 +531,11 @@ def partial_main(args: Any, want: set[str]) -> None:
         figures["tool_drafts"], details["tool_drafts"] = tool_drafts(
             base, args.tool_b1, args.tool_b8, args.max_tokens,
             sorted((int(k), v) for k, v in curve.items()) if curve else None)
-    if "int4" in want:
+    if "int4" in want and args.int4_from:  # bench/int4_candidates.py's JSON, run beforehand
+        from bench.decode_sections import int4_summary
+
+        figures["int4"], details["int4"] = int4_summary(json.loads(Path(args.int4_from).read_text()))
+    elif "int4" in want:
         probe = int4_probe()
         figures["int4"] = int4_figures(probe)
         details["int4"] = probe

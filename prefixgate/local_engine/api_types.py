@@ -39,10 +39,12 @@ class EngineConfig:
     most this many bytes (measured: ``suffix_index.SuffixIndex.nbytes``, ~0.5 KB a token) and
     this many ``cache_salt`` namespaces, least recently used evicted first.
     quantization: None (weights in ``dtype``) or ``int8`` (weight-only, per-channel scales).
-    quant_fp32_layers / quant_fp32_head: with int8, this many decoder layers (from the ends
-    inwards, measured most sensitive: ``quant_sensitivity.edge_layers``) and the LM head stay in
-    full precision. quant_outlier_channels: with int8, per product this many input channels
-    (largest on a fixed calibration prefill) run in fp32 (``quant.Int8Linear``); 0: none.
+    quant_fp32_layers / quant_fp32_head: with int8, this many decoder layers (the measured most
+    sensitive ones for a measured model shape, else from the ends inwards:
+    ``quant_sensitivity.kept_layers``) and the LM head stay in full precision (6 chosen by
+    ``bench/int8_keep_sweep.py``: greedy agreement with fp32, docs/policy_guide.md).
+    quant_outlier_channels: with int8, per product this many input channels (largest on a fixed
+    calibration prefill) run in fp32 (``quant.Int8Linear``); 0: none.
     packed_linear: fp32 on CPU, run linear layers through oneDNN with pre-packed weights
     (``cpu_linear``; skinny products such as speculative verification are ~2x cheaper).
     kv_events_endpoint: a ZMQ endpoint (``tcp://*:5557``) to publish KV events on, in vLLM's
@@ -73,7 +75,7 @@ class EngineConfig:
     spec_suffix_max_namespaces: int = 256
     draft_model_path: str | None = None
     quantization: str | None = None
-    quant_fp32_layers: int = 2
+    quant_fp32_layers: int = 6
     quant_fp32_head: bool = True
     quant_outlier_channels: int = 24
     packed_linear: bool = True

@@ -42,7 +42,7 @@ from prefixgate.local_engine.kv_pool import KVPool, ReqToTokenTable
 from prefixgate.local_engine.model import load_model, split_model_path
 from prefixgate.local_engine.model_runner import ModelRunner
 from prefixgate.local_engine.quant import quantize_model
-from prefixgate.local_engine.quant_sensitivity import edge_layers
+from prefixgate.local_engine.quant_sensitivity import kept_layers
 from prefixgate.local_engine.radix_cache import RadixCache
 from prefixgate.local_engine.sampler import (
     SamplingError,
@@ -117,7 +117,8 @@ class Engine:
         self.tokenizer = _load_tokenizer(path)
         self.model = load_model(path, self.device, self.dtype)
         if cfg.quantization is not None:
-            keep = edge_layers(self.model.args.num_layers, cfg.quant_fp32_layers)
+            a = self.model.args
+            keep = kept_layers(a.num_layers, a.hidden_size, cfg.quant_fp32_layers)
             quantize_model(self.model, cfg.quantization, keep, cfg.quant_fp32_head,
                            cfg.quant_outlier_channels)
         elif cfg.packed_linear and cpu_linear.available(self.device, self.dtype):

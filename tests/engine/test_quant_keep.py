@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -9,9 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from prefixgate.local_engine import quant_sensitivity
 from prefixgate.local_engine.model import load_model
 from prefixgate.local_engine.quant import Int8Linear, quantize_model
-from prefixgate.local_engine.quant_sensitivity import edge_layers, prefill
+from prefixgate.local_engine.quant_sensitivity import edge_layers, kept_layers, prefill
 
 INT8_REL_TOL = 0.03  # ‖int8 − fp32‖ / ‖fp32‖ of one layer's product (measured ≤ 0.02 here)
 IDS = [1, 504, 3287, 314, 253, 1345, 28, 2683, 30, 7, 4199, 198, 88, 1020, 12, 40000, 9, 301]
@@ -76,3 +78,29 @@ def test_engine_int8_keeps_head_and_edge_layers_by_default(make_engine: Any) -> 
 def test_out_of_range_kept_layer_is_rejected(tiny_dir: Path) -> None:
     with pytest.raises(ValueError, match="out of range"):
         quantize_model(_fp32(tiny_dir), "int8", [5])
+
+
+def test_kept_layers_take_the_measured_ranking_then_the_ends() -> None:
+    assert kept_layers(30, 576, 6) == [0, 8, 9, 18, 28, 29]  # SmolLM2-135M: measured
+    assert kept_layers(30, 576, 2) == [18, 29]
+    assert kept_layers(30, 576, 8) == [0, 1, 8, 9, 18, 27, 28, 29]  # then the edge order
+    assert kept_layers(30, 576, 0) == []
+    assert kept_layers(30, 64, 4) == [0, 1, 28, 29]  # an unmeasured shape: from the ends
+    assert kept_layers(3, 64, 5) == [0, 1, 2]
+
+
+def test_the_measured_ranking_is_the_sensitivity_runs() -> None:
+    path = Path(__file__).resolve().parents[2] / "bench" / "results" / "int8_sensitivity.json"
+    ranked = json.loads(path.read_text())["most_sensitive_layers"]
+    assert list(quant_sensitivity.MEASURED_SENSITIVITY[(30, 576)]) == [int(i) for i in ranked]
+
+
+def test_engine_int8_keeps_the_measured_layers_not_the_ends(make_engine: Any,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefixgate.local_engine.api_types import EngineConfig
+
+    assert EngineConfig(model_path="m").quant_fp32_layers == 6  # the chosen default
+    monkeypatch.setitem(quant_sensitivity.MEASURED_SENSITIVITY, (2, 64), (0,))
+    eng = make_engine(quantization="int8", quant_fp32_layers=1)  # the ends would keep layer 1
+    assert [isinstance(lyr._w[1], Int8Linear) for lyr in eng.model.decoder_layers()] == [False, True]
+    assert [isinstance(lyr._w[6], Int8Linear) for lyr in eng.model.decoder_layers()] == [False, True]
