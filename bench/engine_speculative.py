@@ -523,7 +523,7 @@ def partial_main(args: Any, want: set[str]) -> None:
     if "int8_variants" in want:  # the same figures for other keep policies
         details["int8_variants"] = [{"quant": q, **dict(zip(("figures", "details"), int8_figures(
             base, args.agree, args.b1, args.max_tokens, **q)))} for q in (
-            {"quant_outlier_channels": 0},)]
+            {"quant_fp32_layers": 0},)]  # no layer kept: what keeping 6 costs
     if "tool_drafts" in want:
         # the engine's default head is the screened one: its measured curve when recorded
         curve = details.get("verify_b8", {}).get("knee", {}).get("screened") or details.get(

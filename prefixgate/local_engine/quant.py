@@ -18,9 +18,15 @@ Embedding lookups keep the full-precision table.
 
 What stays in full precision (issue 27: int8 everywhere moved greedy top-1 on 10 % of the
 benchmark's prompts): the LM head (``keep_head``; ~20 % of SmolLM2-135M's weights, and alone
-the largest single loss: teacher-forced top-1 agreement 0.945 with only the head int8) and the
-decoder layers ``keep_layers`` (the engine keeps ``quant_sensitivity.edge_layers``: the first
-and last layers, measured most sensitive). Kept products run as oneDNN pre-packed fp32
+the largest single loss: teacher-forced top-1 agreement 0.945 with only the head int8), the
+decoder layers ``keep_layers`` and the products ``keep_kinds``. The engine keeps
+``quant_sensitivity.kept_layers``: 6 layers, for SmolLM2-135M the six measured most sensitive
+(0, 8, 9, 18, 28, 29; ``bench/int8_sensitivity.py``), chosen by ``bench/int8_keep_sweep.py``
+(``bench/results/int8_keep_sweep.json``, first-token greedy agreement with fp32 on the int8
+benchmark's prompts): those six 0.983 on its 60 prompts and 0.992 on 120, where the former
+default (layers 0 and 29) gave 0.95, the 4 / 6 edge layers 0.967 / 0.95, 64 outlier channels
+0.90 and q|k|v kept in every layer 0.967. Most disagreements are near ties (fp32's top-two
+logit gap 0.01-0.05 on the prompts that flip). Kept products run as oneDNN pre-packed fp32
 (``cpu_linear``) where available. A kept head gets ``screened_head``'s argmax head on CPU:
 greedy steps get the fp32 head's argmax from an int8 screen plus exact rescoring of the few
 candidates, so keeping the head costs about what an int8 head does.
