@@ -4,12 +4,13 @@
   tools and earlier calls, the answer opened with ``<tool_call>``), greedy. One engine with
   ``ngram+suffix+tools``; per prompt group: speculative with tool drafts, speculative without
   them (``ngram+suffix`` drafter swapped in), plain; outputs compared token for token.
-- ``int4``: the 4-bit kernel probe. The one x86 CPU 4-bit kernel a well-kept PyPI package ships
-  is torch's ``_weight_int4pack_mm_for_cpu`` (group-wise asymmetric, torchao's CPU int4 layout
-  uses it); timed against oneDNN fp32 and the int8 product on SmolLM2's gate|up shape at one
-  row, with fp32 activations (a scalar fallback) and with bf16 activations (its vectorised
-  path; the activations and the output are rounded to bf16). (``_dyn_quant_matmul_4bit`` is
-  KleidiAI, Arm only.)
+- ``int4``: with ``--only int4 --int4-from FILE``, the section is ``int4_summary`` of
+  ``bench/int4_candidates.py``'s JSON (whole-model batch-1 decode with each PyPI 4-bit CPU kernel
+  against llama.cpp Q4_1 and our int8, measured in one run); without it, the older kernel
+  probe: torch's ``_weight_int4pack_mm_for_cpu`` (group-wise asymmetric, torchao's CPU int4
+  layout uses it) timed against oneDNN fp32 and the int8 product on SmolLM2's gate|up shape at
+  one row, with fp32 activations (a scalar fallback) and with bf16 activations (its vectorised
+  path). (``_dyn_quant_matmul_4bit`` is KleidiAI, Arm only.)
 """
 
 from __future__ import annotations
