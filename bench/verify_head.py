@@ -119,7 +119,7 @@ def main() -> None:
                              "mean_accepted_len": st.get("mean_accepted_len"),
                              "tokens": sum(row["tokens"] for row in rows)})
     screened_stats = {"rows": screened.rows, "candidates_per_row": round(
-        screened.candidates / max(1, screened.rows - screened.full_rows), 2),
+        screened.candidates / max(1, screened.rows), 2),
         "full_head_rows": screened.full_rows} if screened is not None else None
     eng.shutdown()
     ratios: dict[str, Any] = {}

@@ -24,9 +24,11 @@ remainder is what the backend's measured cached tokens differ from the stage mod
 model's error on the rewritten arm (chat-template tokens, the engine's own eviction), and the
 difference between the token-id counterfactual and the block models of the stages. ``cached -
 cf_cached`` counts only where the request has a counterfactual (as the totals do); ``removed``
-and ``added`` count on every request. ``saved`` is tokens no longer billed at the full input
-price: ``(cf_prompt - cf_cached) - (prompt - cached)`` with ``cf_prompt = prompt + removed -
-added``.
+and ``added`` count on every request whose usage the backend reported (:func:`answered`): one
+that failed upstream, or was refused or cut before any usage came, was billed nothing we can
+show, so its pruning saved nothing (and a client's retry is not a second saving). ``saved`` is
+tokens no longer billed at the full input price: ``(cf_prompt - cf_cached) - (prompt -
+cached)`` with ``cf_prompt = prompt + removed - added``.
 
 Dollars, where the request is priced both ways (``input_usd`` and ``cf_input_usd``, the
 backend's usage and the counterfactual priced with :mod:`prefixgate.config.prices`): the whole
@@ -100,6 +102,12 @@ def parse_pass_tokens(text: str | None) -> dict[str, dict[str, int]]:
     return out
 
 
+def answered(row: Mapping[str, Any]) -> bool:
+    """True when the backend reported the request's usage (``prompt_tokens`` known): the
+    requests a saving is counted on (module docstring)."""
+    return row.get("prompt_tokens") is not None
+
+
 def reuse_of(row: Mapping[str, Any]) -> int:
     """``cached - cf_cached`` of a row with usage and a counterfactual, else 0 (the totals'
     rule, :mod:`prefixgate.cache.savings` and :mod:`prefixgate.cache.report`)."""
@@ -138,7 +146,9 @@ def attribute_usd(passes: Mapping[str, Mapping[str, int]], row: Mapping[str, Any
 def row_techniques(row: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """One ledger row's ``{technique: {"reusable", "removed", "added", "usd"}}`` with the
     :data:`UNATTRIBUTED` remainder (module docstring): the parts of the row's whole saving.
-    ``usd`` None where the row is not priced."""
+    ``usd`` None where the row is not priced; empty for a row without usage (:func:`answered`)."""
+    if not answered(row):
+        return {}
     passes = parse_pass_tokens(row.get("pass_tokens"))
     rest = reuse_of(row) - sum(f["reusable"] for f in passes.values())
     out: dict[str, dict[str, Any]] = {n: {**f, "usd": None} for n, f in passes.items()}
@@ -178,5 +188,7 @@ def merge_techniques(parts: Iterable[Mapping[str, Mapping[str, Any]]]) -> list[T
 
 
 def added_tokens(rows: Iterable[Mapping[str, Any]]) -> int:
-    """Tokens the passes added over ``rows`` (``pass_tokens`` ``added``)."""
-    return sum(f["added"] for r in rows for f in parse_pass_tokens(r.get("pass_tokens")).values())
+    """Tokens the passes added over the ``rows`` with usage (``pass_tokens`` ``added``,
+    :func:`answered`)."""
+    return sum(f["added"] for r in rows if answered(r)
+               for f in parse_pass_tokens(r.get("pass_tokens")).values())

@@ -16,7 +16,8 @@ records (ledger rows or replay results) into the figures both commands print.
 Money: ``input_usd`` / ``cf_input_usd`` are summed over rows priced both ways (the request as
 sent, and the client's own body); ``saved_usd`` is their difference, ``saved_pct`` its share of
 ``cf_input_usd``. Tokens: ``saved_tokens = (cached - cf_cached) + pruned - added`` (cache reuse
-over rows with a counterfactual; pruned and added, the passes' tokens, over all rows), split by
+over rows with a counterfactual; pruned and added, the passes' tokens, over the rows whose usage
+the backend reported: a request that failed or was cut before usage saved nothing), split by
 technique in :mod:`prefixgate.cache.attribution` (the parts sum to it). TTFT: ``ttft_reported``
 counts rows whose TTFT the backend reported (a non-streamed answer; ledger ``ttft_source =
 reported``), the others were timed by the proxy. Time: ``prefill_s_saved``,
@@ -32,7 +33,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from prefixgate.cache.attribution import added_tokens, reuse_of
+from prefixgate.cache.attribution import added_tokens, answered, reuse_of
 from prefixgate.cache.holdout_stats import holdout_report
 from prefixgate.cache.time_saved import PrefillRate, rates, time_saved
 
@@ -111,7 +112,8 @@ def token_savings(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     reuse = sum(reuse_of(r) for r in cf)
     added = added_tokens(rows)
     return {"cf_cached_share": (sum(r["cf_cached_tokens"] for r in cf) / p) if p else None,
-            "saved_tokens": reuse + sum(r.get("tokens_pruned") or 0 for r in rows) - added,
+            "saved_tokens": reuse + sum(r.get("tokens_pruned") or 0 for r in rows if answered(r))
+            - added,
             "added_tokens": added}
 
 

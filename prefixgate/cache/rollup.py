@@ -10,7 +10,9 @@ floored to 60, ``data`` = a JSON object of sums
 as the request row (:func:`upsert`), so the two never disagree. Fields of ``data``::
 
     requests errors no_usage holdout        counts
-    prompt_tokens output_tokens pruned_tokens          tokens (NULL usage counts as 0 here;
+    prompt_tokens output_tokens pruned_tokens          tokens (NULL usage counts as 0 here,
+                                                        and so do its pruned tokens:
+                                                        no usage, no saving counted;
     usage_prompt cached_tokens cache_write_tokens      ``no_usage`` says how many were NULL);
                                                         usage_prompt = prompt tokens of rows
                                                         that reported cached tokens too
@@ -93,7 +95,7 @@ def fold(row: Mapping[str, Any]) -> dict[str, Any]:
         "requests": 1, "errors": int((row.get("status") or "ok") != "ok"),
         "no_usage": int(prompt is None), "holdout": int(bool(row.get("holdout"))),
         "prompt_tokens": prompt or 0, "output_tokens": out or 0,
-        "pruned_tokens": row.get("tokens_pruned") or 0,
+        "pruned_tokens": (row.get("tokens_pruned") or 0) if prompt is not None else 0,
         "cf_source": {cf_source_of(row): 1},
     }
     if prompt is not None and cached is not None:

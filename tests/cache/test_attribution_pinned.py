@@ -146,7 +146,9 @@ def test_by_technique_and_added_tokens_over_rows() -> None:
     assert got["a"].tokens_reusable == 800 and got["a"].tokens_added == 20
     assert got[UNATTRIBUTED].tokens_reusable == 100 - 400  # the second row reused nothing measured
     assert added_tokens(rows) == 20 and added_tokens([]) == 0
-    assert added_tokens([{"pass_tokens": None}, {"pass_tokens": json.dumps({"x": {"added": 3}})}]) == 3
+    assert added_tokens([{"pass_tokens": None, "prompt_tokens": 9},
+                         {"pass_tokens": json.dumps({"x": {"added": 3}}), "prompt_tokens": 9}]) == 3
+    assert added_tokens([{"pass_tokens": json.dumps({"x": {"added": 3}})}]) == 0  # no usage
 
 
 @given(st.dictionaries(st.sampled_from("pqrs"), st.fixed_dictionaries(

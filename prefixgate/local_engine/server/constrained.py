@@ -182,16 +182,14 @@ def tool_call_processor(hf_tokenizer: Any, tools: list[dict[str, Any]],
                         max_string: int = DEFAULT_MAX_STRING) -> GrammarProcessor:
     """A fresh :class:`GrammarProcessor` for one request's tool constraint. Raises
     ApiError(400) when a forced tool's schema nests too deep (``schema_depth``: checked before
-    anything here recurses into it) or cannot be compiled (param ``tools``)."""
+    anything here recurses into it) or cannot be compiled (param ``tools``): llguidance's
+    ``grammar_from_lark`` never raises (it only wraps the text), and its ``LLMatcher`` never
+    raises for a grammar error either but enters an error state, read here."""
     import llguidance
 
     check_tool_depths(tools, constraint.names)
     tok = llg_tokenizer(hf_tokenizer)
-    try:
-        grammar = _compiled(tool_call_grammar(tools, constraint, max_string))
-    except ValueError as exc:
-        raise ApiError(f"A tool's parameters schema cannot be enforced: {exc}", param="tools",
-                       code="invalid_value") from None
+    grammar = _compiled(tool_call_grammar(tools, constraint, max_string))
     matcher = llguidance.LLMatcher(tok, grammar, log_level=0)
     if matcher.is_error():
         raise ApiError(f"A tool's parameters schema cannot be enforced: {matcher.get_error()}",
