@@ -53,6 +53,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -330,7 +331,8 @@ def plan_check(rows: list[LedgerRow], ledger: Path, xfer_ms: list[float], split_
     planner's load from the colocated rows (``cache.pd_plan.load_from_rows``: prefill rate from
     ``prefill_ms``) and compare its predicted mean TTFT, colocated on one instance and split
     1+1 (the handoff at the measured ms per token, no orchestration term), with the measured
-    means. ``prefixgate plan --ledger LEDGER --route ttft-colocated`` reads the same rows."""
+    means: as ``prefixgate plan`` predicts it (the M/G/1 wait at the rows' rate) and with no
+    queueing (what these sequential runs had). ``prefixgate plan --ledger LEDGER --route ttft-colocated`` reads the same rows."""
     ledger.unlink(missing_ok=True)
     led = Ledger(ledger)
     for r in rows:
@@ -340,9 +342,14 @@ def plan_check(rows: list[LedgerRow], ledger: Path, xfer_ms: list[float], split_
     load = load_from_rows(colo_rows)
     per_tok = statistics.median(xfer_ms) / 1000.0 / statistics.fmean(load.uncached)
     pc, ps = colocated(load, 1, 1e9, 1e9), split(load, 1, 1, 1e9, 1e9, per_tok)
+    closed = replace(load, lam=1e-9)  # these runs were sequential: nothing ever queued
+    qc, qs = colocated(closed, 1, 1e9, 1e9), split(closed, 1, 1, 1e9, 1e9, per_tok)
     return {"ledger": str(ledger), "prefill_tokens_per_s": round(load.prefill_tps, 1),
+            "rate_per_s": round(load.lam, 3),
             "predicted_ttft_ms": {"colocated": round(pc.ttft_s * 1000, 1),
                                   "split": round(ps.ttft_s * 1000, 1)},
+            "predicted_ttft_ms_no_queueing": {"colocated": round(qc.ttft_s * 1000, 1),
+                                              "split": round(qs.ttft_s * 1000, 1)},
             "measured_ttft_ms_mean": {"colocated": round(statistics.fmean(colo_t), 1),
                                       "split": round(statistics.fmean(split_t), 1)}}
 
