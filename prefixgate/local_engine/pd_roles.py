@@ -51,7 +51,7 @@ MAX_FAILED_KEPT = 4096  # failed transfer ids remembered for their decode reques
 IMPORT_CHUNK_TOKENS = 1024
 """Tokens of K/V an import writes into the pool between two engine steps. One piece of 1,024
 tokens of SmolLM2-135M fp32 (45 MiB) copies in ~8 ms on the benchmark's CPU (4,000 tokens
-imported in 31-42 ms, ``bench/results/pd_split.json``): a fifth of a decode step at most. Each
+imported in 27-42 ms, ``bench/results/pd_split.json``): a fifth of a decode step at most. Each
 further piece delays the transfer's own request by one step (~50 ms there), so pieces are
 large: 256-token pieces put 3 more steps (~200 ms) before a 1,024-token prompt's first token."""
 
