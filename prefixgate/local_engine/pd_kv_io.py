@@ -165,12 +165,12 @@ def write_import(pool: KVPool, res: ImportReservation, kv: torch.Tensor, lo: int
     so the writes may be spread over several engine steps."""
     if not 0 <= lo <= hi <= res.num_new:
         raise ValueError(f"rows [{lo}, {hi}) outside the {res.num_new} reserved")
-    if kv.device != pool.k[0].device:  # a link staged through host memory
-        kv = kv.to(pool.k[0].device)
+    part = kv[:, :, res.offset + lo: res.offset + hi]
+    if part.device != pool.k[0].device:  # a link staged through host memory: this piece only
+        part = part.to(pool.k[0].device)
     idx = torch.tensor(res.slots[lo:hi], dtype=torch.int64, device=pool.k[0].device)
-    a, b = res.offset + lo, res.offset + hi
     for layer in range(len(pool.k)):
-        pool.write(layer, idx, kv[layer, 0, a:b], kv[layer, 1, a:b])
+        pool.write(layer, idx, part[layer, 0], part[layer, 1])
 
 
 def finish_import(pool: KVPool, cache: RadixCache, res: ImportReservation) -> ImportedPrefix:

@@ -231,3 +231,21 @@ def test_reserve_takes_nothing_when_the_tree_holds_it_all_and_checks_the_kv_leng
     with pytest.raises(ValueError):
         write_import(pool, res, _kv_of([2, 3, 4]), 0, 2)
     cancel_import(pool, cache, res)
+
+
+def test_pieces_skip_the_rows_of_tokens_the_tree_gained_since_the_send() -> None:
+    pool, cache = _pool(), RadixCache()
+    _fill(pool, [1, 2, 3, 4], cache)  # the transfer starts at 2; the tree now holds 4
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8]
+    res = reserve_import(pool, cache, tokens, None, 2, 6)
+    assert isinstance(res, ImportReservation) and res.num_new == 4 and res.offset == 2
+    kv = _kv_of(tokens[2:])
+    write_import(pool, res, kv, 2, 4)
+    write_import(pool, res, kv, 0, 2)
+    imp = finish_import(pool, cache, res)
+    m = cache.match_prefix(tokens)
+    assert m.handle.cached_len == 8 and imp.new_tokens == 4
+    assert pool.k[1][torch.tensor(m.slots[4:])][:, 0, 0].tolist() == [105.0, 106.0, 107.0, 108.0]
+    assert pool.v[0][torch.tensor(m.slots[4:])][:, 1, 1].tolist() == [-5.0, -6.0, -7.0, -8.0]
+    release(cache, imp.handle)
+    cache.check()
