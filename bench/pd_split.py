@@ -12,11 +12,15 @@ SmolLM2-135M-Instruct fp32 (``$PREFIXGATE_MODEL_DIR``). Figures:
 
 - ``greedy_identical``: three chat prompts, split (through ``routing.pd_drive``, vLLM contract)
   vs colocated (the prefill instance answering a plain request): the same bytes.
-- ``itl_p99_ratio_*``: two decode streams (64-token prompts, 24 tokens) run; after their 4th
-  token a ``--long``-token prompt arrives. p99 inter-token latency of the two streams from their
-  4th token on (the gap the arrival lands in included) over their undisturbed p99 (same instance, no arrival): split (the long prompt is prefilled on the
-  prefill instance, its KV imported by the decode one), colocated chunked (the decode instance
-  prefills it in 512-token chunks), colocated unchunked (in-process engine, one step).
+- ``itl_p99_ratio_*``: two decode streams (64-token prompts) run; after their 4th token a
+  ``--long``-token prompt arrives and the streams go on until 3 tokens past its end (its
+  prefill, the KV handoff and its decode joining the batch all fall inside). p99 inter-token
+  latency of the two streams from their 4th token on, ``--itl-reps`` arrivals pooled, over
+  their undisturbed p99 (same instance, no arrival, tokens 4-40): split (the long prompt is
+  prefilled on the prefill instance, its KV imported by the decode one), colocated chunked
+  (the decode instance prefills it in 512-token chunks), colocated unchunked (in-process
+  engine, one step). ``runs.itl_ms`` has p50 / p99 / max of each and where the worst split
+  gaps fell (ms from the arrival, beside its match / prefill / decode timeline).
 - ``handoff_ms_4k``: a ``--handoff-tokens`` prompt split: prefill side gather + send seconds +
   decode side import seconds (the engines' ``engine_kv_transfer_seconds_total`` deltas);
   ``recompute_ms_4k``: the same length prefilled colocated (``X-Engine-Prefill-Ms``).
@@ -28,7 +32,7 @@ SmolLM2-135M-Instruct fp32 (``$PREFIXGATE_MODEL_DIR``). Figures:
   shared box). Beside it the raw TTFT medians' difference, each split's timeline and its
   transfer ms (send + import; the goal: penalty <= transfer + 20 ms).
 - ``followup_ttft_ratio_vs_always_split``: turn 2 of a chat (turn 1 = ~380 words, split, a
-  32-token answer decoded on the decode side; turn 2 = turn 1 + the answer + ~48 words)
+  ``--answer-tokens`` answer (32) decoded on the decode side; turn 2 = turn 1 + the answer + ~48 words)
   through the driver's decision over the same shape with the split forced; medians of
   ``--followups`` conversations each. ``..._cold_prefill``: the forced split with the prefill
   instance's cache emptied after turn 1 (a prefill pool that does not hold the conversation).
