@@ -12,11 +12,15 @@ SmolLM2-135M-Instruct fp32 (``$PREFIXGATE_MODEL_DIR``). Figures:
 
 - ``greedy_identical``: three chat prompts, split (through ``routing.pd_drive``, vLLM contract)
   vs colocated (the prefill instance answering a plain request): the same bytes.
-- ``itl_p99_ratio_*``: two decode streams (64-token prompts, 24 tokens) run; after their 4th
-  token a ``--long``-token prompt arrives. p99 inter-token latency of the two streams from their
-  4th token on (the gap the arrival lands in included) over their undisturbed p99 (same instance, no arrival): split (the long prompt is prefilled on the
-  prefill instance, its KV imported by the decode one), colocated chunked (the decode instance
-  prefills it in 512-token chunks), colocated unchunked (in-process engine, one step).
+- ``itl_p99_ratio_*``: two decode streams (64-token prompts) run; after their 4th token a
+  ``--long``-token prompt arrives and the streams go on until 3 tokens past its end (its
+  prefill, the KV handoff and its decode joining the batch all fall inside). p99 inter-token
+  latency of the two streams from their 4th token on, ``--itl-reps`` arrivals pooled, over
+  their undisturbed p99 (same instance, no arrival, tokens 4-40): split (the long prompt is
+  prefilled on the prefill instance, its KV imported by the decode one), colocated chunked
+  (the decode instance prefills it in 512-token chunks), colocated unchunked (in-process
+  engine, one step). ``runs.itl_ms`` has p50 / p99 / max of each and where the worst split
+  gaps fell (ms from the arrival, beside its match / prefill / decode timeline).
 - ``handoff_ms_4k``: a ``--handoff-tokens`` prompt split: prefill side gather + send seconds +
   decode side import seconds (the engines' ``engine_kv_transfer_seconds_total`` deltas);
   ``recompute_ms_4k``: the same length prefilled colocated (``X-Engine-Prefill-Ms``).
@@ -28,7 +32,7 @@ SmolLM2-135M-Instruct fp32 (``$PREFIXGATE_MODEL_DIR``). Figures:
   shared box). Beside it the raw TTFT medians' difference, each split's timeline and its
   transfer ms (send + import; the goal: penalty <= transfer + 20 ms).
 - ``followup_ttft_ratio_vs_always_split``: turn 2 of a chat (turn 1 = ~380 words, split, a
-  32-token answer decoded on the decode side; turn 2 = turn 1 + the answer + ~48 words)
+  ``--answer-tokens`` answer (32) decoded on the decode side; turn 2 = turn 1 + the answer + ~48 words)
   through the driver's decision over the same shape with the split forced; medians of
   ``--followups`` conversations each. ``..._cold_prefill``: the forced split with the prefill
   instance's cache emptied after turn 1 (a prefill pool that does not hold the conversation).
@@ -53,6 +57,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +73,10 @@ from prefixgate.proxy.routing.pd_drive import PDDriver  # noqa: E402
 
 DEFAULT_MODEL = Path(os.environ.get("PREFIXGATE_MODEL_DIR", "~/.cache/prefixgate/models/"
                                     "SmolLM2-135M-Instruct")).expanduser()
+FOLLOWUP_HEADERS = ("x-engine-prompt-tokens", "x-engine-cached-tokens", "x-engine-prefill-ms",
+                    "x-engine-ttft-ms")
+BASE_TOKENS = 40  # undisturbed streams: gaps from the 4th token to the 40th
+STREAM_TOKENS = 400  # disturbed streams: cut 3 tokens past the arrival's end (never reached)
 CHAT = ["Name three colors of the rainbow.", "What is a radix tree?", "Say hello in French."]
 
 
@@ -210,82 +219,105 @@ class Bench:
         compute = float((pre[0] if pre else h).get("x-engine-prefill-ms", "nan"))
         return ttft, steps, compute
 
-    async def streams_itl(self, prompts: list[list[int]], arrive: Any) -> list[float]:
-        """ITLs (ms) of decode streams on the decode instance; ``arrive()`` (a coroutine
-        factory or None) starts once every stream has 4 tokens."""
+    async def streams_itl(self, prompts: list[list[int]], arrive: Any,
+                          after: int = 3) -> tuple[list[float], dict[str, Any]]:
+        """ITLs (ms) of decode streams on the decode instance from their 4th token on, and
+        where they fell. ``arrive()`` (a coroutine factory or None) starts once every stream
+        has 4 tokens; the streams (``STREAM_TOKENS`` long) are cut ``after`` tokens past the
+        arrival's end, so every gap the arrival can touch (its prefill, the KV handoff, its
+        decode joining the batch) is in the sample. Without an arrival: gaps 4..``BASE_TOKENS``."""
         started = asyncio.Event()
+        done_at: list[float] = []
         counts = [0] * len(prompts)
 
-        async def one(i: int, ids: list[int]) -> list[float]:
+        async def one(i: int, ids: list[int]) -> list[tuple[float, float]]:
+            n = BASE_TOKENS if arrive is None else STREAM_TOKENS
             req = self.c.build_request("POST", self.decode + "/completions",
-                                       json=self.comp(ids, 24, True))
+                                       json=self.comp(ids, n, True))
             resp = await self.c.send(req, stream=True)
             times: list[float] = []
-            async for line in resp.aiter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    ev = json.loads(line[6:])
-                    if ev.get("choices") and ev["choices"][0].get("text"):
-                        times.append(time.perf_counter())
-                        counts[i] += 1
-                        if min(counts) >= 4:
-                            started.set()
-            await resp.aclose()
-            return [(b - a) * 1000.0 for a, b in zip(times[3:], times[4:])]
+            try:
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        ev = json.loads(line[6:])
+                        if ev.get("choices") and ev["choices"][0].get("text"):
+                            times.append(time.perf_counter())
+                            counts[i] += 1
+                            if min(counts) >= 4:
+                                started.set()
+                            if done_at and sum(t > done_at[0] for t in times) >= after:
+                                break
+            finally:
+                await resp.aclose()
+            return list(zip(times[3:], times[4:]))
 
         tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(prompts)]
-        extra = None
+        info: dict[str, Any] = {}
         if arrive is not None:
             await started.wait()
-            extra = asyncio.create_task(arrive())
-        itls = [x for t in await asyncio.gather(*tasks) for x in t]
-        if extra is not None:
-            await extra
-        return itls
+            t0 = time.perf_counter()
+            self.timeline.clear()
+            await arrive()
+            done_at.append(time.perf_counter())
+            info = {"arrival_ms": round((done_at[0] - t0) * 1000, 1),
+                    "arrival_steps_ms": [(w, round((a - t0) * 1000, 1), round((b - t0) * 1000, 1))
+                                         for w, a, b, _ in self.timeline]}
+        per = await asyncio.gather(*tasks)
+        gaps = [g for t in per for g in t]
+        if arrive is not None and any(not t or t[-1][1] < done_at[0] for t in per):
+            info["streams_ended_before_arrival"] = True  # STREAM_TOKENS too few: say so
+        if arrive is not None:  # the worst gaps and where they fell (ms from the arrival)
+            worst = sorted(gaps, key=lambda g: g[0] - g[1])[:4]
+            info["worst_gaps_ms"] = [(round((a - t0) * 1000), round((b - a) * 1000, 1))
+                                     for a, b in worst]
+        return [(b - a) * 1000.0 for a, b in gaps], info
 
 
-async def unchunked_itl(model: Path, prompts: list[list[int]],
-                        long_ids: list[int] | None) -> list[float]:
-    """The same mixed load on an in-process colocated engine prefilling in one step."""
+async def unchunked_itl(eng: Any, prompts: list[list[int]],
+                        long_ids: list[int] | None, after: int = 3) -> list[float]:
+    """The same mixed load (``Bench.streams_itl``'s window) on an in-process colocated
+    engine ``eng`` prefilling in one step."""
+    from prefixgate.local_engine.engine import SamplingParams
+    counts = [0] * len(prompts)
+    started = asyncio.Event()
+    done_at: list[float] = []
+
+    async def one(i: int, ids: list[int]) -> list[float]:
+        n = BASE_TOKENS if long_ids is None else STREAM_TOKENS
+        sp = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+        times: list[float] = []
+        gen = eng.generate(ids, sp)
+        try:
+            async for out in gen:
+                if out.new_token_ids:
+                    times.append(time.perf_counter())
+                    counts[i] += 1
+                    if min(counts) >= 4:
+                        started.set()
+                    if done_at and sum(t > done_at[0] for t in times) >= after:
+                        break
+        finally:
+            await gen.aclose()
+        return [(b - a) * 1000.0 for a, b in zip(times[3:], times[4:])]
+
+    tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(prompts)]
+    if long_ids is not None:
+        await started.wait()
+        async for _ in eng.generate(long_ids, SamplingParams(max_tokens=4, temperature=0.0,
+                                                             ignore_eos=True)):
+            pass
+        done_at.append(time.perf_counter())
+    return [x for t in await asyncio.gather(*tasks) for x in t]
+
+
+def unchunked_engine(model: Path) -> Any:
+    """An in-process colocated engine (one thread) whose chunk holds a whole long prompt."""
     import torch
 
-    from prefixgate.local_engine.engine import Engine, EngineConfig, SamplingParams
+    from prefixgate.local_engine.engine import Engine, EngineConfig
     torch.set_num_threads(1)
-    eng = Engine(EngineConfig(model_path=str(model), num_kv_slots=8192, chunk_size=8192,
-                              max_num_batched_tokens=8192))
-    try:
-        async def run() -> list[float]:
-            counts = [0] * len(prompts)
-            started = asyncio.Event()
-            sp = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-
-            async def one(i: int, ids: list[int]) -> list[float]:
-                times = []
-                async for out in eng.generate(ids, sp):
-                    if out.new_token_ids:
-                        times.append(time.perf_counter())
-                        counts[i] += 1
-                        if min(counts) >= 4:
-                            started.set()
-                return [(b - a) * 1000.0 for a, b in zip(times[3:], times[4:])]
-
-            async def arrive() -> None:
-                assert long_ids is not None
-                async for _ in eng.generate(long_ids, SamplingParams(max_tokens=4, temperature=0.0,
-                                                                     ignore_eos=True)):
-                    pass
-
-            tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(prompts)]
-            extra = None
-            if long_ids is not None:
-                await started.wait()
-                extra = asyncio.create_task(arrive())
-            out = [x for t in await asyncio.gather(*tasks) for x in t]
-            if extra is not None:
-                await extra
-            return out
-        return await run()
-    finally:
-        eng.shutdown()
+    return Engine(EngineConfig(model_path=str(model), num_kv_slots=8192, chunk_size=8192,
+                               max_num_batched_tokens=8192))
 
 
 WORDS = ("cache prefix token model decode prefill request answer engine batch latency tree "
@@ -303,7 +335,8 @@ def plan_check(rows: list[LedgerRow], ledger: Path, xfer_ms: list[float], split_
     planner's load from the colocated rows (``cache.pd_plan.load_from_rows``: prefill rate from
     ``prefill_ms``) and compare its predicted mean TTFT, colocated on one instance and split
     1+1 (the handoff at the measured ms per token, no orchestration term), with the measured
-    means. ``prefixgate plan --ledger LEDGER --route ttft-colocated`` reads the same rows."""
+    means: as ``prefixgate plan`` predicts it (the M/G/1 wait at the rows' rate) and with no
+    queueing (what these sequential runs had). ``prefixgate plan --ledger LEDGER --route ttft-colocated`` reads the same rows."""
     ledger.unlink(missing_ok=True)
     led = Ledger(ledger)
     for r in rows:
@@ -313,9 +346,14 @@ def plan_check(rows: list[LedgerRow], ledger: Path, xfer_ms: list[float], split_
     load = load_from_rows(colo_rows)
     per_tok = statistics.median(xfer_ms) / 1000.0 / statistics.fmean(load.uncached)
     pc, ps = colocated(load, 1, 1e9, 1e9), split(load, 1, 1, 1e9, 1e9, per_tok)
+    closed = replace(load, lam=1e-9)  # these runs were sequential: nothing ever queued
+    qc, qs = colocated(closed, 1, 1e9, 1e9), split(closed, 1, 1, 1e9, 1e9, per_tok)
     return {"ledger": str(ledger), "prefill_tokens_per_s": round(load.prefill_tps, 1),
+            "rate_per_s": round(load.lam, 3),
             "predicted_ttft_ms": {"colocated": round(pc.ttft_s * 1000, 1),
                                   "split": round(ps.ttft_s * 1000, 1)},
+            "predicted_ttft_ms_no_queueing": {"colocated": round(qc.ttft_s * 1000, 1),
+                                              "split": round(qs.ttft_s * 1000, 1)},
             "measured_ttft_ms_mean": {"colocated": round(statistics.fmean(colo_t), 1),
                                       "split": round(statistics.fmean(split_t), 1)}}
 
@@ -330,7 +368,7 @@ async def measure(b: Bench, args: argparse.Namespace, runs: dict[str, Any]) -> d
     fig: dict[str, Any] = {}
     # greedy identity (chat prompts, real text)
     same = []
-    for q in CHAT:
+    for q in CHAT if "greedy" in args.parts else []:
         body = {"model": "m", "messages": [{"role": "user", "content": q}], "max_tokens": 12,
                 "temperature": 0}
         colo = (await b.c.post(b.prefill + "/chat/completions", json=body)).json()
@@ -339,34 +377,67 @@ async def measure(b: Bench, args: argparse.Namespace, runs: dict[str, Any]) -> d
         split = resp.json()
         same.append(split["choices"][0]["message"]["content"]
                     == colo["choices"][0]["message"]["content"] and dec.split)
-    fig["greedy_identical"] = all(same)
-    runs["greedy_identical"] = same
-    # ITL under long-prefill arrivals
-    streams = [ids(rng, 64) for _ in range(2)]
-    base = await b.streams_itl(streams, None)
-    long_split = ids(rng, args.long)
+    if same:
+        fig["greedy_identical"] = all(same)
+        runs["greedy_identical"] = same
+    if "itl" in args.parts:
+        await itl_part(b, args, rng, fig, runs)
+    if "ttft" in args.parts:
+        await ttft_part(b, args, rng, fig, runs)
+    if "followup" in args.parts:
+        await followup_part(b, args, rng, fig, runs)
+    if "handoff" in args.parts:
+        await handoff_part(b, args, rng, fig, runs)
+    return fig
 
-    async def split_arrival() -> None:
-        resp, _ = await b.driver.drive(b.pd(True), "/completions",
-                                       b.comp(long_split, 4, False), {})
-        await resp.aread()
-    split_itl = await b.streams_itl([ids(rng, 64) for _ in range(2)], split_arrival)
-    long_colo = ids(rng, args.long)
 
-    async def colo_arrival() -> None:
-        await b.c.post(b.decode + "/completions", json=b.comp(long_colo, 4, False))
-    chunked_itl = await b.streams_itl([ids(rng, 64) for _ in range(2)], colo_arrival)
-    un_base = await unchunked_itl(args.model, [ids(rng, 64) for _ in range(2)], None)
-    un_itl = await unchunked_itl(args.model, [ids(rng, 64) for _ in range(2)], ids(rng, args.long))
-    fig["itl_p99_ratio_split"] = round(p99(split_itl) / p99(base), 3)
-    fig["itl_p99_ratio_colocated_chunked"] = round(p99(chunked_itl) / p99(base), 3)
-    fig["itl_p99_ratio_colocated_unchunked"] = round(p99(un_itl) / p99(un_base), 3)
-    runs["itl_ms"] = {"undisturbed_p99": p99(base), "split_p99": p99(split_itl),
-                      "colocated_chunked_p99": p99(chunked_itl),
-                      "unchunked_undisturbed_p99": p99(un_base),
-                      "colocated_unchunked_p99": p99(un_itl),
-                      "samples_per_run": len(base), "long_prompt_tokens": args.long}
-    # TTFT penalty of the split path: split and colocated interleaved (the box's load drifts)
+async def itl_part(b: Bench, args: argparse.Namespace, rng: random.Random, fig: dict[str, Any],
+                   runs: dict[str, Any]) -> None:
+    """The ITL figures (module docstring)."""
+    # ITL under long-prefill arrivals: --itl-reps arrivals per arm, samples pooled
+    itl: dict[str, list[float]] = {k: [] for k in ("base", "split", "chunked", "un_base", "un")}
+    where: list[dict[str, Any]] = []
+    for _ in range(args.itl_reps):
+        itl["base"] += (await b.streams_itl([ids(rng, 64) for _ in range(2)], None))[0]
+        long_split = ids(rng, args.long)
+
+        async def split_arrival(long_ids: list[int] = long_split) -> None:
+            resp, _ = await b.driver.drive(b.pd(True), "/completions",
+                                           b.comp(long_ids, 4, False), {})
+            await resp.aread()
+        got, info = await b.streams_itl([ids(rng, 64) for _ in range(2)], split_arrival)
+        itl["split"] += got
+        where.append(info)
+        long_colo = ids(rng, args.long)
+
+        async def colo_arrival(long_ids: list[int] = long_colo) -> None:
+            await b.c.post(b.decode + "/completions", json=b.comp(long_ids, 4, False))
+        itl["chunked"] += (await b.streams_itl([ids(rng, 64) for _ in range(2)], colo_arrival))[0]
+    eng = unchunked_engine(args.model)
+    try:
+        for _ in range(args.itl_reps):
+            itl["un_base"] += await unchunked_itl(eng, [ids(rng, 64) for _ in range(2)], None)
+            itl["un"] += await unchunked_itl(eng, [ids(rng, 64) for _ in range(2)],
+                                             ids(rng, args.long))
+    finally:
+        eng.shutdown()
+    fig["itl_p99_ratio_split"] = round(p99(itl["split"]) / p99(itl["base"]), 3)
+    fig["itl_p99_ratio_colocated_chunked"] = round(p99(itl["chunked"]) / p99(itl["base"]), 3)
+    fig["itl_p99_ratio_colocated_unchunked"] = round(p99(itl["un"]) / p99(itl["un_base"]), 3)
+    runs["itl_ms"] = {
+        **{f"{k}_p50": round(statistics.median(v), 1) for k, v in itl.items()},
+        **{f"{k}_p99": round(p99(v), 1) for k, v in itl.items()},
+        **{f"{k}_max": round(max(v), 1) for k, v in itl.items()},
+        "samples": {k: len(v) for k, v in itl.items()}, "reps": args.itl_reps,
+        "max_ratio_split": round(max(itl["split"]) / max(itl["base"]), 3),
+        "long_prompt_tokens": args.long, "split_arrivals": where,
+        "keys": "base: undisturbed (decode instance), split / chunked: with the arrival; "
+                "un_base / un: the in-process unchunked engine"}
+
+
+async def ttft_part(b: Bench, args: argparse.Namespace, rng: random.Random, fig: dict[str, Any],
+                    runs: dict[str, Any]) -> None:
+    """The split's TTFT penalty: split and colocated interleaved (the box's load drifts)."""
     split_t: list[float] = []
     colo_t: list[float] = []
     split_c: list[float] = []
@@ -402,12 +473,17 @@ async def measure(b: Bench, args: argparse.Namespace, runs: dict[str, Any]) -> d
                        "transfer_ms_p50": round(statistics.median(xfer), 2), "prompt_tokens": 256,
                        "split_timelines_ms": timelines}
     runs["plan_check"] = plan_check(b.rows, args.ledger, xfer, split_t, colo_t)
-    # follow-up turns (chat): turn 2 = turn 1 + the decode side's answer + a new message
+
+
+async def followup_part(b: Bench, args: argparse.Namespace, rng: random.Random,
+                        fig: dict[str, Any], runs: dict[str, Any]) -> None:
+    """Follow-up turns (chat): turn 2 = turn 1 + the decode side's answer + a new message."""
     decided, forced, forced_cold = [], [], []
     for mode, out in (("decided", decided), ("forced", forced), ("forced_cold", forced_cold)):
         for _ in range(args.followups):
             msgs = [{"role": "user", "content": words(rng, 380)}]
-            chat1 = {"model": "m", "messages": msgs, "max_tokens": 32, "temperature": 0,
+            chat1 = {"model": "m", "messages": msgs, "max_tokens": args.answer_tokens,
+                     "temperature": 0,
                      "ignore_eos": True}
             resp, _ = await b.driver.drive(b.pd(True), "/chat/completions", chat1, {})
             await resp.aread()
@@ -417,21 +493,31 @@ async def measure(b: Bench, args: argparse.Namespace, runs: dict[str, Any]) -> d
             msgs2 = msgs + [{"role": "assistant", "content": answer},
                             {"role": "user", "content": words(rng, 48)}]
             chat2 = {**chat1, "messages": msgs2, "max_tokens": 2, "stream": True}
+            b.timeline.clear()
             t0 = time.perf_counter()
             resp, dec = await b.driver.drive(b.pd(None if mode == "decided" else True),
                                              "/chat/completions", chat2, {})
             times = await b.stream_times(resp, chat=True)
             out.append((round((times[0] - t0) * 1000.0, 1), dec.reason, dec.prompt_tokens,
-                        dec.cached_tokens))
+                        dec.cached_tokens, [
+                            (w, round((x - t0) * 1000, 1), round((y - t0) * 1000, 1),
+                             {k.removeprefix("x-engine-"): v for k, v in h.items()
+                              if k in FOLLOWUP_HEADERS}) for w, x, y, h in b.timeline]))
     med = {k: statistics.median(x[0] for x in v)
            for k, v in (("d", decided), ("f", forced), ("c", forced_cold))}
     fig["followup_ttft_ratio_vs_always_split"] = round(med["d"] / med["f"], 3)
     fig["followup_ttft_ratio_vs_always_split_cold_prefill"] = round(med["d"] / med["c"], 3)
     runs["followup_ttft_ms"] = {
-        "columns": ["ttft_ms", "reason", "prompt_tokens", "decode_side_cached_tokens"],
+        "columns": ["ttft_ms", "reason", "prompt_tokens", "decode_side_cached_tokens",
+                    "steps (what, start ms, headers ms, engine headers)"],
+        "turn1_answer_tokens": args.answer_tokens,
         "decided": decided, "always_split": forced,
         "always_split_prefill_side_cold": forced_cold}
-    # 4k handoff vs recompute
+
+
+async def handoff_part(b: Bench, args: argparse.Namespace, rng: random.Random,
+                       fig: dict[str, Any], runs: dict[str, Any]) -> None:
+    """A 4k-token handoff against its recompute."""
     pm0, dm0 = await b.metrics(b.prefill), await b.metrics(b.decode)
     resp, dec = await b.driver.drive(b.pd(True), "/completions",
                                      b.comp(ids(rng, args.handoff_tokens), 1, False), {})
@@ -448,7 +534,6 @@ async def measure(b: Bench, args: argparse.Namespace, runs: dict[str, Any]) -> d
     runs["handoff"] = {"tokens_moved": tok, "prefill_side_gather_send_ms": round(send_s * 1000, 1),
                        "decode_side_import_ms": round(imp_s * 1000, 1),
                        "kv_mib": round(tok * 30 * 2 * 3 * 64 * 4 / 2 ** 20, 1)}
-    return fig
 
 
 def main() -> None:
@@ -458,6 +543,13 @@ def main() -> None:
     ap.add_argument("--handoff-tokens", type=int, default=4000)
     ap.add_argument("--ttft-runs", type=int, default=5)
     ap.add_argument("--followups", type=int, default=3)
+    ap.add_argument("--answer-tokens", type=int, default=32,
+                    help="follow-ups: the length of turn 1's answer (decoded on the decode side)")
+    ap.add_argument("--parts", type=lambda v: set(v.split(",")),
+                    default={"greedy", "itl", "ttft", "followup", "handoff"},
+                    help="which figures to measure (comma list; default all)")
+    ap.add_argument("--itl-reps", type=int, default=2,
+                    help="long-prompt arrivals per ITL arm (their samples pooled)")
     ap.add_argument("--no-pin", action="store_true", help="do not pin the instances to cores")
     ap.add_argument("--ledger", type=Path, default=Path("/tmp/pd_split_ledger.db"),
                     help="where the TTFT runs are written as ledger rows (prefixgate plan)")

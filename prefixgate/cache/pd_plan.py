@@ -31,12 +31,17 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Option", "Plan", "RouteLoad", "colocated", "load_from_rows", "mg1_wait", "plan",
-           "split"]
+__all__ = ["SPLIT_OVERHEAD_S", "TRANSFER_S_PER_TOKEN", "Option", "Plan", "RouteLoad", "colocated",
+           "load_from_rows", "mg1_wait", "plan", "split"]
 
-TRANSFER_S_PER_TOKEN = 0.000195
-"""Default ``x``: 780 ms for 4,000 tokens of SmolLM2-135M fp32 KV over gloo on loopback
-(``bench/results/pd_split.json``, ``handoff_ms_4k``)."""
+TRANSFER_S_PER_TOKEN = 0.000032
+"""Default ``x``: 128 ms for 4,000 tokens of SmolLM2-135M fp32 KV (176 MiB) over gloo on
+loopback, gather + send + import, on a quiet box (``bench/results/pd_split.json``,
+``handoff_ms_4k``; 780 ms on the same box under a load average of 12-23)."""
+SPLIT_OVERHEAD_S = 0.004
+"""Default ``o``: what a split adds to TTFT beyond its transfer, measured (the split's TTFT
+penalty p50 minus its transfer p50 at 256 tokens, ``bench/results/pd_split.json``: an extra
+HTTP hop and the prefill answer; 3-4 ms)."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +120,7 @@ def _moments(load: RouteLoad) -> tuple[float, float]:
 
 
 def split(load: RouteLoad, n_p: int, n_d: int, ttft_slo_s: float, tpot_slo_s: float,
-          transfer_s_per_token: float = TRANSFER_S_PER_TOKEN, overhead_s: float = 0.0,
+          transfer_s_per_token: float = TRANSFER_S_PER_TOKEN, overhead_s: float = SPLIT_OVERHEAD_S,
           max_batch: int = 256) -> Option:
     """The split deployment ``n_p`` prefill + ``n_d`` decode instances (module docstring).
     Raises ``ValueError`` for fewer than one instance of either."""
@@ -141,8 +146,8 @@ def colocated(load: RouteLoad, n: int, ttft_slo_s: float, tpot_slo_s: float) -> 
 
 
 def plan(load: RouteLoad, ttft_slo_s: float, tpot_slo_s: float, max_instances: int = 16,
-         transfer_s_per_token: float = TRANSFER_S_PER_TOKEN, overhead_s: float = 0.0,
-         max_batch: int = 256) -> Plan:
+         transfer_s_per_token: float = TRANSFER_S_PER_TOKEN,
+         overhead_s: float = SPLIT_OVERHEAD_S, max_batch: int = 256) -> Plan:
     """The smallest deployment meeting both SLOs (module docstring); ties go to colocation."""
     info = {"requests": len(load.uncached), "rate_per_s": round(load.lam, 4),
             "uncached_tokens_mean": round(statistics.fmean(load.uncached), 1),

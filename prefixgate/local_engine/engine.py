@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import queue
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -148,10 +150,12 @@ class Engine:
         self.spec = build_spec_decoder(cfg, self.scheduler.kv, self.device, self.dtype,
                                        args.vocab_size, self.max_context_len, self.tokenizer)
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._paced: deque[CallCmd] = deque()  # paced calls waiting for their step (CallCmd)
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._seqs: dict[str, Sequence] = {}
         self._timing = {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "decode_tokens": 0}
+        self.steps_run = 0  # forward steps so far
         self._stopped = False
 
     def _kv_events(self, cfg: EngineConfig) -> Any:
@@ -294,14 +298,15 @@ class Engine:
         """Stop a request (waiting or running) and free its slots; unknown ids are ignored."""
         self._inbox.put(AbortCmd(request_id))
 
-    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-        """Run ``fn()`` on the engine thread before its next step (``CallCmd``); the returned
-        future holds its result. Raises ``RuntimeError`` once the engine is shut down."""
+    def call(self, fn: Callable[[], Any], paced: bool = False) -> concurrent.futures.Future[Any]:
+        """Run ``fn()`` on the engine thread before its next step (``CallCmd``; ``paced``: after
+        the next step while requests run, one paced call per step); the returned future holds
+        its result. Raises ``RuntimeError`` once the engine is shut down."""
         if self._stopped:
             raise RuntimeError("engine is shut down")
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._ensure_thread()
-        self._inbox.put(CallCmd(fn, fut))
+        self._inbox.put(CallCmd(fn, fut, paced))
         return fut
 
     def stats(self) -> dict[str, float | int]:
@@ -342,7 +347,7 @@ class Engine:
         with torch.inference_mode():
             while True:
                 try:
-                    cmd = self._inbox.get(block=not self.scheduler.has_work())
+                    cmd = self._inbox.get(block=not (self.scheduler.has_work() or self._paced))
                 except queue.Empty:
                     cmd = None
                 while cmd is not None:
@@ -359,6 +364,10 @@ class Engine:
                     except Exception as exc:
                         log.exception("engine step failed outside any one request")
                         self._fail_all(exc)
+                    if self._paced:
+                        self._run(self._paced.popleft())
+                while self._paced and not self.scheduler.has_work():  # nothing to pace against
+                    self._run(self._paced.popleft())
 
     def _handle(self, cmd: Command) -> bool:
         if isinstance(cmd, StopCmd):
@@ -373,25 +382,35 @@ class Engine:
                 self.pool.free(freed)
             cmd.done(freed is not None)
         elif isinstance(cmd, CallCmd):
-            if cmd.future.set_running_or_notify_cancel():
-                try:
-                    cmd.future.set_result(cmd.fn())
-                except Exception as exc:
-                    cmd.future.set_exception(exc)
+            if cmd.paced and (self.scheduler.has_work() or self._paced):
+                self._paced.append(cmd)
+            else:
+                self._run(cmd)
         else:
             seq = self.scheduler.abort(cmd.request_id)
             if seq is not None:
                 self._emit(seq, final=True)
         return True
 
+    @staticmethod
+    def _run(cmd: CallCmd) -> None:
+        """Run a call; its result or exception goes to its future."""
+        if cmd.future.set_running_or_notify_cancel():
+            try:
+                cmd.future.set_result(cmd.fn())
+            except Exception as exc:
+                cmd.future.set_exception(exc)
+
     def _abort_all(self) -> None:
+        while self._paced:  # paced calls still waiting for a step: cancelled likewise
+            _cancel(self._paced.popleft().future)
         while True:  # calls queued behind the stop: their callers must not wait forever
             try:
                 cmd = self._inbox.get_nowait()
             except queue.Empty:
                 break
             if isinstance(cmd, CallCmd):
-                cmd.future.cancel()
+                _cancel(cmd.future)
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.abort(seq.request_id)
             self._emit(seq, final=True)
@@ -455,6 +474,7 @@ class Engine:
                 it.seq.scheduled_at = t0
         rows, failed = self._forward(batch)
         new_tokens = self._choose(rows, batch, failed)
+        self.steps_run += 1
         dt = time.perf_counter() - t0
         n_rows = sum(it.num_rows for it in batch)
         kind = "decode" if all(it.is_decode for it in batch) else "prefill"
@@ -570,6 +590,13 @@ class Engine:
             self.scheduler.stats.prompt_tokens += seq.num_prompt
         self._emit(seq, final=finished)
         return finished
+
+
+def _cancel(fut: concurrent.futures.Future[Any]) -> None:
+    """Cancel a call's future not yet run and wake its waiters (``concurrent.futures.wait``)."""
+    with contextlib.suppress(RuntimeError):  # already cancelled and notified
+        if fut.cancel():
+            fut.set_running_or_notify_cancel()
 
 
 def _rows_by_item(logits: torch.Tensor, items: list[ScheduledSeq]) -> dict[int, torch.Tensor]:

@@ -42,10 +42,13 @@ class ResetCacheCmd:
 class CallCmd:
     """Run ``fn()`` on the engine thread between steps; its result or exception goes to
     ``future`` (P/D KV import / export touch the pool and the radix tree, which only the engine
-    thread may change)."""
+    thread may change). A ``paced`` call, while requests run, waits for the next step and
+    shares no step gap with another paced call (one runs after each step, in the order
+    queued): work split into paced calls delays each running decode by one piece at most."""
 
     fn: Callable[[], Any]
     future: concurrent.futures.Future[Any]
+    paced: bool = False
 
 
 Command = AddCmd | AbortCmd | StopCmd | ResetCacheCmd | CallCmd

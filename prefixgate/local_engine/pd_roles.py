@@ -5,8 +5,10 @@ part of it the decode side lacks (``pd_kv_io.export_prefix``) and queue it for t
 thread, which gathers it into the staging buffer, sends it and releases the lock. A transfer
 that waits in the queue past ``timeout_s``, or meets a dead link, is released unsent.
 
-``DecodeRole``: the receiver thread imports each transfer into the pool and the tree
-(``pd_kv_io.import_kv``, on the engine thread) and keeps it locked as a *pending import* until
+``DecodeRole``: the receiver thread imports each transfer into the pool and the tree (staged on
+the engine thread: pages reserved, K/V written ``import_chunk_tokens`` at a time between engine
+steps, then inserted; one bulk copy would stall every running decode for the whole transfer) and
+keeps it locked as a *pending import* until
 its decode request ``claim``s it — or ``timeout_s`` passes, or the link dies: then the lock is
 dropped (the pages become evictable, reclaimed on demand). ``claim`` waits for a transfer that
 has not arrived yet, up to its timeout; None means "recompute here" (vLLM's
@@ -18,6 +20,7 @@ in send / receive + import, failures by reason, pending imports now.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import secrets
@@ -27,7 +30,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from prefixgate.local_engine.pd_kv_io import export_prefix, gather_kv, import_kv, release
+from prefixgate.local_engine.pd_kv_io import (
+    ImportedPrefix,
+    ImportReservation,
+    cancel_import,
+    export_prefix,
+    finish_import,
+    gather_kv,
+    release,
+    reserve_import,
+    write_import,
+)
 from prefixgate.local_engine.pd_link import LinkDead, PDLink, Received
 from prefixgate.local_engine.radix_cache import CacheHandle
 
@@ -35,13 +48,19 @@ __all__ = ["DecodeRole", "PendingImport", "PrefillRole", "TransferTicket"]
 
 log = logging.getLogger("local_engine.pd")
 MAX_FAILED_KEPT = 4096  # failed transfer ids remembered for their decode request (bounded)
+IMPORT_CHUNK_TOKENS = 1024
+"""Tokens of K/V an import writes into the pool between two engine steps. One piece of 1,024
+tokens of SmolLM2-135M fp32 (45 MiB) copies in ~8 ms on the benchmark's CPU (4,000 tokens
+imported in 27-42 ms, ``bench/results/pd_split.json``): a fifth of a decode step at most. Each
+further piece delays the transfer's own request by one step (~50 ms there), so pieces are
+large: 256-token pieces put 3 more steps (~200 ms) before a 1,024-token prompt's first token."""
 
 
 class _EngineLike(Protocol):
     pool: Any
     cache: Any
 
-    def call(self, fn: Any) -> Any: ...
+    def call(self, fn: Any, paced: bool = False) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -177,10 +196,14 @@ class PrefillRole:
 class DecodeRole:
     """Rank 1: receives and imports transfers; ``claim`` hands one to its decode request."""
 
-    def __init__(self, engine: _EngineLike, link: PDLink, timeout_s: float = 30.0) -> None:
+    def __init__(self, engine: _EngineLike, link: PDLink, timeout_s: float = 30.0,
+                 import_chunk_tokens: int = IMPORT_CHUNK_TOKENS) -> None:
+        if import_chunk_tokens < 1:
+            raise ValueError("import_chunk_tokens must be >= 1")
         self.engine = engine
         self.link = link
         self.timeout_s = timeout_s
+        self.import_chunk_tokens = import_chunk_tokens
         self.stats_ = _Stats()
         self._pending: dict[int, PendingImport] = {}
         self._failed: set[int] = set()
@@ -196,13 +219,19 @@ class DecodeRole:
 
     # -- the receiver thread -------------------------------------------------------------------
     def on_transfer(self, got: Received) -> None:
-        """Import one received transfer (waits for the engine thread: the staging buffer is
-        reused by the next receive) and hold it for its decode request until the timeout."""
+        """Import one received transfer and hold it for its decode request until the timeout.
+
+        The import is staged (``pd_kv_io.reserve_import`` / ``write_import`` /
+        ``finish_import``, each on the engine thread): at most ``import_chunk_tokens`` tokens of
+        K/V are written between two engine steps, so the decodes running here stall for one
+        chunk's copy, not the whole transfer's. Returns once the staging buffer is no longer
+        read (the next receive reuses it)."""
         t0 = time.perf_counter()
-        cache = self.engine.cache
-        fut = self.engine.call(lambda: import_kv(self.engine.pool, cache, got.tokens,
-                                                 got.extra_key, got.start, got.kv))
-        imp = fut.result()
+        try:
+            imp = self._import(got)
+        except Exception:  # its decode request recomputes (the id is remembered as failed)
+            log.exception("P/D import of transfer %d failed", got.transfer_id)
+            imp = ImportedPrefix(None, 0, "error")
         self.stats_.seconds += time.perf_counter() - t0
         if imp.handle is None:
             self.stats_.failures[imp.reason or "error"] += 1
@@ -222,6 +251,38 @@ class DecodeRole:
         timer = threading.Timer(self.timeout_s, self.expire, args=(got.transfer_id,))
         timer.daemon = True
         timer.start()
+
+    def _import(self, got: Received) -> ImportedPrefix:
+        """The staged import of ``got`` (``on_transfer``): its ``ImportedPrefix``. The first
+        piece runs before the next step, the others are paced engine calls
+        (``Engine.call(paced=True)``: one after each step while requests run); a piece that
+        fails gives the reserved pages back once every piece has run."""
+        eng, pool, cache = self.engine, self.engine.pool, self.engine.cache
+        n_kv = int(got.kv.shape[2])
+        res = eng.call(lambda: reserve_import(pool, cache, got.tokens, got.extra_key, got.start,
+                                              n_kv)).result()
+        if not isinstance(res, ImportReservation):
+            return res
+        step = self.import_chunk_tokens
+        pieces = [eng.call(functools.partial(write_import, pool, res, got.kv, lo,
+                                             min(lo + step, res.num_new)), paced=lo > 0)
+                  for lo in range(0, res.num_new, step)]  # the first at once, then one a step
+        failed: BaseException | None = None
+        for piece in pieces:  # every one, so none still writes into pages given back below
+            try:
+                piece.result()
+            except BaseException as exc:  # a piece's own failure, or cancelled at shutdown
+                failed = failed or exc
+        try:
+            if failed is not None:
+                raise failed
+            return eng.call(lambda: finish_import(pool, cache, res)).result()
+        except BaseException:
+            try:
+                eng.call(lambda: cancel_import(pool, cache, res))
+            except RuntimeError:  # the engine stopped: its pool goes with it
+                pass
+            raise
 
     def on_dead(self) -> None:
         """The link is gone: wake every waiter, release every unclaimed import."""

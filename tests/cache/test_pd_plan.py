@@ -53,8 +53,10 @@ def test_each_option_on_the_fixture() -> None:
     assert not c1.meets_slo
     c2 = colocated(LOAD, 2, 3.5, 0.07)
     assert c2.ttft_s == pytest.approx(2.3125) and c2.tpot_s == pytest.approx(0.0625)
-    s11 = split(LOAD, 1, 1, 3.5, 0.07, transfer_s_per_token=0.0002)
+    s11 = split(LOAD, 1, 1, 3.5, 0.07, transfer_s_per_token=0.0002, overhead_s=0.0)
     assert s11.ttft_s == pytest.approx(3.2333, abs=1e-4) and s11.tpot_s == pytest.approx(0.05)
+    # the measured orchestration (SPLIT_OVERHEAD_S, 4 ms) is added unless told otherwise
+    assert split(LOAD, 1, 1, 3.5, 0.07, 0.0002).ttft_s == pytest.approx(s11.ttft_s + 0.004)
     assert split(LOAD, 1, 1, 3.5, 0.07, 0.0002, overhead_s=0.5).meets_slo is False
     with pytest.raises(ValueError):
         split(LOAD, 0, 2, 1, 1)
@@ -92,7 +94,7 @@ def test_the_command_reads_the_routes_rows(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     assert doc["recommendation"] == "split" and doc["load"]["requests"] == 4
-    assert doc["chosen"] == {"kind": "split", "prefill": 1, "decode": 1, "ttft_ms": 3233.3,
+    assert doc["chosen"] == {"kind": "split", "prefill": 1, "decode": 1, "ttft_ms": 3237.3,
                              "tpot_ms": 50.0, "meets_slo": True}
     res = CliRunner().invoke(app, ["plan", "--ledger", str(path), "--route", "nope",
                                    "--ttft-slo-ms", "1", "--tpot-slo-ms", "1"])

@@ -7,11 +7,17 @@ import torch
 
 from prefixgate.local_engine.kv_pool import KVPool
 from prefixgate.local_engine.pd_kv_io import (
+    ImportedPrefix,
+    ImportReservation,
+    cancel_import,
     export_prefix,
+    finish_import,
     gather_kv,
     import_kv,
     kv_view,
     release,
+    reserve_import,
+    write_import,
 )
 from prefixgate.local_engine.radix_cache import RadixCache
 
@@ -145,3 +151,101 @@ def test_salted_import_lands_in_its_namespace_only() -> None:
     assert imp.handle is not None
     assert cache.match_prefix([1, 2], b"t1").handle.cached_len == 2
     assert cache.match_prefix([1, 2], None).handle.cached_len == 0
+
+
+def _kv_of(tokens: list[int]) -> torch.Tensor:
+    """K/V ``[L, 2, n, H, D]`` holding (token id + 100 * layer, its negative)."""
+    k = torch.tensor(tokens, dtype=torch.float32).view(1, -1, 1, 1).expand(L, -1, H, D).clone()
+    k += torch.arange(L, dtype=torch.float32).view(L, 1, 1, 1) * 100
+    return torch.stack([k, -k], dim=1)
+
+
+def test_a_staged_import_written_in_pieces_equals_the_whole_import() -> None:
+    pool, cache = _pool(), RadixCache()
+    _fill(pool, [1, 2], cache)
+    tokens = [1, 2, 3, 4, 5, 6, 7]
+    kv = _kv_of(tokens[2:])
+    res = reserve_import(pool, cache, tokens, None, 2, 5)
+    assert isinstance(res, ImportReservation) and res.num_new == 5
+    assert cache.match_prefix(tokens).handle.cached_len == 2  # not in the tree before finish
+    assert cache.protected_size == 2  # the kept prefix is locked meanwhile
+    for lo, hi in ((3, 5), (0, 1), (1, 3)):  # any pieces, any order
+        write_import(pool, res, kv, lo, hi)
+    imp = finish_import(pool, cache, res)
+    assert imp.handle is not None and imp.new_tokens == 5
+    m = cache.match_prefix(tokens)
+    assert m.handle.cached_len == 7
+    assert pool.k[1][torch.tensor(m.slots)][:, 0, 0].tolist() == [101.0 + i for i in range(7)]
+    assert pool.v[0][torch.tensor(m.slots[2:])][:, 1, 2].tolist() == [-3.0, -4.0, -5.0, -6.0,
+                                                                      -7.0]
+    assert cache.protected_size == 7
+    release(cache, imp.handle)
+    assert cache.protected_size == 0
+    cache.check()
+
+
+def test_a_cancelled_import_gives_its_pages_back_and_unlocks() -> None:
+    pool, cache = _pool(), RadixCache()
+    _fill(pool, [1, 2], cache)
+    free = pool.free_slots
+    res = reserve_import(pool, cache, [1, 2, 3, 4], None, 2, 2)
+    assert isinstance(res, ImportReservation) and pool.free_slots == free - 2
+    write_import(pool, res, _kv_of([3, 4]), 0, 1)
+    cancel_import(pool, cache, res)
+    assert pool.free_slots == free and cache.protected_size == 0
+    assert cache.match_prefix([1, 2, 3, 4]).handle.cached_len == 2
+    cache.check()
+
+
+def test_a_finish_after_the_tree_grew_frees_the_duplicate_pages() -> None:
+    pool, cache = _pool(), RadixCache()
+    _fill(pool, [1, 2], cache)
+    tokens = [1, 2, 3, 4, 5]
+    res = reserve_import(pool, cache, tokens, None, 2, 3)
+    assert isinstance(res, ImportReservation)
+    write_import(pool, res, _kv_of(tokens[2:]), 0, 3)
+    _fill(pool, [1, 2, 3, 4], cache)  # another request inserted [3, 4] meanwhile
+    free = pool.free_slots
+    imp = finish_import(pool, cache, res)
+    assert imp.handle is not None and imp.new_tokens == 1
+    assert pool.free_slots == free + 2  # our pages for 3 and 4 came back
+    m = cache.match_prefix(tokens)
+    assert m.handle.cached_len == 5 and pool.k[0][m.slots[4]][0, 0].item() == 5.0
+    release(cache, imp.handle)
+    assert cache.protected_size == 0
+    cache.check()
+
+
+def test_reserve_takes_nothing_when_the_tree_holds_it_all_and_checks_the_kv_length() -> None:
+    pool, cache = _pool(), RadixCache()
+    _fill(pool, [1, 2, 3], cache)
+    free = pool.free_slots
+    got = reserve_import(pool, cache, [1, 2, 3], None, 1, 2)
+    assert isinstance(got, ImportedPrefix) and got.new_tokens == 0 and got.handle is not None
+    assert pool.free_slots == free and cache.protected_size == 3
+    release(cache, got.handle)
+    with pytest.raises(ValueError):
+        reserve_import(pool, cache, [1, 2, 3, 4], None, 1, 2)
+    res = reserve_import(pool, cache, [1, 2, 3, 4], None, 1, 3)
+    assert isinstance(res, ImportReservation)
+    with pytest.raises(ValueError):
+        write_import(pool, res, _kv_of([2, 3, 4]), 0, 2)
+    cancel_import(pool, cache, res)
+
+
+def test_pieces_skip_the_rows_of_tokens_the_tree_gained_since_the_send() -> None:
+    pool, cache = _pool(), RadixCache()
+    _fill(pool, [1, 2, 3, 4], cache)  # the transfer starts at 2; the tree now holds 4
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8]
+    res = reserve_import(pool, cache, tokens, None, 2, 6)
+    assert isinstance(res, ImportReservation) and res.num_new == 4 and res.offset == 2
+    kv = _kv_of(tokens[2:])
+    write_import(pool, res, kv, 2, 4)
+    write_import(pool, res, kv, 0, 2)
+    imp = finish_import(pool, cache, res)
+    m = cache.match_prefix(tokens)
+    assert m.handle.cached_len == 8 and imp.new_tokens == 4
+    assert pool.k[1][torch.tensor(m.slots[4:])][:, 0, 0].tolist() == [105.0, 106.0, 107.0, 108.0]
+    assert pool.v[0][torch.tensor(m.slots[4:])][:, 1, 1].tolist() == [-5.0, -6.0, -7.0, -8.0]
+    release(cache, imp.handle)
+    cache.check()

@@ -5,11 +5,13 @@ a lost peer leave no page locked on either side."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
 import pytest
 
+from prefixgate.local_engine import pd_roles
 from prefixgate.local_engine.api_types import SamplingParams
 from prefixgate.local_engine.pd_link import LinkDead
 from prefixgate.local_engine.pd_roles import DecodeRole, PrefillRole
@@ -20,12 +22,12 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 ONE = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 
 
-def _pair(make_engine: Any, timeout_s: float = 5.0, **kw: Any) -> tuple[Any, Any, PrefillRole,
-                                                                        DecodeRole, LoopbackLink]:
+def _pair(make_engine: Any, timeout_s: float = 5.0, chunk: int = 256, **kw: Any
+          ) -> tuple[Any, Any, PrefillRole, DecodeRole, LoopbackLink]:
     pre, dec = make_engine(**kw), make_engine(**kw)
     link = LoopbackLink(layout_of(pre, 512))
     prole = PrefillRole(pre, link, timeout_s)
-    drole = DecodeRole(dec, link, timeout_s)  # type: ignore[arg-type]
+    drole = DecodeRole(dec, link, timeout_s, import_chunk_tokens=chunk)  # type: ignore[arg-type]
     link.decode = drole
     prole.start()
     return pre, dec, prole, drole, link
@@ -221,3 +223,69 @@ def test_an_idle_prefill_side_sends_heartbeats(make_engine: Any) -> None:
     time.sleep(0.6)
     assert getattr(link, "pings", 0) >= 1
     prole2.stop()
+
+
+def _keep_busy(eng: Any, request_id: str) -> threading.Thread:
+    """A long greedy decode running on ``eng`` in a thread (abort it by ``request_id``)."""
+    long = SamplingParams(max_tokens=450, temperature=0.0, ignore_eos=True)
+
+    async def run() -> None:
+        async for _ in eng.generate(list(range(5, 15)), long, request_id=request_id):
+            pass
+    th = threading.Thread(target=lambda: asyncio.run(run()), daemon=True)
+    th.start()
+    deadline = time.monotonic() + 10
+    while not eng.scheduler.has_work() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return th
+
+
+def test_a_long_import_is_written_a_chunk_per_engine_step(make_engine: Any,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    pre, dec, prole, drole, _ = _pair(make_engine, chunk=16)
+    colo = make_engine().generate_batch([list(range(300, 364))], GREEDY)[0]
+    writes: list[tuple[int, int, int]] = []  # (steps run when it ran, first row, end row)
+    real = pd_roles.write_import
+
+    def spy(pool: Any, res: Any, kv: Any, lo: int, hi: int) -> None:
+        writes.append((dec.steps_run, lo, hi))
+        real(pool, res, kv, lo, hi)
+    monkeypatch.setattr(pd_roles, "write_import", spy)
+    busy = _keep_busy(dec, "busy")
+    out, ticket, _ = _split_run(pre, dec, prole, drole, list(range(300, 364)))
+    dec.abort("busy")
+    busy.join(timeout=10)
+    assert ticket.num_tokens == 64
+    assert [(lo, hi) for _, lo, hi in writes] == [(0, 16), (16, 32), (32, 48), (48, 64)]
+    steps = [s for s, _, _ in writes]
+    assert all(b > a for a, b in zip(steps, steps[1:]))  # a decode step between two chunks
+    assert out == colo  # the pieces make the same KV
+    _settle(dec)
+    assert dec.cache.protected_size == 0
+    prole.stop()
+
+
+def test_an_import_that_fails_midway_gives_its_pages_back(make_engine: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    pre, dec, prole, drole, _ = _pair(make_engine, chunk=16)
+    real = pd_roles.write_import
+    calls: list[int] = []
+
+    def fail_second(pool: Any, res: Any, kv: Any, lo: int, hi: int) -> None:
+        calls.append(lo)
+        if len(calls) == 2:
+            raise RuntimeError("copy failed")
+        real(pool, res, kv, lo, hi)
+    monkeypatch.setattr(pd_roles, "write_import", fail_second)
+    free = dec.pool.free_slots
+    prompt = list(range(400, 448))
+    pre.generate_batch([prompt], ONE)
+    ticket = prole.export(prompt, None, 0)
+    t0 = time.monotonic()
+    assert drole.claim(ticket.transfer_id, 5.0) is None  # recompute, at once
+    assert time.monotonic() - t0 < 1.0
+    _settle(dec)
+    assert dec.pool.free_slots == free and dec.cache.protected_size == 0
+    assert dec.cache.peek_prefix_len(prompt) == 0  # nothing half-written entered the tree
+    assert drole.stats()["kv_transfer_failures_total:error"] == 1
+    prole.stop()

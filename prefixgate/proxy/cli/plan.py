@@ -20,7 +20,13 @@ from pathlib import Path
 
 import typer
 
-from prefixgate.cache.pd_plan import TRANSFER_S_PER_TOKEN, Option, load_from_rows, plan
+from prefixgate.cache.pd_plan import (
+    SPLIT_OVERHEAD_S,
+    TRANSFER_S_PER_TOKEN,
+    Option,
+    load_from_rows,
+    plan,
+)
 from prefixgate.proxy.cli.report import _ledger_path, _open_ledger
 
 
@@ -52,7 +58,7 @@ def plan_cmd(
     transfer_ms_per_token: float = typer.Option(TRANSFER_S_PER_TOKEN * 1000.0,
                                                 "--transfer-ms-per-token",
                                                 help="KV handoff cost per uncached token (ms)"),
-    split_overhead_ms: float = typer.Option(0.0, "--split-overhead-ms",
+    split_overhead_ms: float = typer.Option(SPLIT_OVERHEAD_S * 1000.0, "--split-overhead-ms",
                                             help="the split's orchestration per request (ms)"),
     as_json: bool = typer.Option(False, "--json", help="print a JSON object"),
 ) -> None:
