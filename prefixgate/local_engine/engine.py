@@ -42,6 +42,7 @@ from prefixgate.local_engine.engine_commands import (
 )
 from prefixgate.local_engine.kv_pool import KVPool, ReqToTokenTable
 from prefixgate.local_engine.model import load_model, split_model_path
+from prefixgate.local_engine.model_files import dtype_named, eos_ids, load_tokenizer
 from prefixgate.local_engine.model_runner import ModelRunner
 from prefixgate.local_engine.quant import quantize_model
 from prefixgate.local_engine.quant_sensitivity import kept_layers
@@ -61,43 +62,11 @@ __all__ = ["Engine", "EngineConfig", "PromptTooLong", "RequestOutput", "Sampling
 
 log = logging.getLogger("local_engine")
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 DEFAULT_KV_GB = {"cpu": 1.0, "cuda": 16.0}
 
 Sink = Callable[[RequestOutput | BaseException], None]
 
 
-
-
-def _dtype(name: str | None, default: torch.dtype) -> torch.dtype:
-    if name is None:
-        return default
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r} (one of {sorted(DTYPES)})")
-    return DTYPES[name]
-
-
-def _load_tokenizer(model_path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    d, gguf = split_model_path(model_path)
-    return AutoTokenizer.from_pretrained(d, gguf_file=gguf) if gguf else AutoTokenizer.from_pretrained(d)
-
-
-def _eos_ids(model_path: str, tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    try:
-        from transformers import GenerationConfig
-
-        d, _ = split_model_path(model_path)
-        eos = GenerationConfig.from_pretrained(d).eos_token_id
-        ids.update([eos] if isinstance(eos, int) else list(eos or []))
-    except (OSError, ValueError):
-        pass
-    return ids
 
 
 class Engine:
@@ -113,10 +82,10 @@ class Engine:
         self.cfg = cfg
         self.device = torch.device(cfg.device)
         dev_kind = self.device.type
-        self.dtype = _dtype(cfg.dtype, torch.float32 if dev_kind == "cpu" else torch.bfloat16)
-        kv_dtype = _dtype(cfg.kv_dtype, self.dtype)
+        self.dtype = dtype_named(cfg.dtype, torch.float32 if dev_kind == "cpu" else torch.bfloat16)
+        kv_dtype = dtype_named(cfg.kv_dtype, self.dtype)
         path = str(Path(cfg.model_path).expanduser())
-        self.tokenizer = _load_tokenizer(path)
+        self.tokenizer = load_tokenizer(path)
         self.model = load_model(path, self.device, self.dtype)
         if cfg.quantization is not None:
             a = self.model.args
@@ -145,7 +114,7 @@ class Engine:
                                    cfg.chunk_size, cfg.max_running)
         self.runner = ModelRunner(self.model, self.pool, self.table, self.max_context_len,
                                   self.device, self.dtype)
-        self.eos_ids = _eos_ids(path, self.tokenizer)
+        self.eos_ids = eos_ids(path, self.tokenizer)
         self.kv_events = self._kv_events(cfg)
         self.spec = build_spec_decoder(cfg, self.scheduler.kv, self.device, self.dtype,
                                        args.vocab_size, self.max_context_len, self.tokenizer)
