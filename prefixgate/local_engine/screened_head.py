@@ -157,10 +157,10 @@ class ScreenedHead:
     def bound(self, approx: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """``[R, V]`` bound on ``|approx − x·Wᵀ|`` (real numbers) plus the full head's own fp32
         error at each entry (module docstring, step 3)."""
-        out = torch.minimum(b[:, :1] * self.d_inf, b[:, 1:2] * self.d_l2)
-        out.addcmul_(a, self.w_l2)
-        out.addcmul_(b[:, 2:] * (2.0 * self.gamma), self.n_l2)
-        out.mul_(1.0 + 2.0 * self.gamma)
+        k = 1.0 + 2.0 * self.gamma  # folded into the factors: no pass of its own over [R, V]
+        out = torch.minimum((b[:, :1] * k) * self.d_inf, (b[:, 1:2] * k) * self.d_l2)
+        out.addcmul_(a * k, self.w_l2)
+        out.addcmul_(b[:, 2:] * (2.0 * self.gamma * k), self.n_l2)
         return out.add_(_margin(approx.abs().amax(dim=1, keepdim=True)))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -176,10 +176,9 @@ class ScreenedHead:
             return self._full(x)
         cand = (approx + bound).ge_(lower)                   # [R, V]
         row, col = cand.nonzero().unbind(dim=1)
-        w64 = self.weight.index_select(0, col).double()
-        x64 = xf.index_select(0, row).double()
-        value = (w64 * x64).sum(dim=1)                        # the candidates' logits, float64
-        spread = (w64.abs_() * x64.abs_()).sum(dim=1)         # Σ|x_i W_oi| of each
+        prod = self.weight.index_select(0, col).double().mul_(xf.index_select(0, row))
+        value = prod.sum(dim=1)                 # the candidates' logits, float64 (finite:
+        spread = prod.abs_().sum(dim=1)         # fp32 inputs) and Σ|x_i W_oi| of each
         if not self._proven(value, spread, row, approx.shape[0]):
             return self._full(x)
         self.rows += approx.shape[0]
@@ -192,8 +191,6 @@ class ScreenedHead:
         """True when in every row one candidate's float64 logit, less the full head's largest
         fp32 error there (``γ_D Σ|x_i W_oi|``), beats every other candidate's plus its error
         (module docstring, step 5): the full head then ranks that candidate first."""
-        if not (bool(torch.isfinite(value).all()) and bool(torch.isfinite(spread).all())):
-            return False
         err = spread * (self.gamma_d * (1.0 + 1e-6))          # 1e-6: float64's own rounding
         lo, hi = value - err, value + err
         ninf = value.new_full((rows,), float("-inf"))
