@@ -33,7 +33,10 @@ why. ``profile_top``: :mod:`hot_path_profile`'s top entries (py-spy under ``wrk`
 Output: ``{"command", "figures": {"added_p50_ms": {"small_off", "agent_off", "agent_on",
 "litellm"}, "added_p99_ms": {...}, "first_chunk_added_ms": {"small_off", "litellm"},
 "throughput_rps": {"direct", "small_off", "agent_on", "litellm"}}, "spread": {same keys:
-{"median", "min", "max"}}, "goals", "workers_scaling", "profile_top", "setup": {...}}``.
+{"median", "min", "max"}}, "goals", "workers_scaling", "profile_top", "setup": {...},
+"runs": [...]}``. ``runs`` keeps every run written to ``--out``, oldest first: each one's
+command, time, commit, ``--label``, load average (1 / 5 / 15 min, at its start and end:
+``os.getloadavg``) and its figures (the previous file's runs are carried over).
 """
 
 from __future__ import annotations
@@ -332,7 +335,10 @@ def main() -> None:
     ap.add_argument("--no-litellm", action="store_true")
     ap.add_argument("--no-workers", action="store_true", help="skip workers_scaling")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "proxy_overhead.json"))
+    ap.add_argument("--label", default="", help="what this run measures (kept in runs)")
     args = ap.parse_args()
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     tmp = Path(tempfile.mkdtemp(prefix="pg-overhead-"))
     small, agent = wire(SMALL), wire(agent_body())
     small_stream = wire({**SMALL, "stream": True})
@@ -384,7 +390,13 @@ def main() -> None:
         import hot_path_profile
 
         profile = hot_path_profile.profile_all(args.profile_seconds, 12, tmp)
-    doc = {"command": "nice -n 5 python bench/proxy_overhead.py " + " ".join(sys.argv[1:]),
+    command = "python bench/proxy_overhead.py " + " ".join(sys.argv[1:])
+    load = {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]}
+    run = {"command": command, "started": started, "commit": _commit(), "label": args.label,
+           "load_average": load, "figures": figures,
+           "ratio_vs_litellm": goals(figures).get("throughput_vs_litellm", {}).get("measured"),
+           "workers_rps": medians.get("workers_rps")}
+    doc = {"command": command,
            "figures": figures,
            "spread": {k: spreads[k] for k in figures},
            "goals": goals(figures),
@@ -404,10 +416,41 @@ def main() -> None:
                      "litellm": (None if args.no_litellm else
                                  lite_why or _litellm_version()),
                      "wall_s": round(time.perf_counter() - t0, 1),
+                     "load_average": load,
                      "machine": f"{os.cpu_count()} CPUs shared with other jobs; loopback; "
                                 "client, proxies, upstream and wrk on the same cores"}}
+    doc["runs"] = [*_previous_runs(Path(args.out)), run]
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps(doc, indent=2))
+
+
+def _previous_runs(path: Path) -> list[dict[str, Any]]:
+    """The runs kept in ``path`` (none when it is missing or unreadable); a file written
+    before runs were kept gives its one run (command, figures, setup's load if any)."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(old, dict):
+        return []
+    runs = old.get("runs")
+    if isinstance(runs, list):
+        return list(runs)
+    if "figures" not in old:
+        return []
+    return [{"command": old.get("command"), "label": "written before runs were kept",
+             "load_average": (old.get("setup") or {}).get("load_average"),
+             "figures": old["figures"],
+             "ratio_vs_litellm": (old.get("goals") or {}).get("throughput_vs_litellm", {})
+             .get("measured"),
+             "workers_rps": (old.get("workers_scaling") or {}).get("rps")}]
+
+
+def _commit() -> str | None:
+    """The checkout's ``git describe --always --dirty`` (None outside git)."""
+    out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO,
+                         capture_output=True, text=True)
+    return out.stdout.strip() or None
 
 
 def _litellm_version() -> str:
