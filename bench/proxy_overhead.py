@@ -11,6 +11,10 @@ SSE answer at once) and, each in its own process on loopback, one worker each:
   body and the tau-bench airline agent request closest to 29 KB (tools + history, from
   ``../shared/data/traces/``), both compact JSON as the OpenAI SDK sends them;
 - ``agent_on``: another ``prefixgate serve`` with the shipped rewrite passes on, 29 KB body;
+- ``floor_small`` / ``floor_agent``: ``bench/relay_floor.py``, a bare relay on prefixgate's
+  stack (uvicorn + uvloop + httptools, one aiohttp session, no framework, no body parsing):
+  what any proxy built on it adds here, the floor under prefixgate's figures (1 KB and 29 KB;
+  also ``wrk`` throughput of the 1 KB body);
 - ``litellm``: the LiteLLM proxy (``litellm[proxy]`` in its own venv, made on first use under
   ``~/.cache/prefixgate/litellm-venv``; a ``master_key``, no database, no callbacks, one
   worker), the 1 KB body.
@@ -117,6 +121,17 @@ def start_upstream() -> tuple[subprocess.Popen[bytes], str]:
     assert proc.stdout is not None
     port = proc.stdout.readline().split()[1].decode()
     return proc, f"http://127.0.0.1:{port}"
+
+
+def start_floor(up: str) -> tuple[subprocess.Popen[bytes], str]:
+    """``bench/relay_floor.py`` (the bare relay on prefixgate's stack) in front of ``up``."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "relay_floor.py"),
+                             "--upstream", up], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    port = proc.stdout.readline().split()[1].decode()
+    url = f"http://127.0.0.1:{port}"
+    wait_up(url + "/", proc, 60)
+    return proc, url
 
 
 def start_prefixgate(up: str, tmp: Path, name: str, rewrite: bool, workers: int = 1
@@ -270,7 +285,8 @@ def one_round(seq: dict[str, tuple[str, bytes]], first: dict[str, tuple[str, byt
 
     def added(q: float) -> dict[str, float | None]:
         base = {"small_off": "direct_small", "agent_off": "direct_agent",
-                "agent_on": "direct_agent", "litellm": "direct_small"}
+                "agent_on": "direct_agent", "litellm": "direct_small",
+                "floor_small": "direct_small", "floor_agent": "direct_agent"}
         return {k: (round(percentile(lat[k], q) - percentile(lat[b], q), 3) if k in lat else None)
                 for k, b in base.items()}
 
@@ -280,7 +296,8 @@ def one_round(seq: dict[str, tuple[str, bytes]], first: dict[str, tuple[str, byt
             k: (round(percentile(fc[k], 50) - percentile(fc["direct"], 50), 3)
                 if k in fc else None) for k in ("small_off", "litellm")},
         "throughput_rps": {k: (round(rps[k], 1) if k in rps else None)
-                           for k in ("direct", "small_off", "agent_on", "litellm")},
+                           for k in ("direct", "small_off", "agent_on", "litellm",
+                                     "floor_small")},
         "workers_rps": {**{f"w1_{k}": round(rps[k], 1) for k in ("small_off", "agent_on")},
                         **{k: round(v, 1) for k, v in rps.items() if k.startswith("w2_")}},
         "direct_p50_ms": {"small": round(percentile(lat["direct_small"], 50), 3),
@@ -359,10 +376,14 @@ def main() -> None:
                 procs.append(lite_proc)
             except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
                 lite_why = f"LiteLLM could not be started: {e}"
+        floor_proc, floor = start_floor(up)
+        procs.append(floor_proc)
         seq = {"direct_small": (up, small), "small_off": (off, small),
-               "direct_agent": (up, agent), "agent_off": (off, agent), "agent_on": (on, agent)}
+               "direct_agent": (up, agent), "agent_off": (off, agent), "agent_on": (on, agent),
+               "floor_small": (floor, small), "floor_agent": (floor, agent)}
         first = {"direct": (up, small_stream), "small_off": (off, small_stream)}
-        rps_targets = {"direct": (up, small), "small_off": (off, small), "agent_on": (on, agent)}
+        rps_targets = {"direct": (up, small), "small_off": (off, small), "agent_on": (on, agent),
+                       "floor_small": (floor, small)}
         if lite:
             seq["litellm"] = (lite, small)
             first["litellm"] = (lite, small_stream)
