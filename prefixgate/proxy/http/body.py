@@ -20,6 +20,7 @@ Bounds applied before any pass or bridge runs (issue 8, HTTP hygiene):
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import anyio
@@ -169,8 +170,8 @@ async def read_body_within(request: Request, max_bytes: int, timeout_s: float) -
     """:func:`prefixgate.proxy.http.body.read_body` under a deadline of ``timeout_s`` seconds. Raises
     RequestTimeout (408) when the body is not complete in time, plus whatever read_body
     raises (413 BodyTooLarge, 499 ClientDisconnected)."""
-    try:
-        with anyio.fail_after(timeout_s):
+    try:  # asyncio's own timeout: anyio's cancel scope cost ~25 us a request (issue 25)
+        async with asyncio.timeout(timeout_s):
             return await read_body(request, max_bytes)
     except TimeoutError:
         raise RequestTimeout(f"The request body was not received within {timeout_s:g} seconds "
