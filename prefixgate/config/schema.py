@@ -27,9 +27,9 @@ API keys are kept as the literal ``${ENV_VAR}`` template and resolved only when 
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from prefixgate.config.pd_settings import PDSettings
 from prefixgate.config.routing import (
@@ -167,14 +167,30 @@ class Backend(_Strict):
                                  "like ${OPENAI_API_KEY}")
         return self
 
+    _groups: dict[tuple[Any, ...], tuple[Deployment, ...]] = PrivateAttr(default_factory=dict)
+
     def group(self, name: str) -> list[Deployment]:
         """This backend's deployments, named (``<name>#<i>`` unless named), keys defaulted to
-        the backend's; one deployment (``base_url``, ``api_key``) for a plain backend."""
-        if not self.deployments:
-            return [Deployment(base_url=self.base_url, api_key=self.api_key, name=name)]
-        return [Deployment(base_url=d.base_url, api_key=d.api_key or self.api_key,
-                           name=d.name or f"{name}#{i}", kv_events=d.kv_events)
-                for i, d in enumerate(self.deployments)]
+        the backend's; one deployment (``base_url``, ``api_key``) for a plain backend.
+
+        Asked on every request (the router's order): the validated ``Deployment`` s are built
+        once per ``(name, base_url, api_key, each deployment's fields)`` and the same objects
+        returned in a new list (building them validated each URL again: ~40 us a request in
+        issue 25's profile). A field changed since gives another key, so new objects."""
+        key = (name, self.base_url, self.api_key,
+               tuple((d.base_url, d.api_key, d.name, id(d.kv_events)) for d in self.deployments))
+        made = self._groups.get(key)
+        if made is None:
+            if not self.deployments:
+                made = (Deployment(base_url=self.base_url, api_key=self.api_key, name=name),)
+            else:
+                made = tuple(Deployment(base_url=d.base_url, api_key=d.api_key or self.api_key,
+                                        name=d.name or f"{name}#{i}", kv_events=d.kv_events)
+                             for i, d in enumerate(self.deployments))
+            if len(self._groups) >= 16:  # a backend's name / fields rarely change: stay small
+                self._groups.clear()
+            self._groups[key] = made
+        return list(made)
 
     def timeouts_s(self) -> tuple[float, float, float, float | None]:
         """(connect, first byte, idle, total) seconds, unset ones from ``timeout_s``."""

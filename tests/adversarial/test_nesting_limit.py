@@ -10,9 +10,11 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefixgate.config.loader import PolicyError, parse_policy
-from prefixgate.proxy.core.nesting import first_too_deep
+from prefixgate.proxy.core.nesting import deeper_than, first_too_deep
 from tests.proxy.upstream import Script, completion
 
 ALL_PASSES = {"prune_tools": True, "prune_history": True, "prune_rag": True,
@@ -128,6 +130,32 @@ def test_depth_check_walks_100k_deep_and_1m_wide_values_without_recursion() -> N
     assert path is not None and len(path) == 128
     wide = {f"k{i}": [i, {"v": i}] for i in range(1_000_000 // 3)}
     assert first_too_deep(wide, 3) is None and first_too_deep(wide, 2) == ["k0", 1]
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=2), inner,
+                                                                max_size=4),
+    max_leaves=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON_VALUES, st.integers(min_value=0, max_value=12))
+def test_the_level_walk_says_too_deep_exactly_when_the_path_walk_finds_a_path(
+        value: Any, limit: int) -> None:
+    assert deeper_than(value, limit) == (first_too_deep(value, limit) is not None)
+    depth = _depth(value)  # the exact depth: within at it, too deep one below
+    assert not deeper_than(value, depth) and deeper_than(value, depth - 1) == (
+        isinstance(value, (dict, list)))
+
+
+def test_the_level_walk_goes_100k_deep_and_1m_wide_without_recursion() -> None:
+    deep: Any = "x"
+    for _ in range(100_000):
+        deep = [deep]
+    assert deeper_than({"a": deep}, 128) and not deeper_than({"a": deep}, 100_001)
+    wide = {f"k{i}": [i, {"v": i}] for i in range(1_000_000 // 3)}
+    assert not deeper_than(wide, 3) and deeper_than(wide, 2)
 
 
 def test_large_body_nested_too_deep_is_refused_by_the_off_loop_check(rig: Any) -> None:

@@ -21,6 +21,7 @@ import pytest
 from prefixgate.cache.ledger import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
+from prefixgate.proxy.http.server import uvicorn_options
 from tests.faults.fault_server import FaultServer, serve_faults
 from tests.servers import serve_app
 
@@ -50,7 +51,11 @@ class FaultRig:
 
 
 @pytest.fixture
-def faults(tmp_path: Path) -> Iterator[FaultRig]:
+def faults(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[FaultRig]:
+    """The rig on uvicorn's default server; a test parametrized indirectly with ``"serve"``
+    gets it on ``prefixgate serve``'s stack instead (the guarded httptools protocol and the
+    policy's limits, :func:`prefixgate.proxy.http.server.uvicorn_options`)."""
+    stack = getattr(request, "param", "default")
     up = FaultServer(stall_s=STALL_S)
     with serve_faults(up) as up_url:
         def backend(kind: str, timeout_s: float) -> dict[str, Any]:
@@ -69,7 +74,8 @@ def faults(tmp_path: Path) -> Iterator[FaultRig]:
         })
         ledger = Ledger(policy.ledger.path)
         app = build_app(policy, ledger=ledger, rewrite_fn=None, analyze=False)
-        with serve_app(app) as url:
+        options = uvicorn_options(policy.limits) if stack == "serve" else {}
+        with serve_app(app, **options) as url:
             yield FaultRig(url, up, ledger)
 
 

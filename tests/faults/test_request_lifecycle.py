@@ -3,6 +3,7 @@ before the upstream's headers causes, and what is recorded (issue 8, classes 1, 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
@@ -16,7 +17,8 @@ from prefixgate.cache.ledger import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.observe.insight import Insight
-from tests.faults.conftest import FaultRig, body_for
+from prefixgate.proxy.pipeline import send as send_step
+from tests.faults.conftest import STALL_S, FaultRig, body_for
 from tests.faults.fault_server import FaultServer, serve_faults
 from tests.faults.outcomes import events, is_error_event
 from tests.faults.test_fault_classes import wait_idle
@@ -46,6 +48,7 @@ def test_stream_options_not_an_object_is_a_400_naming_the_param(faults: FaultRig
                                         ("/v1/messages", "claude-patient/delay-headers"),
                                         ("/v1/messages", "patient/delay-headers")])
 @pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("faults", ["default", "serve"], indirect=True)  # serve: the lost future
 def test_client_gone_before_upstream_headers_cancels_the_upstream_request(
         faults: FaultRig, path: str, model: str, stream: bool) -> None:
     """The client hangs up once the upstream has its request, while the upstream holds its
@@ -63,6 +66,48 @@ def test_client_gone_before_upstream_headers_cancels_the_upstream_request(
     assert _wait(lambda: faults.upstream.cancelled == 1)
     assert faults.upstream.finished == 0
     assert wait_idle(faults) == (0, 0)
+
+
+@pytest.mark.parametrize("faults", ["serve"], indirect=True)
+def test_on_prefixgates_server_the_connections_lost_future_says_the_client_left(
+        faults: FaultRig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On ``prefixgate serve``'s stack the send waits on the connection's "lost" future (no task
+    reading ``http.disconnect``, issue 25): with the message-reading watcher made deaf, the
+    hang-up is still noticed, the upstream request abandoned and the row a 499."""
+    async def deaf(request: Any) -> None:
+        await asyncio.sleep(STALL_S)
+    monkeypatch.setattr(send_step, "_disconnect_message", deaf)
+    u = urlsplit(faults.url)
+    with socket.create_connection((u.hostname, u.port), timeout=10) as s:
+        # a first request answered on the connection: its send's wait must leave the
+        # connection's future as it was (shielded), for the next request's
+        s.sendall(_post(body_for("/v1/chat/completions", "ok", False)))
+        assert _response_status(s) == 200
+        s.sendall(_post(body_for("/v1/chat/completions", "patient/delay-headers", False)))
+        assert _wait(lambda: faults.upstream.requests == 2)
+    rows = wait_rows(faults.ledger, 2)
+    assert [(r["status"], r["http_status"]) for r in rows] == [("ok", 200),
+                                                               ("client_disconnect", 499)]
+    assert _wait(lambda: faults.upstream.cancelled == 1)
+
+
+def _post(body: dict[str, Any]) -> bytes:
+    raw = json.dumps(body).encode()
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            b"application/json\r\nContent-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+
+
+def _response_status(s: socket.socket) -> int:
+    """Read one Content-Length framed response off ``s``; its status."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += s.recv(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))
+    while len(rest) < length:
+        rest += s.recv(65536)
+    return int(head.split(b" ")[1])
 
 
 def _wait(pred: Any, deadline_s: float = 10.0) -> bool:

@@ -124,6 +124,32 @@ def test_savings_and_overspend_are_separate_monotonic_counters() -> None:
     assert value(s, "prefixgate_proxy_overhead_seconds_sum") == pytest.approx(0.004)
 
 
+def test_kept_label_children_count_each_label_set_apart_and_stay_bounded() -> None:
+    """The children kept per label set (``ProxyMetrics._of``) add up as the registry's own:
+    each set its own series, a repeated set the same one; client-chosen model names beyond the
+    label cap all land in ``other`` and keep no child of their own."""
+    m = ProxyMetrics(["gpt-4o"], max_label_sets=3)
+    rows = [LedgerRow(route="gpt-*", model="gpt-4o", backend="up", status="ok", prompt_tokens=10),
+            LedgerRow(route="gpt-*", model="gpt-4o", backend="up", status="ok", prompt_tokens=5),
+            LedgerRow(route="gpt-*", model="gpt-4o", backend="up", status="x", prompt_tokens=1),
+            LedgerRow(route="o*", model="o1", backend="b2", status="ok", prompt_tokens=7)]
+    rows += [LedgerRow(route=f"r{i}", model=f"client-{i}", backend="up", status="ok",
+                       prompt_tokens=1) for i in range(50)]
+    for r in rows:
+        m.observe(r)
+    s: Samples = {(x.name, frozenset(x.labels.items())): x.value
+                  for f in text_string_to_metric_families(m.render().decode()) for x in f.samples}
+    assert value(s, "prefixgate_requests_total", model="gpt-4o", status="ok") == 2
+    assert value(s, "prefixgate_requests_total", model="gpt-4o", status="x") == 1
+    assert value(s, "prefixgate_prompt_tokens_total", model="gpt-4o") == 16
+    assert value(s, "prefixgate_prompt_tokens_total", route="o*", backend="b2") == 7
+    assert value(s, "prefixgate_prompt_tokens_total", route=OTHER, model=OTHER) == 49
+    assert value(s, "prefixgate_prompt_tokens_total", route="r0") == 1
+    kept = [values for _, values in m._children]
+    assert {v[:3] for v in kept} == {("gpt-*", "gpt-4o", "up"), ("o*", OTHER, "b2"),
+                                     ("r0", OTHER, "up"), (OTHER, OTHER, OTHER)}  # cap + other
+
+
 def test_no_info_log_line_per_request(rig: Any, caplog: pytest.LogCaptureFixture) -> None:
     import logging
 

@@ -180,6 +180,33 @@ def test_the_memo_is_bounded_and_holds_no_prompt_text(monkeypatch: pytest.Monkey
         assert all(isinstance(k, int) and "secret" not in v for k, v in memo.table.items())
 
 
+def test_a_resent_turn_takes_its_id_from_the_memo_and_it_is_the_rules_id(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    system, user = f"Request ID: {uuid.uuid4()}\nBe brief.", f"trace {uuid.uuid4().hex}"
+    first = session_id_for(H, chat(system, user))
+    assert first == session_key.session_id_of("Bearer k1", system, user)
+    calls: list[str] = []
+    monkeypatch.setattr(session_key, "key_text", lambda *a: calls.append("x") or "")
+    later = chat(system, user, {"role": "assistant", "content": "ok"},
+                 {"role": "user", "content": "next"})
+    assert session_id_for(H, later) == first and calls == []  # turn N: no line scanned
+    # the memo tells keys and texts apart: each still takes the rule (the patched key_text)
+    assert session_id_for({"authorization": "Bearer k2"}, later) != first
+    assert session_id_for(H, chat(system + "!", user)) != first
+    assert session_id_for(H, chat(system, user + "!")) != first
+    assert len(calls) == 6
+
+
+def test_the_id_memo_is_bounded_and_holds_no_prompt_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(session_key, "MEMO_IDS", 4)
+    session_key._IDS.clear()
+    ids = [session_id_for(H, chat("my secret", f"order {i} for Ms Jones")) for i in range(10)]
+    assert len(set(ids)) == 10 and 0 < len(session_key._IDS) <= 4
+    assert all(isinstance(k, int) and v.startswith("auto-") and "secret" not in v
+               for k, v in session_key._IDS.items())
+    assert session_id_for(H, chat("my secret", "order 0 for Ms Jones")) == ids[0]  # recomputed
+
+
 # -- the property: generated conversations -----------------------------------------------------
 
 WORDS = st.text(string.ascii_lowercase, min_size=1, max_size=8)

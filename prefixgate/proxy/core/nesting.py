@@ -25,6 +25,32 @@ def _children(value: dict[str, Any] | list[Any]) -> Iterator[tuple[str | int, An
     return iter(value.items()) if isinstance(value, dict) else enumerate(value)
 
 
+def deeper_than(value: Any, max_depth: int) -> bool:
+    """Whether an array / object in ``value`` nests deeper than ``max_depth`` levels (the
+    top-level value is level 1): the yes / no of :func:`first_too_deep`, level by level.
+
+    Each level's containers come from one list comprehension per container (the scalars are
+    skipped at C speed), so a body that stays within the limit — every request but a hostile
+    one — is walked at about three times the speed of the path-keeping walk; only a body that
+    does not needs :func:`first_too_deep` for where (issue 25: the walk was the largest single
+    step of a 29 KB agent body on the event loop)."""
+    if not isinstance(value, (dict, list)):
+        return False
+    if max_depth < 1:
+        return True
+    level: list[Any] = [value]
+    depth = 1
+    while level:
+        below: list[Any] = []
+        for v in level:
+            below += [c for c in (v.values() if isinstance(v, dict) else v)
+                      if isinstance(c, (dict, list))]
+        if below and depth + 1 > max_depth:
+            return True
+        level, depth = below, depth + 1
+    return False
+
+
 def first_too_deep(value: Any, max_depth: int) -> list[str | int] | None:
     """The JSON path of the first array / object nested deeper than ``max_depth`` levels (the
     top-level value is level 1), or None when ``value`` stays within it.

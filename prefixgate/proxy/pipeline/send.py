@@ -5,7 +5,9 @@ gate, abandoned when the client leaves before the upstream's headers (499). A ba
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable
 
 import anyio
 import httpx
@@ -14,6 +16,7 @@ from fastapi import Request
 
 from prefixgate.config.routing import Deployment
 from prefixgate.proxy.http.headers import upstream_headers
+from prefixgate.proxy.http.server import CONNECTION_LOST
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
 from prefixgate.proxy.routing.kv_match import event_matches
 from prefixgate.proxy.routing.pd_drive import PDDriver
@@ -81,8 +84,17 @@ def sender(state: ProxyState) -> Sender:
                   shared=state.routing, budget=state.retry_budget)
 
 
-async def client_gone(request: Request) -> None:
-    """Return when the client disconnects (its body has been read: the next ASGI message is
-    ``http.disconnect``)."""
+def client_gone(request: Request) -> Awaitable[None]:
+    """Done when the client disconnects: the connection's "lost" future where the server is
+    prefixgate's (:data:`prefixgate.proxy.http.server.CONNECTION_LOST`; shielded, so the
+    caller's cancel leaves it to the connection's next requests), else the next ASGI message
+    being ``http.disconnect`` (its body has been read)."""
+    lost = request.scope.get(CONNECTION_LOST)
+    if isinstance(lost, asyncio.Future):
+        return asyncio.shield(lost)
+    return _disconnect_message(request)
+
+
+async def _disconnect_message(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         await anyio.sleep(0.05)  # a server that sends empty bodies: do not spin

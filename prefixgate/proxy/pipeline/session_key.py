@@ -29,7 +29,11 @@ digest of a masked line is memoized by the line's hash (:data:`MEMO_LINES` entri
 memo starts over; no text kept), so the lines of a system prompt are scanned once however many
 requests and conversations carry them, and a new request costs one ``str.translate``, two splits,
 a substring test per line and a hash + memo lookup per line that holds a digit
-(``bench/session_key_cost.py``: a 64 KB system prompt, measured per call).
+(``bench/session_key_cost.py``: a 64 KB system prompt, measured per call). An agent resends
+the same system text and first user message every turn, so the id itself is memoized too, by
+the hash of ``(key, system, first_user)`` (:data:`MEMO_IDS` entries, then started over; no text
+kept): a turn after the first costs the texts' hashes (issue 25: ~50 us a turn on a 29 KB
+tau-bench body before).
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ MASK = "\x00"
 MEMO_LINES = 1 << 16
 """Masked-line digests kept per memo (about 10 MB at most); past it the memo is cleared and
 refilled by the next requests."""
+MEMO_IDS = 1 << 14
+"""Session ids kept by :func:`session_id_for`'s memo (about 2 MB at most), then cleared."""
 
 PATTERNS: tuple[re.Pattern[str], ...] = (
     tuple(rx for _, rx in pass_spans.DETECTORS)
@@ -173,6 +179,22 @@ def session_id_for(headers: Mapping[str, str], body: dict[str, Any]) -> str:
         return explicit
     key = headers.get("authorization") or headers.get("x-api-key") or ""
     system, first_user = session_texts(body)
+    memo = hash((key, system, first_user))  # salted, as _LineMemo's: no text kept
+    hit = _IDS.get(memo)
+    if hit is None:
+        hit = session_id_of(key, system, first_user)
+        if len(_IDS) >= MEMO_IDS:
+            _IDS.clear()
+        _IDS[memo] = hit
+    return hit
+
+
+_IDS: dict[int, str] = {}
+
+
+def session_id_of(key: str, system: str, first_user: str) -> str:
+    """``auto-`` + 16 hex digits for ``key`` (the caller's key header) and a body's
+    ``(system, first_user)`` texts (module rule), computed without the memo."""
     return "auto-" + _h("|".join((_h(key), _h(key_text(system, True)),
                                   _h(key_text(first_user, False)))))
 
