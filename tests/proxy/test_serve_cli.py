@@ -34,7 +34,10 @@ def test_engine_address_and_command_come_from_the_backend() -> None:
 
 
 @pytest.mark.slow
-def test_serve_spawns_the_engine_proxies_and_stops_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "kill"])
+def test_serve_spawns_the_engine_proxies_and_stops_it(tmp_path: Path, stop: int) -> None:
+    # SIGTERM (kill, systemd, docker stop) once left the spawned engine running: uvicorn raises
+    # the signal again after its own shutdown, and SIGTERM's default action does not unwind
     tiny = make_tiny_model_dir(tmp_path / "tiny")
     proxy_port, engine_port = _port(), _port()
     policy = tmp_path / "policy.yaml"
@@ -65,7 +68,7 @@ def test_serve_spawns_the_engine_proxies_and_stops_it(tmp_path: Path) -> None:
         ids = [m["id"] for m in httpx.get(url + "/v1/models", timeout=10).json()["data"]]
         assert ids  # the engine's model, asked live
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         proc.wait(timeout=60)
     with pytest.raises(httpx.HTTPError):  # the spawned engine is gone too
         httpx.get(f"http://127.0.0.1:{engine_port}/health", timeout=2)

@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from importlib import resources
 from pathlib import Path
 
@@ -154,6 +156,27 @@ def _configure_logging(level: str) -> None:
     logging.basicConfig(level="DEBUG" if level == "trace" else level.upper(), handlers=[handler])
 
 
+def _exit_on(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def _termination_unwinds() -> Iterator[None]:
+    """SIGTERM / SIGHUP raise SystemExit (status 128 + signal) in the main thread while serve
+    runs, so the ExitStack stops the engines it spawned. Without it the default action kills
+    serve at once and leaves a spawned engine running: uvicorn handles the signal for its own
+    graceful shutdown, then restores the handlers and raises the signal again (uvicorn 0.29+),
+    and SIGTERM's default action does not unwind Python (SIGINT's KeyboardInterrupt does).
+    ``kill PID``, systemd and ``docker stop`` send SIGTERM; a closed terminal sends SIGHUP."""
+    caught = (signal.SIGTERM, signal.SIGHUP)
+    before = {sig: signal.signal(sig, _exit_on) for sig in caught}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def serve(
     policy: Path | None = typer.Option(None, "--policy", help="policy YAML (default: shipped)"),
     model: Path | None = typer.Option(None, "--model", help="model dir for spawned local engines"),
@@ -181,7 +204,7 @@ def serve(
     keys_note = said_keys(pol, policy)
     if keys_note:
         typer.echo(keys_note, err=True)
-    with ExitStack() as stack:
+    with _termination_unwinds(), ExitStack() as stack:
         for name, b in pol.backends.items():
             if not traits(b.kind).spawnable or not b.spawn:
                 continue
