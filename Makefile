@@ -34,7 +34,7 @@ $(MODEL_DIR)/config.json: $(VENV)/.installed
 model: $(MODEL_DIR)/config.json
 
 run: $(MODEL_DIR)/config.json
-	$(VENV)/bin/prefixgate serve $(if $(POLICY),--policy $(POLICY),) --model $(MODEL_DIR)
+	$(VENV)/bin/prefixgate serve $(if $(POLICY),--policy $(POLICY),) $(if $(PORT),--port $(PORT),) --model $(MODEL_DIR)
 
 # Debian wrk, for bench/proxy_overhead.py's throughput figures (apt-get when missing).
 wrk:

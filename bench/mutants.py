@@ -368,7 +368,7 @@ MUTANTS: list[Mutant] = [
       "self.stats.cache_hit_tokens -= seq.cached_tokens or 0", "pass", SCHED_STEP,
       "an undone admission keeps its cache-hit tokens (counted again when it runs)"),
     m("quant_qkv_bias_dropped", "prefixgate/local_engine/quant.py",
-      "mk(w_qkv, b_qkv)", "mk(w_qkv, None)", QUANT, "the QKV bias dropped in int8"),
+      'mk["qkv"](w_qkv, b_qkv)', 'mk["qkv"](w_qkv, None)', QUANT, "the QKV bias dropped in int8"),
     m("tool_mask_allowed_defaults_required", "prefixgate/local_engine/server/tool_mask.py",
       'mode = spec.get("mode", "auto")', 'mode = spec.get("mode", "required")', TOOLS,
       "allowed_tools without a mode forces a call"),

@@ -27,11 +27,12 @@ benchmark's prompts): those six 0.983 on its 60 prompts and 0.992 on 120, where 
 default (layers 0 and 29) gave 0.95, the 4 / 6 edge layers 0.967 / 0.95, 64 outlier channels
 0.90 and q|k|v kept in every layer 0.967. Most disagreements are near ties (fp32's top-two
 logit gap 0.01-0.05 on the prompts that flip). Speed, same benchmark on a quiet box
-(``bench/engine_speculative.py``, no other benchmark or test running): batch-1 decode TPOT 31.5 ms int8 against
-42.6 ms fp32 (1.35x; with no layer kept 31.4 against 45.5 ms, 1.45x), so keeping the six costs
-no time measurable there; the 1.7x goal is not reached on a quiet box (the earlier 1.97x was
-measured under heavy load, where weight bytes weigh more). Kept products run as oneDNN pre-packed fp32
-(``cpu_linear``) where available. A kept head gets ``screened_head``'s argmax head on CPU:
+(``bench/engine_speculative.py``, no other benchmark or test running): batch-1 decode TPOT
+31.5 ms int8 against 42.6 ms fp32 (1.35x; with no layer kept 31.4 against 45.5 ms, 1.45x), so
+keeping the six costs no time measurable there; the 1.7x goal is not reached on a quiet box
+(the earlier 1.97x was measured under heavy load, where weight bytes weigh more). Kept products
+run as oneDNN pre-packed fp32 (``cpu_linear``) where available.
+A kept head gets ``screened_head``'s argmax head on CPU:
 greedy steps get the fp32 head's argmax from an int8 screen plus exact rescoring of the few
 candidates, so keeping the head costs about what an int8 head does.
 """

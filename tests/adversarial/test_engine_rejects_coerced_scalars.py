@@ -42,3 +42,21 @@ def test_wrong_json_type_scalars_are_400_invalid_type(model: Any, base: dict[str
 def test_right_json_types_still_parse(field: str, value: Any) -> None:
     req = parse_request(ChatCompletionRequest, {**CHAT, field: value})
     assert getattr(req, field) == value
+
+
+@pytest.mark.parametrize("role", ["bot", "User", "", "model", 3])
+def test_an_unknown_role_is_400_naming_the_message(role: Any) -> None:
+    # a newcomer's {"role": "bot"} was answered 200: the template rendered it as a turn
+    body = {**CHAT, "messages": [{"role": "system", "content": "be brief"},
+                                 {"role": role, "content": "hi"}]}
+    with pytest.raises(ApiError) as ei:
+        parse_request(ChatCompletionRequest, body)
+    assert ei.value.status == 400
+    assert ei.value.param == "messages[1].role" and ei.value.code in ("invalid_value",
+                                                                       "invalid_type")
+
+
+@pytest.mark.parametrize("role", ["system", "developer", "user", "assistant", "tool", "function"])
+def test_every_openai_role_parses(role: str) -> None:
+    body = {**CHAT, "messages": [{"role": role, "content": "hi"}]}
+    assert parse_request(ChatCompletionRequest, body).messages[0].role == role

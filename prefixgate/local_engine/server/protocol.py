@@ -79,9 +79,11 @@ class StreamOptions(_Tolerant):
 class ChatMessage(_Tolerant):
     """One chat message. ``content`` is a string, a list of content parts or null (an
     assistant turn that only calls tools); ``tool_calls`` are OpenAI's
-    ``[{"id", "type": "function", "function": {"name", "arguments": str}}]``."""
+    ``[{"id", "type": "function", "function": {"name", "arguments": str}}]``. ``role`` is one of
+    OpenAI's (an unknown role is a 400 ``invalid_value`` naming ``messages[i].role``, as
+    OpenAI answers, and as the proxy's OpenAPI document lists them)."""
 
-    role: str
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
