@@ -156,25 +156,40 @@ def _configure_logging(level: str) -> None:
     logging.basicConfig(level="DEBUG" if level == "trace" else level.upper(), handlers=[handler])
 
 
-def _exit_on(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
+class _Terminated(BaseException):
+    """SIGTERM / SIGHUP arrived: unwinds serve like KeyboardInterrupt (no ``except Exception``
+    catches it). ``signum``: the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _unwind_on(signum: int, _frame: object) -> None:
+    raise _Terminated(signum)
 
 
 @contextmanager
 def _termination_unwinds() -> Iterator[None]:
-    """SIGTERM / SIGHUP raise SystemExit (status 128 + signal) in the main thread while serve
-    runs, so the ExitStack stops the engines it spawned. Without it the default action kills
-    serve at once and leaves a spawned engine running: uvicorn handles the signal for its own
-    graceful shutdown, then restores the handlers and raises the signal again (uvicorn 0.29+),
-    and SIGTERM's default action does not unwind Python (SIGINT's KeyboardInterrupt does).
-    ``kill PID``, systemd and ``docker stop`` send SIGTERM; a closed terminal sends SIGHUP."""
+    """While serve runs, SIGTERM / SIGHUP unwind it (the ExitStack stops the engines it
+    spawned), then the process dies by that signal as before (status -15 to a parent, 143 to a
+    shell; systemd counts it a clean stop). Without it the default action killed serve at once
+    and left a spawned engine running: uvicorn handles the signal for its own graceful shutdown,
+    then restores the handlers and raises the signal again (uvicorn 0.29+), and SIGTERM's default
+    action does not unwind Python (SIGINT's KeyboardInterrupt does). ``kill PID``, systemd and
+    ``docker stop`` send SIGTERM; a closed terminal sends SIGHUP."""
     caught = (signal.SIGTERM, signal.SIGHUP)
-    before = {sig: signal.signal(sig, _exit_on) for sig in caught}
+    before = {sig: signal.signal(sig, _unwind_on) for sig in caught}
+    received: int | None = None
     try:
         yield
+    except _Terminated as t:
+        received = t.signum
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+    if received is not None:
+        signal.raise_signal(received)
 
 
 def serve(
