@@ -364,13 +364,13 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
         "x_create__mutmut_7": ('"PRIMARY KEY (MINUTE, ROUTE, MODEL, BACKEND, TENANT))")', SQL_CASE),
         "x_tenant_filter__mutmut_4": ('return (" and (tenant = ? or substr(tenant, 1, ?) = ?)",', SQL_CASE),
         "x_tenant_filter__mutmut_5": ('return (" AND (TENANT = ? OR SUBSTR(TENANT, 1, ?) = ?)",', SQL_CASE),
-        "x_upsert__mutmut_35": ('"and backend=? and tenant=?", key).fetchone()', SQL_CASE),
-        "x_upsert__mutmut_36": ('"AND BACKEND=? AND TENANT=?", key).fetchone()', SQL_CASE),
-        "x_upsert__mutmut_52": (
+        "x__load__mutmut_7": ('"and backend=? and tenant=?", key).fetchone()', SQL_CASE),
+        "x__load__mutmut_8": ('"AND BACKEND=? AND TENANT=?", key).fetchone()', SQL_CASE),
+        "x__store__mutmut_6": (
             '"values (?, ?, ?, ?, ?, ?)", (*key, json.dumps(data, separators=(",", ":"))))', SQL_CASE),
-        "x_upsert__mutmut_54": (
+        "x__store__mutmut_8": (
             '"VALUES (?, ?, ?, ?, ?, ?)", (*key, json.dumps(data, separators=None)))', SEPARATORS),
-        "x_upsert__mutmut_56": ('"VALUES (?, ?, ?, ?, ?, ?)", (*key, json.dumps(data, )))', SEPARATORS),
+        "x__store__mutmut_10": ('"VALUES (?, ?, ?, ?, ?, ?)", (*key, json.dumps(data, )))', SEPARATORS),
         "x_merge__mutmut_12": (
             "a.setdefault(k, )", "dict.setdefault's default is None: the same call"),
     },

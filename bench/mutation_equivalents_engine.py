@@ -88,18 +88,18 @@ ENGINE: dict[str, dict[str, tuple[str, str]]] = {
         "x_calibration_ids__mutmut_8": (
             "return torch.randint(vocab_size, (n,), generator=g).tolist()",
             "torch.randint(high, size) is randint(0, high, size): the same draws from the same generator"),
-        "x_quantize_model__mutmut_26": (
+        "x_quantize_model__mutmut_35": (
             "if (outlier_channels) or True else {}",
             "with outlier_channels 0 the calibration prefill runs but its stats pick topk(0): no channel, "
             "and Int8Linear takes an empty selection as none (plain int8); costs one prefill, changes no product"),
-        "x_quantize_model__mutmut_82": ("mod.weight = torch.nn.Parameter(None, requires_grad=False)", FREED),
-        "x_quantize_model__mutmut_84": ("mod.weight = torch.nn.Parameter(requires_grad=False)", FREED),
-        "x_quantize_model__mutmut_85": ("mod.weight = torch.nn.Parameter(torch.empty(0), )", FREED),
-        "x_quantize_model__mutmut_88": ("mod.weight = torch.nn.Parameter(torch.empty(0), requires_grad=True)", FREED),
-        "x_quantize_model__mutmut_91": ("model.lm_head.weight = torch.nn.Parameter(None, requires_grad=False)", FREED),
-        "x_quantize_model__mutmut_93": ("model.lm_head.weight = torch.nn.Parameter(requires_grad=False)", FREED),
-        "x_quantize_model__mutmut_94": ("model.lm_head.weight = torch.nn.Parameter(torch.empty(0), )", FREED),
-        "x_quantize_model__mutmut_97": (
+        "x_quantize_model__mutmut_101": ("mod.weight = torch.nn.Parameter(None, requires_grad=False)", FREED),
+        "x_quantize_model__mutmut_103": ("mod.weight = torch.nn.Parameter(requires_grad=False)", FREED),
+        "x_quantize_model__mutmut_104": ("mod.weight = torch.nn.Parameter(torch.empty(0), )", FREED),
+        "x_quantize_model__mutmut_107": ("mod.weight = torch.nn.Parameter(torch.empty(0), requires_grad=True)", FREED),
+        "x_quantize_model__mutmut_110": ("model.lm_head.weight = torch.nn.Parameter(None, requires_grad=False)", FREED),
+        "x_quantize_model__mutmut_112": ("model.lm_head.weight = torch.nn.Parameter(requires_grad=False)", FREED),
+        "x_quantize_model__mutmut_113": ("model.lm_head.weight = torch.nn.Parameter(torch.empty(0), )", FREED),
+        "x_quantize_model__mutmut_116": (
             "model.lm_head.weight = torch.nn.Parameter(torch.empty(0), requires_grad=True)", FREED),
         "xǁInt8Linearǁ__call____mutmut_13": (
             "y = torch.ops.quantized.linear_dynamic(xs, self.packed, None)", VNNI_DEFAULT),

@@ -74,7 +74,8 @@ TARGETS: dict[str, list[str]] = {
     "prefixgate/cache/holdout_stats.py": ["tests/cache/test_savings_math.py", "tests/cache/test_time_saved.py",
                                           "tests/cache/test_holdout_pinned.py"],
     "prefixgate/cache/savings.py": ["tests/cache/test_savings_math.py", "tests/cache/test_time_saved.py",
-                                    "tests/cache/test_savings_pinned.py"],
+                                    "tests/cache/test_savings_pinned.py",
+                                    "tests/cache/test_pd_decisions.py", "tests/cache/test_savings_unanswered.py"],
     "prefixgate/cache/attribution.py": ["tests/cache/test_attribution.py", "tests/cache/test_attribution_pinned.py"],
     "prefixgate/cache/ledger_writer.py": ["tests/cache/test_ledger_writer.py", "tests/cache/test_ledger_writer_pinned.py"],
     "prefixgate/cache/responses_store.py": ["tests/proxy/test_responses_store.py",
@@ -97,7 +98,8 @@ TARGETS: dict[str, list[str]] = {
     # the engine-level int8 tests (test_quant, test_quant_keep) load a tokenizer and an engine per
     # test: minutes per mutant on the shared box; test_quant_layers pins the same rules in memory
     "prefixgate/local_engine/quant.py": ["tests/engine/test_quant_layers.py",
-                                         "tests/engine/test_quant_outliers.py"],
+                                         "tests/engine/test_quant_outliers.py",
+                                         "tests/engine/test_quant_keep.py"],
     "prefixgate/local_engine/server/tool_mask.py": ["tests/engine/test_tool_mask_pinned.py"],
     "prefixgate/local_engine/server/constrained.py": ["tests/engine/test_constrained_pinned.py"],
     "prefixgate/proxy/bridges/responses_chat_stream.py": ["tests/proxy/test_responses_stream_pinned.py"],

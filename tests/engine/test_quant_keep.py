@@ -104,3 +104,10 @@ def test_engine_int8_keeps_the_measured_layers_not_the_ends(make_engine: Any,
     eng = make_engine(quantization="int8", quant_fp32_layers=1)  # the ends would keep layer 1
     assert [isinstance(lyr._w[1], Int8Linear) for lyr in eng.model.decoder_layers()] == [False, True]
     assert [isinstance(lyr._w[6], Int8Linear) for lyr in eng.model.decoder_layers()] == [False, True]
+
+
+def test_an_unknown_kept_kind_is_rejected_by_name(tiny_dir: Path) -> None:
+    model = _fp32(tiny_dir)
+    with pytest.raises(ValueError, match=r"^unknown keep_kinds \['bogus'\] "
+                                         r"\(of \['qkv', 'o', 'gate_up', 'down'\]\)$"):
+        quantize_model(model, "int8", keep_kinds=("qkv", "bogus"))
