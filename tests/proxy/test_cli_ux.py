@@ -174,3 +174,29 @@ def test_serve_says_it_is_starting_the_engine_and_when_it_is_ready(
     start = next(i for i, x in enumerate(lines) if x.startswith("starting the local engine of backend 'local'"))
     assert lines[start].endswith("...")
     assert any(x.startswith("starting the local engine") and ": done in " in x for x in lines[start + 1:])
+
+
+def test_an_interrupt_while_the_engine_loads_stops_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ctrl-C or serve's SIGTERM during the ~30 s model load left the engine running: __enter__
+    # raised before the ExitStack held the process
+    import sys
+
+    from prefixgate.config.schema import Backend
+    from prefixgate.proxy.cli import engine_proc
+
+    monkeypatch.setattr(engine_proc, "engine_command", lambda *a, **k: [
+        sys.executable, "-c", "import time; time.sleep(60)"])
+    answers = iter([False, False])  # not serving yet; still loading, then the interrupt
+
+    def healthy(url: str, timeout_s: float = 1.0) -> bool:
+        answer = next(answers, None)
+        if answer is None:
+            raise KeyboardInterrupt
+        return answer
+
+    monkeypatch.setattr(engine_proc, "is_healthy", healthy)
+    started = engine_proc.EngineProcess(Backend(kind="local", base_url="http://127.0.0.1:9/v1",
+                                                spawn=True), "/m")
+    with pytest.raises(KeyboardInterrupt):
+        started.__enter__()
+    assert started.proc is not None and started.proc.poll() is not None  # stopped, not left

@@ -107,18 +107,25 @@ class EngineProcess:
         cmd = engine_command(self.model_dir, host, port, self.backend.device, self.extra)
         log.info("starting engine: %s", " ".join(cmd))
         self.proc = subprocess.Popen(cmd)
+        try:
+            self._wait_healthy(url)
+        except BaseException:  # Ctrl-C / SIGTERM while it loads: not entered, so stop it here
+            self.stop()
+            raise
+        log.info("engine healthy at %s (pid %d)", url, self.proc.pid)
+        return self
+
+    def _wait_healthy(self, url: str) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + self.startup_timeout_s
         while not is_healthy(url):
             code = self.proc.poll()
             if code is not None:
                 raise EngineStartError(f"engine exited with code {code} before serving {url}")
             if time.monotonic() > deadline:
-                self.stop()
                 raise EngineStartError(f"engine not healthy at {url} after "
                                        f"{self.startup_timeout_s:.0f} s")
             time.sleep(0.25)
-        log.info("engine healthy at %s (pid %d)", url, self.proc.pid)
-        return self
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Terminate the process we started (never one we reused)."""
