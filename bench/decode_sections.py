@@ -38,8 +38,8 @@ def int4_probe(out_f: int = 3072, in_f: int = 576, group: int = 32) -> dict[str,
     import torch
     import torch.nn.functional as F
 
-    from prefixgate.local_engine.cpu_linear import PackedLinear
-    from prefixgate.local_engine.quant import Int8Linear
+    from prefixgate.local_engine.model.quant.cpu_linear import PackedLinear
+    from prefixgate.local_engine.model.quant.int8 import Int8Linear
 
     torch.manual_seed(0)
     w, x = torch.randn(out_f, in_f) * 0.02, torch.randn(1, in_f)
@@ -91,10 +91,10 @@ def tool_drafts(base: dict[str, Any], n_b1: int, n_b8: int, max_tokens: int,
     """(figures, details) of the tool-call section (module docstring)."""
     from bench.engine_speculative import mean_tpot, run_batch, spec_figures, spec_off
     from bench.tool_draft_prompts import FRAME, tool_call_chats
-    from prefixgate.local_engine.api_types import SamplingParams
-    from prefixgate.local_engine.drafters import ChainDrafter
     from prefixgate.local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.sched.api_types import SamplingParams
     from prefixgate.local_engine.server.chat import encode_chat
+    from prefixgate.local_engine.spec.drafters import ChainDrafter
 
     eng = Engine(EngineConfig(**{**base, "speculative": "ngram+suffix+tools"}))
     assert eng.spec is not None

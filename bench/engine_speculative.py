@@ -193,7 +193,7 @@ def compare(eng: Any, prompts: list[list[int]], params: Any, batch: int) -> dict
 def knee(eng: Any, tok_ids: list[list[int]], sizes: list[int]) -> dict[str, Any]:
     """Decode step time (ms) vs rows per step (spec off); threshold = largest size within
     ``KNEE_FACTOR`` × the 1-row step."""
-    from prefixgate.local_engine.api_types import SamplingParams
+    from prefixgate.local_engine.sched.api_types import SamplingParams
 
     p = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     step_ms: dict[int, float] = {}
@@ -208,7 +208,7 @@ def knee(eng: Any, tok_ids: list[list[int]], sizes: list[int]) -> dict[str, Any]
         step_ms[b] = round(min(runs), 2)
     base = step_ms[sizes[0]]
     within = [b for b in sizes if step_ms[b] <= KNEE_FACTOR * base]
-    from prefixgate.local_engine.spec_decode import choose_k_cap
+    from prefixgate.local_engine.spec.decode import choose_k_cap
 
     curve = sorted(step_ms.items())
     caps = {f"b{b}_alpha{a}": choose_k_cap([a] * b, [8] * b, curve, 8)
@@ -287,9 +287,9 @@ def main() -> None:
         return
     import torch
 
-    from prefixgate.local_engine.api_types import SamplingParams
     from prefixgate.local_engine.engine import Engine, EngineConfig
-    from prefixgate.local_engine.quant_sensitivity import first_token_agreement
+    from prefixgate.local_engine.model.quant.sensitivity import first_token_agreement
+    from prefixgate.local_engine.sched.api_types import SamplingParams
     from prefixgate.local_engine.server.chat import encode_chat
 
     torch.set_num_threads(args.threads)
@@ -406,7 +406,7 @@ def main() -> None:
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
             "note": "ours timed in-process from streamed engine outputs; llama.cpp over its "
                     "HTTP streaming API; greedy, EOS on; fp32 engines (plain and speculative) "
-                    "use oneDNN pre-packed linear weights (prefixgate/local_engine/cpu_linear.py)",
+                    "use oneDNN pre-packed linear weights (prefixgate/local_engine/model/quant/cpu_linear.py)",
             "wall_s": round(time.time() - t0, 1),
             "phases_s_since_start": phases,
             "loadavg_at_start_and_end": [load0, _loadavg()],
@@ -431,9 +431,9 @@ def int8_figures(base: dict[str, Any], n_agree: int, n_dec: int, max_tokens: int
                  **quant: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """int8 (default keep policy) vs fp32 at batch 1: decode TPOT ratio on ``n_dec`` prompts
     (alternating order) and first-token greedy agreement on ``n_agree`` prompts."""
-    from prefixgate.local_engine.api_types import SamplingParams
     from prefixgate.local_engine.engine import Engine, EngineConfig
-    from prefixgate.local_engine.quant_sensitivity import first_token_agreement
+    from prefixgate.local_engine.model.quant.sensitivity import first_token_agreement
+    from prefixgate.local_engine.sched.api_types import SamplingParams
     from prefixgate.local_engine.server.chat import encode_chat
 
     plain = {**base, "speculative": None}

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import proxy_overhead as po  # noqa: E402
 
-from prefixgate.cache.report import percentile  # noqa: E402
+from prefixgate.cache.savings.report import percentile  # noqa: E402
 
 OVERLOAD = ("over its", "not recorded within")
 

@@ -130,8 +130,8 @@ def int4_engine(base: dict[str, Any], make: Any) -> Any:
     import torch
 
     from prefixgate.local_engine.engine import Engine, EngineConfig
-    from prefixgate.local_engine.model import load_model
-    from prefixgate.local_engine.quant import linear_any
+    from prefixgate.local_engine.model.llama import load_model
+    from prefixgate.local_engine.model.quant.int8 import linear_any
 
     eng = Engine(EngineConfig(**base))
     src = load_model(base["model_path"], torch.device("cpu"), torch.float32)
@@ -164,11 +164,11 @@ def main() -> None:
         mean_tpot,
         run_batch,
     )
-    from prefixgate.local_engine.api_types import SamplingParams
-    from prefixgate.local_engine.cpu_linear import PackedLinear
     from prefixgate.local_engine.engine import Engine, EngineConfig
-    from prefixgate.local_engine.quant import Int8Linear
-    from prefixgate.local_engine.quant_sensitivity import first_token_agreement
+    from prefixgate.local_engine.model.quant.cpu_linear import PackedLinear
+    from prefixgate.local_engine.model.quant.int8 import Int8Linear
+    from prefixgate.local_engine.model.quant.sensitivity import first_token_agreement
+    from prefixgate.local_engine.sched.api_types import SamplingParams
     from prefixgate.local_engine.server.chat import encode_chat
 
     torch.set_num_threads(args.threads)

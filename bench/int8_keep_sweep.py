@@ -52,10 +52,10 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from bench.engine_speculative import MODEL_DIR, agreement_prompts
-    from prefixgate.local_engine import cpu_linear
-    from prefixgate.local_engine.model import load_model
-    from prefixgate.local_engine.quant import KINDS, quantize_model
-    from prefixgate.local_engine.quant_sensitivity import agreement, edge_layers, prefill
+    from prefixgate.local_engine.model.llama import load_model
+    from prefixgate.local_engine.model.quant import cpu_linear
+    from prefixgate.local_engine.model.quant.int8 import KINDS, quantize_model
+    from prefixgate.local_engine.model.quant.sensitivity import agreement, edge_layers, prefill
 
     torch.set_num_threads(args.threads)
     configs = json.loads(args.configs) if args.configs else DEFAULT_CONFIGS

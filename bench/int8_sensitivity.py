@@ -40,9 +40,9 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from bench.engine_speculative import MODEL_DIR, agreement_prompts
-    from prefixgate.local_engine.model import load_model
-    from prefixgate.local_engine.quant import Int8Linear, linear_any
-    from prefixgate.local_engine.quant_sensitivity import prefill
+    from prefixgate.local_engine.model.llama import load_model
+    from prefixgate.local_engine.model.quant.int8 import Int8Linear, linear_any
+    from prefixgate.local_engine.model.quant.sensitivity import prefill
 
     torch.set_num_threads(args.threads)
     t0 = time.time()

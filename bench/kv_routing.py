@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 from bench.kv_routing_sim import run_sim  # noqa: E402
 from bench.routing_affinity import sessions_from_trace  # noqa: E402
 from bench.serving_client import EngineProcess, free_port, percentile  # noqa: E402
-from prefixgate.cache.ledger import Ledger  # noqa: E402
+from prefixgate.cache.ledger.store import Ledger  # noqa: E402
 from prefixgate.config.loader import parse_policy  # noqa: E402
 from prefixgate.proxy.app import build_app  # noqa: E402
 from tests.servers import serve_app  # noqa: E402

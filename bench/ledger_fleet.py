@@ -23,7 +23,7 @@ What runs, all on loopback:
    ``duplicates``: rows beyond one per session; ``lost_on_kill`` / ``lost_on_term`` /
    ``lost_other``: answered requests of ``r1`` / ``r2`` / ``r3`` with no row.
 5. ``write_p99_ms``: p99 of write-to-acknowledgement (committed, or spooled) over rows written
-   in-process by a :class:`~prefixgate.cache.ledger_pg.PgLedger` at ``--rate`` rows/s, the
+   in-process by a :class:`~prefixgate.cache.ledger.pg.PgLedger` at ``--rate`` rows/s, the
    replicas' writer settings.
 
 Goals (issue 26): 0 duplicates; rows lost only from the SIGKILLed replica's unacknowledged batch
@@ -52,10 +52,10 @@ import psycopg
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from prefixgate.cache.ledger import LedgerRow  # noqa: E402
-from prefixgate.cache.ledger_pg import PgLedger  # noqa: E402
-from prefixgate.cache.ledger_writer import BatchedLedger  # noqa: E402
-from prefixgate.cache.report import percentile  # noqa: E402
+from prefixgate.cache.ledger.pg import PgLedger  # noqa: E402
+from prefixgate.cache.ledger.store import LedgerRow  # noqa: E402
+from prefixgate.cache.ledger.writer import BatchedLedger  # noqa: E402
+from prefixgate.cache.savings.report import percentile  # noqa: E402
 from prefixgate.proxy.pipeline.session_key import SESSION_HEADER, session_hash  # noqa: E402
 from tests.ledger_pg.pg_servers import PrivateCluster, create_db, free_port  # noqa: E402
 from tests.proxy.upstream import Script, ScriptedUpstream, completion  # noqa: E402

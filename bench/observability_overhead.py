@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prefixgate.cache.ledger import LedgerRow  # noqa: E402
+from prefixgate.cache.ledger.store import LedgerRow  # noqa: E402
 from prefixgate.config.loader import parse_policy  # noqa: E402
 from prefixgate.proxy.observe.metrics import ProxyMetrics, RequestObs  # noqa: E402
 

@@ -66,10 +66,10 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from prefixgate.cache.ledger import Ledger, LedgerRow  # noqa: E402
-from prefixgate.cache.pd_plan import colocated, load_from_rows, split  # noqa: E402
+from prefixgate.cache.ledger.store import Ledger, LedgerRow  # noqa: E402
 from prefixgate.config.pd_settings import PDSettings  # noqa: E402
 from prefixgate.proxy.routing.pd_drive import PDDriver  # noqa: E402
+from prefixgate.proxy.routing.pd_plan import colocated, load_from_rows, split  # noqa: E402
 
 DEFAULT_MODEL = Path(os.environ.get("PREFIXGATE_MODEL_DIR", "~/.cache/prefixgate/models/"
                                     "SmolLM2-135M-Instruct")).expanduser()

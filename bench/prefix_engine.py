@@ -36,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from prefixgate.rewriter.tokens import _encoder
+from prefixgate.rewriter.analysis.tokens import _encoder
 
 
 def _text(content: Any) -> str:

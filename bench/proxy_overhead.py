@@ -65,7 +65,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from prefixgate.cache.report import percentile  # noqa: E402
+from prefixgate.cache.savings.report import percentile  # noqa: E402
 from prefixgate.proxy.sim.traces import load_tau, openai_body  # noqa: E402
 
 DATA = Path(os.environ.get("PREFIXGATE_DATA_DIR") or REPO.parent / "shared" / "data")

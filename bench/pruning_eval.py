@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import pruning_eval_history, pruning_eval_rag, pruning_eval_tools
-from prefixgate.rewriter.prune_tools import DEFAULT_RULE
+from prefixgate.rewriter.passes.prune_tools import DEFAULT_RULE
 
 OUT = Path(__file__).resolve().parent / "results" / "pruning.json"
 SECTIONS = ("tools", "rag", "history")

@@ -17,7 +17,7 @@ probe wrapped around ``prune_history`` inside the real pipeline (same input, sam
 
 - ``raw_compactions_invalid``: the pass's RAW output — the remembered or new plan applied
   (:func:`raw_compaction`), before its self-check — checked with
-  :func:`prefixgate.rewriter.validate.violations` (independent of the pass) for violations its input did
+  :func:`prefixgate.rewriter.wire.validate.violations` (independent of the pass) for violations its input did
   not have; ``raw_violations`` counts them by kind;
 - ``self_check_reverts``: ``prune_history`` Edits saying "would be invalid, input kept";
 - ``pipeline_reverts``: Edits of any pass the pipeline reverted or that failed ("output
@@ -37,14 +37,15 @@ from typing import Any
 from bench import pruning_data as data
 from prefixgate.cache.provider_models import make_model
 from prefixgate.config.schema import RewriteSettings
-from prefixgate.rewriter import prune_history, wire
-from prefixgate.rewriter.ir import Api, Prompt
+from prefixgate.rewriter.analysis.stable import stable_prefix_hash
+from prefixgate.rewriter.analysis.tokens import count_tokens
+from prefixgate.rewriter.passes import prune_history
+from prefixgate.rewriter.passes.prune_history import _msg_json
 from prefixgate.rewriter.pipeline import PASSES, run_passes, session_updates
-from prefixgate.rewriter.prune_history import _msg_json
-from prefixgate.rewriter.stable import stable_prefix_hash
-from prefixgate.rewriter.tokens import count_tokens
 from prefixgate.rewriter.types import Context, Edit, RewriteResult
-from prefixgate.rewriter.validate import violations
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.ir import Api, Prompt
+from prefixgate.rewriter.wire.validate import violations
 
 GAP_S = 15.0
 

@@ -27,12 +27,13 @@ from typing import Any
 
 from bench import pruning_data as data
 from prefixgate.config.schema import RewriteSettings
-from prefixgate.rewriter import prune_rag, wire
-from prefixgate.rewriter.bm25 import bm25_scores, terms
-from prefixgate.rewriter.dedupe import near_duplicates
-from prefixgate.rewriter.prune_rag import select_passages
-from prefixgate.rewriter.tokens import count_tokens
+from prefixgate.rewriter.analysis.bm25 import bm25_scores, terms
+from prefixgate.rewriter.analysis.tokens import count_tokens
+from prefixgate.rewriter.passes import prune_rag
+from prefixgate.rewriter.passes.dedupe import near_duplicates
+from prefixgate.rewriter.passes.prune_rag import select_passages
 from prefixgate.rewriter.types import Context, Edit
+from prefixgate.rewriter.wire import codec as wire
 
 KB_SHARES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 TOP50_SHARES = (0.2, 0.3, 0.5, 0.7)

@@ -1,7 +1,7 @@
 """Tool-pruning evaluation: gold-tool recall vs tool tokens removed (see bench/pruning_eval.py).
 
-Ranking is the production ranker (:func:`prefixgate.rewriter.tool_rank.tool_terms` + BM25 +
-:class:`prefixgate.rewriter.tool_rank.KeepRule`); per-tool terms and token counts are computed once per
+Ranking is the production ranker (:func:`prefixgate.rewriter.analysis.tool_rank.tool_terms` + BM25 +
+:class:`prefixgate.rewriter.analysis.tool_rank.KeepRule`); per-tool terms and token counts are computed once per
 tool so the ~2,000-tool catalogs stay fast. The tau-bench replays run the real pipeline.
 """
 
@@ -16,10 +16,10 @@ from typing import Any
 
 from bench import pruning_data as data
 from prefixgate.config.schema import RewriteSettings
-from prefixgate.rewriter.bm25 import bm25_scores
+from prefixgate.rewriter.analysis.bm25 import bm25_scores
+from prefixgate.rewriter.analysis.tokens import count_tokens
+from prefixgate.rewriter.analysis.tool_rank import KeepRule, ToolInfo, query_terms, select_tools, tool_terms
 from prefixgate.rewriter.pipeline import rewrite_request, session_updates
-from prefixgate.rewriter.tokens import count_tokens
-from prefixgate.rewriter.tool_rank import KeepRule, ToolInfo, query_terms, select_tools, tool_terms
 from prefixgate.rewriter.types import Context
 
 KEEP_KS = (3, 5, 10, 15, 20, 30, 50)

@@ -30,10 +30,10 @@ sys.path.insert(0, str(REPO))
 from prefixgate.config.schema import RewriteSettings  # noqa: E402
 from prefixgate.proxy.core import exactjson  # noqa: E402
 from prefixgate.proxy.sim.traces import load_tau, openai_body  # noqa: E402
+from prefixgate.rewriter.analysis.tokens import count_tokens  # noqa: E402
 from prefixgate.rewriter.pipeline import rewrite_request, session_updates  # noqa: E402
 from prefixgate.rewriter.region_memo import RegionMemo  # noqa: E402
 from prefixgate.rewriter.token_memo import TokenMemo  # noqa: E402
-from prefixgate.rewriter.tokens import count_tokens  # noqa: E402
 from prefixgate.rewriter.types import Context  # noqa: E402
 
 DATA = Path(os.environ.get("PREFIXGATE_DATA_DIR") or REPO.parent / "shared" / "data")

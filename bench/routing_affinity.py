@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.serving_client import EngineProcess, percentile  # noqa: E402
-from prefixgate.cache.ledger import Ledger  # noqa: E402
+from prefixgate.cache.ledger.store import Ledger  # noqa: E402
 from prefixgate.config.loader import parse_policy  # noqa: E402
 from prefixgate.config.routing import AffinitySettings  # noqa: E402
 from prefixgate.proxy.app import build_app

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 from starlette.testclient import TestClient
 
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
 from prefixgate.rewriter.pipeline import rewrite_request

@@ -39,8 +39,8 @@ def main() -> None:
     import torch
     from safetensors.torch import load_file
 
-    from prefixgate.local_engine import screened_head
-    from prefixgate.local_engine.cpu_linear import PackedLinear
+    from prefixgate.local_engine.model.quant import screened_head
+    from prefixgate.local_engine.model.quant.cpu_linear import PackedLinear
 
     torch.set_num_threads(args.threads)
     w = load_file(str(MODEL / "model.safetensors"))["model.embed_tokens.weight"].float()

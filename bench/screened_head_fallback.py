@@ -44,8 +44,8 @@ def main() -> None:
     import torch
 
     from bench.tool_draft_prompts import FRAME, tool_call_chats
-    from prefixgate.local_engine.api_types import SamplingParams
     from prefixgate.local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.sched.api_types import SamplingParams
     from prefixgate.local_engine.server.chat import encode_chat
 
     torch.set_num_threads(args.threads)

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402
 
-from prefixgate.cache.ledger import Ledger  # noqa: E402
+from prefixgate.cache.ledger.store import Ledger  # noqa: E402
 from prefixgate.config.loader import parse_policy  # noqa: E402
 from prefixgate.local_engine.engine import Engine, EngineConfig  # noqa: E402
 from prefixgate.local_engine.server import build_app as engine_app  # noqa: E402

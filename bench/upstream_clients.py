@@ -28,7 +28,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from prefixgate.cache.report import percentile  # noqa: E402
+from prefixgate.cache.savings.report import percentile  # noqa: E402
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 900}]}).encode()
 HEADERS = {"content-type": "application/json"}

@@ -45,7 +45,7 @@ def interleaved_knee(eng: Any, heads: dict[str, Any], prompts: list[list[int]], 
                      reps: int) -> dict[str, dict[int, float]]:
     """Decode step ms per rows per step for each head mode (spec off): the fastest of ``reps``
     runs, head modes alternating run by run (load on the shared box only ever adds time)."""
-    from prefixgate.local_engine.api_types import SamplingParams
+    from prefixgate.local_engine.sched.api_types import SamplingParams
 
     p = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
     out: dict[str, dict[int, float]] = {h: {} for h in heads}
@@ -74,8 +74,8 @@ def main() -> None:
     import torch
 
     from bench.tool_draft_prompts import FRAME, tool_call_chats
-    from prefixgate.local_engine.api_types import SamplingParams
     from prefixgate.local_engine.engine import Engine, EngineConfig
+    from prefixgate.local_engine.sched.api_types import SamplingParams
     from prefixgate.local_engine.server.chat import encode_chat
 
     torch.set_num_threads(args.threads)

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.config.loader import default_policy_text, parse_policy
 from prefixgate.proxy.app import build_app
 from tests.doc_samples import BASE_URL, all_samples, extract

@@ -1,5 +1,5 @@
-"""The regression mutants of ``bench/mutants.py`` quote the code they break: a change that
-rewrites a quoted line must update the list in the same commit, or ``bench/mutation_check.py``
+"""The regression mutants of ``mutation/mutants.py`` quote the code they break: a change that
+rewrites a quoted line must update the list in the same commit, or ``mutation/check.py``
 refuses to run (it did, twice, after merges)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.mutants import MUTANTS
-from bench.mutation_check import check_snippets
+from mutation.check import check_snippets
+from mutation.mutants import MUTANTS
 
 REPO = Path(__file__).resolve().parents[1]
 

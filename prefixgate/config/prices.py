@@ -1,4 +1,4 @@
-"""Dated price table, USD per 1M tokens, for pricing cache outcomes (:mod:`prefixgate.cache.cost`).
+"""Dated price table, USD per 1M tokens, for pricing cache outcomes (:mod:`prefixgate.cache.savings.cost`).
 
 Sources (as published on 2026-11-29; verify before billing anyone):
 

@@ -216,7 +216,7 @@ class Route(RouteTargets):
 HoistTarget = Literal["auto", "end", "last_user", "system_end", "reminder"]
 HOIST_TARGET_BY_API: dict[str, str] = {"openai": "reminder", "anthropic": "end"}
 """Where ``hoist_target: auto`` puts the hoisted note when ``hoist_volatile`` is on, per client
-API (placements in ``prefixgate/rewriter/note_placement.py``). Chosen by measurement
+API (placements in ``prefixgate/rewriter/analysis/note_placement.py``). Chosen by measurement
 (``bench/answer_stability.py`` -> ``bench/results/answer_stability.json``,
 ``figures.default_placement``; 101 agent turns, greedy on our engine, the moves on): among the
 placements that keep the prefix reusable (cached share from the third request on within 0.02 of
@@ -252,7 +252,7 @@ class RewriteSettings(_Strict):
     tool_order: Literal["name", "first_seen"] = "first_seen"
     """``first_seen``: a session's first request keeps its tools as sent, later ones get that
     form back; ``name``: sorted by name and canonical on every request
-    (:mod:`prefixgate.rewriter.canonicalize_tools`)."""
+    (:mod:`prefixgate.rewriter.passes.canonicalize_tools`)."""
     tool_schema_sort_properties: bool = False
     hoist_volatile: bool = False
     """Opt-in (:data:`MOVES_THE_MODEL_READS`): move a clock / id / changing line out of the
@@ -265,7 +265,8 @@ class RewriteSettings(_Strict):
     place_breakpoints: bool = True
     breakpoint_ttl: Literal["5m", "1h", "auto"] = "auto"
     """TTL of the breakpoints prefixgate places; ``auto``: the lower expected cost over the
-    session's measured inter-arrival times (``prefixgate/rewriter/ttl_choice.py``; 5m until 3 are known)."""
+    session's measured inter-arrival times (``prefixgate/rewriter/analysis/ttl_choice.py``; 5m until 3 are
+    known)."""
     openai_prompt_cache_key: bool = False
     openai_prompt_cache_retention: str | None = None
     tenant: str = "default"
@@ -289,7 +290,7 @@ class RewriteSettings(_Strict):
     stand_back: bool = True
     """Per route, switch off the passes that add tokens while the holdout or the counterfactual
     shows the rewritten arm no better than the client's own bodies
-    (:mod:`prefixgate.cache.stand_back`)."""
+    (:mod:`prefixgate.cache.savings.stand_back`)."""
     stand_back_min_requests: int = Field(20, ge=2, le=10_000)
     """Requests (per arm for the holdout) a verdict needs."""
     stand_back_s: float = Field(900.0, gt=0)
@@ -306,12 +307,12 @@ class LedgerSettings(_Strict):
     """Where per-request records go. Prompt text is never stored unless ``store_prompt_text``.
 
     ``redis_url``: shared state of several proxy replicas (session memory, counters; see
-    :mod:`prefixgate.cache.redis_link`); ``redis_prefix``: prefix of every key prefixgate writes there;
+    :mod:`prefixgate.cache.state.redis_link`); ``redis_prefix``: prefix of every key prefixgate writes there;
     ``batch_writes``: ledger rows go to SQLite from a background writer thread, many rows per
-    transaction (:mod:`prefixgate.cache.ledger_writer`), flushed on shutdown.
+    transaction (:mod:`prefixgate.cache.ledger.writer`), flushed on shutdown.
 
     Issue 26, one ledger for many replicas: ``url`` (``postgresql://...``) puts the ledger in
-    PostgreSQL instead of the file at ``path`` (:mod:`prefixgate.cache.ledger_pg`); ``replica``
+    PostgreSQL instead of the file at ``path`` (:mod:`prefixgate.cache.ledger.pg`); ``replica``
     names this process in the rows' ``replica`` column (default ``<hostname>:<pid>``);
     ``flush_interval_s``: the writer commits what has queued at least this often (seconds);
     ``spool_path`` / ``spool_max_rows``: while PostgreSQL is unreachable rows wait in this SQLite

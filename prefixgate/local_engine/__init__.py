@@ -36,7 +36,7 @@ def __getattr__(name: str) -> Any:
 
         return Engine
     if name in ("EngineConfig", "SamplingParams", "RequestOutput", "PromptTooLong"):
-        from prefixgate.local_engine import api_types
+        from prefixgate.local_engine.sched import api_types
 
         return getattr(api_types, name)
     raise AttributeError(f"module 'local_engine' has no attribute {name!r}")

@@ -29,10 +29,16 @@ from typing import Any
 
 import torch
 
-from prefixgate.local_engine import cpu_linear
-from prefixgate.local_engine.api_types import EngineConfig, PromptTooLong, RequestOutput, SamplingParams
-from prefixgate.local_engine.detokenizer import IncrementalDetokenizer
-from prefixgate.local_engine.engine_commands import (
+from prefixgate.local_engine.kv.pool import KVPool, ReqToTokenTable
+from prefixgate.local_engine.kv.radix_cache import RadixCache
+from prefixgate.local_engine.model.files import dtype_named, eos_ids, load_tokenizer
+from prefixgate.local_engine.model.llama import load_model, split_model_path
+from prefixgate.local_engine.model.quant import cpu_linear
+from prefixgate.local_engine.model.quant.int8 import quantize_model
+from prefixgate.local_engine.model.quant.sensitivity import kept_layers
+from prefixgate.local_engine.sched.api_types import EngineConfig, PromptTooLong, RequestOutput, SamplingParams
+from prefixgate.local_engine.sched.detokenizer import IncrementalDetokenizer
+from prefixgate.local_engine.sched.engine_commands import (
     AbortCmd,
     AddCmd,
     CallCmd,
@@ -40,23 +46,17 @@ from prefixgate.local_engine.engine_commands import (
     ResetCacheCmd,
     StopCmd,
 )
-from prefixgate.local_engine.kv_pool import KVPool, ReqToTokenTable
-from prefixgate.local_engine.model import load_model, split_model_path
-from prefixgate.local_engine.model_files import dtype_named, eos_ids, load_tokenizer
-from prefixgate.local_engine.model_runner import ModelRunner
-from prefixgate.local_engine.quant import quantize_model
-from prefixgate.local_engine.quant_sensitivity import kept_layers
-from prefixgate.local_engine.radix_cache import RadixCache
-from prefixgate.local_engine.sampler import (
+from prefixgate.local_engine.sched.model_runner import ModelRunner
+from prefixgate.local_engine.sched.sampler import (
     SamplingError,
     make_generator,
     needs_preparing,
     prepare_row,
     sample_rows,
 )
-from prefixgate.local_engine.scheduler import ScheduledSeq, Scheduler
-from prefixgate.local_engine.sequence import Sequence, Status
-from prefixgate.local_engine.spec_factory import build_spec_decoder
+from prefixgate.local_engine.sched.scheduler import ScheduledSeq, Scheduler
+from prefixgate.local_engine.sched.sequence import Sequence, Status
+from prefixgate.local_engine.spec.factory import build_spec_decoder
 
 __all__ = ["Engine", "EngineConfig", "PromptTooLong", "RequestOutput", "SamplingParams"]
 
@@ -131,8 +131,8 @@ class Engine:
         """The KV event publisher when ``cfg.kv_events_endpoint`` is set (None: off)."""
         if cfg.kv_events_endpoint is None or self.cache is None:
             return None
-        from prefixgate.local_engine.kv_event_publisher import KVEventPublisher
-        from prefixgate.local_engine.kv_events import KVEventRecorder
+        from prefixgate.local_engine.kv.events import KVEventRecorder
+        from prefixgate.local_engine.kv.publisher import KVEventPublisher
 
         rec = KVEventRecorder(cfg.kv_events_block_size, cfg.kv_events_hash, cfg.kv_events_seed,
                               cfg.page_size)

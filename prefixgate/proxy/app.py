@@ -49,12 +49,12 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
-from prefixgate.cache.ledger import Ledger
-from prefixgate.cache.ledger_writer import open_ledger
-from prefixgate.cache.redis_link import RedisLink
-from prefixgate.cache.session import MemorySessionStore, SessionStore
-from prefixgate.cache.session_redis import SharedSessionStore
-from prefixgate.cache.shared_state import LocalState, RedisState
+from prefixgate.cache.ledger.store import Ledger
+from prefixgate.cache.ledger.writer import open_ledger
+from prefixgate.cache.state.redis_link import RedisLink
+from prefixgate.cache.state.session import MemorySessionStore, SessionStore
+from prefixgate.cache.state.session_redis import SharedSessionStore
+from prefixgate.cache.state.shared_state import LocalState, RedisState
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.api import chat, count_tokens, models, passthrough
 from prefixgate.proxy.api import responses as responses_api
@@ -86,7 +86,7 @@ from prefixgate.proxy.routing.kv_shared import SharedKVIndex
 from prefixgate.proxy.routing.probes import health_check_loop
 from prefixgate.proxy.routing.router import Target, pick_target
 from prefixgate.proxy.upstream.client import Upstream
-from prefixgate.rewriter.tokens import warm_encodings
+from prefixgate.rewriter.analysis.tokens import warm_encodings
 
 __all__ = ["ProxyState", "build_app", "route_for"]
 
@@ -106,8 +106,9 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
               ) -> FastAPI:
     """The proxy app for ``policy``.
 
-    ``ledger``: default :func:`prefixgate.cache.ledger_writer.open_ledger` (batched writer thread, flushed
-    when the app stops); ``sessions``: default :class:`prefixgate.cache.session_redis.SharedSessionStore`
+    ``ledger``: default :func:`prefixgate.cache.ledger.writer.open_ledger` (batched writer thread, flushed
+    when the app stops); ``sessions``: default
+    :class:`prefixgate.cache.state.session_redis.SharedSessionStore`
     when ``policy.ledger.redis_url`` is set, else in-process LRU; ``rewrite_fn``: the rewrite
     pipeline (default :func:`prefixgate.rewriter.pipeline.rewrite_request`; None = never rewrite);
     ``transport``: httpx transport for the upstream client (tests); ``analyze``: run the

@@ -8,7 +8,8 @@ Order (DESIGN.md, "A request's path" step 4)::
 Each pass is a module exposing ``run(prompt: Prompt, ctx: Context) -> (Prompt, list[Edit])``,
 listed in :data:`PASSES` (plain imports) with the ``RewriteSettings`` switch that turns it on.
 Fail-open, per pass: if a pass raises, or its output breaks an API
-rule its input did not break (:func:`prefixgate.rewriter.validate.introduced`), its output is dropped, its
+rule its input did not break (:func:`prefixgate.rewriter.wire.validate.introduced`), its output is dropped,
+its
 memory updates too, and an ``Edit(applied=False)`` says why; the next pass runs on its input.
 When nothing applied, the caller's body object is returned as is (byte-identical forwarding).
 
@@ -32,7 +33,8 @@ from typing import Any
 
 import orjson
 
-from prefixgate.rewriter import (
+from prefixgate.rewriter.analysis.stable import marked_region, stable_prefix_hash
+from prefixgate.rewriter.passes import (
     breakpoints,
     canonicalize_tools,
     hoist_volatile,
@@ -40,15 +42,14 @@ from prefixgate.rewriter import (
     prune_rag,
     prune_tools,
     stabilise_passages,
-    wire,
-    wire_anthropic,
-    wire_openai,
 )
-from prefixgate.rewriter.ir import Api, Prompt
 from prefixgate.rewriter.region_memo import TailFree
-from prefixgate.rewriter.stable import marked_region, stable_prefix_hash
 from prefixgate.rewriter.types import Context, Edit, RewriteResult
-from prefixgate.rewriter.validate import Violations, new_violations, violations
+from prefixgate.rewriter.wire import anthropic as wire_anthropic
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire import openai as wire_openai
+from prefixgate.rewriter.wire.ir import Api, Prompt
+from prefixgate.rewriter.wire.validate import Violations, new_violations, violations
 
 PassFn = Callable[[Prompt, Context], tuple[Prompt, list[Edit]]]
 UNCHANGED = "left the prompt unchanged"
@@ -123,15 +124,18 @@ class PassSpec:
 
 
 PASSES: tuple[PassSpec, ...] = (
-    PassSpec("canonicalize_tools", "canonicalize_tools", "prefixgate.rewriter.canonicalize_tools",
+    PassSpec("canonicalize_tools", "canonicalize_tools", "prefixgate.rewriter.passes.canonicalize_tools",
              canonicalize_tools.run, canonicalize_tools.READS),
-    PassSpec("hoist_volatile", "hoist_volatile", "prefixgate.rewriter.hoist_volatile", hoist_volatile.run),
-    PassSpec("stabilise_passages", "stabilise_passages", "prefixgate.rewriter.stabilise_passages",
+    PassSpec("hoist_volatile", "hoist_volatile", "prefixgate.rewriter.passes.hoist_volatile",
+             hoist_volatile.run),
+    PassSpec("stabilise_passages", "stabilise_passages", "prefixgate.rewriter.passes.stabilise_passages",
              stabilise_passages.run),
-    PassSpec("prune_tools", "prune_tools", "prefixgate.rewriter.prune_tools", prune_tools.run),
-    PassSpec("prune_rag", "prune_rag", "prefixgate.rewriter.prune_rag", prune_rag.run),
-    PassSpec("prune_history", "prune_history", "prefixgate.rewriter.prune_history", prune_history.run),
-    PassSpec("place_breakpoints", "place_breakpoints", "prefixgate.rewriter.breakpoints", breakpoints.run),
+    PassSpec("prune_tools", "prune_tools", "prefixgate.rewriter.passes.prune_tools", prune_tools.run),
+    PassSpec("prune_rag", "prune_rag", "prefixgate.rewriter.passes.prune_rag", prune_rag.run),
+    PassSpec("prune_history", "prune_history", "prefixgate.rewriter.passes.prune_history",
+             prune_history.run),
+    PassSpec("place_breakpoints", "place_breakpoints", "prefixgate.rewriter.passes.breakpoints",
+             breakpoints.run),
 )
 
 

@@ -48,8 +48,8 @@ from typing import Any
 
 import orjson
 
-from prefixgate.rewriter.ir import Prompt, Tool
 from prefixgate.rewriter.types import Context, Edit
+from prefixgate.rewriter.wire.ir import Prompt, Tool
 
 MAX_BYTES = 32 << 20
 """Default bound: 32 MB of stored tool lists and Edits (~1,500 distinct 20 KB tool sets)."""
@@ -185,7 +185,7 @@ class RegionMemo:
     def stable_hash(self, prompt: Prompt, region: dict[str, Any],
                     compute: Callable[[Prompt], str]) -> str:
         """``compute(prompt)`` (the stable prefix hash), remembered by the digest of ``region``
-        (:func:`prefixgate.rewriter.stable.marked_region`: what the hash is a function of)."""
+        (:func:`prefixgate.rewriter.analysis.stable.marked_region`: what the hash is a function of)."""
         data = exact_bytes(region)
         if data is None:
             return compute(prompt)

@@ -1,6 +1,6 @@
 """Token counts kept across requests: an agent's turn N resends turn N-1's texts (issue 25).
 
-:class:`TokenMemo` wraps a :data:`~prefixgate.rewriter.tokens.TokenCounter` with a memo keyed
+:class:`TokenMemo` wraps a :data:`~prefixgate.rewriter.analysis.tokens.TokenCounter` with a memo keyed
 by the text itself, so it is exact whatever asks (any pass, any prompt): a count is a pure
 function of the text and the encoding. Bounded in characters like session memory is bounded
 in bytes: past :attr:`TokenMemo.max_chars` the least recently used texts go. Texts shorter
@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from prefixgate.rewriter.tokens import TokenCounter
+from prefixgate.rewriter.analysis.tokens import TokenCounter
 
 MIN_CHARS = 64
 MAX_CHARS = 32 << 20

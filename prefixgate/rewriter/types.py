@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from prefixgate.config.schema import RewriteSettings
-from prefixgate.rewriter.tokens import TokenCounter, count_tokens
+from prefixgate.rewriter.analysis.tokens import TokenCounter, count_tokens
 
 Api = Literal["openai", "anthropic"]
 
@@ -67,7 +67,7 @@ class Context:
     by the breakpoint planner where a beta changes caching rules (case B20)."""
     now_s: float | None = None
     """Wall-clock time of the request, seconds (epoch, or simulated time in the simulator);
-    None = unknown: no arrival times are learned (:mod:`prefixgate.rewriter.ttl_choice`)."""
+    None = unknown: no arrival times are learned (:mod:`prefixgate.rewriter.analysis.ttl_choice`)."""
     masks_tools: bool = False
     """The backend masks tool calls at decode time (our local engine honours OpenAI's
     ``allowed_tools`` tool_choice): ``prune_tools`` then keeps the whole tool list (its

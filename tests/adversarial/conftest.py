@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
 from tests.adversarial.hostile import HostileUpstream

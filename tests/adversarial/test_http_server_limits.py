@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.http.server import uvicorn_options
 from tests.proxy.conftest import make_policy

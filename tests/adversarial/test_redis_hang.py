@@ -1,7 +1,7 @@
 """Issue 20 Medium 12: a Redis that accepts connections and never answers stalled each
 rate-limited request 5.6 s (the limiter's own sync client, 5 s timeout, no outage state).
 
-Every Redis user now goes through the app's one :class:`prefixgate.cache.redis_link.RedisLink`
+Every Redis user now goes through the app's one :class:`prefixgate.cache.state.redis_link.RedisLink`
 (``redis.asyncio``, 0.5 s per operation, one outage state): the rate limiter, session memory,
 the shared routing state (breakers, loads). Each is tested against :class:`HungRedis` — a
 loopback TCP server that accepts and never replies — for a bounded time: the first operation
@@ -24,10 +24,10 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.cache.ledger import Ledger
-from prefixgate.cache.redis_link import OP_TIMEOUT_S, RedisLink
-from prefixgate.cache.session_redis import SharedSessionStore
-from prefixgate.cache.shared_state import RedisState
+from prefixgate.cache.ledger.store import Ledger
+from prefixgate.cache.state.redis_link import OP_TIMEOUT_S, RedisLink
+from prefixgate.cache.state.session_redis import SharedSessionStore
+from prefixgate.cache.state.shared_state import RedisState
 from prefixgate.config.schema import AuthSettings, BreakerSettings, ProxyKey
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.http.auth import Guard, KeyStore, hash_key

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.http.auth import hash_key
 from tests.proxy.conftest import make_policy

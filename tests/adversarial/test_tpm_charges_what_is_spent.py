@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.config.schema import AuthSettings, ProxyKey
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.http.auth import Guard, KeyStore, hash_key

@@ -1,5 +1,5 @@
 """A ledger read waits for the rows the proxy has answered for but not yet written, except on
-the thread that will write them (:mod:`prefixgate.cache.announced_rows`, issue 25)."""
+the thread that will write them (:mod:`prefixgate.cache.ledger.announced_rows`, issue 25)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import threading
 import time
 from pathlib import Path
 
-from prefixgate.cache.announced_rows import AnnouncedRows
-from prefixgate.cache.ledger import Ledger, LedgerRow
-from prefixgate.cache.ledger_writer import BatchedLedger
+from prefixgate.cache.ledger.announced_rows import AnnouncedRows
+from prefixgate.cache.ledger.store import Ledger, LedgerRow
+from prefixgate.cache.ledger.writer import BatchedLedger
 
 
 def _announce_then_write(ledger: Ledger, delay_s: float) -> threading.Thread:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from prefixgate.cache.cost import price_outcome
 from prefixgate.cache.provider_models import AnthropicCacheModel, CacheRuleError
+from prefixgate.cache.savings.cost import price_outcome
 from tests.cache.helpers import anthropic_body, text, wc, words
 
 

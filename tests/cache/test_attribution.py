@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from prefixgate.cache.attribution import (
+from prefixgate.cache.ledger.store import Ledger, LedgerRow
+from prefixgate.cache.savings.attribution import (
     UNATTRIBUTED,
     attribute_usd,
     by_technique,
     parse_pass_tokens,
     row_techniques,
 )
-from prefixgate.cache.ledger import Ledger, LedgerRow
-from prefixgate.cache.report import saved_figures
-from prefixgate.cache.savings import savings_document
+from prefixgate.cache.savings.report import saved_figures
+from prefixgate.cache.savings.summary import savings_document
 from prefixgate.config.prices import price_for
 
 PASSES = {"prune_rag": {"reusable": 0, "removed": 1000, "added": 0},

@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 import json
 
-from prefixgate.cache.breaks import BreakDetector, count_by_kind, format_breaks
-from prefixgate.cache.volatile_spans import find_spans, kinds_in_diff, mask
+from prefixgate.cache.savings.break_spans import find_spans, kinds_in_diff, mask
+from prefixgate.cache.savings.breaks import BreakDetector, count_by_kind, format_breaks
 from tests.cache.helpers import wc, words
 from tests.paths import DATA
 
@@ -162,7 +162,7 @@ def test_a_volatile_note_message_at_the_end_moving_on_is_no_break() -> None:
 def test_the_breaks_table_fits_80_columns_and_keeps_every_word() -> None:
     """``report --breaks`` wrapped at 80 columns (issue 22, item 7): long details and excerpts go
     on indented lines, every line fits, no word of the detail is lost."""
-    from prefixgate.cache.breaks import BreakRecord
+    from prefixgate.cache.savings.breaks import BreakRecord
 
     detail = "system text changed at a volatile span (datetime) " * 4
     long = BreakRecord("sess-" + "f" * 40, 12, "volatile_span", "messages", 123, 4, 9, 4096, 123456,
@@ -177,7 +177,7 @@ def test_the_breaks_table_fits_80_columns_and_keeps_every_word() -> None:
 
 
 def test_breaks_lost_to_a_changing_clock_point_at_the_opt_in_move_with_their_tokens() -> None:
-    from prefixgate.cache.breaks import BreakRecord, break_advice
+    from prefixgate.cache.savings.breaks import BreakRecord, break_advice
 
     clock = BreakRecord("a", 2, "volatile_span", "system", 0, 0, 0, 10, 300, "clock changed")
     clock2 = BreakRecord("b", 3, "volatile_span", "system", 0, 0, 0, 20, 250, "clock changed")

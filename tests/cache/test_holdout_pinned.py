@@ -1,4 +1,4 @@
-"""Holdout statistics pinned to hand-computed numbers (issue 21): :mod:`prefixgate.cache.holdout_stats`.
+"""Holdout statistics pinned to hand-computed numbers (issue 21): :mod:`prefixgate.cache.savings.holdout_stats`.
 
 The module docstring is the source of each rule: the four metrics (cached share = sum of
 cached / sum of prompt tokens over requests reporting both; mean prompt cost over priced
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixgate.cache import holdout_stats as hs
-from prefixgate.cache.holdout_stats import (
+from prefixgate.cache.savings import holdout_stats as hs
+from prefixgate.cache.savings.holdout_stats import (
     HELPS,
     HURTS,
     INCONCLUSIVE,

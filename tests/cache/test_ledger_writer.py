@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 
-from prefixgate.cache.ledger import Ledger, LedgerRow
-from prefixgate.cache.ledger_writer import BatchedLedger, open_ledger
+from prefixgate.cache.ledger.store import Ledger, LedgerRow
+from prefixgate.cache.ledger.writer import BatchedLedger, open_ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.config.schema import LedgerSettings
 from prefixgate.proxy.app import build_app

@@ -1,4 +1,4 @@
-"""The batched ledger writer pinned point by point (issue 21): :mod:`prefixgate.cache.ledger_writer`.
+"""The batched ledger writer pinned point by point (issue 21): :mod:`prefixgate.cache.ledger.writer`.
 
 Source: its module docstring — rows queued by ``write`` and committed by the writer thread,
 woken when a batch starts, up to ``MAX_BATCH`` rows per transaction, in order; ``flush`` waits
@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from prefixgate.cache import ledger_writer as lw
-from prefixgate.cache.ledger import LedgerRow
-from prefixgate.cache.ledger_writer import BatchedLedger
+from prefixgate.cache.ledger import writer as lw
+from prefixgate.cache.ledger.store import LedgerRow
+from prefixgate.cache.ledger.writer import BatchedLedger
 from tests.cache.hang_guard import hang_guard  # noqa: F401  (autouse: a hung writer fails fast)
 
 
@@ -259,12 +259,12 @@ def test_open_ledger_picks_the_kind_the_policy_asks_for(tmp_path: Path, monkeypa
     plain = lw.open_ledger(LedgerSettings(path=str(tmp_path / "b.sqlite"), batch_writes=False, replica="r2"))
     assert type(plain) is lw.Ledger and plain.replica == "r2" and plain.path == str(tmp_path / "b.sqlite")
     plain.close()
-    from prefixgate.cache import ledger_pg
+    from prefixgate.cache.ledger import pg as ledger_pg
 
     pg = LedgerSettings(path=str(tmp_path / "c.sqlite"), url="postgresql://127.0.0.1:1/x", replica="r3")
     monkeypatch.setattr(ledger_pg.PgLedger, "from_settings", classmethod(lambda cls, st: ("pg", st)))
     assert lw.open_ledger(pg) == ("pg", pg)  # the url wins over path / batch_writes
-    monkeypatch.setitem(__import__("sys").modules, "prefixgate.cache.ledger_pg", None)  # psycopg missing
+    monkeypatch.setitem(__import__("sys").modules, "prefixgate.cache.ledger.pg", None)  # psycopg missing
     with pytest.raises(RuntimeError, match=r"ledger.url needs psycopg 3 and psycopg_pool: "
                                            r"pip install 'prefixgate\[postgres\]'"):
         lw.open_ledger(LedgerSettings(path=str(tmp_path / "c.sqlite"), url="postgresql://127.0.0.1/x"))
@@ -329,8 +329,8 @@ def test_a_process_that_never_closed_its_ledger_exits_with_its_rows_written(tmp_
     from tests.paths import REPO
 
     path = tmp_path / "l.sqlite"
-    code = ("from prefixgate.cache.ledger_writer import BatchedLedger\n"
-            "from prefixgate.cache.ledger import LedgerRow\n"
+    code = ("from prefixgate.cache.ledger.writer import BatchedLedger\n"
+            "from prefixgate.cache.ledger.store import LedgerRow\n"
             "import threading\n"
             f"led = BatchedLedger({str(path)!r})\n"
             "with led._cv:\n"

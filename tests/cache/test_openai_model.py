@@ -4,9 +4,9 @@ retention") and the cookbook https://developers.openai.com/cookbook/examples/pro
 
 from __future__ import annotations
 
-from prefixgate.cache.cost import price_outcome
 from prefixgate.cache.provider_models import OpenAICacheModel
 from prefixgate.cache.provider_models.openai import cached_tokens_for_match
+from prefixgate.cache.savings.cost import price_outcome
 from tests.cache.helpers import wc, words
 
 

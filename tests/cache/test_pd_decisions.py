@@ -9,9 +9,9 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from prefixgate.cache.ledger import Ledger, LedgerRow
-from prefixgate.cache.pd_decisions import pd_decision, pd_summary
-from prefixgate.cache.savings import savings_document
+from prefixgate.cache.ledger.store import Ledger, LedgerRow
+from prefixgate.cache.savings.pd_decisions import pd_decision, pd_summary
+from prefixgate.cache.savings.summary import savings_document
 from prefixgate.proxy.cli import app
 
 DEPLOYMENTS = ["fleet/pd-split:split", "fleet/pd-colocate:prefix_hit",

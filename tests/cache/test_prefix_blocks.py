@@ -5,14 +5,14 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixgate.cache.prefix_blocks import (
+from prefixgate.cache.provider_models.block_trie import BlockTrie
+from prefixgate.cache.savings.prefix_blocks import (
     anthropic_blocks,
     chain_hashes,
     common_prefix_len,
     detect_api,
     openai_blocks,
 )
-from prefixgate.cache.provider_models.block_trie import BlockTrie
 from tests.cache.helpers import wc
 
 TOOL_A = {"name": "get_weather", "description": "d",

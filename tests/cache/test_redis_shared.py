@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.cache.redis_link import RETRY_EVERY_S, RedisLink
-from prefixgate.cache.shared_state import LocalState, RedisState
+from prefixgate.cache.state.redis_link import RETRY_EVERY_S, RedisLink
+from prefixgate.cache.state.shared_state import LocalState, RedisState
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
 from tests.proxy.upstream import Script, ScriptedUpstream, completion

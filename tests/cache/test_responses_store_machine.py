@@ -1,5 +1,5 @@
 """The response store's bounds, pinned (issue 21): :class:`MemoryResponseStore` of
-:mod:`prefixgate.cache.responses_store`.
+:mod:`prefixgate.cache.state.responses_store`.
 
 Its docstring is the source: an LRU bounded in entries, in JSON bytes (the least recently used
 go first) and in age (``ttl_s`` since stored: an older entry reads as absent); a response larger
@@ -19,8 +19,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from prefixgate.cache import responses_store as rs
-from prefixgate.cache.responses_store import MemoryResponseStore, StoredResponse
+from prefixgate.cache.state import responses_store as rs
+from prefixgate.cache.state.responses_store import MemoryResponseStore, StoredResponse
 
 
 @pytest.fixture

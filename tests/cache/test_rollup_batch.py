@@ -1,5 +1,5 @@
 """A batch folded into the rollups at once stores what row-by-row upserts store
-(:func:`prefixgate.cache.rollup.upsert_many`, the batched ledger writer's path, issue 25)."""
+(:func:`prefixgate.cache.ledger.rollup.upsert_many`, the batched ledger writer's path, issue 25)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import asdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixgate.cache import rollup
-from prefixgate.cache.ledger import LedgerRow
+from prefixgate.cache.ledger import rollup
+from prefixgate.cache.ledger.store import LedgerRow
 
 _rows = st.lists(st.builds(
     LedgerRow,

@@ -1,4 +1,4 @@
-"""Per-minute rollups pinned to hand-computed numbers (issue 21): :mod:`prefixgate.cache.rollup`.
+"""Per-minute rollups pinned to hand-computed numbers (issue 21): :mod:`prefixgate.cache.ledger.rollup`.
 
 Every field of ``fold`` on small rows (the module docstring's table is the source of each
 rule), ``merge``'s arithmetic, the histogram buckets at their edges, ``hist_percentile``
@@ -14,7 +14,7 @@ import sqlite3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixgate.cache import rollup
+from prefixgate.cache.ledger import rollup
 
 ROW = {"ts": 125, "route": "r", "model": "m", "backend": "b", "status": "ok",
        "prompt_tokens": 3000, "cached_tokens": 2048, "cache_write_tokens": 500,
@@ -29,7 +29,7 @@ def test_fold_of_a_full_row_field_by_field() -> None:
     169.407)); TPOT 12 ms in bucket 12 ([11.642, 14.552)). Rewritten (edits) with a
     counterfactual: modelled. No pass credited (``pass_tokens`` empty): the 2048 - 1024 = 1024
     tokens of cache reuse gained are the ``unattributed`` technique's (the parts add up to the
-    saving, :mod:`prefixgate.cache.attribution`); no pass added tokens."""
+    saving, :mod:`prefixgate.cache.savings.attribution`); no pass added tokens."""
     assert rollup.fold(ROW) == {
         "requests": 1, "errors": 0, "no_usage": 0, "holdout": 0,
         "prompt_tokens": 3000, "output_tokens": 40, "pruned_tokens": 120,

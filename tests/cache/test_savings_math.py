@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from prefixgate.cache import rollup
-from prefixgate.cache.holdout_stats import (
+from prefixgate.cache.ledger import rollup
+from prefixgate.cache.ledger.store import Ledger, LedgerRow
+from prefixgate.cache.savings.holdout_stats import (
     HELPS,
     INCONCLUSIVE,
     MIN_PER_ARM,
@@ -18,8 +19,7 @@ from prefixgate.cache.holdout_stats import (
     compare,
     holdout_report,
 )
-from prefixgate.cache.ledger import Ledger, LedgerRow
-from prefixgate.cache.savings import savings_document, slo_table
+from prefixgate.cache.savings.summary import savings_document, slo_table
 from prefixgate.config.schema import Slo, SloSettings
 
 

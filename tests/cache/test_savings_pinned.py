@@ -1,4 +1,4 @@
-"""The ``/api/savings`` figures pinned to hand-computed numbers (issue 21): :mod:`prefixgate.cache.savings`.
+"""The ``/api/savings`` figures pinned to hand-computed numbers (issue 21): :mod:`prefixgate.cache.savings.summary`.
 
 Source of each rule: the module docstring (``saved_usd = cf_input_usd - input_usd`` over
 requests priced both ways; ``saved_tokens = (cached - cf_cached) + pruned``; None is "not
@@ -20,10 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixgate.cache import rollup
-from prefixgate.cache import savings as sv
-from prefixgate.cache.holdout_stats import holdout_report
-from prefixgate.cache.ledger import Ledger, LedgerRow
+from prefixgate.cache.ledger import rollup
+from prefixgate.cache.ledger.store import Ledger, LedgerRow
+from prefixgate.cache.savings import summary as sv
+from prefixgate.cache.savings.holdout_stats import holdout_report
 from prefixgate.config.schema import HoldoutSettings, Slo, SloSettings
 
 
@@ -233,7 +233,7 @@ def test_saved_tokens_are_monotone_in_pruned_tokens(rows: list[dict], i: int, mo
 
 
 def _ledger_row(**kw: object) -> dict:
-    """A row as :func:`prefixgate.cache.savings.range_rows` returns it: every column, None unless given."""
+    """A row as :func:`prefixgate.cache.savings.summary.range_rows` returns it: every column, None unless given."""
     return {**dict.fromkeys(sv.ROW_COLUMNS), "status": "ok", **kw}
 
 
@@ -394,7 +394,7 @@ def test_totals_keep_8_decimals_of_dollars_and_3_of_milliseconds_and_subtract_ad
 
 def test_series_keeps_8_decimals_of_dollars_and_3_of_tpot_percentiles() -> None:
     """Saved $0.0060000123 - $0.003 = $0.00300001; a TPOT histogram of 2 requests in bucket 3
-    and 1 in bucket 5 (:data:`prefixgate.cache.rollup.LAT_EDGES_MS`) has p50 1.85525 -> 1.855."""
+    and 1 in bucket 5 (:data:`prefixgate.cache.ledger.rollup.LAT_EDGES_MS`) has p50 1.85525 -> 1.855."""
     d = {"requests": 3, "priced": 1, "input_usd": 0.003, "cf_input_usd": 0.0060000123,
          "tpot": {"3": 2, "5": 1}}
     s = sv.series(0, [d], 60)

@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from prefixgate.cache.session import (
+from prefixgate.cache.state.session import (
     ENTRY_OVERHEAD_BYTES,
     MemorySessionStore,
     fit,
     json_bytes,
     value_bytes,
 )
-from prefixgate.rewriter import hoist_volatile, wire
-from prefixgate.rewriter.learned_volatility import LINE_DIGEST_CHARS, MAX_TRACKED_LINES, unpack
+from prefixgate.rewriter.analysis.learned_volatility import LINE_DIGEST_CHARS, MAX_TRACKED_LINES, unpack
+from prefixgate.rewriter.passes import hoist_volatile
+from prefixgate.rewriter.wire import codec as wire
 from tests.rewriter.helpers import ctx
 
 

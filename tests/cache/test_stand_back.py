@@ -1,4 +1,4 @@
-"""Stand back where rewriting does not pay (:mod:`prefixgate.cache.stand_back`), unit level: the
+"""Stand back where rewriting does not pay (:mod:`prefixgate.cache.savings.stand_back`), unit level: the
 verdict's rules one by one, and the judge's bounds in time and rows."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 import random
 from typing import Any
 
-from prefixgate.cache.stand_back import RouteJudge, costly_passes, judge, saved_tokens
+from prefixgate.cache.savings.stand_back import RouteJudge, costly_passes, judge, saved_tokens
 
 HOIST = {"hoist_volatile": {"reusable": 0, "removed": 0, "added": 40},
          "canonicalize_tools": {"reusable": 0, "removed": 0, "added": 0}}

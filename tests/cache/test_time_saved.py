@@ -1,4 +1,4 @@
-"""Prefill time saved (issue 19, item 8): ``prefixgate/cache/time_saved.py``, the savings document
+"""Prefill time saved (issue 19, item 8): ``prefixgate/cache/savings/time_saved.py``, the savings document
 and the report's figures over it."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from prefixgate.cache.holdout_stats import MIN_PER_ARM
-from prefixgate.cache.ledger import Ledger, LedgerRow
-from prefixgate.cache.report import group_figures, saved_figures
-from prefixgate.cache.savings import savings_document
-from prefixgate.cache.time_saved import (
+from prefixgate.cache.ledger.store import Ledger, LedgerRow
+from prefixgate.cache.savings.holdout_stats import MIN_PER_ARM
+from prefixgate.cache.savings.report import group_figures, saved_figures
+from prefixgate.cache.savings.summary import savings_document
+from prefixgate.cache.savings.time_saved import (
     MIN_UNCACHED,
     fit_rate,
     holdout_ttft_saved_s,

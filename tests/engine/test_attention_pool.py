@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefixgate.local_engine.attention import AttnMeta, attend, decode_group, prefill_group
-from prefixgate.local_engine.kv_pool import KVPool, PoolExhausted, ReqToTokenTable
+from prefixgate.local_engine.kv.pool import KVPool, PoolExhausted, ReqToTokenTable
+from prefixgate.local_engine.model.attention import AttnMeta, attend, decode_group, prefill_group
 
 
 def naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cached: int) -> torch.Tensor:

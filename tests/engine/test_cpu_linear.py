@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prefixgate.local_engine import cpu_linear
-from prefixgate.local_engine.api_types import SamplingParams
+from prefixgate.local_engine.model.quant import cpu_linear
+from prefixgate.local_engine.sched.api_types import SamplingParams
 
 pytestmark = pytest.mark.skipif(not cpu_linear.available(torch.device("cpu"), torch.float32),
                                 reason="torch without oneDNN")

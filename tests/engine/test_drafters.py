@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from prefixgate.local_engine.api_types import SamplingParams
-from prefixgate.local_engine.drafters import ChainDrafter, Draft, NgramDrafter, SuffixDrafter, SuffixIndex
-from prefixgate.local_engine.sequence import Sequence
+from prefixgate.local_engine.sched.api_types import SamplingParams
+from prefixgate.local_engine.sched.sequence import Sequence
+from prefixgate.local_engine.spec.drafters import (
+    ChainDrafter,
+    Draft,
+    NgramDrafter,
+    SuffixDrafter,
+    SuffixIndex,
+)
 
 
 def req(rid: str, ids: list[int], extra_key: bytes | None = None) -> Sequence:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from prefixgate.local_engine.api_types import PromptTooLong, SamplingParams
+from prefixgate.local_engine.sched.api_types import PromptTooLong, SamplingParams
 from tests.tiny_model import real_model_dir
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)

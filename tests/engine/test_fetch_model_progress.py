@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from prefixgate.local_engine import fetch_model
+from prefixgate.local_engine.model import fetch as fetch_model
 
 
 def test_each_long_step_is_announced_then_timed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

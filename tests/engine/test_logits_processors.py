@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from prefixgate.local_engine.api_types import SamplingParams
-from prefixgate.local_engine.sampler import prepare_row
+from prefixgate.local_engine.sched.api_types import SamplingParams
+from prefixgate.local_engine.sched.sampler import prepare_row
 
 
 class Forcer:

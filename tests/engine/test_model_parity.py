@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from prefixgate.local_engine.api_types import SamplingParams
+from prefixgate.local_engine.sched.api_types import SamplingParams
 from tests.tiny_model import make_tiny_model_dir, real_model_dir
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
@@ -82,7 +82,7 @@ def test_llama3_rope_frequencies_match_transformers() -> None:
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from prefixgate.local_engine.model import ModelArgs, rope_inv_freq
+    from prefixgate.local_engine.model.llama import ModelArgs, rope_inv_freq
 
     cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, rope_parameters={
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefixgate.local_engine.api_types import SamplingParams
+from prefixgate.local_engine.sched.api_types import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 SYSTEM = list(range(1000, 1100))  # a 100-token shared "system prompt"

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prefixgate.local_engine.api_types import SamplingParams
-from prefixgate.local_engine.quant import Int8Linear
+from prefixgate.local_engine.model.quant.int8 import Int8Linear
+from prefixgate.local_engine.sched.api_types import SamplingParams
 
 
 def test_per_channel_scales_bound_the_weight_error() -> None:

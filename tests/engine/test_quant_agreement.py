@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from prefixgate.local_engine.model import load_model
-from prefixgate.local_engine.quant import KINDS, Int8Linear, quantize_model
-from prefixgate.local_engine.quant_sensitivity import agreement, first_token_agreement
+from prefixgate.local_engine.model.llama import load_model
+from prefixgate.local_engine.model.quant.int8 import KINDS, Int8Linear, quantize_model
+from prefixgate.local_engine.model.quant.sensitivity import agreement, first_token_agreement
 
 
 def test_first_token_agreement_is_the_share_of_prompts_with_the_same_token() -> None:

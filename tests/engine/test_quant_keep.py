@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prefixgate.local_engine import quant_sensitivity
-from prefixgate.local_engine.model import load_model
-from prefixgate.local_engine.quant import Int8Linear, quantize_model
-from prefixgate.local_engine.quant_sensitivity import edge_layers, kept_layers, prefill
+from prefixgate.local_engine.model.llama import load_model
+from prefixgate.local_engine.model.quant import sensitivity as quant_sensitivity
+from prefixgate.local_engine.model.quant.int8 import Int8Linear, quantize_model
+from prefixgate.local_engine.model.quant.sensitivity import edge_layers, kept_layers, prefill
 
 INT8_REL_TOL = 0.03  # ‖int8 − fp32‖ / ‖fp32‖ of one layer's product (measured ≤ 0.02 here)
 IDS = [1, 504, 3287, 314, 253, 1345, 28, 2683, 30, 7, 4199, 198, 88, 1020, 12, 40000, 9, 301]
@@ -97,7 +97,7 @@ def test_the_measured_ranking_is_the_sensitivity_runs() -> None:
 
 def test_engine_int8_keeps_the_measured_layers_not_the_ends(make_engine: Any,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    from prefixgate.local_engine.api_types import EngineConfig
+    from prefixgate.local_engine.sched.api_types import EngineConfig
 
     assert EngineConfig(model_path="m").quant_fp32_layers == 6  # the chosen default
     monkeypatch.setitem(quant_sensitivity.MEASURED_SENSITIVITY, (2, 64), (0,))

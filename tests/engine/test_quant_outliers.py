@@ -9,16 +9,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prefixgate.local_engine import screened_head
-from prefixgate.local_engine.model import load_model
-from prefixgate.local_engine.quant import (
+from prefixgate.local_engine.model.llama import load_model
+from prefixgate.local_engine.model.quant import screened_head
+from prefixgate.local_engine.model.quant.int8 import (
     CALIBRATION_TOKENS,
     Int8Linear,
     activation_channel_max,
     calibration_ids,
     quantize_model,
 )
-from prefixgate.local_engine.quant_sensitivity import prefill
+from prefixgate.local_engine.model.quant.sensitivity import prefill
 
 IDS = [1, 504, 3287, 314, 253, 1345, 28, 2683, 30, 7, 4199, 198, 88, 1020, 12, 40000, 9, 301]
 

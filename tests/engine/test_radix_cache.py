@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from prefixgate.local_engine.radix_cache import CacheHandle, RadixCache, common_prefix_len
+from prefixgate.local_engine.kv.radix_cache import CacheHandle, RadixCache, common_prefix_len
 
 
 def test_match_returns_longest_prefix_and_its_slots() -> None:

@@ -3,7 +3,7 @@ them in only a few seeds). A bug in any of these frees the KV slots of a running
 
 from __future__ import annotations
 
-from prefixgate.local_engine.radix_cache import RadixCache
+from prefixgate.local_engine.kv.radix_cache import RadixCache
 
 
 def _cache_with(*seqs: list[int]) -> RadixCache:

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 import torch
 
-from prefixgate.local_engine.api_types import SamplingParams
-from prefixgate.local_engine.drafters import Draft, NgramDrafter
-from prefixgate.local_engine.sampler import SamplingError, adjust_logits
-from prefixgate.local_engine.spec_decode import SpecDecoder
+from prefixgate.local_engine.sched.api_types import SamplingParams
+from prefixgate.local_engine.sched.sampler import SamplingError, adjust_logits
+from prefixgate.local_engine.spec.decode import SpecDecoder
+from prefixgate.local_engine.spec.drafters import Draft, NgramDrafter
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 SEEDED = SamplingParams(max_tokens=10, temperature=0.9, seed=11, ignore_eos=True)

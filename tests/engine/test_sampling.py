@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from prefixgate.local_engine.api_types import RequestOutput, SamplingParams
-from prefixgate.local_engine.detokenizer import IncrementalDetokenizer
-from prefixgate.local_engine.sampler import filter_logits, make_generator, sample
+from prefixgate.local_engine.sched.api_types import RequestOutput, SamplingParams
+from prefixgate.local_engine.sched.detokenizer import IncrementalDetokenizer
+from prefixgate.local_engine.sched.sampler import filter_logits, make_generator, sample
 
 PROMPT = list(range(700, 712))
 

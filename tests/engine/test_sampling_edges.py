@@ -18,8 +18,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixgate.local_engine.api_types import InvalidSamplingParam, SamplingParams
-from prefixgate.local_engine.sampler import (
+from prefixgate.local_engine.sched.api_types import InvalidSamplingParam, SamplingParams
+from prefixgate.local_engine.sched.sampler import (
     TEMPERATURE_FLOOR,
     SamplingError,
     adjust_logits,

@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from prefixgate.local_engine.api_types import SamplingParams
-from prefixgate.local_engine.sequence import Sequence
+from prefixgate.local_engine.sched.api_types import SamplingParams
+from prefixgate.local_engine.sched.sequence import Sequence
 
 PARAMS = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 

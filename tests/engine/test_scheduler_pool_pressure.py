@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefixgate.local_engine.api_types import SamplingParams
-from prefixgate.local_engine.kv_pool import KVPool, PoolExhausted, ReqToTokenTable
-from prefixgate.local_engine.radix_cache import RadixCache, TreeNode
-from prefixgate.local_engine.scheduler import Scheduler
-from prefixgate.local_engine.sequence import Sequence, Status
+from prefixgate.local_engine.kv.pool import KVPool, PoolExhausted, ReqToTokenTable
+from prefixgate.local_engine.kv.radix_cache import RadixCache, TreeNode
+from prefixgate.local_engine.sched.api_types import SamplingParams
+from prefixgate.local_engine.sched.scheduler import Scheduler
+from prefixgate.local_engine.sched.sequence import Sequence, Status
 
 CPU = torch.device("cpu")
 TOKEN = 7

@@ -15,9 +15,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prefixgate.local_engine.drafters import Draft
-from prefixgate.local_engine.scheduler import LPM_MAX_QUEUE, Scheduler
-from prefixgate.local_engine.sequence import Sequence, Status
+from prefixgate.local_engine.sched.scheduler import LPM_MAX_QUEUE, Scheduler
+from prefixgate.local_engine.sched.sequence import Sequence, Status
+from prefixgate.local_engine.spec.drafters import Draft
 from tests.engine.test_scheduler_pool_pressure import TOKEN, conserved, make, request, run_all, step
 
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prefixgate.local_engine import screened_head
-from prefixgate.local_engine.api_types import SamplingParams
-from prefixgate.local_engine.screened_head import ScreenedHead
+from prefixgate.local_engine.model.quant import screened_head
+from prefixgate.local_engine.model.quant.screened_head import ScreenedHead
+from prefixgate.local_engine.sched.api_types import SamplingParams
 
 pytestmark = pytest.mark.skipif(not screened_head.available(torch.zeros(1, 1)),
                                 reason="torch without fbgemm's dynamic int8 linear")

@@ -1,4 +1,4 @@
-"""The screened LM head against inputs built to break it (:mod:`prefixgate.local_engine.screened_head`).
+"""The screened LM head against inputs built to break it (:mod:`prefixgate.local_engine.model.quant.screened_head`).
 
 Its promise: each row's argmax is the full head's, exactly. Two ways an unsound screen breaks
 it, each built here on purpose:
@@ -21,8 +21,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prefixgate.local_engine import cpu_linear, screened_head
-from prefixgate.local_engine.screened_head import ScreenedHead
+from prefixgate.local_engine.model.quant import cpu_linear, screened_head
+from prefixgate.local_engine.model.quant.screened_head import ScreenedHead
 
 pytestmark = pytest.mark.skipif(not screened_head.available(torch.zeros(1, 1)),
                                 reason="torch without fbgemm's dynamic int8 linear")

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from prefixgate.local_engine.api_types import SamplingParams
-from prefixgate.local_engine.sampler import probs_of, sample
+from prefixgate.local_engine.sched.api_types import SamplingParams
+from prefixgate.local_engine.sched.sampler import probs_of, sample
 from tests.tiny_model import make_tiny_model_dir
 
 # χ² critical values at α = 0.001 by degrees of freedom (NIST/SEMATECH e-Handbook 1.3.6.7.4)

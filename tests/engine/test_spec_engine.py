@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from prefixgate.local_engine.api_types import SamplingParams
+from prefixgate.local_engine.sched.api_types import SamplingParams
 from tests.tiny_model import make_tiny_model_dir
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)

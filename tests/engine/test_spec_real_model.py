@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from prefixgate.local_engine.api_types import SamplingParams
+from prefixgate.local_engine.sched.api_types import SamplingParams
 from tests.tiny_model import real_model_dir
 
 TOOL = ('{"reservation_id": "ZFA04Y", "user_id": "mia_li_3668", "origin": "JFK", '

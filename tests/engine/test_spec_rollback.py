@@ -13,9 +13,9 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prefixgate.local_engine.drafters import Draft
-from prefixgate.local_engine.scheduler import Scheduler
-from prefixgate.local_engine.sequence import Sequence
+from prefixgate.local_engine.sched.scheduler import Scheduler
+from prefixgate.local_engine.sched.sequence import Sequence
+from prefixgate.local_engine.spec.drafters import Draft
 from tests.engine.test_scheduler_pool_pressure import TOKEN, _tree_slots, conserved, make, request
 
 ACCEPTED, REJECTED = 8, 999

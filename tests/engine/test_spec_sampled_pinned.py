@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from prefixgate.local_engine.drafters import Draft
-from prefixgate.local_engine.spec_decode import verify_sampled
+from prefixgate.local_engine.spec.decode import verify_sampled
+from prefixgate.local_engine.spec.drafters import Draft
 
 V = 6
 N = 1000  # acceptance frequencies: binomial sd <= 0.016, every bound below is >= 3.5 sd wide

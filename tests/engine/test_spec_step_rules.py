@@ -17,17 +17,17 @@ import logging
 import pytest
 import torch
 
-from prefixgate.local_engine.api_types import SamplingParams
-from prefixgate.local_engine.drafters import Draft
-from prefixgate.local_engine.sampler import SamplingError
-from prefixgate.local_engine.sequence import Sequence
-from prefixgate.local_engine.spec_decode import (
+from prefixgate.local_engine.sched.api_types import SamplingParams
+from prefixgate.local_engine.sched.sampler import SamplingError
+from prefixgate.local_engine.sched.sequence import Sequence
+from prefixgate.local_engine.spec.decode import (
     SpecDecoder,
     SpecMetrics,
     choose_k_cap,
     expected_tokens,
     interpolate,
 )
+from prefixgate.local_engine.spec.drafters import Draft
 
 GREEDY = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
 V = 16  # vocabulary of the hand-made logits rows

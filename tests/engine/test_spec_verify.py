@@ -11,8 +11,8 @@ from collections import Counter
 
 import torch
 
-from prefixgate.local_engine.drafters import Draft
-from prefixgate.local_engine.spec_decode import verify_greedy, verify_sampled
+from prefixgate.local_engine.spec.decode import verify_greedy, verify_sampled
+from prefixgate.local_engine.spec.drafters import Draft
 
 # χ² critical value, 7 degrees of freedom, α = 0.001 (NIST/SEMATECH e-Handbook, table 1.3.6.7.4)
 CHI2_7DF_999 = 24.322
@@ -89,7 +89,7 @@ def test_greedy_accepts_the_argmax_prefix_and_corrects_the_first_miss() -> None:
 
 
 def test_expected_tokens_follows_the_geometric_series() -> None:
-    from prefixgate.local_engine.spec_decode import expected_tokens
+    from prefixgate.local_engine.spec.decode import expected_tokens
 
     assert expected_tokens(0.5, 0) == 1.0
     assert expected_tokens(1.0, 4) == 5.0
@@ -97,7 +97,7 @@ def test_expected_tokens_follows_the_geometric_series() -> None:
 
 
 def test_k_cap_drafts_on_a_flat_curve_and_stops_on_a_steep_one() -> None:
-    from prefixgate.local_engine.spec_decode import choose_k_cap
+    from prefixgate.local_engine.spec.decode import choose_k_cap
 
     flat = [(1, 50.0), (8, 60.0), (32, 90.0)]   # memory-bound: extra rows nearly free
     steep = [(1, 50.0), (2, 100.0), (8, 400.0)]  # compute-bound: cost grows with every row

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from prefixgate.local_engine.api_types import SamplingParams
-from prefixgate.local_engine.suffix_index import SuffixIndex
+from prefixgate.local_engine.sched.api_types import SamplingParams
+from prefixgate.local_engine.spec.suffix_index import SuffixIndex
 
 BUDGET = 2 << 20  # bytes
 UNBOUNDED = {"max_bytes": 1 << 40, "max_namespaces": 1 << 30}

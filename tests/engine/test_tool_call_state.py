@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from prefixgate.local_engine.tool_call_state import ToolContext, next_literal, tool_context_or_none
+from prefixgate.local_engine.sched.tool_call_state import ToolContext, next_literal, tool_context_or_none
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_user_details", "parameters": {

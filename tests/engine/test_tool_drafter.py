@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
-from prefixgate.local_engine.api_types import SamplingParams
-from prefixgate.local_engine.sequence import Sequence
+from prefixgate.local_engine.sched.api_types import SamplingParams
+from prefixgate.local_engine.sched.sequence import Sequence
 from prefixgate.local_engine.server.chat import encode_chat
-from prefixgate.local_engine.tool_drafter import ToolSchemaDrafter
+from prefixgate.local_engine.spec.tool_drafter import ToolSchemaDrafter
 
 TOOLS = [{"type": "function", "function": {"name": "get_user_details", "parameters": {
     "type": "object", "properties": {"user_id": {"type": "string"}}, "required": ["user_id"]}}},
@@ -63,8 +63,8 @@ def test_no_tools_no_draft_and_release_forgets(tok: Any) -> None:
 
 
 def test_tools_drafter_needs_a_tokenizer() -> None:
-    from prefixgate.local_engine.api_types import EngineConfig
-    from prefixgate.local_engine.spec_factory import build_spec_decoder
+    from prefixgate.local_engine.sched.api_types import EngineConfig
+    from prefixgate.local_engine.spec.factory import build_spec_decoder
 
     with pytest.raises(ValueError, match="tokenizer"):
         build_spec_decoder(EngineConfig(model_path="x", speculative="tools"), None,  # type: ignore[arg-type]

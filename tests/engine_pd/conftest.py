@@ -62,7 +62,7 @@ class LoopbackLink:
 
     def send(self, transfer_id: int, start: int, tokens: list[int], extra_key: bytes | None,
              fill: Callable[[torch.Tensor], None]) -> None:
-        from prefixgate.local_engine.pd_link import LinkDead, Received
+        from prefixgate.local_engine.pd.link import LinkDead, Received
 
         lay = self.layout
         view = torch.zeros(lay.layers, 2, len(tokens) - start, lay.heads, lay.head_dim,

@@ -10,7 +10,7 @@ import torch
 def run_prefill(init_method: str, heads: int, mode: str, ready: object = None) -> None:
     """Pair as rank 0; ``mode`` ``send``: send one transfer then close; ``vanish``: exit
     without a word after pairing (a lost peer); ``mismatch``: pair with another layout."""
-    from prefixgate.local_engine.pd_link import KVLayout, LinkDead, PDLink
+    from prefixgate.local_engine.pd.link import KVLayout, LinkDead, PDLink
 
     layout = KVLayout(2, heads, 4, 1, torch.float32, 64)
     link = PDLink("prefill", init_method, layout, torch.device("cpu"),

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefixgate.local_engine.kv_pool import KVPool
-from prefixgate.local_engine.pd_kv_io import (
+from prefixgate.local_engine.kv.pool import KVPool
+from prefixgate.local_engine.kv.radix_cache import RadixCache
+from prefixgate.local_engine.pd.kv_io import (
     ImportedPrefix,
     ImportReservation,
     cancel_import,
@@ -19,7 +20,6 @@ from prefixgate.local_engine.pd_kv_io import (
     reserve_import,
     write_import,
 )
-from prefixgate.local_engine.radix_cache import RadixCache
 
 L, H, D = 2, 2, 4
 

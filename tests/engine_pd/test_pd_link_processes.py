@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from prefixgate.local_engine.pd_link import KVLayout, LinkDead, PDLink, Received
+from prefixgate.local_engine.pd.link import KVLayout, LinkDead, PDLink, Received
 from tests.engine_pd.pd_link_peer import run_prefill
 
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from prefixgate.local_engine import pd_roles
-from prefixgate.local_engine.api_types import SamplingParams
-from prefixgate.local_engine.pd_link import LinkDead
-from prefixgate.local_engine.pd_roles import DecodeRole, PrefillRole
+from prefixgate.local_engine.pd import roles as pd_roles
+from prefixgate.local_engine.pd.link import LinkDead
+from prefixgate.local_engine.pd.roles import DecodeRole, PrefillRole
+from prefixgate.local_engine.sched.api_types import SamplingParams
 from prefixgate.local_engine.server.pd_setup import layout_of
 from tests.engine_pd.conftest import LoopbackLink
 

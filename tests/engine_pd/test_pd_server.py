@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from prefixgate.local_engine.pd_roles import DecodeRole, PrefillRole
+from prefixgate.local_engine.pd.roles import DecodeRole, PrefillRole
 from prefixgate.local_engine.server import build_app
 from prefixgate.local_engine.server.pd_handoff import PDHandoff
 from prefixgate.local_engine.server.pd_setup import layout_of

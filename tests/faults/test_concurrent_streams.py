@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
 from tests.faults.conftest import STALL_S

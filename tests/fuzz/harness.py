@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
 from tests.fuzz.answers import answer_tool, anthropic_answer, openai_answer

@@ -18,7 +18,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from tests.fuzz.harness import RecordingUpstream, fuzz_app
 from tests.fuzz.jsontext import loads
 from tests.fuzz.known_defects import uncovered

@@ -8,9 +8,9 @@ import socket
 from collections.abc import Callable
 
 from prefixgate.config.routing import KVEventsSettings
-from prefixgate.local_engine.kv_event_publisher import KVEventPublisher
-from prefixgate.local_engine.kv_events import KVEventRecorder
-from prefixgate.local_engine.radix_cache import RadixCache
+from prefixgate.local_engine.kv.events import KVEventRecorder
+from prefixgate.local_engine.kv.publisher import KVEventPublisher
+from prefixgate.local_engine.kv.radix_cache import RadixCache
 
 
 def free_port() -> int:

@@ -8,7 +8,7 @@ import hashlib
 import cbor2
 import pytest
 
-from prefixgate.local_engine import kv_block_hash as engine_hash
+from prefixgate.local_engine.kv import block_hash as engine_hash
 from prefixgate.proxy.routing import kv_hash as router_hash
 
 TOKENS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]

@@ -67,7 +67,7 @@ def test_no_hub_no_samples() -> None:
 
 
 async def test_the_apps_metrics_show_its_streams(published: Published) -> None:
-    from prefixgate.cache.ledger import Ledger
+    from prefixgate.cache.ledger.store import Ledger
     from prefixgate.config.loader import parse_policy
     from prefixgate.proxy.app import build_app
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from prefixgate.local_engine.kv_block_hash import block_digests, wire_hash
-from prefixgate.local_engine.kv_events import KVEventRecorder
-from prefixgate.local_engine.radix_cache import RadixCache, TreeNode
+from prefixgate.local_engine.kv.block_hash import block_digests, wire_hash
+from prefixgate.local_engine.kv.events import KVEventRecorder
+from prefixgate.local_engine.kv.radix_cache import RadixCache, TreeNode
 
 
 def _tree_blocks(tree: RadixCache, rec: KVEventRecorder) -> set[int]:
@@ -99,7 +99,7 @@ def test_snapshot_rebuilds_the_held_set() -> None:
 
 
 def test_runs_split_where_a_held_block_sits_between_new_ones() -> None:
-    from prefixgate.local_engine.kv_events import _runs
+    from prefixgate.local_engine.kv.events import _runs
 
     assert _runs([]) == [] and _runs([0, 1, 2]) == [(0, 3)]
     assert _runs([0, 2, 3, 5]) == [(0, 1), (2, 4), (5, 6)]

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from prefixgate.cache.redis_link import RedisLink
-from prefixgate.cache.shared_state import RedisState
+from prefixgate.cache.state.redis_link import RedisLink
+from prefixgate.cache.state.shared_state import RedisState
 from prefixgate.config.loader import parse_policy
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.routing.kv_events import KVEventHub
@@ -160,7 +160,7 @@ async def test_an_app_with_redis_publishes_its_streams_summaries(
         fleet: list[Published], prefix: str, tmp_path: Any) -> None:
     import redis
 
-    from prefixgate.cache.ledger import Ledger
+    from prefixgate.cache.ledger.store import Ledger
     from prefixgate.proxy.app import build_app
 
     deps = [{"name": f"d{i}", "base_url": f"http://10.0.0.{i + 1}:8000/v1",

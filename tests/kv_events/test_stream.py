@@ -10,7 +10,7 @@ import zmq
 import zmq.asyncio
 
 from prefixgate.config.routing import Deployment, KVEventsSettings
-from prefixgate.local_engine.kv_event_publisher import KVEventPublisher
+from prefixgate.local_engine.kv.publisher import KVEventPublisher
 from prefixgate.proxy.routing.kv_events import KVEventHub, KVEventStream
 from prefixgate.proxy.routing.kv_hash import wire_hashes
 from tests.kv_events.helpers import Published, until

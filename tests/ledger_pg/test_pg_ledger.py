@@ -11,12 +11,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from prefixgate.cache.ledger import Ledger, LedgerRow
-from prefixgate.cache.ledger_pg import PgLedger, insert_items, pg_sql
-from prefixgate.cache.ledger_pg_schema import MIGRATIONS, migrate, missing_columns
-from prefixgate.cache.ledger_writer import open_ledger
-from prefixgate.cache.report import group_figures
-from prefixgate.cache.savings import savings_document
+from prefixgate.cache.ledger.pg import PgLedger, insert_items, pg_sql
+from prefixgate.cache.ledger.pg_schema import MIGRATIONS, migrate, missing_columns
+from prefixgate.cache.ledger.store import Ledger, LedgerRow
+from prefixgate.cache.ledger.writer import open_ledger
+from prefixgate.cache.savings.report import group_figures
+from prefixgate.cache.savings.summary import savings_document
 from prefixgate.config.schema import LedgerSettings
 
 T0 = 1_800_000_000.0

@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import psycopg
 
-from prefixgate.cache.ledger import LedgerRow
-from prefixgate.cache.ledger_pg import PgLedger
-from prefixgate.cache.ledger_spool import Spool
+from prefixgate.cache.ledger.pg import PgLedger
+from prefixgate.cache.ledger.spool import Spool
+from prefixgate.cache.ledger.store import LedgerRow
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
 from tests.ledger_pg.pg_servers import PrivateCluster, create_db, free_port

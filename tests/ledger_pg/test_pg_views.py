@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 from typer.testing import CliRunner
 
-from prefixgate.cache.ledger import LedgerRow
-from prefixgate.cache.ledger_pg import PgLedger
+from prefixgate.cache.ledger.pg import PgLedger
+from prefixgate.cache.ledger.store import LedgerRow
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.cli import app as cli

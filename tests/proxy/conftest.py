@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.app import build_app

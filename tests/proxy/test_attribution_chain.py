@@ -12,8 +12,8 @@ from prefixgate.cache.provider_models import RadixCacheModel
 from prefixgate.cache.provider_models.token_radix import TokenCaches
 from prefixgate.config.schema import RewriteSettings
 from prefixgate.proxy.observe.insight import Analysis, Insight, model_blocks
+from prefixgate.rewriter.analysis.tokens import make_counter
 from prefixgate.rewriter.pipeline import rewrite_request, session_updates
-from prefixgate.rewriter.tokens import make_counter
 from prefixgate.rewriter.types import Context
 
 RULES = "Follow the airline policy. Verify the user id first. Never book without a yes. " * 30
@@ -176,7 +176,7 @@ def test_after_a_pass_stops_the_cache_it_left_is_charged_to_it_not_hidden() -> N
     """A route stands back: the next bodies go as the client sent them, but the cache holds
     the rewritten prefixes, so they miss where the client's own traffic would have hit. The
     credits say so, and the row's counterfactual is its measured figure less them."""
-    from prefixgate.cache.ledger import LedgerRow
+    from prefixgate.cache.ledger.store import LedgerRow
     from prefixgate.proxy.pipeline.record import measured_as_sent
 
     insight = Insight()

@@ -15,8 +15,8 @@ import yaml
 from typer.testing import CliRunner
 
 import prefixgate.proxy.http.keystore
-from prefixgate.cache.ledger import SCHEMA_VERSION, Ledger, LedgerRow
-from prefixgate.cache.redis_link import RedisLink
+from prefixgate.cache.ledger.store import SCHEMA_VERSION, Ledger, LedgerRow
+from prefixgate.cache.state.redis_link import RedisLink
 from prefixgate.config.loader import load_policy, parse_policy
 from prefixgate.config.schema import AuthSettings, ProxyKey
 from prefixgate.proxy.cli import app as cli

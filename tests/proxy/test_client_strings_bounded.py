@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixgate.cache.ledger import LedgerRow
+from prefixgate.cache.ledger.store import LedgerRow
 from prefixgate.config.loader import parse_policy
 from prefixgate.config.prices import PRICES
 from prefixgate.proxy.core.bounded import (

@@ -98,7 +98,7 @@ def test_body_under_limit_with_a_3mb_image_passes_through_unchanged(rig: Any) ->
 
 
 def test_upstream_down_is_502(rig_factory: Any, tmp_path: Any) -> None:
-    from prefixgate.cache.ledger import Ledger
+    from prefixgate.cache.ledger.store import Ledger
     from prefixgate.config.loader import parse_policy
     from prefixgate.proxy.app import build_app
     from tests.servers import serve_app

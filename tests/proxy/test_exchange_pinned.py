@@ -4,7 +4,7 @@
 Source of each rule: the docstrings there — ``Exchange.record`` writes the row exactly once,
 ends the deployment's in-flight count (``release``), notes a rejection with every breaker open,
 fills a measured counterfactual for a body sent as the client sent it
-(:func:`prefixgate.cache.counterfactual.measured_counterfactual`), settles the rate-limit ticket
+(:func:`prefixgate.cache.savings.counterfactual.measured_counterfactual`), settles the rate-limit ticket
 with the request's usage and writes a ledger row only for a model call; ``ProxyState.record``
 bounds the text columns, feeds the stand-back judge, the ledger, the metrics and OTel, and never
 raises; ``ProxyState`` builds its routing parts from the policy. Collaborators are fakes that
@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from prefixgate.cache.ledger import LedgerRow
-from prefixgate.cache.shared_state import LocalState
-from prefixgate.cache.stand_back import EVERY
+from prefixgate.cache.ledger.store import LedgerRow
+from prefixgate.cache.savings.stand_back import EVERY
+from prefixgate.cache.state.shared_state import LocalState
 from prefixgate.proxy.api.chat import CHAT
 from prefixgate.proxy.api.count_tokens import COUNT_TOKENS
 from prefixgate.proxy.core.bounded import ROW_CHARS

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.config.schema import FanoutSettings
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.routing.fanout import MAX_KEYS, GateCore, fanout_key

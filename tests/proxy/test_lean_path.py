@@ -15,7 +15,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.http.auth import hash_key
 from prefixgate.proxy.http.lean import LEAN_PATHS, LeanRoutes

@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.cache.ledger import COLUMNS, Ledger, LedgerRow
-from prefixgate.cache.redis_link import RedisLink
-from prefixgate.cache.session import MemorySessionStore
-from prefixgate.cache.session_redis import SharedSessionStore
+from prefixgate.cache.ledger.store import COLUMNS, Ledger, LedgerRow
+from prefixgate.cache.state.redis_link import RedisLink
+from prefixgate.cache.state.session import MemorySessionStore
+from prefixgate.cache.state.session_redis import SharedSessionStore
 from tests.proxy.upstream import Script, completion
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from prefixgate.cache.counterfactual import measured_counterfactual
-from prefixgate.cache.ledger import LedgerRow
+from prefixgate.cache.ledger.store import LedgerRow
+from prefixgate.cache.savings.counterfactual import measured_counterfactual
 
 
 @pytest.mark.parametrize("edits", ["", "none", "off", "unavailable"])

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixgate.cache.ledger import LedgerRow
+from prefixgate.cache.ledger.store import LedgerRow
 from prefixgate.config.prices import price_for
 from prefixgate.proxy.observe.metrics import OTHER, LabelGuard, ProxyMetrics, RequestObs
 from tests.proxy.upstream import DONE, Script, chunk, completion, wait_rows

@@ -25,7 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: 
     ExportTraceServiceRequest,
 )
 
-from prefixgate.cache.ledger import Ledger  # noqa: E402
+from prefixgate.cache.ledger.store import Ledger  # noqa: E402
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.observe.otel import telemetry_from_env  # noqa: E402
 from tests.proxy.conftest import make_policy  # noqa: E402
@@ -197,7 +197,7 @@ def test_megabyte_client_strings_are_clipped_in_spans_and_points(
     """Issue 20, class 5: 1 MB model names made 3 MB exports. Called on the sink itself (not
     through ProxyState.record, which clips the row first), so the exporter's own bound is what
     is tested; the response model and the error status are long too (not in the issue)."""
-    from prefixgate.cache.ledger import LedgerRow
+    from prefixgate.cache.ledger.store import LedgerRow
     from prefixgate.proxy.core.bounded import ATTR_CHARS
     from prefixgate.proxy.observe.metrics import OTHER, RequestObs
 

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.routing.pd_drive import DECISIONS
@@ -25,7 +25,7 @@ from tests.tiny_model import make_tiny_model_dir
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str, Any]]:
     from prefixgate.local_engine.engine import Engine, EngineConfig
-    from prefixgate.local_engine.pd_roles import DecodeRole, PrefillRole
+    from prefixgate.local_engine.pd.roles import DecodeRole, PrefillRole
     from prefixgate.local_engine.server import build_app as engine_app
     from prefixgate.local_engine.server.pd_handoff import PDHandoff
     from prefixgate.local_engine.server.pd_setup import layout_of

@@ -13,9 +13,9 @@ import pytest
 from prefixgate.config.schema import MOVES_THE_MODEL_READS, RewriteSettings
 from prefixgate.proxy.observe.stages import PASS_NAMES, recorded_bodies, stage_bodies
 from prefixgate.rewriter import pipeline
-from prefixgate.rewriter.ir import Prompt
 from prefixgate.rewriter.pipeline import rewrite_request, session_updates, wire_bytes
 from prefixgate.rewriter.types import Context, Edit
+from prefixgate.rewriter.wire.ir import Prompt
 from tests.trace_requests import tau_requests
 
 MOVES: dict = {**{name: True for name in MOVES_THE_MODEL_READS}, "tool_order": "name"}

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from prefixgate.cache.ledger import Ledger, LedgerRow
+from prefixgate.cache.ledger.store import Ledger, LedgerRow
 from prefixgate.proxy.cli import app
 
 T0 = 1_800_000_000.0  # 2027-01-15 08:00 UTC

@@ -289,7 +289,7 @@ def test_a_tenant_continues_its_own_openai_response_and_another_gets_a_404_namin
 async def test_a_forward_while_the_upstream_client_is_down_is_a_503() -> None:
     from types import SimpleNamespace
 
-    from prefixgate.cache.responses_store import MemoryResponseStore
+    from prefixgate.cache.state.responses_store import MemoryResponseStore
     from prefixgate.config.loader import parse_policy
     from prefixgate.proxy.api.responses import ResponsesEndpoint
     from prefixgate.proxy.core.errors import UpstreamUnavailable
@@ -341,7 +341,7 @@ def test_install_serves_the_store_it_is_given() -> None:
 
     from fastapi import FastAPI
 
-    from prefixgate.cache.responses_store import MemoryResponseStore
+    from prefixgate.cache.state.responses_store import MemoryResponseStore
     from prefixgate.proxy.api.responses import install
 
     app, store = FastAPI(), MemoryResponseStore()

@@ -7,7 +7,7 @@ import gc
 import time
 import tracemalloc
 
-from prefixgate.cache.responses_store import MemoryResponseStore, StoredResponse
+from prefixgate.cache.state.responses_store import MemoryResponseStore, StoredResponse
 from prefixgate.proxy.core import exactjson
 
 

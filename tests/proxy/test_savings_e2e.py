@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.cache.holdout_stats import HELPS, INCONCLUSIVE, holdout_report
+from prefixgate.cache.savings.holdout_stats import HELPS, INCONCLUSIVE, holdout_report
 from prefixgate.config.schema import HoldoutSettings
 from prefixgate.proxy.pipeline.holdout import holdout_point, in_holdout
 from tests.proxy.upstream import DONE, Script, chunk, completion

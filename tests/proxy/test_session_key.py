@@ -79,7 +79,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "long datetime": ("March 4, 2025 at 10:15 AM", "March 4, 2025 at 9:05 PM"),
     "epoch": ("timestamp 1715785200", "timestamp 1715789999"),
     "counter": ("turn 7 of the task", "turn 12 of the task"),
-    # only the passes' detector (prefixgate/rewriter/volatile_spans.py) names these two
+    # only the passes' detector (prefixgate/rewriter/analysis/volatile_spans.py) names these two
     "labelled id, lower case": ("conversation id: conv_abc123def456ghi",
                                 "conversation id: conv_xyz789uvw012rst"),
     "clock with a fraction": ("as of 10:15:07.123", "as of 10:15:08.9"),
@@ -102,9 +102,9 @@ def test_each_volatile_kind_leaves_the_session(kind: str, where: str) -> None:
 
 
 def test_every_span_of_both_rooms_detectors_is_masked() -> None:
-    from prefixgate.cache.volatile_spans import IDENTITY_PATTERNS
-    from prefixgate.cache.volatile_spans import find_spans as cache_find
-    from prefixgate.rewriter.volatile_spans import find_spans as pass_find
+    from prefixgate.cache.savings.break_spans import IDENTITY_PATTERNS
+    from prefixgate.cache.savings.break_spans import find_spans as cache_find
+    from prefixgate.rewriter.analysis.volatile_spans import find_spans as pass_find
 
     for a, b in KINDS.values():
         for text in (a, b):

@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bench.prefix_engine import PrefixEngine
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.cli import app as cli

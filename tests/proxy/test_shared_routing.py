@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from prefixgate.cache.redis_link import RETRY_EVERY_S
-from prefixgate.cache.shared_state import LocalState
+from prefixgate.cache.state.redis_link import RETRY_EVERY_S
+from prefixgate.cache.state.shared_state import LocalState
 from prefixgate.config.loader import parse_policy
 from prefixgate.config.routing import BreakerSettings
 from prefixgate.proxy.app import build_app

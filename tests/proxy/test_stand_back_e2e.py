@@ -1,6 +1,6 @@
 """Stand back where rewriting does not pay, end to end: proxy -> two scripted engines with real
 shared prefix caches (:mod:`bench.prefix_engine`), one route where the token-adding pass
-loses and one where it wins (:mod:`prefixgate.cache.stand_back`).
+loses and one where it wins (:mod:`prefixgate.cache.savings.stand_back`).
 
 The pass is a stand-in for ``hoist_volatile`` (same name and switch, so the route's verdict
 switches it off the way it switches the real one): on a system prompt opening with a clock it
@@ -21,7 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bench.prefix_engine import PrefixEngine
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.cli import app as cli

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.core.sse import EventSplitter, parse_event
 from tests.proxy.conftest import make_policy

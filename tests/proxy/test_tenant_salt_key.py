@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.config.schema import Backend, TenantSettings
 from prefixgate.proxy.app import build_app

@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 
-from prefixgate.cache import rollup
-from prefixgate.cache.ledger import Ledger, LedgerRow
-from prefixgate.cache.savings import savings_document
+from prefixgate.cache.ledger import rollup
+from prefixgate.cache.ledger.store import Ledger, LedgerRow
+from prefixgate.cache.savings.summary import savings_document
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.http.auth import hash_key

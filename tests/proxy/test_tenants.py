@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.config.schema import AuthSettings, Backend, LedgerSettings, ProxyKey, TenantSettings
 from prefixgate.proxy.app import build_app

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from pydantic import BaseModel, Field
 
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
 from tests.pruning.test_prune_tools import catalog

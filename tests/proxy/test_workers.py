@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from tests.paths import REPO
 from tests.proxy.upstream import Script, ScriptedUpstream, completion
 from tests.servers import serve_app

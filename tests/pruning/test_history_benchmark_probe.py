@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 
 from bench.pruning_eval_history import Probe, probed_rewrite, reverts
-from prefixgate.rewriter import prune_history, wire
-from prefixgate.rewriter.ir import Message
+from prefixgate.rewriter.passes import prune_history
 from prefixgate.rewriter.pipeline import rewrite_request, session_updates
 from prefixgate.rewriter.types import Context, Edit
-from prefixgate.rewriter.validate import violations
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.ir import Message
+from prefixgate.rewriter.wire.validate import violations
 from tests.rewriter.helpers import ctx
 from tests.trace_requests import tau_requests
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from prefixgate.rewriter import wire
-from prefixgate.rewriter.prune_history import run
-from prefixgate.rewriter.tokens import IMAGE_TOKENS, json_tokens
-from prefixgate.rewriter.validate import violations
+from prefixgate.rewriter.analysis.tokens import IMAGE_TOKENS, json_tokens
+from prefixgate.rewriter.passes.prune_history import run
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.validate import violations
 from tests.rewriter.helpers import ctx, replay
 
 FILLER = "lorem ipsum dolor sit amet " * 200  # ~1,000 tokens

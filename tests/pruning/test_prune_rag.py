@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from prefixgate.rewriter import wire
-from prefixgate.rewriter.passages import find_passages, splice
-from prefixgate.rewriter.prune_rag import run, select_passages
+from prefixgate.rewriter.analysis.passages import find_passages, splice
+from prefixgate.rewriter.passes.prune_rag import run, select_passages
+from prefixgate.rewriter.wire import codec as wire
 from tests.rewriter.helpers import ctx, replay
 
 TOPICS = {

@@ -3,8 +3,8 @@ own order; one token over and the best-first selection starts (``rewriter.prune_
 
 from __future__ import annotations
 
-from prefixgate.rewriter.bm25 import terms
-from prefixgate.rewriter.prune_rag import select_passages
+from prefixgate.rewriter.analysis.bm25 import terms
+from prefixgate.rewriter.passes.prune_rag import select_passages
 
 IDS = ["3", "1", "4", "2"]  # the retriever's order, not the canonical one
 BODIES = ["baggage allowance rules", "weather report", "seat map", "meal options"]

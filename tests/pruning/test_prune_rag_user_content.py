@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefixgate.rewriter import wire
-from prefixgate.rewriter.prune_rag import run
+from prefixgate.rewriter.passes.prune_rag import run
+from prefixgate.rewriter.wire import codec as wire
 from tests.rewriter.helpers import ctx
 
 CLAUSE = "The supplier shall deliver the goods within thirty days of the purchase order. " * 6

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from prefixgate.rewriter import wire
-from prefixgate.rewriter.prune_tools import run
-from prefixgate.rewriter.validate import violations
+from prefixgate.rewriter.passes.prune_tools import run
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.validate import violations
 from tests.rewriter.helpers import ctx, replay
 
 TOPICS = [

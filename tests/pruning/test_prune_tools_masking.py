@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from prefixgate.rewriter import wire
 from prefixgate.rewriter.pipeline import rewrite_request
-from prefixgate.rewriter.validate import violations
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.validate import violations
 from tests.pruning.test_prune_tools import catalog, names
 from tests.rewriter.helpers import ctx
 

@@ -12,9 +12,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prefixgate.rewriter import prune_history, prune_rag, prune_tools, wire
-from prefixgate.rewriter.ir import Api
-from prefixgate.rewriter.validate import violations
+from prefixgate.rewriter.passes import prune_history, prune_rag, prune_tools
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.ir import Api
+from prefixgate.rewriter.wire.validate import violations
 from tests.rewriter.helpers import ctx
 from tests.rewriter.strategies import anthropic_requests, openai_requests
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from prefixgate.rewriter import wire
-from prefixgate.rewriter.ir import Api
-from prefixgate.rewriter.validate import violations
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.ir import Api
+from prefixgate.rewriter.wire.validate import violations
 from tests.paths import DATA
 from tests.rewriter.helpers import replay
 

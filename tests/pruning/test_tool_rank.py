@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prefixgate.rewriter.tool_rank import KeepRule, ToolInfo, query_terms, rank_tools, siblings
+from prefixgate.rewriter.analysis.tool_rank import KeepRule, ToolInfo, query_terms, rank_tools, siblings
 
 
 def tool(name: str, desc: str, *params: str) -> ToolInfo:

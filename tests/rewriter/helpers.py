@@ -6,9 +6,9 @@ from types import MappingProxyType
 from typing import Any
 
 from prefixgate.config.schema import MOVES_THE_MODEL_READS, RewriteSettings
-from prefixgate.rewriter.ir import Api
 from prefixgate.rewriter.pipeline import rewrite_request, session_updates
 from prefixgate.rewriter.types import Context, RewriteResult
+from prefixgate.rewriter.wire.ir import Api
 
 OPT_IN_MOVES = {name: True for name in MOVES_THE_MODEL_READS}
 """The rewriter tests exercise every pass, the opt-in ones that move text included (a test

@@ -19,12 +19,12 @@ system text — and every client atom must be found in the upstream atoms, in or
 * tool results match on id and on content text.
 
 Allowed reorders, only when ``settings.stabilise_passages`` is on (nothing removed): a user text
-or tool result may carry its recognised retrieval (:func:`prefixgate.rewriter.passage_forms.find_retrieval`)
+or tool result may carry its recognised retrieval (:func:`prefixgate.rewriter.analysis.passage_forms.find_retrieval`)
 with the passages permuted — every passage whole, the text outside them unchanged; a run of
 ``document`` / ``search_result`` blocks may be permuted.
 
 Allowed differences, only when ``settings`` says the pass was on and the request was over its
-budget (token counts with :func:`prefixgate.rewriter.tokens.json_tokens`, media at a fixed cost, plus
+budget (token counts with :func:`prefixgate.rewriter.analysis.tokens.json_tokens`, media at a fixed cost, plus
 :data:`FRAMING_TOKENS` per message and per content unit for the history):
 
 * ``prune_history`` over ``history_high_watermark_tokens``: atoms of messages after the first
@@ -59,9 +59,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefixgate.config.schema import RewriteSettings
-from prefixgate.rewriter.passage_forms import find_retrieval
-from prefixgate.rewriter.passages import find_passages
-from prefixgate.rewriter.tokens import TokenCounter, count_tokens, json_tokens
+from prefixgate.rewriter.analysis.passage_forms import find_retrieval
+from prefixgate.rewriter.analysis.passages import find_passages
+from prefixgate.rewriter.analysis.tokens import TokenCounter, count_tokens, json_tokens
 
 MAX_BREAKPOINTS = 4
 ELISION_PREFIX = "[prefixgate: the earlier result of "

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 import prefixgate.config.cache_rules as rules
-from prefixgate.rewriter import wire
-from prefixgate.rewriter.ir import iter_blocks
 from prefixgate.rewriter.pipeline import rewrite_request
-from prefixgate.rewriter.validate import violations
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.ir import iter_blocks
+from prefixgate.rewriter.wire.validate import violations
 from tests.rewriter.helpers import clock_session, ctx, replay
 
 BIG = "Static instructions about the product and its policies. " * 300  # ~3k tokens
@@ -57,7 +57,7 @@ def test_no_marker_on_tools_below_the_minimum_cacheable_length() -> None:
                                          ("claude-haiku-4-5", 4096),
                                          ("claude-opus-4-5", 4096)])
 def test_minimum_length_follows_the_dated_model_table(model: str, floor: int) -> None:
-    from prefixgate.rewriter.tokens import count_tokens
+    from prefixgate.rewriter.analysis.tokens import count_tokens
     system = "Short policy text for the model. " * 180
     tokens = count_tokens(system)
     assert 1024 < tokens < 2048
@@ -151,7 +151,7 @@ def test_one_hour_ttl_markers_come_before_five_minute_ones() -> None:
 
 
 def test_caching_beta_flags_are_planner_inputs_b20(monkeypatch: pytest.MonkeyPatch) -> None:
-    import prefixgate.rewriter.breakpoints as bp
+    import prefixgate.rewriter.passes.breakpoints as bp
     monkeypatch.setattr(bp, "ANTHROPIC_TTL_1H_REQUIRES_BETA", True)
     without = rewrite_request(_body(), "anthropic", ctx("anthropic", breakpoint_ttl="1h"))
     assert all("ttl" not in cc for _, cc in _markers(without.body))

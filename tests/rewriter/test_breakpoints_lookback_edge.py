@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 import prefixgate.config.cache_rules as rules
-from prefixgate.rewriter import breakpoints, wire
-from prefixgate.rewriter.validate import cache_markers
+from prefixgate.rewriter.passes import breakpoints
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.validate import cache_markers
 from tests.rewriter.helpers import ctx
 
 BIG = "Static instructions about the product and its policies. " * 300  # over the minimum

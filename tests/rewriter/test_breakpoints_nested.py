@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefixgate.rewriter import wire
 from prefixgate.rewriter.pipeline import rewrite_request
-from prefixgate.rewriter.validate import breakpoint_count, violations
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.validate import breakpoint_count, violations
 from tests.rewriter.helpers import ctx
 
 BIG = "Static instructions about the product and its policies. " * 300
@@ -55,7 +55,7 @@ def test_planner_counts_markers_nested_in_tool_result_content() -> None:
 
 
 def test_planner_output_itself_stays_within_four_markers() -> None:
-    from prefixgate.rewriter.breakpoints import run
+    from prefixgate.rewriter.passes.breakpoints import run
     for where in ("tool_result", "search_result", "document"):
         for n in range(0, 5):
             prompt = wire.parse(body_with_nested(n, where), "anthropic")
@@ -84,7 +84,7 @@ def test_nested_5m_marker_before_a_1h_one_is_a_ttl_order_violation() -> None:
 
 
 def test_a_short_text_document_is_counted_by_its_text_not_as_a_file() -> None:
-    from prefixgate.rewriter.breakpoints import run
+    from prefixgate.rewriter.passes.breakpoints import run
     system = "You answer questions about the attached note, briefly and politely. " * 4
     doc = {"type": "document", "source": {"type": "text", "media_type": "text/plain",
                                           "data": "The meeting is at noon."}}
@@ -95,7 +95,7 @@ def test_a_short_text_document_is_counted_by_its_text_not_as_a_file() -> None:
 
 
 def test_a_top_level_1h_cache_control_makes_our_markers_1h_too() -> None:
-    from prefixgate.rewriter.breakpoints import run
+    from prefixgate.rewriter.passes.breakpoints import run
     body = body_with_nested(0)
     body["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
     out, _ = run(wire.parse(body, "anthropic"), ctx("anthropic", model="claude-sonnet-4-5"))

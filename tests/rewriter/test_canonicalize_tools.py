@@ -8,9 +8,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixgate.rewriter import canonicalize_tools, wire
-from prefixgate.rewriter.ir import tool_choice_name
+from prefixgate.rewriter.passes import canonicalize_tools
 from prefixgate.rewriter.pipeline import rewrite_request
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.ir import tool_choice_name
 from tests.rewriter.helpers import ctx
 from tests.rewriter.strategies import anthropic_requests, openai_requests
 from tests.trace_requests import DATA
@@ -177,7 +178,7 @@ def test_key_order_restores_the_order_of_any_json_value_from_any_other_order(v: 
 def test_a_117_tool_catalogs_forms_fit_the_session_budget_and_come_back_byte_identical() -> None:
     """The whole GitHub MCP catalog: its remembered forms survive the store's per-session budget
     (the key-name skeletons did not: ~890 KB against 64 KiB, so only the order came back)."""
-    from prefixgate.cache.session import MemorySessionStore
+    from prefixgate.cache.state.session import MemorySessionStore
     raw = json.loads((DATA / "tools" / "github_mcp_server.json").read_text())
     tools = [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
                                                "parameters": t["inputSchema"]}} for t in raw]
@@ -224,7 +225,7 @@ def test_a_real_agents_forms_stay_in_session_memory_and_restore_its_key_order() 
     session keeps them: the next turn proposes no memory and a re-keyed turn gets turn 1's
     bytes back (issue 25: the forms as lists of lists took ~73 KB and were dropped on every
     merge, re-learned on every request)."""
-    from prefixgate.cache.session import MemorySessionStore
+    from prefixgate.cache.state.session import MemorySessionStore
 
     tools = _tau_tools()
     store = MemorySessionStore()

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from prefixgate.rewriter import tokens
+from prefixgate.rewriter.analysis import tokens
 
 
 def test_concurrent_first_uses_load_the_encoding_once(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""hoist_volatile runs only when it pays (issue 8, class 8; rule in ``prefixgate/rewriter/pays.py``)."""
+"""hoist_volatile runs only when it pays (issue 8, class 8; rule in ``prefixgate/rewriter/analysis/pays.py``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from prefixgate.config.cache_rules import RADIX_MIN_CACHEABLE_TOKENS, min_cacheable_for
-from prefixgate.rewriter.pays import count_upto
-from prefixgate.rewriter.tokens import count_tokens
+from prefixgate.rewriter.analysis.pays import count_upto
+from prefixgate.rewriter.analysis.tokens import count_tokens
 from tests.rewriter.helpers import replay
 
 CLOCK = "Current time: 2025-03-04 10:15:00 UTC."
@@ -90,7 +90,7 @@ def test_a_short_text_document_counts_as_its_text_not_as_an_opaque_media_block()
 
 
 def test_a_pdf_document_still_counts_as_an_opaque_media_block() -> None:
-    from prefixgate.rewriter.pays import OPAQUE_BLOCK_TOKENS, document_text
+    from prefixgate.rewriter.analysis.pays import OPAQUE_BLOCK_TOKENS, document_text
 
     pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBE"}}
     assert document_text(pdf) is None and OPAQUE_BLOCK_TOKENS == 1_000

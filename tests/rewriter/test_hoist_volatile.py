@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from prefixgate.config.schema import HOIST_TARGET_BY_API
-from prefixgate.rewriter import wire
-from prefixgate.rewriter.note_placement import REMINDER_OPEN, resolve
+from prefixgate.rewriter.analysis.note_placement import REMINDER_OPEN, resolve
+from prefixgate.rewriter.analysis.stable import stable_region
+from prefixgate.rewriter.analysis.volatile_spans import find_spans, per_request
 from prefixgate.rewriter.pipeline import rewrite_request
-from prefixgate.rewriter.stable import stable_region
-from prefixgate.rewriter.volatile_spans import find_spans, per_request
+from prefixgate.rewriter.wire import codec as wire
 from tests.rewriter.helpers import clock_session, ctx, replay
 
 RULES = "Rule: answer briefly and cite the docs. " * 60

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from prefixgate.rewriter import wire
-from prefixgate.rewriter.ir import Prompt
 from prefixgate.rewriter.pipeline import PassSpec, rewrite_request, run_passes
 from prefixgate.rewriter.types import Context, Edit
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.ir import Prompt
 from tests.rewriter.helpers import ctx
 
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -8,11 +8,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prefixgate.rewriter import wire
-from prefixgate.rewriter.ir import Api, Message, iter_blocks, tool_result_ids, tool_use_ids
 from prefixgate.rewriter.pipeline import rewrite_request
 from prefixgate.rewriter.types import RewriteResult
-from prefixgate.rewriter.validate import introduced
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.ir import Api, Message, iter_blocks, tool_result_ids, tool_use_ids
+from prefixgate.rewriter.wire.validate import introduced
 from tests.rewriter.helpers import ctx, is_note, note_free, replay
 from tests.rewriter.strategies import anthropic_requests, openai_requests
 

@@ -20,19 +20,19 @@ from typing import Any
 
 import pytest
 
-from prefixgate.cache import volatile_spans as cache_spans
-from prefixgate.rewriter import passages
-from prefixgate.rewriter import volatile_spans as spans
+from prefixgate.cache.savings import break_spans as cache_spans
+from prefixgate.rewriter.analysis import passages
+from prefixgate.rewriter.analysis import volatile_spans as spans
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_REACH = spans.MAX_REACH
 LINEAR_BY_ARGUMENT = {
     # one greedy run of a single character class per alternative, lookahead of 2 characters,
     # and finditer resumes after the run: each character is examined a bounded number of times
-    "prefixgate.rewriter.bm25._WORD",
+    "prefixgate.rewriter.analysis.bm25._WORD",
     # a word then one greedy run of one character class, no alternation: finditer resumes
     # after the run, so each character is examined a bounded number of times
-    "prefixgate.rewriter.prune_tools._WORD",
+    "prefixgate.rewriter.passes.prune_tools._WORD",
 }
 
 

@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prefixgate.config.schema import RewriteSettings
-from prefixgate.rewriter import wire
-from prefixgate.rewriter.ir import Api
 from prefixgate.rewriter.pipeline import PASSES, _load, rewrite_request
-from prefixgate.rewriter.validate import introduced
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.ir import Api
+from prefixgate.rewriter.wire.validate import introduced
 from tests.rewriter.helpers import ctx
 from tests.rewriter.meaning import check_meaning
 from tests.rewriter.strategies import anthropic_requests, openai_requests

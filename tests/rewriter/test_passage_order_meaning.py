@@ -1,5 +1,5 @@
 """stabilise_passages leaves a retrieval whose order means something as sent, and finds
-retrievals by their structure (issue 19, item 7; rules in ``prefixgate/rewriter/order_meaning.py``
+retrievals by their structure (issue 19, item 7; rules in ``prefixgate/rewriter/analysis/order_meaning.py``
 and ``passage_forms.py`` form 6).
 
 Each "left alone" case has a twin without the signal that *is* put back in first-seen order,
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from prefixgate.rewriter.order_meaning import order_reason
-from prefixgate.rewriter.passage_forms import find_retrieval, sibling_elements
+from prefixgate.rewriter.analysis.order_meaning import order_reason
+from prefixgate.rewriter.analysis.passage_forms import find_retrieval, sibling_elements
 from tests.rewriter.helpers import ctx, replay
 from tests.rewriter.meaning import check_meaning
 

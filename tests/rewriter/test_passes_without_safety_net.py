@@ -4,7 +4,7 @@
 checks the pipeline's output for "no new violations" tests the validator, not the pass: a pass
 that dropped a tool or ignored the client's breakpoints would simply not apply. These tests call
 each pass's ``run`` directly and assert three things: it applied (its Edit), the concrete content
-it must produce, and that its output is valid (:func:`prefixgate.rewriter.validate.violations`). The last
+it must produce, and that its output is valid (:func:`prefixgate.rewriter.wire.validate.violations`). The last
 test runs the whole pipeline on the tau-bench requests and asserts no pass was reverted.
 """
 
@@ -17,19 +17,19 @@ from typing import Any
 
 import pytest
 
-from prefixgate.rewriter import (
+from prefixgate.rewriter.passes import (
     breakpoints,
     canonicalize_tools,
     hoist_volatile,
     prune_history,
     prune_rag,
     prune_tools,
-    wire,
 )
-from prefixgate.rewriter.ir import Api, Prompt
 from prefixgate.rewriter.pipeline import rewrite_request
 from prefixgate.rewriter.types import Edit
-from prefixgate.rewriter.validate import cache_markers, violations
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.ir import Api, Prompt
+from prefixgate.rewriter.wire.validate import cache_markers, violations
 from tests.rewriter.helpers import ctx, replay
 from tests.trace_requests import anthropic_fixture_bodies, tau_requests
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from prefixgate.rewriter import wire
-from prefixgate.rewriter.ir import Prompt
 from prefixgate.rewriter.pipeline import PASSES, PassSpec, rewrite_request, run_passes
 from prefixgate.rewriter.types import Context, Edit, RewriteResult
-from prefixgate.rewriter.validate import introduced
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.ir import Prompt
+from prefixgate.rewriter.wire.validate import introduced
 from tests.rewriter.helpers import ctx, replay
 from tests.trace_requests import anthropic_fixture_bodies, swe_requests, tau_requests
 

@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 
 from prefixgate.config.schema import MOVES_THE_MODEL_READS, RewriteSettings
 from prefixgate.proxy.core import exactjson
-from prefixgate.rewriter import wire
+from prefixgate.rewriter.analysis.tokens import count_tokens
 from prefixgate.rewriter.pipeline import rewrite_request, session_updates, wire_bytes
 from prefixgate.rewriter.region_memo import RegionMemo
 from prefixgate.rewriter.token_memo import TokenMemo
-from prefixgate.rewriter.tokens import count_tokens
 from prefixgate.rewriter.types import Context, RewriteResult
+from prefixgate.rewriter.wire import codec as wire
 from tests.trace_requests import tau_requests
 
 RUNS = tau_requests()[:6]

@@ -28,13 +28,13 @@ from hypothesis import strategies as st
 
 from prefixgate.config.schema import RewriteSettings
 from prefixgate.proxy.core import exactjson
-from prefixgate.rewriter import wire
-from prefixgate.rewriter.ir import Prompt
+from prefixgate.rewriter.analysis.tokens import count_tokens
 from prefixgate.rewriter.pipeline import PASSES, rewrite_request, session_updates
 from prefixgate.rewriter.region_memo import RegionMemo, TailFree
 from prefixgate.rewriter.token_memo import TokenMemo
-from prefixgate.rewriter.tokens import count_tokens
 from prefixgate.rewriter.types import Context, Edit, RewriteResult
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.ir import Prompt
 from tests.trace_requests import tau_requests
 
 RUN = tau_requests(runs=1)[0][:4]

@@ -1,4 +1,4 @@
-"""The passage-order stabiliser (``prefixgate/rewriter/stabilise_passages.py``): each markup form, the
+"""The passage-order stabiliser (``prefixgate/rewriter/passes/stabilise_passages.py``): each markup form, the
 retrieval-only rule, labels travelling with their passages, and properties over whole sessions
 (same multiset, ids intact, first-seen order across turns, idempotent, history re-rendered to the
 same bytes, meaning kept)."""
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prefixgate.rewriter import wire
-from prefixgate.rewriter.ir import Api
-from prefixgate.rewriter.stabilise_passages import MAX_SEEN, MEMORY_KEY, SeenOrder, digest, run
+from prefixgate.rewriter.passes.stabilise_passages import MAX_SEEN, MEMORY_KEY, SeenOrder, digest, run
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.ir import Api
 from tests.rewriter.helpers import ctx, replay
 from tests.rewriter.meaning import MeaningViolation, check_meaning
 

@@ -1,4 +1,4 @@
-"""The passage-order stabiliser pinned point by point (issue 21): :mod:`prefixgate.rewriter.stabilise_passages`.
+"""The passage-order stabiliser pinned point by point (issue 21): :mod:`prefixgate.rewriter.passes.stabilise_passages`.
 
 Source of each rule: its module docstring — seen passages first in first-seen order, new ones
 after in the client's order; the Edit counts the passages and retrievals moved and the tokens of
@@ -16,9 +16,7 @@ from typing import Any
 
 import pytest
 
-from prefixgate.rewriter import wire
-from prefixgate.rewriter.ir import Api
-from prefixgate.rewriter.stabilise_passages import (
+from prefixgate.rewriter.passes.stabilise_passages import (
     DIGEST_CHARS,
     MAX_SEEN,
     MEMORY_KEY,
@@ -29,6 +27,8 @@ from prefixgate.rewriter.stabilise_passages import (
     run,
 )
 from prefixgate.rewriter.types import Edit
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.ir import Api
 from tests.rewriter.helpers import ctx
 from tests.rewriter.test_stabilise_passages import TEXTS, render
 

@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from prefixgate.rewriter import stable, wire
-from prefixgate.rewriter.stable import stable_prefix_hash, stable_region
+from prefixgate.rewriter.analysis import stable
+from prefixgate.rewriter.analysis.stable import stable_prefix_hash, stable_region
+from prefixgate.rewriter.wire import codec as wire
 from tests.trace_requests import anthropic_fixture_bodies, tau_requests
 
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prefixgate.rewriter.analysis.tokens import count_tokens
 from prefixgate.rewriter.token_memo import MIN_CHARS, TokenMemo
-from prefixgate.rewriter.tokens import count_tokens
 
 
 class Counting:

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixgate.config.schema import MOVES_THE_MODEL_READS, RewriteSettings
+from prefixgate.rewriter.analysis.tokens import count_tokens
 from prefixgate.rewriter.pipeline import rewrite_request, session_updates, wire_bytes
 from prefixgate.rewriter.token_memo import TokenMemo
-from prefixgate.rewriter.tokens import count_tokens
 from prefixgate.rewriter.types import Context
 from tests.trace_requests import tau_requests
 

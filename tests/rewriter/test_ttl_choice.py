@@ -1,4 +1,4 @@
-"""Write TTLs chosen by expected cost (``prefixgate/rewriter/ttl_choice.py``, ``breakpoints.py`` with
+"""Write TTLs chosen by expected cost (``prefixgate/rewriter/analysis/ttl_choice.py``, ``breakpoints.py`` with
 ``breakpoint_ttl: auto``): costs computed by hand, the 1h-before-5m rule, arrival memory."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixgate.cache.prefix_blocks import anthropic_blocks
 from prefixgate.cache.provider_models.anthropic import breakpoints as api_breakpoints
-from prefixgate.rewriter import ttl_choice
+from prefixgate.cache.savings.prefix_blocks import anthropic_blocks
+from prefixgate.rewriter.analysis import ttl_choice
+from prefixgate.rewriter.analysis.tokens import count_tokens
+from prefixgate.rewriter.analysis.ttl_choice import MAX_GAPS, plan, segment_cost, tail, updated
 from prefixgate.rewriter.pipeline import rewrite_request
-from prefixgate.rewriter.tokens import count_tokens
-from prefixgate.rewriter.ttl_choice import MAX_GAPS, plan, segment_cost, tail, updated
 from tests.rewriter.helpers import ctx
 
 

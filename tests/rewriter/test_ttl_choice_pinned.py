@@ -1,4 +1,4 @@
-"""Write-TTL choice pinned point by point (issue 21): :mod:`prefixgate.rewriter.ttl_choice`.
+"""Write-TTL choice pinned point by point (issue 21): :mod:`prefixgate.rewriter.analysis.ttl_choice`.
 
 Source: its module docstring — the lognormal tail ``p(T)`` (mean and sample standard deviation
 of the logs, the deviation at least MIN_LOG_SIGMA, gaps under 1 s as 1 s); ``E(T) = write(T) d
@@ -14,8 +14,7 @@ import math
 
 import pytest
 
-from prefixgate.rewriter.ir import Block, Message, Prompt
-from prefixgate.rewriter.ttl_choice import (
+from prefixgate.rewriter.analysis.ttl_choice import (
     MAX_GAPS,
     MIN_LOG_SIGMA,
     plan,
@@ -25,6 +24,7 @@ from prefixgate.rewriter.ttl_choice import (
     tail,
     updated,
 )
+from prefixgate.rewriter.wire.ir import Block, Message, Prompt
 
 E = math.e
 

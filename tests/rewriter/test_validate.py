@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefixgate.rewriter import wire
-from prefixgate.rewriter.ir import Api
-from prefixgate.rewriter.validate import introduced, violations
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.ir import Api
+from prefixgate.rewriter.wire.validate import introduced, violations
 
 
 def _kinds(body: dict[str, Any], api: Api) -> set[str]:

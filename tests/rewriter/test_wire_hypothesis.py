@@ -7,7 +7,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 
-from prefixgate.rewriter import wire
+from prefixgate.rewriter.wire import codec as wire
 from tests.rewriter.strategies import JSONV, anthropic_requests, openai_requests
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

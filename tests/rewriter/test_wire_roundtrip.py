@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from prefixgate.rewriter import wire
-from prefixgate.rewriter.ir import Api
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.ir import Api
 from tests.trace_requests import anthropic_fixture_bodies, swe_requests, tau_requests
 
 

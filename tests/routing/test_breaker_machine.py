@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from prefixgate.cache.shared_state import LocalState
+from prefixgate.cache.state.shared_state import LocalState
 from prefixgate.config.routing import BreakerSettings
 from prefixgate.proxy.routing.balance import Balancer
 from prefixgate.proxy.routing.breaker import CLOSED, HALF_OPEN, OPEN, Breaker, BreakerBoard

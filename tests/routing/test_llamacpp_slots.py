@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 
-from prefixgate.cache.ledger import Ledger
+from prefixgate.cache.ledger.store import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.routing.slots import SlotTable, with_id_slot

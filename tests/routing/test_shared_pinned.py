@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from prefixgate.cache.shared_state import LocalState
+from prefixgate.cache.state.shared_state import LocalState
 from prefixgate.config.routing import BreakerSettings
 from prefixgate.proxy.routing.balance import Balancer
 from prefixgate.proxy.routing.breaker import CLOSED, HALF_OPEN, OPEN, BreakerBoard

@@ -27,9 +27,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefixgate.cache.prefix_blocks import PrefixBlock, TokenCounter, detect_api, flatten, memo_counter
 from prefixgate.cache.provider_models.base import CacheOutcome
 from prefixgate.cache.provider_models.block_trie import BlockTrie
+from prefixgate.cache.savings.prefix_blocks import (
+    PrefixBlock,
+    TokenCounter,
+    detect_api,
+    flatten,
+    memo_counter,
+)
 
 #: Rank of each region in a chat template's rendered prompt (see module docstring; OpenAI's
 #: harmony format renders the same order, :mod:`prefixgate.cache.provider_models.openai`).

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefixgate.local_engine.api_types import InvalidSamplingParam, SamplingParams
+from prefixgate.local_engine.sched.api_types import InvalidSamplingParam, SamplingParams
 from prefixgate.local_engine.server.constrained import tool_call_processor
 from prefixgate.local_engine.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest
 from prefixgate.local_engine.server.tokenize import (

@@ -48,7 +48,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from prefixgate.local_engine.spec_metrics import SpecCollector
+from prefixgate.local_engine.spec.metrics import SpecCollector
 
 __all__ = ["CONTENT_TYPE", "EngineMetrics", "stats_log_line"]
 

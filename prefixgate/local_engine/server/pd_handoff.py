@@ -43,8 +43,8 @@ from typing import Any
 
 import httpx
 
-from prefixgate.local_engine.pd_link import LinkDead
-from prefixgate.local_engine.pd_roles import DecodeRole, PendingImport, PrefillRole
+from prefixgate.local_engine.pd.link import LinkDead
+from prefixgate.local_engine.pd.roles import DecodeRole, PendingImport, PrefillRole
 from prefixgate.local_engine.server.protocol import ApiError
 
 __all__ = ["PDHandoff", "PDRequest", "parse_kv_transfer_params", "prompt_sources"]

@@ -12,8 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from prefixgate.local_engine.pd_link import KVLayout, LinkDead, PDLink
-from prefixgate.local_engine.pd_roles import DecodeRole, PrefillRole
+from prefixgate.local_engine.pd.link import KVLayout, LinkDead, PDLink
+from prefixgate.local_engine.pd.roles import DecodeRole, PrefillRole
 from prefixgate.local_engine.server.pd_handoff import PDHandoff
 
 __all__ = ["layout_of", "start_role"]

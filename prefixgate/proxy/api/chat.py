@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from prefixgate.cache.ledger import LedgerRow
+from prefixgate.cache.ledger.store import LedgerRow
 from prefixgate.proxy.api.openapi_schemas import ANTHROPIC_MESSAGES_REQUEST, OPENAI_CHAT_REQUEST, request_body
 from prefixgate.proxy.http.body import check_anthropic, check_openai
 from prefixgate.proxy.pipeline.endpoint import Endpoint

@@ -11,7 +11,8 @@ by the routed backend's kind (:mod:`prefixgate.config.backend_kinds`):
   sent to the engine's ``POST /tokenize`` (ours, vLLM and SGLang serve it beside ``/v1``): the
   exact count of the prompt the engine would prefill — its tokenizer and its chat template,
   tools included. Header ``x-prefixgate-token-count: exact``.
-- otherwise, or when ``/tokenize`` answers 404: an estimate (:func:`prefixgate.rewriter.tokens.json_tokens`
+- otherwise, or when ``/tokenize`` answers 404: an estimate
+(:func:`prefixgate.rewriter.analysis.tokens.json_tokens`
   over system, messages and tools, o200k / cl100k vocabularies), with ``"estimated": true`` in
   the body and ``x-prefixgate-token-count: estimated``.
 
@@ -29,7 +30,7 @@ import anyio
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
-from prefixgate.cache.ledger import LedgerRow
+from prefixgate.cache.ledger.store import LedgerRow
 from prefixgate.config.backend_kinds import traits
 from prefixgate.proxy.bridges import Bridge
 from prefixgate.proxy.bridges.tokenize import CountTokens
@@ -41,7 +42,7 @@ from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
 from prefixgate.proxy.pipeline.prepare import prepare
 from prefixgate.proxy.pipeline.send import send
 from prefixgate.proxy.routing.router import Target
-from prefixgate.rewriter.tokens import encoding_for_model, json_tokens, make_counter
+from prefixgate.rewriter.analysis.tokens import encoding_for_model, json_tokens, make_counter
 
 HEADER = "x-prefixgate-token-count"
 

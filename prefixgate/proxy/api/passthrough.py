@@ -18,7 +18,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from prefixgate.cache.ledger import LedgerRow
+from prefixgate.cache.ledger.store import LedgerRow
 from prefixgate.proxy.http.body import check_model_stream
 from prefixgate.proxy.pipeline.endpoint import Endpoint
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState

@@ -36,8 +36,8 @@ import httpx
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
-from prefixgate.cache.ledger import LedgerRow
-from prefixgate.cache.responses_store import MemoryResponseStore, ResponseStore, StoredResponse
+from prefixgate.cache.ledger.store import LedgerRow
+from prefixgate.cache.state.responses_store import MemoryResponseStore, ResponseStore, StoredResponse
 from prefixgate.config.backend_kinds import traits
 from prefixgate.config.secrets import MissingSecret, resolve_secret
 from prefixgate.proxy.bridges import Bridge, ResponsesState, bridge_for

@@ -38,7 +38,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from prefixgate.cache.report import percentile
+from prefixgate.cache.savings.report import percentile
 from prefixgate.proxy.cli.format import fmt
 from prefixgate.proxy.core.sse import EventSplitter, parse_event
 from prefixgate.proxy.sim.traces import TraceError, load_trace, openai_body

@@ -3,13 +3,13 @@
 
 Opens with the "saved" line — USD saved and its share of what the client's own bodies would
 have cost, tokens saved (cache reuse gained + pruned - added), prefill seconds saved where the
-backend reports its prefill time (our engine, llama.cpp; :mod:`prefixgate.cache.time_saved`: the
+backend reports its prefill time (our engine, llama.cpp; :mod:`prefixgate.cache.savings.time_saved`: the
 route's measured prefill rate x the tokens rewriting made reusable, with what the prefix cache
 saved in all, and the time priced at the backend's ``usd_per_hour`` when ``--policy`` sets one),
 TTFT p50 rewritten minus holdout (when the policy's holdout sent some sessions unrewritten) — the
 saved tokens by technique (the ``unattributed`` remainder named), the routes that stood back,
 then one row per group
-(:mod:`prefixgate.cache.report`). The layout follows the terminal width (``COLUMNS``): below
+(:mod:`prefixgate.cache.savings.report`). The layout follows the terminal width (``COLUMNS``): below
 :data:`WIDE` columns a compact table (requests, errors, cached share, saved $ / %, TTFT p50,
 TPOT p50) that fits 80 columns; from :data:`WIDE` on prompt tokens, input $ and TTFT p95 are
 added, from :data:`FULL` on the counterfactual cached share, pruned tokens and prefill seconds
@@ -21,14 +21,14 @@ proxy on streams).
 "by_technique": [{"technique", "tokens_reusable", "tokens_removed", "tokens_added",
 "saved_tokens", "usd"}], "stood_back": [{"route", "requests", "passes", "reason", "last_ts"}],
 "pd": {"split", "colocate", "split_share", "reasons"} | null, "errors": [...]}`` with named
-fields (``pd``: P/D backends' split decisions, :mod:`prefixgate.cache.pd_decisions`, also
-printed as a "P/D:" line; :mod:`prefixgate.cache.attribution`: the techniques,
-``unattributed`` included, sum to the saved line; :mod:`prefixgate.cache.stand_back`: routes
+fields (``pd``: P/D backends' split decisions, :mod:`prefixgate.cache.savings.pd_decisions`, also
+printed as a "P/D:" line; :mod:`prefixgate.cache.savings.attribution`: the techniques,
+``unattributed`` included, sum to the saved line; :mod:`prefixgate.cache.savings.stand_back`: routes
 whose token-adding passes switched themselves off, also printed under the saved line);
 ``--csv``: one header line and one line per group, every cell through :func:`csv_cell` (no cell
 can start a spreadsheet formula, issue 20 class 13).
 ``--errors`` lists failed requests by status and error; ``--breaks`` the cache-break records
-(:func:`prefixgate.cache.breaks.format_breaks`).
+(:func:`prefixgate.cache.savings.breaks.format_breaks`).
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from prefixgate.cache.attribution import by_technique
-from prefixgate.cache.ledger import Ledger
-from prefixgate.cache.pd_decisions import pd_summary
-from prefixgate.cache.report import (
+from prefixgate.cache.ledger.store import Ledger
+from prefixgate.cache.savings.attribution import by_technique
+from prefixgate.cache.savings.pd_decisions import pd_summary
+from prefixgate.cache.savings.report import (
     BY,
     error_figures,
     group_figures,
@@ -78,7 +78,7 @@ FORMULA_TRIGGERS = ("=", "+", "-", "@", "\t", "\r", "\n")
 Injection" (owasp.org/www-community/attacks/CSV_Injection, read at commit 0e5e8f0 of
 OWASP/www-community, 2025-08: ``=``, ``+``, ``-``, ``@``, tab, carriage return, line feed)."""
 NO_KEY = "-"
-"""The report's own key for "none" (:func:`prefixgate.cache.report.group_key`)."""
+"""The report's own key for "none" (:func:`prefixgate.cache.savings.report.group_key`)."""
 
 
 def csv_cell(value: Any) -> Any:
@@ -183,7 +183,7 @@ def stand_back_lines(routes: list[dict[str, Any]], width: int) -> list[str]:
 
 
 def pd_line(pd: dict[str, Any], width: int) -> str:
-    """The P/D decisions line (:func:`prefixgate.cache.pd_decisions.pd_summary`), wrapped."""
+    """The P/D decisions line (:func:`prefixgate.cache.savings.pd_decisions.pd_summary`), wrapped."""
     reasons = ", ".join(f"{k} {n:,}" for k, n in pd["reasons"].items())
     text = (f"P/D: split {pd['split']:,} · colocated {pd['colocate']:,} "
             f"({_pct(pd['split_share'])} split; {reasons})")
@@ -268,7 +268,7 @@ def _open_ledger(where: str) -> Ledger:
                        err=True)
             raise typer.Exit(1)
         return Ledger(where)
-    from prefixgate.cache.ledger_pg import PgLedger
+    from prefixgate.cache.ledger.pg import PgLedger
 
     led = PgLedger(where, spool_path=":memory:")  # a reader: nothing is written or spooled
     try:
@@ -281,7 +281,7 @@ def _open_ledger(where: str) -> Ledger:
 
 
 def _break_records(dicts: list[dict[str, Any]]) -> list[Any]:
-    from prefixgate.cache.breaks import BreakRecord
+    from prefixgate.cache.savings.breaks import BreakRecord
 
     recs = []
     for d in dicts:
@@ -341,7 +341,7 @@ def report(
         if errors:
             console.print(_errors_table(errs))
     if breaks:
-        from prefixgate.cache.breaks import format_breaks
+        from prefixgate.cache.savings.breaks import format_breaks
 
         typer.echo(format_breaks(_break_records(db.breaks(since_ts))))
     db.close()

@@ -35,10 +35,10 @@ from prefixgate.config.schema import Policy
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.pipeline.edit_detail import blocks_of, first_diff
 from prefixgate.proxy.pipeline.rewrite import RewriteOutcome, default_rewrite_fn, run_rewrite
-from prefixgate.rewriter import wire as rwire
-from prefixgate.rewriter.ir import Api, Prompt
 from prefixgate.rewriter.pipeline import PASSES, run_passes
 from prefixgate.rewriter.types import Context, Edit
+from prefixgate.rewriter.wire import codec as rwire
+from prefixgate.rewriter.wire.ir import Api, Prompt
 
 # What the model reads differently after each pass (README "pass → what the model now sees").
 WHAT_THE_MODEL_SEES: dict[str, str] = {
@@ -229,7 +229,7 @@ def rewrite(
         typer.echo(f"{request}: not a request body (a JSON object: a Chat Completions or "
                    "Messages request)", err=True)
         raise typer.Exit(2)
-    from prefixgate.cache.prefix_blocks import detect_api
+    from prefixgate.cache.savings.prefix_blocks import detect_api
 
     wire_api: Literal["openai", "anthropic"] = api or detect_api(body)  # type: ignore[assignment]
     outcome, steps, prov = explain(body, raw, wire_api, pol, provider)

@@ -91,7 +91,7 @@ def encodable(text: str) -> str:
 def clip_fields(obj: Any, limits: Mapping[str, int] = ROW_CHARS) -> None:
     """Clip, in place, each ``str`` attribute of ``obj`` named in ``limits`` to its limit
     (:func:`clip`) and make it :func:`encodable`; attributes that are missing or not ``str``
-    are left alone. For a :class:`prefixgate.cache.ledger.LedgerRow`, the default
+    are left alone. For a :class:`prefixgate.cache.ledger.store.LedgerRow`, the default
     :data:`ROW_CHARS`."""
     for name, limit in limits.items():
         value = getattr(obj, name, None)

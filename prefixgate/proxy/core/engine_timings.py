@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from prefixgate.cache.ledger import LedgerRow
+from prefixgate.cache.ledger.store import LedgerRow
 
 TTFT_HEADER = "x-engine-ttft-ms"
 DECODE_HEADER = "x-engine-decode-ms"

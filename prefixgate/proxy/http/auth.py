@@ -47,7 +47,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from prefixgate.cache.redis_link import RedisLink
+from prefixgate.cache.state.redis_link import RedisLink
 from prefixgate.config.schema import AuthSettings, LedgerSettings, ProxyKey
 from prefixgate.proxy.core.errors import Api, RateLimited, Unauthorized
 from prefixgate.proxy.http.keystore import KeyStore, hash_key

@@ -18,7 +18,7 @@ Two stores with one interface (:class:`Limiter`):
 
 - :class:`MemoryLimiter`: this process only (one ``prefixgate serve``).
 - :class:`RedisLimiter`: shared by every proxy process on ``ledger.redis_url``, through the app's
-  one :class:`prefixgate.cache.redis_link.RedisLink` (``redis.asyncio``, a 0.5 s operation
+  one :class:`prefixgate.cache.state.redis_link.RedisLink` (``redis.asyncio``, a 0.5 s operation
   timeout, its outage state): keys ``<ledger.redis_prefix>rl:<key id>:<window>:{req,tok}``,
   expiring after two windows. While Redis is down (refused, reset, or hung past the timeout)
   each process limits on its own :class:`MemoryLimiter` — every key keeps a limit, per process —
@@ -39,9 +39,9 @@ from typing import Any, Literal, Protocol
 
 import anyio
 
-from prefixgate.cache.redis_link import RedisLink
+from prefixgate.cache.state.redis_link import RedisLink
 from prefixgate.proxy.http.body import OFF_LOOP_BYTES
-from prefixgate.rewriter.tokens import json_tokens
+from prefixgate.rewriter.analysis.tokens import json_tokens
 
 log = logging.getLogger("prefixgate.ratelimit")
 
@@ -297,7 +297,7 @@ def estimate_now(body: Any, size: int) -> int:
     them: its JSON text / 4 (OpenAI's rule of thumb, ~4 characters of English per token; the
     keys and punctuation make it an over-estimate, never an under-estimate for text) with each
     image / audio / file at its fixed cost, never its base64
-    (:func:`prefixgate.rewriter.tokens.json_tokens`). Falls back to ``size / 4``."""
+    (:func:`prefixgate.rewriter.analysis.tokens.json_tokens`). Falls back to ``size / 4``."""
     try:
         return json_tokens(body, _quarter)
     except Exception:  # noqa: BLE001 - a number json cannot write, a body too odd: the bytes

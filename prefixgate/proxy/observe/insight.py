@@ -2,7 +2,7 @@
 cached, and which pass made what reusable? The answers go to the ledger (never prompt text
 unless the policy stores it).
 
-- Breaks: :class:`prefixgate.cache.breaks.BreakDetector` compares the body sent upstream with the
+- Breaks: :class:`prefixgate.cache.savings.breaks.BreakDetector` compares the body sent upstream with the
   session's previous one and names the first divergence (volatile span, reorder, tool set, ...).
 - Counterfactual, one model per REAL cache (DESIGN.md, *Savings, measured honestly*; issue 19,
   item 3): a provider or engine prefix cache is shared by every request of an organisation's key
@@ -39,7 +39,7 @@ unless the policy stores it).
   ``credit_k = cached_k - cached_(k-1)`` tokens (its marginal reuse given the passes before it;
   negative when it broke a prefix). The credits telescope: they sum to ``cached_K - cached_0``,
   the modelled saving, and what the backend's measured figure differs by is the named remainder
-  (:data:`prefixgate.cache.attribution.UNATTRIBUTED`). A pass whose stage body has never differed
+  (:data:`prefixgate.cache.savings.attribution.UNATTRIBUTED`). A pass whose stage body has never differed
   from the one before it has no model of its own (it IS the previous stage's cache) and gets
   exactly 0; the first time it changes bytes, its model starts as a copy of the previous stage's
   (``CacheModel.clone``), so it inherits the history it would have had. Once it has a model, a
@@ -70,9 +70,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefixgate.cache.breaks import BreakDetector
-from prefixgate.cache.cost import UnknownPriceError, price_outcome
-from prefixgate.cache.prefix_blocks import (
+from prefixgate.cache.provider_models import CacheModel, CacheOutcome, make_model
+from prefixgate.cache.provider_models.radix import rendered_order
+from prefixgate.cache.provider_models.token_radix import TokenCaches
+from prefixgate.cache.savings.breaks import BreakDetector
+from prefixgate.cache.savings.cost import UnknownPriceError, price_outcome
+from prefixgate.cache.savings.prefix_blocks import (
     PrefixBlock,
     anthropic_blocks,
     detect_api,
@@ -80,9 +83,6 @@ from prefixgate.cache.prefix_blocks import (
     memo_counter,
     openai_blocks,
 )
-from prefixgate.cache.provider_models import CacheModel, CacheOutcome, make_model
-from prefixgate.cache.provider_models.radix import rendered_order
-from prefixgate.cache.provider_models.token_radix import TokenCaches
 from prefixgate.proxy.core.errors import Api
 from prefixgate.proxy.core.offload import off_loop
 from prefixgate.proxy.http.tenants import salts, tenant_salt
@@ -90,7 +90,7 @@ from prefixgate.proxy.observe.engine_tokens import EngineTokenizer
 from prefixgate.proxy.observe.stages import PASS_NAMES, recorded_bodies, stage_bodies
 from prefixgate.proxy.routing.router import Target
 from prefixgate.proxy.upstream.client import Upstream
-from prefixgate.rewriter.tokens import TokenCounter, encoding_for_model, make_counter
+from prefixgate.rewriter.analysis.tokens import TokenCounter, encoding_for_model, make_counter
 from prefixgate.rewriter.types import Context
 
 log = logging.getLogger("prefixgate.insight")

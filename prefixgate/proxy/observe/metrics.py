@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from prefixgate.cache.ledger import LedgerRow
+from prefixgate.cache.ledger.store import LedgerRow
 from prefixgate.config.cache_rules import normalize_model_id
 from prefixgate.config.prices import PRICES, price_for
 from prefixgate.config.schema import Policy
@@ -83,7 +83,7 @@ class RequestObs:
 
     ``read_done`` / ``sent_at``: ``time.perf_counter()`` at the end of the body read and at the
     send (None when not reached); ``response_model``: the ``model`` the backend answered with;
-    ``break_kind``: the :mod:`prefixgate.cache.breaks` kind of this request's cache break, if any;
+    ``break_kind``: the :mod:`prefixgate.cache.savings.breaks` kind of this request's cache break, if any;
     ``headers``: extra response headers for the client (``x-prefixgate-edit-detail``).
     """
 
@@ -165,7 +165,7 @@ def output_cost_usd(model: str, output_tokens: int | None) -> float | None:
 
 
 class ProxyMetrics:
-    """Counters and histograms fed from finished :class:`~prefixgate.cache.ledger.LedgerRow` records.
+    """Counters and histograms fed from finished :class:`~prefixgate.cache.ledger.store.LedgerRow` records.
 
     ``models``: model ids kept as label values (see :class:`LabelGuard`); ``max_label_sets``:
     its cap.
@@ -235,7 +235,7 @@ class ProxyMetrics:
 
     def watch_ledger(self, state: Callable[[], dict[str, Any]]) -> None:
         """Register the ledger gauges (issue 26), read from ``state()``
-        (:meth:`prefixgate.cache.ledger.Ledger.state`) at scrape time:
+        (:meth:`prefixgate.cache.ledger.store.Ledger.state`) at scrape time:
         ``prefixgate_ledger_up`` (1: the last write reached the database; a SQLite file is
         always 1), ``prefixgate_ledger_spooled_rows`` (rows waiting in the on-disk spool while
         PostgreSQL is down), ``prefixgate_ledger_spool_dropped_rows`` (rows refused by a full

@@ -41,7 +41,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from prefixgate.cache.ledger import LedgerRow
+from prefixgate.cache.ledger.store import LedgerRow
 from prefixgate.config.backend_kinds import traits
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.core.bounded import ATTR_CHARS, clip, encodable

@@ -1,5 +1,5 @@
 """``GET /api/savings?range=1h|24h|7d``: the savings document
-(:func:`prefixgate.cache.savings.savings_document`)
+(:func:`prefixgate.cache.savings.summary.savings_document`)
 as JSON, for the dashboard (h/dash) and scripts.
 
 Behind the proxy's keys when keys are configured (:meth:`prefixgate.proxy.http.auth.Guard.admit`, no rate
@@ -39,8 +39,8 @@ import anyio.to_thread
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
-from prefixgate.cache.ledger import Ledger
-from prefixgate.cache.savings import RANGES, savings_document
+from prefixgate.cache.ledger.store import Ledger
+from prefixgate.cache.savings.summary import RANGES, savings_document
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.core.errors import (
     Forbidden,

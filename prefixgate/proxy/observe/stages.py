@@ -30,10 +30,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from prefixgate.rewriter import wire
-from prefixgate.rewriter.ir import Api
 from prefixgate.rewriter.pipeline import PASSES, OverBudget, run_passes, wire_bytes
 from prefixgate.rewriter.types import Context
+from prefixgate.rewriter.wire import codec as wire
+from prefixgate.rewriter.wire.ir import Api
 
 log = logging.getLogger("prefixgate.insight")
 

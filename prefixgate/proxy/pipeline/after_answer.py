@@ -15,7 +15,7 @@ session memory (:func:`prefixgate.proxy.pipeline.record.merge_memory`), read by 
 rewrite. Rows keep the order of their answers (:class:`RecordOrder`: a row is recorded once the
 row of the answer sent before it is, so a sequential client's rows stay in request order while
 the analyses themselves overlap). The row is announced to the ledger before the send
-(:mod:`prefixgate.cache.announced_rows`), so a reader that asks once the client has its answer
+(:mod:`prefixgate.cache.ledger.announced_rows`), so a reader that asks once the client has its answer
 still sees it.
 """
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import httpx
 
-from prefixgate.cache.counterfactual import measured_counterfactual
-from prefixgate.cache.ledger import Ledger, LedgerRow
-from prefixgate.cache.session import SessionStore
-from prefixgate.cache.shared_state import LocalState, SharedState
-from prefixgate.cache.stand_back import EVERY, RouteJudge
+from prefixgate.cache.ledger.store import Ledger, LedgerRow
+from prefixgate.cache.savings.counterfactual import measured_counterfactual
+from prefixgate.cache.savings.stand_back import EVERY, RouteJudge
+from prefixgate.cache.state.session import SessionStore
+from prefixgate.cache.state.shared_state import LocalState, SharedState
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.bridges.base import Bridge
 from prefixgate.proxy.core.bounded import clip_fields

@@ -6,7 +6,7 @@ the proxy key (401), the tenant, the body read once under its limits and checked
 targets (:func:`targets`: 404 / 501), the route's default output cap, the session id and the
 rewriter's passes over the primary bridge's pass body (:func:`passes`, off the event loop under
 the rewrite budget, fail-open; the passes that add tokens switched off while the route's
-stand-back holds, :mod:`prefixgate.cache.stand_back`), and one bridge + upstream bytes per target
+stand-back holds, :mod:`prefixgate.cache.savings.stand_back`), and one bridge + upstream bytes per target
 (:func:`bridges`: 400 when the primary cannot carry the request; a fallback that cannot is left
 out).
 """
@@ -17,7 +17,7 @@ import time
 
 from fastapi import Request
 
-from prefixgate.cache.stand_back import KEEP, Verdict
+from prefixgate.cache.savings.stand_back import KEEP, Verdict
 from prefixgate.config.backend_kinds import traits
 from prefixgate.config.schema import Policy, RewriteSettings
 from prefixgate.proxy.bridges import Bridge, bridge_for
@@ -36,10 +36,10 @@ from prefixgate.proxy.pipeline.rewrite import RewriteOutcome, rewrite_off_loop, 
 from prefixgate.proxy.pipeline.session_key import session_hash, session_id_for
 from prefixgate.proxy.routing.retries import Step
 from prefixgate.proxy.routing.router import Target, plan_targets
+from prefixgate.rewriter.analysis.tokens import count_tokens
 from prefixgate.rewriter.pipeline import PASSES
 from prefixgate.rewriter.region_memo import RegionMemo
 from prefixgate.rewriter.token_memo import TokenMemo
-from prefixgate.rewriter.tokens import count_tokens
 from prefixgate.rewriter.types import Context, Edit
 
 
@@ -190,7 +190,7 @@ _SWITCH = {spec.name: spec.switch for spec in PASSES}
 
 def stood_back(settings: RewriteSettings, verdict: Verdict) -> RewriteSettings:
     """``settings`` with the passes ``verdict`` stands back from switched off (the route's
-    stand-back, :mod:`prefixgate.cache.stand_back`); ``settings`` itself when there are none."""
+    stand-back, :mod:`prefixgate.cache.savings.stand_back`); ``settings`` itself when there are none."""
     if not verdict.stand_back:
         return settings
     return settings.model_copy(update={_SWITCH[p]: False for p in verdict.passes if p in _SWITCH})

@@ -7,7 +7,7 @@
   then ``input_usd`` and ``cf_input_usd`` both come from it (issue 19, item 8).
 - :func:`pass_tokens_json`: the applied Edits' token counts and each pass's credit as
   ``{pass: {"reusable", "removed", "added"}}`` (token counts only, never text), the ledger's
-  ``pass_tokens`` column, read by :mod:`prefixgate.cache.attribution`.
+  ``pass_tokens`` column, read by :mod:`prefixgate.cache.savings.attribution`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
-from prefixgate.cache.counterfactual import SENT_AS_IS
-from prefixgate.cache.ledger import LedgerRow
+from prefixgate.cache.ledger.store import LedgerRow
+from prefixgate.cache.savings.counterfactual import SENT_AS_IS
 from prefixgate.config.prices import backend_input_usd, backend_priced
 from prefixgate.proxy.core.bounded import clip_strings
 from prefixgate.proxy.core.engine_timings import apply_reported_timings, with_body_times

@@ -9,9 +9,9 @@ Rule (issue 19, item 4). Without the client's ``x-prefixgate-session`` header th
   ``instructions``, else the first ``system`` / ``developer`` message; ``first_user`` is the first
   user message (Chat / Messages ``messages``, Responses ``input``); text parts only;
 - ``'`` is the text **with every span the volatile detectors recognise replaced by one mask
-  character**: the passes' detector (:data:`prefixgate.rewriter.volatile_spans.DETECTORS`: clock
+  character**: the passes' detector (:data:`prefixgate.rewriter.analysis.volatile_spans.DETECTORS`: clock
   readings, ISO / RFC 2822 / long date-times, epochs, UUIDs, labelled ids) and the cache room's
-  (:data:`prefixgate.cache.volatile_spans.IDENTITY_PATTERNS`: dates, times, unix timestamps, hex
+  (:data:`prefixgate.cache.savings.break_spans.IDENTITY_PATTERNS`: dates, times, unix timestamps, hex
   ids, ``req_…`` ids, base64 ids, counters such as ``turn 7``). The system text then has every
   digit masked too (a clock, request number or version the detectors do not name; the rule of
   case B03). The first user message keeps its other digits: "what is 2+2" and "what is 3+3" are
@@ -43,8 +43,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from prefixgate.cache import volatile_spans as cache_spans
-from prefixgate.rewriter import volatile_spans as pass_spans
+from prefixgate.cache.savings import break_spans as cache_spans
+from prefixgate.rewriter.analysis import volatile_spans as pass_spans
 
 SESSION_HEADER = "x-prefixgate-session"
 SESSION_TEXT_CHARS = 1 << 16

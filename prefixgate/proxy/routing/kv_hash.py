@@ -1,7 +1,7 @@
 """Block hashes of a prompt's token ids, as the engines publish them in their KV events.
 
 The router's copy of the rule (the proxy never imports the engine; the definition in full is
-:mod:`prefixgate.local_engine.kv_block_hash`, and ``tests/kv_events/test_block_hash_agreement.py``
+:mod:`prefixgate.local_engine.kv.block_hash`, and ``tests/kv_events/test_block_hash_agreement.py``
 holds the two equal):
 
 - ``sha256`` (our engine's): ``h_0 = sha256(b"prefixgate-kv" + seed)``; block ``i`` (tokens

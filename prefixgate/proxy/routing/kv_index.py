@@ -1,7 +1,7 @@
 """One deployment's KV blocks as its own events say, and the order of those events (issue 24).
 
 :class:`BlockIndex` is fed vLLM-schema events (``BlockStored`` / ``BlockRemoved`` /
-``AllBlocksCleared``, :mod:`prefixgate.local_engine.kv_events` documents the fields) and answers
+``AllBlocksCleared``, :mod:`prefixgate.local_engine.kv.events` documents the fields) and answers
 :meth:`BlockIndex.prefix_blocks`: how many leading blocks of a prompt the deployment holds. The
 hashes are chained (each names its whole prefix), so the longest held prefix is the first miss
 walking from block 0 — which is also how vLLM itself looks a prompt up (``find_longest_cache_hit``).

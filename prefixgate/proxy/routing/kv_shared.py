@@ -2,7 +2,7 @@
 
 Every replica that follows a deployment's KV events (:mod:`prefixgate.proxy.routing.kv_events`)
 publishes a **summary** of that deployment's block index to the shared state
-(:mod:`prefixgate.cache.shared_state`), name ``kvindex:<deployment>``; a replica whose own
+(:mod:`prefixgate.cache.state.shared_state`), name ``kvindex:<deployment>``; a replica whose own
 stream of that deployment is not usable — not subscribed (``kv_events.subscribe: false``: the
 engines' ZMQ ports are not reachable from it, or N proxies x M engines subscriptions are too
 many), still syncing after a start, or cut off — routes on the freshest summary instead.
@@ -20,7 +20,7 @@ within the deployment's ``kv_events.max_staleness_s``; a writer that stops (its 
 replica gone) stops changing it, and its summary stops counting within that bound; the name
 itself expires after twice that.
 
-**Redis down.** :class:`~prefixgate.cache.shared_state.RedisState` answers from this replica's
+**Redis down.** :class:`~prefixgate.cache.state.shared_state.RedisState` answers from this replica's
 local state: each replica reads back only its own summaries, i.e. routes on its own streams —
 per-replica, as the breakers and load guard degrade. Cost: one round trip (MGET) per routing
 decision that needs a summary (none while every stream of the group is usable here), reused
@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from prefixgate.cache.shared_state import SharedState
+from prefixgate.cache.state.shared_state import SharedState
 
 log = logging.getLogger("prefixgate.kv_events")
 

@@ -4,7 +4,7 @@ model, in simulated time, with no network.
 For each strategy the same schedule of requests is replayed (runs one after another per lane,
 requests ``gap_s`` apart, seeded), each body built in the client's API, transformed by the
 strategy, and fed to a fresh provider model (:mod:`prefixgate.cache.provider_models`), a
-:class:`~prefixgate.cache.breaks.BreakDetector` and the price table:
+:class:`~prefixgate.cache.savings.breaks.BreakDetector` and the price table:
 
 * ``none`` — the client's request as is (Anthropic: no ``cache_control``, so nothing is cached).
 * ``positional`` — what other gateways do: a breakpoint on the system prompt and on the last
@@ -13,7 +13,7 @@ strategy, and fed to a fresh provider model (:mod:`prefixgate.cache.provider_mod
   and ``Context.provider`` set; each run is a session whose memory is merged from the edits.
 * ``ttl-5m`` / ``ttl-1h`` / ``ttl-auto`` (:data:`TTL_STRATEGIES`, ``--strategy ttl``) —
   ``prefixgate`` with ``breakpoint_ttl`` fixed at 5m, fixed at 1h, or chosen by expected cost
-  from the session's measured inter-arrival times (:mod:`prefixgate.rewriter.ttl_choice`).
+  from the session's measured inter-arrival times (:mod:`prefixgate.rewriter.analysis.ttl_choice`).
 
 ``think_time`` (:mod:`prefixgate.proxy.sim.think_time`) replaces the uniform ``gap_s`` between a run's
 requests with a distribution (fixed, lognormal, or a human-in-the-loop mix keyed by whether the request
@@ -34,16 +34,16 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
-from prefixgate.cache.breaks import BreakDetector, BreakRecord, count_by_kind
-from prefixgate.cache.cost import Cost, price_outcome, price_without_cache
-from prefixgate.cache.prefix_blocks import TokenCounter, flatten, memo_counter
 from prefixgate.cache.provider_models import CacheOutcome, make_model
+from prefixgate.cache.savings.breaks import BreakDetector, BreakRecord, count_by_kind
+from prefixgate.cache.savings.cost import Cost, price_outcome, price_without_cache
+from prefixgate.cache.savings.prefix_blocks import TokenCounter, flatten, memo_counter
 from prefixgate.config.schema import RewriteSettings
 from prefixgate.proxy.sim.think_time import ThinkTime, message_kind
 from prefixgate.proxy.sim.traces import SimRun, openai_body, output_text, to_anthropic
 from prefixgate.proxy.sim.wall_clock import CLOCK_RE
+from prefixgate.rewriter.analysis.tokens import count_tokens as default_counter
 from prefixgate.rewriter.pipeline import rewrite_request, session_updates
-from prefixgate.rewriter.tokens import count_tokens as default_counter
 from prefixgate.rewriter.types import Context
 
 STRATEGIES = ("none", "positional", "prefixgate")

@@ -1,0 +1,9 @@
+"""The arithmetic users read: the ``/api/savings`` document (``summary``), attribution, the
+counterfactual, time saved, the holdout, stand-back, cost, the report, cache breaks (with
+``break_spans``, which masks volatile spans to blame a break) and the block reader of wire bodies.
+"""
+
+__all__ = [
+    "attribution", "break_spans", "breaks", "cost", "counterfactual", "holdout_stats",
+    "pd_decisions", "prefix_blocks", "report", "stand_back", "summary", "time_saved",
+]

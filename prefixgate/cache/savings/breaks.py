@@ -1,0 +1,270 @@
+"""Cache-break diagnosis: where and why a session's rendered prefix stopped matching the previous
+request's.
+
+Per session, :class:`BreakDetector` keeps the block list of the last request (in memory, bounded
+LRU of sessions). When a request's blocks are not an extension of the previous ones, it records a
+:class:`BreakRecord`: the region, block and token offset of the first difference and its kind:
+
+* ``volatile_span`` — the differing blocks are equal once dates, times, UUIDs, request ids and
+  timestamps are masked (:mod:`prefixgate.cache.savings.break_spans`); case B03.
+* ``reorder`` — the region holds the same multiset of blocks in a different order (tool order,
+  case B04, or moved system blocks).
+* ``tool_set_changed`` — tools added, removed or their definitions edited.
+* ``system_edit`` — the system prompt changed otherwise.
+* ``history_edit`` — an earlier message changed or was removed (pruning, truncation,
+  elided observations).
+* ``model_changed`` — the model id changed (caches are per model).
+
+Append-only growth (the previous prefix is a prefix of the new one), pure truncation at the end,
+and a volatile note in trailing blocks of the last message being replaced (how the rewriter's
+hoisted clock moves forward each turn) are not breaks. Prompt text never leaves the detector unless
+``store_text`` is set, and then only
+as short excerpts around the divergence.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections import Counter, OrderedDict
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from prefixgate.cache.savings.break_spans import find_spans, kinds_in_diff
+from prefixgate.cache.savings.prefix_blocks import (
+    Api,
+    PrefixBlock,
+    TokenCounter,
+    common_prefix_len,
+    detect_api,
+    flatten,
+    partial_tokens,
+)
+
+BreakKind = Literal["volatile_span", "reorder", "tool_set_changed", "system_edit",
+                    "history_edit", "model_changed"]
+EXCERPT_CHARS = 80
+
+
+@dataclass(frozen=True)
+class BreakRecord:
+    """One prefix break.
+
+    ``request_seq``: 0-based index of the request in its session; ``region``:
+    ``"tools" | "system" | "messages"``; ``block_index`` / ``sub_index``: tool, system block or
+    message index in the region, and content-block index in the message; ``flat_index``: block
+    position in the whole prefix; ``token_offset``: tokens still shared with the previous
+    request; ``tokens_lost``: tokens of the previous prefix after the divergence (no longer
+    reusable); ``volatile_kinds``: e.g. ``("datetime",)``; ``excerpt_before`` /
+    ``excerpt_after``: text around the divergence, only when the detector stores text.
+    """
+
+    session_id: str
+    request_seq: int
+    kind: str
+    region: str
+    block_index: int
+    sub_index: int
+    flat_index: int
+    token_offset: int
+    tokens_lost: int
+    detail: str
+    volatile_kinds: tuple[str, ...] = ()
+    excerpt_before: str | None = None
+    excerpt_after: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (``volatile_kinds`` as a list)."""
+        d = asdict(self)
+        d["volatile_kinds"] = list(self.volatile_kinds)
+        return d
+
+
+@dataclass
+class _SessionState:
+    model: str
+    blocks: list[PrefixBlock]
+    seq: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _tool_name(block: PrefixBlock) -> str:
+    try:
+        obj = json.loads(block.text.split("\x00", 1)[1])
+    except (IndexError, ValueError):
+        return block.sha256[:8]
+    if isinstance(obj, dict):
+        fn = obj.get("function")
+        if isinstance(fn, dict) and "name" in fn:
+            return str(fn["name"])
+        return str(obj.get("name", block.sha256[:8]))
+    return block.sha256[:8]
+
+
+def _region(blocks: list[PrefixBlock], region: str) -> list[PrefixBlock]:
+    return [b for b in blocks if b.region == region]
+
+
+def _volatile_tail(prev: list[PrefixBlock], d: int) -> bool:
+    """True when the previous request's blocks from ``d`` on all belong to its last message and
+    each holds a volatile span (a per-request note such as a hoisted clock, as a trailing block or
+    a message of its own): only that note's tokens are lost, which no later request could reuse."""
+    last = prev[-1]
+    tail = prev[d:]
+    return bool(tail) and all(
+        b.region == last.region and b.index == last.index and find_spans(b.text) for b in tail)
+
+
+def _excerpt(text: str, at: int) -> str:
+    start = max(0, at - EXCERPT_CHARS // 2)
+    return text[start:start + EXCERPT_CHARS]
+
+
+class BreakDetector:
+    """Track sessions' rendered prefixes and report breaks.
+
+    ``store_text``: put excerpts in records (policy ``store_prompt_text``); ``max_sessions``:
+    sessions remembered (least recently seen forgotten first).
+    """
+
+    def __init__(self, store_text: bool = False, max_sessions: int = 4096) -> None:
+        self.store_text = store_text
+        self.max_sessions = max_sessions
+        self._sessions: OrderedDict[str, _SessionState] = OrderedDict()
+
+    def forget(self, session_id: str) -> None:
+        """Drop a session's remembered prefix."""
+        self._sessions.pop(session_id, None)
+
+    def observe(self, session_id: str, body: dict[str, Any], count_tokens: TokenCounter,
+                api: Api | None = None,
+                blocks: list[PrefixBlock] | None = None) -> BreakRecord | None:
+        """Compare ``body`` (wire body as sent upstream) with the session's previous request.
+
+        Returns a :class:`BreakRecord` when the prefix diverged, else ``None`` (first request,
+        append-only growth, identical or truncated-at-the-end prefix). ``api`` defaults to
+        :func:`~prefixgate.cache.savings.prefix_blocks.detect_api`; ``blocks``: the body already flattened
+        (saves
+        work). Raises ``TypeError`` on malformed messages.
+        """
+        if blocks is None:
+            blocks = flatten(body, api or detect_api(body), count_tokens)
+        model = str(body.get("model", ""))
+        state = self._sessions.get(session_id)
+        if state is None:
+            self._sessions[session_id] = _SessionState(model, blocks)
+            while len(self._sessions) > self.max_sessions:
+                self._sessions.popitem(last=False)
+            return None
+        self._sessions.move_to_end(session_id)
+        state.seq += 1
+        prev = state.blocks
+        prev_model = state.model
+        state.blocks, state.model = blocks, model
+        if model != prev_model:
+            total = sum(b.tokens for b in prev)
+            return BreakRecord(session_id, state.seq, "model_changed", "tools", 0, 0, 0, 0, total,
+                               f"model {prev_model!r} -> {model!r}")
+        d = 0
+        n = min(len(prev), len(blocks))
+        while d < n and prev[d].sha256 == blocks[d].sha256:
+            d += 1
+        if d >= n:
+            return None  # append-only, identical, or a prefix of the previous request
+        if _volatile_tail(prev, d):
+            return None  # only a volatile note at the very end moved on: nothing reusable lost
+        return self._classify(session_id, state.seq, prev, blocks, d)
+
+    def _classify(self, session_id: str, seq: int, prev: list[PrefixBlock],
+                  cur: list[PrefixBlock], d: int) -> BreakRecord:
+        pb, cb = prev[d], cur[d]
+        shared = sum(b.tokens for b in prev[:d]) + partial_tokens(cb, pb.text)
+        lost = sum(b.tokens for b in prev) - shared
+        kind, detail, vkinds = self._kind(prev, cur, pb, cb)
+        before = after = None
+        if self.store_text:
+            at = common_prefix_len(pb.text, cb.text)
+            before, after = _excerpt(pb.text, at), _excerpt(cb.text, at)
+        return BreakRecord(session_id, seq, kind, cb.region, cb.index, cb.sub, d, shared, lost,
+                           detail, tuple(vkinds), before, after)
+
+    @staticmethod
+    def _kind(prev: list[PrefixBlock], cur: list[PrefixBlock], pb: PrefixBlock,
+              cb: PrefixBlock) -> tuple[str, str, list[str]]:
+        if pb.region == cb.region:
+            vk = kinds_in_diff(pb.text, cb.text)
+            if vk:
+                detail = f"{cb.region}[{cb.index}] differs only in {', '.join(vk)}"
+                return "volatile_span", detail, vk
+        if "tools" in (pb.region, cb.region):
+            pt, ct = _region(prev, "tools"), _region(cur, "tools")
+            if Counter(b.sha256 for b in pt) == Counter(b.sha256 for b in ct):
+                return "reorder", f"same {len(ct)} tools in another order", []
+            pn, cn = {_tool_name(b) for b in pt}, {_tool_name(b) for b in ct}
+            added, removed = sorted(cn - pn), sorted(pn - cn)
+            if added or removed:
+                return "tool_set_changed", f"added {added}, removed {removed}", []
+            return "tool_set_changed", f"definition of {_tool_name(cb)!r} changed", []
+        region = cb.region
+        pr, cr = _region(prev, region), _region(cur, region)
+        if region != "messages" and Counter(b.sha256 for b in pr) == \
+                Counter(b.sha256 for b in cr):
+            return "reorder", f"same {len(cr)} {region} blocks in another order", []
+        if region == "system" or pb.region == "system":
+            return "system_edit", f"system block {cb.index} changed", []
+        if len(cr) < len(pr) and {b.sha256 for b in cr} <= {b.sha256 for b in pr}:
+            n_gone = len(pr) - len(cr)
+            return "history_edit", f"{n_gone} history blocks removed from message {pb.index} on", []
+        return "history_edit", f"message {pb.index} ({pb.role}) block {pb.sub} changed", []
+
+
+def count_by_kind(records: list[BreakRecord]) -> dict[str, int]:
+    """``{kind: number of breaks}`` in first-seen order."""
+    out: dict[str, int] = {}
+    for r in records:
+        out[r.kind] = out.get(r.kind, 0) + 1
+    return out
+
+
+def format_breaks(records: list[BreakRecord], width: int = 80) -> str:
+    """Plain-text table of breaks for ``prefixgate report --breaks`` (one row per record, then
+    totals by kind), every line at most ``width`` columns (a terminal's 80 by default): a detail
+    or excerpt that does not fit goes on indented lines below its row. Empty input gives
+    ``"no cache breaks recorded"``."""
+    if not records:
+        return "no cache breaks recorded"
+    header = f"{'session':<10} {'req':>4} {'kind':<17} {'where':<16} {'offset':>7} {'lost':>7}"
+    lines = [header + "  detail", "-" * min(width, len(header) + 8)]
+    indent = " " * 6
+    for r in records:
+        where = f"{r.region}[{r.block_index}]" + (f".{r.sub_index}" if r.sub_index else "")
+        row = (f"{r.session_id[:10]:<10} {r.request_seq:>4} {r.kind[:17]:<17} {where[:16]:<16} "
+               f"{r.token_offset:>7} {r.tokens_lost:>7}")
+        if len(row) + 2 + len(r.detail) <= width:
+            lines.append(f"{row}  {r.detail}".rstrip())
+        else:
+            lines.append(row)
+            lines += textwrap.wrap(r.detail, width, initial_indent=indent, subsequent_indent=indent)
+        if r.excerpt_before is not None:
+            for label, text in (("before: ", r.excerpt_before), ("after:  ", r.excerpt_after)):
+                lines += textwrap.wrap(f"{label}{text!r}", width, initial_indent=indent,
+                                       subsequent_indent=indent + " " * len(label))
+    totals = ", ".join(f"{k}: {v}" for k, v in count_by_kind(records).items())
+    lines += textwrap.wrap(f"{len(records)} break(s) — {totals}; "
+                           f"{sum(r.tokens_lost for r in records)} prefix tokens lost", width)
+    advice = break_advice(records)
+    if advice:
+        lines += textwrap.wrap(advice, width)
+    return "\n".join(lines)
+
+
+def break_advice(records: list[BreakRecord]) -> str:
+    """What would recover the prefix lost to volatile spans, or ``""`` when none broke it: the
+    opt-in ``hoist_volatile`` (off by default because it moves text the model reads:
+    :data:`prefixgate.config.schema.MOVES_THE_MODEL_READS`)."""
+    lost = sum(r.tokens_lost for r in records if r.kind == "volatile_span")
+    if not lost:
+        return ""
+    return (f"{lost} of those tokens were lost to a changing clock / id: `rewrite.hoist_volatile: "
+            "true` moves such a line after the conversation (opt-in: it can change answers; "
+            "README, \"What prefixgate changes\")")

@@ -1,0 +1,98 @@
+"""A request's state inside the engine (nano-vllm's ``Sequence``).
+
+Token bookkeeping: ``token_ids = prompt + completion``. ``slots[i]`` is the KV slot of token ``i``
+for ``i < num_computed`` (those tokens' K/V are in the pool). The first ``num_tree_tokens`` slots
+belong to the radix tree (locked through ``handle``); the rest were allocated for this request.
+The request needs ``len(token_ids) - num_computed`` tokens computed before it can sample
+again: 1 in decode, more in (chunked) prefill or after being retracted and re-admitted. During a
+speculative step ``slots`` also covers the draft tokens being verified (``kv_manager`` regions).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections.abc import Callable
+
+import torch
+
+from prefixgate.local_engine.kv.radix_cache import CacheHandle
+from prefixgate.local_engine.sched.api_types import RequestOutput, SamplingParams
+from prefixgate.local_engine.sched.detokenizer import IncrementalDetokenizer
+
+_arrival = itertools.count()
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """One request: prompt, completion so far, its slots, its lock on the radix tree, its sink.
+
+    ``sink(output)`` is called (on the engine thread) with each ``RequestOutput``, or with the
+    exception that failed the step.
+    """
+
+    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                 max_tokens: int, extra_key: bytes | None, generator: torch.Generator,
+                 detok: IncrementalDetokenizer, stop_ids: set[int],
+                 sink: Callable[[RequestOutput | BaseException], None]) -> None:
+        self.request_id = request_id
+        self.arrival = next(_arrival)
+        self.token_ids: list[int] = list(prompt_ids)
+        self.num_prompt = len(prompt_ids)
+        self.params = params
+        self.max_tokens = max_tokens
+        self.extra_key = extra_key
+        self.generator = generator
+        self.detok = detok
+        self.stop_ids = stop_ids
+        self.sink = sink
+        self.status = Status.WAITING
+        self.slots: list[int] = []
+        self.num_computed = 0
+        self.num_tree_tokens = 0
+        self.handle: CacheHandle | None = None
+        self.row: int | None = None  # ReqToTokenTable row while running
+        self.cached_tokens: int | None = None  # prompt tokens served by the cache (first admission)
+        self.first_admission = False
+        self.finish_reason: str | None = None
+        self.pending_ids: list[int] = []
+        self.prompt_cached = False  # prompt KV inserted into the radix tree (after its prefill)
+        self.aborted = False
+        self.scheduled_at: float | None = None  # perf_counter s of its first forward step
+        self.spec_drafts = 0           # speculative decoding: drafts verified for this request,
+        self.spec_draft_tokens = 0     # tokens proposed in them,
+        self.spec_accepted_tokens = 0  # and of those, accepted
+
+    @property
+    def num_completion(self) -> int:
+        """Tokens generated so far (excludes the prompt)."""
+        return len(self.token_ids) - self.num_prompt
+
+    @property
+    def num_uncomputed(self) -> int:
+        """Tokens to run through the model before the next token can be sampled."""
+        return len(self.token_ids) - self.num_computed
+
+    def output(self, text: str) -> RequestOutput:
+        """Build the output for what was produced since the last one and clear it."""
+        out = RequestOutput(
+            request_id=self.request_id,
+            new_token_ids=self.pending_ids,
+            text_delta=text,
+            finished=self.status is Status.FINISHED,
+            finish_reason=self.finish_reason,
+            prompt_tokens=self.num_prompt,
+            cached_tokens=self.cached_tokens or 0,
+            completion_tokens=self.num_completion,
+            scheduled_at=self.scheduled_at,
+            spec_drafts=self.spec_drafts,
+            spec_draft_tokens=self.spec_draft_tokens,
+            spec_accepted_tokens=self.spec_accepted_tokens,
+        )
+        self.pending_ids = []
+        return out
