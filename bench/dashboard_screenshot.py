@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO))
 
 from prefixgate.cache.ledger.store import Ledger
 from prefixgate.cache.provider_models import make_model
-from prefixgate.cache.savings.prefix_blocks import memo_counter
+from prefixgate.cache.provider_models.prefix_blocks import memo_counter
 from prefixgate.config.loader import parse_policy
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.app import build_app

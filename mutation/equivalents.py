@@ -273,7 +273,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
         "xǁRedisLimiterǁdrain__mutmut_5": (
             "await asyncio.gather(*list(self._tasks), return_exceptions=False)", NEVER_RAISES),
     },
-    "prefixgate/cache/savings/attribution.py": {
+    "prefixgate/cache/ledger/attribution.py": {
         "x_attribute_usd__mutmut_27": (
             'price = price_for(str(row.get("model") or "XXXX"))',
             "no price id is a prefix of 'XXXX' or of '': a row without a model is unpriced either way"),

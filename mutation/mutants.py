@@ -256,7 +256,7 @@ MUTANTS: list[Mutant] = [
       '            if rpm is not None and c[0] >= rpm:\n                c[0] += 1\n'
       '                return Refusal("requests", rpm, left)', LIMIT,
       "a refused request still counted against the window"),
-    m("attribution_remainder_double_counts", "prefixgate/cache/savings/attribution.py",
+    m("attribution_remainder_double_counts", "prefixgate/cache/ledger/attribution.py",
       "rest = total - sum(out.values())", "rest = total", ATTR,
       "the unattributed remainder repeats the whole saving: the parts no longer add up"),
     # -- issue 21, round two: the audit's classes (each module's tests: mutation_score.TARGETS) --

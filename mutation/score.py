@@ -76,7 +76,7 @@ TARGETS: dict[str, list[str]] = {
     "prefixgate/cache/savings/summary.py": ["tests/cache/test_savings_math.py", "tests/cache/test_time_saved.py",
                                     "tests/cache/test_savings_pinned.py",
                                     "tests/cache/test_pd_decisions.py", "tests/cache/test_savings_unanswered.py"],
-    "prefixgate/cache/savings/attribution.py": ["tests/cache/test_attribution.py", "tests/cache/test_attribution_pinned.py"],
+    "prefixgate/cache/ledger/attribution.py": ["tests/cache/test_attribution.py", "tests/cache/test_attribution_pinned.py"],
     "prefixgate/cache/ledger/writer.py": ["tests/cache/test_ledger_writer.py", "tests/cache/test_ledger_writer_pinned.py"],
     "prefixgate/cache/state/responses_store.py": ["tests/proxy/test_responses_store.py",
                                             "tests/cache/test_responses_store_machine.py"],

@@ -1,5 +1,5 @@
 """The after-answer cache analysis (break detector + counterfactual cache model, fed through
-:mod:`prefixgate.cache.savings.prefix_blocks`) takes bodies whose fields have the wrong JSON types — a lenient
+:mod:`prefixgate.cache.provider_models.prefix_blocks`) takes bodies whose fields have the wrong JSON types — a lenient
 backend may have answered them — without raising: no traceback is logged per request, and the
 fields of the wrong type simply add no block."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from prefixgate.cache.savings.prefix_blocks import detect_api, flatten
+from prefixgate.cache.provider_models.prefix_blocks import detect_api, flatten
 from prefixgate.proxy.observe.insight import Insight
 
 USER = {"role": "user", "content": "hi"}

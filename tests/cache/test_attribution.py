@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from prefixgate.cache.ledger.store import Ledger, LedgerRow
-from prefixgate.cache.savings.attribution import (
+from prefixgate.cache.ledger.attribution import (
     UNATTRIBUTED,
     attribute_usd,
     by_technique,
     parse_pass_tokens,
     row_techniques,
 )
+from prefixgate.cache.ledger.store import Ledger, LedgerRow
 from prefixgate.cache.savings.report import saved_figures
 from prefixgate.cache.savings.summary import savings_document
 from prefixgate.config.prices import price_for

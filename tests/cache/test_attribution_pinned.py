@@ -1,4 +1,4 @@
-"""Savings by technique, pinned by hand (issue 21): :mod:`prefixgate.cache.savings.attribution` on small
+"""Savings by technique, pinned by hand (issue 21): :mod:`prefixgate.cache.ledger.attribution` on small
 rows whose every figure is computed below from the module docstring's rules (gpt-4o list
 prices: input $2.50 / M, cached input $1.25 / M)."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefixgate.cache.savings.attribution import (
+from prefixgate.cache.ledger.attribution import (
     UNATTRIBUTED,
     TechniqueFigures,
     added_tokens,

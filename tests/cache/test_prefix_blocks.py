@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixgate.cache.provider_models.block_trie import BlockTrie
-from prefixgate.cache.savings.prefix_blocks import (
+from prefixgate.cache.provider_models.prefix_blocks import (
     anthropic_blocks,
     chain_hashes,
     common_prefix_len,

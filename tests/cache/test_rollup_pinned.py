@@ -29,7 +29,7 @@ def test_fold_of_a_full_row_field_by_field() -> None:
     169.407)); TPOT 12 ms in bucket 12 ([11.642, 14.552)). Rewritten (edits) with a
     counterfactual: modelled. No pass credited (``pass_tokens`` empty): the 2048 - 1024 = 1024
     tokens of cache reuse gained are the ``unattributed`` technique's (the parts add up to the
-    saving, :mod:`prefixgate.cache.savings.attribution`); no pass added tokens."""
+    saving, :mod:`prefixgate.cache.ledger.attribution`); no pass added tokens."""
     assert rollup.fold(ROW) == {
         "requests": 1, "errors": 0, "no_usage": 0, "holdout": 0,
         "prompt_tokens": 3000, "output_tokens": 40, "pruned_tokens": 120,

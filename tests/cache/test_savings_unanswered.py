@@ -1,4 +1,4 @@
-"""A request the backend never answered saved nothing (:mod:`prefixgate.cache.savings.attribution`).
+"""A request the backend never answered saved nothing (:mod:`prefixgate.cache.ledger.attribution`).
 
 The proxy writes a row's ``tokens_pruned`` and ``pass_tokens`` when it rewrites, before the
 request goes out; a request that then fails upstream (a 429, a 500), or is refused or cut
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from prefixgate.cache.ledger import rollup
+from prefixgate.cache.ledger.attribution import by_technique
 from prefixgate.cache.ledger.store import Ledger, LedgerRow
 from prefixgate.cache.savings import report
-from prefixgate.cache.savings.attribution import by_technique
 from prefixgate.cache.savings.summary import savings_document
 
 T0 = 1_800_000_000.0

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixgate.cache.provider_models.anthropic import breakpoints as api_breakpoints
-from prefixgate.cache.savings.prefix_blocks import anthropic_blocks
+from prefixgate.cache.provider_models.prefix_blocks import anthropic_blocks
 from prefixgate.rewriter.analysis import ttl_choice
 from prefixgate.rewriter.analysis.tokens import count_tokens
 from prefixgate.rewriter.analysis.ttl_choice import MAX_GAPS, plan, segment_cost, tail, updated

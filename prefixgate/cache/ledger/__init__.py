@@ -2,4 +2,6 @@
 ``pg_schema``), the writer thread and its spool, per-minute rollups and announced rows.
 """
 
-__all__ = ["announced_rows", "pg", "pg_schema", "rollup", "spool", "store", "writer"]
+__all__ = [
+    "announced_rows", "attribution", "pg", "pg_schema", "rollup", "spool", "store", "writer",
+]

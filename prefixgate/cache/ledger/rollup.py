@@ -24,7 +24,7 @@ as the request row (:func:`upsert`), so the two never disagree. Fields of ``data
     ttft tpot   {bucket index: count} over :data:`LAT_EDGES_MS`
     plen olen   {bucket index: count} over :data:`PROMPT_EDGES` / :data:`OUTPUT_EDGES`
     tech        {pass: {reusable, removed, added, usd}} with the ``unattributed`` remainder
-                (:func:`prefixgate.cache.savings.attribution.row_techniques`: the parts add up)
+                (:func:`prefixgate.cache.ledger.attribution.row_techniques`: the parts add up)
 
 Latency buckets are geometric (x1.25), so a percentile read from them (:func:`hist_percentile`)
 is within 12.5 % of the exact one; exact percentiles come from the request rows.
@@ -38,7 +38,7 @@ import sqlite3
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from prefixgate.cache.savings.attribution import row_techniques
+from prefixgate.cache.ledger.attribution import row_techniques
 
 TABLE = "rollup_tenant_minutes"
 OLD_TABLES = ("rollup_minutes",)

@@ -37,7 +37,7 @@ Issue 9 columns: ``holdout`` (1 = the session was in the holdout and went out un
 TTFT header on a non-streamed answer, "" = none), ``queue_ms`` / ``prefill_ms`` /
 ``decode_ms`` (where the backend reports them, else NULL), ``pass_tokens`` (JSON
 ``{pass: {"reusable", "removed", "added"}}`` of the applied passes, token counts only; see
-:mod:`prefixgate.cache.savings.attribution`).
+:mod:`prefixgate.cache.ledger.attribution`).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from __future__ import annotations
 from prefixgate.cache.provider_models.anthropic import AnthropicCacheModel
 from prefixgate.cache.provider_models.base import CacheModel, CacheOutcome, CacheRuleError
 from prefixgate.cache.provider_models.openai import OpenAICacheModel
+from prefixgate.cache.provider_models.prefix_blocks import TokenCounter
 from prefixgate.cache.provider_models.radix import RadixCacheModel
-from prefixgate.cache.savings.prefix_blocks import TokenCounter
 
 PROVIDERS = ("anthropic", "openai", "radix")
 

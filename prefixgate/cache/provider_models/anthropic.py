@@ -36,7 +36,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefixgate.cache.provider_models.base import CacheOutcome, CacheRuleError
-from prefixgate.cache.savings.prefix_blocks import PrefixBlock, TokenCounter, anthropic_blocks, memo_counter
+from prefixgate.cache.provider_models.prefix_blocks import (
+    PrefixBlock,
+    TokenCounter,
+    anthropic_blocks,
+    memo_counter,
+)
 from prefixgate.config.cache_rules import (
     ANTHROPIC_LOOKBACK_BLOCKS,
     ANTHROPIC_MAX_BREAKPOINTS,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from prefixgate.cache.savings.prefix_blocks import PrefixBlock
+from prefixgate.cache.provider_models.prefix_blocks import PrefixBlock
 
 
 class CacheRuleError(ValueError):
@@ -76,7 +76,8 @@ class CacheModel(Protocol):
                 blocks: list[PrefixBlock] | None = None) -> CacheOutcome:
         """Account one request sent at simulated time ``now_s`` (seconds, monotonic) and update
         the cache state. ``blocks``: the body already flattened by
-        :func:`prefixgate.cache.savings.prefix_blocks.flatten` for the provider's API (optional, saves work).
+        :func:`prefixgate.cache.provider_models.prefix_blocks.flatten` for the provider's API (optional,
+        saves work).
         Raises :class:`CacheRuleError` for requests the provider rejects."""
         ...
 

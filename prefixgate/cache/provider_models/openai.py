@@ -40,8 +40,13 @@ from typing import Any
 
 from prefixgate.cache.provider_models.base import CacheOutcome
 from prefixgate.cache.provider_models.block_trie import BlockTrie
+from prefixgate.cache.provider_models.prefix_blocks import (
+    PrefixBlock,
+    TokenCounter,
+    memo_counter,
+    openai_blocks,
+)
 from prefixgate.cache.provider_models.radix import rendered_order
-from prefixgate.cache.savings.prefix_blocks import PrefixBlock, TokenCounter, memo_counter, openai_blocks
 from prefixgate.config.cache_rules import (
     OPENAI_CACHE_INCREMENT,
     OPENAI_EXTENDED_RETENTION_S,

@@ -29,7 +29,7 @@ from typing import Any
 
 from prefixgate.cache.provider_models.base import CacheOutcome
 from prefixgate.cache.provider_models.block_trie import BlockTrie
-from prefixgate.cache.savings.prefix_blocks import (
+from prefixgate.cache.provider_models.prefix_blocks import (
     PrefixBlock,
     TokenCounter,
     detect_api,

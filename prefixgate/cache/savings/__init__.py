@@ -4,6 +4,6 @@ counterfactual, time saved, the holdout, stand-back, cost, the report, cache bre
 """
 
 __all__ = [
-    "attribution", "break_spans", "breaks", "cost", "counterfactual", "holdout_stats",
-    "pd_decisions", "prefix_blocks", "report", "stand_back", "summary", "time_saved",
+    "break_spans", "breaks", "cost", "counterfactual", "holdout_stats", "pd_decisions", "report",
+    "stand_back", "summary", "time_saved",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from prefixgate.cache.savings.prefix_blocks import common_prefix_len, common_suffix_len
+from prefixgate.cache.provider_models.prefix_blocks import common_prefix_len, common_suffix_len
 
 _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("uuid", re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"

@@ -30,8 +30,7 @@ from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from prefixgate.cache.savings.break_spans import find_spans, kinds_in_diff
-from prefixgate.cache.savings.prefix_blocks import (
+from prefixgate.cache.provider_models.prefix_blocks import (
     Api,
     PrefixBlock,
     TokenCounter,
@@ -40,6 +39,7 @@ from prefixgate.cache.savings.prefix_blocks import (
     flatten,
     partial_tokens,
 )
+from prefixgate.cache.savings.break_spans import find_spans, kinds_in_diff
 
 BreakKind = Literal["volatile_span", "reorder", "tool_set_changed", "system_edit",
                     "history_edit", "model_changed"]
@@ -143,7 +143,8 @@ class BreakDetector:
 
         Returns a :class:`BreakRecord` when the prefix diverged, else ``None`` (first request,
         append-only growth, identical or truncated-at-the-end prefix). ``api`` defaults to
-        :func:`~prefixgate.cache.savings.prefix_blocks.detect_api`; ``blocks``: the body already flattened
+        :func:`~prefixgate.cache.provider_models.prefix_blocks.detect_api`; ``blocks``: the body already
+        flattened
         (saves
         work). Raises ``TypeError`` on malformed messages.
         """

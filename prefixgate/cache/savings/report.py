@@ -18,7 +18,7 @@ sent, and the client's own body); ``saved_usd`` is their difference, ``saved_pct
 ``cf_input_usd``. Tokens: ``saved_tokens = (cached - cf_cached) + pruned - added`` (cache reuse
 over rows with a counterfactual; pruned and added, the passes' tokens, over the rows whose usage
 the backend reported: a request that failed or was cut before usage saved nothing), split by
-technique in :mod:`prefixgate.cache.savings.attribution` (the parts sum to it). TTFT: ``ttft_reported``
+technique in :mod:`prefixgate.cache.ledger.attribution` (the parts sum to it). TTFT: ``ttft_reported``
 counts rows whose TTFT the backend reported (a non-streamed answer; ledger ``ttft_source =
 reported``), the others were timed by the proxy. Time: ``prefill_s_saved``,
 ``prefill_s_cached``, ``prefill_usd_saved``, ``ttft_s_saved_holdout``
@@ -33,7 +33,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from prefixgate.cache.savings.attribution import added_tokens, answered, reuse_of
+from prefixgate.cache.ledger.attribution import added_tokens, answered, reuse_of
 from prefixgate.cache.savings.holdout_stats import holdout_report
 from prefixgate.cache.savings.time_saved import PrefillRate, rates, time_saved
 

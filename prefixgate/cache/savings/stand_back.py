@@ -18,7 +18,7 @@ pay should do nothing (DESIGN.md, *Invariants*: "a pass runs only when it pays")
 2. **Counterfactual** (measured where the backend saw the client's prompt, else modelled on the
    real cache, :mod:`prefixgate.proxy.observe.insight`): over at least ``min_requests``
    rewritten requests with a counterfactual, the tokens saved — ``(cached - cf_cached) + removed
-   - added`` per request, the ledger's own figure (:mod:`prefixgate.cache.savings.attribution`). A sum
+   - added`` per request, the ledger's own figure (:mod:`prefixgate.cache.ledger.attribution`). A sum
    ``<= 0`` (no better than the client's bodies) stands back.
 3. Otherwise (too few requests): the passes keep running.
 
@@ -43,7 +43,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefixgate.cache.savings.attribution import parse_pass_tokens, reuse_of
+from prefixgate.cache.ledger.attribution import parse_pass_tokens, reuse_of
 from prefixgate.cache.savings.holdout_stats import HELPS, HURTS, NO_DIFF, compare
 
 WINDOW = 64

@@ -9,8 +9,8 @@ never 0 in disguise. ``saved_usd = cf_input_usd - input_usd`` over requests pric
 added`` tokens no longer billed at the full input price (``added``: tokens the passes put in, a
 hoisted note; ``pruned`` and ``added`` over the requests whose usage the backend reported:
 one that failed or was cut before any usage saved nothing,
-:func:`prefixgate.cache.savings.attribution.answered`). ``by_technique`` splits both
-(:mod:`prefixgate.cache.savings.attribution`): its ``saved_tokens`` and ``usd``, the ``unattributed``
+:func:`prefixgate.cache.ledger.attribution.answered`). ``by_technique`` splits both
+(:mod:`prefixgate.cache.ledger.attribution`): its ``saved_tokens`` and ``usd``, the ``unattributed``
 remainder included, sum to the totals'. SLO
 attainment is over requests with that figure; goodput = share of requests with a TTFT that meet
 the TTFT SLO and the TPOT SLO (a request of one output token has no TPOT and meets it). Time
@@ -26,8 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from prefixgate.cache.ledger import rollup
+from prefixgate.cache.ledger.attribution import merge_techniques
 from prefixgate.cache.ledger.store import Ledger
-from prefixgate.cache.savings.attribution import merge_techniques
 from prefixgate.cache.savings.holdout_stats import holdout_report
 from prefixgate.cache.savings.pd_decisions import pd_summary
 from prefixgate.cache.savings.report import percentile

@@ -22,7 +22,7 @@ proxy on streams).
 "saved_tokens", "usd"}], "stood_back": [{"route", "requests", "passes", "reason", "last_ts"}],
 "pd": {"split", "colocate", "split_share", "reasons"} | null, "errors": [...]}`` with named
 fields (``pd``: P/D backends' split decisions, :mod:`prefixgate.cache.savings.pd_decisions`, also
-printed as a "P/D:" line; :mod:`prefixgate.cache.savings.attribution`: the techniques,
+printed as a "P/D:" line; :mod:`prefixgate.cache.ledger.attribution`: the techniques,
 ``unattributed`` included, sum to the saved line; :mod:`prefixgate.cache.savings.stand_back`: routes
 whose token-adding passes switched themselves off, also printed under the saved line);
 ``--csv``: one header line and one line per group, every cell through :func:`csv_cell` (no cell
@@ -47,8 +47,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from prefixgate.cache.ledger.attribution import by_technique
 from prefixgate.cache.ledger.store import Ledger
-from prefixgate.cache.savings.attribution import by_technique
 from prefixgate.cache.savings.pd_decisions import pd_summary
 from prefixgate.cache.savings.report import (
     BY,

@@ -229,7 +229,7 @@ def rewrite(
         typer.echo(f"{request}: not a request body (a JSON object: a Chat Completions or "
                    "Messages request)", err=True)
         raise typer.Exit(2)
-    from prefixgate.cache.savings.prefix_blocks import detect_api
+    from prefixgate.cache.provider_models.prefix_blocks import detect_api
 
     wire_api: Literal["openai", "anthropic"] = api or detect_api(body)  # type: ignore[assignment]
     outcome, steps, prov = explain(body, raw, wire_api, pol, provider)

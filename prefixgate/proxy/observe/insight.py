@@ -39,7 +39,7 @@ unless the policy stores it).
   ``credit_k = cached_k - cached_(k-1)`` tokens (its marginal reuse given the passes before it;
   negative when it broke a prefix). The credits telescope: they sum to ``cached_K - cached_0``,
   the modelled saving, and what the backend's measured figure differs by is the named remainder
-  (:data:`prefixgate.cache.savings.attribution.UNATTRIBUTED`). A pass whose stage body has never differed
+  (:data:`prefixgate.cache.ledger.attribution.UNATTRIBUTED`). A pass whose stage body has never differed
   from the one before it has no model of its own (it IS the previous stage's cache) and gets
   exactly 0; the first time it changes bytes, its model starts as a copy of the previous stage's
   (``CacheModel.clone``), so it inherits the history it would have had. Once it has a model, a
@@ -71,11 +71,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefixgate.cache.provider_models import CacheModel, CacheOutcome, make_model
-from prefixgate.cache.provider_models.radix import rendered_order
-from prefixgate.cache.provider_models.token_radix import TokenCaches
-from prefixgate.cache.savings.breaks import BreakDetector
-from prefixgate.cache.savings.cost import UnknownPriceError, price_outcome
-from prefixgate.cache.savings.prefix_blocks import (
+from prefixgate.cache.provider_models.prefix_blocks import (
     PrefixBlock,
     anthropic_blocks,
     detect_api,
@@ -83,6 +79,10 @@ from prefixgate.cache.savings.prefix_blocks import (
     memo_counter,
     openai_blocks,
 )
+from prefixgate.cache.provider_models.radix import rendered_order
+from prefixgate.cache.provider_models.token_radix import TokenCaches
+from prefixgate.cache.savings.breaks import BreakDetector
+from prefixgate.cache.savings.cost import UnknownPriceError, price_outcome
 from prefixgate.proxy.core.errors import Api
 from prefixgate.proxy.core.offload import off_loop
 from prefixgate.proxy.http.tenants import salts, tenant_salt

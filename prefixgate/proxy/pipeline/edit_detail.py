@@ -2,7 +2,8 @@
 ``prefixgate rewrite``.
 
 Offsets are counted over the blocks a prefix cache hashes, in the API's order
-(:func:`prefixgate.cache.savings.prefix_blocks.flatten`: Anthropic tools → system → messages, OpenAI tools →
+(:func:`prefixgate.cache.provider_models.prefix_blocks.flatten`: Anthropic tools → system → messages, OpenAI
+tools →
 messages), with the rewriter's token counter. ``first_diff`` is the number of tokens at the start
 of the body as sent that are the client's own blocks unchanged (None when nothing changed): the
 prefix rewriting left as it was. An Edit's ``at`` is where its region starts in the body as sent.
@@ -24,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from prefixgate.cache.savings.prefix_blocks import PrefixBlock, flatten
+from prefixgate.cache.provider_models.prefix_blocks import PrefixBlock, flatten
 from prefixgate.rewriter.analysis.tokens import TokenCounter, count_tokens
 from prefixgate.rewriter.types import Api, Edit
 

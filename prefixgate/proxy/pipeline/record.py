@@ -7,7 +7,7 @@
   then ``input_usd`` and ``cf_input_usd`` both come from it (issue 19, item 8).
 - :func:`pass_tokens_json`: the applied Edits' token counts and each pass's credit as
   ``{pass: {"reusable", "removed", "added"}}`` (token counts only, never text), the ledger's
-  ``pass_tokens`` column, read by :mod:`prefixgate.cache.savings.attribution`.
+  ``pass_tokens`` column, read by :mod:`prefixgate.cache.ledger.attribution`.
 """
 
 from __future__ import annotations

@@ -35,9 +35,9 @@ from types import MappingProxyType
 from typing import Any
 
 from prefixgate.cache.provider_models import CacheOutcome, make_model
+from prefixgate.cache.provider_models.prefix_blocks import TokenCounter, flatten, memo_counter
 from prefixgate.cache.savings.breaks import BreakDetector, BreakRecord, count_by_kind
 from prefixgate.cache.savings.cost import Cost, price_outcome, price_without_cache
-from prefixgate.cache.savings.prefix_blocks import TokenCounter, flatten, memo_counter
 from prefixgate.config.schema import RewriteSettings
 from prefixgate.proxy.sim.think_time import ThinkTime, message_kind
 from prefixgate.proxy.sim.traces import SimRun, openai_body, output_text, to_anthropic

@@ -3,4 +3,6 @@ precision (``sensitivity``), packed CPU linears (``cpu_linear``) and the screene
 (``screened_head``).
 """
 
-__all__ = ["cpu_linear", "int8", "screened_head", "sensitivity"]
+__all__ = [
+    "cpu_features", "cpu_linear", "int8", "screened_head", "sensitivity",
+]
