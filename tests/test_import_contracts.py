@@ -56,6 +56,28 @@ def test_the_tree_keeps_every_contract() -> None:
      "the proxy, rewriter, cache and config never import torch"),
     ("prefixgate/local_engine/sched/scheduler.py", "import prefixgate.local_engine.server.protocol",
      "the engine core never imports its HTTP side"),
+    ("prefixgate/local_engine/kv/radix_cache.py", "import prefixgate.local_engine.model.llama",
+     "engine layers: kv < model < sched < spec < pd < engine < server"),
+    ("prefixgate/local_engine/model/attention.py", "import prefixgate.local_engine.sched.sequence",
+     "engine layers: kv < model < sched < spec < pd < engine < server"),
+    ("prefixgate/local_engine/sched/scheduler.py", "import prefixgate.local_engine.spec.drafters",
+     "engine layers: kv < model < sched < spec < pd < engine < server"),
+    ("prefixgate/local_engine/spec/decode.py", "import prefixgate.local_engine.pd.roles",
+     "engine layers: kv < model < sched < spec < pd < engine < server"),
+    ("prefixgate/local_engine/pd/link.py", "import prefixgate.local_engine.engine",
+     "engine layers: kv < model < sched < spec < pd < engine < server"),
+    ("prefixgate/cache/ledger/rollup.py", "import prefixgate.cache.savings.summary",
+     "cache packages: savings -> ledger -> state"),
+    ("prefixgate/cache/state/session.py", "import prefixgate.cache.ledger.store",
+     "cache packages: savings -> ledger -> state"),
+    ("prefixgate/cache/provider_models/base.py", "import prefixgate.cache.state.session",
+     "cache packages: savings -> ledger -> state"),
+    ("prefixgate/rewriter/wire/ir.py", "import prefixgate.rewriter.analysis.tokens",
+     "rewriter layers: pipeline -> passes -> analysis -> wire"),
+    ("prefixgate/rewriter/analysis/stable.py", "import prefixgate.rewriter.passes.dedupe",
+     "rewriter layers: pipeline -> passes -> analysis -> wire"),
+    ("prefixgate/rewriter/passes/dedupe.py", "import prefixgate.rewriter.pipeline",
+     "rewriter layers: pipeline -> passes -> analysis -> wire"),
 ])
 def test_an_import_the_wrong_way_breaks_its_contract(tmp_path: Path, module: str, line: str,
                                                      contract: str) -> None:
@@ -65,3 +87,71 @@ def test_an_import_the_wrong_way_breaks_its_contract(tmp_path: Path, module: str
     res = _lint(tree)
     assert res.returncode != 0
     assert f"{contract} BROKEN" in res.stdout, res.stdout
+
+
+def _cycles(graph, modules: set[str]) -> list[tuple[str, ...]]:
+    """Every import cycle among ``modules`` (Tarjan's strongly connected components over the
+    module-level graph; a module importing itself counts)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[tuple[str, ...]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.find_modules_directly_imported_by(v) & modules:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in graph.find_modules_directly_imported_by(v):
+                found.append(tuple(sorted(comp)))
+
+    for m in sorted(modules):
+        if m not in index:
+            visit(m)
+    return found
+
+
+def _import_cycles(tree: Path) -> list[tuple[str, ...]]:
+    code = ("import grimp, json, sys; sys.path.insert(0, sys.argv[1]);"
+            "g = grimp.build_graph('prefixgate', 'bench', cache_dir=None);"
+            "print(json.dumps({m: sorted(g.find_modules_directly_imported_by(m)) for m in g.modules}))")
+    res = subprocess.run([sys.executable, "-c", code, str(tree)], cwd=tree, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(tree)})
+    assert res.returncode == 0, res.stderr
+    edges = {k: set(v) for k, v in __import__("json").loads(res.stdout).items()}
+
+    class G:
+        @staticmethod
+        def find_modules_directly_imported_by(m: str) -> set[str]:
+            return edges.get(m, set())
+
+    return _cycles(G, set(edges))
+
+
+def test_no_import_cycle_anywhere_in_prefixgate_or_bench() -> None:
+    assert _import_cycles(ROOT) == []
+
+
+def test_a_planted_cycle_is_found(tmp_path: Path) -> None:
+    tree = _copy(tmp_path)
+    shutil.copytree(ROOT / "bench", tree / "bench", ignore=shutil.ignore_patterns("__pycache__", "results"))
+    target = tree / "prefixgate/local_engine/kv/pool.py"
+    target.write_text(target.read_text() + "\nimport prefixgate.local_engine.kv.radix_cache  # noqa\n")
+    other = tree / "prefixgate/local_engine/kv/radix_cache.py"
+    other.write_text(other.read_text() + "\nimport prefixgate.local_engine.kv.pool  # noqa\n")
+    cycles = _import_cycles(tree)
+    assert ("prefixgate.local_engine.kv.pool", "prefixgate.local_engine.kv.radix_cache") in cycles

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from prefixgate.local_engine.model.llama import CausalLM, ModelArgs
-from prefixgate.local_engine.model.quant import int8 as quant
+from prefixgate.local_engine.model.quant import cpu_features
 from prefixgate.local_engine.model.quant.int8 import Int8Linear, linear_any, quantize_model
 from prefixgate.local_engine.model.quant.sensitivity import prefill
 
@@ -136,7 +136,7 @@ def test_kept_layer_indices_must_lie_in_the_model() -> None:
 
 
 class _CpuInfo:
-    """Stands in for ``pathlib.Path`` in ``quant``: ``/proc/cpuinfo`` reads as ``flags``."""
+    """Stands in for ``pathlib.Path`` in ``cpu_features``: ``/proc/cpuinfo`` reads as ``flags``."""
 
     flags: str | None = ""
 
@@ -158,7 +158,7 @@ def test_seven_bit_activations_only_without_vnni(monkeypatch: pytest.MonkeyPatch
     """Module docstring: ``reduce_range`` only on CPUs without VNNI (AVX2's int16 accumulation
     can saturate); an unreadable cpuinfo counts as no VNNI."""
     monkeypatch.setattr(_CpuInfo, "flags", flags)
-    monkeypatch.setattr(quant, "Path", _CpuInfo)
+    monkeypatch.setattr(cpu_features, "Path", _CpuInfo)
     w = torch.randn(8, 16)
     lin = Int8Linear(w, None)
     assert lin.reduce_range is reduce_range and lin.out_features == 8

@@ -33,12 +33,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prefixgate.local_engine.kv.pool import KVPool, ReqToTokenTable
 from prefixgate.local_engine.kv.radix_cache import RadixCache, common_prefix_len
 from prefixgate.local_engine.sched.kv_manager import KVManager, KVStats
 from prefixgate.local_engine.sched.sequence import Sequence, Status
-from prefixgate.local_engine.spec.drafters import Draft
+
+if TYPE_CHECKING:  # the drafter layer sits above the scheduler; it only names the type here
+    from prefixgate.local_engine.spec.drafters import Draft
 
 LPM_MAX_QUEUE = 128      # above this many waiting requests, sorting costs more than it saves
 DEFER_MIN_SHARED = 32    # tokens of shared uncached prefix that justify waiting one round
@@ -76,7 +79,7 @@ class SchedulerStats(KVStats):
     retractions: int = 0
 
 
-ProposeFn = Callable[[list[Sequence], int], list[Draft | None]]
+ProposeFn = Callable[[list[Sequence], int], "list[Draft | None]"]
 
 
 class Scheduler:

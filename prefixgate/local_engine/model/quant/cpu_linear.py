@@ -15,6 +15,7 @@ import torch
 
 from prefixgate.local_engine.model.llama import CausalLM
 from prefixgate.local_engine.model.quant import screened_head
+from prefixgate.local_engine.model.quant.cpu_features import linear_any
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -42,7 +43,6 @@ def pack_model(model: CausalLM) -> CausalLM:
     The float copies of the layers' matrices are dropped; the embedding table stays. Greedy
     steps get the argmax head (``screened_head``: int8 screen + exact rescoring).
     """
-    from prefixgate.local_engine.model.quant.int8 import linear_any
 
     for layer in model.decoder_layers():
         w_in, w_qkv, b_qkv, w_o, w_post, w_gu, w_down = layer._w

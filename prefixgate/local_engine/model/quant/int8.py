@@ -39,7 +39,6 @@ candidates, so keeping the head costs about what an int8 head does.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,18 +46,12 @@ import torch.nn.functional as F
 
 from prefixgate.local_engine.model.llama import CausalLM
 from prefixgate.local_engine.model.quant import screened_head
+from prefixgate.local_engine.model.quant.cpu_features import cpu_has_vnni as _cpu_has_vnni
+from prefixgate.local_engine.model.quant.cpu_features import linear_any
 
 METHODS = ("int8",)
 KINDS = ("qkv", "o", "gate_up", "down")  # a decoder layer's linear products, in order
 CALIBRATION_TOKENS = 256
-
-
-def _cpu_has_vnni() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_vnni" in flags or "avx_vnni" in flags or "amx_int8" in flags
 
 
 class Int8Linear:
@@ -113,14 +106,6 @@ class Int8Linear:
             return y if y.dtype == x.dtype else y.to(x.dtype)
         y = F.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)
         return y if self.bias is None else y + self.bias
-
-
-def linear_any(x: torch.Tensor, w: Any, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for tensors; a prepared product (``Int8Linear``, ``cpu_linear.PackedLinear``:
-    bias inside) is called."""
-    if isinstance(w, torch.Tensor):
-        return F.linear(x, w, b)
-    return w(x)
 
 
 def _full_precision(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:

@@ -224,6 +224,6 @@ def attach(model: Any, full: Callable[[torch.Tensor], torch.Tensor]) -> bool:
 
 
 def _cpu_has_vnni() -> bool:
-    from prefixgate.local_engine.model.quant.int8 import _cpu_has_vnni as has
+    from prefixgate.local_engine.model.quant.cpu_features import cpu_has_vnni as has
 
     return has()
