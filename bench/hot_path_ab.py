@@ -28,10 +28,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
-import proxy_overhead as po  # noqa: E402
-
+import bench.proxy_targets as po  # noqa: E402
 from prefixgate.cache.savings.report import percentile  # noqa: E402
 
 OVERLOAD = ("over its", "not recorded within")

@@ -34,7 +34,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+
+import bench.proxy_targets as po  # noqa: E402
 
 RATE_HZ = 250
 FRAME = re.compile(r"^(?P<fn>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
@@ -118,8 +119,6 @@ def py_spy() -> str:
 
 def profile_all(seconds: int, k: int, tmp: Path) -> dict[str, Any]:
     """The three cases (module docstring), each in its own fresh server."""
-    import proxy_overhead as po  # bench/ is on sys.path (this script's folder)
-
     small, agent = po.wire(po.SMALL), po.wire(po.agent_body())
     procs = []
     try:

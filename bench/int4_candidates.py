@@ -156,14 +156,8 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from bench.engine_speculative import (
-        MODEL_DIR,
-        agreement_prompts,
-        grounded_messages,
-        llamacpp_tok_s,
-        mean_tpot,
-        run_batch,
-    )
+    from bench.decode_timing import mean_tpot, run_batch
+    from bench.engine_speculative import MODEL_DIR, agreement_prompts, grounded_messages, llamacpp_tok_s
     from prefixgate.local_engine.engine import Engine, EngineConfig
     from prefixgate.local_engine.model.quant.cpu_linear import PackedLinear
     from prefixgate.local_engine.model.quant.int8 import Int8Linear

@@ -29,7 +29,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.engine_speculative import MODEL_DIR, open_messages, run_batch, spec_off  # noqa: E402
+from bench.decode_timing import run_batch, spec_off  # noqa: E402
+from bench.engine_speculative import MODEL_DIR, open_messages  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "screened_head_fallback.json"
 

@@ -29,16 +29,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.engine_speculative import (  # noqa: E402
-    MODEL_DIR,
-    OUT,
-    goals,
-    mean_tpot,
-    open_messages,
-    run_batch,
-    spec_figures,
-    spec_off,
-)
+from bench.decode_timing import mean_tpot, run_batch, spec_figures, spec_off  # noqa: E402
+from bench.engine_speculative import MODEL_DIR, OUT, goals, open_messages  # noqa: E402
 
 
 def interleaved_knee(eng: Any, heads: dict[str, Any], prompts: list[list[int]], sizes: list[int],
