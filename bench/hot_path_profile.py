@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import bench.proxy_targets as po  # noqa: E402
+from bench.result_file import command, write_json  # noqa: E402
 
 RATE_HZ = 250
 FRAME = re.compile(r"^(?P<fn>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
@@ -151,8 +152,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "hot_path_profile.json"))
     args = ap.parse_args()
     doc = profile_all(args.seconds, args.top, Path(tempfile.mkdtemp(prefix="pg-profile-")))
-    doc["command"] = "nice -n 5 python bench/hot_path_profile.py " + " ".join(sys.argv[1:])
-    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    doc["command"] = command(__file__, prefix="nice -n 5 python")
+    write_json(args.out, doc)
     print(json.dumps(doc, indent=2))
 
 

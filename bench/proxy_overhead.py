@@ -72,6 +72,7 @@ from bench.proxy_targets import (  # noqa: E402
     wire,
     wrk,
 )
+from bench.result_file import command, commit, load_average, read_json, utc_now, write_json  # noqa: E402
 from prefixgate.cache.savings.report import percentile  # noqa: E402
 
 GOALS = {("added_p50_ms", "small_off"): 1.0, ("added_p50_ms", "agent_off"): 1.5,
@@ -196,8 +197,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "proxy_overhead.json"))
     ap.add_argument("--label", default="", help="what this run measures (kept in runs)")
     args = ap.parse_args()
-    load_start = [round(x, 2) for x in os.getloadavg()]
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    load_start, started = load_average(), utc_now()
     tmp = Path(tempfile.mkdtemp(prefix="pg-overhead-"))
     small, agent = wire(SMALL), wire(agent_body())
     small_stream = wire({**SMALL, "stream": True})
@@ -251,13 +251,13 @@ def main() -> None:
     profile = None
     if args.profile_seconds > 0:
         profile = profile_all(args.profile_seconds, 12, tmp)
-    command = "python bench/proxy_overhead.py " + " ".join(sys.argv[1:])
-    load = {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]}
-    run = {"command": command, "started": started, "commit": _commit(), "label": args.label,
+    cmd = command(__file__)
+    load = {"start": load_start, "end": load_average()}
+    run = {"command": cmd, "started": started, "commit": commit(), "label": args.label,
            "load_average": load, "figures": figures,
            "ratio_vs_litellm": goals(figures).get("throughput_vs_litellm", {}).get("measured"),
            "workers_rps": medians.get("workers_rps")}
-    doc = {"command": command,
+    doc = {"command": cmd,
            "figures": figures,
            "spread": {k: spreads[k] for k in figures},
            "goals": goals(figures),
@@ -281,19 +281,14 @@ def main() -> None:
                      "machine": f"{os.cpu_count()} CPUs shared with other jobs; loopback; "
                                 "client, proxies, upstream and wrk on the same cores"}}
     doc["runs"] = [*_previous_runs(Path(args.out)), run]
-    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(args.out, doc)
     print(json.dumps(doc, indent=2))
 
 
 def _previous_runs(path: Path) -> list[dict[str, Any]]:
     """The runs kept in ``path`` (none when it is missing or unreadable); a file written
     before runs were kept gives its one run (command, figures, setup's load if any)."""
-    try:
-        old = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return []
-    if not isinstance(old, dict):
-        return []
+    old = read_json(path)
     runs = old.get("runs")
     if isinstance(runs, list):
         return list(runs)
@@ -305,13 +300,6 @@ def _previous_runs(path: Path) -> list[dict[str, Any]]:
              "ratio_vs_litellm": (old.get("goals") or {}).get("throughput_vs_litellm", {})
              .get("measured"),
              "workers_rps": (old.get("workers_scaling") or {}).get("rps")}]
-
-
-def _commit() -> str | None:
-    """The checkout's ``git describe --always --dirty`` (None outside git)."""
-    out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO,
-                         capture_output=True, text=True)
-    return out.stdout.strip() or None
 
 
 def _litellm_version() -> str:
