@@ -474,7 +474,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   + " ".join(f"{v}:{int(x['changed'])}{'m' if x['mentions_note'] else ''}"
                              for v, x in row["variants"].items()), flush=True)
         if args.rows:  # after every session: a cut-off run keeps its rows (``--from-rows``)
-            args.rows.write_text(json.dumps(rows, indent=1) + "\n")
+            write_json(args.rows, rows, indent=1)
     eng.eng.shutdown()
     return {"rows": rows, "wall_s": round(time.time() - t0, 1), "prompt_tokens": eng.prompt_tokens}
 

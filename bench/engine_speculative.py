@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import shlex
 import sys
 import tempfile
 import time
@@ -53,6 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.decode_timing import mean_tpot, run_batch, spec_figures, spec_off  # noqa: E402
+from bench.result_file import command, load_average, utc_now, write_json  # noqa: E402
 from bench.serving_client import EngineProcess, median, timed_stream  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data"
@@ -233,7 +233,7 @@ def main() -> None:
     from prefixgate.local_engine.server.chat import encode_chat
 
     torch.set_num_threads(args.threads)
-    t0, load0 = time.time(), _loadavg()
+    t0, load0 = time.time(), load_average()
     n_b1, n_b8, n_agree, sizes = args.b1, args.b8, args.agree, [1, 2, 4, 6, 8, 12, 16, 24, 32]
     if args.quick:
         args.max_tokens, n_b1, n_b8, n_agree, sizes = 20, 1, 0, 4, [1, 4, 8]
@@ -331,7 +331,7 @@ def main() -> None:
     details.update({k: v for k, v in old.get("details", {}).items()
                     if k not in details and k.split("_all_runs")[0].split("_pooled")[0] in kept})
     result = {
-        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]),
+        "command": command(__file__, prefix=".venv/bin/python"),
         "figures": figures,
         "goals": goals(figures),
         "details": details,
@@ -349,22 +349,15 @@ def main() -> None:
                     "use oneDNN pre-packed linear weights (prefixgate/local_engine/model/quant/cpu_linear.py)",
             "wall_s": round(time.time() - t0, 1),
             "phases_s_since_start": phases,
-            "loadavg_at_start_and_end": [load0, _loadavg()],
+            "loadavg_at_start_and_end": [load0, load_average()],
             "sections_kept_from_earlier_runs": kept,
             "earlier_runs": [r for r in old.get("setup", {}).get("partial_runs", [])
                              if set(r.get("sections", [])) & set(kept)],
             "user_note": args.note,
         },
     }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(json.dumps(result["figures"], indent=2))
-
-
-def _loadavg() -> str:
-    try:
-        return Path("/proc/loadavg").read_text().strip()
-    except OSError:
-        return ""
 
 
 def int8_figures(base: dict[str, Any], n_agree: int, n_dec: int, max_tokens: int,
@@ -481,11 +474,11 @@ def partial_main(args: Any, want: set[str]) -> None:
         details["int4"] = probe
     result["goals"] = goals(figures)
     runs = result["setup"].setdefault("partial_runs", [])
-    runs.append({"command": " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]),
+    runs.append({"command": command(__file__, prefix=".venv/bin/python"),
                  "sections": sorted(want), "wall_s": round(time.time() - t0, 1),
-                 "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "note": args.note,
+                 "at": utc_now(), "note": args.note,
                  "max_tokens": args.max_tokens})
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result)
     print(json.dumps({k: figures[k] for k in want if k in figures}, indent=2))
 
 

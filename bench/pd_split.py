@@ -51,7 +51,6 @@ import json
 import os
 import random
 import re
-import shlex
 import statistics
 import subprocess
 import sys
@@ -66,6 +65,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.result_file import command, write_json  # noqa: E402
 from prefixgate.cache.ledger.store import Ledger, LedgerRow  # noqa: E402
 from prefixgate.config.pd_settings import PDSettings  # noqa: E402
 from prefixgate.proxy.routing.pd_drive import PDDriver  # noqa: E402
@@ -571,7 +571,7 @@ def main() -> None:
             p.terminate()
         for p in procs:
             p.wait(timeout=30)
-    out = {"command": "PYTHONPATH=. .venv/bin/python bench/pd_split.py " + shlex.join(sys.argv[1:]),
+    out = {"command": command(__file__, prefix="PYTHONPATH=. .venv/bin/python"),
            "figures": figures, "runs": runs,
            "setup": {"model": args.model.name, "dtype": "float32", "device": "cpu",
                      "threads_per_instance": 1, "link": "torch.distributed gloo, loopback",
@@ -580,7 +580,7 @@ def main() -> None:
                      "chunk_size": 512, "os_cpus": os.cpu_count()},
            "notes": "shared 2-core box with other jobs running: ratios are noisy; p99 over "
                     "~40 ITL samples per run is close to the max."}
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.out, out)
     print(json.dumps(out, indent=2))
 
 
