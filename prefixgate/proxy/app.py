@@ -106,17 +106,17 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
               ) -> FastAPI:
     """The proxy app for ``policy``.
 
-    ``ledger``: default :func:`prefixgate.cache.ledger.writer.open_ledger` (batched writer thread, flushed
-    when the app stops); ``sessions``: default
-    :class:`prefixgate.cache.state.session_redis.SharedSessionStore`
-    when ``policy.ledger.redis_url`` is set, else in-process LRU; ``rewrite_fn``: the rewrite
-    pipeline (default :func:`prefixgate.rewriter.pipeline.rewrite_request`; None = never rewrite);
-    ``transport``: httpx transport for the upstream client (tests); ``analyze``: run the
-    cache-break detector and the counterfactual cache model after each request
+    ``ledger``: default :func:`prefixgate.cache.ledger.writer.open_ledger` (batched writer thread,
+    flushed when the app stops); ``sessions``: default
+    :class:`prefixgate.cache.state.session_redis.SharedSessionStore` when
+    ``policy.ledger.redis_url`` is set, else in-process LRU; ``rewrite_fn``: the rewrite pipeline
+    (default :func:`prefixgate.rewriter.pipeline.rewrite_request`; None = never rewrite);
+    ``transport``: httpx transport for the upstream client (tests); ``analyze``: run the cache-break
+    detector and the counterfactual cache model after each request
     (:mod:`prefixgate.proxy.observe.insight`).
     """
     counters = ProxyMetrics(label_vocabulary(policy))
-    url = policy.ledger.redis_url  # shared state of replicas (cache.redis_link)
+    url = policy.ledger.redis_url  # shared state of replicas (cache.state.redis_link)
     link = RedisLink(url, policy.ledger.redis_prefix, registry=counters.registry) if url else None
     if sessions is None:
         sessions = SharedSessionStore(link) if link else MemorySessionStore()
