@@ -6,7 +6,7 @@ Same run, same process, engines built side by side on SmolLM2-135M-Instruct (fp3
 
 - knee: decode step time vs rows per step (1 .. 32 requests decoding together, spec off). The
   speculative engines get this curve (``spec_cost_curve``): each step they draft only as many
-  tokens as raise expected tokens per step time (``spec_decode.choose_k_cap``), so drafting turns
+  tokens as raise expected tokens per step time (``spec.decode.choose_k_cap``), so drafting turns
   itself off where the step is compute-bound. Recorded beside it: ``threshold_rows`` (largest
   row count within ``KNEE_FACTOR`` × a 1-row step) and the draft cap the policy picks at batch
   1 / 8 for high and low acceptance.

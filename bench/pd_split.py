@@ -332,7 +332,7 @@ def words(rng: random.Random, n: int) -> str:
 def plan_check(rows: list[LedgerRow], ledger: Path, xfer_ms: list[float], split_t: list[float],
                colo_t: list[float]) -> dict[str, Any]:
     """Write the TTFT runs into a ledger at ``ledger`` (what the proxy would record), build the
-    planner's load from the colocated rows (``cache.pd_plan.load_from_rows``: prefill rate from
+    planner's load from the colocated rows (``proxy.routing.pd_plan.load_from_rows``: prefill rate from
     ``prefill_ms``) and compare its predicted mean TTFT, colocated on one instance and split
     1+1 (the handoff at the measured ms per token, no orchestration term), with the measured
     means: as ``prefixgate plan`` predicts it (the M/G/1 wait at the rows' rate) and with no

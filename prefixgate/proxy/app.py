@@ -116,7 +116,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     (:mod:`prefixgate.proxy.observe.insight`).
     """
     counters = ProxyMetrics(label_vocabulary(policy))
-    url = policy.ledger.redis_url  # shared state of replicas (cache.state.redis_link)
+    url = policy.ledger.redis_url  # shared state of replicas (cache.redis_link)
     link = RedisLink(url, policy.ledger.redis_prefix, registry=counters.registry) if url else None
     if sessions is None:
         sessions = SharedSessionStore(link) if link else MemorySessionStore()

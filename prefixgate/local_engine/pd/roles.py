@@ -1,7 +1,7 @@
 """P/D disaggregation: the prefill and decode roles of an engine, over one ``PDLink``.
 
 ``PrefillRole.export``: after a prefill request has run (its prompt KV is in the tree), lock the
-part of it the decode side lacks (``pd_kv_io.export_prefix``) and queue it for the sender
+part of it the decode side lacks (``kv_io.export_prefix``) and queue it for the sender
 thread, which gathers it into the staging buffer, sends it and releases the lock. A transfer
 that waits in the queue past ``timeout_s``, or meets a dead link, is released unsent.
 
@@ -220,7 +220,7 @@ class DecodeRole:
     def on_transfer(self, got: Received) -> None:
         """Import one received transfer and hold it for its decode request until the timeout.
 
-        The import is staged (``pd_kv_io.reserve_import`` / ``write_import`` /
+        The import is staged (``kv_io.reserve_import`` / ``write_import`` /
         ``finish_import``, each on the engine thread): at most ``import_chunk_tokens`` tokens of
         K/V are written between two engine steps, so the decodes running here stall for one
         chunk's copy, not the whole transfer's. Returns once the staging buffer is no longer
