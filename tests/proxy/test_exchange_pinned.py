@@ -105,7 +105,7 @@ def test_the_routing_parts_come_from_the_policy_unless_given(tmp_path: Path) -> 
     assert s.breakers is not None and s.breakers.settings.consecutive_failures == 2
     assert s.fanout is not None and s.fanout.settings.enabled is True
     assert s.retry_budget is not None and (s.retry_budget.ratio, s.retry_budget.burst) == (0.3, 4.0)
-    assert s.retry_budget.tokens == 4.0
+    assert s.retry_budget.of("any").tokens == 4.0
     assert s.salt_key is not None and s.salt_key.reasons() == []
     assert s.routing is None and isinstance(s.shared, LocalState)  # one process: no shared routing
     board = BreakerBoard(make_policy("http://x", tmp_path / "l.sqlite").breaker)
