@@ -156,7 +156,7 @@ def test_record_writes_the_row_once_to_the_ledger_metrics_and_otel(tmp_path: Pat
     s.record(row, obs)
     assert s.ledger.rows == [(row, None)]  # type: ignore[attr-defined]
     assert s.metrics.rows == [(row, obs)] and otel.rows == [(row, obs)]  # type: ignore[attr-defined]
-    assert s.judge._routes["m*"].fresh == 1  # the stand-back judge counted it
+    assert s.judge._routes[("m*", "")].fresh == 1  # the stand-back judge counted it
 
 
 def test_record_bounds_each_text_column_first(tmp_path: Path) -> None:

@@ -151,7 +151,7 @@ async def passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     ctx = None
     verdict = KEEP
     if rewrite_wanted(request.headers, policy.rewrite) and not ex.row.holdout:
-        verdict = state.judge.verdict(primary.route, time.time())
+        verdict = state.judge.verdict(primary.route, time.time(), ex.row.tenant)  # per tenant
         ctx = Context(settings=stood_back(policy.rewrite, verdict), model=ex.row.model,
                       provider=primary.provider, session_id=ex.session_id,
                       session=await state.sessions.aget(ex.session_id), now_s=time.time(),
@@ -161,8 +161,9 @@ async def passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     ex.rw = await rewrite_off_loop(state.rewrite_fn, ex.pass_view, view_raw, bridge.pass_api, ctx)
     ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
     if verdict.stand_back:  # said in the Edits, the ledger and a header (cache.stand_back)
+        whose = f" (tenant {ex.row.tenant})" if ex.row.tenant else ""
         ex.rw.edits.append(Edit(STAND_BACK, False, "all", f"{', '.join(verdict.passes)} off for "
-                                f"route {primary.route}: {verdict.reason}"))
+                                f"route {primary.route}{whose}: {verdict.reason}"))
         ex.row.stood_back = verdict.summary()[:STAND_BACK_MAX_CHARS]
     if policy.rewrite.edit_detail_header and ctx is not None:  # opt-in (pipeline.edit_detail)
         view, api = ex.pass_view, bridge.pass_api
