@@ -137,8 +137,11 @@ class Exchange:
     """One request, from parse to record: what each step of the handler found or made.
 
     ``endpoint``: what the endpoint declared; ``targets``: the backends it may use, primary
-    first; ``bridge_of``: the bridge of a target (default: :func:`prefixgate.proxy.bridges.bridge_for`
-    over the endpoint's API and the backend's); ``steps``: those ready to send (bridge + bytes);
+    first; ``bridge_of``: ``(exchange, target) -> bridge`` (default:
+    :func:`prefixgate.proxy.bridges.bridge_for` over the endpoint's API and the backend's; the
+    exchange is passed in, never closed over: a closure over it kept in the exchange is a
+    reference cycle, and the body stays until a full collection, issue 34 item 4); ``steps``:
+    those ready to send (bridge + bytes);
     ``served``: the target (deployment chosen) whose answer the client gets; ``bridge``: its
     bridge. ``row`` is written exactly once (:meth:`record`; a ledger row only for a model
     call), which also ends the deployment's in-flight count.
@@ -158,7 +161,7 @@ class Exchange:
     watcher: StreamWatcher | None = None
     mapper: EventMapper | None = None
     end_mapper: EventMapper | None = None
-    bridge_of: Callable[[Target], Bridge] | None = None
+    bridge_of: Callable[[Exchange, Target], Bridge] | None = None
     pass_view: dict[str, Any] | None = None  # the primary bridge's pass body, before the passes
     ctx: Context | None = None  # the passes' context (None: not rewritten), for attribution
     primary_bridge: Bridge | None = None

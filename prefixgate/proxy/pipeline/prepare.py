@@ -125,7 +125,7 @@ def default_bridge(ex: Exchange, target: Target) -> Bridge:
 
 def bridge_of(ex: Exchange, target: Target) -> Bridge:
     """The bridge of ``target``: the endpoint's own factory (``Exchange.bridge_of``) or the table."""
-    return ex.bridge_of(target) if ex.bridge_of is not None else default_bridge(ex, target)
+    return ex.bridge_of(ex, target) if ex.bridge_of is not None else default_bridge(ex, target)
 
 
 async def passes(ex: Exchange, request: Request, state: ProxyState) -> None:
