@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 
+import anyio.to_thread
 from fastapi import Request
 
 from prefixgate.cache.savings.stand_back import KEEP, Verdict
@@ -55,8 +56,9 @@ async def prepare(ex: Exchange, request: Request, state: ProxyState) -> None:
     ex.targets = targets(ex, state.policy)
     ex.row.route, ex.row.backend = ex.targets[0].route, ex.targets[0].backend_name
     if ex.endpoint.cap is not None:  # a body without an output cap gets the route's
-        ex.body, ex.raw = with_default_cap(ex.body, ex.raw, ex.endpoint.cap, ex.targets[0],
-                                           state.policy)
+        args = (ex.body, ex.raw, ex.endpoint.cap, ex.targets[0], state.policy)
+        ex.body, ex.raw = (await anyio.to_thread.run_sync(with_default_cap, *args)
+                           if len(ex.raw) > wire.OFF_LOOP_BYTES else with_default_cap(*args))
     await passes(ex, request, state)
     ex.steps = bridges(ex, state.policy.limits.max_json_depth)
     if ex.endpoint.salted:  # the tenant's prefix-cache namespace on the backend (http.tenants)
@@ -88,7 +90,7 @@ async def parse(ex: Exchange, request: Request, policy: Policy) -> None:
     before any pass or bridge and what the proxy relies on (the endpoint's ``check``, 400)."""
     ex.raw = await read_body_within(request, policy.max_body_bytes, policy.limits.body_timeout_s)
     ex.obs.read_done = time.perf_counter()
-    ex.body = wire.parse_json(ex.raw)
+    ex.body = await wire.parse_json_off_loop(ex.raw)  # a large body's parse off the loop
     await check_nesting(ex.body, policy.limits.max_json_depth, len(ex.raw))
     ex.endpoint.check(ex.body)
     ex.row.model = ex.body["model"]
