@@ -5,9 +5,8 @@ while a 30 MB request is rewritten, and session memory after 10,000 sessions.
   pruning passes too), Anthropic form, for 10 KB / 1 MB / 10 MB / 30 MB bodies: a system prompt
   of rule lines with a clock and a request id (1/5 of the body), 40 tools, and a conversation of
   tool calls whose results carry six ``<document>`` passages each. Median of 3 runs (1 for
-  10 MB and 30 MB), run as the proxy runs it: bodies of 1 MB and more with the objects alive at
-  the start frozen out of the garbage collector (``prefixgate/proxy/pipeline/rewrite.py``, ``GC_FREEZE``). Goal:
-  linear growth, ``30m <= 45 x 1m``.
+  10 MB and 30 MB), run as the proxy runs it (no garbage-collector freeze since issue 34 item 4:
+  it stranded cyclic garbage). Goal: linear growth, ``30m <= 45 x 1m``.
 * ``loop_lag_p99_ms`` — the proxy app (:func:`prefixgate.proxy.app.build_app`, in-process ASGI, upstream
   an httpx mock) serves one 30 MB request (rewrite budget raised so it is rewritten whole) while
   small chat requests are sent back to back and a ticker sleeps 5 ms at a time on the same loop;
@@ -53,7 +52,6 @@ from prefixgate.cache.state.session import MemorySessionStore  # noqa: E402
 from prefixgate.config.loader import parse_policy  # noqa: E402
 from prefixgate.config.schema import RewriteSettings  # noqa: E402
 from prefixgate.proxy.app import build_app
-from prefixgate.proxy.pipeline.rewrite import LARGE_BODY_BYTES
 from prefixgate.rewriter.pipeline import rewrite_request, session_updates  # noqa: E402
 from prefixgate.rewriter.types import Context  # noqa: E402
 
@@ -111,12 +109,9 @@ def rewrite_ms_by_size() -> tuple[dict[str, float], dict[str, int]]:
         runs = []
         for _ in range(3 if size <= 1_000_000 else 1):
             gc.collect()
-            if sizes[label] >= LARGE_BODY_BYTES:
-                gc.freeze()
             t0 = time.perf_counter()
             rewrite_request(body, "anthropic", ctx)
             runs.append((time.perf_counter() - t0) * 1000)
-            gc.unfreeze()
         out[label] = round(statistics.median(runs), 1)
         print(label, sizes[label], out[label], "ms", flush=True)
         del body

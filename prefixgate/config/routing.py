@@ -115,9 +115,11 @@ class RetrySettings(_Strict):
     Bounds (issue 20, class 6): a deployment is tried once per request while another deployment
     or fallback remains, again only when its answer says ``retry-after`` (within
     ``max_retry_after_s``); the last one of the plan up to ``attempts`` times. Every send after a
-    request's first spends one token of a retry budget shared by all requests (``budget_ratio``
-    tokens earned per request, at most ``budget_burst`` saved: retries stay near ``budget_ratio``
-    of live traffic, as Envoy's ``retry_budget`` and gRPC's retry throttling do). Waits and sends
+    request's first spends one token of its primary backend's retry budget, shared by the requests
+    sent to that backend (``budget_ratio`` tokens earned per request, at most ``budget_burst``
+    saved: retries stay near ``budget_ratio`` of live traffic, as Envoy's per-cluster
+    ``retry_budget`` and gRPC's retry throttling do; one backend's failures never spend another's,
+    issue 34 item 7). Waits and sends
     stop where they would pass the backend's ``timeouts.total_s``.
     """
 

@@ -288,9 +288,9 @@ class RewriteSettings(_Strict):
     region, tokens before / after, token offsets; no prompt text), bounded in size
     (:mod:`prefixgate.proxy.pipeline.edit_detail`)."""
     stand_back: bool = True
-    """Per route, switch off the passes that add tokens while the holdout or the counterfactual
-    shows the rewritten arm no better than the client's own bodies
-    (:mod:`prefixgate.cache.savings.stand_back`)."""
+    """Per route and tenant (each judged on its own requests), switch off the passes that add
+    tokens while the holdout or the counterfactual shows the rewritten arm no better than the
+    client's own bodies (:mod:`prefixgate.cache.savings.stand_back`)."""
     stand_back_min_requests: int = Field(20, ge=2, le=10_000)
     """Requests (per arm for the holdout) a verdict needs."""
     stand_back_s: float = Field(900.0, gt=0)

@@ -434,3 +434,24 @@ def test_the_holdout_comparison_uses_the_policys_seed(tmp_path: Path) -> None:
     assert doc["holdout"]["overall"] == seeded["overall"] and doc["holdout"]["buckets"] == seeded["buckets"]
     assert (doc["holdout"]["verdict"], doc["holdout"]["reason"]) == (seeded["verdict"], seeded["reason"])
     led.close()
+
+
+def test_the_routes_table_keeps_the_busiest_keys_and_sums_the_rest_into_one_row() -> None:
+    """Issue 34 item 16: model names are the client's; 3,000 of them made 3,010 route rows. The
+    table holds the ROUTES_TOP busiest (route, model, backend) keys and one ``(other)`` row whose
+    counts are the rest's sums, so every request is still counted once."""
+    rows = [_ledger_row(route="r", model=f"m{i:03d}", backend="b", prompt_tokens=100, cached_tokens=10 * (i % 3),
+                        ttft_ms=float(i)) for i in range(sv.ROUTES_TOP + 70) for _ in range(1 + (i % 2))]
+    out = sv.routes_table(_rolls(rows), rows)
+    assert len(out) == sv.ROUTES_TOP + 1
+    *top, other = out
+    assert (other["route"], other["model"], other["backend"]) == (sv.OTHER,) * 3
+    assert other["other_keys"] == 70 and all("other_keys" not in t for t in top)
+    assert sum(t["requests"] for t in out) == len(rows)                 # nothing lost, nothing twice
+    assert {t["requests"] for t in top} == {2}                          # the busiest keys have rows
+    assert [t["model"] for t in top] == sorted(t["model"] for t in top)
+    rest = [r for r in rows if r["model"] not in {t["model"] for t in top}]
+    assert other["cached_share"] == round(sum(r["cached_tokens"] for r in rest) / (100 * len(rest)), 6)
+    assert other["ttft_p50_ms"] is not None
+    few = sv.routes_table(_rolls(rows[:4]), rows[:4])                    # under the cap: as before
+    assert all("other_keys" not in t for t in few) and len(few) == 3

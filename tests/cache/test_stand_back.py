@@ -93,7 +93,7 @@ def test_the_judge_ignores_what_says_nothing_about_rewriting_and_stays_bounded()
         j.observe(_row(1500, 1500))
     for _ in range(50):
         j.observe(_row(1600, 1500))                             # the route now pays
-    assert len(j._routes["r"].rewritten) == 6
+    assert len(j._routes[("r", "")].rewritten) == 6
     assert not j.verdict("r", 0.0).stand_back
     assert not RouteJudge(enabled=False).verdict("r", 0.0).stand_back
     off = RouteJudge(enabled=False)
@@ -105,3 +105,18 @@ def test_the_judge_ignores_what_says_nothing_about_rewriting_and_stays_bounded()
     for _ in range(5):
         j2.observe(_row(1400, 1500, passes={"canonicalize_tools": {"reusable": -100}}))
     assert not j2.verdict("r", 0.0).stand_back
+
+
+def test_each_tenant_is_judged_on_its_own_requests_and_the_pairs_stay_bounded() -> None:
+    """Issue 34 item 6: one tenant's losing rows stand back that tenant's passes only."""
+    j = RouteJudge(min_requests=4, every=1, max_judged=3)
+    for _ in range(8):
+        j.observe(_row(1500, 1500, tenant="noisy"))             # noisy: the note never pays
+        j.observe(_row(1600, 1500, tenant="quiet"))             # quiet: it pays on the same route
+    assert j.verdict("r", 0.0, "noisy").stand_back
+    assert not j.verdict("r", 0.0, "quiet").stand_back
+    assert not j.verdict("r", 0.0, "new").stand_back            # no rows of its own: passes on
+    assert not j.verdict("r", 0.0).stand_back                   # nor the tenant-less requests
+    for t in ("a", "b", "c"):                                    # past max_judged: the least
+        j.observe(_row(1500, 1500, tenant=t))                   # recently used pair is forgotten
+    assert len(j._routes) == 3 and ("r", "noisy") not in j._routes

@@ -14,7 +14,8 @@ import pytest
 
 from prefixgate.config.loader import parse_policy
 from prefixgate.config.routing import KVEventsSettings
-from prefixgate.proxy.routing.kv_events import KVEventHub, KVEventStream, decode_batch, starts_over
+from prefixgate.proxy.routing.kv_batch import read_batch
+from prefixgate.proxy.routing.kv_events import KVEventHub, KVEventStream
 from prefixgate.proxy.routing.kv_hash import wire_hashes
 from prefixgate.proxy.routing.kv_shared import BlockSummary
 
@@ -26,12 +27,13 @@ def _batch(ts: float, *events: Any) -> bytes:
 
 
 @pytest.mark.parametrize(("doc", "want"), [
-    ([1.5, [["BlockStored", [1]]]], (1.5, [["BlockStored", [1]]])),
+    ([1.5, [["BlockStored", [1]]]], (1.5, [("stored", [1])])),
     ([2, [], 0], (2.0, [])),  # an int ts, a dp_rank
 ])
 def test_a_batch_payload_decodes_to_its_ts_and_events(doc: Any, want: Any) -> None:
-    got = decode_batch(msgpack.packb(doc))
-    assert got == want and isinstance(got[0], float)
+    got = read_batch(msgpack.packb(doc))
+    assert got is not None and isinstance(got.ts, float)
+    assert (got.ts, [(k, list(h)) for k, h in got.ops]) == want
 
 
 @pytest.mark.parametrize("payload", [
@@ -40,11 +42,12 @@ def test_a_batch_payload_decodes_to_its_ts_and_events(doc: Any, want: Any) -> No
     msgpack.packb([None, []]), b"",
 ])
 def test_anything_else_is_not_a_batch(payload: bytes) -> None:
-    assert decode_batch(payload) is None
+    assert read_batch(payload) is None
 
 
 def test_a_batch_with_int_keys_still_decodes() -> None:
-    assert decode_batch(msgpack.packb([1.0, [{1: 2}]])) == (1.0, [{1: 2}])
+    got = read_batch(msgpack.packb([1.0, [{1: 2}]]))
+    assert got is not None and (got.ts, got.ops, got.bad) == (1.0, [], 1)  # the event is bad
 
 
 @pytest.mark.parametrize(("events", "want"), [
@@ -53,7 +56,8 @@ def test_a_batch_with_int_keys_still_decodes() -> None:
     ([["BlockStored", [1]], ["AllBlocksCleared"]], False), ([["Other"]], False),
 ])
 def test_a_batch_starts_over_only_when_its_first_event_is_all_blocks_cleared(events: Any, want: bool) -> None:
-    assert starts_over(events) is want
+    got = read_batch(msgpack.packb([0.0, events]))
+    assert got is not None and got.first_cleared is want
 
 
 def _stream(now: list[float], wall: list[float] | None = None, staleness: float = 2.0,

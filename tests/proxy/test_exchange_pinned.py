@@ -105,7 +105,7 @@ def test_the_routing_parts_come_from_the_policy_unless_given(tmp_path: Path) -> 
     assert s.breakers is not None and s.breakers.settings.consecutive_failures == 2
     assert s.fanout is not None and s.fanout.settings.enabled is True
     assert s.retry_budget is not None and (s.retry_budget.ratio, s.retry_budget.burst) == (0.3, 4.0)
-    assert s.retry_budget.tokens == 4.0
+    assert s.retry_budget.of("any").tokens == 4.0
     assert s.salt_key is not None and s.salt_key.reasons() == []
     assert s.routing is None and isinstance(s.shared, LocalState)  # one process: no shared routing
     board = BreakerBoard(make_policy("http://x", tmp_path / "l.sqlite").breaker)
@@ -156,7 +156,7 @@ def test_record_writes_the_row_once_to_the_ledger_metrics_and_otel(tmp_path: Pat
     s.record(row, obs)
     assert s.ledger.rows == [(row, None)]  # type: ignore[attr-defined]
     assert s.metrics.rows == [(row, obs)] and otel.rows == [(row, obs)]  # type: ignore[attr-defined]
-    assert s.judge._routes["m*"].fresh == 1  # the stand-back judge counted it
+    assert s.judge._routes[("m*", "")].fresh == 1  # the stand-back judge counted it
 
 
 def test_record_bounds_each_text_column_first(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from prefixgate.proxy.bridges import bridge_for
 from prefixgate.proxy.core.errors import UpstreamUnavailable
 from prefixgate.proxy.routing.balance import Balancer
 from prefixgate.proxy.routing.breaker import BreakerBoard
-from prefixgate.proxy.routing.retries import Attempts, RetryBudget, Sender, Step
+from prefixgate.proxy.routing.retries import Attempts, RetryBudgets, Sender, Step
 from prefixgate.proxy.routing.router import plan_targets
 
 
@@ -52,7 +52,7 @@ def _setup(n_deps: int, retry: dict[str, Any], total_s: float | None = None,
     return policy, steps
 
 
-def _sender(policy: Any, answer: Any, clock: Clock, budget: RetryBudget | None = None
+def _sender(policy: Any, answer: Any, clock: Clock, budget: RetryBudgets | None = None
             ) -> tuple[Sender, list[str]]:
     sent: list[str] = []
 
@@ -110,7 +110,7 @@ def test_every_breaker_open_still_sends_at_most_once_per_deployment() -> None:
 
 def test_the_retry_budget_bounds_retries_across_requests() -> None:
     policy, steps = _setup(4, {"attempts": 3, "backoff_base_s": 0})
-    budget = RetryBudget(ratio=0.5, burst=2)
+    budget = RetryBudgets(ratio=0.5, burst=2)
     sender, sent = _sender(policy, _status(503), Clock(), budget)
     for _ in range(10):
         _run(sender, steps)
@@ -121,7 +121,7 @@ def test_the_retry_budget_bounds_retries_across_requests() -> None:
 
 def test_an_empty_budget_sends_once_and_answers_with_the_last_upstream_answer() -> None:
     policy, steps = _setup(3, {"attempts": 3})
-    sender, sent = _sender(policy, _status(503), Clock(), RetryBudget(ratio=0, burst=0))
+    sender, sent = _sender(policy, _status(503), Clock(), RetryBudgets(ratio=0, burst=0))
     assert _run(sender, steps).status_code == 503
     assert len(sent) == 1
 
@@ -140,7 +140,7 @@ def test_a_connect_error_without_budget_is_the_last_error() -> None:
             raise UpstreamUnavailable("refused") from None
 
     sender = Sender(send, policy.retry, BreakerBoard(policy.breaker), Balancer(), sleep=clock.sleep,
-                    budget=RetryBudget(0, 1), clock=clock)
+                    budget=RetryBudgets(0, 1), clock=clock)
     with pytest.raises(UpstreamUnavailable):
         _run(sender, steps)
     assert len(sent) == 2  # the first send, then one paid for by the single token
@@ -151,7 +151,33 @@ def test_waits_and_sends_stay_inside_total_s(retry_after: str, sends: int) -> No
     policy, steps = _setup(1, {"attempts": 10, "max_retry_after_s": 5, "budget_burst": 100},
                            total_s=3.0)
     clock = Clock()
-    sender, sent = _sender(policy, _status(503, retry_after), clock, RetryBudget(1, 100))
+    sender, sent = _sender(policy, _status(503, retry_after), clock, RetryBudgets(1, 100))
     assert _run(sender, steps).status_code == 503
     assert clock.now < 3.0  # no wait or send starts past the deadline
     assert len(sent) == sends  # sends at 0, 1, 2 s (retry-after 1) or 0, 2 s (retry-after 2)
+
+
+def test_one_backends_failures_leave_another_routes_fallbacks_their_budget() -> None:
+    """Issue 34 item 7: the budget is per backend (Envoy's is per cluster). 40 failing requests of
+    one route (backend ``a``, no fallback) drain ``a``'s budget; a request of another route whose
+    own backend ``b`` fails still gets its fallback ``c``'s 200, and ``a`` itself stays bounded."""
+    ip = {"a": "10.0.1.1", "b": "10.0.2.1", "c": "10.0.3.1"}
+    backends = {n: {"kind": "openai_compat", "base_url": f"http://{h}:8000/v1"} for n, h in ip.items()}
+    policy = parse_policy({
+        "backends": backends, "breaker": {"enabled": False},
+        "routes": [{"match": "a-*", "backend": "a"}, {"match": "b-*", "backend": "b", "fallbacks": ["c"]}],
+        "retry": {"attempts": 3, "backoff_base_s": 0, "budget_ratio": 0.2, "budget_burst": 2}})
+
+    def steps(model: str) -> list[Step]:
+        return [Step(t, bridge_for("openai", "openai"), b"{}") for t in plan_targets(policy, model, "openai")]
+
+    sender, sent = _sender(policy, lambda url: httpx.Response(200 if ip["c"] in url else 503,
+                                                             content=b"{}"), Clock())
+    for _ in range(40):
+        assert _run(sender, steps("a-model")).status_code == 503
+    a_sends = sum(ip["a"] in u for u in sent)
+    assert a_sends <= 40 + 2 + 40 * 0.2 + 1  # a's retries stayed within a's own budget
+    sent.clear()
+    for _ in range(2):  # within b's own burst: neither fallback was spent by a's failures
+        assert _run(sender, steps("b-model")).status_code == 200
+    assert [next(n for n, h in ip.items() if h in u) for u in sent] == ["b", "c"] * 2

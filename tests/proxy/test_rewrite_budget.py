@@ -84,30 +84,6 @@ def test_the_pipeline_stops_before_a_pass_once_its_deadline_has_passed() -> None
     assert not out.applied and "time budget" in out.edits[0].detail
 
 
-def test_a_large_rewrite_freezes_the_collector_and_the_next_small_one_unfreezes_it() -> None:
-    import gc
-
-    import anyio
-
-    from prefixgate.proxy.pipeline.rewrite import LARGE_BODY_BYTES, rewrite_off_loop
-
-    seen: list[int] = []
-
-    def spy(body: Any, api: str, ctx: Context) -> RewriteResult:
-        seen.append(gc.get_freeze_count())
-        return RewriteResult(body, [])
-
-    c = Context(RewriteSettings())
-    big_raw = b" " * LARGE_BODY_BYTES
-    try:
-        anyio.run(rewrite_off_loop, spy, BODY, big_raw, "openai", c)
-        assert gc.get_freeze_count() > 0  # still frozen: the large body may be alive
-        anyio.run(rewrite_off_loop, spy, BODY, RAW, "openai", c)
-        assert seen[0] > 0 and seen[1] == 0 and gc.get_freeze_count() == 0
-    finally:
-        gc.unfreeze()
-
-
 def test_after_answer_work_past_its_budget_yields_the_fallback() -> None:
     import anyio
 

@@ -69,9 +69,12 @@ def stack(tmp_path: Path) -> Iterator[tuple[str, Ledger, dict[str, PrefixEngine]
             yield url, ledger, engines
 
 
-def _conversations(url: str, route: str) -> list[httpx.Response]:
-    """Three conversations, four turns each, interleaved."""
+def _conversations(url: str, route: str, model: str | None = None,
+                   tenant: str | None = None) -> list[httpx.Response]:
+    """Three conversations, four turns each, interleaved (``route``: ``win`` puts a clock first
+    in the system text; ``model``: sent to that model instead of ``<route>-m``)."""
     out = []
+    extra = {"x-prefixgate-tenant": tenant} if tenant else {}
     for turn in range(4):
         for s in range(3):
             system = (f"Time: 10:{turn:02d}:{s:02d}\n" if route == "win" else "") + RULES
@@ -81,8 +84,8 @@ def _conversations(url: str, route: str) -> list[httpx.Response]:
                 if k < turn:
                     msgs.append({"role": "assistant", "content": f"answer {k}"})
             r = httpx.post(url + "/v1/chat/completions", timeout=60,
-                           headers={"x-prefixgate-session": f"{route}-{s}"},
-                           json={"model": f"{route}-m", "messages": msgs, "max_tokens": 1})
+                           headers={"x-prefixgate-session": f"{route}-{s}", **extra},
+                           json={"model": model or f"{route}-m", "messages": msgs, "max_tokens": 1})
             assert r.status_code == 200, r.text
             out.append(r)
     return out
@@ -130,3 +133,31 @@ def test_a_losing_route_stops_adding_tokens_and_a_winning_one_keeps_going(
     assert routes["lose-*"]["stood_back"]["passes"] == ["hoist_volatile"]
     assert routes["lose-*"]["stood_back"]["requests"] == len(back)
     assert routes["win-*"]["stood_back"] is None
+
+
+def test_one_tenants_losing_traffic_stands_back_for_that_tenant_only(tmp_path: Path) -> None:
+    """Issue 34 item 6: one tenant's requests on a route where the pass loses switched it off
+    for the whole route, every other tenant included. The verdict is per tenant: ``noisy``'s
+    losing turns stand its own pass back, ``quiet``'s clock keeps being moved on the same route."""
+    engine = PrefixEngine()
+    with serve_app(engine.app()) as up:
+        policy = parse_policy({
+            "backends": {"up": {"kind": "openai_compat", "base_url": up + "/v1"}},
+            "routes": [{"match": "*", "backend": "up"}], "tenants": {"header": "on"},
+            "rewrite": {"stand_back_min_requests": 4, "hoist_volatile": True,
+                        "time_budget_ms": 20000},
+            "ledger": {"path": str(tmp_path / "ledger.sqlite"), "batch_writes": False},
+            "default_max_tokens": 0})
+        ledger = Ledger(policy.ledger.path)
+        with serve_app(build_app(policy, ledger=ledger, rewrite_fn=note_pass)) as url:
+            _conversations(url, "lose", "m", tenant="noisy")
+            rows = wait_rows(ledger, 12)
+            quiet = _conversations(url, "win", "m", tenant="quiet")
+            rows = wait_rows(ledger, 24)
+    noisy_rows = [r for r in rows if r["tenant"] == "noisy"]
+    quiet_rows = [r for r in rows if r["tenant"] == "quiet"]
+    assert len(noisy_rows) == len(quiet_rows) == 12
+    assert any(r["stood_back"] for r in noisy_rows)  # the losing tenant's own pass stood back
+    assert not any(r["stood_back"] for r in quiet_rows)
+    assert all("x-prefixgate-stand-back" not in r.headers for r in quiet)
+    assert all(json.loads(r["pass_tokens"])["hoist_volatile"]["added"] > 0 for r in quiet_rows)

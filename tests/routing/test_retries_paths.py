@@ -22,7 +22,7 @@ from prefixgate.proxy.bridges import bridge_for
 from prefixgate.proxy.core.errors import UpstreamTimeout, UpstreamUnavailable
 from prefixgate.proxy.routing.balance import Balancer, rendezvous, rendezvous_order
 from prefixgate.proxy.routing.breaker import BreakerBoard
-from prefixgate.proxy.routing.retries import Attempts, Picked, RetryBudget, Sender, Step
+from prefixgate.proxy.routing.retries import Attempts, Picked, RetryBudgets, Sender, Step
 from prefixgate.proxy.routing.router import plan_targets
 from tests.routing.test_retries_pinned import A, B, Clock, Transport, connect_error, host, reset_error
 
@@ -232,10 +232,10 @@ def test_a_connect_retry_waits_only_inside_the_deadline() -> None:
 def test_a_connect_retry_spends_one_budget_token_not_two() -> None:
     p = policy_of({"g": 1}, retry={"attempts": 3})
     clock = Clock()
-    budget = RetryBudget(ratio=0.0, burst=1.0)
+    budget = RetryBudgets(ratio=0.0, burst=1.0)
     t = Transport(clock, {A: [connect_error(), 200]})
     r, _ = go(sender(p, t, clock, budget=budget), steps_of(p))
-    assert r.status_code == 200 and t.sent == [A, A] and budget.tokens == 0.0
+    assert r.status_code == 200 and t.sent == [A, A] and budget.of("g").tokens == 0.0
 
 
 def test_the_shared_routing_is_told_each_outcome_with_the_state_before() -> None:

@@ -29,6 +29,7 @@ from prefixgate.proxy.routing.retries import (
     Attempts,
     Picked,
     RetryBudget,
+    RetryBudgets,
     Sender,
     Step,
     backoff_s,
@@ -182,7 +183,7 @@ def reset_error() -> UpstreamUnavailable:
     return UpstreamUnavailable("reset")
 
 
-def make(policy: Any, t: Transport, clock: Clock, budget: RetryBudget | None = None) -> Sender:
+def make(policy: Any, t: Transport, clock: Clock, budget: RetryBudgets | None = None) -> Sender:
     return Sender(t, policy.retry, BreakerBoard(policy.breaker, now=clock), Balancer(),
                   sleep=clock.sleep, rand=lambda: 1.0, budget=budget, clock=clock)
 
@@ -387,10 +388,10 @@ def test_no_send_starts_past_total_s() -> None:
 def test_the_budget_is_spent_per_extra_send_only() -> None:
     policy, steps = setup(2, {"attempts": 1})
     clock = Clock()
-    budget = RetryBudget(ratio=0.0, burst=1.0)
+    budget = RetryBudgets(ratio=0.0, burst=1.0)
     t = Transport(clock, {A: [503], B: [503]})
     run(make(policy, t, clock, budget), steps)
-    assert t.sent == [A, B] and budget.tokens == 0.0  # the second send took the one token
+    assert t.sent == [A, B] and budget.of("g").tokens == 0.0  # the second send took the one token
     t2 = Transport(clock, {A: [503], B: [503]})
     resp, _ = run(make(policy, t2, clock, budget), steps)
     assert t2.sent == [A] and resp.status_code == 503  # none left: the first answer

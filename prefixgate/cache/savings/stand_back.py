@@ -1,5 +1,5 @@
-"""Stand back where rewriting does not pay (issue 19): per route, a verdict from recent requests,
-and the passes that cost tokens switched off while it holds.
+"""Stand back where rewriting does not pay (issue 19): per route and tenant, a verdict from recent
+requests, and the passes that cost tokens switched off while it holds.
 
 A pass that adds tokens (``hoist_volatile``'s note, placeholders) pays only through the reuse it
 buys; on a backend whose cache rules do not reward it, or a traffic whose prefixes are shared
@@ -7,8 +7,8 @@ anyway, the rewritten arm can cache no more than the client's own bodies would â
 own tau-bench dashboard saved -1,024 tokens while the holdout cached more. A pass that cannot
 pay should do nothing (DESIGN.md, *Invariants*: "a pass runs only when it pays").
 
-:class:`RouteJudge` keeps, per route, the last :attr:`window` finished requests of each arm
-(ledger-row fields only: no prompt text) and decides, in this order:
+:class:`RouteJudge` keeps, per route **and tenant**, the last :attr:`window` finished requests of
+each arm (ledger-row fields only: no prompt text) and decides, in this order:
 
 1. **Holdout** (measured, both arms): when each arm holds at least ``min_requests`` requests,
    the rewritten arm against the held-out one (:func:`prefixgate.cache.savings.holdout_stats.compare`:
@@ -29,16 +29,25 @@ emptied and the passes run again: the next verdict is taken on fresh requests, s
 traffic changed gets its rewriting back after ``min_requests`` requests at most. Requests sent
 while standing back (``stood_back`` set) never count toward a verdict.
 
-Bounded: at most ``window`` rows of a few numbers per arm per route, routes bounded by the
-policy; a verdict is recomputed every :data:`EVERY` new rows of a route (the bootstrap of two
-arms of ``window`` rows, ~2 ms), never per request. No I/O, no clock of its own (``now_s`` is
-passed in).
+Per tenant (issue 34 item 6): one tenant's requests judge that tenant's rewriting only. A
+route-wide verdict let one tenant steer everyone: 90 requests with unique hoisted ids switched
+``hoist_volatile`` off for the route, and another tenant's clock stayed in the cached prefix
+for 900 s. Each tenant has its own prefix cache anyway (``cache_salt``, per-tenant keys,
+:mod:`prefixgate.proxy.http.tenants`), so whether a move pays is a property of that tenant's
+traffic; a tenant with too few requests of its own keeps its passes. Requests without a tenant
+(a single-tenant proxy) are one tenant, ``""``: the route-wide verdict as before.
+
+Bounded: at most ``window`` rows of a few numbers per arm per (route, tenant), at most
+:data:`MAX_JUDGED` (route, tenant) pairs (the least recently used forgotten: it starts over with
+its passes on); a verdict is recomputed every :data:`EVERY` new rows of a pair (the bootstrap of
+two arms of ``window`` rows, ~2 ms), never per request. No I/O, no clock of its own (``now_s``
+is passed in).
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +59,9 @@ WINDOW = 64
 MIN_REQUESTS = 20
 OFF_S = 900.0
 EVERY = 8
-"""New rows of a route between two verdicts."""
+"""New rows of a (route, tenant) between two verdicts."""
+MAX_JUDGED = 4096
+"""(route, tenant) pairs judged at once; the least recently used is forgotten past it."""
 FIELDS = ("holdout", "prompt_tokens", "cached_tokens", "cf_cached_tokens", "input_usd",
           "ttft_ms", "tokens_pruned", "pass_tokens")
 
@@ -116,9 +127,9 @@ class _Route:
 
 @dataclass
 class RouteJudge:
-    """Per-route verdicts (module docstring); thread-safe. ``enabled``: False = never stand
-    back; ``seed``: the holdout bootstrap's; ``every``: new rows of a route between two
-    verdicts."""
+    """Per-(route, tenant) verdicts (module docstring); thread-safe. ``enabled``: False = never
+    stand back; ``seed``: the holdout bootstrap's; ``every``: new rows of a pair between two
+    verdicts; ``max_judged``: pairs kept (least recently used forgotten)."""
 
     enabled: bool = True
     window: int = WINDOW
@@ -126,13 +137,19 @@ class RouteJudge:
     off_s: float = OFF_S
     seed: int = 0
     every: int = EVERY
-    _routes: dict[str, _Route] = field(default_factory=dict)
+    max_judged: int = MAX_JUDGED
+    _routes: OrderedDict[tuple[str, str], _Route] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def _route(self, route: str) -> _Route:
-        r = self._routes.get(route)
+    def _route(self, route: str, tenant: str = "") -> _Route:
+        key = (route, tenant)
+        r = self._routes.get(key)
         if r is None:
-            r = self._routes[route] = _Route(deque(maxlen=self.window), deque(maxlen=self.window))
+            r = self._routes[key] = _Route(deque(maxlen=self.window), deque(maxlen=self.window))
+            while len(self._routes) > self.max_judged:
+                self._routes.popitem(last=False)
+        else:
+            self._routes.move_to_end(key)
         return r
 
     def observe(self, row: Mapping[str, Any]) -> None:
@@ -144,17 +161,18 @@ class RouteJudge:
             return
         rec = {k: row.get(k) for k in FIELDS}
         with self._lock:
-            r = self._route(str(row.get("route") or ""))
+            r = self._route(str(row.get("route") or ""), str(row.get("tenant") or ""))
             (r.holdout if row.get("holdout") else r.rewritten).append(rec)
             r.fresh += 1
 
-    def verdict(self, route: str, now_s: float) -> Verdict:
-        """The route's verdict now: a standing stand-back until it ends; else, every
-        ``every`` new rows, a new one (:func:`judge`). Never raises."""
+    def verdict(self, route: str, now_s: float, tenant: str = "") -> Verdict:
+        """``tenant``'s verdict on ``route`` now, from that tenant's requests only: a standing
+        stand-back until it ends; else, every ``every`` new rows, a new one (:func:`judge`).
+        Never raises."""
         if not self.enabled:
             return KEEP
         with self._lock:
-            r = self._route(route)
+            r = self._route(route, tenant)
             if r.verdict.stand_back:
                 if now_s < r.verdict.until:
                     return r.verdict
@@ -176,5 +194,5 @@ class RouteJudge:
         v = Verdict(True, passes, basis, f"rewritten arm no better than unrewritten ({why})",
                     now_s + self.off_s)
         with self._lock:
-            self._route(route).verdict = v
+            self._route(route, tenant).verdict = v
         return v

@@ -168,10 +168,32 @@ def hit_rate(rows: Iterable[Mapping[str, Any]]) -> float | None:
     return sum(1 for c in known if c > 0) / len(known) if known else None
 
 
+ROUTES_TOP = 50
+"""Rows of the routes table: the (route, model, backend) keys with the most requests; the rest
+are summed into one :data:`OTHER` row (issue 34 item 16: model names are the client's, so 3,000
+names made 3,010 rows, 2.2 MB per poll)."""
+OTHER = "(other)"
+
+
+def _top_keys(sums: Mapping[tuple[str, str, str], Mapping[str, Any]], top: int
+              ) -> set[tuple[str, str, str]]:
+    """The ``top`` keys by requests (ties by key), all of them when there are no more."""
+    if len(sums) <= top:
+        return set(sums)
+    ranked = sorted(sums, key=lambda k: (-int(sums[k].get("requests", 0)), k))
+    return set(ranked[:top])
+
+
 def routes_table(rolls: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]],
-                 usd_per_hour: Mapping[str, float | None] | None = None) -> list[dict[str, Any]]:
+                 usd_per_hour: Mapping[str, float | None] | None = None,
+                 top: int = ROUTES_TOP) -> list[dict[str, Any]]:
     """Per (route, model, backend): counts and shares from rollups, timings from rows, the
-    prefill rate of (route, backend) and the time it saved (:mod:`prefixgate.cache.savings.time_saved`)."""
+    prefill rate of (route, backend) and the time it saved (:mod:`prefixgate.cache.savings.time_saved`).
+
+    At most ``top`` keys get a row of their own (those with the most requests), sorted by key;
+    past that one last row sums the rest: route, model and backend :data:`OTHER`, ``other_keys``
+    the number of keys it holds, its timings over their rows (its prefill rate: none of its
+    own). So the table stays ``top + 1`` rows whatever the clients name."""
     known = rates(rows)
     sums: dict[tuple[str, str, str], dict[str, Any]] = defaultdict(dict)
     for r in rolls:
@@ -179,8 +201,18 @@ def routes_table(rolls: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str,
     by: dict[tuple[str, str, str], list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
         by[(r.get("route") or "", r.get("model") or "", r.get("backend") or "")].append(r)
+    keep = _top_keys(sums, top)
+    other: dict[str, Any] = {}
+    other_rows: list[Mapping[str, Any]] = []
+    for key in sums.keys() - keep:
+        rollup.merge(other, sums[key])
+        other_rows += by.get(key, [])
+    items = sorted((k, sums[k]) for k in keep)
+    if len(keep) < len(sums):
+        items.append(((OTHER, OTHER, OTHER), other))
+        by[(OTHER, OTHER, OTHER)] = other_rows
     out = []
-    for key, d in sorted(sums.items()):
+    for key, d in items:
         rs = by.get(key, [])
         out.append({
             "route": key[0], "model": key[1], "backend": key[2],
@@ -201,6 +233,8 @@ def routes_table(rolls: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str,
             "pd": (pd := pd_summary(rs)),  # P/D backends: split / colocate counts, reasons
             "pd_split_share": pd["split_share"] if pd else None,
         })
+    if len(keep) < len(sums):
+        out[-1]["other_keys"] = len(sums) - len(keep)
     return out
 
 

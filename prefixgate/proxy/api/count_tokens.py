@@ -64,7 +64,7 @@ class NoCounter(ProxyError):
     status = 501
 
 
-def _bridge(target: Target) -> Bridge:
+def _bridge(_ex: Exchange, target: Target) -> Bridge:
     kind = traits(target.backend.kind)
     if kind.wire == "anthropic":
         return Bridge("anthropic", "anthropic", COUNT_TOKENS.path, passes=False)

@@ -115,7 +115,7 @@ class ResponsesEndpoint:
     async def create(self, request: Request) -> Response:
         """``POST /v1/responses`` (module docstring)."""
         ex = Exchange(RESPONSES, LedgerRow(endpoint=request.url.path))
-        ex.bridge_of = lambda target: self._bridge(ex, target)
+        ex.bridge_of = self._bridge  # called with ex: a closure over ex would be a cycle
         return await run(self.state, request, ex)
 
     def _bridge(self, ex: Exchange, target: Target) -> Bridge:

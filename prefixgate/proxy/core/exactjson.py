@@ -9,7 +9,9 @@ JSON text"), so:
 - :func:`loads` keeps orjson's speed on the common path. It parses with orjson, then proves
   that no number changed, cheapest proof first (:func:`_numbers_kept`): the body re-serialises
   to the very bytes it came in (every compact client: one C-speed ``dumps`` + compare), or it
-  holds no float at all (big integers come out of orjson as floats) and no ``-0`` token. Only
+  holds no float at all (big integers come out of orjson as floats) and no ``-0`` token (one
+  regex pass; for a body of :data:`CHEAP_PROOF_FIRST_BYTES` or more this proof is tried first,
+  so a 30 MB single-string body costs no re-serialisation, issue 34 item 15). Only
   when neither holds does it parse again with the stdlib parser, whose hooks see each number's
   text: a number whose text orjson would change becomes an :class:`ExactInt` /
   :class:`ExactFloat` (a real ``int`` / ``float`` carrying ``.text``), every other number a
@@ -27,12 +29,16 @@ not JSON, or that nests deeper than the stdlib parser's recursion allows; :func:
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import orjson
 
 # ``-0`` followed by what may end a number token: an integer minus zero orjson reads as 0.
-_MINUS_ZERO = tuple(b"-0" + c for c in (b",", b"]", b"}", b" ", b"\n", b"\r", b"\t"))
+_MINUS_ZERO = re.compile(rb"-0(?:[,\]} \n\r\t]|\Z)")
+CHEAP_PROOF_FIRST_BYTES = 1 << 20
+"""From this size the no-float proof comes before the re-serialisation one (see module
+docstring): for a few large strings it is one regex pass instead of a copy of the body."""
 _I64_MIN, _U64_MAX = -(2 ** 63), 2 ** 64 - 1
 
 
@@ -85,16 +91,23 @@ def _has_float(obj: Any) -> bool:
     return False
 
 
+def _same_bytes(raw: bytes, tree: Any) -> bool:
+    try:
+        return orjson.dumps(tree) == raw
+    except TypeError:  # nested past orjson's writing depth: the nesting limit refuses it next
+        return False
+
+
 def _numbers_kept(raw: bytes, tree: Any) -> bool:
     """Whether writing ``tree`` (orjson's reading of ``raw``) with orjson keeps every number's
     text. True is a proof; False only means "not proven" (see module docstring)."""
-    try:
-        if orjson.dumps(tree) == raw:
-            return True
-    except TypeError:  # nested past orjson's writing depth: the nesting limit refuses it next
-        pass
-    return not _has_float(tree) and not any(z in raw for z in _MINUS_ZERO) and (
-        not raw.endswith(b"-0"))
+    if len(raw) >= CHEAP_PROOF_FIRST_BYTES:
+        return _no_float(raw, tree) or _same_bytes(raw, tree)
+    return _same_bytes(raw, tree) or _no_float(raw, tree)
+
+
+def _no_float(raw: bytes, tree: Any) -> bool:
+    return not _has_float(tree) and _MINUS_ZERO.search(raw) is None
 
 
 def _int(text: str) -> int:

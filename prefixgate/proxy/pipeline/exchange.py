@@ -42,7 +42,7 @@ from prefixgate.proxy.routing.balance import Balancer
 from prefixgate.proxy.routing.breaker import BreakerBoard
 from prefixgate.proxy.routing.fanout import FanoutGate
 from prefixgate.proxy.routing.kv_events import KVEventHub
-from prefixgate.proxy.routing.retries import Attempts, Picked, RetryBudget, Step
+from prefixgate.proxy.routing.retries import Attempts, Picked, RetryBudgets, Step
 from prefixgate.proxy.routing.router import Target
 from prefixgate.proxy.routing.shared import SharedRouting
 from prefixgate.proxy.upstream.client import Upstream
@@ -73,7 +73,7 @@ class ProxyState:
     shared: SharedState = field(default_factory=LocalState)  # counters shared by replicas
     routing: SharedRouting | None = None  # breakers / loads shared (None with LocalState)
     fanout: FanoutGate | None = None  # concurrent identical prefixes wait for one writer
-    retry_budget: RetryBudget | None = None  # retries as a share of live traffic (all requests)
+    retry_budget: RetryBudgets | None = None  # retries as a share of live traffic, per backend
     judge: RouteJudge = field(default_factory=RouteJudge)  # per-route stand-back (replaced below)
     salt_key: SaltKey | None = None  # keys the tenants' cache_salt (http.salt_key)
     kv_events: KVEventHub | None = None  # deployments' KV event indexes (routing.kv_events)
@@ -89,8 +89,8 @@ class ProxyState:
         if self.fanout is None:
             self.fanout = FanoutGate(self.policy.fanout)
         if self.retry_budget is None:
-            self.retry_budget = RetryBudget(self.policy.retry.budget_ratio,
-                                            self.policy.retry.budget_burst)
+            self.retry_budget = RetryBudgets(self.policy.retry.budget_ratio,
+                                             self.policy.retry.budget_burst)
         if self.salt_key is None:
             self.salt_key = SaltKey(self.policy.tenants)
         if self.routing is None and not isinstance(self.shared, LocalState):
@@ -137,8 +137,11 @@ class Exchange:
     """One request, from parse to record: what each step of the handler found or made.
 
     ``endpoint``: what the endpoint declared; ``targets``: the backends it may use, primary
-    first; ``bridge_of``: the bridge of a target (default: :func:`prefixgate.proxy.bridges.bridge_for`
-    over the endpoint's API and the backend's); ``steps``: those ready to send (bridge + bytes);
+    first; ``bridge_of``: ``(exchange, target) -> bridge`` (default:
+    :func:`prefixgate.proxy.bridges.bridge_for` over the endpoint's API and the backend's; the
+    exchange is passed in, never closed over: a closure over it kept in the exchange is a
+    reference cycle, and the body stays until a full collection, issue 34 item 4); ``steps``:
+    those ready to send (bridge + bytes);
     ``served``: the target (deployment chosen) whose answer the client gets; ``bridge``: its
     bridge. ``row`` is written exactly once (:meth:`record`; a ledger row only for a model
     call), which also ends the deployment's in-flight count.
@@ -158,7 +161,7 @@ class Exchange:
     watcher: StreamWatcher | None = None
     mapper: EventMapper | None = None
     end_mapper: EventMapper | None = None
-    bridge_of: Callable[[Target], Bridge] | None = None
+    bridge_of: Callable[[Exchange, Target], Bridge] | None = None
     pass_view: dict[str, Any] | None = None  # the primary bridge's pass body, before the passes
     ctx: Context | None = None  # the passes' context (None: not rewritten), for attribution
     primary_bridge: Bridge | None = None

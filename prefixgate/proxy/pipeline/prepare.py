@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 
+import anyio.to_thread
 from fastapi import Request
 
 from prefixgate.cache.savings.stand_back import KEEP, Verdict
@@ -55,8 +56,9 @@ async def prepare(ex: Exchange, request: Request, state: ProxyState) -> None:
     ex.targets = targets(ex, state.policy)
     ex.row.route, ex.row.backend = ex.targets[0].route, ex.targets[0].backend_name
     if ex.endpoint.cap is not None:  # a body without an output cap gets the route's
-        ex.body, ex.raw = with_default_cap(ex.body, ex.raw, ex.endpoint.cap, ex.targets[0],
-                                           state.policy)
+        args = (ex.body, ex.raw, ex.endpoint.cap, ex.targets[0], state.policy)
+        ex.body, ex.raw = (await anyio.to_thread.run_sync(with_default_cap, *args)
+                           if len(ex.raw) > wire.OFF_LOOP_BYTES else with_default_cap(*args))
     await passes(ex, request, state)
     ex.steps = bridges(ex, state.policy.limits.max_json_depth)
     if ex.endpoint.salted:  # the tenant's prefix-cache namespace on the backend (http.tenants)
@@ -88,7 +90,7 @@ async def parse(ex: Exchange, request: Request, policy: Policy) -> None:
     before any pass or bridge and what the proxy relies on (the endpoint's ``check``, 400)."""
     ex.raw = await read_body_within(request, policy.max_body_bytes, policy.limits.body_timeout_s)
     ex.obs.read_done = time.perf_counter()
-    ex.body = wire.parse_json(ex.raw)
+    ex.body = await wire.parse_json_off_loop(ex.raw)  # a large body's parse off the loop
     await check_nesting(ex.body, policy.limits.max_json_depth, len(ex.raw))
     ex.endpoint.check(ex.body)
     ex.row.model = ex.body["model"]
@@ -125,7 +127,7 @@ def default_bridge(ex: Exchange, target: Target) -> Bridge:
 
 def bridge_of(ex: Exchange, target: Target) -> Bridge:
     """The bridge of ``target``: the endpoint's own factory (``Exchange.bridge_of``) or the table."""
-    return ex.bridge_of(target) if ex.bridge_of is not None else default_bridge(ex, target)
+    return ex.bridge_of(ex, target) if ex.bridge_of is not None else default_bridge(ex, target)
 
 
 async def passes(ex: Exchange, request: Request, state: ProxyState) -> None:
@@ -151,7 +153,7 @@ async def passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     ctx = None
     verdict = KEEP
     if rewrite_wanted(request.headers, policy.rewrite) and not ex.row.holdout:
-        verdict = state.judge.verdict(primary.route, time.time())
+        verdict = state.judge.verdict(primary.route, time.time(), ex.row.tenant)  # per tenant
         ctx = Context(settings=stood_back(policy.rewrite, verdict), model=ex.row.model,
                       provider=primary.provider, session_id=ex.session_id,
                       session=await state.sessions.aget(ex.session_id), now_s=time.time(),
@@ -161,8 +163,9 @@ async def passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     ex.rw = await rewrite_off_loop(state.rewrite_fn, ex.pass_view, view_raw, bridge.pass_api, ctx)
     ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
     if verdict.stand_back:  # said in the Edits, the ledger and a header (cache.stand_back)
+        whose = f" (tenant {ex.row.tenant})" if ex.row.tenant else ""
         ex.rw.edits.append(Edit(STAND_BACK, False, "all", f"{', '.join(verdict.passes)} off for "
-                                f"route {primary.route}: {verdict.reason}"))
+                                f"route {primary.route}{whose}: {verdict.reason}"))
         ex.row.stood_back = verdict.summary()[:STAND_BACK_MAX_CHARS]
     if policy.rewrite.edit_detail_header and ctx is not None:  # opt-in (pipeline.edit_detail)
         view, api = ex.pass_view, bridge.pass_api

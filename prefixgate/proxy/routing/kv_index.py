@@ -16,7 +16,8 @@ one is a **restart** (the publisher started over: full resync).
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+from array import array
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 from prefixgate.proxy.routing.kv_hash import normalize
@@ -69,6 +70,33 @@ class BlockIndex:
         """Apply a batch's events in order."""
         for e in events:
             self.apply(e)
+
+    def apply_ops(self, ops: Iterable[tuple[str, array[int]]], slice_hashes: int) -> Iterator[int]:
+        """Apply a batch read by :func:`prefixgate.proxy.routing.kv_batch.read_batch` (``stored``
+        / ``removed`` hashes, ``cleared``), in order, with the same counters and bound as
+        :meth:`apply`; a generator that yields (the hashes applied so far) after every
+        ``slice_hashes`` hashes, so the caller can let its event loop run between slices."""
+        blocks, done, mark = self.blocks, 0, slice_hashes
+        for kind, hashes in ops:
+            if kind == "cleared":
+                self.clear()
+                continue
+            for start in range(0, len(hashes), slice_hashes):
+                part = hashes[start:start + slice_hashes]
+                if kind == "stored":
+                    for h in part:
+                        blocks[h] = None
+                        blocks.move_to_end(h)
+                    self.stored += len(part)
+                    while len(blocks) > self.max_blocks:
+                        blocks.popitem(last=False)
+                else:
+                    pop = blocks.pop
+                    self.removed += sum(1 for h in part if pop(h, 0) is None)
+                done += len(part)
+                if done >= mark:
+                    mark = done + slice_hashes
+                    yield done
 
     def prefix_blocks(self, hashes: list[int]) -> int:
         """Leading blocks of ``hashes`` (a prompt's chained block hashes) held here."""

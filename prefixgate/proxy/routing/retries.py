@@ -14,9 +14,12 @@ one of the plan up to ``retry.attempts`` times:
   deployment may be overloaded or the request may have run: repeating it there would not help);
 - answered as is: any other status (a 400 is the client's, not the deployment's).
 
-Bounded (issue 20, class 6): every send after the request's first spends a token of the shared
-:class:`RetryBudget` (none left: the client gets the last answer, or the last error, at once), and
-no wait or send starts past the backend's ``timeouts.total_s`` from the first send.
+Bounded (issue 20, class 6): every send after the request's first spends a token of its
+backend's :class:`RetryBudget` (none left: the client gets the last answer, or the last error, at
+once), and no wait or send starts past the backend's ``timeouts.total_s`` from the first send.
+The budgets are per backend (:class:`RetryBudgets`, issue 34 item 7), as Envoy's
+``retry_budget`` is per cluster: one route's failing backend spends its own budget, never the
+retries and fallbacks of requests sent to other backends.
 
 When the last step fails too, the client gets the last upstream answer (its status, body in its
 API shape, ``retry-after``), or the last error (502 / 504). Nothing is retried once the answer
@@ -120,7 +123,7 @@ def backoff_s(retry: int, settings: RetrySettings, rand: Callable[[], float]) ->
 
 
 class RetryBudget:
-    """Retries as a share of live traffic, shared by every request of the proxy.
+    """Retries as a share of live traffic, shared by every request to one backend.
 
     A token bucket: each request earns ``ratio`` tokens (at most ``burst`` kept); each send after
     a request's first spends one. So over time retries and fallback sends stay near ``ratio`` x
@@ -142,6 +145,30 @@ class RetryBudget:
             return False
         self.tokens -= 1.0
         return True
+
+
+class RetryBudgets:
+    """One :class:`RetryBudget` per backend, made on first use (``ratio`` / ``burst`` each).
+
+    A request earns in, and spends from, the budget of its **primary** backend (the first step
+    of its plan: the backend its route sends it to); its retries there and its fallbacks to other
+    backends are paid from that budget. So the budget is per cluster as in Envoy (a route's
+    cluster, with its fallbacks as an aggregate cluster's priorities): requests failing on one
+    backend drain that backend's budget only, and a request of another route, sent to another
+    backend, keeps its own retries and fallbacks (issue 34 item 7: 40 failing requests on one
+    route had turned another tenant's fallback answers on another route into 503s). Bounded:
+    the backends are the policy's."""
+
+    def __init__(self, ratio: float, burst: float) -> None:
+        self.ratio, self.burst = ratio, burst
+        self._by: dict[str, RetryBudget] = {}
+
+    def of(self, backend: str) -> RetryBudget:
+        """``backend``'s budget (full, ``burst`` tokens, when first asked)."""
+        b = self._by.get(backend)
+        if b is None:
+            b = self._by[backend] = RetryBudget(self.ratio, self.burst)
+        return b
 
 
 @dataclass
@@ -168,12 +195,12 @@ class Sender:
                  | None = None,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                  rand: Callable[[], float] = random.random,
-                 shared: SharedRouting | None = None, budget: RetryBudget | None = None,
+                 shared: SharedRouting | None = None, budget: RetryBudgets | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.send, self.retry, self.breakers, self.balancer = send, retry, breakers, balancer
         self.match, self.sleep, self.rand, self.shared = match, sleep, rand, shared
-        self.budget = budget if budget is not None else RetryBudget(retry.budget_ratio,
-                                                                    retry.budget_burst)
+        self.budgets = budget if budget is not None else RetryBudgets(retry.budget_ratio,
+                                                                      retry.budget_burst)
         self.clock = clock
 
     async def order(self, step: Step, key: str,
@@ -216,7 +243,8 @@ class Sender:
         plan = [(s, d, why) for s in steps for d, why in await self.order(s, key, opened)]
         log.all_open = bool(opened) and all(opened)
         last: ProxyError = UpstreamUnavailable("no deployment to send to")
-        self.budget.earn()
+        budget = self.budgets.of(plan[0][0].target.backend_name if plan else "")
+        budget.earn()  # the primary backend's budget pays this request's extra sends
         total = plan[0][0].target.backend.timeouts_s()[3] if plan else None
         deadline = None if total is None else self.clock() + total
         sent, paid = 0, False  # paid: the next send's budget token is already taken
@@ -227,7 +255,7 @@ class Sender:
             breaker = self.breakers.get(dep.name)
             for n in range(self.retry.attempts):
                 more_here = n + 1 < self.retry.attempts
-                if sent and not paid and not self._affordable(deadline, 0.0):
+                if sent and not paid and not self._affordable(budget, deadline, 0.0):
                     raise last
                 sent, paid = sent + 1, False
                 breaker.before_send()
@@ -247,7 +275,7 @@ class Sender:
                     last = e
                     if kind == "connect" and more_here and final:
                         pause = backoff_s(n + 1, self.retry, self.rand)
-                        if not self._affordable(deadline, pause):
+                        if not self._affordable(budget, deadline, pause):
                             raise last from None
                         paid = True
                         await self.sleep(pause)
@@ -274,7 +302,7 @@ class Sender:
                 retry_here = more_here and (said or (final and wait is None))
                 pause = max(wait or 0.0, backoff_s(n + 1, self.retry, self.rand))
                 go_on = retry_here or not final
-                if go_on and not self._affordable(deadline, pause if retry_here else 0.0):
+                if go_on and not self._affordable(budget, deadline, pause if retry_here else 0.0):
                     go_on = False
                 if not go_on:
                     on_pick(Picked(step, target, release))
@@ -296,12 +324,12 @@ class Sender:
             return step.body
         return with_id_slot(step.body, self.balancer.slots.slot_for(dep.name, key, backend.slots))
 
-    def _affordable(self, deadline: float | None, pause: float) -> bool:
+    def _affordable(self, budget: RetryBudget, deadline: float | None, pause: float) -> bool:
         """Whether one more send (after ``pause`` seconds) fits the total deadline and the retry
-        budget; spends the budget's token when it does."""
+        ``budget``; spends the budget's token when it does."""
         if deadline is not None and self.clock() + pause >= deadline:
             return False
-        return self.budget.spend()
+        return budget.spend()
 
     async def _send_one(self, target: Target, url: str, body: bytes,
                         headers: Mapping[str, bytes], deadline: float | None = None
