@@ -283,12 +283,7 @@ def _open_ledger(where: str) -> Ledger:
 def _break_records(dicts: list[dict[str, Any]]) -> list[Any]:
     from prefixgate.cache.savings.breaks import BreakRecord
 
-    recs = []
-    for d in dicts:
-        d = dict(d)
-        d["volatile_kinds"] = tuple(d.get("volatile_kinds") or ())
-        recs.append(BreakRecord(**d))
-    return recs
+    return [BreakRecord.from_dict(d) for d in dicts]
 
 
 def report(
