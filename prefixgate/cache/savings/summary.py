@@ -1,7 +1,9 @@
 """The ``/api/savings`` document (issue 9; shape fixed in the h/savings - h/dash contract),
 computed from the ledger: per-minute rollups (:mod:`prefixgate.cache.ledger.rollup`) for sums, series,
 lengths and techniques; the range's request rows (a narrow column set) for exact percentiles,
-SLOs, per-route timings and the holdout comparison; the break records for top cache breaks.
+SLOs, per-route timings and the holdout comparison; the break records for the cache breaks
+(``breaks``: grouped by cause with cost and fix, ``top_break``: the one the dashboard's first
+card shows, or null; :mod:`prefixgate.cache.savings.top_break`, the same as ``prefixgate report``'s).
 
 Units: times unix seconds, durations ms, money USD, shares 0-1. None (JSON null) = not reported,
 never 0 in disguise. ``saved_usd = cf_input_usd - input_usd`` over requests priced both ways
@@ -32,6 +34,7 @@ from prefixgate.cache.savings.holdout_stats import holdout_report
 from prefixgate.cache.savings.pd_decisions import pd_summary
 from prefixgate.cache.savings.report import percentile
 from prefixgate.cache.savings.time_saved import rate_fields, rates, time_saved
+from prefixgate.cache.savings.top_break import explain_breaks, top_break
 from prefixgate.config.prices import price_for
 from prefixgate.config.schema import HoldoutSettings, SloSettings
 
@@ -226,19 +229,6 @@ def lengths(data: Mapping[str, Any]) -> dict[str, Any]:
                                                     len(rollup.OUTPUT_EDGES))}}
 
 
-def top_breaks(records: Iterable[Mapping[str, Any]], limit: int = 10) -> list[dict[str, Any]]:
-    """Break records grouped by (region, kind, token offset): tokens lost summed, count; the
-    ``limit`` largest by tokens lost."""
-    acc: dict[tuple[str, str, int], dict[str, Any]] = {}
-    for b in records:
-        key = (str(b.get("region", "")), str(b.get("kind", "")), int(b.get("token_offset", 0)))
-        e = acc.setdefault(key, {"field": key[0], "kind": key[1], "token_offset": key[2],
-                                 "tokens_lost": 0, "count": 0})
-        e["tokens_lost"] += int(b.get("tokens_lost", 0))
-        e["count"] += 1
-    return sorted(acc.values(), key=lambda e: (-e["tokens_lost"], -e["count"]))[:limit]
-
-
 def range_rows(ledger: Ledger, from_ts: float, to_ts: float,
                tenant: str | None = None) -> list[dict[str, Any]]:
     """The range's request rows, :data:`ROW_COLUMNS` only (no prompt text exists anyway);
@@ -266,6 +256,7 @@ def savings_document(ledger: Ledger, range_: str = "1h", *, slo: SloSettings | N
     data = rollup.total({"data": d} for d in slots)
     hs = holdout or HoldoutSettings()
     ho = holdout_report(rows, hs.seed)
+    explained = explain_breaks(ledger.breaks(from_ts, tenant), rows)
     return {
         "range": range_, "from_ts": from_ts, "to_ts": to_ts, "bucket_s": bucket_s,
         "totals": {**totals(data, rows, write_premium(rolls)), **time_saved(rows, usd_per_hour)},
@@ -277,7 +268,8 @@ def savings_document(ledger: Ledger, range_: str = "1h", *, slo: SloSettings | N
         "series": series(start, slots, bucket_s),
         "slo": slo_table(rows, slo or SloSettings()),
         "lengths": lengths(data),
-        "breaks": top_breaks(ledger.breaks(from_ts, tenant)),
+        "breaks": explained,
+        "top_break": top_break(explained, rows),
         "routes": routes_table(rolls, rows, usd_per_hour),
         "replicas": replicas_table(rows),
     }

@@ -6,7 +6,10 @@ have cost, tokens saved (cache reuse gained + pruned - added), prefill seconds s
 backend reports its prefill time (our engine, llama.cpp; :mod:`prefixgate.cache.savings.time_saved`: the
 route's measured prefill rate x the tokens rewriting made reusable, with what the prefix cache
 saved in all, and the time priced at the backend's ``usd_per_hour`` when ``--policy`` sets one),
-TTFT p50 rewritten minus holdout (when the policy's holdout sent some sessions unrewritten) — the
+TTFT p50 rewritten minus holdout (when the policy's holdout sent some sessions unrewritten) — then,
+when cache breaks cost more than a threshold, the top one: its cause, the masked line, where in
+the backend's tokens, its cost and the policy line that fixes it
+(:mod:`prefixgate.cache.savings.top_break`, the same as the dashboard's first card) — the
 saved tokens by technique (the ``unattributed`` remainder named), the routes that stood back,
 then one row per group
 (:mod:`prefixgate.cache.savings.report`). The layout follows the terminal width (``COLUMNS``): below
@@ -20,7 +23,8 @@ proxy on streams).
 ``--json``: ``{"ledger", "by", "saved": {...}, "groups": [{<by>: key, figures...}],
 "by_technique": [{"technique", "tokens_reusable", "tokens_removed", "tokens_added",
 "saved_tokens", "usd"}], "stood_back": [{"route", "requests", "passes", "reason", "last_ts"}],
-"pd": {"split", "colocate", "split_share", "reasons"} | null, "errors": [...]}`` with named
+"pd": {"split", "colocate", "split_share", "reasons"} | null, "top_break": {...} | null,
+"errors": [...]}`` with named
 fields (``pd``: P/D backends' split decisions, :mod:`prefixgate.cache.savings.pd_decisions`, also
 printed as a "P/D:" line; :mod:`prefixgate.cache.ledger.attribution`: the techniques,
 ``unattributed`` included, sum to the saved line; :mod:`prefixgate.cache.savings.stand_back`: routes
@@ -57,6 +61,7 @@ from prefixgate.cache.savings.report import (
     saved_figures,
     stand_back_figures,
 )
+from prefixgate.cache.savings.top_break import explain_breaks, format_top_break, top_break
 from prefixgate.config.loader import PolicyError, load_policy
 from prefixgate.config.schema import LedgerSettings
 from prefixgate.proxy.cli.format import fmt
@@ -310,10 +315,12 @@ def report(
     saved = saved_figures(rows, seed, hourly)
     stood = stand_back_figures(rows)
     errs = error_figures(rows) if errors else []
+    break_dicts = db.breaks(since_ts)
+    top = top_break(explain_breaks(break_dicts, rows), rows)
     if as_json:
         doc: dict[str, Any] = {"ledger": path, "by": by, "saved": saved, "groups": groups,
                                "by_technique": [t.to_dict() for t in by_technique(rows)],
-                               "stood_back": stood, "pd": pd_summary(rows)}
+                               "stood_back": stood, "pd": pd_summary(rows), "top_break": top}
         if errors:
             doc["errors"] = errs
         typer.echo(json.dumps(doc, indent=2))
@@ -323,6 +330,9 @@ def report(
         width = shutil.get_terminal_size((80, 24)).columns
         console = Console(width=width, highlight=False, soft_wrap=False)
         console.print(saved_line(saved, width))
+        if top is not None:  # the costliest cause, its masked line, its cost, its fix (issue 37)
+            for line in format_top_break(top, width):
+                console.print(line, markup=False)
         techs = [t.to_dict() for t in by_technique(rows)]
         if techs:
             console.print(technique_line(techs, saved["saved_tokens"], width))
@@ -338,7 +348,7 @@ def report(
     if breaks:
         from prefixgate.cache.savings.breaks import format_breaks
 
-        typer.echo(format_breaks(_break_records(db.breaks(since_ts))))
+        typer.echo(format_breaks(_break_records(break_dicts)))
     db.close()
 
 
