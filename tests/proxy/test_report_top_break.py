@@ -63,3 +63,16 @@ def test_a_break_below_the_threshold_stays_off_the_first_screen(tmp_path: Path) 
     assert "top cache break" not in _report(led)
     assert savings_document(led, "7d")["top_break"] is None
     assert "volatile_span" in _report(led, "--breaks")  # still listed on request
+
+
+def test_requests_refused_before_routing_are_a_labelled_route_row(tmp_path: Path) -> None:
+    led = Ledger(tmp_path / "ledger.sqlite")
+    led.write(LedgerRow(route="gpt-*", backend="openai", model="gpt-4o", prompt_tokens=10,
+                        cached_tokens=0, ttft_ms=50.0))
+    led.write(LedgerRow(model="gtp-4o", status="model_not_found", http_status=404))
+    out = _report(led)
+    assert "(no route matched)" in out
+    assert not any(line.split()[:1] == ["-"] for line in out.splitlines())
+    routes = savings_document(led, "7d")["routes"]
+    assert [(r["route"], r["model"]) for r in routes] == [("(no route matched)", "gtp-4o"),
+                                                          ("gpt-*", "gpt-4o")]

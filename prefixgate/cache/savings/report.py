@@ -79,6 +79,9 @@ def summarize(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 BY = ("route", "model", "tenant", "day", "replica")
+NO_ROUTE = "(no route matched)"
+"""The route group of requests refused before routing (an unknown model's 404, a malformed
+body's 400): their model names the typo; a bare ``-`` said nothing (issue 37, item 9)."""
 
 
 def group_key(row: Mapping[str, Any], by: str) -> str:
@@ -87,6 +90,8 @@ def group_key(row: Mapping[str, Any], by: str) -> str:
         return time.strftime("%Y-%m-%d", time.gmtime(row.get("ts") or 0))
     if by == "tenant":  # the ledger's tenant (http.tenants); rows from before it: the key id
         return row.get("tenant") or row.get("key_id") or "-"
+    if by == "route":
+        return row.get("route") or NO_ROUTE
     return row.get(by) or "-"
 
 

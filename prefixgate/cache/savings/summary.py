@@ -32,7 +32,7 @@ from prefixgate.cache.ledger.attribution import merge_techniques
 from prefixgate.cache.ledger.store import Ledger
 from prefixgate.cache.savings.holdout_stats import holdout_report
 from prefixgate.cache.savings.pd_decisions import pd_summary
-from prefixgate.cache.savings.report import percentile
+from prefixgate.cache.savings.report import NO_ROUTE, percentile
 from prefixgate.cache.savings.time_saved import rate_fields, rates, time_saved
 from prefixgate.cache.savings.top_break import explain_breaks, top_break
 from prefixgate.config.prices import price_for
@@ -187,7 +187,7 @@ def routes_table(rolls: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str,
     for key, d in sorted(sums.items()):
         rs = by.get(key, [])
         out.append({
-            "route": key[0], "model": key[1], "backend": key[2],
+            "route": key[0] or NO_ROUTE, "model": key[1], "backend": key[2],
             "requests": d.get("requests", 0), "errors": d.get("errors", 0),
             "cached_share": _r(_ratio(d.get("cached_tokens"), d.get("usage_prompt"))),
             "cache_hit_rate": _r(hit_rate(rs)),
