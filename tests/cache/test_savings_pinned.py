@@ -267,7 +267,7 @@ def test_routes_table_by_hand() -> None:
     e = _ledger_row(prompt_tokens=100, cached_tokens=0, prefill_ms=100.0)
     bare = {"minute": 0, "route": "r9", "model": "m9", "backend": "b9", "data": {}}  # a rollup with no rows
     out = sv.routes_table([*_rolls([a, b, c, d, e]), bare], [a, b, c, d, e], {"b1": 36.0})
-    assert [(t["route"], t["model"], t["backend"]) for t in out] == [("", "", ""), ("r1", "m1", "b1"),
+    assert [(t["route"], t["model"], t["backend"]) for t in out] == [(sv.NO_ROUTE, "", ""), ("r1", "m1", "b1"),
                                                                       ("r1", "m2", "b1"), ("r9", "m9", "b9")]
     none, m1, m2, r9 = out
     assert (r9["requests"], r9["errors"], r9["cache_hit_rate"], r9["ttft_p50_ms"], r9["stood_back"],

@@ -32,7 +32,7 @@ from prefixgate.cache.ledger.attribution import merge_techniques
 from prefixgate.cache.ledger.store import Ledger
 from prefixgate.cache.savings.holdout_stats import holdout_report
 from prefixgate.cache.savings.pd_decisions import pd_summary
-from prefixgate.cache.savings.report import NO_ROUTE, percentile
+from prefixgate.cache.savings.report import NO_ROUTE, percentile, ttft_values
 from prefixgate.cache.savings.time_saved import rate_fields, rates, time_saved
 from prefixgate.cache.savings.top_break import explain_breaks, top_break
 from prefixgate.config.prices import price_for
@@ -81,8 +81,8 @@ def totals(data: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
         "added_tokens": data.get("added_tokens", 0),
         "cached_share": _r(_ratio(data.get("cached_tokens"), data.get("usage_prompt"))),
         "cf_cached_share": _r(_ratio(data.get("cf_cached_tokens"), data.get("cf_prompt"))),
-        "ttft_p50_ms": _r(_pct((r["ttft_ms"] for r in rows), 50), 3),
-        "ttft_p95_ms": _r(_pct((r["ttft_ms"] for r in rows), 95), 3),
+        "ttft_p50_ms": _r(percentile(ttft_values(rows), 50), 3),
+        "ttft_p95_ms": _r(percentile(ttft_values(rows), 95), 3),
         "cf_source": src, "no_usage_reported": data.get("no_usage", 0),
         "output_tokens": data.get("output_tokens", 0),
         "cache_write_tokens": data.get("cache_write_tokens", 0),
@@ -192,8 +192,8 @@ def routes_table(rolls: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str,
             "cached_share": _r(_ratio(d.get("cached_tokens"), d.get("usage_prompt"))),
             "cache_hit_rate": _r(hit_rate(rs)),
             "saved_usd": _r(d["cf_input_usd"] - d["input_usd"], 8) if d.get("priced") else None,
-            "ttft_p50_ms": _r(_pct((r["ttft_ms"] for r in rs), 50), 3),
-            "ttft_p95_ms": _r(_pct((r["ttft_ms"] for r in rs), 95), 3),
+            "ttft_p50_ms": _r(percentile(ttft_values(rs), 50), 3),
+            "ttft_p95_ms": _r(percentile(ttft_values(rs), 95), 3),
             "tpot_p50_ms": _r(_pct((r["tpot_ms"] for r in rs), 50), 3),
             "queue_ms_p50": _r(_pct((r["queue_ms"] for r in rs), 50), 3),
             "prefill_ms_p50": _r(_pct((r["prefill_ms"] for r in rs), 50), 3),
@@ -293,7 +293,7 @@ def replicas_table(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "errors": sum(1 for r in rs if (r.get("status") or "ok") != "ok"),
             "cached_share": _r(_ratio(sum(r["cached_tokens"] for r in both),
                                       sum(r["prompt_tokens"] for r in both))) if both else None,
-            "ttft_p50_ms": _r(_pct((r.get("ttft_ms") for r in rs), 50), 3),
+            "ttft_p50_ms": _r(percentile(ttft_values(rs), 50), 3),
             "last_ts": max(float(r.get("ts") or 0) for r in rs),
         })
     return out
