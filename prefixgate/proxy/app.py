@@ -241,7 +241,7 @@ def _tenants_at_start(state: ProxyState) -> None:
     secret when tenants will need it, so a problem is in the log and ``/healthz`` before the
     first request is refused (:mod:`prefixgate.proxy.http.salt_key`)."""
     policy = state.policy
-    for line in shared_cache_warnings(policy):
+    for line in shared_cache_warnings(policy, state.guard.store.keys()):
         log.warning("tenants: %s", line)
     if tenancy_possible(policy) and any(salts(b) for b in policy.backends.values()):
         assert state.salt_key is not None
