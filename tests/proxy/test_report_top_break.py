@@ -76,3 +76,16 @@ def test_requests_refused_before_routing_are_a_labelled_route_row(tmp_path: Path
     routes = savings_document(led, "7d")["routes"]
     assert [(r["route"], r["model"]) for r in routes] == [("(no route matched)", "gtp-4o"),
                                                           ("gpt-*", "gpt-4o")]
+
+
+def test_holdout_breaks_are_left_out_and_an_active_hoist_is_not_advised_again(
+        tmp_path: Path) -> None:
+    from prefixgate.cache.savings.top_break import HOIST_ON_NOTE, explain_breaks
+
+    rec = {"kind": "volatile_span", "region": "system", "excerpt": "Now: \u27e8datetime\u27e9",
+           "tokens_lost": 500, "token_offset": 10, "session_id": "a"}
+    assert explain_breaks([{**rec, "holdout": True}], []) == []
+    (hoisted,) = explain_breaks([{**rec, "hoist_on": True}, rec], [])
+    assert hoisted["fix"] == "" and hoisted["fix_note"] == HOIST_ON_NOTE
+    (plain,) = explain_breaks([rec], [])
+    assert plain["fix"] == "rewrite: {hoist_volatile: true}"

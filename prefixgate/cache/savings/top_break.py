@@ -18,7 +18,12 @@ masked excerpt; the detail where there is no excerpt) — largest loss first, ea
   ``usd_lost`` (hosted: each record's tokens at its model's input minus cache-read price,
   :mod:`prefixgate.config.prices`; None where unpriced or free);
 - **fix**: ``fix`` (a policy line, or "" where no policy setting fixes it) and ``fix_note``
-  (what it does, or what to change in the agent).
+  (what it does, or what to change in the agent). A changing system line on requests the hoist
+  already rewrote (record ``hoist_on``) has no policy line left: the hoist moves it from the
+  session's second request on, so what is left is each session's first change.
+
+Breaks of holdout requests (record ``holdout``: sent unrewritten on purpose, to measure against)
+are left out: they are the comparison arm, not something to fix.
 
 :func:`top_break` is the first group when it costs at least :data:`MIN_SHARE` of the range's
 prompt tokens (:data:`MIN_TOKENS` when no prompt tokens are known); :func:`format_top_break`
@@ -60,6 +65,9 @@ FIXES: dict[str, tuple[str, str]] = {
     "model_changed": ("", "keep one model per session: each model has its own cache"),
 }
 """kind -> (policy line or "", what it does / what to change in the agent)."""
+HOIST_ON_NOTE = ("hoist_volatile is on: the line moves from each session's second request on, "
+                 "so each session's first change is left (to avoid it, send the value in the "
+                 "newest message)")
 
 
 def cause_of(kind: str, region: str, volatile_kinds: Sequence[str], detail: str) -> str:
@@ -118,6 +126,8 @@ def explain_breaks(records: Iterable[Mapping[str, Any]], rows: Sequence[Mapping[
     prompt = sum(r.get("prompt_tokens") or 0 for r in rows)
     acc: dict[tuple[str, str, str], dict[str, Any]] = {}
     for b in records:
+        if b.get("holdout"):
+            continue  # the holdout arm is unrewritten on purpose (module docstring)
         kind, region = str(b.get("kind", "")), str(b.get("region", ""))
         excerpt = str(b.get("excerpt") or "")
         key = (kind, region, excerpt or str(b.get("detail", "")))
@@ -138,6 +148,8 @@ def explain_breaks(records: Iterable[Mapping[str, Any]], rows: Sequence[Mapping[
         e["token_offset_max"] = max(e["token_offset_max"] or 0, off)
         e["units"].add(str(b.get("unit") or "estimate"))
         e["model"] = e["model"] or str(b.get("model") or "")
+        if b.get("hoist_on") and kind == "volatile_span" and region == "system":
+            e["fix"], e["fix_note"] = "", HOIST_ON_NOTE
         e["count"] += 1
         e["sessions"].add(b.get("session_id"))
         e["tokens_lost"] += lost
