@@ -5,7 +5,8 @@ shipped one: hosted models to their APIs, the local engine by its id), spawns th
 each ``local`` backend with ``spawn: true`` (model from the backend's ``model_path``,
 ``--model``, or the one ``make model`` fetched into
 ``~/.cache/prefixgate/models/SmolLM2-135M-Instruct``), waits for its ``/health``, then serves
-the proxy with uvicorn (default 127.0.0.1:8080, or the policy's ``listen``). The engines are stopped when the proxy exits.
+the proxy with uvicorn (default 127.0.0.1:8080, or the policy's ``listen``). The engines are
+stopped when the proxy exits.
 
 uvicorn runs with the policy's ``limits`` (:func:`prefixgate.proxy.http.server.uvicorn_options`: header size
 and deadline, keep-alive, concurrency). Listening on a non-loopback address requires proxy keys
