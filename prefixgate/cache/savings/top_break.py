@@ -100,13 +100,15 @@ def fix_for(kind: str, region: str) -> tuple[str, str]:
     return FIXES.get(kind, ("", ""))
 
 
-def unit_text(unit: str, model: str) -> str:
-    """What a group's token offsets count, in words."""
+def unit_text(unit: str, model: str, tokenizer: str = "") -> str:
+    """What a group's token offsets count, in words (``tokenizer``: the tiktoken encoding an
+    estimate used, when the record names it)."""
     if unit == "engine":
         return (f"{model or 'the backend'}'s own tokens (its /tokenize), from the start of the "
                 "rendered prompt")
     if unit == "estimate":
-        return "estimated tokens (tiktoken), counting tools, then system, then messages"
+        return (f"tokens estimated with tiktoken {tokenizer or ''}".rstrip()
+                + ", counting tools, then system, then messages")
     return "some in the backend's own tokens, some estimated"
 
 
@@ -140,6 +142,7 @@ def explain_breaks(records: Iterable[Mapping[str, Any]], rows: Sequence[Mapping[
                     b.get("detail", ""))),
                 "excerpt": excerpt, "line": int(b.get("line") or 0), "detail": b.get("detail", ""),
                 "token_offset": None, "token_offset_max": None, "units": set(), "model": "",
+                "tokenizer": "",
                 "count": 0, "sessions": set(), "tokens_lost": 0, "seconds_lost": None,
                 "usd_lost": None, "fix": fix, "fix_note": note}
         lost = int(b.get("tokens_lost") or 0)
@@ -148,6 +151,7 @@ def explain_breaks(records: Iterable[Mapping[str, Any]], rows: Sequence[Mapping[
         e["token_offset_max"] = max(e["token_offset_max"] or 0, off)
         e["units"].add(str(b.get("unit") or "estimate"))
         e["model"] = e["model"] or str(b.get("model") or "")
+        e["tokenizer"] = e["tokenizer"] or str(b.get("tokenizer") or "")
         if b.get("hoist_on") and kind == "volatile_span" and region == "system":
             e["fix"], e["fix_note"] = "", HOIST_ON_NOTE
         e["count"] += 1
@@ -163,7 +167,8 @@ def explain_breaks(records: Iterable[Mapping[str, Any]], rows: Sequence[Mapping[
     for e in sorted(acc.values(), key=lambda e: (-e["tokens_lost"], -e["count"]))[:limit]:
         units = e.pop("units")
         unit = units.pop() if len(units) == 1 else "mixed"
-        e.update(unit=unit, unit_text=unit_text(unit, e["model"]), sessions=len(e["sessions"]),
+        e.update(unit=unit, unit_text=unit_text(unit, e["model"], e["tokenizer"]),
+                 sessions=len(e["sessions"]),
                  share=round(e["tokens_lost"] / prompt, 6) if prompt else None,
                  where=where_of(e["field"], e["line"]),
                  seconds_lost=None if e["seconds_lost"] is None else round(e["seconds_lost"], 3),

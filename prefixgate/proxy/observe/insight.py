@@ -308,6 +308,8 @@ class Insight:
                 rec = self.breaks.observe(session, original, sent, count,
                                           api, now_ids)  # type: ignore[arg-type]
                 brk = rec.to_dict() if rec is not None else None
+                if brk is not None and brk["unit"] == "estimate":  # which counter estimated it
+                    brk["tokenizer"] = encoding_for_model(model)
             except Exception:
                 log.exception("break detection failed")
             key = partition if partition is not None else backend

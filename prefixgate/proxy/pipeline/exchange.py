@@ -51,9 +51,11 @@ from prefixgate.rewriter.types import Context
 
 log = logging.getLogger("prefixgate.proxy")
 access_log = logging.getLogger("prefixgate.access")
-"""One INFO line per model request (:meth:`ProxyState.record`): method, path, HTTP status,
-model, TTFT, cached / prompt tokens, backend; never prompt text. ``serve --no-access-log``
-sets it to WARNING."""
+"""One INFO line per client request (:meth:`ProxyState.record`, and unknown paths' 404s):
+method, path, HTTP status, model, TTFT, cached / prompt tokens, backend; never prompt text.
+Off (WARNING) where the app is embedded; ``prefixgate serve`` turns it on (``--no-access-log``
+keeps it off)."""
+access_log.setLevel(logging.WARNING)
 
 
 @dataclass
