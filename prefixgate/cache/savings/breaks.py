@@ -1,6 +1,17 @@
 """Cache-break diagnosis: where and why a session's rendered prefix stopped matching the previous
 request's.
 
+Issue 37: a session's first request is no break, nor is a one-shot request after another (the
+previous request had no assistant turn and the new one differs at or before the end of its first
+user message, not by a volatile span: the README's samples, or one question asked from two SDKs,
+under one session key). Every record keeps a **masked excerpt**: the line of the client's text
+where the prefix diverged, its volatile spans named (``⟨datetime⟩``) and every other digit
+``#``, at most :data:`prefixgate.cache.savings.break_spans.EXCERPT_CHARS` characters, and the
+line's number in its block — enough to find the line, no number of the prompt, kept with prompt
+storage off. Offsets and losses are in the caller's token counter over the blocks in the API's
+order (``unit`` ``"estimate"``); :mod:`prefixgate.cache.savings.client_breaks` replaces them with
+the backend's own token ids where the backend tokenizes (``unit`` ``"engine"``).
+
 Per session, :class:`BreakDetector` keeps the block list of the last request (in memory, bounded
 LRU of sessions). When a request's blocks are not an extension of the previous ones, it records a
 :class:`BreakRecord`: the region, block and token offset of the first difference and its kind:
@@ -15,22 +26,10 @@ LRU of sessions). When a request's blocks are not an extension of the previous o
   elided observations).
 * ``model_changed`` — the model id changed (caches are per model).
 
-Append-only growth (the previous prefix is a prefix of the new one), pure truncation at the end,
-a volatile note in trailing blocks of the last message being replaced (how the rewriter's
-hoisted clock moves forward each turn), a session's first request, and a one-shot request after
-another (the previous request had no assistant turn and the new one differs at or before the end
-of its first user message, not by a volatile span: the README's samples, or one question asked
-from two SDKs) are not breaks.
-
-Every record keeps a **masked excerpt** (issue 37): the line of the client's text where the
-prefix diverged, its volatile spans named (``⟨datetime⟩``) and every other digit ``#``, at most
-:data:`prefixgate.cache.savings.break_spans.EXCERPT_CHARS` characters, and the line's number in
-its block — enough to find the line, no number of the prompt. Other prompt text never leaves the
-detector unless ``store_text`` is set, and then only as short excerpts around the divergence.
-
-Offsets and losses here are in the caller's token counter over the blocks in the API's order
-(``unit`` ``"estimate"``); :mod:`prefixgate.proxy.observe.insight` replaces them with the
-backend's own token ids where the backend tokenizes (``unit`` ``"engine"``).
+Append-only growth (the previous prefix is a prefix of the new one), pure truncation at the end, and
+a volatile note in trailing blocks of the last message being replaced (how the rewriter's hoisted
+clock moves forward each turn) are not breaks. Prompt text never leaves the detector unless
+``store_text`` is set, and then only as short excerpts around the divergence.
 """
 
 from __future__ import annotations
@@ -211,10 +210,8 @@ class BreakDetector:
 
         Returns a :class:`BreakRecord` when the prefix diverged, else ``None`` (first request,
         append-only growth, identical or truncated-at-the-end prefix). ``api`` defaults to
-        :func:`~prefixgate.cache.provider_models.prefix_blocks.detect_api`; ``blocks``: the body already
-        flattened
-        (saves
-        work). Raises ``TypeError`` on malformed messages.
+        :func:`~prefixgate.cache.provider_models.prefix_blocks.detect_api`; ``blocks``: the body
+        already flattened (saves work). Raises ``TypeError`` on malformed messages.
         """
         if blocks is None:
             blocks = flatten(body, api or detect_api(body), count_tokens)
