@@ -155,7 +155,8 @@ def default_policy_text() -> str:
 
 
 def default_policy() -> Policy:
-    """The shipped default policy: every model routed to the embedded local engine."""
+    """The shipped default policy (``gpt-*`` / ``o[0-9]*`` to OpenAI, ``claude-*`` to Anthropic,
+    the local engine by its id or aliases; no catch-all)."""
     return parse_policy(yaml.safe_load(default_policy_text()), "default_policy.yaml")
 
 

@@ -138,7 +138,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                              args.pd_backend)
     try:
         app = build_app(engine, log_stats_interval_s=args.log_stats_interval or None, pd=pd)
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        # log_config=None: uvicorn's lines take the format above (one format, issue 37)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                    log_config=None)
     finally:
         stop_pd()
         engine.shutdown()

@@ -66,9 +66,10 @@ from prefixgate.proxy.core.errors import (
     api_for_path,
     error_response,
 )
+from prefixgate.proxy.core.logsafe import safe
 from prefixgate.proxy.http.auth import Guard
 from prefixgate.proxy.http.lean import LeanRoutes
-from prefixgate.proxy.http.middleware import BarePaths, TrailingSlash
+from prefixgate.proxy.http.middleware import BarePaths, TrailingSlash, doubled_prefix_hint
 from prefixgate.proxy.http.tenants import salts, shared_cache_warnings, tenancy_possible
 from prefixgate.proxy.observe import savings_api
 from prefixgate.proxy.observe.dashboard import install as install_dashboard
@@ -76,7 +77,7 @@ from prefixgate.proxy.observe.insight import Insight
 from prefixgate.proxy.observe.kv_events_metrics import KVEventsCollector
 from prefixgate.proxy.observe.metrics import ProxyMetrics, label_vocabulary
 from prefixgate.proxy.observe.otel import telemetry_from_env
-from prefixgate.proxy.pipeline.exchange import ProxyState
+from prefixgate.proxy.pipeline.exchange import ProxyState, access_log
 from prefixgate.proxy.pipeline.rewrite import (
     RewriteFn,
     default_rewrite_fn,
@@ -197,8 +198,12 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     @app.exception_handler(StarletteHTTPException)
     async def _on_routing_error(request: Request, exc: StarletteHTTPException) -> Response:
         # no route (404) / wrong method (405): the caller's shape, not FastAPI's {"detail"}
-        err = UnknownEndpoint(request.method, request.url.path, exc.status_code)
-        return error_response(err, api_for_path(request.url.path), dict(exc.headers or {}))
+        path = request.url.path
+        hint = doubled_prefix_hint(path, str(request.base_url).rstrip("/")[:200]) if (
+            exc.status_code == 404) else ""
+        err = UnknownEndpoint(request.method, path, exc.status_code, hint)
+        access_log.info("%s %s %d (no such endpoint)", request.method, safe(path), exc.status_code)
+        return error_response(err, api_for_path(path), dict(exc.headers or {}))
 
     chat.install(app, state)  # /v1/chat/completions, /v1/messages
     models.install(app, state)  # /v1/models, /v1/models/{id}
@@ -241,7 +246,7 @@ def _tenants_at_start(state: ProxyState) -> None:
     secret when tenants will need it, so a problem is in the log and ``/healthz`` before the
     first request is refused (:mod:`prefixgate.proxy.http.salt_key`)."""
     policy = state.policy
-    for line in shared_cache_warnings(policy):
+    for line in shared_cache_warnings(policy, state.guard.store.keys()):
         log.warning("tenants: %s", line)
     if tenancy_possible(policy) and any(salts(b) for b in policy.backends.values()):
         assert state.salt_key is not None

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from prefixgate.cache.ledger import rollup
 from prefixgate.cache.ledger.store import Ledger, LedgerRow
 from prefixgate.cache.savings import summary as sv
+from prefixgate.cache.savings import top_break as tb
 from prefixgate.cache.savings.holdout_stats import holdout_report
 from prefixgate.config.schema import HoldoutSettings, Slo, SloSettings
 
@@ -127,22 +128,22 @@ def test_hit_rate_counts_zero_as_a_miss_and_unknown_as_nothing() -> None:
     assert sv.hit_rate([{"cached_tokens": None}]) is None and sv.hit_rate([]) is None
 
 
-def test_top_breaks_group_sum_and_sort_by_tokens_lost() -> None:
+def test_breaks_group_by_cause_sum_and_sort_by_tokens_lost() -> None:
     recs = [{"region": "system", "kind": "edit", "token_offset": 10, "tokens_lost": 100},
-            {"region": "system", "kind": "edit", "token_offset": 10, "tokens_lost": 50},
+            {"region": "system", "kind": "edit", "token_offset": 12, "tokens_lost": 50},
             {"region": "tools", "kind": "reorder", "token_offset": 0, "tokens_lost": 120},
             {"region": "msgs", "kind": "edit", "token_offset": 5, "tokens_lost": 120},
             {"region": "msgs", "kind": "edit", "token_offset": 5},
             {"region": "x", "kind": "y", "token_offset": 1, "tokens_lost": 1}]
-    out = sv.top_breaks(recs, limit=3)
-    assert out == [
-        {"field": "system", "kind": "edit", "token_offset": 10, "tokens_lost": 150, "count": 2},
-        {"field": "msgs", "kind": "edit", "token_offset": 5, "tokens_lost": 120, "count": 2},
-        {"field": "tools", "kind": "reorder", "token_offset": 0, "tokens_lost": 120, "count": 1}]
-    assert len(sv.top_breaks(recs)) == 4  # 4 groups
-    many = [{"region": "r", "kind": "k", "token_offset": i, "tokens_lost": i} for i in range(12)]
-    assert [b["token_offset"] for b in sv.top_breaks(many)] == list(range(11, 1, -1))  # default 10
-    assert sv.top_breaks([{}]) == [{"field": "", "kind": "", "token_offset": 0, "tokens_lost": 0, "count": 1}]
+    out = tb.explain_breaks(recs, [], limit=3)
+    assert [(b["field"], b["kind"], b["token_offset"], b["token_offset_max"], b["tokens_lost"],
+             b["count"]) for b in out] == [("system", "edit", 10, 12, 150, 2),
+                                           ("msgs", "edit", 5, 5, 120, 2),
+                                           ("tools", "reorder", 0, 0, 120, 1)]
+    assert len(tb.explain_breaks(recs, [])) == 4  # 4 causes
+    many = [{"region": "r", "kind": "k", "detail": str(i), "token_offset": i, "tokens_lost": i}
+            for i in range(12)]
+    assert [b["token_offset"] for b in tb.explain_breaks(many, [])] == list(range(11, 1, -1))
 
 
 def test_lengths_are_dense_over_the_edges() -> None:
@@ -266,7 +267,7 @@ def test_routes_table_by_hand() -> None:
     e = _ledger_row(prompt_tokens=100, cached_tokens=0, prefill_ms=100.0)
     bare = {"minute": 0, "route": "r9", "model": "m9", "backend": "b9", "data": {}}  # a rollup with no rows
     out = sv.routes_table([*_rolls([a, b, c, d, e]), bare], [a, b, c, d, e], {"b1": 36.0})
-    assert [(t["route"], t["model"], t["backend"]) for t in out] == [("", "", ""), ("r1", "m1", "b1"),
+    assert [(t["route"], t["model"], t["backend"]) for t in out] == [(sv.NO_ROUTE, "", ""), ("r1", "m1", "b1"),
                                                                       ("r1", "m2", "b1"), ("r9", "m9", "b9")]
     none, m1, m2, r9 = out
     assert (r9["requests"], r9["errors"], r9["cache_hit_rate"], r9["ttft_p50_ms"], r9["stood_back"],
@@ -354,7 +355,9 @@ def test_the_document_of_a_tenant_over_24h_by_hand(tmp_path: Path) -> None:
     assert doc["slo"] == [{"route": "r", "ttft_ms": 100.0, "tpot_ms": 5.0, "requests": 2, "n_ttft": 2, "n_tpot": 2,
                            "ttft_attainment": 0.5, "tpot_attainment": 0.5, "goodput": 0.0}]
     assert sum(doc["lengths"]["prompt"]["counts"]) == 2 and sum(doc["lengths"]["output"]["counts"]) == 2
-    assert doc["breaks"] == [{"field": "system", "kind": "edit", "token_offset": 3, "tokens_lost": 40, "count": 1}]
+    assert [{k: b[k] for k in ("field", "kind", "token_offset", "tokens_lost", "count")}
+            for b in doc["breaks"]] == [{"field": "system", "kind": "edit", "token_offset": 3,
+                                         "tokens_lost": 40, "count": 1}]
     assert [(r["route"], r["requests"], r["prefill_usd_saved"]) for r in doc["routes"]] == [("r", 2, 0.003)]
     assert [(r["replica"], r["requests"]) for r in doc["replicas"]] == [("p1", 1), ("p2", 1)]
     every = sv.savings_document(led, "24h")  # no tenant: t2 counts; no hourly price: no USD figure

@@ -46,6 +46,10 @@ def test_too_few_or_all_equal_samples_fall_back_to_the_ratio() -> None:
     assert fit_rate([(100.0, 12.0)] * 5) == (pytest.approx(0.12), "ratio")
     assert fit_rate([(100.0, 30.0), (200.0, 20.0), (300.0, 10.0)])[1] == "ratio"  # slope <= 0
     assert fit_rate([]) is None
+    # a slope steeper than the ratio means a negative fixed cost: noise, the ratio is kept
+    # (issue 37: prompts of 900-1,100 uncached tokens on a contended CPU)
+    noisy = [(900.0, 5000.0), (1000.0, 6500.0), (1100.0, 9800.0)]
+    assert fit_rate(noisy) == (pytest.approx(21300.0 / 3000), "ratio")
 
 
 def test_samples_need_the_engines_prefill_time_and_enough_uncached_tokens() -> None:

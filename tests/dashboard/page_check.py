@@ -21,7 +21,7 @@ NOT_REPORTED = "not reported"
 TOLERANCE = {"usd": 0.00005, "int": 0.5, "pct": 0.0005, "ms": 0.05, "s": 0.05, "rate": 0.0005}
 
 READ_NUMBERS_JS = """[...document.querySelectorAll('[data-key]')]
-  .map(e => [e.dataset.key, e.dataset.fmt, e.textContent])"""
+  .map(e => [e.dataset.key, e.dataset.fmt, e.textContent.replace(/\u00a0/g, " ")])"""
 
 CANVAS_JS = """Object.entries(window.dash.charts).map(([id, u]) => {
   const c = u.ctx.canvas, d = u.ctx.getImageData(0, 0, c.width, c.height).data;
@@ -84,10 +84,12 @@ def number_mismatches(payload: dict[str, Any], shown: list[tuple[str, str, str]]
 
 def expected_keys(payload: dict[str, Any]) -> set[str]:
     """Keys the page must show for ``payload``."""
-    keys = {f"totals.{k}" for k in ("requests", "errors", "input_usd", "cf_input_usd", "saved_usd",
-                                    "saved_pct", "prompt_tokens", "cached_tokens", "saved_tokens",
+    keys = {f"totals.{k}" for k in ("requests", "errors", "input_usd", "saved_usd",
+                                    "prompt_tokens", "cached_tokens", "saved_tokens",
                                     "pruned_tokens", "cached_share", "cf_cached_share",
                                     "ttft_p50_ms", "no_usage_reported")}
+    if payload["totals"].get("cf_input_usd") is not None:  # unpriced: "no priced request" instead
+        keys |= {"totals.cf_input_usd", "totals.saved_pct"}
     keys |= {k for k in ("totals.ttft_p95_ms", "totals.cache_write_premium_usd", "totals.prefill_s_saved",
                          "totals.prefill_s_cached") if k.split(".")[1] in payload["totals"]}
     keys |= {f"totals.cf_source.{k}" for k in ("measured", "modelled", "holdout", "none")}
@@ -99,6 +101,14 @@ def expected_keys(payload: dict[str, Any]) -> set[str]:
     for name, fields in tables.items():
         for i in range(len(payload.get(name) or [])):
             keys |= {f"{name}.{i}.{f}" for f in fields}
+    top = payload.get("top_break")
+    if top:  # the first card: cause, masked line, where, cost, fix (issue 37)
+        keys |= {f"top_break.{f}" for f in ("cause", "where", "token_offset", "unit_text",
+                                            "tokens_lost", "count", "fix_note")}
+        keys |= {f"top_break.{f}" for f in ("excerpt", "fix") if top.get(f)}
+        keys |= {f"top_break.{f}" for f in ("seconds_lost", "usd_lost") if top.get(f) is not None}
+    for i, b in enumerate(payload.get("breaks") or []):
+        keys |= {f"breaks.{i}.{f}" for f in ("cause", "excerpt", "fix", "fix_note") if f in b}
     for i, r in enumerate(payload.get("routes") or []):  # the time columns, where the API has them
         keys |= {f"routes.{i}.{f}" for f in ("prefill_ms_per_token", "prefill_s_saved") if f in r}
         if any(x.get("pd") for x in payload["routes"]):  # a P/D backend: the split share column

@@ -50,6 +50,7 @@ def _times(rng: str, to_ts: int, n: int) -> tuple[int, int, list[int]]:
 def busy_payload(rng: str = "1h", to_ts: int = 1_790_000_000, n: int = 24) -> dict[str, Any]:
     """A range with traffic in ``n`` buckets (see module docstring)."""
     from_ts, bucket, ts = _times(rng, to_ts, n)
+    top = dict(TOP_BREAK)
     requests = [3 + (i * 7) % 5 for i in range(n)]
     cache_read = [r * (900 + 40 * i) for i, r in enumerate(requests)]
     cache_write = [r * (120 if i % 4 == 0 else 0) for i, r in enumerate(requests)]
@@ -132,11 +133,8 @@ def busy_payload(rng: str = "1h", to_ts: int = 1_790_000_000, n: int = 24) -> di
             "prompt": {"edges": [0, 256, 1024, 4096, 16384], "counts": [3, 17, 52, 30, 0]},
             "output": {"edges": [0, 64, 256, 1024], "counts": [41, 38, 19, 4]},
         },
-        "breaks": [
-            {"field": "system", "token_offset": 412, "tokens_lost": 18211, "count": 9},
-            {"field": "tools[3].description", "token_offset": 1290, "tokens_lost": 6120, "count": 4},
-            {"field": "messages[0].content", "token_offset": 2210, "tokens_lost": 880, "count": 1},
-        ],
+        "breaks": [top, *BREAKS_MORE],
+        "top_break": top,
         "routes": [
             {"route": "default", "model": "gpt-4o", "backend": "openai", "requests": total_req - 20,
              "errors": 2, "cached_share": 0.703, "saved_usd": round(saved - 0.0123, 6),
@@ -236,6 +234,25 @@ TOTALS = ("requests", "errors", "input_usd", "cf_input_usd", "saved_usd", "saved
 TECHNIQUE = ("tokens_reusable", "tokens_removed", "tokens_added", "usd")
 SLO = ("ttft_ms", "tpot_ms", "requests", "ttft_attainment", "tpot_attainment", "goodput")
 BREAK = ("token_offset", "tokens_lost", "count")
+TOP_BREAK = {
+    "kind": "volatile_span", "field": "system",
+    "cause": "a clock in the system prompt changes on every request",
+    "excerpt": "Current time: \u27e8datetime\u27e9", "line": 2, "detail": "system[0] differs",
+    "token_offset": 37, "token_offset_max": 38, "model": "gpt-4o", "count": 9, "sessions": 2,
+    "tokens_lost": 18211, "seconds_lost": None, "usd_lost": 0.0410, "share": 0.41,
+    "fix": "rewrite: {hoist_volatile: true}",
+    "fix_note": "moves the changing line after the conversation, so everything before it is reused",
+    "unit": "estimate", "unit_text": "estimated tokens (tiktoken), counting tools, then system, then messages",
+    "where": "system prompt, line 2"}
+"""The busy range's top break (``cache/savings/top_break.py``'s shape)."""
+BREAKS_MORE = [
+    {"field": "tools", "kind": "tool_set_changed", "cause": "the tool list changed (added ['lookup_order_with_a_long_name'], removed [])",
+     "excerpt": "", "token_offset": 1290, "tokens_lost": 6120, "count": 4,
+     "fix": "", "fix_note": "send the same tools on every turn of a session"},
+    {"field": "messages", "kind": "history_edit", "cause": "an earlier turn was edited or removed",
+     "excerpt": "Here is the order summary for #####, shipped to an address in ⟨date⟩…",
+     "token_offset": 2210, "tokens_lost": 880, "count": 1, "fix": "", "fix_note": "keep them as sent"},
+]
 ROUTE = ("requests", "errors", "cached_share", "saved_usd", "ttft_p50_ms", "ttft_p95_ms",
          "tpot_p50_ms", "queue_ms_p50", "prefill_ms_p50", "decode_ms_p50")
 COMPARED = ("cached_share", "input_usd_per_request", "ttft_p50_ms", "ttft_p95_ms")

@@ -159,7 +159,7 @@ def test_serve_says_it_is_starting_the_engine_and_when_it_is_ready(
     entered: list[str] = []
 
     @contextlib.contextmanager
-    def fake_engine(backend: Any, model_dir: str) -> Any:
+    def fake_engine(backend: Any, model_dir: str, **_: Any) -> Any:
         entered.append(model_dir)
         yield None
 

@@ -197,14 +197,15 @@ def test_record_logs_one_line_of_figures_never_text(tmp_path: Path, caplog: pyte
     s = make_state(tmp_path)
     row = LedgerRow(endpoint="/v1/chat/completions", model="m1", backend="up", status="ok", http_status=200,
                     prompt_tokens=120, cached_tokens=64, ttft_ms=12.345, edits="hoist_volatile")
-    with caplog.at_level(logging.DEBUG, logger="prefixgate.proxy"):
+    with caplog.at_level(logging.INFO, logger="prefixgate.access"):
         s.record(row)
-    assert caplog.messages == ["/v1/chat/completions m1 backend=up status=ok http=200 prompt=120 cached=64 "
-                               "ttft_ms=12.3 edits=hoist_volatile"]
+    assert caplog.messages == ["POST /v1/chat/completions 200 model=m1 ttft_ms=12.3 cached=64/120 "
+                               "backend=up status=ok edits=hoist_volatile"]
     caplog.clear()
-    with caplog.at_level(logging.DEBUG, logger="prefixgate.proxy"):
+    with caplog.at_level(logging.INFO, logger="prefixgate.access"):
         s.record(LedgerRow(endpoint="/v1/messages", model="m2"))
-    assert "ttft_ms=None" in caplog.messages[0]
+    assert caplog.messages == ["POST /v1/messages 200 model=m2 ttft_ms=- cached=-/- backend=- "
+                               "status=ok edits=-"]
 
 
 # ---- Exchange ---------------------------------------------------------------------------------

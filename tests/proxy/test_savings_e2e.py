@@ -232,8 +232,10 @@ def test_api_savings_has_every_field_of_the_dashboard_contract(rig: Any) -> None
         assert doc["range"] == rng and doc["totals"]["requests"] == 1
         assert doc["routes"][0]["cache_hit_rate"] == 1.0          # 4 of 10 tokens cached
         assert sum(doc["routes"][0]["lengths"]["prompt"]["counts"]) == 1
-    assert doc["breaks"][0] == {"field": "system", "kind": "volatile_span", "token_offset": 12,
-                                "tokens_lost": 300, "count": 1}
+    b = doc["breaks"][0]
+    assert (b["field"], b["kind"], b["token_offset"], b["tokens_lost"], b["count"]) == (
+        "system", "volatile_span", 12, 300, 1)
+    assert b["fix"] == "rewrite: {hoist_volatile: true}" and doc["top_break"] == b
     bad = httpx.get(rig.url + "/api/savings?range=1y", timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "range"
 

@@ -122,3 +122,31 @@ def kinds_in_diff(before: str, after: str) -> list[str]:
         if before[s1:e1] != after[s2:e2] and k1 not in kinds:
             kinds.append(k1)
     return kinds
+
+
+EXCERPT_CHARS = 60
+"""Longest masked excerpt a break record keeps (characters, an ellipsis included)."""
+_DIGIT = str.maketrans("0123456789", "##########")
+
+
+def masked_excerpt(text: str, at: int, width: int = EXCERPT_CHARS) -> tuple[str, int]:
+    """The line of ``text`` holding character ``at``, every volatile span replaced by
+    ``⟨kind⟩`` (:func:`mask`) and every other digit by ``#``, cut to at most ``width``
+    characters around ``at`` (``…`` marks a cut); and that line's number (1-based).
+
+    What a break record may keep with prompt storage off (issue 37): no digit of the prompt
+    (clocks, ids, amounts, phone numbers) survives, and at most ``width`` characters of one
+    line. ``at`` past the end of ``text`` points at its last line."""
+    at = max(0, min(at, len(text)))
+    start = text.rfind("\n", 0, at) + 1
+    end = text.find("\n", at)
+    end = len(text) if end < 0 else end
+    line = text[start:end]
+    number = text.count("\n", 0, start) + 1
+    masked = mask(line).translate(_DIGIT).strip()
+    if len(masked) <= width:
+        return masked, number
+    pos = min(len(mask(line[:at - start]).lstrip()), len(masked))  # about where ``at`` went
+    lo = max(0, min(pos - width // 3, len(masked) - width + 1))
+    cut = masked[lo:lo + width - 1 - (1 if lo else 0)].strip()
+    return ("…" if lo else "") + cut + ("…" if lo + width - 1 < len(masked) else ""), number

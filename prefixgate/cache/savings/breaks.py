@@ -1,6 +1,17 @@
 """Cache-break diagnosis: where and why a session's rendered prefix stopped matching the previous
 request's.
 
+Issue 37: a session's first request is no break, nor is a one-shot request after another (the
+previous request had no assistant turn and the new one differs at or before the end of its first
+user message, not by a volatile span: the README's samples, or one question asked from two SDKs,
+under one session key). Every record keeps a **masked excerpt**: the line of the client's text
+where the prefix diverged, its volatile spans named (``⟨datetime⟩``) and every other digit
+``#``, at most :data:`prefixgate.cache.savings.break_spans.EXCERPT_CHARS` characters, and the
+line's number in its block — enough to find the line, no number of the prompt, kept with prompt
+storage off. Offsets and losses are in the caller's token counter over the blocks in the API's
+order (``unit`` ``"estimate"``); :mod:`prefixgate.cache.savings.client_breaks` replaces them with
+the backend's own token ids where the backend tokenizes (``unit`` ``"engine"``).
+
 Per session, :class:`BreakDetector` keeps the block list of the last request (in memory, bounded
 LRU of sessions). When a request's blocks are not an extension of the previous ones, it records a
 :class:`BreakRecord`: the region, block and token offset of the first difference and its kind:
@@ -26,7 +37,7 @@ from __future__ import annotations
 import json
 import textwrap
 from collections import Counter, OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from prefixgate.cache.provider_models.prefix_blocks import (
@@ -38,7 +49,7 @@ from prefixgate.cache.provider_models.prefix_blocks import (
     flatten,
     partial_tokens,
 )
-from prefixgate.cache.savings.break_spans import find_spans, kinds_in_diff
+from prefixgate.cache.savings.break_spans import find_spans, kinds_in_diff, masked_excerpt
 
 BreakKind = Literal["volatile_span", "reorder", "tool_set_changed", "system_edit",
                     "history_edit", "model_changed"]
@@ -55,7 +66,12 @@ class BreakRecord:
     position in the whole prefix; ``token_offset``: tokens still shared with the previous
     request; ``tokens_lost``: tokens of the previous prefix after the divergence (no longer
     reusable); ``volatile_kinds``: e.g. ``("datetime",)``; ``excerpt_before`` /
-    ``excerpt_after``: text around the divergence, only when the detector stores text.
+    ``excerpt_after``: text around the divergence, only when the detector stores text;
+    ``excerpt``: the masked line of the client's text where it diverged
+    (:func:`prefixgate.cache.savings.break_spans.masked_excerpt`), ``line`` its number in the
+    block (1-based; 0 when none); ``unit``: what ``token_offset`` / ``tokens_lost`` count —
+    ``"estimate"`` (the caller's counter over blocks in the API's order) or ``"engine"`` (the
+    backend's own token ids of the rendered prompt, from its start).
     """
 
     session_id: str
@@ -71,12 +87,24 @@ class BreakRecord:
     volatile_kinds: tuple[str, ...] = ()
     excerpt_before: str | None = None
     excerpt_after: str | None = None
+    excerpt: str = ""
+    line: int = 0
+    unit: str = "estimate"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (``volatile_kinds`` as a list)."""
         d = asdict(self)
         d["volatile_kinds"] = list(self.volatile_kinds)
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BreakRecord:
+        """The record of a stored :meth:`to_dict` (keys it does not know, such as the route a
+        ledger adds, are left out; older records lack ``excerpt`` / ``line`` / ``unit``)."""
+        known = {f.name for f in fields(cls)}
+        kept = {k: v for k, v in d.items() if k in known}
+        kept["volatile_kinds"] = tuple(kept.get("volatile_kinds") or ())
+        return cls(**kept)
 
 
 @dataclass
@@ -112,6 +140,46 @@ def _volatile_tail(prev: list[PrefixBlock], d: int) -> bool:
     tail = prev[d:]
     return bool(tail) and all(
         b.region == last.region and b.index == last.index and find_spans(b.text) for b in tail)
+
+
+def plain_text(block: PrefixBlock) -> str:
+    """The text a reader would recognise in ``block``: a message's or system block's text
+    parts (joined by newlines), else the block's JSON (a tool definition). Its canonical text
+    is ``<role>\x00[...\x00]<json>``; JSON holds no raw NUL, so the JSON is what follows the
+    last one."""
+    raw = block.text.rsplit("\x00", 1)[-1]
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return raw
+    return _text_of(obj) if isinstance(obj, dict) and block.region != "tools" else raw
+
+
+def _text_of(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "\n".join(_text_of(v) for v in value)
+    if isinstance(value, dict):
+        for key in ("text", "content", "thinking"):
+            if key in value:
+                return _text_of(value[key])
+        return json.dumps(value, ensure_ascii=False)
+    return "" if value is None else str(value)
+
+
+def _one_shot_after_one_shot(prev: list[PrefixBlock], cur: list[PrefixBlock], d: int) -> bool:
+    """True when the previous request had no assistant turn and ``cur`` differs from it in the
+    messages at or before the end of its first user message, not by volatile spans alone: a
+    new question under the same session key (a one-shot sample run from two SDKs, key order
+    and all), not a conversation whose prefix broke."""
+    msgs = [b for b in prev if b.region == "messages"]
+    if any(b.role == "assistant" for b in msgs) or prev[d].region != "messages":
+        return False
+    first_user = next((b.index for b in msgs if b.role == "user"), None)
+    if first_user is None or prev[d].index > first_user:
+        return False
+    return d >= len(cur) or not kinds_in_diff(prev[d].text, cur[d].text)
 
 
 def _excerpt(text: str, at: int) -> str:
@@ -171,6 +239,8 @@ class BreakDetector:
             return None  # append-only, identical, or a prefix of the previous request
         if _volatile_tail(prev, d):
             return None  # only a volatile note at the very end moved on: nothing reusable lost
+        if _one_shot_after_one_shot(prev, blocks, d):
+            return None  # another question under the same session key, not a broken prefix
         return self._classify(session_id, state.seq, prev, blocks, d)
 
     def _classify(self, session_id: str, seq: int, prev: list[PrefixBlock],
@@ -183,8 +253,10 @@ class BreakDetector:
         if self.store_text:
             at = common_prefix_len(pb.text, cb.text)
             before, after = _excerpt(pb.text, at), _excerpt(cb.text, at)
+        prev_plain, cur_plain = plain_text(pb), plain_text(cb)
+        excerpt, line = masked_excerpt(cur_plain, common_prefix_len(prev_plain, cur_plain))
         return BreakRecord(session_id, seq, kind, cb.region, cb.index, cb.sub, d, shared, lost,
-                           detail, tuple(vkinds), before, after)
+                           detail, tuple(vkinds), before, after, excerpt, line)
 
     @staticmethod
     def _kind(prev: list[PrefixBlock], cur: list[PrefixBlock], pb: PrefixBlock,

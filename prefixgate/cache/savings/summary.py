@@ -1,7 +1,9 @@
 """The ``/api/savings`` document (issue 9; shape fixed in the h/savings - h/dash contract),
 computed from the ledger: per-minute rollups (:mod:`prefixgate.cache.ledger.rollup`) for sums, series,
 lengths and techniques; the range's request rows (a narrow column set) for exact percentiles,
-SLOs, per-route timings and the holdout comparison; the break records for top cache breaks.
+SLOs, per-route timings and the holdout comparison; the break records for the cache breaks
+(``breaks``: grouped by cause with cost and fix, ``top_break``: the one the dashboard's first
+card shows, or null; :mod:`prefixgate.cache.savings.top_break`, the same as ``prefixgate report``'s).
 
 Units: times unix seconds, durations ms, money USD, shares 0-1. None (JSON null) = not reported,
 never 0 in disguise. ``saved_usd = cf_input_usd - input_usd`` over requests priced both ways (the
@@ -29,8 +31,9 @@ from prefixgate.cache.ledger.attribution import merge_techniques
 from prefixgate.cache.ledger.store import Ledger
 from prefixgate.cache.savings.holdout_stats import holdout_report
 from prefixgate.cache.savings.pd_decisions import pd_summary
-from prefixgate.cache.savings.report import percentile
+from prefixgate.cache.savings.report import NO_ROUTE, percentile, ttft_values
 from prefixgate.cache.savings.time_saved import rate_fields, rates, time_saved
+from prefixgate.cache.savings.top_break import explain_breaks, top_break
 from prefixgate.config.prices import price_for
 from prefixgate.config.schema import HoldoutSettings, SloSettings
 
@@ -77,8 +80,8 @@ def totals(data: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
         "added_tokens": data.get("added_tokens", 0),
         "cached_share": _r(_ratio(data.get("cached_tokens"), data.get("usage_prompt"))),
         "cf_cached_share": _r(_ratio(data.get("cf_cached_tokens"), data.get("cf_prompt"))),
-        "ttft_p50_ms": _r(_pct((r["ttft_ms"] for r in rows), 50), 3),
-        "ttft_p95_ms": _r(_pct((r["ttft_ms"] for r in rows), 95), 3),
+        "ttft_p50_ms": _r(percentile(ttft_values(rows), 50), 3),
+        "ttft_p95_ms": _r(percentile(ttft_values(rows), 95), 3),
         "cf_source": src, "no_usage_reported": data.get("no_usage", 0),
         "output_tokens": data.get("output_tokens", 0),
         "cache_write_tokens": data.get("cache_write_tokens", 0),
@@ -215,13 +218,13 @@ def routes_table(rolls: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str,
     for key, d in items:
         rs = by.get(key, [])
         out.append({
-            "route": key[0], "model": key[1], "backend": key[2],
+            "route": key[0] or NO_ROUTE, "model": key[1], "backend": key[2],
             "requests": d.get("requests", 0), "errors": d.get("errors", 0),
             "cached_share": _r(_ratio(d.get("cached_tokens"), d.get("usage_prompt"))),
             "cache_hit_rate": _r(hit_rate(rs)),
             "saved_usd": _r(d["cf_input_usd"] - d["input_usd"], 8) if d.get("priced") else None,
-            "ttft_p50_ms": _r(_pct((r["ttft_ms"] for r in rs), 50), 3),
-            "ttft_p95_ms": _r(_pct((r["ttft_ms"] for r in rs), 95), 3),
+            "ttft_p50_ms": _r(percentile(ttft_values(rs), 50), 3),
+            "ttft_p95_ms": _r(percentile(ttft_values(rs), 95), 3),
             "tpot_p50_ms": _r(_pct((r["tpot_ms"] for r in rs), 50), 3),
             "queue_ms_p50": _r(_pct((r["queue_ms"] for r in rs), 50), 3),
             "prefill_ms_p50": _r(_pct((r["prefill_ms"] for r in rs), 50), 3),
@@ -259,19 +262,6 @@ def lengths(data: Mapping[str, Any]) -> dict[str, Any]:
                                                     len(rollup.OUTPUT_EDGES))}}
 
 
-def top_breaks(records: Iterable[Mapping[str, Any]], limit: int = 10) -> list[dict[str, Any]]:
-    """Break records grouped by (region, kind, token offset): tokens lost summed, count; the
-    ``limit`` largest by tokens lost."""
-    acc: dict[tuple[str, str, int], dict[str, Any]] = {}
-    for b in records:
-        key = (str(b.get("region", "")), str(b.get("kind", "")), int(b.get("token_offset", 0)))
-        e = acc.setdefault(key, {"field": key[0], "kind": key[1], "token_offset": key[2],
-                                 "tokens_lost": 0, "count": 0})
-        e["tokens_lost"] += int(b.get("tokens_lost", 0))
-        e["count"] += 1
-    return sorted(acc.values(), key=lambda e: (-e["tokens_lost"], -e["count"]))[:limit]
-
-
 def range_rows(ledger: Ledger, from_ts: float, to_ts: float,
                tenant: str | None = None) -> list[dict[str, Any]]:
     """The range's request rows, :data:`ROW_COLUMNS` only (no prompt text exists anyway);
@@ -299,6 +289,7 @@ def savings_document(ledger: Ledger, range_: str = "1h", *, slo: SloSettings | N
     data = rollup.total({"data": d} for d in slots)
     hs = holdout or HoldoutSettings()
     ho = holdout_report(rows, hs.seed)
+    explained = explain_breaks(ledger.breaks(from_ts, tenant), rows)
     return {
         "range": range_, "from_ts": from_ts, "to_ts": to_ts, "bucket_s": bucket_s,
         "totals": {**totals(data, rows, write_premium(rolls)), **time_saved(rows, usd_per_hour)},
@@ -310,7 +301,8 @@ def savings_document(ledger: Ledger, range_: str = "1h", *, slo: SloSettings | N
         "series": series(start, slots, bucket_s),
         "slo": slo_table(rows, slo or SloSettings()),
         "lengths": lengths(data),
-        "breaks": top_breaks(ledger.breaks(from_ts, tenant)),
+        "breaks": explained,
+        "top_break": top_break(explained, rows),
         "routes": routes_table(rolls, rows, usd_per_hour),
         "replicas": replicas_table(rows),
     }
@@ -334,7 +326,7 @@ def replicas_table(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "errors": sum(1 for r in rs if (r.get("status") or "ok") != "ok"),
             "cached_share": _r(_ratio(sum(r["cached_tokens"] for r in both),
                                       sum(r["prompt_tokens"] for r in both))) if both else None,
-            "ttft_p50_ms": _r(_pct((r.get("ttft_ms") for r in rs), 50), 3),
+            "ttft_p50_ms": _r(percentile(ttft_values(rs), 50), 3),
             "last_ts": max(float(r.get("ts") or 0) for r in rs),
         })
     return out

@@ -12,8 +12,11 @@ the only measure, DESIGN.md's "no invented numbers"). Estimator: the slope ``b``
 least-squares line ``prefill_ms = a + b x uncached`` over the samples (``method = "slope"``:
 the fixed per-request cost ``a`` — scheduling, the first decode step — is not a per-token cost,
 so it is not counted as saved), when there are at least :data:`MIN_FIT` samples with two
-distinct token counts and the slope is positive; else the ratio ``sum(prefill_ms) /
-sum(uncached)`` (``method = "ratio"``: counts the fixed cost as per-token, an upper bound). No
+distinct token counts and the slope is positive and at most the ratio below (a steeper slope
+puts the line's fixed cost below zero, which no engine has: it is noise, such as a contended CPU
+over a narrow range of prompt lengths — issue 37's loop measured a slope 4x the ratio and put
+163 s of prefill on 50 s of TTFT); else the ratio ``sum(prefill_ms) / sum(uncached)``
+(``method = "ratio"``: counts the fixed cost as per-token, an upper bound). No
 sample: no rate (None, "not reported"). Linear in tokens: attention's growth with context
 length is ignored (it makes long-prefix hits worth more than this says).
 
@@ -77,15 +80,15 @@ def fit_rate(samples: Sequence[tuple[float, float]]) -> tuple[float, str] | None
     if not samples:
         return None
     n = len(samples)
+    ratio = sum(y for _, y in samples) / sum(x for x, _ in samples)
     if n >= MIN_FIT and len({x for x, _ in samples}) >= 2:
         mx = sum(x for x, _ in samples) / n
         my = sum(y for _, y in samples) / n
         sxx = sum((x - mx) ** 2 for x, _ in samples)
         slope = sum((x - mx) * (y - my) for x, y in samples) / sxx
-        if slope > 0:
+        if 0 < slope <= ratio:
             return slope, "slope"
-    tokens = sum(x for x, _ in samples)
-    return sum(y for _, y in samples) / tokens, "ratio"
+    return ratio, "ratio"
 
 
 def prefill_rate(rows: Sequence[Row]) -> PrefillRate | None:

@@ -4,16 +4,22 @@
 
     python -m prefixgate.local_engine --model DIR --host H --port P --device D
 
-where ``H:P`` come from the backend's ``base_url``. It waits for ``GET /health`` to answer 200
-and stops the process (SIGTERM, then SIGKILL after a grace period) when the proxy exits. If an
-engine already answers at that address, it is reused and not spawned again — only when it serves
-the model asked for (its ``/v1/models`` lists the model directory's name, the engine's default
-model name); otherwise serve stops with an error saying what answers there.
+where ``H`` is 127.0.0.1 and ``P`` a free port the system picks (issue 37, item 7: an engine on
+the policy's well-known 8081 answered an SDK pointed there by mistake, bypassing the proxy and
+its ledger): the proxy reaches it at :attr:`EngineProcess.base_url`, which ``serve`` puts in the
+policy it serves. It waits for ``GET /health`` to answer 200 and stops the process (SIGTERM,
+then SIGKILL after a grace period) when the proxy exits. If an engine already answers at the
+backend's ``base_url`` (one the user started, ``prefixgate engine``), it is reused and not
+spawned — only when it serves the model asked for (its ``/v1/models`` lists the model
+directory's name, the engine's default model name); otherwise serve stops with an error saying
+what answers there.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import subprocess
 import sys
 import time
@@ -83,12 +89,23 @@ def check_reused(backend: Backend, model_dir: str) -> None:
                                "backend another port")
 
 
+def free_loopback_port() -> int:
+    """A TCP port on 127.0.0.1 free now (the system's pick; a moment later another process
+    could take it, which the engine's start then reports)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @dataclass
 class EngineProcess:
     """Context manager: spawn the engine for ``backend`` with ``model_dir``; wait for health.
 
     Raises EngineStartError when the process exits early or is not healthy within
-    ``startup_timeout_s`` seconds (model loading on CPU takes a few seconds).
+    ``startup_timeout_s`` seconds (model loading on CPU takes a few seconds). ``base_url``: where
+    the proxy reaches the engine once entered (the reused one's, or the spawned one's random
+    loopback port); ``random_port``: False spawns at the backend's own address instead;
+    ``env``: variables added to the engine's environment.
     """
 
     backend: Backend
@@ -96,17 +113,25 @@ class EngineProcess:
     startup_timeout_s: float = 600.0
     extra: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
+    random_port: bool = True
+    base_url: str = ""
+    env: dict[str, str] = field(default_factory=dict)
 
     def __enter__(self) -> Self:
         url = health_url(self.backend)
+        self.base_url = self.backend.base_url
         if is_healthy(url):
             check_reused(self.backend, self.model_dir)
             log.info("engine already serving at %s: reusing it", url)
             return self
         host, port = engine_address(self.backend)
+        if self.random_port:
+            host, port = "127.0.0.1", free_loopback_port()
+            self.base_url = f"http://{host}:{port}/v1"
+            url = f"http://{host}:{port}/health"
         cmd = engine_command(self.model_dir, host, port, self.backend.device, self.extra)
         log.info("starting engine: %s", " ".join(cmd))
-        self.proc = subprocess.Popen(cmd)
+        self.proc = subprocess.Popen(cmd, env={**os.environ, **self.env} if self.env else None)
         try:
             self._wait_healthy(url)
         except BaseException:  # Ctrl-C / SIGTERM while it loads: not entered, so stop it here

@@ -18,7 +18,8 @@ the proxy on streams).
 ``--json``: ``{"ledger", "by", "saved": {...}, "groups": [{<by>: key, figures...}],
 "by_technique": [{"technique", "tokens_reusable", "tokens_removed", "tokens_added",
 "saved_tokens", "usd"}], "stood_back": [{"route", "requests", "passes", "reason", "last_ts"}],
-"pd": {"split", "colocate", "split_share", "reasons"} | null, "errors": [...]}`` with named
+"pd": {"split", "colocate", "split_share", "reasons"} | null, "top_break": {...} | null,
+"errors": [...]}`` with named
 fields (``pd``: P/D backends' split decisions, :mod:`prefixgate.cache.savings.pd_decisions`, also
 printed as a "P/D:" line; :mod:`prefixgate.cache.ledger.attribution`: the techniques,
 ``unattributed`` included, sum to the saved line; :mod:`prefixgate.cache.savings.stand_back`: routes
@@ -27,6 +28,11 @@ whose token-adding passes switched themselves off, also printed under the saved 
 can start a spreadsheet formula, issue 20 class 13).
 ``--errors`` lists failed requests by status and error; ``--breaks`` the cache-break records
 (:func:`prefixgate.cache.savings.breaks.format_breaks`).
+
+Under the saved line, when cache breaks cost more than a threshold (5 % of the prompt tokens),
+the top one: its cause, the masked line, where in the backend's tokens, its cost and the policy
+line that fixes it (:mod:`prefixgate.cache.savings.top_break`, the same object as the dashboard's
+first card and ``/api/savings``' ``top_break``; issue 37).
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from prefixgate.cache.savings.report import (
     saved_figures,
     stand_back_figures,
 )
+from prefixgate.cache.savings.top_break import explain_breaks, format_top_break, top_break
 from prefixgate.config.loader import PolicyError, load_policy
 from prefixgate.config.schema import LedgerSettings
 from prefixgate.proxy.cli.format import fmt
@@ -281,12 +288,7 @@ def _open_ledger(where: str) -> Ledger:
 def _break_records(dicts: list[dict[str, Any]]) -> list[Any]:
     from prefixgate.cache.savings.breaks import BreakRecord
 
-    recs = []
-    for d in dicts:
-        d = dict(d)
-        d["volatile_kinds"] = tuple(d.get("volatile_kinds") or ())
-        recs.append(BreakRecord(**d))
-    return recs
+    return [BreakRecord.from_dict(d) for d in dicts]
 
 
 def report(
@@ -313,10 +315,12 @@ def report(
     saved = saved_figures(rows, seed, hourly)
     stood = stand_back_figures(rows)
     errs = error_figures(rows) if errors else []
+    break_dicts = db.breaks(since_ts)
+    top = top_break(explain_breaks(break_dicts, rows), rows)
     if as_json:
         doc: dict[str, Any] = {"ledger": path, "by": by, "saved": saved, "groups": groups,
                                "by_technique": [t.to_dict() for t in by_technique(rows)],
-                               "stood_back": stood, "pd": pd_summary(rows)}
+                               "stood_back": stood, "pd": pd_summary(rows), "top_break": top}
         if errors:
             doc["errors"] = errs
         typer.echo(json.dumps(doc, indent=2))
@@ -326,6 +330,9 @@ def report(
         width = shutil.get_terminal_size((80, 24)).columns
         console = Console(width=width, highlight=False, soft_wrap=False)
         console.print(saved_line(saved, width))
+        if top is not None:  # the costliest cause, its masked line, its cost, its fix (issue 37)
+            for line in format_top_break(top, width):
+                console.print(line, markup=False)
         techs = [t.to_dict() for t in by_technique(rows)]
         if techs:
             console.print(technique_line(techs, saved["saved_tokens"], width))
@@ -341,7 +348,7 @@ def report(
     if breaks:
         from prefixgate.cache.savings.breaks import format_breaks
 
-        typer.echo(format_breaks(_break_records(db.breaks(since_ts))))
+        typer.echo(format_breaks(_break_records(break_dicts)))
     db.close()
 
 

@@ -1,11 +1,12 @@
 """``prefixgate serve`` (engine + proxy) and ``prefixgate engine`` (the engine alone).
 
 ``serve [--policy FILE] [--model DIR] [--host H] [--port P]``: loads the policy (default: the
-shipped one, every model to the local engine), spawns the engine for each ``local`` backend with
-``spawn: true`` (model from the backend's ``model_path``, ``--model``, or the one ``make model``
-fetched into ``~/.cache/prefixgate/models/SmolLM2-135M-Instruct``), waits for its
-``/health``, then serves the proxy with uvicorn (default 127.0.0.1:8080, or the policy's
-``listen``). The engines are stopped when the proxy exits.
+shipped one: hosted models to their APIs, the local engine by its id), spawns the engine for
+each ``local`` backend with ``spawn: true`` (model from the backend's ``model_path``,
+``--model``, or the one ``make model`` fetched into
+``~/.cache/prefixgate/models/SmolLM2-135M-Instruct``), waits for its ``/health``, then serves
+the proxy with uvicorn (default 127.0.0.1:8080, or the policy's ``listen``). The engines are
+stopped when the proxy exits.
 
 uvicorn runs with the policy's ``limits`` (:func:`prefixgate.proxy.http.server.uvicorn_options`: header size
 and deadline, keep-alive, concurrency). Listening on a non-loopback address requires proxy keys
@@ -20,8 +21,18 @@ policy sets ``ledger.redis_url``, one session memory. Without Redis each worker 
 session memory (a session's requests may land on different workers: set ``redis_url`` for
 rewrites that learn across requests). Engines are spawned once, by the parent.
 
-Per-request log lines are off by default (``--access-log`` turns uvicorn's on; the proxy's own
-summary line is DEBUG).
+One log format for everything serve prints (:data:`LOG_FORMAT`, uvicorn's own lines included:
+it runs with ``log_config=None`` so its loggers reach the root handler); a spawned engine logs
+warnings only (``--log-level debug`` shows its info lines too). Once the proxy answers
+``/healthz``, a **ready banner** (:func:`ready_lines`): the proxy's URL as each SDK wants it,
+the dashboard's URL, the report command. One access line per client request
+(``prefixgate.access``: method, path, status, model, TTFT; never prompt text);
+``--no-access-log`` turns it off.
+
+A spawned engine listens on a random loopback port (:mod:`prefixgate.proxy.cli.engine_proc`),
+which the served policy's backend ``base_url`` is set to (and handed to ``--workers`` processes
+in ``PREFIXGATE_ENGINE_URLS``): an SDK pointed at the policy's 8081 by mistake finds nothing
+there instead of an engine that answers without the proxy.
 
 ``engine --model DIR [--host] [--port 8081] [--device cpu] [extra engine flags]``: replaces
 itself with ``python -m prefixgate.local_engine`` (same flags).
@@ -29,10 +40,13 @@ itself with ``python -m prefixgate.local_engine`` (same flags).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from importlib import resources
@@ -57,11 +71,26 @@ killed every worker of a busy 2-core machine while it was still importing and bu
 app, and respawned it, forever: issue 25's scaling run)."""
 POLICY_ENV = "PREFIXGATE_POLICY"
 """Policy file path handed to ``--workers`` processes ("" = the shipped default policy)."""
+ENGINE_URLS_ENV = "PREFIXGATE_ENGINE_URLS"
+"""JSON ``{backend: base_url}`` of the engines serve spawned, handed to ``--workers`` processes."""
+LOG_LEVEL_ENV, ACCESS_ENV = "PREFIXGATE_LOG_LEVEL", "PREFIXGATE_ACCESS_LOG"
+"""``--log-level`` and ``--access-log`` handed to ``--workers`` processes."""
+log = logging.getLogger("prefixgate")
+
+
+def with_engine_urls(pol: Policy, urls: dict[str, str]) -> Policy:
+    """``pol`` with each named backend's ``base_url`` replaced (the spawned engines' ports)."""
+    if not urls:
+        return pol
+    backends = {name: b.model_copy(update={"base_url": urls[name]}) if name in urls else b
+                for name, b in pol.backends.items()}
+    return pol.model_copy(update={"backends": backends})
 
 
 def _policy_from_env() -> Policy:
     path = os.environ.get(POLICY_ENV, "")
-    return with_default_keys_file(load_policy(Path(path)) if path else default_policy())
+    pol = with_default_keys_file(load_policy(Path(path)) if path else default_policy())
+    return with_engine_urls(pol, json.loads(os.environ.get(ENGINE_URLS_ENV) or "{}"))
 
 
 def app_from_env() -> object:
@@ -69,6 +98,8 @@ def app_from_env() -> object:
     ``--workers``; each worker process calls it once). Raises PolicyError for a bad policy."""
     from prefixgate.proxy.app import build_app
 
+    # a worker is a fresh interpreter: the parent's logging setup is not inherited
+    _configure_logging(os.environ.get(LOG_LEVEL_ENV, "info"), os.environ.get(ACCESS_ENV) != "0")
     return build_app(_policy_from_env())
 
 
@@ -149,11 +180,54 @@ def _check_log_level(value: str) -> str:
     return value.lower()
 
 
-def _configure_logging(level: str) -> None:
+def _configure_logging(level: str, access_log: bool = True) -> None:
+    """One handler, one format (:data:`LOG_FORMAT`) for every logger, uvicorn's included; the
+    access lines (``prefixgate.access``) at INFO, or off."""
     handler = logging.StreamHandler()
     handler.setFormatter(SafeFormatter(LOG_FORMAT))
     # uvicorn's "trace" is below DEBUG; the standard library has no such level
-    logging.basicConfig(level="DEBUG" if level == "trace" else level.upper(), handlers=[handler])
+    logging.basicConfig(level="DEBUG" if level == "trace" else level.upper(), handlers=[handler],
+                        force=True)
+    logging.getLogger("prefixgate.access").setLevel(logging.INFO if access_log else logging.WARNING)
+
+
+def ready_lines(host: str, port: int, policy_path: Path | None,
+                engines: dict[str, str]) -> list[str]:
+    """The ready banner: the proxy's URL as the OpenAI SDK (``/v1``) and the Anthropic SDK (no
+    ``/v1``) want it, the dashboard, the report command, and the spawned engines' internal
+    addresses (said as not for SDKs)."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    origin = f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
+    report = f"prefixgate report --policy {policy_path}" if policy_path else "prefixgate report"
+    lines = [f"prefixgate ready: base_url {origin}/v1 (OpenAI SDK, LangChain) or {origin} "
+             "(Anthropic SDK)",
+             f"  dashboard {origin}/dashboard · savings and cache breaks: `{report}`"]
+    lines += [f"  engine of backend {name!r} at {url} (the proxy's own: point SDKs at the proxy)"
+              for name, url in sorted(engines.items())]
+    return lines
+
+
+def _say_when_ready(host: str, port: int, lines: list[str], timeout_s: float = 600.0) -> None:
+    """Log ``lines`` once the proxy at ``host:port`` answers ``/healthz`` (any status: a
+    degraded proxy is still up), from a daemon thread; nothing if it never does."""
+    import httpx
+
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
+    url = f"http://[{shown}]:{port}/healthz" if ":" in shown else f"http://{shown}:{port}/healthz"
+
+    def wait() -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(url, timeout=1.0)
+            except httpx.HTTPError:
+                time.sleep(0.2)
+                continue
+            for line in lines:
+                log.info("%s", line)
+            return
+
+    threading.Thread(target=wait, name="prefixgate-ready", daemon=True).start()
 
 
 class _Terminated(BaseException):
@@ -201,15 +275,16 @@ def serve(
     log_level: str = typer.Option("info", "--log-level", callback=_check_log_level,
                                   help="one of " + ", ".join(LOG_LEVELS)),
     workers: int = typer.Option(1, "--workers", min=1, help="proxy processes (one ledger)"),
-    access_log: bool = typer.Option(False, "--access-log/--no-access-log",
-                                    help="one INFO line per request (off: hot path)"),
+    access_log: bool = typer.Option(True, "--access-log/--no-access-log",
+                                    help="one line per client request (method, path, status, "
+                                         "model, TTFT)"),
 ) -> None:
     """Start the local engine(s) the policy spawns, then the proxy (--workers processes)."""
     import uvicorn
 
     from prefixgate.proxy.app import build_app
 
-    _configure_logging(log_level)
+    _configure_logging(log_level, access_log)
     pol = _load(policy)
     listen_host = host or pol.listen.host
     refusal = refuse_unauthenticated(pol, listen_host, policy)
@@ -219,6 +294,7 @@ def serve(
     keys_note = said_keys(pol, policy)
     if keys_note:
         typer.echo(keys_note, err=True)
+    engines: dict[str, str] = {}  # backend -> where its spawned (or reused) engine answers
     with _termination_unwinds(), ExitStack() as stack:
         for name, b in pol.backends.items():
             if not traits(b.kind).spawnable or not b.spawn:
@@ -229,19 +305,29 @@ def serve(
                            f"backends.{name}.model_path (or fetch the default model with "
                            f"`make model`, into {DEFAULT_MODEL_DIR})", err=True)
                 raise typer.Exit(2)
+            quiet = [] if log_level in ("debug", "trace") else ["--log-level", "warning"]
             try:
-                with step(f"starting the local engine of backend {name!r} ({model_dir}; about "
-                          "30 s on a CPU: model load and warm-up)"):
-                    stack.enter_context(EngineProcess(b, os.path.expanduser(model_dir)))
+                with step(f"starting the local engine of backend {name!r} ({model_dir}; "
+                          "model load and warm-up, 30-60 s on a CPU)"):
+                    eng = stack.enter_context(EngineProcess(
+                        b, os.path.expanduser(model_dir), extra=quiet,
+                        env={"HF_HUB_DISABLE_PROGRESS_BARS": "1"} if quiet else {}))
             except EngineStartError as e:
                 typer.echo(f"backend {name!r}: {e}", err=True)
                 raise typer.Exit(1) from None
-        options = {"host": listen_host, "port": port or pol.listen.port, "log_level": log_level,
-                   "timeout_graceful_shutdown": 5, "access_log": access_log,
+            engines[name] = getattr(eng, "base_url", "") or b.base_url
+        pol = with_engine_urls(pol, engines)
+        listen_port = port or pol.listen.port
+        options = {"host": listen_host, "port": listen_port, "log_level": log_level,
+                   "timeout_graceful_shutdown": 5, "access_log": False, "log_config": None,
                    **uvicorn_options(pol.limits)}
+        _say_when_ready(listen_host, listen_port, ready_lines(listen_host, listen_port, policy,
+                                                              engines))
         if workers == 1:
             uvicorn.run(build_app(pol), **options)
             return
+        os.environ[ENGINE_URLS_ENV] = json.dumps(engines)
+        os.environ[LOG_LEVEL_ENV], os.environ[ACCESS_ENV] = log_level, "1" if access_log else "0"
         os.environ[POLICY_ENV] = str(policy.resolve()) if policy else ""
         options["http"] = f"{__name__}:WorkerProtocol"
         options["timeout_worker_healthcheck"] = WORKER_HEALTHCHECK_S

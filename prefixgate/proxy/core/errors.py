@@ -167,15 +167,16 @@ class RateLimited(ProxyError):
 
 class UnknownEndpoint(ProxyError):
     """No endpoint at this path (404) or not for this method (405); ``status`` per instance.
-    Message as OpenAI words it: ``Invalid URL (POST /v1/responses)``."""
+    Message as OpenAI words it: ``Invalid URL (POST /v1/responses)``, then ``hint`` when given
+    (what to change, e.g. the ``base_url`` of a doubled ``/v1/v1``)."""
 
     status = 404
     type = "invalid_request_error"
     code = "unknown_url"
 
-    def __init__(self, method: str, path: str, status: int) -> None:
+    def __init__(self, method: str, path: str, status: int, hint: str = "") -> None:
         what = "Invalid URL" if status == 404 else "Method not allowed"
-        super().__init__(f"{what} ({method} {path})")
+        super().__init__(f"{what} ({method} {path})" + (f": {hint}" if hint else ""))
         self.status = status
 
 

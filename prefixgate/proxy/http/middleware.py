@@ -66,3 +66,22 @@ class TrailingSlash:
             if isinstance(raw, bytes):
                 scope["raw_path"] = raw.rstrip(b"/") or b"/"
         await self.app(scope, receive, send)
+
+
+def doubled_prefix_hint(path: str, origin: str) -> str:
+    """What to change when ``path`` repeats the API prefix (``/v1/v1/messages``: an SDK that
+    adds ``/v1`` itself was given a ``base_url`` ending in ``/v1``), "" otherwise. ``origin``:
+    the proxy's ``scheme://host:port`` as the client reached it. The Anthropic SDK appends
+    ``/v1/messages`` to its base_url, the OpenAI SDK ``/chat/completions`` (so its base_url ends
+    in ``/v1``); the hint names the one the path came from."""
+    if not path.startswith("/v1/v1/") and path != "/v1/v1":
+        return ""
+    rest = path.removeprefix("/v1/v1")
+    while rest.startswith("/v1/") or rest == "/v1":
+        rest = rest.removeprefix("/v1")
+    if rest.startswith("/messages"):
+        return (f"the path holds /v1 twice; the Anthropic SDK adds /v1 itself, so use "
+                f"base_url=\"{origin}\" (without /v1)")
+    return (f"the path holds /v1 twice; use base_url=\"{origin}/v1\" with the OpenAI SDK "
+            f"(it adds {rest or '/chat/completions'}), base_url=\"{origin}\" with the Anthropic SDK")
+

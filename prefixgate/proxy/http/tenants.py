@@ -37,10 +37,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from prefixgate.config.backend_kinds import traits
-from prefixgate.config.schema import Backend, Policy
+from prefixgate.config.schema import Backend, Policy, ProxyKey
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.core.errors import InvalidHeader
 from prefixgate.proxy.http.auth import Guard
@@ -129,13 +129,28 @@ def tenancy_possible(policy: Policy) -> bool:
     return len({k.tenant or k.id for k in policy.auth.keys}) > 1
 
 
-def shared_cache_warnings(policy: Policy) -> list[str]:
-    """One line per backend whose prefix cache tenants share (empty without tenancy): a
-    backend that takes no ``cache_salt`` and sends every tenant with one upstream key. Hosted
-    APIs keep one prompt cache per organisation, so a tenant can read another's cached prefix
-    (its cached tokens and TTFT show it); the fix is ``tenant_keys`` (a key of each tenant's own
-    organisation) or, on an engine that reads it (ours, vLLM >= 0.9), ``cache_salt: true``."""
-    if not tenancy_possible(policy):
+def tenants_present(policy: Policy, keys: Iterable[ProxyKey] | None = None) -> bool:
+    """Whether two tenants can meet in this proxy now: the header names tenants, or the keys
+    there are (``keys``: inline and the keys file's, as the key store reads them; None: the
+    policy's inline keys and, with a keys file, "maybe" as :func:`tenancy_possible` says) belong
+    to two tenants or more. A keys file that holds one tenant's keys, or none — the default
+    keys file every policy reads — is no tenancy (issue 37, item 6: the shipped policy warned
+    twice that tenants could read each other's prefixes to a user with no tenant)."""
+    if keys is None:
+        return tenancy_possible(policy)
+    if policy.tenants.header == "on":
+        return True
+    return len({k.tenant or k.id for k in [*policy.auth.keys, *keys]}) > 1
+
+
+def shared_cache_warnings(policy: Policy, keys: Iterable[ProxyKey] | None = None) -> list[str]:
+    """One line per backend whose prefix cache tenants share (empty without tenants,
+    :func:`tenants_present` with ``keys``): a backend that takes no ``cache_salt`` and sends
+    every tenant with one upstream key. Hosted APIs keep one prompt cache per organisation, so a
+    tenant can read another's cached prefix (its cached tokens and TTFT show it); the fix is
+    ``tenant_keys`` (a key of each tenant's own organisation) or, on an engine that reads it
+    (ours, vLLM >= 0.9), ``cache_salt: true``."""
+    if not tenants_present(policy, keys):
         return []
     out = []
     for name, b in sorted(policy.backends.items()):

@@ -2,8 +2,10 @@
 cached, and which pass made what reusable? The answers go to the ledger (never prompt text
 unless the policy stores it).
 
-- Breaks: :class:`prefixgate.cache.savings.breaks.BreakDetector` compares the body sent upstream with the
-  session's previous one and names the first divergence (volatile span, reorder, tool set, ...).
+- Breaks: :class:`prefixgate.cache.savings.client_breaks.ClientBreaks` compares the client's body
+  with the session's previous one and names the first divergence (volatile span, reorder, tool
+  set, ...), kept only when what was sent upstream lost reuse too (prefixgate's own rewrite is
+  never the client's break); in the backend's own tokens where it tokenizes.
 - Counterfactual, one model per REAL cache (DESIGN.md, *Savings, measured honestly*; issue 19,
   item 3): a provider or engine prefix cache is shared by every request of an organisation's key
   (OpenAI, Anthropic) or of an engine (ours, vLLM, llama.cpp), never by one conversation only, so
@@ -81,7 +83,7 @@ from prefixgate.cache.provider_models.prefix_blocks import (
 )
 from prefixgate.cache.provider_models.radix import rendered_order
 from prefixgate.cache.provider_models.token_radix import TokenCaches
-from prefixgate.cache.savings.breaks import BreakDetector
+from prefixgate.cache.savings.client_breaks import ClientBreaks
 from prefixgate.cache.savings.cost import UnknownPriceError, price_outcome
 from prefixgate.proxy.core.errors import Api
 from prefixgate.proxy.core.offload import off_loop
@@ -198,7 +200,7 @@ class Insight:
     ``tokenizer``: the client of backends' ``/tokenize`` (default: a fresh one)."""
 
     def __init__(self, store_text: bool = False, tokenizer: EngineTokenizer | None = None) -> None:
-        self.detector = BreakDetector(store_text=store_text)
+        self.breaks = ClientBreaks(store_text=store_text)
         self.tokenizer = tokenizer if tokenizer is not None else EngineTokenizer()
         self._parts: OrderedDict[str, _Partition] = OrderedDict()
         self._token_caches = TokenCaches()
@@ -301,8 +303,13 @@ class Insight:
         same = sent is original
         with self._lock:
             try:
-                rec = self.detector.observe(session, sent, count, api)  # type: ignore[arg-type]
+                now_ids = sent_ids if sent_ids is not None else (
+                    token_ids if sent is original else None)
+                rec = self.breaks.observe(session, original, sent, count,
+                                          api, now_ids)  # type: ignore[arg-type]
                 brk = rec.to_dict() if rec is not None else None
+                if brk is not None and brk["unit"] == "estimate":  # which counter estimated it
+                    brk["tokenizer"] = encoding_for_model(model)
             except Exception:
                 log.exception("break detection failed")
             key = partition if partition is not None else backend

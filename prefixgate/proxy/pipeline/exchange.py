@@ -50,6 +50,12 @@ from prefixgate.proxy.upstream.relay import Timing
 from prefixgate.rewriter.types import Context
 
 log = logging.getLogger("prefixgate.proxy")
+access_log = logging.getLogger("prefixgate.access")
+"""One INFO line per client request (:meth:`ProxyState.record`, and unknown paths' 404s):
+method, path, HTTP status, model, TTFT, cached / prompt tokens, backend; never prompt text.
+Off (WARNING) where the app is embedded; ``prefixgate serve`` turns it on (``--no-access-log``
+keeps it off)."""
+access_log.setLevel(logging.WARNING)
 
 
 @dataclass
@@ -119,10 +125,13 @@ class ProxyState:
                 self.otel.observe(row, obs)
         except Exception:
             log.exception("ledger write failed")
-        log.debug("%s %s backend=%s status=%s http=%s prompt=%s cached=%s ttft_ms=%s edits=%s",
-                 safe(row.endpoint), safe(row.model), row.backend, row.status, row.http_status,
-                 row.prompt_tokens, row.cached_tokens,
-                 None if row.ttft_ms is None else round(row.ttft_ms, 1), row.edits)
+        if access_log.isEnabledFor(logging.INFO):
+            access_log.info("POST %s %d model=%s ttft_ms=%s cached=%s/%s backend=%s status=%s "
+                            "edits=%s", safe(row.endpoint), row.http_status, safe(row.model),
+                            "-" if row.ttft_ms is None else f"{row.ttft_ms:.1f}",
+                            "-" if row.cached_tokens is None else row.cached_tokens,
+                            "-" if row.prompt_tokens is None else row.prompt_tokens,
+                            row.backend or "-", row.status, row.edits or "-")
 
     def health(self) -> list[str]:
         """Reasons the proxy is degraded now (empty: healthy), see :mod:`prefixgate.proxy.observe.health`."""

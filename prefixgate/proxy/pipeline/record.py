@@ -128,8 +128,12 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
             if a.brk is not None:
                 ex.obs.break_kind = a.brk.get("kind")
                 try:
-                    state.ledger.write_break(row.session, clip_strings(a.brk),  # model names
-                                             row.tenant)
+                    rw = state.policy.rewrite  # what the top break's fix depends on
+                    where = {"route": row.route, "backend": row.backend, "model": row.model,
+                             "holdout": row.holdout,
+                             "hoist_on": bool(rw.enabled and rw.hoist_volatile and row.rewrite)}
+                    state.ledger.write_break(row.session, clip_strings({**a.brk, **where}),
+                                             row.tenant)  # clipped: model names are the client's
                 except Exception:
                     log.exception("break record write failed")
     except Exception:

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from prefixgate.local_engine.model.llama import CausalLM
 from prefixgate.local_engine.model.quant import screened_head
 from prefixgate.local_engine.model.quant.cpu_features import cpu_has_vnni as _cpu_has_vnni
-from prefixgate.local_engine.model.quant.cpu_features import linear_any
+from prefixgate.local_engine.model.quant.cpu_features import linear_any, quantize_rows_int8
 
 METHODS = ("int8",)
 KINDS = ("qkv", "o", "gate_up", "down")  # a decoder layer's linear products, in order
@@ -78,8 +78,7 @@ class Int8Linear:
         self.bias = bias
         self.cpu = w.device.type == "cpu"
         if self.cpu:
-            q = torch.quantize_per_channel(w, self.scale.double(), torch.zeros(
-                w.shape[0], dtype=torch.long), 0, torch.qint8)
+            q = quantize_rows_int8(w, self.scale)
             self.packed = torch.ops.quantized.linear_prepack(q, None)
             self.reduce_range = not _cpu_has_vnni()
             self.qweight = q.int_repr()

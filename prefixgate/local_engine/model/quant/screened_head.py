@@ -61,6 +61,8 @@ from typing import Any
 
 import torch
 
+from prefixgate.local_engine.model.quant.cpu_features import quantize_rows_int8
+
 REFRESH_AT = (1, 8, 64, 512)  # calls after which the outlier channels are re-picked
 UNIT_ROUNDOFF = 2.0 ** -24  # fp32
 
@@ -101,10 +103,8 @@ class ScreenedHead:
         if w.dtype != torch.float32 or w.dim() != 2:
             raise ValueError("ScreenedHead needs an fp32 [vocab, hidden] weight")
         self.weight, self.full, self.levels = w, full, levels
-        v = w.shape[0]
         scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
-        q = torch.quantize_per_channel(w, scale.double(), torch.zeros(v, dtype=torch.long), 0,
-                                       torch.qint8)
+        q = quantize_rows_int8(w, scale)
         self.packed = torch.ops.quantized.linear_prepack(q, None)
         delta = w - q.int_repr().float() * scale[:, None]
         self.w_l2 = w.norm(dim=1)                 # [V] ‖W_o‖₂

@@ -33,9 +33,9 @@
       case "usd": return (v < 0 ? "-$" : "$") + fmtNum(Math.abs(v), 4);
       case "int": return fmtNum(v, 0);
       case "pct": return fmtNum(v * 100, 1) + "%";
-      case "ms": return fmtNum(v, 1) + " ms";
-      case "s": return fmtNum(v, 1) + " s";
-      case "rate": return fmtNum(v, 3) + " ms/token";
+      case "ms": return fmtNum(v, 1) + "\u00a0ms";  /* no-break space: a wrapping cell keeps "12.5 ms" whole */
+      case "s": return fmtNum(v, 1) + "\u00a0s";
+      case "rate": return fmtNum(v, 3) + "\u00a0ms/token";
       default: return String(v);
     }
   }
@@ -55,12 +55,13 @@
   function empty(text) { return el("div", { class: "empty" }, text); }
   const verdictClass = (v) => (/help|better/.test(v || "") ? "better" : /hurt|worse/.test(v || "") ? "worse" : "");
 
-  /* A table: cols = [[header, kind, field]]; rows read from payload[listKey][i][field]. */
-  function table(listKey, rows, cols) {
+  /* A table: cols = [[header, kind, field]]; rows read from payload[listKey][i][field]; cls: the
+   * table's class ("wrap": cells may wrap, so the table fits its panel). */
+  function table(listKey, rows, cols, cls) {
     const head = el("tr", {}, ...cols.map(([h, kind]) => el("th", kind === "text" ? { class: "text" } : {}, h)));
     const body = rows.map((r, i) => el("tr", {}, ...cols.map(([, kind, f]) =>
       el("td", kind === "text" ? { class: "text" } : {}, num(`${listKey}.${i}.${f}`, kind, r[f])))));
-    return el("div", { class: "scroll" }, el("table", {}, el("thead", {}, head), el("tbody", {}, ...body)));
+    return el("div", { class: "scroll" }, el("table", cls ? { class: cls } : {}, el("thead", {}, head), el("tbody", {}, ...body)));
   }
 
   function panelBody(id) {
@@ -77,18 +78,44 @@
     return card("prefill time saved", num("totals.prefill_s_saved", "s", t.prefill_s_saved), note);
   }
 
-  function renderTotals(t) {
+  /* The first card (issue 37): the costliest cache break over the threshold — its cause, the
+   * masked line, where in the backend's tokens, what it cost, the fix. The same object as
+   * `prefixgate report`'s first screen (cache/savings/top_break.py). */
+  function breakCard(b) {
+    const k = (f) => "top_break." + f;
+    const at = b.token_offset === b.token_offset_max ? [num(k("token_offset"), "int", b.token_offset)]
+      : [num(k("token_offset"), "int", b.token_offset), "–", num(k("token_offset_max"), "int", b.token_offset_max)];
+    const cost = [num(k("tokens_lost"), "int", b.tokens_lost), " prompt tokens prefilled again"];
+    if (isNum(b.seconds_lost)) cost.push(" · ", num(k("seconds_lost"), "s", b.seconds_lost), " of prefill");
+    if (isNum(b.usd_lost)) cost.push(" · ", num(k("usd_lost"), "usd", b.usd_lost));
+    cost.push(" (", num(k("count"), "int", b.count), " breaks)");
+    const fix = b.fix ? [el("code", {}, num(k("fix"), "text", b.fix)), " — ", num(k("fix_note"), "text", b.fix_note)]
+      : [num(k("fix_note"), "text", b.fix_note)];
+    return el("div", { class: "card alert", id: "top-break" },
+      el("div", { class: "label" }, "top cache break"),
+      el("div", { class: "value small" }, num(k("cause"), "text", b.cause)),
+      el("div", { class: "line" }, ...(b.excerpt ? [el("code", {}, num(k("excerpt"), "text", b.excerpt)), " · "] : []),
+        num(k("where"), "text", b.where), " · breaks at token ", ...at, " (", num(k("unit_text"), "text", b.unit_text), ")"),
+      el("div", { class: "line" }, "cost: ", ...cost),
+      el("div", { class: "line" }, "fix: ", ...fix));
+  }
+
+  function renderTotals(t, top) {
     const box = document.getElementById("totals");
-    const moneyNote = [num("totals.saved_pct", "pct", t.saved_pct), " of ", num("totals.cf_input_usd", "usd", t.cf_input_usd),
-      " unrewritten"];
-    if (isNum(t.prefill_usd_saved)) moneyNote.push(" · prefill time at the backend's $/hour ", num("totals.prefill_usd_saved", "usd", t.prefill_usd_saved));
-    else if (!isNum(t.saved_usd) && t.requests > 0) moneyNote.push(" · no price: set price_per_mtok or usd_per_hour on the backend");
+    /* "12.5% of $0.0345 unrewritten"; nothing priced: say so once, not "not reported of not reported" */
+    const moneyNote = isNum(t.cf_input_usd)
+      ? [num("totals.saved_pct", "pct", t.saved_pct), " of ", num("totals.cf_input_usd", "usd", t.cf_input_usd), " unrewritten"]
+      : [];
+    const sep = () => (moneyNote.length ? " · " : "");
+    if (isNum(t.prefill_usd_saved)) moneyNote.push(sep() + "prefill time at the backend's $/hour ", num("totals.prefill_usd_saved", "usd", t.prefill_usd_saved));
+    else if (!isNum(t.saved_usd) && t.requests > 0) moneyNote.push(sep() + "no price: set price_per_mtok or usd_per_hour on the backend");
     const money = card("saved", num("totals.saved_usd", "usd", t.saved_usd), moneyNote);
     const hasTime = "prefill_s_saved" in t;
     // a self-hosted range (nothing priced, prefill time measured) leads with the time it saved
     const lead = hasTime && !isNum(t.saved_usd) && isNum(t.prefill_s_saved) ? [timeCard(t), money]
       : [money, ...(hasTime ? [timeCard(t)] : [])];
     box.replaceChildren(
+      ...(top ? [breakCard(top)] : []),
       ...lead,
       card("input cost", num("totals.input_usd", "usd", t.input_usd), "cache_write_premium_usd" in t
         ? ["incl. cache-write premium ", num("totals.cache_write_premium_usd", "usd", t.cache_write_premium_usd)]
@@ -153,7 +180,7 @@
           num(k + ".ci95.1", kind, ci[1]), "]");
       }),
       el("td", {}, num(`${pre}.verdict`, "text", b.verdict))));
-    body.append(el("div", { class: "scroll" }, el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows))));
+    body.append(el("div", { class: "scroll" }, el("table", { class: "wrap" }, el("thead", {}, head), el("tbody", {}, ...rows))));
   }
 
   /* A uPlot chart in panel id. data: [xs, ...ys]; series: [{label, color, fill?, dash?, value?}].
@@ -292,8 +319,10 @@
   function renderBreaks(breaks) {
     const body = panelBody("p-breaks");
     if (!breaks || !breaks.length) { body.append(empty("no cache breaks recorded in this range")); return; }
-    body.append(table("breaks", breaks, [["field", "text", "field"], ["token offset", "int", "token_offset"],
-      ["tokens lost", "int", "tokens_lost"], ["times", "int", "count"]]));
+    const cols = [["cause", "text", "cause"], ["line (digits masked)", "text", "excerpt"], ["field", "text", "field"],
+      ["token offset", "int", "token_offset"], ["tokens lost", "int", "tokens_lost"], ["times", "int", "count"],
+      ["fix (policy line)", "text", "fix"], ["what it does / what to change", "text", "fix_note"]].filter(([, , f]) => f === "field" || breaks.some((b) => f in b));
+    body.append(table("breaks", breaks, cols, "wrap"));
   }
 
   function renderRoutes(routes) {
@@ -307,7 +336,7 @@
       ...(routes.some((r) => "prefill_ms_per_token" in r) ? [["prefill rate", "rate", "prefill_ms_per_token"],
         ["prefill saved", "s", "prefill_s_saved"]] : []),
       /* P/D backends: the share of requests split (the rest prefilled on the decode side) */
-      ...(routes.some((r) => r.pd) ? [["P/D split", "pct", "pd_split_share"]] : [])]));
+      ...(routes.some((r) => r.pd) ? [["P/D split", "pct", "pd_split_share"]] : [])], "wrap"));
   }
 
   /* Issue 26: the range's traffic per proxy replica (a shared ledger holds every replica's rows). */
@@ -327,7 +356,7 @@
     const when = (ts) => new Date(ts * 1000).toISOString().replace("T", " ").slice(0, 16) + " UTC";
     document.getElementById("span").textContent =
       `${when(p.from_ts)} – ${when(p.to_ts)} · ${p.bucket_s} s buckets`;
-    renderTotals(p.totals || {});
+    renderTotals(p.totals || {}, p.top_break);
     renderTechnique(p);
     timeChart("p-saved", xs, [{ label: "saved $", color: PALETTE[2], ys: s.saved_usd || [] }],
       { yTick: (v) => (v < 0 ? "-$" : "$") + fmtNum(Math.abs(v), Math.abs(v) < 1 ? 4 : 2) });
