@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from prefixgate.proxy.routing.pd_plan import RouteLoad, colocated, split
 
-X, O = 0.00003, 0.004  # transfer s/token and orchestration s
+X, OVERHEAD = 0.00003, 0.004  # transfer s/token and orchestration s
 
 
 def _pk_wait(lam: float, s: list[float]) -> float:
@@ -42,8 +42,8 @@ loads = st.builds(
 def test_a_split_queues_each_prefill_instance_at_its_share_of_the_arrivals(
         load: RouteLoad, n_p: int, n_d: int) -> None:
     s = load.service_s
-    want = statistics.fmean(s) + _pk_wait(load.lam / n_p, s) + X * statistics.fmean(load.uncached) + O
-    got = split(load, n_p, n_d, 10.0, 10.0, X, O).ttft_s
+    want = statistics.fmean(s) + _pk_wait(load.lam / n_p, s) + X * statistics.fmean(load.uncached) + OVERHEAD
+    got = split(load, n_p, n_d, 10.0, 10.0, X, OVERHEAD).ttft_s
     assert got == pytest.approx(want, rel=1e-9) or (math.isinf(got) and math.isinf(want))
 
 
