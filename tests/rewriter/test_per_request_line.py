@@ -25,7 +25,7 @@ def _text(where: str, lines_before: int, pad: int) -> tuple[str, Span]:
     """A prompt whose clock line sits after ``lines_before`` lines; ``MARK`` placed ``where``;
     ``pad`` filler characters between the clock and a same-line marker."""
     filler = " ".join(["alpha"] * (pad // 6 + 1))[:pad]
-    above = ["Some context line number %d." % i for i in range(lines_before)]
+    above = [f"Some context line number {i}." for i in range(lines_before)]
     line = f"Current time: {CLOCK} and more"
     if where == "same_before":
         line = f"{MARK}: {filler} Current time: {CLOCK} and more"
