@@ -19,7 +19,7 @@ from prefixgate.proxy.routing.pd_plan import (
     split,
 )
 
-LOAD = RouteLoad(0.123456789, [1234, 987], [33, 45], 1234.5678, 0.0123456)
+LOAD = RouteLoad(0.123456789, [1234, 987, 1000], [33, 45, 50], 1234.5678, 0.0123456)
 
 
 def _below(v: float) -> float:
@@ -65,8 +65,8 @@ def test_no_colocated_instance_is_refused_by_name() -> None:
 
 def test_the_report_rounds_each_figure_as_documented() -> None:
     p = plan(LOAD, 0.001, 0.001, max_instances=1)
-    assert p.load == {"requests": 2, "rate_per_s": 0.1235, "uncached_tokens_mean": 1110.5,
-                      "output_tokens_mean": 39.0, "prefill_tokens_per_s": 1234.6,
+    assert p.load == {"requests": 3, "rate_per_s": 0.1235, "uncached_tokens_mean": 1073.7,
+                      "output_tokens_mean": 42.7, "prefill_tokens_per_s": 1234.6,
                       "decode_step_ms": 12.35, "ttft_slo_ms": 1.0, "tpot_slo_ms": 1.0}
     d = Option(2, 3, 0.12345, math.inf, True).to_dict()
     assert d == {"kind": "split", "prefill": 2, "decode": 3, "ttft_ms": 123.5, "tpot_ms": None,
@@ -136,10 +136,11 @@ def test_each_kind_of_unusable_row_is_skipped(bad: dict[str, object]) -> None:
 
 def test_more_cached_than_prompt_counts_zero_and_a_row_without_prefill_time_is_not_timed() -> None:
     rows = [{**ROWS[0], "cached_tokens": 5000}, {**ROWS[1], "prefill_ms": 0},
-            {**ROWS[2], "cached_tokens": 1, "prefill_ms": 100.0}]
+            {**ROWS[2], "cached_tokens": 1, "prefill_ms": 100.0},
+            {**ROWS[2], "ts": 103.0, "cached_tokens": 299, "prefill_ms": 1.0}]
     load = load_from_rows(rows)
-    assert load.uncached == [0, 500, 299]
-    assert load.prefill_tps == pytest.approx(299 / 0.1)
+    assert load.uncached == [0, 500, 299, 1]
+    assert load.prefill_tps == pytest.approx(300 / 0.101)  # a one-token prefill is timed too
 
 
 def test_two_rows_are_enough_and_half_a_second_is_a_span() -> None:
@@ -156,3 +157,30 @@ def test_two_rows_are_enough_and_half_a_second_is_a_span() -> None:
 def test_rows_that_cannot_feed_the_model_say_why(rows: list[dict[str, object]], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load_from_rows(rows)
+
+
+def _need(lam: float) -> int:
+    load = RouteLoad(lam, [100], [10], 1000.0, 0.001)
+    return next(n for n in range(1, 100) if colocated(load, n, 0.16, 1.0).meets_slo)
+
+
+def test_sixteen_instances_are_tried_by_default_and_no_more() -> None:
+    lam16 = next(x / 10 for x in range(10, 2000) if _need(x / 10) == 16)
+    lam17 = next(x / 10 for x in range(10, 2000) if _need(x / 10) == 17)
+    assert plan(RouteLoad(lam16, [100], [10], 1000.0, 0.001), 0.16, 1.0,
+                transfer_s_per_token=1.0).recommendation == "colocate"
+    assert plan(RouteLoad(lam17, [100], [10], 1000.0, 0.001), 0.16, 1.0,
+                transfer_s_per_token=1.0).recommendation == "none"
+
+
+def test_no_instance_tried_recommends_nothing() -> None:
+    assert plan(LOAD, 1.0, 1.0, max_instances=0) == Plan("none", None, None, plan(
+        LOAD, 1.0, 1.0, max_instances=0).load)
+
+
+def test_the_plans_decode_batch_defaults_to_256_running() -> None:
+    """257 running: one decode instance is over the default batch, so the split needs two; the
+    colocated deployment misses a TPOT of exactly the decode step (prefill stretches it)."""
+    load = RouteLoad(257.0, [1], [1], 1e9, 1.0)
+    p = plan(load, 10.0, 1.0, max_instances=3)
+    assert p.recommendation == "split" and (p.chosen.prefill, p.chosen.decode) == (1, 2)  # type: ignore[union-attr]
