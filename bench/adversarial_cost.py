@@ -47,6 +47,7 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 
+from bench.result_file import command, load_average, write_json  # noqa: E402
 from prefixgate.cache.ledger.store import Ledger  # noqa: E402
 from prefixgate.cache.state.session import MemorySessionStore  # noqa: E402
 from prefixgate.config.loader import parse_policy  # noqa: E402
@@ -239,7 +240,7 @@ def main() -> None:
     if args.sessions_only is not None:  # the child process of the memory measurement
         print(json.dumps(session_memory(args.sessions_only)))
         return
-    load_before = os.getloadavg()[0]
+    load_before = load_average()[0]
     sizes_ms, sizes = rewrite_ms_by_size()
     with tempfile.TemporaryDirectory() as tmp:
         lag = asyncio.run(_loop_lag(Path(tmp)))
@@ -248,26 +249,23 @@ def main() -> None:
                            stdout=subprocess.PIPE, text=True, check=True)
     mem = json.loads(child.stdout.strip().splitlines()[-1])
     print(mem, flush=True)
-    load_after = os.getloadavg()[0]
-    cmd = "python bench/adversarial_cost.py" + (
-        f" --sessions {args.sessions}" if args.sessions != 10_000 else "")
+    load_after = load_average()[0]
     result = {
-        "command": cmd,
+        "command": command(__file__),
         "figures": {"rewrite_ms_by_size": sizes_ms, "loop_lag_p99_ms": lag["loop_lag_p99_ms"],
                     "session_memory_mb": mem["session_memory_mb"]},
         "notes": {
             "body_bytes": sizes, "growth_30m_over_1m": round(sizes_ms["30m"] / sizes_ms["1m"], 1),
             **{k: v for k, v in lag.items() if k != "loop_lag_p99_ms"},
             **{k: v for k, v in mem.items() if k != "session_memory_mb"},
-            "cpus": os.cpu_count(), "load_avg_1m_before_after": [round(load_before, 2),
-                                                                  round(load_after, 2)],
+            "cpus": os.cpu_count(), "load_avg_1m_before_after": [load_before, load_after],
             "under_load": max(load_before, load_after) > 0.5 * (os.cpu_count() or 1),
         },
     }
     if result["notes"]["under_load"]:
         result["notes"]["load"] = LOAD_NOTE
     out = REPO / "bench" / "results" / "adversarial_cost.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result)
     print(json.dumps(result, indent=2))
 
 

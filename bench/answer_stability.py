@@ -83,7 +83,6 @@ import importlib
 import json
 import random
 import re
-import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -97,6 +96,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.pruning_data import DATA, banking_docs, banking_tasks, tau_airline_runs, tau_airline_tools
+from bench.result_file import command, write_json
 from tests.trace_requests import SWE_TRACE, normalise_swe_history, swe_tools
 
 DEFAULT_MODEL = Path("~/.cache/prefixgate/models/SmolLM2-135M-Instruct").expanduser()
@@ -474,7 +474,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   + " ".join(f"{v}:{int(x['changed'])}{'m' if x['mentions_note'] else ''}"
                              for v, x in row["variants"].items()), flush=True)
         if args.rows:  # after every session: a cut-off run keeps its rows (``--from-rows``)
-            args.rows.write_text(json.dumps(rows, indent=1) + "\n")
+            write_json(args.rows, rows, indent=1)
     eng.eng.shutdown()
     return {"rows": rows, "wall_s": round(time.time() - t0, 1), "prompt_tokens": eng.prompt_tokens}
 
@@ -576,18 +576,16 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(figures(json.loads(args.from_rows.read_text())), indent=2))
         return 0
     res = run(args)
-    command = "python " + " ".join(shlex.quote(a) for a in [
-        "bench/answer_stability.py", *(argv if argv is not None else sys.argv[1:])])
     figs = figures(res["rows"])
-    out = {"command": command, "figures": figs,
+    out = {"command": command(__file__, argv), "figures": figs,
            "setup": {"model": args.model.name, "device": "cpu (fp32)", "greedy": True,
                      "max_tokens": args.max_tokens, "wall_s": res["wall_s"],
                      "prompt_tokens": {"min": min(res["prompt_tokens"]), "max": max(res["prompt_tokens"])},
                      "data": str(DATA.relative_to(REPO.parent)) if DATA.is_relative_to(REPO.parent) else str(DATA),
                      "engine": "prefixgate.local_engine in-process, radix prefix cache shared by every variant"}}
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.out, out)
     if args.rows:
-        args.rows.write_text(json.dumps(res["rows"], indent=1) + "\n")
+        write_json(args.rows, res["rows"], indent=1)
     print(json.dumps(figs, indent=2))
     return 0
 

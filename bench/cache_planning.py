@@ -15,10 +15,15 @@ Tool masking (part 4) is not built: its figures are ``null``.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.result_file import write_json  # noqa: E402
+
 RESULTS = REPO / "bench/results"
 
 
@@ -56,7 +61,7 @@ def main() -> int:
                     "bench/results/fanout.json", "bench/results/fanout_engine.json",
                     "bench/results/tool_masking.json"],
     }
-    (RESULTS / "cache_planning.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(RESULTS / "cache_planning.json", result)
     print(json.dumps(result["figures"], indent=2))
     return 0
 

@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench.result_file import command, write_json
+
 SUITES = ("openai-chat", "anthropic", "open-responses")
 
 # Failures the 135M model (or the tiny random one CI uses) causes by what it cannot do, by test
@@ -135,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                          "name none; a 135M model may ramble to the cap on CPU)")
     ap.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
     args = ap.parse_args(argv)
-    out: dict[str, Any] = {"command": "python -m bench.conformance " + " ".join(
-        sys.argv[1:] if argv is None else argv), "figures": {}, "errors": {}}
+    out: dict[str, Any] = {"command": command("-m bench.conformance", argv), "figures": {}, "errors": {}}
     with proxy_in_front_of_engine(args.model.expanduser(), args.name,
                                   default_max_tokens=args.default_max_tokens) as url:
         for suite in args.suites.split(","):
@@ -144,10 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             out["figures"][suite] = figures(results)
             out["errors"][suite] = {r["id"]: r.get("errors", []) for r in results
                                     if r["status"] == "failed"}
-    text = json.dumps(out, indent=2)
-    print(text)
+    print(json.dumps(out, indent=2))
     if args.out:
-        args.out.write_text(text + "\n")
+        write_json(args.out, out)
     return 0
 
 

@@ -96,12 +96,13 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=4)
     ap.add_argument("--turns", type=int, default=8)
     args = ap.parse_args()
-    command = "python bench/counterfactual_check.py " + " ".join(sys.argv[1:])
+    sys.path.insert(0, str(REPO))
+    from bench.result_file import command
+
     if args.scripted:
-        sys.path.insert(0, str(REPO))
         from bench.counterfactual_interleaved import run
 
-        doc = {"command": command.strip(), **run(args.conversations, args.turns)}
+        doc = {"command": command(__file__), **run(args.conversations, args.turns)}
         _write(doc, Path(args.out or REPO / "bench" / "results" /
                          "counterfactual_check_interleaved.json"))
         return
@@ -110,7 +111,7 @@ def main() -> None:
               "--max-requests", str(args.max_requests), "--model-dir", args.model_dir,
               "--ledger", str(tmp / "ledger.sqlite"), "--out", str(tmp / "replay.json")]
     subprocess.run(replay, cwd=REPO, check=True)
-    doc: dict[str, Any] = {"command": command.strip()}
+    doc: dict[str, Any] = {"command": command(__file__)}
     doc.update(shares(ledger_rows(tmp / "ledger.sqlite")))
     rep = json.loads((tmp / "replay.json").read_text())
     doc["detail"]["replay_command"] = rep.get("replay_command")
@@ -120,8 +121,9 @@ def main() -> None:
 
 
 def _write(doc: dict[str, Any], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
+    from bench.result_file import write_json
+
+    write_json(out, doc)
     print(json.dumps({**doc["figures"], "difference": doc["detail"]["difference"]}, indent=2))
 
 

@@ -47,6 +47,7 @@ from starlette.routing import Route
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.result_file import command, write_json
 from prefixgate.cache.ledger.store import Ledger
 from prefixgate.cache.provider_models import make_model
 from prefixgate.cache.provider_models.prefix_blocks import memo_counter
@@ -220,10 +221,7 @@ def main() -> None:
             setup["requests_sent"] = drive_tau(url, a.runs)
             time.sleep(0.5)  # the last streamed row is written just after its last byte
             figures = shoot(url, a.range, a.out)
-    command = "python bench/dashboard_screenshot.py " + " ".join(
-        x for x in sys.argv[1:])
-    a.json.write_text(json.dumps({"command": command.strip(), "figures": figures, "setup": setup},
-                                 indent=2) + "\n")
+    write_json(a.json, {"command": command(__file__), "figures": figures, "setup": setup})
     print(json.dumps(figures, indent=2))
     bad = figures["console_errors"] or not figures["page_numbers_match_api"] or figures["charts_blank"]
     sys.exit(1 if bad else 0)

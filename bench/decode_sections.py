@@ -89,7 +89,7 @@ def int4_summary(cand: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 def tool_drafts(base: dict[str, Any], n_b1: int, n_b8: int, max_tokens: int,
                 cost_curve: list[tuple[int, float]] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(figures, details) of the tool-call section (module docstring)."""
-    from bench.engine_speculative import mean_tpot, run_batch, spec_figures, spec_off
+    from bench.decode_timing import mean_tpot, run_batch, spec_figures, spec_off
     from bench.tool_draft_prompts import FRAME, tool_call_chats
     from prefixgate.local_engine.engine import Engine, EngineConfig
     from prefixgate.local_engine.sched.api_types import SamplingParams

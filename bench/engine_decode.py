@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -34,6 +33,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.result_file import command, load_average, write_json  # noqa: E402
 
 DEFAULT_MODEL = Path("~/.cache/prefixgate/models/SmolLM2-135M-Instruct").expanduser()
 TOPICS = ["the sea", "radix trees", "a mountain village", "compilers", "autumn rain",
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                     default=Path(os.environ.get("PREFIXGATE_MODEL_DIR", DEFAULT_MODEL)))
     ap.add_argument("--out", type=Path, default=REPO / "bench/results/engine_decode.json")
     args = ap.parse_args(argv)
-    load0 = os.getloadavg()[0]  # the machine may be shared: recorded with the figures
+    load0 = load_average()[0]  # the machine may be shared: recorded with the figures
     n_new = 16 if args.quick else args.new_tokens
     batches = [int(b) for b in args.batches.split(",")]
     if args.quick:
@@ -155,19 +156,17 @@ def main(argv: list[str] | None = None) -> int:
             figures[f"batch{b}_vs_batch1"] = round(figures["batch"][str(b)]["tokens_per_s"] / b1, 2)
     eng.shutdown()
     result = {
-        "command": "python " + " ".join(shlex.quote(a) for a in [
-            "bench/engine_decode.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": command(__file__, argv),
         "figures": figures,
         "setup": {"model": args.model.name, "dtype": "float32", "device": "cpu",
-                  "load_avg_1m_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
+                  "load_avg_1m_start_end": [load0, load_average()[0]],
                   "cpu_count": os.cpu_count(),
                   "new_tokens": n_new, "runs": args.runs,
                   "prompt_tokens": [len(p) for p in prompts[:max(batches)]][:4],
                   "torch_threads": torch.get_num_threads(),
                   "goals": {"decode_vs_hf_batch1": ">= 1.5", "batch8_vs_batch1": ">= 5"}},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -33,6 +32,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.result_file import command, load_average, write_json  # noqa: E402
 
 DEFAULT_MODEL = Path("~/.cache/prefixgate/models/SmolLM2-135M-Instruct").expanduser()
 SUFFIX = 64
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                     default=Path(os.environ.get("PREFIXGATE_MODEL_DIR", DEFAULT_MODEL)))
     ap.add_argument("--out", type=Path, default=REPO / "bench/results/engine_prefix.json")
     args = ap.parse_args(argv)
-    load0 = os.getloadavg()[0]  # the machine may be shared: recorded with the figures
+    load0 = load_average()[0]  # the machine may be shared: recorded with the figures
     sizes = [int(s) for s in args.sizes.split(",")]
     runs = args.runs
     if args.quick:
@@ -120,19 +121,17 @@ def main(argv: list[str] | None = None) -> int:
         print(n, figures["prefix"][str(n)], flush=True)
     eng.shutdown()
     result = {
-        "command": "python " + " ".join(shlex.quote(a) for a in [
-            "bench/engine_prefix.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": command(__file__, argv),
         "figures": figures,
         "setup": {"model": args.model.name, "dtype": "float32", "device": "cpu",
-                  "load_avg_1m_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
+                  "load_avg_1m_start_end": [load0, load_average()[0]],
                   "cpu_count": os.cpu_count(),
                   "suffix_tokens": SUFFIX, "runs": runs, "torch_threads": torch.get_num_threads(),
                   "chunk_size": eng.cfg.chunk_size,
                   "max_num_batched_tokens": eng.cfg.max_num_batched_tokens,
                   "goals": {"warm_over_suffix_only": "<= 1.5", "cold_over_warm_at_4096": ">= 25"}},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(json.dumps(result["figures"], indent=2))
     return 0
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import tempfile
 import threading
@@ -50,6 +49,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.result_file import command, write_json  # noqa: E402
 from bench.serving_client import EngineProcess, percentile, timed_stream
 
 DATA = REPO.parent / "shared" / "data"
@@ -331,7 +331,7 @@ def main() -> None:
             continue
         side.pop("rows", None)
     result = {
-        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]),
+        "command": command(__file__, prefix=".venv/bin/python"),
         "figures": figures,
         "setup": {
             "model": "SmolLM2-135M-Instruct fp32 (both sides)", "runs": args.runs,
@@ -348,7 +348,7 @@ def main() -> None:
                     "(--tf-waves limits both)",
         },
     }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(json.dumps(result, indent=2))
 
 

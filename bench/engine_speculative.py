@@ -6,7 +6,7 @@ Same run, same process, engines built side by side on SmolLM2-135M-Instruct (fp3
 
 - knee: decode step time vs rows per step (1 .. 32 requests decoding together, spec off). The
   speculative engines get this curve (``spec_cost_curve``): each step they draft only as many
-  tokens as raise expected tokens per step time (``spec_decode.choose_k_cap``), so drafting turns
+  tokens as raise expected tokens per step time (``spec.decode.choose_k_cap``), so drafting turns
   itself off where the step is compute-bound. Recorded beside it: ``threshold_rows`` (largest
   row count within ``KNEE_FACTOR`` × a 1-row step) and the draft cap the policy picks at batch
   1 / 8 for high and low acceptance.
@@ -38,15 +38,11 @@ Writes ``bench/results/engine_speculative.json``::
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import platform
-import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +51,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.decode_timing import mean_tpot, run_batch, spec_figures, spec_off  # noqa: E402
+from bench.result_file import command, load_average, utc_now, write_json  # noqa: E402
 from bench.serving_client import EngineProcess, median, timed_stream  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data"
@@ -132,49 +130,6 @@ def agreement_prompts(tok: Any, n: int, max_len: int = 700) -> list[list[int]]:
 
 
 # -- timing ----------------------------------------------------------------------------------
-async def _one(eng: Any, ids: list[int], params: Any, keep_ids: bool = False) -> dict[str, Any]:
-    first = last = None
-    n = 0
-    got: list[int] = []
-    async for out in eng.generate(ids, params):
-        got += out.new_token_ids
-        now = time.perf_counter()
-        if out.new_token_ids:
-            if first is None:
-                first, n0 = now, len(out.new_token_ids)
-            last = now
-            n += len(out.new_token_ids)
-    tpot = (last - first) / (n - n0) if first is not None and n > n0 else None  # type: ignore[operator]
-    row: dict[str, Any] = {"tpot_s": tpot or 0.0, "tokens": n, "ok": tpot is not None}
-    if keep_ids:
-        row["ids"] = got
-    return row
-
-
-def run_batch(eng: Any, prompts: list[list[int]], params: Any,
-              keep_ids: bool = False) -> list[dict[str, Any]]:
-    """Run ``prompts`` concurrently; per-request TPOT (s) and token counts (+ ``ids``, the
-    output tokens, with ``keep_ids``)."""
-    async def all_() -> list[dict[str, Any]]:
-        return list(await asyncio.gather(*[_one(eng, p, params, keep_ids) for p in prompts]))
-    return asyncio.run(all_())
-
-
-def mean_tpot(rows: list[dict[str, float]]) -> float:
-    vals = [r["tpot_s"] for r in rows if r["ok"]]
-    return sum(vals) / len(vals) if vals else float("nan")
-
-
-@contextmanager
-def spec_off(eng: Any) -> Iterator[None]:
-    """Detach ``eng``'s speculative decoder while the block runs (the engine must be idle)."""
-    saved, eng.spec = eng.spec, None
-    try:
-        yield
-    finally:
-        eng.spec = saved
-
-
 def compare(eng: Any, prompts: list[list[int]], params: Any, batch: int) -> dict[str, Any]:
     """Groups of ``batch`` prompts, each run speculative first then plain on the same engine
     (so the suffix index never holds a prompt's own plain output); mean TPOT (ms) of each, and
@@ -214,21 +169,6 @@ def knee(eng: Any, tok_ids: list[list[int]], sizes: list[int]) -> dict[str, Any]
     caps = {f"b{b}_alpha{a}": choose_k_cap([a] * b, [8] * b, curve, 8)
             for b in (1, 8) for a in (0.9, 0.5, 0.2)}
     return {"step_ms": step_ms, "threshold_rows": max(within), "k_cap_chosen": caps}
-
-
-def spec_figures(eng: Any, before: dict[str, Any]) -> dict[str, float]:
-    st = eng.stats()
-    drafts = st["spec_num_drafts"] - before.get("spec_num_drafts", 0)
-    prop = st["spec_num_draft_tokens"] - before.get("spec_num_draft_tokens", 0)
-    acc = st["spec_num_accepted_tokens"] - before.get("spec_num_accepted_tokens", 0)
-    per_pos = [st[k] - before.get(k, 0) for k in sorted(st) if k.startswith("spec_accepted_pos_")]
-    steps = st["spec_decode_steps"] - before.get("spec_decode_steps", 0)
-    no_draft = st["spec_no_draft_steps"] - before.get("spec_no_draft_steps", 0)
-    return {"acceptance_rate": round(acc / prop, 3) if prop else 0.0,
-            "mean_accepted_len": round(1 + acc / drafts, 3) if drafts else 0.0,
-            "drafts": drafts, "draft_tokens": prop,
-            "accepted_per_position": [round(n / drafts, 3) if drafts else 0.0 for n in per_pos],
-            "no_draft_share": round(no_draft / steps, 3) if steps else 0.0}
 
 
 def llamacpp_tok_s(messages: list[list[dict[str, str]]], threads: int, max_tokens: int,
@@ -293,7 +233,7 @@ def main() -> None:
     from prefixgate.local_engine.server.chat import encode_chat
 
     torch.set_num_threads(args.threads)
-    t0, load0 = time.time(), _loadavg()
+    t0, load0 = time.time(), load_average()
     n_b1, n_b8, n_agree, sizes = args.b1, args.b8, args.agree, [1, 2, 4, 6, 8, 12, 16, 24, 32]
     if args.quick:
         args.max_tokens, n_b1, n_b8, n_agree, sizes = 20, 1, 0, 4, [1, 4, 8]
@@ -391,7 +331,7 @@ def main() -> None:
     details.update({k: v for k, v in old.get("details", {}).items()
                     if k not in details and k.split("_all_runs")[0].split("_pooled")[0] in kept})
     result = {
-        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]),
+        "command": command(__file__, prefix=".venv/bin/python"),
         "figures": figures,
         "goals": goals(figures),
         "details": details,
@@ -409,22 +349,15 @@ def main() -> None:
                     "use oneDNN pre-packed linear weights (prefixgate/local_engine/model/quant/cpu_linear.py)",
             "wall_s": round(time.time() - t0, 1),
             "phases_s_since_start": phases,
-            "loadavg_at_start_and_end": [load0, _loadavg()],
+            "loadavg_at_start_and_end": [load0, load_average()],
             "sections_kept_from_earlier_runs": kept,
             "earlier_runs": [r for r in old.get("setup", {}).get("partial_runs", [])
                              if set(r.get("sections", [])) & set(kept)],
             "user_note": args.note,
         },
     }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(json.dumps(result["figures"], indent=2))
-
-
-def _loadavg() -> str:
-    try:
-        return Path("/proc/loadavg").read_text().strip()
-    except OSError:
-        return ""
 
 
 def int8_figures(base: dict[str, Any], n_agree: int, n_dec: int, max_tokens: int,
@@ -541,11 +474,11 @@ def partial_main(args: Any, want: set[str]) -> None:
         details["int4"] = probe
     result["goals"] = goals(figures)
     runs = result["setup"].setdefault("partial_runs", [])
-    runs.append({"command": " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]),
+    runs.append({"command": command(__file__, prefix=".venv/bin/python"),
                  "sections": sorted(want), "wall_s": round(time.time() - t0, 1),
-                 "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "note": args.note,
+                 "at": utc_now(), "note": args.note,
                  "max_tokens": args.max_tokens})
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result)
     print(json.dumps({k: figures[k] for k in want if k in figures}, indent=2))
 
 

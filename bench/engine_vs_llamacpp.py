@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import shlex
 import sys
 import tempfile
 import time
@@ -48,6 +47,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.result_file import command, write_json  # noqa: E402
 from bench.serving_client import EngineProcess, median, timed_stream
 
 DATA = REPO.parent / "shared" / "data"
@@ -157,7 +157,7 @@ def main() -> None:
                        poll=int(k.removeprefix("llamacpp_poll"))) for k, v in measured.items()}
     best = best_llamacpp(configs)
     result = {
-        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]),
+        "command": command(__file__, prefix=".venv/bin/python"),
         "figures": {"ours": ours, "llamacpp": configs[best], "llamacpp_configs": configs,
                     "headline": f"llamacpp = llama.cpp's best configuration ({best})"},
         "setup": {
@@ -171,7 +171,7 @@ def main() -> None:
             "wall_s": round(time.time() - t0, 1),
         },
     }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(json.dumps(result["figures"], indent=2))
 
 

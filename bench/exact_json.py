@@ -24,6 +24,7 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.result_file import command, write_json
 from prefixgate.proxy.core import exactjson
 
 WORDS = "the quick brown fox jumps over the lazy dog 1.5 price: 2.50, v1.10 2024-05-01".split()
@@ -59,8 +60,8 @@ def main() -> None:
             "exact_spaced_with_float_ms": _best_ms(exactjson.loads, spaced),
             "exact_big_int_ms": _best_ms(exactjson.loads, big),
         }
-    out = {"command": "python bench/exact_json.py", "figures": figures}
-    (REPO / "bench" / "results" / "exact_json.json").write_text(json.dumps(out, indent=2) + "\n")
+    out = {"command": command(__file__, []), "figures": figures}
+    write_json(REPO / "bench" / "results" / "exact_json.json", out)
     print(json.dumps(out, indent=2))
 
 

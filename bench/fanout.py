@@ -11,13 +11,13 @@ the ideal (N-1)/N, added wall time <= the first request's TTFT. Writes
 
 from __future__ import annotations
 
-import json
-import shlex
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.result_file import command, write_json  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,8 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     for n, row in rows.items():
         print(n, row)
     result = {
-        "command": "python " + " ".join(shlex.quote(a) for a in [
-            "bench/fanout.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": command(__file__, argv),
         "figures": {"write_cut_share_of_ideal_n8": rows["8"]["write_cut_share_of_ideal"],
                     "by_n": rows},
         "setup": {"prefix_tokens": 8000, "suffix_tokens": 200, "arrival_spread_s": 0.01,
@@ -36,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
                   "write_tokens": "all cache writes (shared prefix and each request's own "
                                   "suffix), so the ideal share is at most 8000/8200"},
     }
-    (REPO / "bench/results/fanout.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(REPO / "bench/results/fanout.json", result)
     return 0
 
 

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -30,6 +28,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.result_file import command, load_average, write_json  # noqa: E402
 
 DEFAULT_MODEL = Path("~/.cache/prefixgate/models/SmolLM2-135M-Instruct").expanduser()
 SUFFIX = 16
@@ -102,13 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         print(n, row, flush=True)
     eng.shutdown()
     result = {
-        "command": "python " + " ".join(shlex.quote(a) for a in [
-            "bench/fanout_engine.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": command(__file__, argv),
         "figures": {"by_n": rows},
         "setup": {"model": args.model.name, "device": "cpu", "prefix_tokens": args.prefix_tokens,
-                  "suffix_tokens": SUFFIX, "load_avg_1m": round(os.getloadavg()[0], 2)},
+                  "suffix_tokens": SUFFIX, "load_avg_1m": load_average()[0]},
     }
-    (REPO / "bench/results/fanout_engine.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(REPO / "bench/results/fanout_engine.json", result)
     return 0
 
 

@@ -39,6 +39,7 @@ from starlette.middleware import Middleware  # noqa: E402
 from starlette.requests import Request  # noqa: E402
 from starlette.responses import Response  # noqa: E402
 
+from bench.result_file import command, write_json  # noqa: E402
 from prefixgate.config.schema import Policy  # noqa: E402
 from prefixgate.proxy.app import build_app  # noqa: E402
 from prefixgate.proxy.http.lean import LeanRoutes  # noqa: E402
@@ -110,13 +111,13 @@ def main() -> None:
     got = asyncio.run(measure(args.requests, args.rounds))
     fig = {k: {"median": round(sorted(v)[len(v) // 2], 1), "min": round(min(v), 1),
                "max": round(max(v), 1)} for k, v in got.items()}
-    doc = {"command": "nice -n 5 python bench/framework_cost.py " + " ".join(sys.argv[1:]),
+    doc = {"command": command(__file__, prefix="nice -n 5 python"),
            "figures": fig,
            "saved_per_request_us": round(fig["full_stack_us"]["median"]
                                          - fig["lean_us"]["median"], 1),
            "setup": {"requests": args.requests, "rounds": args.rounds,
                      "machine": f"{os.cpu_count()} CPUs shared with other jobs; in process"}}
-    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(args.out, doc)
     print(json.dumps(doc, indent=2))
 
 

@@ -28,10 +28,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
-import proxy_overhead as po  # noqa: E402
-
+import bench.proxy_targets as po  # noqa: E402
+from bench.result_file import command, write_json  # noqa: E402
 from prefixgate.cache.savings.report import percentile  # noqa: E402
 
 OVERLOAD = ("over its", "not recorded within")
@@ -102,12 +101,12 @@ def main() -> None:
             p.wait(30)
     overload = {k: sum(1 for line in e.read_text().splitlines() if any(w in line for w in OVERLOAD))
                 for k, e in errs.items()}
-    doc = {"command": "nice -n 5 python bench/hot_path_ab.py " + " ".join(sys.argv[1:]),
+    doc = {"command": command(__file__, prefix="nice -n 5 python"),
            "old": args.old, "rounds": rounds, "overload_log_lines": overload,
            "setup": {"requests": args.requests, "wrk": f"wrk -t1 -c32 -d{args.wrk_seconds}s",
                      "wall_s": round(time.perf_counter() - t0, 1),
                      "machine": f"{os.cpu_count()} CPUs shared with other jobs; loopback"}}
-    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(args.out, doc)
     print(json.dumps(doc, indent=2))
 
 

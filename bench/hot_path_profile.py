@@ -34,7 +34,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+
+import bench.proxy_targets as po  # noqa: E402
+from bench.result_file import command, write_json  # noqa: E402
 
 RATE_HZ = 250
 FRAME = re.compile(r"^(?P<fn>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
@@ -118,8 +120,6 @@ def py_spy() -> str:
 
 def profile_all(seconds: int, k: int, tmp: Path) -> dict[str, Any]:
     """The three cases (module docstring), each in its own fresh server."""
-    import proxy_overhead as po  # bench/ is on sys.path (this script's folder)
-
     small, agent = po.wire(po.SMALL), po.wire(po.agent_body())
     procs = []
     try:
@@ -152,8 +152,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "hot_path_profile.json"))
     args = ap.parse_args()
     doc = profile_all(args.seconds, args.top, Path(tempfile.mkdtemp(prefix="pg-profile-")))
-    doc["command"] = "nice -n 5 python bench/hot_path_profile.py " + " ".join(sys.argv[1:])
-    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    doc["command"] = command(__file__, prefix="nice -n 5 python")
+    write_json(args.out, doc)
     print(json.dumps(doc, indent=2))
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import tempfile
 import time
@@ -38,6 +37,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.result_file import command, load_average, utc_now, write_json  # noqa: E402
 
 GROUP = 32
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
@@ -156,14 +157,8 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from bench.engine_speculative import (
-        MODEL_DIR,
-        agreement_prompts,
-        grounded_messages,
-        llamacpp_tok_s,
-        mean_tpot,
-        run_batch,
-    )
+    from bench.decode_timing import mean_tpot, run_batch
+    from bench.engine_speculative import MODEL_DIR, agreement_prompts, grounded_messages, llamacpp_tok_s
     from prefixgate.local_engine.engine import Engine, EngineConfig
     from prefixgate.local_engine.model.quant.cpu_linear import PackedLinear
     from prefixgate.local_engine.model.quant.int8 import Int8Linear
@@ -220,27 +215,19 @@ def main() -> None:
     tok_s = {n: round(1000 / v, 2) for n, v in tpot.items()}
     best_int4 = max(engines_int4, key=lambda n: tok_s[n])
     result = {
-        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]),
+        "command": command(__file__, prefix=".venv/bin/python"),
         "us_per_row": products, "decode_tpot_ms_b1": tpot, "decode_tok_s_b1": tok_s,
         "first_token_agreement_vs_fp32": agree, "llamacpp_q4_1_tok_s": llama,
         "best_int4": best_int4,
         "best_int4_tok_s_over_llamacpp": round(tok_s[best_int4] / best_llama, 3) if best_llama else None,
         "setup": {"threads": args.threads, "prompts": args.prompts, "max_tokens": args.max_tokens,
                   "agreement_prompts": len(agree_ids), "group": GROUP, "notes": notes,
-                  "uptime_before": _uptime(), "wall_s": round(time.time() - t0, 1),
-                  "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
+                  "uptime_before": load_average(), "wall_s": round(time.time() - t0, 1),
+                  "at": utc_now()},
     }
-    text = json.dumps(result, indent=2)
     if args.out:
-        Path(args.out).write_text(text + "\n")
-    print(text)
-
-
-def _uptime() -> str:
-    try:
-        return Path("/proc/loadavg").read_text().strip()
-    except OSError:
-        return ""
+        write_json(args.out, result)
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import tempfile
 import time
@@ -27,6 +26,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.result_file import command, load_average, utc_now, write_json  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "int8_keep_sweep.json"
 DEFAULT_CONFIGS = [
@@ -91,16 +92,16 @@ def main() -> None:
     def write() -> None:  # after every policy: a long sweep cut short keeps what it measured
         result = {
             "rows": old["rows"] + rows,
-            "runs": old["runs"] + [{"command": " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]),
-                                    "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                    "wall_s": round(time.time() - t0, 1), "loadavg": _loadavg()}],
+            "runs": old["runs"] + [{"command": command(__file__, prefix=".venv/bin/python"),
+                                    "at": utc_now(),
+                                    "wall_s": round(time.time() - t0, 1), "loadavg": load_average()}],
             "setup": {**old.get("setup", {}), "model": "SmolLM2-135M-Instruct fp32 (converted from its Q4_1 GGUF)",
                       "prompts": len(prompts), "positions": sum(len(p) for p in prompts),
                       f"fp32_top1_minus_top2_logit_at_last_position_{len(prompts)}_prompts": margins,
                       "int8_mb_all_layers_plus_head": round((sum(sizes.values()) * n_layers + head) / 1e6, 1),
                       "fp32_mb": round(4 * (sum(sizes.values()) * n_layers + head) / 1e6, 1)},
         }
-        OUT.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(OUT, result)
 
     for cfg in configs:
         spec = cfg["layers"]
@@ -118,13 +119,6 @@ def main() -> None:
                      "wall_s": round(time.time() - t1, 1)})
         print(json.dumps(rows[-1]), flush=True)
         write()
-
-
-def _loadavg() -> str:
-    try:
-        return Path("/proc/loadavg").read_text().strip()
-    except OSError:
-        return ""
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.result_file import command, write_json  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "int8_sensitivity.json"
 KINDS = {"qkv": 1, "o": 3, "gate_up": 5, "down": 6}
@@ -107,7 +108,7 @@ def main() -> None:
     rows["weight_only_q4_group32_fp32_activations"] = score()
     ranked = sorted(per_layer, key=lambda k: per_layer[k]["top1_agreement"])
     result = {
-        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]),
+        "command": command(__file__, prefix=".venv/bin/python"),
         "rows": rows, "per_layer_int8": per_layer, "most_sensitive_layers": ranked[:6],
         "setup": {"model": "SmolLM2-135M-Instruct fp32 (converted from its Q4_1 GGUF)",
                   "prompts": len(prompts), "positions": sum(len(p) for p in prompts),
@@ -115,7 +116,7 @@ def main() -> None:
                   "note": "teacher-forced: every prompt position compared; box shared with other "
                           "engineers (2 cores, load > 10): timings not recorded, only agreement"},
     }
-    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(OUT, result)
     print(json.dumps({"rows": rows, "most_sensitive_layers": ranked[:6]}, indent=2))
 
 

@@ -56,6 +56,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.kv_routing_sim import run_sim  # noqa: E402
+from bench.result_file import command as result_command  # noqa: E402
+from bench.result_file import write_json  # noqa: E402
 from bench.routing_affinity import sessions_from_trace  # noqa: E402
 from bench.serving_client import EngineProcess, free_port, percentile  # noqa: E402
 from prefixgate.cache.ledger.store import Ledger  # noqa: E402
@@ -406,16 +408,16 @@ def main() -> None:
             for k, v in old.get(key, {}).items():
                 if k not in ran:
                     done[k] = v
-    command = "PYTHONPATH=. nice python " + " ".join(["bench/kv_routing.py", *sys.argv[1:]])
+    command = result_command(__file__, prefix="PYTHONPATH=. nice python")
     if args.only and old.get("command"):
         command = f"{old['command']}; then {command}"
-    RESULT.write_text(json.dumps({
+    write_json(RESULT, {
         "command": command, "figures": figures,
         "goals": {"sim": "hit_rate within 0.02 of oracle_hit_rate, ttft_p90_ratio >= 4, "
                          "max_min_load <= 1.3; saturated: >= 80 % hits, hot replica not overloaded",
                   "live_engines": "cached_share within 0.02 of oracle",
                   "llamacpp_slots": "cached_share_pinned >= 1.5 x cached_share_unpinned"},
-        "detail": detail, "host": {"cpus": os.cpu_count()}}, indent=1) + "\n")
+        "detail": detail, "host": {"cpus": os.cpu_count()}}, indent=1)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ import psycopg
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.result_file import command, write_json  # noqa: E402
 from prefixgate.cache.ledger.pg import PgLedger  # noqa: E402
 from prefixgate.cache.ledger.store import LedgerRow  # noqa: E402
 from prefixgate.cache.ledger.writer import BatchedLedger  # noqa: E402
@@ -317,9 +318,9 @@ def main() -> None:
         except Exception:
             pass
         shutil.rmtree(tmp, ignore_errors=True)
-    cmd = "nice -n 10 .venv/bin/python bench/ledger_fleet.py " + " ".join(sys.argv[1:])
-    doc = {"command": cmd.strip(), "figures": figures, "detail": detail}
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    doc = {"command": command(__file__, prefix="nice -n 10 .venv/bin/python"), "figures": figures,
+           "detail": detail}
+    write_json(args.out, doc)
     print(json.dumps(doc, indent=2))
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.result_file import command, write_json  # noqa: E402
 from prefixgate.cache.ledger.store import LedgerRow  # noqa: E402
 from prefixgate.config.loader import parse_policy  # noqa: E402
 from prefixgate.proxy.observe.metrics import ProxyMetrics, RequestObs  # noqa: E402
@@ -69,9 +70,8 @@ def main() -> None:
     assert otel is not None, "pip install 'prefixgate[otel]'"
     figures["otel_observe"] = time_us(otel.observe, rows(min(args.n, 2000)))
     figures["n"] = args.n
-    result = {"command": f"python bench/observability_overhead.py --n {args.n}",
-              "figures": figures}
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    result = {"command": command(__file__), "figures": figures}
+    write_json(args.out, result)
     print(json.dumps(result, indent=2))
     os._exit(0)  # skip the exporters' shutdown retries against the dead port
 

@@ -26,13 +26,14 @@ import argparse
 import asyncio
 import json
 import os
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.result_file import command, write_json  # noqa: E402
 
 DEFAULT_MODEL = Path("~/.cache/prefixgate/models/SmolLM2-135M-Instruct").expanduser()
 FORMS = ("tag", "numbered", "header", "markdown", "json", "document_blocks")
@@ -160,15 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     goal = [r["turn2_cached_share"] for k, r in rows.items()
             if k.endswith("/reorder/stabilised")]
     base = [r["turn2_cached_share"] for k, r in rows.items() if k.endswith("/reorder/baseline")]
-    command = "python " + " ".join(shlex.quote(a) for a in [
-        "bench/passage_order.py", *(argv if argv is not None else sys.argv[1:])])
-    result = {"command": command,
+    result = {"command": command(__file__, argv),
               "figures": {"min_turn2_cached_share": min(goal),
                           "min_turn2_cached_share_baseline": min(base),
                           "max_turn2_cached_share_baseline": max(base), "runs": rows},
               "setup": {"model": args.model.name, "device": "cpu", "max_tokens": 1,
                         "engine": "local_engine in-process, radix prefix cache"}}
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print("min turn-2 cached share (stabilised, reorder):", min(goal), "baseline max:", max(base))
     return 0
 

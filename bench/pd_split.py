@@ -10,7 +10,7 @@ plain request. The prefill instance is pinned to CPU 0, the decode one to CPU 1
 the decode side has a core of its own (other jobs on a shared box still run on it).
 SmolLM2-135M-Instruct fp32 (``$PREFIXGATE_MODEL_DIR``). Figures:
 
-- ``greedy_identical``: three chat prompts, split (through ``routing.pd_drive``, vLLM contract)
+- ``greedy_identical``: three chat prompts, split (through ``routing.pd.drive``, vLLM contract)
   vs colocated (the prefill instance answering a plain request): the same bytes.
 - ``itl_p99_ratio_*``: two decode streams (64-token prompts) run; after their 4th token a
   ``--long``-token prompt arrives and the streams go on until 3 tokens past its end (its
@@ -51,7 +51,6 @@ import json
 import os
 import random
 import re
-import shlex
 import statistics
 import subprocess
 import sys
@@ -66,10 +65,11 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.result_file import command, write_json  # noqa: E402
 from prefixgate.cache.ledger.store import Ledger, LedgerRow  # noqa: E402
 from prefixgate.config.pd_settings import PDSettings  # noqa: E402
-from prefixgate.proxy.routing.pd_drive import PDDriver  # noqa: E402
-from prefixgate.proxy.routing.pd_plan import colocated, load_from_rows, split  # noqa: E402
+from prefixgate.proxy.routing.pd.drive import PDDriver  # noqa: E402
+from prefixgate.proxy.routing.pd.plan import colocated, load_from_rows, split  # noqa: E402
 
 DEFAULT_MODEL = Path(os.environ.get("PREFIXGATE_MODEL_DIR", "~/.cache/prefixgate/models/"
                                     "SmolLM2-135M-Instruct")).expanduser()
@@ -332,7 +332,7 @@ def words(rng: random.Random, n: int) -> str:
 def plan_check(rows: list[LedgerRow], ledger: Path, xfer_ms: list[float], split_t: list[float],
                colo_t: list[float]) -> dict[str, Any]:
     """Write the TTFT runs into a ledger at ``ledger`` (what the proxy would record), build the
-    planner's load from the colocated rows (``cache.pd_plan.load_from_rows``: prefill rate from
+    planner's load from the colocated rows (``proxy.routing.pd.plan.load_from_rows``: prefill rate from
     ``prefill_ms``) and compare its predicted mean TTFT, colocated on one instance and split
     1+1 (the handoff at the measured ms per token, no orchestration term), with the measured
     means: as ``prefixgate plan`` predicts it (the M/G/1 wait at the rows' rate) and with no
@@ -571,7 +571,7 @@ def main() -> None:
             p.terminate()
         for p in procs:
             p.wait(timeout=30)
-    out = {"command": "PYTHONPATH=. .venv/bin/python bench/pd_split.py " + shlex.join(sys.argv[1:]),
+    out = {"command": command(__file__, prefix="PYTHONPATH=. .venv/bin/python"),
            "figures": figures, "runs": runs,
            "setup": {"model": args.model.name, "dtype": "float32", "device": "cpu",
                      "threads_per_instance": 1, "link": "torch.distributed gloo, loopback",
@@ -580,7 +580,7 @@ def main() -> None:
                      "chunk_size": 512, "os_cpus": os.cpu_count()},
            "notes": "shared 2-core box with other jobs running: ratios are noisy; p99 over "
                     "~40 ITL samples per run is close to the max."}
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.out, out)
     print(json.dumps(out, indent=2))
 
 

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import pruning_eval_history, pruning_eval_rag, pruning_eval_tools
+from bench.result_file import write_json
 from prefixgate.rewriter.passes.prune_tools import DEFAULT_RULE
 
 OUT = Path(__file__).resolve().parent / "results" / "pruning.json"
@@ -174,8 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, Any] = {"command": cmd, "figures": figures}
     if carried["sections"]:
         doc["carried_over"] = carried["note"]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(args.out, doc, indent=1)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -30,6 +30,10 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.result_file import command, write_json  # noqa: E402
+
 DATA = REPO.parent / "shared" / "data"
 DEFAULT_MODEL = Path("~/.cache/prefixgate/models/SmolLM2-135M-Instruct").expanduser()
 
@@ -96,13 +100,11 @@ def main() -> None:
             server.kill()
     doc = json.loads(out.read_text())
     doc["replay_command"] = "prefixgate " + " ".join(replay[3:])
-    doc["command"] = "python bench/replay_tau.py " + " ".join(sys.argv[1:])
+    doc["command"] = command(__file__)
     doc["report"] = json.loads(report.stdout)
     doc["setup"] = {"model_dir": os.path.basename(args.model_dir.rstrip("/")),
                     "device": args.device, "cpu_count": os.cpu_count()}
-    dst = Path(args.out)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(args.out, doc)
     print(json.dumps(doc["figures"], indent=2))
 
 

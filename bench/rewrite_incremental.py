@@ -27,6 +27,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.result_file import command, write_json  # noqa: E402
 from prefixgate.config.schema import RewriteSettings  # noqa: E402
 from prefixgate.proxy.core import exactjson  # noqa: E402
 from prefixgate.proxy.sim.traces import load_tau, openai_body  # noqa: E402
@@ -89,7 +90,7 @@ def main() -> None:
         per["memo_ms_per_turn"].append(memo_s / turns * 1e3)
     fig = {k: {"median": round(sorted(v)[len(v) // 2], 3), "min": round(min(v), 3),
                "max": round(max(v), 3)} for k, v in per.items()}
-    doc = {"command": "nice -n 5 python bench/rewrite_incremental.py " + " ".join(sys.argv[1:]),
+    doc = {"command": command(__file__, prefix="nice -n 5 python"),
            "figures": fig,
            "speedup": round(fig["full_ms_per_turn"]["median"]
                             / fig["memo_ms_per_turn"]["median"], 1),
@@ -100,7 +101,7 @@ def main() -> None:
                      "body_bytes_median": sorted(len(b) for r in runs for b in r)[turns // 2],
                      "passes": "shipped defaults (RewriteSettings()), provider openai",
                      "machine": f"{os.cpu_count()} CPUs shared with other jobs; in process"}}
-    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(args.out, doc)
     print(json.dumps(doc, indent=2))
 
 

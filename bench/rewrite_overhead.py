@@ -23,6 +23,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.result_file import command, write_json  # noqa: E402
 from prefixgate.config.schema import RewriteSettings  # noqa: E402
 from prefixgate.proxy.sim.traces import load_tau, openai_body, to_anthropic  # noqa: E402
 from prefixgate.rewriter.pipeline import rewrite_request, session_updates  # noqa: E402
@@ -70,10 +71,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=None)
     args = ap.parse_args()
     figures = {api: measure(api, args.runs) for api in ("openai", "anthropic")}
-    cmd = "python bench/rewrite_overhead.py" + (f" --runs {args.runs}" if args.runs else "")
     out = REPO / "bench" / "results" / "rewrite_overhead.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": cmd, "figures": figures}, indent=2) + "\n")
+    write_json(out, {"command": command(__file__), "figures": figures})
     print(json.dumps(figures, indent=2))
 
 

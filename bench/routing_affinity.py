@@ -39,6 +39,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.result_file import command as result_command  # noqa: E402
+from bench.result_file import write_json  # noqa: E402
 from bench.serving_client import EngineProcess, percentile  # noqa: E402
 from prefixgate.cache.ledger.store import Ledger  # noqa: E402
 from prefixgate.config.loader import parse_policy  # noqa: E402
@@ -290,7 +292,7 @@ def main() -> None:
         modes = [m for m in args.modes.split(",") if m]
         figures["live"] = run_live(args.sessions, args.turns, args.max_tokens, modes,
                                    figures.get("live") if modes else None)
-    command = "nice python " + " ".join(["bench/routing_affinity.py", *sys.argv[1:]])
+    command = result_command(__file__, prefix="nice python")
     if (args.modes or args.only) and old.get("command"):  # what is kept came from before
         command = f"{old['command']}; then {command}"
     out: dict[str, Any] = {"command": command,
@@ -298,7 +300,7 @@ def main() -> None:
                            "goals": {"cached_share_vs_oracle": "within 0.05",
                                      "ttft_p90_ratio_vs_round_robin": ">= 3",
                                      "max_min_load": "<= 1.5"}}
-    RESULT.write_text(json.dumps(out, indent=1) + "\n")
+    write_json(RESULT, out, indent=1)
     print(json.dumps(figures.get("live", {}), indent=1))
 
 

@@ -25,6 +25,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.result_file import command, load_average, write_json  # noqa: E402
+
 MODEL = Path(os.environ.get("PREFIXGATE_MODEL_DIR",
                             "~/.cache/prefixgate/models/SmolLM2-135M-Instruct")).expanduser()
 
@@ -66,10 +68,9 @@ def main() -> None:
                 times[name].append((time.perf_counter() - t) * 1000)
         out[str(rows)] = {k: round(statistics.median(v), 3) for k, v in times.items()}
     counts = {k: {"rows": h.rows, "full_rows": h.full_rows} for k, h in heads.items() if k != "full"}
-    text = json.dumps({"command": "python bench/screened_head_cost.py " + " ".join(sys.argv[1:]),
-                       "median_ms": out, "counts": counts, "load_avg": os.getloadavg()}, indent=2)
-    (REPO / "bench" / "results" / "screened_head_cost.json").write_text(text + "\n")
-    print(text)
+    doc = {"command": command(__file__), "median_ms": out, "counts": counts, "load_avg": load_average()}
+    write_json(REPO / "bench" / "results" / "screened_head_cost.json", doc)
+    print(json.dumps(doc, indent=2))
 
 
 if __name__ == "__main__":

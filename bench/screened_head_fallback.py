@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,7 +27,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.engine_speculative import MODEL_DIR, open_messages, run_batch, spec_off  # noqa: E402
+from bench.decode_timing import run_batch, spec_off  # noqa: E402
+from bench.engine_speculative import MODEL_DIR, open_messages  # noqa: E402
+from bench.result_file import command, load_average, write_json  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "screened_head_fallback.json"
 
@@ -84,14 +84,13 @@ def main() -> None:
                                  "tokens": sum(len(x) for x in out)}
         figures[mode]["same_ids_as_full_head"] = ids["screened"] == ids["full"]
     eng.shutdown()
-    result = {"command": "python bench/" + Path(__file__).name + " "
-              + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+    result = {"command": command(__file__),
               "figures": figures,
               "setup": {"model": MODEL_DIR.name, "threads": args.threads,
                         "max_tokens": args.max_tokens, "prompts": "8 tool-call + 8 open, 8 at once",
                         "cpu": platform.processor() or platform.machine(),
-                        "load_avg": os.getloadavg()}}
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+                        "load_avg": load_average()}}
+    write_json(args.out, result)
     print(json.dumps(result, indent=2))
 
 

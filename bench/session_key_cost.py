@@ -29,6 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.result_file import command, write_json  # noqa: E402
 from prefixgate.proxy.pipeline import session_key  # noqa: E402
 from prefixgate.proxy.pipeline.session_key import SESSION_TEXT_CHARS, session_id_for  # noqa: E402
 
@@ -94,8 +95,8 @@ def main() -> None:
         "sessions_new_rule": len({cold_sid} | {sid for sid, _ in warm}),
         "other_conversations_distinct": len({sid for sid, _ in others} - {cold_sid}),
     }
-    out = {"command": "python bench/session_key_cost.py", "figures": figures}
-    (REPO / "bench" / "results" / "session_key_cost.json").write_text(json.dumps(out, indent=2) + "\n")
+    out = {"command": command(__file__, []), "figures": figures}
+    write_json(REPO / "bench" / "results" / "session_key_cost.json", out)
     print(json.dumps(out, indent=2))
 
 

@@ -11,13 +11,13 @@ Usage: ``.venv/bin/python bench/simulate_tau.py [--runs N] [--provider anthropic
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.result_file import write_json  # noqa: E402
 from prefixgate.proxy.sim.simulate import SimConfig, Simulator
 from prefixgate.proxy.sim.traces import load_trace
 
@@ -38,8 +38,7 @@ def main() -> None:
         command = ("prefixgate simulate ../shared/data/traces/tau_bench_airline_gpt4o.json "
                    f"--provider {provider} --volatile-clock --json"
                    + (f" --runs {args.runs}" if args.runs else ""))
-        OUT[provider].write_text(json.dumps({"command": command, "figures": figures}, indent=2)
-                                 + "\n")
+        write_json(OUT[provider], {"command": command, "figures": figures})
         shares = {k: v["cached_share"] for k, v in figures["strategies"].items()}
         print(f"{provider}: {shares} in {figures['seconds']} s -> {OUT[provider].name}")
 

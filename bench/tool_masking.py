@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402
 
+from bench.result_file import command, write_json  # noqa: E402
 from prefixgate.cache.ledger.store import Ledger  # noqa: E402
 from prefixgate.config.loader import parse_policy  # noqa: E402
 from prefixgate.local_engine.engine import Engine, EngineConfig  # noqa: E402
@@ -165,10 +166,10 @@ def main() -> int:
                 result["figures"].update(replay(engine_url, args.requests))
     finally:
         engine.shutdown()
-    result["command"] = f"nice python bench/tool_masking.py --phase all --requests {args.requests}"
+    result["command"] = command(__file__, prefix="nice python")
     result["model"] = Path(args.model_dir).name
     result["wall_s"] = round(time.perf_counter() - t0, 1)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result)
     print(json.dumps(result["figures"], indent=2))
     f = result["figures"]
     return 0 if f.get("forced_tool_valid_share") in (None, 1.0) else 1

@@ -15,14 +15,14 @@ before a request that carries a tool result, ``lognormal:5.5,0.8`` — median 24
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.result_file import command, write_json  # noqa: E402
 
 TRACE = REPO.parent / "shared/data/traces/tau_bench_airline_gpt4o.json"
 DISTRIBUTIONS = ("fixed:30s", "lognormal:4.5,1.2", "mix:tool=fixed:5s;user=lognormal:5.5,0.8")
@@ -56,15 +56,14 @@ def main(argv: list[str] | None = None) -> int:
                          "auto_over_best_fixed": round(cost["ttl-auto"] / best_fixed, 4)}
         print(spec, figures[spec], flush=True)
     result = {
-        "command": "python " + " ".join(shlex.quote(a) for a in [
-            "bench/ttl_choice.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": command(__file__, argv),
         "figures": {"worst_cost_ratio_vs_best_fixed": max(
             f["auto_over_best_fixed"] for f in figures.values()), "by_think_time": figures},
         "setup": {"trace": "tau_bench_airline_gpt4o.json", "runs": args.runs, "seeds": seeds,
                   "provider": "anthropic", "model": "claude-sonnet-4-5",
                   "cost": "input cost only (output is the same for every strategy)"},
     }
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     return 0
 
 

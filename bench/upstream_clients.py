@@ -28,6 +28,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.result_file import command, write_json  # noqa: E402
 from prefixgate.cache.savings.report import percentile  # noqa: E402
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 900}]}).encode()
@@ -113,13 +114,13 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait()
-    doc = {"command": "python bench/upstream_clients.py " + " ".join(sys.argv[1:]),
+    doc = {"command": command(__file__),
            "figures": {k: {m: round(v, 2) for m, v in best[k].items()} for k in names},
            "setup": {"requests": args.requests, "concurrency": args.concurrency,
                      "rounds": args.rounds, "body_bytes": len(BODY),
                      "note": "one process, asyncio default loop; fake upstream in its own "
                              "process; shared 2-core machine, best round of each"}}
-    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(args.out, doc)
     print(json.dumps(doc["figures"], indent=2))
 
 

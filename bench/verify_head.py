@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -29,16 +28,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.engine_speculative import (  # noqa: E402
-    MODEL_DIR,
-    OUT,
-    goals,
-    mean_tpot,
-    open_messages,
-    run_batch,
-    spec_figures,
-    spec_off,
-)
+from bench.decode_timing import mean_tpot, run_batch, spec_figures, spec_off  # noqa: E402
+from bench.engine_speculative import MODEL_DIR, OUT, goals, open_messages  # noqa: E402
+from bench.result_file import command, utc_now, write_json  # noqa: E402
 
 
 def interleaved_knee(eng: Any, heads: dict[str, Any], prompts: list[list[int]], sizes: list[int],
@@ -147,10 +139,10 @@ def main() -> None:
     result["figures"]["verify_b8"], result["details"]["verify_b8"] = figures, details
     result["goals"] = goals(result["figures"])
     result["setup"].setdefault("partial_runs", []).append({
-        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]),
+        "command": command(__file__, prefix=".venv/bin/python"),
         "sections": ["verify_b8"], "wall_s": round(time.time() - t0, 1),
-        "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "note": args.note})
-    out.write_text(json.dumps(result, indent=2) + "\n")
+        "at": utc_now(), "note": args.note})
+    write_json(out, result)
     print(json.dumps({"figures": figures, "ratios": ratios, "screened_head": screened_stats}, indent=2))
 
 

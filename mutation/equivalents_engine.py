@@ -71,7 +71,7 @@ ENGINE: dict[str, dict[str, tuple[str, str]]] = {
             "nxt = _draw(residual / total, gen) if total > 0 else _draw(p, )", RESIDUAL),
         "xǁSpecDecoderǁ__init____mutmut_20": (
             "self.suffix_indexes: list[Any] = None  # suffix_index.SuffixIndex, for stats()",
-            "stats() reads the list for its truth (None and [] both: no index) and spec_factory assigns it"),
+            "stats() reads the list for its truth (None and [] both: no index) and spec/factory.py assigns it"),
         "xǁSpecDecoderǁverify__mutmut_56": (
             "st.k = min(self.k_max, st.k + 1) if (m == k) and False else max(1, m + 1)",
             "after a full acceptance m + 1 = k + 1, and propose drafts min(st.k, cap) with cap <= k_max"),

@@ -259,7 +259,7 @@ MUTANTS: list[Mutant] = [
     m("attribution_remainder_double_counts", "prefixgate/cache/ledger/attribution.py",
       "rest = total - sum(out.values())", "rest = total", ATTR,
       "the unattributed remainder repeats the whole saving: the parts no longer add up"),
-    # -- issue 21, round two: the audit's classes (each module's tests: mutation_score.TARGETS) --
+    # -- issue 21, round two: the audit's classes (each module's tests: mutation/score.py TARGETS) --
     m("retries_retried_answer_not_released", "prefixgate/proxy/routing/retries.py",
       "                    await resp.aclose()\n                release()\n",
       "                    await resp.aclose()\n", T("retries"),

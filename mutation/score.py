@@ -159,7 +159,7 @@ def mutmut(work: Path, *args: str, capture: bool = False) -> subprocess.Complete
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # one torch / OpenMP thread: a second thread spinning in a forked child counts against the
     # child's CPU-time limit, and a run on the shared box then reads as "timed out" (killed)
-    # for mutants whose tests in fact pass (seen on spec_decode.py and quant.py)
+    # for mutants whose tests in fact pass (seen on spec/decode.py and model/quant/int8.py)
     env.update(HYPOTHESIS_PROFILE="ci", PREFIXGATE_DATA_DIR=str(DATA), OMP_NUM_THREADS="1",
                MKL_NUM_THREADS="1", PREFIXGATE_HANG_GUARD_S="30")
     return subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=work, env=env, text=True,

@@ -155,3 +155,13 @@ def test_a_planted_cycle_is_found(tmp_path: Path) -> None:
     other.write_text(other.read_text() + "\nimport prefixgate.local_engine.kv.pool  # noqa\n")
     cycles = _import_cycles(tree)
     assert ("prefixgate.local_engine.kv.pool", "prefixgate.local_engine.kv.radix_cache") in cycles
+
+
+def test_a_planted_cycle_between_benchmarks_is_found(tmp_path: Path) -> None:
+    """bench/ scripts import each other by ``bench.``-qualified names (no ``sys.path`` tricks),
+    so a circle between two of them, even through a function-level import, is in the graph."""
+    tree = _copy(tmp_path)
+    shutil.copytree(ROOT / "bench", tree / "bench", ignore=shutil.ignore_patterns("__pycache__", "results"))
+    target = tree / "bench/proxy_targets.py"
+    target.write_text(target.read_text() + "\n\ndef _late() -> None:\n    import bench.proxy_overhead  # noqa\n")
+    assert ("bench.hot_path_profile", "bench.proxy_overhead", "bench.proxy_targets") in _import_cycles(tree)

@@ -1,0 +1,4 @@
+"""What outlives a request: the ledger (``ledger/``), the savings arithmetic (``savings/``), state
+shared across requests and replicas (``state/``) and the provider cache models
+(``provider_models/``). ``README.md`` beside this file: where each thing is, where a new one goes.
+"""

@@ -10,7 +10,7 @@
 ``protocol``: ``vllm`` (prefill request with ``kv_transfer_params``, its answer's params into the
 decode request), ``sglang`` (the same body to both at once with ``bootstrap_host`` /
 ``bootstrap_port`` / ``bootstrap_room``), ``llmd`` (the decode pod's sidecar prefills on the pod
-named in ``x-prefiller-host-port``). The split decision (``proxy/routing/pd_split.py``)
+named in ``x-prefiller-host-port``). The split decision (``proxy/routing/pd/split.py``)
 colocates — sends the request to ``decode`` alone, which prefills it itself — when the uncached
 part is under ``split_min_uncached_tokens`` or the decode side's prefix hit covers at least
 ``colocate_min_cached_fraction`` of the prompt.

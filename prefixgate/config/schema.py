@@ -265,8 +265,8 @@ class RewriteSettings(_Strict):
     place_breakpoints: bool = True
     breakpoint_ttl: Literal["5m", "1h", "auto"] = "auto"
     """TTL of the breakpoints prefixgate places; ``auto``: the lower expected cost over the
-    session's measured inter-arrival times (``prefixgate/rewriter/analysis/ttl_choice.py``; 5m until 3 are
-    known)."""
+    session's measured inter-arrival times (``prefixgate/rewriter/analysis/ttl_choice.py``; 5m until
+    3 are known)."""
     openai_prompt_cache_key: bool = False
     openai_prompt_cache_retention: str | None = None
     tenant: str = "default"

@@ -1,26 +1,23 @@
 """prefixgate's local inference engine: a Llama-family forward in plain torch with a KV pool,
-a radix-tree prefix cache, continuous batching with chunked prefill, and an OpenAI-compatible
-HTTP server (``python -m prefixgate.local_engine``).
+a radix-tree prefix cache, continuous batching with chunked prefill, speculative decoding, P/D
+disaggregation and an OpenAI-compatible HTTP server (``python -m prefixgate.local_engine``).
 
-Files, one concern each (engine core):
+Packages by concern, one layer order, lower never importing higher (import-linter holds it):
 
-- ``api_types.py``: the facade's data contract (EngineConfig, SamplingParams, RequestOutput,
-  PromptTooLong).
-- ``engine.py``: the step-loop thread and the ``Engine`` facade (generate / generate_batch /
-  abort / stats / shutdown).
-- ``scheduler.py``: continuous batching, chunked prefill, LPM admission, retraction.
-- ``radix_cache.py``: radix tree of token ids → KV slots, lock_ref, LRU eviction, extra_key.
-- ``kv_pool.py``: per-layer K/V storage by slot, page allocator, request → slot table.
-- ``model_runner.py``: packs a step into tensors, runs the model; ``attention.py``: ragged
-  GQA attention over pool slots; ``model.py``: the Llama-family forward and weight loading.
-- ``sampler.py``: greedy / temperature / top-k / top-p with per-request generators;
-  ``detokenizer.py``: incremental text and stop strings; ``sequence.py``: a request's state.
+- ``kv/``: the KV pool and its pages, the radix tree (``radix_cache``), block hashes, KV events;
+- ``model/``: the Llama forward (``llama``), ragged attention, model files, fetching the model;
+  ``model/quant/``: int8 weights, packed CPU linears, the screened LM head;
+- ``sched/``: a request's state, the scheduler (batching, chunked prefill, admission), the KV
+  manager, the model runner, sampling, detokenizing, the facade's data contract (``api_types``);
+- ``spec/``: drafters, verification, the speculative decoder's factory and metrics;
+- ``pd/``: the prefill and decode roles, the KV link between them and the KV export / import;
+- ``engine.py``: the step-loop thread and the ``Engine`` facade that composes them;
+- ``server/``: the HTTP side over one ``Engine``; the core never imports it.
 
-The HTTP side (routes, request models, chat template, SSE, tool calls, metrics) is the
-``server/`` subpackage; core never imports it (``README.md`` beside this file).
+``README.md`` beside this file: the layers, where each thing is, where a new one goes.
 
 The facade (``Engine``, ``EngineConfig``, ``SamplingParams``, ``RequestOutput``, ``PromptTooLong``)
-is imported lazily so that light entry points (``local_engine.fetch_model``) do not load torch.
+is imported lazily so that light entry points (``local_engine.model.fetch``) do not load torch.
 """
 
 from __future__ import annotations

@@ -7,14 +7,14 @@ prefill work (chunked prefill), ``--disable-prefix-cache`` turns the radix cache
 ``--speculative ngram+suffix`` (or ``draft`` with ``--draft-model``) turns speculative decoding
 on; ``--quantization int8`` stores the linear weights as int8 with per-channel scales.
 ``--kv-events-endpoint tcp://*:5557`` (off by default) publishes KV events in vLLM's schema,
-``--kv-events-replay tcp://*:5558`` serves their replay (``kv_event_publisher.py``).
+``--kv-events-replay tcp://*:5558`` serves their replay (``kv/publisher.py``).
 
 P/D disaggregation (``--role``): ``both`` (default) prefills and decodes here. A ``prefill``
 instance (``--pd-peer-url`` = the decode instance's base URL, for its cache match) and a
 ``decode`` instance pair over ``--pd-link tcp://HOST:PORT`` (``torch.distributed``, rank 0 =
 prefill hosts it; gloo on CPU, NCCL on CUDA), set up once at start with a
 ``--pd-buffer-tokens`` staging buffer; ``--pd-timeout-s`` bounds pairing, each transfer and how
-long an import waits for its decode request (``pd_roles.py``, ``server/pd_handoff.py``).
+long an import waits for its decode request (``pd/roles.py``, ``server/pd_handoff.py``).
 """
 
 from __future__ import annotations

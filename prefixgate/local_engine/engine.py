@@ -490,7 +490,7 @@ class Engine:
     def _choose(self, rows: dict[int, torch.Tensor], items: list[ScheduledSeq],
                 failed: dict[int, BaseException]) -> dict[int, list[int]]:
         """Tokens each item's request gains this step (``id(item)`` → ids): one sampled token,
-        or the accepted draft tokens + one (speculative items, ``spec_decode.verify``). An item
+        or the accepted draft tokens + one (speculative items, ``spec.decode.verify``). An item
         whose processors, sampling or verification raise goes into ``failed`` instead."""
         out: dict[int, list[int]] = {}
         plain = [it for it in items if id(it) in rows and it.draft is None and id(it) not in failed]

@@ -106,13 +106,13 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
               ) -> FastAPI:
     """The proxy app for ``policy``.
 
-    ``ledger``: default :func:`prefixgate.cache.ledger.writer.open_ledger` (batched writer thread, flushed
-    when the app stops); ``sessions``: default
-    :class:`prefixgate.cache.state.session_redis.SharedSessionStore`
-    when ``policy.ledger.redis_url`` is set, else in-process LRU; ``rewrite_fn``: the rewrite
-    pipeline (default :func:`prefixgate.rewriter.pipeline.rewrite_request`; None = never rewrite);
-    ``transport``: httpx transport for the upstream client (tests); ``analyze``: run the
-    cache-break detector and the counterfactual cache model after each request
+    ``ledger``: default :func:`prefixgate.cache.ledger.writer.open_ledger` (batched writer thread,
+    flushed when the app stops); ``sessions``: default
+    :class:`prefixgate.cache.state.session_redis.SharedSessionStore` when
+    ``policy.ledger.redis_url`` is set, else in-process LRU; ``rewrite_fn``: the rewrite pipeline
+    (default :func:`prefixgate.rewriter.pipeline.rewrite_request`; None = never rewrite);
+    ``transport``: httpx transport for the upstream client (tests); ``analyze``: run the cache-break
+    detector and the counterfactual cache model after each request
     (:mod:`prefixgate.proxy.observe.insight`).
     """
     counters = ProxyMetrics(label_vocabulary(policy))

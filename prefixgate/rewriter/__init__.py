@@ -3,15 +3,19 @@
 Public entry point: :func:`prefixgate.rewriter.pipeline.rewrite_request` ``(body, api, ctx) ->
 RewriteResult``. No I/O, no HTTP; imports only ``config``, the stdlib and pydantic.
 
-Map:
+Map (layers, lower never importing higher: pipeline -> passes -> analysis -> wire):
 
-* ``ir.py`` — the lossless IR (``Prompt``, ``Message``, ``Block``, ``Tool``) and uniform
-  queries (tool ids, used tool names, ``tool_choice``); ``wire_openai.py`` /
-  ``wire_anthropic.py`` / ``wire.py`` — parse and render, key order kept.
-* ``pipeline.py`` — pass order, per-pass validation and fail-open; ``validate.py`` — API rules.
-* Passes (``run(prompt, ctx) -> (prompt, edits)``): ``canonicalize_tools.py``,
-  ``hoist_volatile.py`` (detectors in ``volatile_spans.py``), ``prune_tools.py``,
-  ``prune_rag.py``, ``prune_history.py``, ``breakpoints.py``.
-* ``stable.py`` — the stable region (tools + system) and its hash; ``types.py`` — ``Edit``,
-  ``Context``, ``RewriteResult``; ``tokens.py`` — offline token counting.
+* ``pipeline.py`` — pass order, per-pass validation and fail-open; ``types.py`` — ``Edit``,
+  ``Context``, ``RewriteResult``; ``region_memo.py`` / ``token_memo.py`` — work kept across a
+  session's requests.
+* ``passes/`` — one file per pass (``run(prompt, ctx) -> (prompt, edits)``):
+  ``canonicalize_tools``, ``hoist_volatile``, ``stabilise_passages``, ``prune_tools``,
+  ``prune_rag`` (+ ``dedupe``), ``prune_history``, ``breakpoints``.
+* ``analysis/`` — what the passes share: volatile-span detectors, learned volatility, passages,
+  tool ranking, BM25, token counting, the stable region, TTL choice, whether a pass pays.
+* ``wire/`` — the lossless IR (``ir.py``: ``Prompt``, ``Message``, ``Block``, ``Tool``), its
+  readers and writers (``openai.py`` / ``anthropic.py``, dispatched by ``codec.py``, key order
+  kept) and the API rules (``validate.py``).
+
+``README.md`` beside this file: where each thing is, where a new pass goes.
 """

@@ -7,10 +7,9 @@ Order (DESIGN.md, "A request's path" step 4)::
 
 Each pass is a module exposing ``run(prompt: Prompt, ctx: Context) -> (Prompt, list[Edit])``,
 listed in :data:`PASSES` (plain imports) with the ``RewriteSettings`` switch that turns it on.
-Fail-open, per pass: if a pass raises, or its output breaks an API
-rule its input did not break (:func:`prefixgate.rewriter.wire.validate.introduced`), its output is dropped,
-its
-memory updates too, and an ``Edit(applied=False)`` says why; the next pass runs on its input.
+Fail-open, per pass: if a pass raises, or its output breaks an API rule its input did not break
+(:func:`prefixgate.rewriter.wire.validate.introduced`), its output is dropped, its memory updates
+too, and an ``Edit(applied=False)`` says why; the next pass runs on its input.
 When nothing applied, the caller's body object is returned as is (byte-identical forwarding).
 
 Honest edits, by construction: a pass whose output renders to its input's bytes (key order

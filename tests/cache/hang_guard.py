@@ -1,7 +1,7 @@
 """An autouse fixture for the ledger writer's tests: a test whose writer thread hangs (a lost
 wake-up, a flush that never returns) ends the run after :data:`HANG_S` seconds with every
 thread's stack printed (:func:`faulthandler.dump_traceback_later`, exit status 1) instead of
-hanging it — the mutation run of ``ledger_writer.py`` (``mutation/score.py``) counts it
+hanging it — the mutation run of ``cache/ledger/writer.py`` (``mutation/score.py``) counts it
 as a failure in seconds, not after its whole time limit. Armed only where
 ``PREFIXGATE_HANG_GUARD_S`` is set (the mutation run sets it): in ``make test`` a slow, loaded
 machine must never end the whole test process."""

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from prefixgate.cache.ledger.store import Ledger, LedgerRow
 from prefixgate.proxy.cli import app
-from prefixgate.proxy.routing.pd_plan import RouteLoad, colocated, load_from_rows, mg1_wait, plan, split
+from prefixgate.proxy.routing.pd.plan import RouteLoad, colocated, load_from_rows, mg1_wait, plan, split
 
 UNCACHED = [1000, 1000, 3000, 3000]
 

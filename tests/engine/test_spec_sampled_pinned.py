@@ -2,7 +2,7 @@
 ``test_spec_verify`` hold the distribution; these pin each step of the rule with outcomes that
 are certain (probabilities 0 or 1) or frequencies far from any broken rule's.
 
-Rule (Leviathan et al. 2023, Alg. 1; ``spec_decode`` module docstring): accept draft token ``x``
+Rule (Leviathan et al. 2023, Alg. 1; ``spec.decode`` module docstring): accept draft token ``x``
 at row ``i`` with probability ``min(1, p_i(x) / q_i(x))`` (``p_i(x)`` for a deterministic
 drafter); at the first rejection sample from ``normalise(max(0, p_i − q_i))`` (``p_i`` without
 ``x`` for a deterministic drafter) and stop; after a fully accepted draft draw the bonus token

@@ -2,7 +2,7 @@
 
 ``SpecDecoder.propose`` is driven with plain ``Sequence`` objects and a recording drafter, and
 ``SpecDecoder.verify`` with hand-made logits rows, so every figure below is computed by hand from
-the module docstring of ``spec_decode``: the step's draft allowance is
+the module docstring of ``spec.decode``: the step's draft allowance is
 ``min(budget, max_batch_tokens - decodes)``, spread over the batch (``allowance // remaining``
 each, at least 1 while any is left), only what a draft really holds is charged to it, a request
 never drafts past ``max_tokens - completion - 1``, ``k`` grows by one after a fully accepted draft

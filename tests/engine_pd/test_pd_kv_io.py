@@ -1,4 +1,4 @@
-"""pd_kv_io: export locks what the decode side lacks, import writes exactly that KV, locks drop."""
+"""pd/kv_io: export locks what the decode side lacks, import writes exactly that KV, locks drop."""
 
 from __future__ import annotations
 

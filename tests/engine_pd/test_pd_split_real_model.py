@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from prefixgate.config.pd_settings import PDSettings
-from prefixgate.proxy.routing.pd_drive import PDDriver
+from prefixgate.proxy.routing.pd.drive import PDDriver
 from tests.engine_pd.pd_pair import pd_pair
 from tests.tiny_model import real_model_dir
 

@@ -15,7 +15,7 @@ import pytest
 from prefixgate.cache.ledger.store import Ledger
 from prefixgate.config.loader import parse_policy
 from prefixgate.proxy.app import build_app
-from prefixgate.proxy.routing.pd_drive import DECISIONS
+from prefixgate.proxy.routing.pd.drive import DECISIONS
 from tests.engine_pd.conftest import LoopbackLink
 from tests.proxy.upstream import wait_rows
 from tests.servers import serve_app

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from prefixgate.config.pd_settings import PDSettings
-from prefixgate.proxy.routing.pd_drive import DECISIONS, PDDriver
+from prefixgate.proxy.routing.pd.drive import DECISIONS, PDDriver
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi " * 40}], "max_tokens": 7,
         "stream": True, "stream_options": {"include_usage": True}, "min_tokens": 2}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from prefixgate.config.pd_settings import PDSettings
-from prefixgate.proxy.routing.pd_split import (
+from prefixgate.proxy.routing.pd.split import (
     decide,
     host_port,
     llmd_headers,
@@ -53,7 +53,7 @@ def test_sglang_and_llmd_shapes() -> None:
 
 
 def test_cache_match_asks_with_ids_for_token_prompts_and_skips_text() -> None:
-    from prefixgate.proxy.routing.pd_split import cache_match_body
+    from prefixgate.proxy.routing.pd.split import cache_match_body
 
     chat = {"messages": [{"role": "user", "content": "x"}]}
     assert cache_match_body(chat) is chat

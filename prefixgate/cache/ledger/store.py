@@ -228,7 +228,7 @@ class Ledger:
             return [dict(zip(names, r)) for r in cur.fetchall()]
 
     def write_break(self, session: str, record: dict[str, Any], tenant: str = "") -> None:
-        """Store one cache-break record (``cache.breaks.BreakRecord.to_dict()``) as JSON;
+        """Store one cache-break record (``cache.savings.breaks.BreakRecord.to_dict()``) as JSON;
         ``session`` is the hashed session id, ``tenant`` its request's tenant."""
         with self._lock:
             self._db.execute("INSERT INTO breaks (ts, session, record, tenant) VALUES (?, ?, ?, ?)",

@@ -74,10 +74,10 @@ class CacheModel(Protocol):
 
     def process(self, body: dict[str, Any], now_s: float,
                 blocks: list[PrefixBlock] | None = None) -> CacheOutcome:
-        """Account one request sent at simulated time ``now_s`` (seconds, monotonic) and update
-        the cache state. ``blocks``: the body already flattened by
-        :func:`prefixgate.cache.provider_models.prefix_blocks.flatten` for the provider's API (optional,
-        saves work).
+        """Account one request sent at simulated time ``now_s`` (seconds, monotonic) and update the
+        cache state. ``blocks``: the body already flattened by
+        :func:`prefixgate.cache.provider_models.prefix_blocks.flatten` for the provider's API
+        (optional, saves work).
         Raises :class:`CacheRuleError` for requests the provider rejects."""
         ...
 

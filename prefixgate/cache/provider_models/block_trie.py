@@ -1,16 +1,13 @@
 """A prefix tree over prompt blocks: longest-prefix match with a partial last block, idle expiry
 and LRU eviction by token capacity. Shared by the OpenAI and radix models.
 
-Each node is one :class:`~prefixgate.cache.provider_models.prefix_blocks.PrefixBlock` (keyed by its sha256)
-and
-stores the
-block's canonical text, its tokens and its last-access time. A match walks full blocks, then
-credits the common character prefix of the first differing block against the stored sibling
-that shares most (:func:`~prefixgate.cache.provider_models.prefix_blocks.partial_tokens`), like a token radix
-tree
-splitting
-a node. Siblings are not split on insert, so two children sharing a partial prefix both count
-their full tokens against the capacity (a small overestimate of memory, never of hits).
+Each node is one :class:`~prefixgate.cache.provider_models.prefix_blocks.PrefixBlock` (keyed by its
+sha256) and stores the block's canonical text, its tokens and its last-access time. A match walks
+full blocks, then credits the common character prefix of the first differing block against the
+stored sibling that shares most
+(:func:`~prefixgate.cache.provider_models.prefix_blocks.partial_tokens`), like a token radix tree
+splitting a node. Siblings are not split on insert, so two children sharing a partial prefix both
+count their full tokens against the capacity (a small overestimate of memory, never of hits).
 
 Invariant (asserted by tests): ``total_tokens`` equals the sum of ``tokens`` over live nodes.
 """

@@ -9,8 +9,8 @@ each provider serializes a request:
   block (the unit the 20-block lookback counts). A string ``system`` / ``content`` is the same as
   one text block, so converting ``"system": "..."`` to a one-block list does not change a hash.
 * OpenAI Chat: ``tools`` (and a ``response_format`` JSON schema) → ``messages``. OpenAI does not
-  document where tools sit in the rendered prompt; the guide only says tools and schemas are part
-  of the cacheable prefix and must be identical
+  document where tools sit in the rendered prompt; the guide only says tools and schemas are part of
+  the cacheable prefix and must be identical
   (https://developers.openai.com/api/docs/guides/prompt-caching). Each tool and each whole message
   is one block.
 

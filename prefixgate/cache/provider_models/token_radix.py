@@ -1,10 +1,9 @@
 """The counterfactual of a radix-cache engine over the engine's own token ids.
 
-When the backend can render a request itself (``POST /tokenize``, vLLM's endpoint and our
-engine's), the counterfactual needs no approximation of the chat template: the client's original
-request is tokenized by the backend, and its ids go through an imitation of the engine's radix
-tree. The rules are the engine's (``prefixgate/local_engine/sched/scheduler.py``, same as SGLang's
-RadixAttention
+When the backend can render a request itself (``POST /tokenize``, vLLM's endpoint and our engine's),
+the counterfactual needs no approximation of the chat template: the client's original request is
+tokenized by the backend, and its ids go through an imitation of the engine's radix tree. The rules
+are the engine's (``prefixgate/local_engine/sched/scheduler.py``, same as SGLang's RadixAttention
 and vLLM's automatic prefix caching):
 
 * A request is matched on all but its last token (the engine must compute one token to get

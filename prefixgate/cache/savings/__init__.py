@@ -1,6 +1,8 @@
-"""The arithmetic users read: the ``/api/savings`` document (``summary``), attribution, the
-counterfactual, time saved, the holdout, stand-back, cost, the report, cache breaks (with
-``break_spans``, which masks volatile spans to blame a break) and the block reader of wire bodies.
+"""The arithmetic users read: the ``/api/savings`` document (``summary``), the measured
+counterfactual, time saved, the holdout, stand-back, cost, the report, P/D decision counts and
+cache breaks (with ``break_spans``, which masks volatile spans to blame a break). Attribution
+lives with the ledger rows it splits (``cache/ledger/attribution.py``); the block reader of wire
+bodies with the cache models (``cache/provider_models/prefix_blocks.py``).
 """
 
 __all__ = [

@@ -1,10 +1,9 @@
 """Recognize spans that change on every request (clock times, dates, UUIDs, request ids,
 timestamps), so a prefix break can be blamed on them (case B03).
 
-Used by :mod:`prefixgate.cache.savings.breaks` only for diagnosis; the rewriter has its own detector for
-moving
-such spans. ``mask`` replaces each span with a placeholder naming its kind, so two texts that
-differ only in volatile spans mask to the same string.
+Used by :mod:`prefixgate.cache.savings.breaks` only for diagnosis; the rewriter has its own detector
+for moving such spans. ``mask`` replaces each span with a placeholder naming its kind, so two texts
+that differ only in volatile spans mask to the same string.
 """
 
 from __future__ import annotations

@@ -15,11 +15,10 @@ LRU of sessions). When a request's blocks are not an extension of the previous o
   elided observations).
 * ``model_changed`` — the model id changed (caches are per model).
 
-Append-only growth (the previous prefix is a prefix of the new one), pure truncation at the end,
-and a volatile note in trailing blocks of the last message being replaced (how the rewriter's
-hoisted clock moves forward each turn) are not breaks. Prompt text never leaves the detector unless
-``store_text`` is set, and then only
-as short excerpts around the divergence.
+Append-only growth (the previous prefix is a prefix of the new one), pure truncation at the end, and
+a volatile note in trailing blocks of the last message being replaced (how the rewriter's hoisted
+clock moves forward each turn) are not breaks. Prompt text never leaves the detector unless
+``store_text`` is set, and then only as short excerpts around the divergence.
 """
 
 from __future__ import annotations
@@ -143,10 +142,8 @@ class BreakDetector:
 
         Returns a :class:`BreakRecord` when the prefix diverged, else ``None`` (first request,
         append-only growth, identical or truncated-at-the-end prefix). ``api`` defaults to
-        :func:`~prefixgate.cache.provider_models.prefix_blocks.detect_api`; ``blocks``: the body already
-        flattened
-        (saves
-        work). Raises ``TypeError`` on malformed messages.
+        :func:`~prefixgate.cache.provider_models.prefix_blocks.detect_api`; ``blocks``: the body
+        already flattened (saves work). Raises ``TypeError`` on malformed messages.
         """
         if blocks is None:
             blocks = flatten(body, api or detect_api(body), count_tokens)

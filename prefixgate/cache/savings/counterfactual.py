@@ -14,12 +14,12 @@ __all__ = ["SENT_AS_IS", "measured_counterfactual"]
 
 
 def measured_counterfactual(row: LedgerRow) -> None:
-    """Fill ``row``'s counterfactual from its own usage when its body went upstream unchanged
-    (edits ``""`` — never rewritten, as on the side endpoints — or one of
+    """Fill ``row``'s counterfactual from its own usage when its body went upstream unchanged (edits
+    ``""`` — never rewritten, as on the side endpoints — or one of
     :data:`prefixgate.cache.ledger.rollup.SENT_AS_IS`: no pass applied, rewriting off, over its time
-    budget, or failed open)
-    and nothing set one: the client's own body is what was sent, so what it would have cached is
-    what it did cache. Rows without reported cached tokens, or with an edited body, keep none."""
+    budget, or failed open) and nothing set one: the client's own body is what was sent, so what it
+    would have cached is what it did cache. Rows without reported cached tokens, or with an edited
+    body, keep none."""
     if (row.cf_cached_tokens is not None or row.cached_tokens is None
             or (row.edits and row.edits not in SENT_AS_IS)):
         return

@@ -3,7 +3,7 @@
 The proxy writes each P/D backend's decision into the row's ``deployment``
 (``proxy/pipeline/send.py``): ``<backend>/pd-split:<reason>`` or
 ``<backend>/pd-colocate:<reason>`` (reasons: ``split``, ``short_uncached``, ``prefix_hit``,
-``prefill_failed``; ``proxy/routing/pd_split.py``).
+``prefill_failed``; ``proxy/routing/pd/split.py``).
 """
 
 from __future__ import annotations

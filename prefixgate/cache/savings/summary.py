@@ -4,17 +4,16 @@ lengths and techniques; the range's request rows (a narrow column set) for exact
 SLOs, per-route timings and the holdout comparison; the break records for top cache breaks.
 
 Units: times unix seconds, durations ms, money USD, shares 0-1. None (JSON null) = not reported,
-never 0 in disguise. ``saved_usd = cf_input_usd - input_usd`` over requests priced both ways
-(the counterfactual: the client's own body); ``saved_tokens = (cached - cf_cached) + pruned -
-added`` tokens no longer billed at the full input price (``added``: tokens the passes put in, a
-hoisted note; ``pruned`` and ``added`` over the requests whose usage the backend reported:
-one that failed or was cut before any usage saved nothing,
-:func:`prefixgate.cache.ledger.attribution.answered`). ``by_technique`` splits both
-(:mod:`prefixgate.cache.ledger.attribution`): its ``saved_tokens`` and ``usd``, the ``unattributed``
-remainder included, sum to the totals'. SLO
-attainment is over requests with that figure; goodput = share of requests with a TTFT that meet
-the TTFT SLO and the TPOT SLO (a request of one output token has no TPOT and meets it). Time
-saved (``totals.prefill_s_saved`` and the rest, each route's prefill rate):
+never 0 in disguise. ``saved_usd = cf_input_usd - input_usd`` over requests priced both ways (the
+counterfactual: the client's own body); ``saved_tokens = (cached - cf_cached) + pruned - added``
+tokens no longer billed at the full input price (``added``: tokens the passes put in, a hoisted
+note; ``pruned`` and ``added`` over the requests whose usage the backend reported: one that failed
+or was cut before any usage saved nothing, :func:`prefixgate.cache.ledger.attribution.answered`).
+``by_technique`` splits both (:mod:`prefixgate.cache.ledger.attribution`): its ``saved_tokens`` and
+``usd``, the ``unattributed`` remainder included, sum to the totals'. SLO attainment is over
+requests with that figure; goodput = share of requests with a TTFT that meet the TTFT SLO and the
+TPOT SLO (a request of one output token has no TPOT and meets it). Time saved
+(``totals.prefill_s_saved`` and the rest, each route's prefill rate):
 :mod:`prefixgate.cache.savings.time_saved`.
 """
 

@@ -1,20 +1,17 @@
 """Session memory in Redis, shared by proxy replicas, served on local state when Redis is down.
 
-:class:`SharedSessionStore` keeps one JSON value per session under
-``<prefix>session:<id>`` (expiring after ``ttl_s`` idle seconds) through ``redis.asyncio``
-(:class:`prefixgate.cache.state.redis_link.RedisLink`: no blocking call on the event loop, short timeouts,
-one log
-line per outage, metrics, automatic recovery). Every merge also goes into an in-process
-:class:`~prefixgate.cache.state.session.MemorySessionStore`, which answers while Redis is down and for a
-session
-Redis does not know (one written during an outage), so a request never waits on or fails for
-Redis.
+:class:`SharedSessionStore` keeps one JSON value per session under ``<prefix>session:<id>``
+(expiring after ``ttl_s`` idle seconds) through ``redis.asyncio``
+(:class:`prefixgate.cache.state.redis_link.RedisLink`: no blocking call on the event loop, short
+timeouts, one log line per outage, metrics, automatic recovery). Every merge also goes into an
+in-process :class:`~prefixgate.cache.state.session.MemorySessionStore`, which answers while Redis is
+down and for a session Redis does not know (one written during an outage), so a request never waits
+on or fails for Redis.
 
 ``amerge`` is an optimistic transaction (WATCH / MULTI, retried on a conflict), so two replicas
-merging into one session keep each other's keys. A value is at most ``max_value_bytes`` of JSON
-(its largest keys dropped to fit, :func:`prefixgate.cache.state.session.fit`); Redis's own ``maxmemory``
-bounds
-the total.
+merging into one session keep each other's keys. A value is at most ``max_value_bytes`` of JSON (its
+largest keys dropped to fit, :func:`prefixgate.cache.state.session.fit`); Redis's own ``maxmemory``
+bounds the total.
 """
 
 from __future__ import annotations
@@ -42,9 +39,8 @@ _DOWN: Any = object()  # fallback marker: Redis did not answer
 class SharedSessionStore:
     """Session memory in Redis behind ``link``, with ``local`` as the outage fallback.
 
-    Sync :meth:`get` / :meth:`merge` (the :class:`~prefixgate.cache.state.session.SessionStore` protocol)
-    touch
-    only the local store; the proxy calls :meth:`aget` / :meth:`amerge`."""
+    Sync :meth:`get` / :meth:`merge` (the :class:`~prefixgate.cache.state.session.SessionStore`
+    protocol) touch only the local store; the proxy calls :meth:`aget` / :meth:`amerge`."""
 
     def __init__(self, link: RedisLink, local: MemorySessionStore | None = None,
                  ttl_s: int = DEFAULT_TTL_S,

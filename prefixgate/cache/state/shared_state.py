@@ -17,11 +17,10 @@ prefix-affinity load counters) without knowing whether state is shared:
 - :meth:`SharedState.read_many` ``(values, tables) -> (list[str | None], list[dict[str, str]])``:
   several values and tables in ONE round trip (a pipeline) — what routing reads before a send.
 
-Two implementations: :class:`LocalState` (one process, the default) and :class:`RedisState`
-(keys ``<prefix>state:<name>`` through :class:`prefixgate.cache.state.redis_link.RedisLink`). While Redis is
-down a
-RedisState answers from its own LocalState — each replica then counts alone, which is the right
-degradation for breakers and load guards — and is back on Redis when Redis is.
+Two implementations: :class:`LocalState` (one process, the default) and :class:`RedisState` (keys
+``<prefix>state:<name>`` through :class:`prefixgate.cache.state.redis_link.RedisLink`). While Redis
+is down a RedisState answers from its own LocalState — each replica then counts alone, which is the
+right degradation for breakers and load guards — and is back on Redis when Redis is.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``torch.distributed`` point-to-point over a two-rank process group (rank 0 prefill, rank 1
 decode): gloo on CPU, NCCL when the KV pool is on CUDA. The group, the header tensors and one
-staging buffer per side (``buffer_tokens`` tokens of K+V, ``pd_kv_io.kv_view`` layout) are set
+staging buffer per side (``buffer_tokens`` tokens of K+V, ``kv_io.kv_view`` layout) are set
 up once when the link starts (measured here: registering memory per request cost 0.7 s against
 an 80-90 ms transfer of 4k tokens); each transfer then is three sends on one thread per side:
 

@@ -1,18 +1,17 @@
 """P/D disaggregation: the prefill and decode roles of an engine, over one ``PDLink``.
 
 ``PrefillRole.export``: after a prefill request has run (its prompt KV is in the tree), lock the
-part of it the decode side lacks (``pd_kv_io.export_prefix``) and queue it for the sender
+part of it the decode side lacks (``kv_io.export_prefix``) and queue it for the sender
 thread, which gathers it into the staging buffer, sends it and releases the lock. A transfer
 that waits in the queue past ``timeout_s``, or meets a dead link, is released unsent.
 
-``DecodeRole``: the receiver thread imports each transfer into the pool and the tree (staged on
-the engine thread: pages reserved, K/V written ``import_chunk_tokens`` at a time between engine
-steps, then inserted; one bulk copy would stall every running decode for the whole transfer) and
-keeps it locked as a *pending import* until
-its decode request ``claim``s it — or ``timeout_s`` passes, or the link dies: then the lock is
-dropped (the pages become evictable, reclaimed on demand). ``claim`` waits for a transfer that
-has not arrived yet, up to its timeout; None means "recompute here" (vLLM's
-``kv_load_failure_policy=recompute``).
+``DecodeRole``: the receiver thread imports each transfer into the pool and the tree (staged on the
+engine thread: pages reserved, K/V written ``import_chunk_tokens`` at a time between engine steps,
+then inserted; one bulk copy would stall every running decode for the whole transfer) and keeps it
+locked as a *pending import* until its decode request ``claim``s it — or ``timeout_s`` passes, or
+the link dies: then the lock is dropped (the pages become evictable, reclaimed on demand). ``claim``
+waits for a transfer that has not arrived yet, up to its timeout; None means "recompute here"
+(vLLM's ``kv_load_failure_policy=recompute``).
 
 Counters (``stats()``, vLLM's KV-connector terms): transfers and KV tokens moved, seconds spent
 in send / receive + import, failures by reason, pending imports now.
@@ -221,7 +220,7 @@ class DecodeRole:
     def on_transfer(self, got: Received) -> None:
         """Import one received transfer and hold it for its decode request until the timeout.
 
-        The import is staged (``pd_kv_io.reserve_import`` / ``write_import`` /
+        The import is staged (``kv_io.reserve_import`` / ``write_import`` /
         ``finish_import``, each on the engine thread): at most ``import_chunk_tokens`` tokens of
         K/V are written between two engine steps, so the decodes running here stall for one
         chunk's copy, not the whole transfer's. Returns once the staging buffer is no longer

@@ -34,24 +34,24 @@ class EngineConfig:
     tokens per request and step (k). spec_max_batch_tokens: decode rows + draft tokens per step
     above which drafting stops (compute-bound; measured by ``bench/engine_speculative.py``).
     spec_cost_curve: measured ``(rows, step ms)`` points; with it each step's draft length is
-    chosen by expected tokens per step time (``spec_decode.choose_k_cap``).
+    chosen by expected tokens per step time (``spec.decode.choose_k_cap``).
     spec_suffix_max_bytes / spec_suffix_max_namespaces: the ``suffix`` drafter's index holds at
-    most this many bytes (measured: ``suffix_index.SuffixIndex.nbytes``, ~0.5 KB a token) and
+    most this many bytes (measured: ``spec.suffix_index.SuffixIndex.nbytes``, ~0.5 KB a token) and
     this many ``cache_salt`` namespaces, least recently used evicted first.
     quantization: None (weights in ``dtype``) or ``int8`` (weight-only, per-channel scales).
     quant_fp32_layers / quant_fp32_head: with int8, this many decoder layers (the measured most
     sensitive ones for a measured model shape, else from the ends inwards:
-    ``quant_sensitivity.kept_layers``) and the LM head stay in full precision (6 chosen by
+    ``model.quant.sensitivity.kept_layers``) and the LM head stay in full precision (6 chosen by
     ``bench/int8_keep_sweep.py``: greedy agreement with fp32, docs/policy_guide.md).
     quant_outlier_channels: with int8, per product this many input channels (largest on a fixed
-    calibration prefill) run in fp32 (``quant.Int8Linear``); 0: none.
+    calibration prefill) run in fp32 (``model.quant.int8.Int8Linear``); 0: none.
     packed_linear: fp32 on CPU, run linear layers through oneDNN with pre-packed weights
-    (``cpu_linear``; skinny products such as speculative verification are ~2x cheaper).
+    (``model.quant.cpu_linear``; skinny products such as speculative verification are ~2x cheaper).
     kv_events_endpoint: a ZMQ endpoint (``tcp://*:5557``) to publish KV events on, in vLLM's
-    schema (``kv_events.py``, ``kv_event_publisher.py``); None (default): off.
+    schema (``kv/events.py``, ``kv/publisher.py``); None (default): off.
     kv_events_replay: the replay socket's endpoint (None: none); kv_events_block_size: tokens
     per published block; kv_events_hash / kv_events_seed: the block hash (``sha256`` or
-    ``sha256_cbor``, ``kv_block_hash.py``) and its seed.
+    ``sha256_cbor``, ``kv/block_hash.py``) and its seed.
     """
 
     model_path: str

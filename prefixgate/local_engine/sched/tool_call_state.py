@@ -1,6 +1,6 @@
 """What comes next in a Hermes tool call, from the request's tool schemas and earlier calls.
 
-Pure text logic for ``tool_drafter.ToolSchemaDrafter`` (ToolSpec-style, training-free drafts:
+Pure text logic for ``spec.tool_drafter.ToolSchemaDrafter`` (ToolSpec-style, training-free drafts:
 tool-call JSON is mostly fixed by the schema — the frame, the tool name, the argument keys, enum
 values — and by earlier calls, whose argument values agents repeat).
 

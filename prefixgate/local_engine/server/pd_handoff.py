@@ -1,6 +1,6 @@
 """vLLM's P/D contract on the engine's HTTP side: ``kv_transfer_params`` in, out.
 
-The proxy (vLLM's ``disagg_proxy``, llm-d's sidecar, prefixgate's ``routing/pd_split.py``) sends
+The proxy (vLLM's ``disagg_proxy``, llm-d's sidecar, prefixgate's ``routing/pd/split.py``) sends
 the *prefill* request with ``max_tokens: 1``, ``stream: false`` and
 ``kv_transfer_params: {"do_remote_decode": true, "do_remote_prefill": false, ...}``; the prefill
 answer's ``kv_transfer_params`` go verbatim into the *decode* request (same prompt, the client's

@@ -22,7 +22,7 @@ log = logging.getLogger("local_engine.pd")
 
 
 def layout_of(engine: Any, buffer_tokens: int) -> KVLayout:
-    """The engine's KV layout (``pd_link.KVLayout``) with a ``buffer_tokens`` staging buffer."""
+    """The engine's KV layout (``pd.link.KVLayout``) with a ``buffer_tokens`` staging buffer."""
     pool = engine.pool
     _, heads, head_dim = pool.k[0].shape
     return KVLayout(len(pool.k), int(heads), int(head_dim), pool.page_size, pool.dtype,
@@ -34,7 +34,7 @@ def start_role(engine: Any, role: str, link_url: str, peer_url: str | None, buff
                ) -> tuple[PDHandoff, Callable[[], None]]:
     """The server hooks for ``role`` and a stop function; for ``prefill`` / ``decode`` the link
     is paired in a daemon thread (pairing errors are logged; the engine serves on, unpaired).
-    ``backend``: the link's (``pd_link.PDLink``; None: NCCL on CUDA, gloo on CPU).
+    ``backend``: the link's (``pd.link.PDLink``; None: NCCL on CUDA, gloo on CPU).
     Raises ``ValueError`` for an unknown role or a prefill role without ``peer_url``."""
     if role == "both":
         return PDHandoff("both"), lambda: None

@@ -5,7 +5,7 @@ request it remembers which tokens it has computed; each ``propose`` first rolls 
 target rejected (tokens no longer a prefix of the request), prefills the new tokens in one chunk,
 then decodes ``k`` tokens one at a time, sampling each from ``q`` — the draft distribution under
 the request's own sampling params (``sampler.probs_of``) — so the verifier can apply
-``min(1, p/q)`` (``spec_decode.verify_sampled``). Greedy requests draft the argmax and carry no
+``min(1, p/q)`` (``spec.decode.verify_sampled``). Greedy requests draft the argmax and carry no
 ``q``. Any engine-loadable checkpoint works; its vocabulary must equal the target's.
 """
 

@@ -1,7 +1,7 @@
 """Draft proposers for speculative decoding, behind one interface (``Drafter``).
 
 A drafter guesses the next ``k`` tokens of a running request; the target model verifies them in
-one forward pass (``spec_decode``). Two model-free drafters live here:
+one forward pass (``spec.decode``). Two model-free drafters live here:
 
 * ``NgramDrafter`` — prompt lookup (Saxena 2023, vLLM's ``ngram``): find the latest earlier
   occurrence of the request's last ``n`` tokens (``n`` from ``max_n`` down to ``min_n``) in its

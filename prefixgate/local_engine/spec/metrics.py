@@ -1,6 +1,6 @@
 """Prometheus view of speculative decoding, named after vLLM's ``spec_decode`` metrics.
 
-Read from ``engine.stats()`` at scrape time (keys written by ``spec_decode.SpecMetrics.as_dict``);
+Read from ``engine.stats()`` at scrape time (keys written by ``spec.decode.SpecMetrics.as_dict``);
 nothing is exported while speculation is off.
 
 =====================================================  =======  ===============================

@@ -5,7 +5,7 @@
 Reads one route's measured load from the ledger (arrival rate, uncached prompt and output
 lengths, prefill rate from ``prefill_ms``, decode step from ``tpot_ms``) and recommends
 colocating prefill and decode or splitting them, with instance counts
-(:mod:`prefixgate.proxy.routing.pd_plan`: a DistServe-style queueing model; means only). ``--rate``,
+(:mod:`prefixgate.proxy.routing.pd.plan`: a DistServe-style queueing model; means only). ``--rate``,
 ``--prefill-tps`` and ``--decode-step-ms`` override the measured figures (what-if: "at 3x the
 traffic"). Exit 1 when the ledger has too few usable rows for the route; 2 for bad options.
 ``--json``: ``{"route", "recommendation", "chosen", "alternative", "load"}``.
@@ -21,7 +21,7 @@ from pathlib import Path
 import typer
 
 from prefixgate.proxy.cli.report import _ledger_path, _open_ledger
-from prefixgate.proxy.routing.pd_plan import (
+from prefixgate.proxy.routing.pd.plan import (
     SPLIT_OVERHEAD_S,
     TRANSFER_S_PER_TOKEN,
     Option,

@@ -2,12 +2,12 @@
 on, and compare cached-token share, TTFT and TPOT.
 
 Each run's requests (a tau-bench JSON or a SWE-agent ``.traj``, read by
-:func:`prefixgate.proxy.sim.traces.load_trace` as ``simulate`` reads them) are sent in order, streamed, with
-a small
-``max_tokens`` and ``temperature: 0``; first the whole run with ``x-prefixgate-rewrite: off``,
-then the same run with rewriting on. Timings are measured here, at the client: TTFT = until the
-first content chunk arrived, TPOT = (last content chunk - first) / (completion tokens - 1).
-Prompt and cached tokens come from the stream's usage chunk (``include_usage``).
+:func:`prefixgate.proxy.sim.traces.load_trace` as ``simulate`` reads them) are sent in order,
+streamed, with a small ``max_tokens`` and ``temperature: 0``; first the whole run with
+``x-prefixgate-rewrite: off``, then the same run with rewriting on. Timings are measured here, at
+the client: TTFT = until the first content chunk arrived, TPOT = (last content chunk - first) /
+(completion tokens - 1). Prompt and cached tokens come from the stream's usage chunk
+(``include_usage``).
 
 Fairness: the two sides must not warm each other's prefix cache. Each (side, run) pair gets its
 own session id and its own ``cache_salt`` (an engine extension our engine and vLLM honour: prefix

@@ -1,21 +1,19 @@
 """``prefixgate report [--ledger PATH | --policy FILE] [--since MINUTES] [--by route|model|tenant|day]
 [--errors] [--breaks] [--json | --csv]``.
 
-Opens with the "saved" line — USD saved and its share of what the client's own bodies would
-have cost, tokens saved (cache reuse gained + pruned - added), prefill seconds saved where the
-backend reports its prefill time (our engine, llama.cpp; :mod:`prefixgate.cache.savings.time_saved`: the
-route's measured prefill rate x the tokens rewriting made reusable, with what the prefix cache
-saved in all, and the time priced at the backend's ``usd_per_hour`` when ``--policy`` sets one),
-TTFT p50 rewritten minus holdout (when the policy's holdout sent some sessions unrewritten) — the
-saved tokens by technique (the ``unattributed`` remainder named), the routes that stood back,
-then one row per group
+Opens with the "saved" line — USD saved and its share of what the client's own bodies would have cost,
+tokens saved (cache reuse gained + pruned - added), prefill seconds saved where the backend reports
+its prefill time (our engine, llama.cpp; :mod:`prefixgate.cache.savings.time_saved`: the route's
+measured prefill rate x the tokens rewriting made reusable, with what the prefix cache saved in all,
+and the time priced at the backend's ``usd_per_hour`` when ``--policy`` sets one), TTFT p50 rewritten
+minus holdout (when the policy's holdout sent some sessions unrewritten) — the saved tokens by
+technique (the ``unattributed`` remainder named), the routes that stood back, then one row per group
 (:mod:`prefixgate.cache.savings.report`). The layout follows the terminal width (``COLUMNS``): below
-:data:`WIDE` columns a compact table (requests, errors, cached share, saved $ / %, TTFT p50,
-TPOT p50) that fits 80 columns; from :data:`WIDE` on prompt tokens, input $ and TTFT p95 are
-added, from :data:`FULL` on the counterfactual cached share, pruned tokens and prefill seconds
-saved. A TTFT marked
-``*`` includes TTFTs the backend reported for non-streamed answers (the others were timed by the
-proxy on streams).
+:data:`WIDE` columns a compact table (requests, errors, cached share, saved $ / %, TTFT p50, TPOT p50)
+that fits 80 columns; from :data:`WIDE` on prompt tokens, input $ and TTFT p95 are added, from
+:data:`FULL` on the counterfactual cached share, pruned tokens and prefill seconds saved. A TTFT
+marked ``*`` includes TTFTs the backend reported for non-streamed answers (the others were timed by
+the proxy on streams).
 
 ``--json``: ``{"ledger", "by", "saved": {...}, "groups": [{<by>: key, figures...}],
 "by_technique": [{"technique", "tokens_reusable", "tokens_removed", "tokens_added",

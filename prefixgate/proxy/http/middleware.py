@@ -11,9 +11,8 @@ hygiene).
   a URL made from Host.
 
 * :class:`BarePaths` — Serve the API routes without their ``/v1`` prefix (``/chat/completions``,
-``/messages``,
-  ``/responses``, ...), as clients configured with a bare host (``base_url="http://host:8080"``)
-  call them (issue 11, item 2).
+  ``/messages``, ``/responses``, ...), as clients configured with a bare host
+  (``base_url="http://host:8080"``) call them (issue 11, item 2).
 
   ASGI middleware: a path whose first segment names one of the API's endpoints gets ``/v1`` put
   in front before routing; the route, its error shape (:func:`prefixgate.proxy.core.errors.api_for_path`) and

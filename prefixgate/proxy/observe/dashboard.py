@@ -2,11 +2,10 @@
 
 One self-contained page (``prefixgate/proxy/observe/static/dashboard.html`` + ``dashboard.js`` +
 ``dashboard.css``) that draws ``GET /api/savings?range=1h|24h|7d`` (the JSON contract of
-:mod:`prefixgate.proxy.observe.savings_api`) with uPlot, vendored from npm (``uplot`` 1.6.32, MIT, its
-LICENSE next to it under
-``prefixgate/proxy/observe/static/uplot/``). No CDN, no build step: everything the page loads comes from this
-module, :data:`STATIC` names every file, and the page + scripts + styles stay under
-:data:`PAGE_BUDGET_BYTES` (tested).
+:mod:`prefixgate.proxy.observe.savings_api`) with uPlot, vendored from npm (``uplot`` 1.6.32, MIT,
+its LICENSE next to it under ``prefixgate/proxy/observe/static/uplot/``). No CDN, no build step:
+everything the page loads comes from this module, :data:`STATIC` names every file, and the page +
+scripts + styles stay under :data:`PAGE_BUDGET_BYTES` (tested).
 
 Auth: with proxy keys configured (:mod:`prefixgate.proxy.http.auth`) the page and its files need a key like
 any model endpoint. A browser cannot attach ``Authorization: Bearer`` to a page load, so the standard

@@ -24,7 +24,7 @@ proxy itself), ``upstream_pool_connections{state="active"|"idle"}`` and
 ``upstream_pool_queued`` (httpx's pool, when readable), ``event_loop_lag_seconds`` (the newest
 sample of :class:`prefixgate.proxy.observe.health.LoopLagMonitor`).
 ``pd_decisions_total{decision, reason}``: P/D backends' per-request split / colocate decisions
-(:mod:`prefixgate.proxy.routing.pd_drive`).
+(:mod:`prefixgate.proxy.routing.pd.drive`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from prefixgate.config.cache_rules import normalize_model_id
 from prefixgate.config.prices import PRICES, price_for
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.core.bounded import LABEL_CHARS, clip
-from prefixgate.proxy.routing.pd_drive import DECISIONS as PD_DECISIONS
+from prefixgate.proxy.routing.pd.drive import DECISIONS as PD_DECISIONS
 
 _LATENCY_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120)
 _TPOT_BUCKETS = (.001, .0025, .005, .01, .02, .04, .08, .16, .32, .64)
@@ -344,7 +344,7 @@ def label_vocabulary(policy: Policy) -> list[str]:
 
 class PDDecisionCollector(Collector):
     """``prefixgate_pd_decisions_total{decision, reason}``: P/D split or colocate per request
-    (``routing.pd_drive.DECISIONS``, read at scrape time)."""
+    (``routing.pd.drive.DECISIONS``, read at scrape time)."""
 
     def collect(self) -> Iterator[Metric]:
         fam = CounterMetricFamily("prefixgate_pd_decisions", "P/D split decisions by reason",

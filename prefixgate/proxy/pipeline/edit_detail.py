@@ -2,11 +2,11 @@
 ``prefixgate rewrite``.
 
 Offsets are counted over the blocks a prefix cache hashes, in the API's order
-(:func:`prefixgate.cache.provider_models.prefix_blocks.flatten`: Anthropic tools → system → messages, OpenAI
-tools →
-messages), with the rewriter's token counter. ``first_diff`` is the number of tokens at the start
-of the body as sent that are the client's own blocks unchanged (None when nothing changed): the
-prefix rewriting left as it was. An Edit's ``at`` is where its region starts in the body as sent.
+(:func:`prefixgate.cache.provider_models.prefix_blocks.flatten`: Anthropic tools → system →
+messages, OpenAI tools → messages), with the rewriter's token counter. ``first_diff`` is the number
+of tokens at the start of the body as sent that are the client's own blocks unchanged (None when
+nothing changed): the prefix rewriting left as it was. An Edit's ``at`` is where its region starts
+in the body as sent.
 
 The header (opt-in: ``rewrite.edit_detail_header: true`` in the policy) is compact JSON with no
 prompt text — pass names, regions, token counts and offsets only::

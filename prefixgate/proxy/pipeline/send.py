@@ -1,6 +1,6 @@
 """The send step: the failover loop (deployments, breakers, retries, fallbacks) behind the fan-out
 gate, abandoned when the client leaves before the upstream's headers (499). A backend with a
-``pd`` setting (prefill/decode disaggregation) is driven through ``routing.pd_drive`` instead.
+``pd`` setting (prefill/decode disaggregation) is driven through ``routing.pd.drive`` instead.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from prefixgate.proxy.http.headers import upstream_headers
 from prefixgate.proxy.http.server import CONNECTION_LOST
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
 from prefixgate.proxy.routing.kv_match import event_matches
-from prefixgate.proxy.routing.pd_drive import PDDriver
+from prefixgate.proxy.routing.pd.drive import PDDriver
 from prefixgate.proxy.routing.probes import cache_matches
 from prefixgate.proxy.routing.retries import Picked, Sender, Step
 from prefixgate.proxy.routing.router import Target
@@ -51,7 +51,7 @@ PD_PATHS = ("/chat/completions", "/completions")
 
 async def pd_send(state: ProxyState, ex: Exchange, step: Step, headers: dict[str, bytes],
                   request_id: str | None) -> httpx.Response:
-    """One request through its backend's P/D pair (``routing.pd_drive``: split or colocate,
+    """One request through its backend's P/D pair (``routing.pd.drive``: split or colocate,
     decided per request and logged); the decode side's answer, unread. The ledger row's
     ``deployment`` says the decision: ``<backend>/pd-split:<reason>`` or
     ``<backend>/pd-colocate:<reason>``."""

@@ -1,14 +1,14 @@
 """Pick the backends for a request and say how to reach them.
 
-:func:`plan_targets` resolves the client's model (an alias first, ``policy.aliases``), applies
-the policy's routes (first matching model glob wins, see :func:`prefixgate.config.loader.resolve_route`)
-and returns one :class:`Target` per backend the request may use, in order: the route's own
-backends, then its fallbacks. Which deployment of a group serves is decided at send time
+:func:`plan_targets` resolves the client's model (an alias first, ``policy.aliases``), applies the
+policy's routes (first matching model glob wins, see :func:`prefixgate.config.loader.resolve_route`)
+and returns one :class:`Target` per backend the request may use, in order: the route's own backends,
+then its fallbacks. Which deployment of a group serves is decided at send time
 (:mod:`prefixgate.proxy.routing.balance`, :mod:`prefixgate.proxy.routing.retries`); a Target given a
-``deployment`` (:meth:`Target.on`)
-names it. It raises :class:`~prefixgate.proxy.core.errors.ModelNotFound` (404) when no route matches and
-:class:`~prefixgate.proxy.core.errors.NotSupported` (501) when the primary backend cannot take the client's
-API.
+``deployment`` (:meth:`Target.on`) names it. It raises
+:class:`~prefixgate.proxy.core.errors.ModelNotFound` (404) when no route matches and
+:class:`~prefixgate.proxy.core.errors.NotSupported` (501) when the primary backend cannot take the
+client's API.
 """
 
 from __future__ import annotations

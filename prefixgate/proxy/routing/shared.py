@@ -32,14 +32,13 @@ ahead stops counting a TTL after it last changed), and a breaker opening stamped
 counts as opened now — for one cooldown — while its news is applied once, not again on every
 read (:meth:`SharedRouting._apply_breaker`).
 
-Cost: nothing of this exists with :class:`prefixgate.cache.state.shared_state.LocalState` (``ProxyState``
-makes no
-SharedRouting; the Sender does not call it). With Redis, per send: one pipelined read
-(:meth:`refresh`: MGET of the group's ``breaker`` / ``fail`` values + HGETALL of its ``load``
-tables; concurrent sends share one read, and a read younger than :data:`SNAPSHOT_MAX_AGE_S` is
-reused); the load writes go out from one background task that coalesces bursts; breaker writes
-happen only on failures and on the success that ends a streak. Redis down → RedisState answers
-from its local state, i.e. each replica routes on its own counts (one log line per outage and the
+Cost: nothing of this exists with :class:`prefixgate.cache.state.shared_state.LocalState`
+(``ProxyState`` makes no SharedRouting; the Sender does not call it). With Redis, per send: one
+pipelined read (:meth:`refresh`: MGET of the group's ``breaker`` / ``fail`` values + HGETALL of its
+``load`` tables; concurrent sends share one read, and a read younger than :data:`SNAPSHOT_MAX_AGE_S`
+is reused); the load writes go out from one background task that coalesces bursts; breaker writes
+happen only on failures and on the success that ends a streak. Redis down → RedisState answers from
+its local state, i.e. each replica routes on its own counts (one log line per outage and the
 ``prefixgate_redis_*`` metrics come from :mod:`prefixgate.cache.state.redis_link`).
 """
 

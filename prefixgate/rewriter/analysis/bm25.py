@@ -1,10 +1,10 @@
 """Lexical relevance for pruning: a small English term analyser and Okapi BM25 scores.
 
 Used by tool ranking (:mod:`prefixgate.rewriter.analysis.tool_rank`) and passage scoring
-(:mod:`prefixgate.rewriter.passes.prune_rag`).
-Scoring goes through ``bm25s`` (Lù, 2024, "BM25S: Orders of magnitude faster lexical search via
-eager sparse scoring"), Lucene variant, ``k1=1.5``, ``b=0.75``. Everything here is pure and
-deterministic: the same texts give the same scores and the same order.
+(:mod:`prefixgate.rewriter.passes.prune_rag`). Scoring goes through ``bm25s`` (Lù, 2024, "BM25S:
+Orders of magnitude faster lexical search via eager sparse scoring"), Lucene variant, ``k1=1.5``,
+``b=0.75``. Everything here is pure and deterministic: the same texts give the same scores and the
+same order.
 """
 
 from __future__ import annotations

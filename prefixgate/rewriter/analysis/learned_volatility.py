@@ -6,10 +6,9 @@ the system text with the previous request's, without keeping that text: the sess
 a 48-bit digest per line (:func:`line_digest`), and for long lines (over
 :data:`WORD_DIFF_MIN_CHARS`) an 8-hex hash per whitespace-separated word (crc32).
 
-* A line that changed in place (``difflib`` "replace" over the line hashes; a line whose exact
-  text the previous request had elsewhere moved, e.g. a re-ranked passage, and is not learned)
-  becomes a learned
-  entry ``[anchor, offset]``: ``anchor`` is the hash of the nearest *unique* unchanged line
+* A line that changed in place (``difflib`` "replace" over the line hashes; a line whose exact text
+  the previous request had elsewhere moved, e.g. a re-ranked passage, and is not learned) becomes a
+  learned entry ``[anchor, offset]``: ``anchor`` is the hash of the nearest *unique* unchanged line
   before it (``"^"`` for the start of the text) and ``offset`` the distance to it, so the entry
   finds its line again on later requests even when the line's own text (hence hash) changes.
 * In a long line, the changed words (common word prefix ``p`` and suffix ``q`` removed) become

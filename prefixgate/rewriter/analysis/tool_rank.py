@@ -1,9 +1,9 @@
 """Rank a tool catalog against a conversation, and choose how many tools to keep.
 
-Ranking is BM25 (:mod:`prefixgate.rewriter.analysis.bm25`) of a query built from the conversation's text
-against one
-document per tool: the tool's name (split on case, ``_`` and ``.``; weighted x2), its description,
-and its parameters' names and descriptions (recursively through nested objects and arrays).
+Ranking is BM25 (:mod:`prefixgate.rewriter.analysis.bm25`) of a query built from the conversation's
+text against one document per tool: the tool's name (split on case, ``_`` and ``.``; weighted x2),
+its description, and its parameters' names and descriptions (recursively through nested objects and
+arrays).
 
 Choosing is a *keep rule* (:class:`KeepRule`), not a fixed k: keep at least ``min_keep`` tools,
 every tool whose score is at least ``score_ratio`` x the best score, at most ``max_keep``. On BFCL

@@ -95,10 +95,9 @@ def _unit_text(u: Unit) -> str:
 
 
 def _unit_tokens(u: Unit, ctx: Context) -> int:
-    """Tokens of one unit: text through ``ctx.count_tokens``; media (also inside a tool
-    result) at the fixed cost of :func:`prefixgate.rewriter.analysis.tokens.media_tokens`; a text document by
-    its
-    source's text."""
+    """Tokens of one unit: text through ``ctx.count_tokens``; media (also inside a tool result) at
+    the fixed cost of :func:`prefixgate.rewriter.analysis.tokens.media_tokens`; a text document by
+    its source's text."""
     n = u.node
     if isinstance(n, Block):
         cost = media_tokens(n.raw)
@@ -181,9 +180,8 @@ def _arrivals(prompt: Prompt, ctx: Context) -> tuple[list[float], dict[str, Any]
 
 def _auto_ttls(chosen: list[int], cum: list[int], cached_before: int, gaps: list[float],
                notes: list[str]) -> dict[int, str]:
-    """Per-breakpoint TTLs by expected cost (:func:`prefixgate.rewriter.analysis.ttl_choice.plan`): segment
-    ``i``
-    runs from breakpoint ``i-1`` to ``i``; the part past ``cached_before`` (tokens the
+    """Per-breakpoint TTLs by expected cost (:func:`prefixgate.rewriter.analysis.ttl_choice.plan`):
+    segment ``i`` runs from breakpoint ``i-1`` to ``i``; the part past ``cached_before`` (tokens the
     session's previous request cached) is written now."""
     order = sorted(chosen)
     segments, prev = [], 0

@@ -8,16 +8,16 @@ system region and puts the same information in a note after the stable prefix
 (:mod:`prefixgate.rewriter.analysis.note_placement`: where, per API, and the note's text).
 
 What is volatile: observed, not guessed (issue 19, item 2). The detectors of
-:mod:`prefixgate.rewriter.analysis.volatile_spans` (clock readings, ids) find *candidates*; a candidate
-moves only when
+:mod:`prefixgate.rewriter.analysis.volatile_spans` (clock readings, ids) find *candidates*; a
+candidate moves only when
 
-* it was **seen changing**: its line (or, in a long line, its word range) differed from the
-  previous request of the session while the lines around it stayed
-  (:mod:`prefixgate.rewriter.analysis.learned_volatility`, from digests only); once seen, it keeps moving
-  on every later request (sticky, so it does not flap back when a value happens to repeat); or
+* it was **seen changing**: its line (or, in a long line, its word range) differed from the previous
+  request of the session while the lines around it stayed
+  (:mod:`prefixgate.rewriter.analysis.learned_volatility`, from digests only); once seen, it keeps
+  moving on every later request (sticky, so it does not flap back when a value happens to repeat); or
 * the request's own text marks it **per-request**
-(:func:`prefixgate.rewriter.analysis.volatile_spans.per_request`:
-  ``request id``, ``nonce``, ``trace id``, ``this request`` ... on its line).
+  (:func:`prefixgate.rewriter.analysis.volatile_spans.per_request`: ``request id``, ``nonce``,
+  ``trace id``, ``this request`` ... on its line).
 
 With ``settings.learn_volatility`` a changed line that holds no candidate moves too (a live
 counter, a rotating tip). A constant line — a policy's ``The current time is 2024-05-15

@@ -20,9 +20,9 @@ Compaction, cheapest information first:
    task); the dropped turns are the ones right after it, so the history stays first turn ->
    newer turns. The newest turn is never dropped; the system prompt is not in ``messages``.
 
-Tokens are counted with :func:`prefixgate.rewriter.analysis.tokens.json_tokens`: images, audio and files at
-their
-fixed documented cost, never as base64 text (a short chat with one photo is not "long").
+Tokens are counted with :func:`prefixgate.rewriter.analysis.tokens.json_tokens`: images, audio and
+files at their fixed documented cost, never as base64 text (a short chat with one photo is not
+"long").
 
 Under the high watermark with no remembered plan the prompt passes through unchanged (byte-
 identical forwarding, B16 under budget). The output is validated (:mod:`prefixgate.rewriter.wire.validate`);

@@ -1,24 +1,21 @@
 """Pass: keep the retrieved passages that matter, whole, in a canonical order.
 
-Rule. Retrieval-augmented prompts carry many passages of which few answer the question (NQ-open:
-one gold passage among 20; tau2 banking: ~10 required of 698 documents). Only *retrieved*
-content is ever a passage (issue 8, class 3): Anthropic ``document`` / ``search_result`` blocks,
-tool results (tagged chunks, numbered ``[n]`` passages, policy delimiters), and, inside a user's
-own text, only chunks tagged as injected retrieval
-(:data:`prefixgate.rewriter.analysis.passages.RETRIEVAL_TAGS`) —
+Rule. Retrieval-augmented prompts carry many passages of which few answer the question (NQ-open: one
+gold passage among 20; tau2 banking: ~10 required of 698 documents). Only *retrieved* content is
+ever a passage (issue 8, class 3): Anthropic ``document`` / ``search_result`` blocks, tool results
+(tagged chunks, numbered ``[n]`` passages, policy delimiters), and, inside a user's own text, only
+chunks tagged as injected retrieval (:data:`prefixgate.rewriter.analysis.passages.RETRIEVAL_TAGS`) —
 a user's numbered list or ``---`` sections are never passages. Per retrieval (one text, or one
 message's run of blocks) whose passages together exceed ``settings.rag_budget_tokens``:
 
 1. scored with BM25 against the query — the message's own text outside the passages, the
    arguments of the tool call a tool result answers, and (when that is short) the newest earlier
    user text;
-2. de-duplicated (:mod:`prefixgate.rewriter.passes.dedupe`: a passage whose whole text another one carries
-goes —
-   lossless; passages that are only similar are not duplicates);
+2. de-duplicated (:mod:`prefixgate.rewriter.passes.dedupe`: a passage whose whole text another one
+   carries goes — lossless; passages that are only similar are not duplicates);
 3. kept best first while they fit ``settings.rag_budget_tokens`` (the best one is always kept);
-4. emitted in canonical order (:func:`prefixgate.rewriter.analysis.passages.id_order_key` of their stable
-ids), so
-   the same retrieval gives the same bytes whatever order the retriever returned.
+4. emitted in canonical order (:func:`prefixgate.rewriter.analysis.passages.id_order_key` of their
+   stable ids), so the same retrieval gives the same bytes whatever order the retriever returned.
 
 A retrieval at or under budget is left byte-identical — duplicates included. Passages are never cut: ids,
 tags and citation markers inside them stay. Anthropic blocks with ``citations.enabled`` are never
@@ -71,14 +68,13 @@ def select_passages(ids: Sequence[str], bodies: Sequence[str], tokens: Sequence[
                     duplicates: frozenset[int] | set[int] | None = None) -> Selection:
     """Choose passages of one retrieval: BM25 score, drop near-duplicates, fill ``budget``.
 
-    ``ids``/``bodies``/``tokens``: per passage (stable id, text to score, token count);
-    ``query``: analysed query terms (:func:`prefixgate.rewriter.analysis.bm25.terms`); ``budget``: tokens.
-    The best
-    passage is kept even when it alone exceeds the budget; the others are taken best first
+    ``ids``/``bodies``/``tokens``: per passage (stable id, text to score, token count); ``query``:
+    analysed query terms (:func:`prefixgate.rewriter.analysis.bm25.terms`); ``budget``: tokens. The
+    best passage is kept even when it alone exceeds the budget; the others are taken best first
     (ties: canonical id order) when they still fit. A retrieval whose passages fit the budget
     together is kept whole and in its own order (nothing is dropped under budget, not even a
-    duplicate). ``scores`` / ``duplicates``: precomputed BM25 scores / redundant-passage
-    indices (benchmarks over a fixed corpus). Pure, deterministic.
+    duplicate). ``scores`` / ``duplicates``: precomputed BM25 scores / redundant-passage indices
+    (benchmarks over a fixed corpus). Pure, deterministic.
     """
     n = len(ids)
     if sum(tokens) <= budget:

@@ -1,12 +1,10 @@
 """Pass: send only the tools the conversation can use, and keep that set byte-stable.
 
-Rule. Tool definitions are the first thing in the cached prefix and often its largest part
-(the GitHub MCP server alone is 117 tools). A catalog of ``settings.prune_tools_min_catalog``
-tools or more is ranked against the conversation (:mod:`prefixgate.rewriter.analysis.tool_rank`, BM25) and
-cut to a
-:class:`prefixgate.rewriter.analysis.tool_rank.KeepRule` selection. Always kept, whatever their rank (case
-B06,
-BerriAI/litellm PR #34198, issue 8 class 3) — :func:`required_tools`:
+Rule. Tool definitions are the first thing in the cached prefix and often its largest part (the
+GitHub MCP server alone is 117 tools). A catalog of ``settings.prune_tools_min_catalog`` tools or
+more is ranked against the conversation (:mod:`prefixgate.rewriter.analysis.tool_rank`, BM25) and
+cut to a :class:`prefixgate.rewriter.analysis.tool_rank.KeepRule` selection. Always kept, whatever
+their rank (case B06, BerriAI/litellm PR #34198, issue 8 class 3) — :func:`required_tools`:
 
 * every tool called in the history (Anthropic ``tool_use``, OpenAI ``tool_calls`` and legacy
   ``function_call``, ``role: "function"`` messages);
@@ -20,17 +18,16 @@ BerriAI/litellm PR #34198, issue 8 class 3) — :func:`required_tools`:
 so a history's tool blocks never lose their definition, an instruction naming a tool can be
 followed, and ``tools`` is never empty while tool blocks remain.
 
-Sticky per session. A prefix cache is byte-exact, so a kept set that changed with every user
-turn would miss on the whole prompt every turn. The kept set is remembered in session memory
+Sticky per session. A prefix cache is byte-exact, so a kept set that changed with every user turn
+would miss on the whole prompt every turn. The kept set is remembered in session memory
 (``Edit.memory["prune_tools"] = {"kept": [names]}``) and on later turns only *grows*: it is the
 remembered set, plus tools the history calls, plus the top :data:`ADD_TOP` tools for the whole
-conversation and their siblings (:func:`prefixgate.rewriter.analysis.tool_rank.siblings`), plus the top tool
-for the
-newest user text alone (scores > 0). It is rebuilt from scratch only at a compaction
-event (this request makes :mod:`prefixgate.rewriter.passes.prune_history` compact, so the prefix is rebuilt
-anyway; judged on the history as this pass sees it, before RAG pruning). Kept tools keep the
-canonical order the earlier passes gave the catalog. A client
-``cache_control`` marker on a dropped tool moves to the nearest kept tool before it.
+conversation and their siblings (:func:`prefixgate.rewriter.analysis.tool_rank.siblings`), plus the
+top tool for the newest user text alone (scores > 0). It is rebuilt from scratch only at a
+compaction event (this request makes :mod:`prefixgate.rewriter.passes.prune_history` compact, so the
+prefix is rebuilt anyway; judged on the history as this pass sees it, before RAG pruning). Kept
+tools keep the canonical order the earlier passes gave the catalog. A client ``cache_control``
+marker on a dropped tool moves to the nearest kept tool before it.
 """
 
 from __future__ import annotations

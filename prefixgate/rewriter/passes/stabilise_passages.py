@@ -1,11 +1,10 @@
 """Pass: injected passages keep the order in which the session first saw them.
 
-Rule. RAG and memory layers inject the same passages in a different order on each turn
-(re-ranking, set iteration). The text before the first moved passage is all the prefix cache can
-reuse, so a swap near the top of a system prompt costs the whole prompt. This pass puts every
-retrieval (:func:`prefixgate.rewriter.analysis.passage_forms.find_retrieval` in system text, user text and
-tool
-results; runs of Anthropic ``document`` / ``search_result`` blocks) in a session-stable order:
+Rule. RAG and memory layers inject the same passages in a different order on each turn (re-ranking,
+set iteration). The text before the first moved passage is all the prefix cache can reuse, so a swap
+near the top of a system prompt costs the whole prompt. This pass puts every retrieval
+(:func:`prefixgate.rewriter.analysis.passage_forms.find_retrieval` in system text, user text and
+tool results; runs of Anthropic ``document`` / ``search_result`` blocks) in a session-stable order:
 
 * a passage seen earlier in the session comes first, in the order the session first saw it;
 * passages new to the session follow, in the order the client sent them;

@@ -1,4 +1,4 @@
-"""Parsing/rendering helpers shared by ``wire_openai`` and ``wire_anthropic``.
+"""Parsing/rendering helpers shared by ``wire.openai`` and ``wire.anthropic``.
 
 The rule that makes the IR lossless: a field is modelled only when it has the expected shape
 (e.g. ``messages`` is a list of objects whose ``content`` is a string, null, absent or a list of

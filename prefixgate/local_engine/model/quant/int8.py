@@ -20,7 +20,7 @@ What stays in full precision (issue 27: int8 everywhere moved greedy top-1 on 10
 benchmark's prompts): the LM head (``keep_head``; ~20 % of SmolLM2-135M's weights, and alone
 the largest single loss: teacher-forced top-1 agreement 0.945 with only the head int8), the
 decoder layers ``keep_layers`` and the products ``keep_kinds``. The engine keeps
-``quant_sensitivity.kept_layers``: 6 layers, for SmolLM2-135M the six measured most sensitive
+``sensitivity.kept_layers``: 6 layers, for SmolLM2-135M the six measured most sensitive
 (0, 8, 9, 18, 28, 29; ``bench/int8_sensitivity.py``), chosen by ``bench/int8_keep_sweep.py``
 (``bench/results/int8_keep_sweep.json``, first-token greedy agreement with fp32 on the int8
 benchmark's prompts): those six 0.983 on its 60 prompts and 0.992 on 120, where the former

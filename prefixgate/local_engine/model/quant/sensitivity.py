@@ -1,7 +1,7 @@
 """Which decoder layers lose most when int8, and a prefill helper to measure it.
 
 The engine's int8 mode keeps the LM head and ``kept_layers(...)`` in full precision
-(``quant.quantize_model``); ``agreement`` / ``first_token_agreement`` are the measures that chose
+(``int8.quantize_model``); ``agreement`` / ``first_token_agreement`` are the measures that chose
 them.
 ``prefill`` gives every position's logits of one sequence (a private KV pool), so greedy top-1
 agreement can be measured teacher-forced over whole prompts (``bench/int8_sensitivity.py``,

@@ -1,8 +1,8 @@
 """P/D disaggregation, HTTP part: drive one request through a prefill + decode pair.
 
 ``PDDriver.drive`` asks the decode side how much of the prompt it holds (our engine's
-``/v1/cache/match``, when ``pd.cache_match``: ``pd_split.cache_match_body``), decides
-(``pd_split.decide``) and then:
+``/v1/cache/match``, when ``pd.cache_match``: ``split.cache_match_body``), decides
+(``split.decide``) and then:
 
 - colocate: the client's body to the decode side alone (it prefills itself);
 - ``vllm``: the prefill request, then the decode request with the prefill answer's
@@ -31,7 +31,7 @@ import httpx
 import orjson
 
 from prefixgate.config.pd_settings import PDSettings
-from prefixgate.proxy.routing.pd_split import (
+from prefixgate.proxy.routing.pd.split import (
     SplitDecision,
     cache_match_body,
     decide,
