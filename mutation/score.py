@@ -111,7 +111,7 @@ TARGETS: dict[str, list[str]] = {
     "prefixgate/proxy/api/responses.py": ["tests/adversarial/test_responses_cross_tenant.py",
                                           "tests/proxy/test_responses_endpoint_pinned.py"],
     # issue 38: the modules whose tests held the one configuration a bug hides in
-    "prefixgate/proxy/routing/pd_plan.py": ["tests/cache/test_pd_plan.py", "tests/cache/test_pd_plan_instances.py",
+    "prefixgate/proxy/routing/pd/plan.py": ["tests/cache/test_pd_plan.py", "tests/cache/test_pd_plan_instances.py",
                                             "tests/cache/test_pd_plan_pinned.py"],
     "prefixgate/rewriter/passes/canonicalize_tools.py": ["tests/rewriter/test_canonicalize_tools.py",
                                                          "tests/rewriter/test_canonicalize_tools_new_tools.py"],

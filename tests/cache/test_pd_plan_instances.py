@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixgate.proxy.routing.pd_plan import RouteLoad, colocated, split
+from prefixgate.proxy.routing.pd.plan import RouteLoad, colocated, split
 
 X, OVERHEAD = 0.00003, 0.004  # transfer s/token and orchestration s
 

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from prefixgate.proxy.routing.pd_plan import (
+from prefixgate.proxy.routing.pd.plan import (
     Option,
     Plan,
     RouteLoad,
