@@ -553,5 +553,10 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
         "x_items_to_messages__mutmut_106": (
             'last.setdefault("content", )', "dict.setdefault's default is None: the same call"),
     },
+    "prefixgate/proxy/routing/pd/plan.py": {
+        "x_plan__mutmut_53": (
+            'best: tuple[Option, Option | None] | None = ""',
+            "best is only read for its truth, where \"\" and None are both false (no size tried)"),
+    },
 }
 EQUIVALENT.update(ENGINE)
