@@ -286,7 +286,7 @@ class PgLedger(Ledger):
                 last = self._stopping and not self._queue
             try:
                 if batch:
-                    self._deliver(_items(batch))
+                    self._deliver(_items(batch), batch)
                     now = time.monotonic()
                     self.ack_ms.extend((now - t0) * 1000.0 for _, t0 in batch)
                 self._drain()
@@ -301,15 +301,19 @@ class PgLedger(Ledger):
             if last:
                 return
 
-    def _deliver(self, items: list[Item]) -> None:
+    def _deliver(self, items: list[Item], batch: object) -> None:
         """To the database when it is up and nothing older waits in the spool; else to the
-        spool."""
+        spool (unless :meth:`close` took ``batch``, the queue entries of ``items``, and spooled
+        them itself)."""
         if not self._spooled and self._may_try():
             try:
                 self._commit_isolating(items)
                 return
             except _DOWN as e:
                 self._mark_down(e)
+        with self._cv:
+            if self._inflight is not batch:
+                return
         self._spool(items)
 
     def _spool(self, items: list[Item]) -> None:
@@ -483,9 +487,10 @@ class PgLedger(Ledger):
                 return
             self._stopping = True
             self._cv.notify_all()
-        self._thread.join(self.shutdown_s if timeout_s is None else timeout_s)
+        bound = self.shutdown_s if timeout_s is None else timeout_s
+        self._thread.join(bound)
         if self._thread.is_alive():
-            self._spool_left_behind()
+            self._spool_left_behind(bound)
             return
         self._watch.stop()
         if self._conn is not None:
@@ -493,7 +498,7 @@ class PgLedger(Ledger):
         self._pool.close()
         self.spool.close()
 
-    def _spool_left_behind(self) -> None:
+    def _spool_left_behind(self, waited_s: float) -> None:
         """close()'s way out of a writer that is stuck: take its unacknowledged rows, spool
         them from this thread, cut its connection."""
         with self._cv:
@@ -503,8 +508,8 @@ class PgLedger(Ledger):
             self._cv.notify_all()
         try:
             refused = self.spool.put(_items(left)) if left else 0
-            log.error("ledger: the writer did not finish within %.0f s; %d rows spooled by the "
-                      "shutdown instead (%d refused by a full spool)", self.shutdown_s, len(left),
+            log.error("ledger: the writer did not finish within %g s; %d rows spooled by the "
+                      "shutdown instead (%d refused by a full spool)", waited_s, len(left),
                       refused)
         except Exception:
             log.exception("ledger: the writer did not finish; %d rows lost", len(left))
