@@ -41,9 +41,12 @@ def until(cond: Callable[[], bool], deadline_s: float = 30.0) -> bool:
 
 
 def recorded(url: str) -> tuple[int, int]:
-    """(rows, distinct row_ids) in ``url``'s ledger."""
+    """(rows, distinct row_ids) in ``url``'s ledger ((0, 0) before its first commit)."""
     with psycopg.connect(url) as c:
-        got = c.execute("SELECT count(*), count(DISTINCT row_id) FROM requests").fetchone()
+        try:
+            got = c.execute("SELECT count(*), count(DISTINCT row_id) FROM requests").fetchone()
+        except psycopg.errors.UndefinedTable:
+            return 0, 0
     assert got is not None
     return int(got[0]), int(got[1])
 

@@ -17,16 +17,18 @@ acknowledgement, or drained twice from the spool, is recorded once.
 
 Acknowledged = committed in PostgreSQL, or stored in the on-disk spool. A replica killed with
 SIGKILL loses only the rows still queued in memory: at most the rows of the last
-``flush_interval_s + write_timeout_s`` (one timer window while the database answers; while it
-hangs, the rows that queued behind the attempt the watchdog is still timing). One stopped with
-SIGTERM flushes them first and loses none: :meth:`PgLedger.close` waits at most
+``flush_interval_s + 2 * write_timeout_s`` — one timer window while the database answers
+promptly; from the moment it stops answering, ``flush_interval_s + write_timeout_s`` (the round
+that hangs ends at its deadline, and the rows queued behind it go straight to the spool). One
+stopped with SIGTERM flushes them first and loses none: :meth:`PgLedger.close` waits at most
 :attr:`PgLedger.shutdown_s` for the writer, then spools what it still holds itself.
 
-A hung database (issue 34): every call the writer makes on its connection runs under a
-client-side deadline, ``write_timeout_s`` (:mod:`prefixgate.cache.ledger.watchdog`, which cuts the
-socket; libpq keepalives and ``tcp_user_timeout`` catch a silent peer host too): past it the
-batch goes to the spool like any outage's, and ``state()["up"]`` is False as soon as a call has
-been waiting :data:`STALL_S`, so ``/healthz`` says so while it hangs, not only after.
+A hung database (issue 34): each round of the writer (its batch, then the spool's drain) runs
+under one client-side deadline, ``write_timeout_s``: the connect is bounded by libpq's
+``connect_timeout`` and every call on the connection by :mod:`prefixgate.cache.ledger.watchdog`,
+which cuts the socket (libpq keepalives and ``tcp_user_timeout`` catch a silent peer host too).
+Past it the batch goes to the spool like any outage's, and ``state()["up"]`` is False as soon as a
+call has been waiting :data:`STALL_S`, so ``/healthz`` says so while it hangs, not only after.
 
 PostgreSQL unreachable: requests are still served. A batch that cannot be committed (connection
 refused or lost, a timeout) goes to the bounded spool (:mod:`prefixgate.cache.ledger.spool`,
@@ -204,6 +206,7 @@ class PgLedger(Ledger):
         self._queue: deque[tuple[tuple[str, Any], float]] = deque()  # (kind, row | dict), t0
         self._inflight: list[tuple[tuple[str, Any], float]] = []  # taken from the queue, unacked
         self._busy_since: float | None = None  # a call on the writer's connection started then
+        self._round_ends = 0.0  # the writer's current round must end by then (monotonic)
         self._watch = Watchdog()
         self._cv = threading.Condition()
         self._lock = threading.Lock()
@@ -284,12 +287,14 @@ class PgLedger(Ledger):
                 batch = [self._queue.popleft() for _ in range(min(MAX_BATCH, len(self._queue)))]
                 self._inflight = batch
                 last = self._stopping and not self._queue
+            # one deadline for this round's calls (the batch, then the spool's drain): rows
+            # queued meanwhile wait at most write_timeout_s for the writer to come back
+            self._round_ends = time.monotonic() + self.write_timeout_s
             try:
                 if batch:
                     self._deliver(_items(batch), batch)
                     now = time.monotonic()
                     self.ack_ms.extend((now - t0) * 1000.0 for _, t0 in batch)
-                self._drain()
             except Exception:
                 log.exception("ledger writer: %d rows lost", len(batch))
             finally:
@@ -298,6 +303,10 @@ class PgLedger(Ledger):
                         self._pending -= len(batch)
                         self._inflight = []
                     self._cv.notify_all()
+            try:
+                self._drain()
+            except Exception:
+                log.exception("ledger writer: the spool's drain failed; retried later")
             if last:
                 return
 
@@ -326,7 +335,7 @@ class PgLedger(Ledger):
         """Move spooled rows to the database, oldest first, while it answers (a bounded number
         of batches per call, so new rows are not kept waiting)."""
         for _ in range(64):
-            if not self._spooled or not self._may_try():
+            if not self._spooled or not self._may_try() or self._left_s() <= 0:
                 return
             got = self.spool.peek(MAX_BATCH)
             if not got:
@@ -372,7 +381,13 @@ class PgLedger(Ledger):
             self.bad_rows_dropped += 1
         commit_isolating(items, self._commit, _is_fault, bad)
 
+    def _left_s(self) -> float:
+        """Seconds left of this round's deadline (``write_timeout_s`` from its start)."""
+        return self._round_ends - time.monotonic()
+
     def _commit(self, items: Sequence[Item]) -> None:
+        if self._left_s() <= 0:
+            raise psycopg.OperationalError("the writer's round has no time left")
         if self._conn is None or self._conn.closed:
             self._tried_at = time.monotonic()
             conn = psycopg.connect(self.url, **self._conn_kwargs())
@@ -395,12 +410,13 @@ class PgLedger(Ledger):
 
     @contextlib.contextmanager
     def _deadline(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
-        """Run the block under the writer's client-side deadline on ``conn``: past
-        ``write_timeout_s`` the watchdog cuts the socket and the error raised in the block is
-        marked ``timed_out`` (so the log and ``last_error`` say "write timeout")."""
+        """Run the block under the writer's client-side deadline on ``conn`` (what is left of
+        the round's ``write_timeout_s``): past it the watchdog cuts the socket and the error
+        raised in the block is marked ``timed_out`` (the log and ``last_error`` say "write
+        timeout")."""
         self._busy_since = time.monotonic()
         try:
-            with self._watch.guard(conn.fileno(), self.write_timeout_s) as g:
+            with self._watch.guard(conn.fileno(), max(0.0, self._left_s())) as g:
                 try:
                     yield
                 except BaseException as e:
