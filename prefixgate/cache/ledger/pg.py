@@ -441,12 +441,12 @@ class PgLedger(Ledger):
 
     def state(self) -> dict[str, Any]:
         """``{"kind": "postgresql", "up", "spooled_rows", "spool_dropped", "queued",
-        "spool_max_rows", "last_error", "bad_rows_dropped", "spool_path", "spool_error"}``:
+        "spool_max_rows", "last_error", "bad_rows_dropped", "spool", "spool_error"}``:
         ``up`` is False from a failed attempt until one succeeds (False too before the first
         commit has been tried), and while a call on the writer's connection has been waiting
-        longer than :data:`STALL_S` (``last_error`` then says since when); ``spool_error`` says
-        why the spool is in memory ("" when it is on disk at ``spool_path``). Figures are the
-        writer's own, read without touching the database."""
+        longer than :data:`STALL_S` (``last_error`` then says since when); ``spool`` is "disk"
+        or "memory" (the path could not be used) and ``spool_error`` says why ("" on disk).
+        Figures are the writer's own, read without touching the database."""
         up, err = self._up, self.last_error
         since = self._busy_since
         waited = time.monotonic() - since if since is not None else 0.0
@@ -455,7 +455,8 @@ class PgLedger(Ledger):
         return {"kind": self.kind, "up": up, "spooled_rows": self._spooled,
                 "spool_dropped": self.spool.dropped, "queued": self._pending,
                 "spool_max_rows": self.spool.max_rows, "last_error": err,
-                "bad_rows_dropped": self.bad_rows_dropped, "spool_path": self.spool.path,
+                "bad_rows_dropped": self.bad_rows_dropped,
+                "spool": "memory" if self.spool.path == ":memory:" else "disk",
                 "spool_error": self.spool.error}
 
     # -- reading ------------------------------------------------------------------------------

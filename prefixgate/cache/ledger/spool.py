@@ -66,7 +66,8 @@ class Spool:
         self.dropped = 0
         self.undecodable = 0
         self.error = ""
-        """Why the spool is in memory instead of at the path asked for ("" when it is not)."""
+        """Why the spool is in memory instead of at the path asked for ("" when it is not;
+        the error's kind and message, never the path)."""
         self.moved_aside: str | None = None
         """Where an unusable file found at the path was moved (None: none was)."""
         self._lock = threading.Lock()
@@ -90,10 +91,12 @@ class Spool:
                     self.moved_aside = _move_aside(fp, e)
                 return str(fp), self._connect(str(fp))
         except (OSError, sqlite3.Error) as e:
-            self.error = f"{type(e).__name__}: {e}"
-            log.error("ledger spool %s cannot be used (%s): spooling in memory instead (at most "
-                      "%d rows, lost if this process ends while PostgreSQL is down)",
-                      fp, self.error, self.max_rows)
+            # the reason without the path: /healthz is open, the log has the path
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            self.error = f"{type(e).__name__}: {why}"
+            log.error("ledger spool %s cannot be used (%s: %s): spooling in memory instead (at "
+                      "most %d rows, lost if this process ends while PostgreSQL is down)",
+                      fp, type(e).__name__, e, self.max_rows)
             return ":memory:", self._connect(":memory:")
 
     @staticmethod
