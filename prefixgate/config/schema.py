@@ -317,8 +317,9 @@ class LedgerSettings(_Strict):
     ``flush_interval_s``: the writer commits what has queued at least this often (seconds);
     ``spool_path`` / ``spool_max_rows``: while PostgreSQL is unreachable rows wait in this SQLite
     file, at most this many (later ones are dropped and counted), and drain when it returns;
-    ``write_timeout_s``: the writer's client-side deadline on one call to PostgreSQL (a hung
-    server: past it the batch spools, issue 34)."""
+    ``write_timeout_s``: the writer's client-side deadline on one round with PostgreSQL
+    (connect, batch, spool drain; a hung server: past it the batch spools, issue 34), which
+    also bounds what a SIGKILL can lose (``docs/workers.md``)."""
 
     path: str = "~/.cache/prefixgate/ledger.sqlite"
     redis_url: str | None = None
