@@ -154,3 +154,39 @@ def test_a_writer_stuck_past_close_bound_has_its_rows_spooled_by_close(
     proxy.set_mode("pass")
     drain(spool, fresh_pg)
     assert recorded(fresh_pg) == (21, 21)
+
+
+def test_a_read_during_a_hang_fails_instead_of_blocking_its_thread(
+        proxied: tuple[str, TcpFaultProxy], tmp_path: Path) -> None:
+    """``/api/savings`` reads in a worker thread: before, a read on a hung database blocked that
+    thread for good (the pool's check on checkout had no deadline), and enough of them would
+    have taken every worker thread of the proxy. Now it raises (the pool's timeout)."""
+    url, proxy = proxied
+    led = PgLedger(url, spool_path=tmp_path / "spool.sqlite")
+    led.write(LedgerRow(model="a"))
+    assert len(led.rows()) == 1  # a pooled reader connection is open and idle
+    proxy.set_mode("hang")
+    outcome: list[str] = []
+
+    def read() -> None:
+        try:
+            led.rows()
+            outcome.append("rows")
+        except Exception as e:  # PoolTimeout / OperationalError: the database is unreachable
+            outcome.append(type(e).__name__)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "a read blocked its thread on a hung database"
+    assert outcome and outcome != ["rows"]
+    proxy.set_mode("pass")
+    assert until(lambda: _read_ok(led))
+    led.close()
+
+
+def _read_ok(led: PgLedger) -> bool:
+    try:
+        return len(led.rows()) == 1
+    except Exception:
+        return False

@@ -95,6 +95,8 @@ READ_TIMEOUT_S = 5.0
 """A reader waits this long for a pooled connection, then raises ``psycopg_pool.PoolTimeout``."""
 READ_QUERY_TIMEOUT_S = 30.0
 """Client-side deadline of one read on a pooled connection (the watchdog cuts it past this)."""
+CHECK_TIMEOUT_S = 2.0
+"""Client-side deadline of the pool's check of a connection on checkout."""
 ACK_SAMPLES = 65_536
 _DOWN = (psycopg.OperationalError, psycopg.InterfaceError)
 """Errors that mean "the database is not reachable now" (spool and retry), not "bad row"."""
@@ -225,7 +227,7 @@ class PgLedger(Ledger):
         self.ack_ms: deque[float] = deque(maxlen=ACK_SAMPLES)
         """Milliseconds from :meth:`write` to acknowledgement (database or spool), newest last."""
         self._pool = ConnectionPool(url, min_size=0, max_size=4, open=False, name="ledger-read",
-                                    check=ConnectionPool.check_connection,
+                                    check=self._check_read_connection,
                                     kwargs=self._conn_kwargs())
         self._pool.open(wait=False)
         self._thread = threading.Thread(target=self._run, name="ledger-pg-writer", daemon=True)
@@ -460,6 +462,13 @@ class PgLedger(Ledger):
                 "spool_error": self.spool.error}
 
     # -- reading ------------------------------------------------------------------------------
+
+    def _check_read_connection(self, conn: psycopg.Connection[Any]) -> None:
+        """The pool's check on checkout (an empty statement), under the watchdog: a hung server
+        fails the check in :data:`CHECK_TIMEOUT_S` and the pool tries another connection,
+        instead of the reader (a worker thread of ``/api/savings``) blocking forever."""
+        with self._watch.guard(conn.fileno(), CHECK_TIMEOUT_S):
+            ConnectionPool.check_connection(conn)
 
     def _read(self, fn: Any) -> Any:
         self.flush(READ_TIMEOUT_S)  # read-your-writes while the database is up
