@@ -29,7 +29,7 @@ from tests.proxy.upstream import Script, ScriptedUpstream, completion
 from tests.servers import serve_app
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
-WRITE_TIMEOUT_S = 1.0
+WRITE_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -74,13 +74,13 @@ def through_fault(rig: WriterRig, fault: str, n: int) -> None:
     assert until(lambda: rig.health()[1]["up"] is False), f"/healthz said up during {fault}"
     assert until(lambda: rig.health()[1]["queued"] == 0), f"rows stuck in memory during {fault}"
     status, st = rig.health()
-    assert status == 200 and st["spooled_rows"] >= n and st["last_error"]
+    assert status == 200 and st["spooled_rows"] >= n and st["last_error"], st
 
 
 def recovered(rig: WriterRig) -> None:
     rig.db.set_mode("pass")
-    assert until(lambda: rig.health()[1]["spooled_rows"] == 0), "the spool did not drain"
-    assert until(lambda: rig.health()[1]["up"] is True)
+    assert until(lambda: rig.health()[1]["spooled_rows"] == 0), rig.health()
+    assert until(lambda: rig.health()[1]["up"] is True), rig.health()
 
 
 @pytest.mark.parametrize("fault", ["hang", "reset", "close"])
@@ -91,7 +91,9 @@ def test_a_database_fault_under_traffic_loses_no_row_and_records_each_once(
     through_fault(rig, fault, 10)
     recovered(rig)
     assert rig.send(5) == [200] * 5
-    rig.ledger.flush(30)
+    # acknowledged may mean spooled (a commit past the deadline on a loaded machine): wait for
+    # the rows to reach the database, then count them
+    assert until(lambda: recorded(fresh_pg)[0] >= 25)
     assert recorded(fresh_pg) == (25, 25)
     assert sum(r["data"]["requests"] for r in rig.ledger.rollups(0, 4e9)) == 25
 
@@ -104,6 +106,6 @@ def test_faults_in_sequence_lose_no_row_and_record_each_once(rig: WriterRig,
         through_fault(rig, fault, 6)
         total += 10
         recovered(rig)
-    rig.ledger.flush(30)
+    assert until(lambda: recorded(fresh_pg)[0] >= total)
     assert recorded(fresh_pg) == (total, total)
     assert sum(r["data"]["requests"] for r in rig.ledger.rollups(0, 4e9)) == total

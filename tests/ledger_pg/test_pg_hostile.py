@@ -33,6 +33,14 @@ CLEANED: dict[str, dict[str, Any]] = {
 }
 
 
+def settle(led: PgLedger) -> None:
+    """Wait until nothing waits in the spool (a round past its deadline on a loaded machine
+    spools what it had not committed yet; it drains at the next)."""
+    deadline = time.monotonic() + 60  # against hanging, not a timing assertion
+    while led.state()["spooled_rows"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _models(url: str) -> list[str]:
     with psycopg.connect(url) as c:
         return [r[0] for r in c.execute("SELECT model FROM requests ORDER BY id").fetchall()]
@@ -47,6 +55,7 @@ def test_a_hostile_row_is_recorded_cleaned_with_its_whole_batch(fresh_pg: str, t
             led.write(LedgerRow(**{"model": f"m{i}", "tenant": "t",
                                    **(CLEANED[case] if i == 12 else {})}))
     led.flush(30)
+    settle(led)
     models = _models(fresh_pg)
     assert len(models) == 40 and led.state()["bad_rows_dropped"] == 0
     assert [m for i, m in enumerate(models) if i != 12] == [f"m{i}" for i in range(40) if i != 12]
@@ -65,6 +74,7 @@ def test_a_value_postgres_refuses_costs_that_row_only(fresh_pg: str, tmp_path: P
         for i in range(40):
             led.write(bad if i == 28 else LedgerRow(model=f"m{i}"))
     led.flush(30)
+    settle(led)
     assert _models(fresh_pg) == [f"m{i}" for i in range(40) if i != 28]
     assert led.state()["bad_rows_dropped"] == 1
     msgs = [r.getMessage() for r in caplog.records]
@@ -87,9 +97,7 @@ def test_a_bad_row_in_the_spool_costs_only_itself_when_the_outage_drains(fresh_p
     assert down.state()["spooled_rows"] == 50
     down.close()
     led = PgLedger(fresh_pg, spool_path=spool, retry_s=0.05)
-    deadline = time.monotonic() + 60  # against hanging, not a timing assertion
-    while led.state()["spooled_rows"] and time.monotonic() < deadline:
-        time.sleep(0.05)
+    settle(led)
     models = _models(fresh_pg)
     assert len(models) == 49 and led.state()["bad_rows_dropped"] == 1
     assert models[9] == f"x{REPLACEMENT}y" and "m33" not in models
@@ -119,6 +127,7 @@ def test_a_client_model_name_with_nul_never_erases_other_clients_rows(fresh_pg: 
                 c.post(url + "/v1/chat/completions",
                        json={"model": model, "messages": [{"role": "user", "content": "x"}]})
             led.flush(30)
+            settle(led)
             models = _models(fresh_pg)
             assert len(models) == 21
             assert [m for m in models if m.startswith("m")] == [f"m{i}" for i in range(21)

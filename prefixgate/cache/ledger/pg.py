@@ -16,16 +16,20 @@ count). ``row_id`` is chosen by the proxy when the row is made, so a batch sent 
 acknowledgement, or drained twice from the spool, is recorded once.
 
 Acknowledged = committed in PostgreSQL, or stored in the on-disk spool. A replica killed with
-SIGKILL loses only the rows still queued in memory: at most the rows of the last
-``flush_interval_s + 2 * write_timeout_s`` — one timer window while the database answers
-promptly; from the moment it stops answering, ``flush_interval_s + write_timeout_s`` (the round
-that hangs ends at its deadline, and the rows queued behind it go straight to the spool). One
+SIGKILL loses only the rows still queued in memory. A writer round with the database (a
+connect, bounded by :data:`CONNECT_TIMEOUT_S`, then the calls, by ``write_timeout_s``) lasts at
+most ``R = CONNECT_TIMEOUT_S + write_timeout_s``, and a row waits at most for the round in
+progress and its own: at most the rows of the last ``flush_interval_s + 2R`` are lost — one timer
+window while the database answers promptly; from the moment it stops answering,
+``flush_interval_s + R`` (the round that hangs ends at its deadline, and the rows queued behind
+it go straight to the spool). One
 stopped with SIGTERM flushes them first and loses none: :meth:`PgLedger.close` waits at most
 :attr:`PgLedger.shutdown_s` for the writer, then spools what it still holds itself.
 
 A hung database (issue 34): each round of the writer (its batch, then the spool's drain) runs
-under one client-side deadline, ``write_timeout_s``: the connect is bounded by libpq's
-``connect_timeout`` and every call on the connection by :mod:`prefixgate.cache.ledger.watchdog`,
+under one client-side deadline, ``write_timeout_s`` (from the round's start, or from a connect
+made in it): the connect is bounded by ``connect_timeout`` and every call on the connection by
+:mod:`prefixgate.cache.ledger.watchdog`,
 which cuts the socket (libpq keepalives and ``tcp_user_timeout`` catch a silent peer host too).
 Past it the batch goes to the spool like any outage's, and ``state()["up"]`` is False as soon as a
 call has been waiting :data:`STALL_S`, so ``/healthz`` says so while it hangs, not only after.
@@ -384,7 +388,8 @@ class PgLedger(Ledger):
         commit_isolating(items, self._commit, _is_fault, bad)
 
     def _left_s(self) -> float:
-        """Seconds left of this round's deadline (``write_timeout_s`` from its start)."""
+        """Seconds left of this round's deadline (``write_timeout_s`` from its start, or from
+        the connection made in it: a connect has its own bound, :data:`CONNECT_TIMEOUT_S`)."""
         return self._round_ends - time.monotonic()
 
     def _commit(self, items: Sequence[Item]) -> None:
@@ -393,6 +398,9 @@ class PgLedger(Ledger):
         if self._conn is None or self._conn.closed:
             self._tried_at = time.monotonic()
             conn = psycopg.connect(self.url, **self._conn_kwargs())
+            # the calls get their full deadline after a connect (bounded on its own): a slow
+            # but working server is reached again, never refused for the connect's time
+            self._round_ends = max(self._round_ends, time.monotonic() + self.write_timeout_s)
             try:
                 with self._deadline(conn):
                     migrate(conn)
