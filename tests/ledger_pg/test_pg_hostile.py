@@ -136,3 +136,44 @@ def test_a_client_model_name_with_nul_never_erases_other_clients_rows(fresh_pg: 
             assert h["ledger"]["bad_rows_dropped"] == 0
             assert "prefixgate_ledger_bad_rows_dropped 0.0" in c.get(url + "/metrics").text
     led.close()
+
+
+def _astral(n: int, seed: int) -> str:
+    """``n`` distinct-looking 4-byte characters (incompressible, so an index entry stays big)."""
+    return "".join(chr(0x20000 + (seed * 7919 + i * 104729) % 0xFFFF) for i in range(n))
+
+
+def test_a_row_too_big_for_an_index_is_isolated_not_taken_for_an_outage(fresh_pg: str,
+                                                                         tmp_path: Path) -> None:
+    """A rollup key of four 256-character names in 4-byte characters exceeds PostgreSQL's
+    btree entry limit: SQLSTATE 54000, which psycopg files under OperationalError. Before, the
+    writer took it for an outage: the batch went to the spool and stayed at its head for good,
+    every later row behind it, ``up`` false forever. Now the row is isolated and dropped."""
+    led = PgLedger(fresh_pg, spool_path=tmp_path / "spool.sqlite", retry_s=0.1)
+    with led._cv:
+        for i in range(40):
+            if i == 5:
+                led.write(LedgerRow(model=_astral(256, 1), route=_astral(256, 2),
+                                    backend=_astral(256, 3), tenant=_astral(256, 4)))
+            else:
+                led.write(LedgerRow(model=f"m{i}"))
+    led.flush(30)
+    settle(led)
+    assert _models(fresh_pg) == [f"m{i}" for i in range(40) if i != 5]
+    st = led.state()
+    assert st["bad_rows_dropped"] == 1 and st["spooled_rows"] == 0 and st["up"] is True
+    led.close()
+
+
+def test_errors_are_told_apart_by_sqlstate_class() -> None:
+    from prefixgate.cache.ledger.pg import is_fault
+    content = [psycopg.errors.ProgramLimitExceeded("index row size"),
+               psycopg.errors.StringDataRightTruncation("too long"),
+               psycopg.errors.UniqueViolation("dup"), psycopg.DataError("NUL byte"),
+               UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")]
+    faults = [psycopg.OperationalError("server closed the connection unexpectedly"),
+              psycopg.errors.AdminShutdown("terminating"), psycopg.errors.QueryCanceled("timeout"),
+              psycopg.errors.UndefinedTable("requests"), psycopg.errors.DiskFull("full"),
+              psycopg.errors.SerializationFailure("retry"), psycopg.InterfaceError("closed")]
+    assert [is_fault(e) for e in content] == [False] * len(content)
+    assert [is_fault(e) for e in faults] == [True] * len(faults)

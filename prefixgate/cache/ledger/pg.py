@@ -103,10 +103,26 @@ CHECK_TIMEOUT_S = 2.0
 """Client-side deadline of the pool's check of a connection on checkout."""
 ACK_SAMPLES = 65_536
 _DOWN = (psycopg.OperationalError, psycopg.InterfaceError)
-"""Errors that mean "the database is not reachable now" (spool and retry), not "bad row"."""
+"""Client-side errors that mean "the database is not reachable now" (spool and retry)."""
+CONTENT_SQLSTATE_CLASSES = ("22", "23", "54")
+"""SQLSTATE classes the server gives a row's *content*: data exception (a NUL byte, a number
+out of range), integrity violation, program limit exceeded (an index entry too large: psycopg
+files it under OperationalError, which made one such row look like an outage and stay at the head
+of the spool forever). Any other server error (a dropped table, a restart, a lock or statement
+timeout, a full disk) is a fault: the rows wait in the spool until it is fixed."""
 
 
-def _is_fault(e: BaseException) -> bool:
+def is_fault(e: BaseException) -> bool:
+    """True when ``e`` means "retry the whole batch later" (spool it), False when it is the
+    batch's content (isolate the row): a server error by its SQLSTATE class
+    (:data:`CONTENT_SQLSTATE_CLASSES`), a client-side psycopg error by its type (connection
+    and timeout errors are faults), and anything else (an encoding or type error of a value on
+    our side) is content."""
+    if not isinstance(e, psycopg.Error):
+        return False
+    state = getattr(e, "sqlstate", None)
+    if state:
+        return state[:2] not in CONTENT_SQLSTATE_CLASSES
     return isinstance(e, _DOWN)
 _ROW_COLUMNS = ["id", *COLUMNS]
 
@@ -324,7 +340,7 @@ class PgLedger(Ledger):
             try:
                 self._commit_isolating(items)
                 return
-            except _DOWN as e:
+            except psycopg.Error as e:  # a fault (content errors are isolated inside)
                 self._mark_down(e)
         with self._cv:
             if self._inflight is not batch:
@@ -349,7 +365,7 @@ class PgLedger(Ledger):
                 return
             try:
                 self._commit_isolating([(k, clean_row(p)) for _, k, p in got])
-            except _DOWN as e:
+            except psycopg.Error as e:  # a fault (content errors are isolated inside)
                 self._mark_down(e)
                 return
             self.spool.remove([s for s, _, _ in got])
@@ -385,7 +401,7 @@ class PgLedger(Ledger):
                       "rest of its batch kept", kind,
                       payload.get("row_id") or payload.get("break_id"), type(e).__name__)
             self.bad_rows_dropped += 1
-        commit_isolating(items, self._commit, _is_fault, bad)
+        commit_isolating(items, self._commit, is_fault, bad)
 
     def _left_s(self) -> float:
         """Seconds left of this round's deadline (``write_timeout_s`` from its start, or from
