@@ -316,7 +316,10 @@ class LedgerSettings(_Strict):
     names this process in the rows' ``replica`` column (default ``<hostname>:<pid>``);
     ``flush_interval_s``: the writer commits what has queued at least this often (seconds);
     ``spool_path`` / ``spool_max_rows``: while PostgreSQL is unreachable rows wait in this SQLite
-    file, at most this many (later ones are dropped and counted), and drain when it returns."""
+    file, at most this many (later ones are dropped and counted), and drain when it returns;
+    ``write_timeout_s``: the writer's client-side deadline on one round with PostgreSQL
+    (connect, batch, spool drain; a hung server: past it the batch spools, issue 34), which
+    also bounds what a SIGKILL can lose (``docs/workers.md``)."""
 
     path: str = "~/.cache/prefixgate/ledger.sqlite"
     redis_url: str | None = None
@@ -328,6 +331,7 @@ class LedgerSettings(_Strict):
     flush_interval_s: float = Field(0.02, gt=0, le=60)
     spool_path: str = "~/.cache/prefixgate/ledger-spool.sqlite"
     spool_max_rows: int = Field(100_000, ge=1)
+    write_timeout_s: float = Field(5.0, gt=0, le=600)
 
     @field_validator("url")
     @classmethod

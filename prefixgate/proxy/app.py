@@ -169,8 +169,9 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
             await state.side.aclose()
             await state.upstream.close()
             # a batched writer's queued rows reach the disk / the database (or its spool): this
-            # is what SIGTERM runs (uvicorn's shutdown), off the loop
-            await anyio.to_thread.run_sync(state.ledger.flush)
+            # is what SIGTERM runs (uvicorn's shutdown), off the loop, bounded for a hung store
+            # (what is left then is spooled by the ledger's close, at exit)
+            await anyio.to_thread.run_sync(state.ledger.flush, state.ledger.shutdown_s)
             await state.guard.drain()  # rate-limit token writes in flight reach Redis
             if link is not None:
                 await link.close()

@@ -16,17 +16,36 @@ count). ``row_id`` is chosen by the proxy when the row is made, so a batch sent 
 acknowledgement, or drained twice from the spool, is recorded once.
 
 Acknowledged = committed in PostgreSQL, or stored in the on-disk spool. A replica killed with
-SIGKILL loses only the rows still queued in memory (at most one timer window of traffic); one
-stopped with SIGTERM flushes them first and loses none.
+SIGKILL loses only the rows still queued in memory. A writer round with the database (a
+connect, bounded by :data:`CONNECT_TIMEOUT_S`, then the calls, by ``write_timeout_s``) lasts at
+most ``R = CONNECT_TIMEOUT_S + write_timeout_s``, and a row waits at most for the round in
+progress and its own: at most the rows of the last ``flush_interval_s + 2R`` are lost — one timer
+window while the database answers promptly; from the moment it stops answering,
+``flush_interval_s + R`` (the round that hangs ends at its deadline, and the rows queued behind
+it go straight to the spool). One
+stopped with SIGTERM flushes them first and loses none: :meth:`PgLedger.close` waits at most
+:attr:`PgLedger.shutdown_s` for the writer, then spools what it still holds itself.
+
+A hung database (issue 34): each round of the writer (its batch, then the spool's drain) runs
+under one client-side deadline, ``write_timeout_s`` (from the round's start, or from a connect
+made in it): the connect is bounded by ``connect_timeout`` and every call on the connection by
+:mod:`prefixgate.cache.ledger.watchdog`,
+which cuts the socket (libpq keepalives and ``tcp_user_timeout`` catch a silent peer host too).
+Past it the batch goes to the spool like any outage's, and ``state()["up"]`` is False as soon as a
+call has been waiting :data:`STALL_S`, so ``/healthz`` says so while it hangs, not only after.
 
 PostgreSQL unreachable: requests are still served. A batch that cannot be committed (connection
 refused or lost, a timeout) goes to the bounded spool (:mod:`prefixgate.cache.ledger.spool`,
 ``ledger.spool_path``, at most ``ledger.spool_max_rows`` rows); while the spool holds anything,
 new rows join it behind the older ones, the database is tried again every :data:`RETRY_S`, and
 once it answers the spool drains oldest first. :meth:`PgLedger.state` says which
-(``/healthz``'s ``ledger`` object, the ``prefixgate_ledger_*`` gauges). A batch the database
-refuses for its content (not a connection fault) is dropped and logged with its size, as the
-SQLite writer drops a batch that failed every retry.
+(``/healthz``'s ``ledger`` object, the ``prefixgate_ledger_*`` gauges).
+
+Hostile content (issue 34): every row is cleaned before it is spooled or sent
+(:mod:`prefixgate.cache.ledger.sanitize`: NUL, lone surrogates, 64-bit range, bounded lengths), and
+a batch the database still refuses for its content (not a connection fault) is bisected
+(:mod:`prefixgate.cache.ledger.isolate`): only the rows that fail alone are dropped, each logged by
+its ``row_id`` and counted (``bad_rows_dropped``), never the batch around them.
 
 The writer keeps one connection of its own; readers take connections from a
 ``psycopg_pool.ConnectionPool`` (checked on checkout, so a restarted server costs no failed
@@ -38,6 +57,7 @@ the writer's first connection (:mod:`prefixgate.cache.ledger.pg_schema`).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import threading
@@ -45,7 +65,7 @@ import time
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -53,9 +73,12 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from prefixgate.cache.ledger import announced_rows, rollup
+from prefixgate.cache.ledger.isolate import commit_isolating
 from prefixgate.cache.ledger.pg_schema import migrate, missing_columns
+from prefixgate.cache.ledger.sanitize import clean_row
 from prefixgate.cache.ledger.spool import Item, Spool
 from prefixgate.cache.ledger.store import COLUMNS, Ledger, LedgerRow, default_replica
+from prefixgate.cache.ledger.watchdog import Watchdog
 from prefixgate.config.schema import LedgerSettings
 
 log = logging.getLogger("prefixgate.ledger")
@@ -65,12 +88,42 @@ MAX_BATCH = 512
 RETRY_S = 1.0
 """While the database is unreachable, seconds between attempts (rows spool meanwhile)."""
 CONNECT_TIMEOUT_S = 2
+"""Seconds a connection attempt may take, handshake included (psycopg enforces it)."""
 STATEMENT_TIMEOUT_MS = 10_000
+WRITE_TIMEOUT_S = 5.0
+"""Default client-side deadline of one call of the writer on its connection (a batch's
+transaction, the migrations): past it the watchdog cuts the connection and the batch spools."""
+STALL_S = 2.0
+"""A writer call waiting longer than this makes ``state()["up"]`` False (``/healthz``)."""
 READ_TIMEOUT_S = 5.0
 """A reader waits this long for a pooled connection, then raises ``psycopg_pool.PoolTimeout``."""
+READ_QUERY_TIMEOUT_S = 30.0
+"""Client-side deadline of one read on a pooled connection (the watchdog cuts it past this)."""
+CHECK_TIMEOUT_S = 2.0
+"""Client-side deadline of the pool's check of a connection on checkout."""
 ACK_SAMPLES = 65_536
 _DOWN = (psycopg.OperationalError, psycopg.InterfaceError)
-"""Errors that mean "the database is not reachable now" (spool and retry), not "bad row"."""
+"""Client-side errors that mean "the database is not reachable now" (spool and retry)."""
+CONTENT_SQLSTATE_CLASSES = ("22", "23", "54")
+"""SQLSTATE classes the server gives a row's *content*: data exception (a NUL byte, a number
+out of range), integrity violation, program limit exceeded (an index entry too large: psycopg
+files it under OperationalError, which made one such row look like an outage and stay at the head
+of the spool forever). Any other server error (a dropped table, a restart, a lock or statement
+timeout, a full disk) is a fault: the rows wait in the spool until it is fixed."""
+
+
+def is_fault(e: BaseException) -> bool:
+    """True when ``e`` means "retry the whole batch later" (spool it), False when it is the
+    batch's content (isolate the row): a server error by its SQLSTATE class
+    (:data:`CONTENT_SQLSTATE_CLASSES`), a client-side psycopg error by its type (connection
+    and timeout errors are faults), and anything else (an encoding or type error of a value on
+    our side) is content."""
+    if not isinstance(e, psycopg.Error):
+        return False
+    state = getattr(e, "sqlstate", None)
+    if state:
+        return state[:2] not in CONTENT_SQLSTATE_CLASSES
+    return isinstance(e, _DOWN)
 _ROW_COLUMNS = ["id", *COLUMNS]
 
 
@@ -160,16 +213,23 @@ class PgLedger(Ledger):
     def __init__(self, url: str, *, replica: str | None = None,
                  spool_path: str = "~/.cache/prefixgate/ledger-spool.sqlite",
                  spool_max_rows: int = 100_000, flush_interval_s: float = 0.02,
-                 retry_s: float = RETRY_S) -> None:
+                 retry_s: float = RETRY_S, write_timeout_s: float = WRITE_TIMEOUT_S) -> None:
         self.url = url
         self.path = url.split("@")[-1]  # host:port/db, never a password
         self.announced = announced_rows.AnnouncedRows()  # rows answered for, not yet queued
         self.replica = replica or default_replica()
         self.flush_interval_s = flush_interval_s
         self.retry_s = retry_s
+        self.write_timeout_s = write_timeout_s
+        self.shutdown_s = write_timeout_s + CONNECT_TIMEOUT_S + 1.0
+        """Longest :meth:`close` waits for the writer before spooling what it holds itself."""
         self.spool = Spool(spool_path, spool_max_rows)
         self._spooled = self.spool.size()  # rows left by an earlier run drain first
         self._queue: deque[tuple[tuple[str, Any], float]] = deque()  # (kind, row | dict), t0
+        self._inflight: list[tuple[tuple[str, Any], float]] = []  # taken from the queue, unacked
+        self._busy_since: float | None = None  # a call on the writer's connection started then
+        self._round_ends = 0.0  # the writer's current round must end by then (monotonic)
+        self._watch = Watchdog()
         self._cv = threading.Condition()
         self._lock = threading.Lock()
         self._pending = 0
@@ -182,10 +242,12 @@ class PgLedger(Ledger):
         self.last_error = ""
         self.batches = 0
         self.written = 0
+        self.bad_rows_dropped = 0
+        """Rows the database refused alone for their content (logged by ``row_id``)."""
         self.ack_ms: deque[float] = deque(maxlen=ACK_SAMPLES)
         """Milliseconds from :meth:`write` to acknowledgement (database or spool), newest last."""
         self._pool = ConnectionPool(url, min_size=0, max_size=4, open=False, name="ledger-read",
-                                    check=ConnectionPool.check_connection,
+                                    check=self._check_read_connection,
                                     kwargs=self._conn_kwargs())
         self._pool.open(wait=False)
         self._thread = threading.Thread(target=self._run, name="ledger-pg-writer", daemon=True)
@@ -199,12 +261,17 @@ class PgLedger(Ledger):
         assert settings.url is not None
         return cls(settings.url, replica=settings.replica, spool_path=settings.spool_path,
                    spool_max_rows=settings.spool_max_rows,
-                   flush_interval_s=settings.flush_interval_s)
+                   flush_interval_s=settings.flush_interval_s,
+                   write_timeout_s=settings.write_timeout_s)
 
-    @staticmethod
-    def _conn_kwargs() -> dict[str, Any]:
+    def _conn_kwargs(self) -> dict[str, Any]:
+        """libpq options of every connection: autocommit, the connect and statement timeouts,
+        TCP keepalives (a silent peer found in ~11 s) and ``tcp_user_timeout`` (data left
+        unacknowledged this long ends the connection), both under the watchdog's deadline."""
         return {"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S,
-                "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}"}
+                "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
+                "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
+                "keepalives_count": 3, "tcp_user_timeout": int(self.write_timeout_s * 1000)}
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -240,34 +307,43 @@ class PgLedger(Ledger):
                     self._cv.wait_for(lambda: len(self._queue) >= MAX_BATCH or self._stopping
                                       or self._flushing > 0, self.flush_interval_s)
                 batch = [self._queue.popleft() for _ in range(min(MAX_BATCH, len(self._queue)))]
+                self._inflight = batch
                 last = self._stopping and not self._queue
+            # one deadline for this round's calls (the batch, then the spool's drain): rows
+            # queued meanwhile wait at most write_timeout_s for the writer to come back
+            self._round_ends = time.monotonic() + self.write_timeout_s
             try:
                 if batch:
-                    self._deliver([(k, asdict(p) if isinstance(p, LedgerRow) else p)
-                                   for (k, p), _ in batch])
+                    self._deliver(_items(batch), batch)
                     now = time.monotonic()
                     self.ack_ms.extend((now - t0) * 1000.0 for _, t0 in batch)
-                self._drain()
             except Exception:
                 log.exception("ledger writer: %d rows lost", len(batch))
             finally:
                 with self._cv:
-                    self._pending -= len(batch)
+                    if self._inflight is batch:  # else close() spooled it itself
+                        self._pending -= len(batch)
+                        self._inflight = []
                     self._cv.notify_all()
+            try:
+                self._drain()
+            except Exception:
+                log.exception("ledger writer: the spool's drain failed; retried later")
             if last:
                 return
 
-    def _deliver(self, items: list[Item]) -> None:
+    def _deliver(self, items: list[Item], batch: object) -> None:
         """To the database when it is up and nothing older waits in the spool; else to the
-        spool."""
+        spool (unless :meth:`close` took ``batch``, the queue entries of ``items``, and spooled
+        them itself)."""
         if not self._spooled and self._may_try():
             try:
-                self._commit(items)
+                self._commit_isolating(items)
                 return
-            except _DOWN as e:
+            except psycopg.Error as e:  # a fault (content errors are isolated inside)
                 self._mark_down(e)
-            except psycopg.Error:
-                log.exception("ledger batch of %d rows refused by PostgreSQL; dropped", len(items))
+        with self._cv:
+            if self._inflight is not batch:
                 return
         self._spool(items)
 
@@ -281,20 +357,17 @@ class PgLedger(Ledger):
         """Move spooled rows to the database, oldest first, while it answers (a bounded number
         of batches per call, so new rows are not kept waiting)."""
         for _ in range(64):
-            if not self._spooled or not self._may_try():
+            if not self._spooled or not self._may_try() or self._left_s() <= 0:
                 return
             got = self.spool.peek(MAX_BATCH)
             if not got:
                 self._spooled = 0
                 return
             try:
-                self._commit([(k, p) for _, k, p in got])
-            except _DOWN as e:
+                self._commit_isolating([(k, clean_row(p)) for _, k, p in got])
+            except psycopg.Error as e:  # a fault (content errors are isolated inside)
                 self._mark_down(e)
                 return
-            except psycopg.Error:
-                log.exception("spooled ledger batch of %d rows refused by PostgreSQL; dropped",
-                              len(got))
             self.spool.remove([s for s, _, _ in got])
             self._spooled = self.spool.size()
             if not self._spooled:
@@ -304,11 +377,13 @@ class PgLedger(Ledger):
         return self._up or time.monotonic() - self._tried_at >= self.retry_s
 
     def _mark_down(self, e: BaseException) -> None:
+        why = (f"write timeout ({self.write_timeout_s:g} s)" if getattr(e, "timed_out", False)
+               else type(e).__name__)
         if self._up or not self.last_error:
             log.warning("ledger: PostgreSQL unreachable (%s); rows go to the spool %s",
-                        type(e).__name__, self.spool.path)
+                        why, self.spool.path)
         self._up = False
-        self.last_error = type(e).__name__
+        self.last_error = why
         self._tried_at = time.monotonic()
         if self._conn is not None:
             try:
@@ -317,21 +392,65 @@ class PgLedger(Ledger):
                 pass
             self._conn = None
 
-    def _commit(self, items: list[Item]) -> None:
+    def _commit_isolating(self, items: list[Item]) -> None:
+        """Commit ``items``, bisecting a batch refused for its content so that only the rows
+        refused alone are dropped (:mod:`prefixgate.cache.ledger.isolate`); a fault raises."""
+        def bad(item: Item, e: BaseException) -> None:
+            kind, payload = item
+            log.error("ledger %s %s refused by PostgreSQL for its content (%s); dropped, the "
+                      "rest of its batch kept", kind,
+                      payload.get("row_id") or payload.get("break_id"), type(e).__name__)
+            self.bad_rows_dropped += 1
+        commit_isolating(items, self._commit, is_fault, bad)
+
+    def _left_s(self) -> float:
+        """Seconds left of this round's deadline (``write_timeout_s`` from its start, or from
+        the connection made in it: a connect has its own bound, :data:`CONNECT_TIMEOUT_S`)."""
+        return self._round_ends - time.monotonic()
+
+    def _commit(self, items: Sequence[Item]) -> None:
+        if self._left_s() <= 0:
+            raise psycopg.OperationalError("the writer's round has no time left")
         if self._conn is None or self._conn.closed:
             self._tried_at = time.monotonic()
             conn = psycopg.connect(self.url, **self._conn_kwargs())
-            migrate(conn)
-            missing = missing_columns(conn)
+            # the calls get their full deadline after a connect (bounded on its own): a slow
+            # but working server is reached again, never refused for the connect's time
+            self._round_ends = max(self._round_ends, time.monotonic() + self.write_timeout_s)
+            try:
+                with self._deadline(conn):
+                    migrate(conn)
+                    missing = missing_columns(conn)
+            except BaseException:
+                conn.close()
+                raise
             if missing:
                 conn.close()
                 raise psycopg.OperationalError(
                     f"ledger table lacks columns {missing}: a migration is missing")
             self._conn = conn
-        with self._lock:
+        with self._lock, self._deadline(self._conn):
             self.written += insert_items(self._conn, items)
             self.batches += 1
         self._up, self.last_error = True, ""
+
+    @contextlib.contextmanager
+    def _deadline(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        """Run the block under the writer's client-side deadline on ``conn`` (what is left of
+        the round's ``write_timeout_s``): past it the watchdog cuts the socket and the error
+        raised in the block is marked ``timed_out`` (the log and ``last_error`` say "write
+        timeout")."""
+        self._busy_since = time.monotonic()
+        try:
+            with self._watch.guard(conn.fileno(), max(0.0, self._left_s())) as g:
+                try:
+                    yield
+                except BaseException as e:
+                    if g.fired:
+                        e.timed_out = True  # type: ignore[attr-defined]
+                    raise
+        finally:
+            self._busy_since = None
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Block until every row queued so far is acknowledged — committed, or spooled while
@@ -348,18 +467,37 @@ class PgLedger(Ledger):
 
     def state(self) -> dict[str, Any]:
         """``{"kind": "postgresql", "up", "spooled_rows", "spool_dropped", "queued",
-        "spool_max_rows", "last_error"}``: ``up`` is False from a failed attempt until one
-        succeeds (False too before the first commit has been tried); figures are the writer's
-        own, read without touching the database."""
-        return {"kind": self.kind, "up": self._up, "spooled_rows": self._spooled,
+        "spool_max_rows", "last_error", "bad_rows_dropped", "spool", "spool_error"}``:
+        ``up`` is False from a failed attempt until one succeeds (False too before the first
+        commit has been tried), and while a call on the writer's connection has been waiting
+        longer than :data:`STALL_S` (``last_error`` then says since when); ``spool`` is "disk"
+        or "memory" (the path could not be used) and ``spool_error`` says why ("" on disk).
+        Figures are the writer's own, read without touching the database."""
+        up, err = self._up, self.last_error
+        since = self._busy_since
+        waited = time.monotonic() - since if since is not None else 0.0
+        if waited > STALL_S:
+            up, err = False, f"no answer for {waited:.0f} s"
+        return {"kind": self.kind, "up": up, "spooled_rows": self._spooled,
                 "spool_dropped": self.spool.dropped, "queued": self._pending,
-                "spool_max_rows": self.spool.max_rows, "last_error": self.last_error}
+                "spool_max_rows": self.spool.max_rows, "last_error": err,
+                "bad_rows_dropped": self.bad_rows_dropped,
+                "spool": "memory" if self.spool.path == ":memory:" else "disk",
+                "spool_error": self.spool.error}
 
     # -- reading ------------------------------------------------------------------------------
 
+    def _check_read_connection(self, conn: psycopg.Connection[Any]) -> None:
+        """The pool's check on checkout (an empty statement), under the watchdog: a hung server
+        fails the check in :data:`CHECK_TIMEOUT_S` and the pool tries another connection,
+        instead of the reader (a worker thread of ``/api/savings``) blocking forever."""
+        with self._watch.guard(conn.fileno(), CHECK_TIMEOUT_S):
+            ConnectionPool.check_connection(conn)
+
     def _read(self, fn: Any) -> Any:
         self.flush(READ_TIMEOUT_S)  # read-your-writes while the database is up
-        with self._pool.connection(timeout=READ_TIMEOUT_S) as conn:
+        with self._pool.connection(timeout=READ_TIMEOUT_S) as conn, \
+                self._watch.guard(conn.fileno(), READ_QUERY_TIMEOUT_S):
             return fn(_QmarkConnection(conn))
 
     def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -388,16 +526,47 @@ class PgLedger(Ledger):
             (since_ts, *params)).fetchall())
         return [json.loads(r[0]) for r in got]
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
         """Flush (to the database or the spool), stop the writer, close the connections and the
-        spool; a second call is a no-op."""
+        spool; a second call is a no-op. Bounded: when the writer has not finished within
+        ``timeout_s`` (default :attr:`shutdown_s`), the rows it still holds — its batch in
+        flight and the queue — are spooled here (sent twice at worst, recorded once: ``row_id``)
+        and its connection is cut; the connections are then left to the process's exit."""
         with self._cv:
             if self._stopping:
                 return
             self._stopping = True
             self._cv.notify_all()
-        self._thread.join()
+        bound = self.shutdown_s if timeout_s is None else timeout_s
+        self._thread.join(bound)
+        if self._thread.is_alive():
+            self._spool_left_behind(bound)
+            return
+        self._watch.stop()
         if self._conn is not None:
             self._conn.close()
         self._pool.close()
         self.spool.close()
+
+    def _spool_left_behind(self, waited_s: float) -> None:
+        """close()'s way out of a writer that is stuck: take its unacknowledged rows, spool
+        them from this thread, cut its connection."""
+        with self._cv:
+            left = self._inflight + list(self._queue)
+            self._inflight, self._queue = [], deque()
+            self._pending = 0
+            self._cv.notify_all()
+        try:
+            refused = self.spool.put(_items(left)) if left else 0
+            log.error("ledger: the writer did not finish within %g s; %d rows spooled by the "
+                      "shutdown instead (%d refused by a full spool)", waited_s, len(left),
+                      refused)
+        except Exception:
+            log.exception("ledger: the writer did not finish; %d rows lost", len(left))
+        self._watch.cut_all()
+
+
+def _items(batch: Sequence[tuple[tuple[str, Any], float]]) -> list[Item]:
+    """Queued ``((kind, row | dict), t0)`` entries as cleaned spool / insert items."""
+    return [(k, clean_row(asdict(p) if isinstance(p, LedgerRow) else dict(p)))
+            for (k, p), _ in batch]

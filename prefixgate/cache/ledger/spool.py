@@ -17,19 +17,42 @@ Draining (:meth:`peek` oldest first, then :meth:`remove` once PostgreSQL committ
 idempotent: rows carry their ``row_id`` and the database inserts ``ON CONFLICT DO NOTHING``, so a
 process killed between the commit and the remove sends them again and nothing is doubled.
 Several ``--workers`` processes may share one spool file (SQLite serialises their writes).
+
+A spool that cannot be used never stops the proxy (issue 34): a file that is not a spool (not
+SQLite, a damaged page, another schema) is moved aside — renamed ``<name>.corrupt-<UTC time>``,
+its ``-wal`` / ``-shm`` with it, logged with the new name so its rows can still be read by hand —
+and a new spool is made in its place; a path that cannot be created or opened (a parent that is
+a file, no permission, a read-only disk) degrades to a spool in memory, with the same bound,
+logged as an error and named in :attr:`Spool.error` (``/healthz``'s ``ledger.spool_error``): rows
+of an outage then survive as long as the process, not a restart. An item that no longer decodes
+is removed when met and counted in :attr:`Spool.undecodable`, so one bad item cannot stop the
+drain behind it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sqlite3
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger("prefixgate.ledger")
+
 Item = tuple[str, dict[str, Any]]
 """(kind, payload): ``("row", {column: value})`` or ``("break", {...})``."""
+KINDS = ("row", "break")
+_COLUMNS = ["seq", "kind", "item"]
+_CORRUPT = ("SQLITE_NOTADB", "SQLITE_CORRUPT")
+"""SQLite errors that mean "this file is not a usable spool": moved aside."""
+
+
+class NotASpool(sqlite3.DatabaseError):
+    """A SQLite file whose ``spool`` table is not the spool's (another program's file)."""
 
 
 class Spool:
@@ -39,21 +62,60 @@ class Spool:
     def __init__(self, path: str | Path, max_rows: int) -> None:
         if max_rows < 1:
             raise ValueError("spool max_rows must be at least 1")
-        p = str(path)
-        if p != ":memory:":
-            fp = Path(p).expanduser()
-            fp.parent.mkdir(parents=True, exist_ok=True)
-            p = str(fp)
-        self.path = p
         self.max_rows = max_rows
         self.dropped = 0
+        self.undecodable = 0
+        self.error = ""
+        """Why the spool is in memory instead of at the path asked for ("" when it is not;
+        the error's kind and message, never the path)."""
+        self.moved_aside: str | None = None
+        """Where an unusable file found at the path was moved (None: none was)."""
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(p, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.execute("CREATE TABLE IF NOT EXISTS spool (seq INTEGER PRIMARY KEY, "
-                         "kind TEXT NOT NULL, item TEXT NOT NULL)")
+        self.path, self._db = self._open(str(path))
+
+    def _open(self, p: str) -> tuple[str, sqlite3.Connection]:
+        """(path, connection) of the spool at ``p``: made if missing, moved aside and made
+        again when unusable, in memory when it cannot be made (module docstring)."""
+        if p == ":memory:":
+            return p, self._connect(p)
+        fp = Path(p).expanduser()
+        try:
+            fp.parent.mkdir(parents=True, exist_ok=True)
+            seen = _inode(fp)
+            try:
+                return str(fp), self._connect(str(fp))
+            except sqlite3.DatabaseError as e:
+                if not isinstance(e, NotASpool) and getattr(e, "sqlite_errorname", "") not in _CORRUPT:
+                    raise
+                if _inode(fp) == seen:  # else another worker moved it and made a new one
+                    self.moved_aside = _move_aside(fp, e)
+                return str(fp), self._connect(str(fp))
+        except (OSError, sqlite3.Error) as e:
+            # the reason without the path: /healthz is open, the log has the path
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            self.error = f"{type(e).__name__}: {why}"
+            log.error("ledger spool %s cannot be used (%s: %s): spooling in memory instead (at "
+                      "most %d rows, lost if this process ends while PostgreSQL is down)",
+                      fp, type(e).__name__, e, self.max_rows)
+            return ":memory:", self._connect(":memory:")
+
+    @staticmethod
+    def _connect(p: str) -> sqlite3.Connection:
+        db = sqlite3.connect(p, check_same_thread=False, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA busy_timeout=5000")
+            db.execute("CREATE TABLE IF NOT EXISTS spool (seq INTEGER PRIMARY KEY, "
+                       "kind TEXT NOT NULL, item TEXT NOT NULL)")
+            have = [r[1] for r in db.execute("PRAGMA table_info(spool)")]
+            if have != _COLUMNS:
+                raise NotASpool(f"its spool table has columns {have}, not {_COLUMNS}")
+            db.execute("SELECT count(*), max(seq) FROM spool").fetchone()  # reads the pages
+        except BaseException:
+            db.close()
+            raise
+        return db
 
     def put(self, items: Sequence[Item]) -> int:
         """Store ``items`` in order, in one transaction, up to the bound; return how many were
@@ -74,11 +136,29 @@ class Spool:
         return refused
 
     def peek(self, limit: int) -> list[tuple[int, str, dict[str, Any]]]:
-        """The ``limit`` oldest items as ``(seq, kind, payload)``, oldest first (not removed)."""
+        """The ``limit`` oldest items as ``(seq, kind, payload)``, oldest first (not removed).
+        An item that no longer decodes (not JSON, not a known kind) is deleted here and
+        counted in :attr:`undecodable`, so the items behind it still drain."""
         with self._lock:
             got = self._db.execute("SELECT seq, kind, item FROM spool ORDER BY seq LIMIT ?",
                                    (limit,)).fetchall()
-        return [(int(s), str(k), json.loads(v)) for s, k, v in got]
+        out: list[tuple[int, str, dict[str, Any]]] = []
+        bad: list[int] = []
+        for s, k, v in got:
+            try:
+                payload = json.loads(v)
+                if k not in KINDS or not isinstance(payload, dict):
+                    raise ValueError(f"kind {k!r}")
+            except (ValueError, TypeError):
+                bad.append(int(s))
+                continue
+            out.append((int(s), str(k), payload))
+        if bad:
+            self.remove(bad)
+            self.undecodable += len(bad)
+            log.error("ledger spool %s: %d items that no longer decode removed", self.path,
+                      len(bad))
+        return out
 
     def remove(self, seqs: Sequence[int]) -> None:
         """Delete the items ``seqs`` (after PostgreSQL committed them)."""
@@ -103,3 +183,26 @@ class Spool:
         """Close the file (its items stay for the next start)."""
         with self._lock:
             self._db.close()
+
+
+def _inode(fp: Path) -> int | None:
+    try:
+        return fp.stat().st_ino
+    except OSError:
+        return None
+
+
+def _move_aside(fp: Path, why: BaseException) -> str:
+    """Rename the unusable spool ``fp`` (and its ``-wal`` / ``-shm``) to
+    ``<name>.corrupt-<UTC time>``; return the new name. Logged, with the reason."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest = fp.with_name(f"{fp.name}.corrupt-{stamp}-{os.getpid()}")
+    for suffix in ("", "-wal", "-shm"):
+        src = Path(str(fp) + suffix)
+        try:
+            os.replace(src, str(dest) + suffix)
+        except FileNotFoundError:  # no such side file, or another worker moved it first
+            continue
+    log.error("ledger spool %s is not a usable spool (%s: %s): moved aside to %s; a new spool "
+              "is made in its place", fp, type(why).__name__, why, dest)
+    return str(dest)

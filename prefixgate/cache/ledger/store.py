@@ -55,6 +55,7 @@ from typing import Any
 
 from prefixgate.cache.ledger import rollup
 from prefixgate.cache.ledger.announced_rows import AnnouncedRows
+from prefixgate.cache.ledger.sanitize import clean_row, clean_text
 
 SCHEMA_VERSION = 8  # 2: key_id; 3: issue 9 columns + rollup_minutes; 4: tenant;
 # 5: deployment, attempts, attempt_reasons; 6: stood_back; 7: breaks.tenant, rollups per
@@ -134,6 +135,9 @@ class Ledger:
     ``breaks``, ``flush``, ``close``, ``state``."""
 
     kind = "sqlite"
+    shutdown_s: float | None = None
+    """Longest the app's shutdown waits in :meth:`flush` (None: until done; a local file
+    does not hang)."""
 
     def __init__(self, path: str | Path, replica: str | None = None) -> None:
         self.replica = replica or default_replica()
@@ -185,11 +189,11 @@ class Ledger:
         self._db.execute("COMMIT")
 
     def write(self, row: LedgerRow) -> int:
-        """Insert ``row`` and fold it into its minute's rollup, in one transaction; return its
-        id."""
+        """Insert ``row`` (its values cleaned, :mod:`prefixgate.cache.ledger.sanitize`) and fold it
+        into its minute's rollup, in one transaction; return its id."""
         if not row.replica:
             row.replica = self.replica
-        values = asdict(row)
+        values = clean_row(asdict(row))
         sql = (f"INSERT INTO requests ({', '.join(COLUMNS)}) "
                f"VALUES ({', '.join('?' for _ in COLUMNS)})")
         with self._lock:
@@ -232,7 +236,8 @@ class Ledger:
         ``session`` is the hashed session id, ``tenant`` its request's tenant."""
         with self._lock:
             self._db.execute("INSERT INTO breaks (ts, session, record, tenant) VALUES (?, ?, ?, ?)",
-                             (time.time(), session, json.dumps(record), tenant))
+                             (time.time(), clean_text(session), json.dumps(record),
+                              clean_text(tenant)))
 
     def breaks(self, since_ts: float = 0.0, tenant: str | None = None) -> list[dict[str, Any]]:
         """Stored break records, oldest first (the dicts given to :meth:`write_break`);

@@ -12,7 +12,11 @@ Never lose a row: :meth:`~BatchedLedger.flush` waits until every queued row is c
 an ``atexit`` hook flushes a ledger nobody closed. A failed transaction is retried
 (:data:`RETRIES`, backoff) — a busy database (another ``--workers`` process holding the write
 lock past ``busy_timeout``) delays rows, never drops them; only a batch failing every retry is
-dropped, logged with its size.
+dropped, logged with its size. Hostile content never costs a batch (issue 34): values are cleaned
+first (:mod:`prefixgate.cache.ledger.sanitize`), and a batch SQLite still refuses for a value
+(:data:`_CONTENT_ERRORS`, not a busy or failing database) is bisected
+(:mod:`prefixgate.cache.ledger.isolate`): only the rows refused alone are dropped, logged and
+counted (``bad_rows_dropped``, in :meth:`~BatchedLedger.state`).
 
 Several processes (``prefixgate serve --workers N``) share one ledger file: SQLite WAL mode
 serialises their transactions (``busy_timeout`` 5 s), so ``prefixgate report`` reads one file.
@@ -22,14 +26,18 @@ from __future__ import annotations
 
 import atexit
 import logging
+import sqlite3
 import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from prefixgate.cache.ledger import announced_rows, rollup
+from prefixgate.cache.ledger.isolate import commit_isolating
+from prefixgate.cache.ledger.sanitize import clean_values
 from prefixgate.cache.ledger.store import COLUMNS, Ledger, LedgerRow
 from prefixgate.config.schema import LedgerSettings
 
@@ -41,6 +49,19 @@ BATCH_WINDOW_S = 0.02
 fills, a flush is asked for, or the ledger closes): one thread wake-up per window under load,
 not one per request."""
 RETRIES = 5
+
+
+_CONTENT_ERRORS = (sqlite3.InterfaceError, sqlite3.IntegrityError, sqlite3.DataError,
+                   sqlite3.ProgrammingError, ValueError, TypeError, OverflowError)
+"""A value SQLite (or ``sqlite3``'s binding) refused: the row is isolated, not retried
+(``UnicodeEncodeError`` is a ValueError)."""
+
+
+def _is_fault(e: BaseException) -> bool:
+    """A busy or failing database (retried, then the batch dropped), not a refused value."""
+    return not isinstance(e, _CONTENT_ERRORS)
+
+
 _INSERT = (f"INSERT INTO requests ({', '.join(COLUMNS)}) "
            f"VALUES ({', '.join('?' for _ in COLUMNS)})")
 
@@ -60,6 +81,7 @@ class BatchedLedger(Ledger):
         self._stopping = False
         self.batches = 0
         self.written = 0
+        self.bad_rows_dropped = 0
         self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
         self._thread.start()
         ref = weakref.ref(self)
@@ -97,28 +119,39 @@ class BatchedLedger(Ledger):
     def _commit(self, batch: list[LedgerRow]) -> None:
         # the columns are scalars: read them off the rows (asdict / astuple deep-copy each
         # value, a third of this thread's time in issue 25's profile)
-        values = [tuple([getattr(r, c) for c in COLUMNS]) for r in batch]
-        dicts = [dict(zip(COLUMNS, v)) for v in values]
+        values = [clean_values(COLUMNS, [getattr(r, c) for c in COLUMNS]) for r in batch]
+        try:
+            commit_isolating(values, self._transaction, _is_fault, self._bad_row)
+        except Exception:
+            log.exception("ledger batch of %d rows dropped after %d tries", len(batch), RETRIES)
+
+    def _transaction(self, values: Sequence[tuple[Any, ...]]) -> None:
+        """Insert ``values`` (rows in :data:`COLUMNS` order) and fold their rollups, in one
+        transaction; a fault (not a refused value) is retried :data:`RETRIES` times with
+        backoff, then raised."""
         for attempt in range(RETRIES):
             try:
                 with self._lock:
                     self._db.execute("BEGIN IMMEDIATE")
                     try:
                         self._db.executemany(_INSERT, values)
-                        rollup.upsert_many(self._db, dicts)  # into their minutes, same transaction
+                        rollup.upsert_many(self._db, [dict(zip(COLUMNS, v)) for v in values])
                         self._db.execute("COMMIT")
                     except BaseException:
                         self._db.execute("ROLLBACK")
                         raise
                 self.batches += 1
-                self.written += len(batch)
+                self.written += len(values)
                 return
-            except Exception:
-                if attempt == RETRIES - 1:
-                    log.exception("ledger batch of %d rows dropped after %d tries",
-                                  len(batch), RETRIES)
-                    return
+            except Exception as e:
+                if not _is_fault(e) or attempt == RETRIES - 1:
+                    raise
                 time.sleep(0.05 * 2 ** attempt)
+
+    def _bad_row(self, values: tuple[Any, ...], e: BaseException) -> None:
+        log.error("ledger row %s refused by SQLite for its content (%s); dropped, the rest of its "
+                  "batch kept", values[COLUMNS.index("row_id")], type(e).__name__)
+        self.bad_rows_dropped += 1
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Block until every row queued so far is committed (or ``timeout_s`` passes), rows
@@ -133,8 +166,10 @@ class BatchedLedger(Ledger):
                 self._flushing -= 1
 
     def state(self) -> dict[str, Any]:
-        """:meth:`Ledger.state` with the rows still queued in memory."""
-        return {**super().state(), "queued": self._pending}
+        """:meth:`Ledger.state` with the rows still queued in memory and the rows refused
+        alone for their content."""
+        return {**super().state(), "queued": self._pending,
+                "bad_rows_dropped": self.bad_rows_dropped}
 
     def rows(self, since_ts: float = 0.0) -> list[dict[str, Any]]:
         """:meth:`Ledger.rows` after a :meth:`flush`."""

@@ -240,14 +240,17 @@ class ProxyMetrics:
         always 1), ``prefixgate_ledger_spooled_rows`` (rows waiting in the on-disk spool while
         PostgreSQL is down), ``prefixgate_ledger_spool_dropped_rows`` (rows refused by a full
         spool since start), ``prefixgate_ledger_queued_rows`` (in memory, not yet
-        acknowledged)."""
+        acknowledged), ``prefixgate_ledger_bad_rows_dropped`` (rows the database refused alone
+        for their content, their batch kept: issue 34)."""
         r = self.registry
         Gauge("prefixgate_ledger_up", "1 when the ledger's last write reached its database",
               registry=r).set_function(lambda: float(bool(state().get("up"))))
         for key, name, doc in (("spooled_rows", "spooled_rows", "Ledger rows waiting in the spool"),
                                ("spool_dropped", "spool_dropped_rows",
                                 "Ledger rows refused by a full spool"),
-                               ("queued", "queued_rows", "Ledger rows queued, not yet written")):
+                               ("queued", "queued_rows", "Ledger rows queued, not yet written"),
+                               ("bad_rows_dropped", "bad_rows_dropped",
+                                "Ledger rows refused alone for their content, dropped")):
             Gauge(f"prefixgate_ledger_{name}", doc, registry=r).set_function(
                 _reader(state, key))
 
