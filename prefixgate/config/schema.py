@@ -84,6 +84,10 @@ class Backend(_Strict):
     affinity: AffinitySettings = Field(default_factory=AffinitySettings)
     model_path: str | None = None
     spawn: bool = False
+    """``local`` only: ``prefixgate serve`` starts the engine itself, on a random loopback port
+    that only the proxy uses (an SDK pointed at ``base_url`` by mistake finds nothing there, so
+    no request bypasses the proxy and its ledger); an engine already answering at ``base_url``
+    with the model is reused instead."""
     device: str = "cpu"
     timeout_s: float = Field(600.0, gt=0)
     cache_salt: bool | None = None
