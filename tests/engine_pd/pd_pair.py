@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -12,6 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+
+PAIR_SECRET = secrets.token_hex(32)
+"""The pair's shared secret (``pd.auth``): one per test run, as ``serve`` would make one."""
 
 
 def free_port() -> int:
@@ -28,7 +32,8 @@ def _engine(model: Path, port: int, role: str, link: str, peer: str | None,
            "--num-kv-slots", "4096", "--log-level", "warning", "--pd-timeout-s", "60"]
     if peer:
         cmd += ["--pd-peer-url", peer]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+           "PREFIXGATE_PD_SECRET": PAIR_SECRET}
     return subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 

@@ -9,11 +9,12 @@ from typing import Any
 
 import httpx
 
+from prefixgate.local_engine.pd.auth import ticket_tag
 from prefixgate.local_engine.pd.roles import DecodeRole, PrefillRole
 from prefixgate.local_engine.server import build_app
 from prefixgate.local_engine.server.pd_handoff import PDHandoff
 from prefixgate.local_engine.server.pd_setup import layout_of
-from tests.engine_pd.conftest import LoopbackLink
+from tests.engine_pd.conftest import PD_SECRET, LoopbackLink
 
 PROMPT = list(range(400, 450))
 BODY = {"model": "m", "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
@@ -85,7 +86,8 @@ async def test_a_decode_request_whose_kv_never_came_recomputes(make_engine: Any)
     d_app = build_app(dec, pd=PDHandoff("decode", decode_role=drole))
     async with _client(build_app(colo_eng)) as c, _client(d_app) as dc:
         colo = (await c.post("/v1/completions", json=BODY)).json()
-        params = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": 99}
+        params = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": 99,
+                  "transfer_tag": ticket_tag(PD_SECRET, 99, [], PROMPT, None)}
         got = (await dc.post("/v1/completions", json={**BODY, "kv_transfer_params": params})).json()
         assert got["choices"][0]["text"] == colo["choices"][0]["text"]
         assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == 0

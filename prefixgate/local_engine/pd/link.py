@@ -21,13 +21,19 @@ peer that is really gone trips the decode side's receive timeout.
 from __future__ import annotations
 
 import datetime
+import hmac
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
 
 import torch
 import torch.distributed as dist
+
+from prefixgate.local_engine.pd.auth import MIN_SECRET_BYTES, link_proof, load_secret, new_nonce
 
 __all__ = ["KIND_CLOSE", "KIND_KV", "KIND_PING", "KVLayout", "LinkDead", "PDLink", "Received"]
 
@@ -42,7 +48,21 @@ _DTYPE_CODES = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 
 
 class LinkDead(RuntimeError):
-    """The peer is gone or never paired: no transfer can go through this link."""
+    """The peer is gone or never paired: no transfer can go through this link. ``reason``: why
+    a pairing was refused (``rendezvous``, ``auth``, ``second_rank``, ``layout``, ``error``), or
+    ``down``."""
+
+    def __init__(self, message: str, reason: str = "down") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _host_port(init_method: str) -> tuple[str, int]:
+    """``(host, port)`` of ``tcp://HOST:PORT``. Raises ``ValueError`` otherwise."""
+    u = urlsplit(init_method)
+    if u.scheme != "tcp" or not u.hostname or not u.port:
+        raise ValueError(f"the P/D link takes tcp://HOST:PORT, not {init_method!r}")
+    return u.hostname, u.port
 
 
 @dataclass(frozen=True)
@@ -96,9 +116,17 @@ class PDLink:
     """
 
     def __init__(self, role: str, init_method: str, layout: KVLayout, device: torch.device,
-                 timeout_s: float = 30.0, backend: str | None = None) -> None:
+                 timeout_s: float = 30.0, backend: str | None = None,
+                 secret: bytes | None = None) -> None:
         if role not in ("prefill", "decode"):
             raise ValueError(f"role must be prefill or decode, not {role!r}")
+        _host_port(init_method)
+        self.secret = secret if secret is not None else load_secret()
+        if len(self.secret) < MIN_SECRET_BYTES:
+            raise ValueError(f"the P/D secret must be at least {MIN_SECRET_BYTES} bytes")
+        self.pairings = 0
+        self.refused: Counter[str] = Counter()
+        self._store: Any = None
         self.role = role
         self.rank = 0 if role == "prefill" else 1
         self.init_method = init_method
@@ -120,31 +148,85 @@ class PDLink:
 
     # -- pairing -----------------------------------------------------------------------------
     def start(self) -> None:
-        """Join the two-rank group, allocate the staging buffers once, check the peer's layout."""
+        """Pair: host (prefill) or join (decode) the rendezvous store, join the two-rank group,
+        prove both sides hold the secret (``pd.auth.link_proof``), check the peer's layout and
+        allocate the staging buffers once. Raises ``LinkDead`` (and leaves the link torn down,
+        ready for another ``start``) when pairing fails, the peer fails the proof, a second
+        rank claimed the decode side, or the layouts differ; ``refused`` counts the reasons."""
+        self.dead = False
+        self.ready.clear()
         try:
-            dist.init_process_group(self.backend, init_method=self.init_method, rank=self.rank,
-                                    world_size=2,
-                                    timeout=datetime.timedelta(seconds=self.timeout_s))
+            self._join()
+        except LinkDead as exc:
+            self.reset()
+            self.refused[exc.reason] += 1
+            raise
         except Exception as exc:
-            self.dead = True
-            raise LinkDead(f"pairing failed: {type(exc).__name__}") from exc
+            self.reset()
+            self.refused["error"] += 1
+            raise LinkDead(f"pairing failed: {type(exc).__name__}", "error") from exc
+        self.pairings += 1
+        self.ready.set()
+        log.info("P/D link up: %s rank %d over %s, %d-token buffer (pairing %d)", self.role,
+                 self.rank, self.backend, self.layout.buffer_tokens, self.pairings)
+
+    def _join(self) -> None:
+        host, port = _host_port(self.init_method)
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        try:
+            self._store = dist.TCPStore(host, port, 2, self.rank == 0, timeout=timeout,
+                                        wait_for_workers=False)
+        except Exception as exc:
+            raise LinkDead(f"rendezvous at {host}:{port} failed: {type(exc).__name__}",
+                           "rendezvous") from exc
+        if self.rank == 1 and self._store.add("prefixgate/pd/decode", 1) != 1:
+            raise LinkDead("another decode instance holds this link", "second_rank")
+        try:
+            dist.init_process_group(self.backend, store=self._store, rank=self.rank,
+                                    world_size=2, timeout=timeout)
+        except Exception as exc:
+            raise LinkDead(f"pairing failed: {type(exc).__name__}", "rendezvous") from exc
         lay = self.layout
+        mine = lay.as_tensor(self.device)
+        peers = [torch.zeros_like(mine) for _ in range(2)]
+        nonce = torch.frombuffer(bytearray(new_nonce()), dtype=torch.uint8).to(self.device)
+        nonces = [torch.zeros_like(nonce) for _ in range(2)]
+        dist.all_gather(nonces, nonce)
+        dist.all_gather(peers, mine)
+        got = [bytes(n.cpu().tolist()) for n in nonces]
+        announced = [int(x) for p in peers for x in p.tolist()]
+        proof = torch.frombuffer(bytearray(link_proof(self.secret, self.role, got, announced)),
+                                 dtype=torch.uint8).to(self.device)
+        proofs = [torch.zeros_like(proof) for _ in range(2)]
+        dist.all_gather(proofs, proof)
+        other = "decode" if self.role == "prefill" else "prefill"
+        want = link_proof(self.secret, other, got, announced)
+        if not hmac.compare_digest(bytes(proofs[1 - self.rank].cpu().tolist()), want):
+            raise LinkDead(f"the {other} peer failed authentication (no shared secret)", "auth")
+        if self.rank == 0 and self._store.add("prefixgate/pd/decode", 0) != 1:
+            raise LinkDead("a second rank tried to join as the decode instance", "second_rank")
+        if not torch.equal(peers[0], peers[1]):
+            raise LinkDead(f"KV layouts differ: prefill {peers[0].tolist()}, "
+                           f"decode {peers[1].tolist()}", "layout")
         self.tokens = torch.zeros(MAX_PROMPT_TOKENS, dtype=torch.int64, device=self.device)
         self.buffer = torch.zeros(lay.buffer_tokens * lay.per_token, dtype=lay.dtype,
                                   device=self.device)
         if self.pool_device != self.device and self.role == "prefill":
             self.stage = torch.zeros(lay.buffer_tokens * lay.per_token, dtype=lay.dtype,
                                      device=self.pool_device)
-        mine = lay.as_tensor(self.device)
-        peers = [torch.zeros_like(mine) for _ in range(2)]
-        dist.all_gather(peers, mine)
-        if not torch.equal(peers[0], peers[1]):
-            self.dead = True
-            raise LinkDead(f"KV layouts differ: prefill {peers[0].tolist()}, "
-                           f"decode {peers[1].tolist()}")
-        self.ready.set()
-        log.info("P/D link up: %s rank %d over %s, %d-token buffer", self.role, self.rank,
-                 self.backend, lay.buffer_tokens)
+
+    def reset(self) -> None:
+        """Tear the group and the rendezvous store down (the peer is gone, refused, or never
+        came), so that ``start`` can pair again — with a restarted peer. The link is dead until
+        then. Call it from the thread that used the link, once no send or receive runs."""
+        self.dead = True
+        self.ready.clear()
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception as exc:  # a group whose peer vanished mid-call
+                log.warning("P/D group teardown: %s", type(exc).__name__)
+        self._store = None
 
     def close(self) -> None:
         """Tell the decode side to stop (prefill side) and mark the link down (the group ends with

@@ -168,7 +168,7 @@ class _Server:
         if pd is not None and pd.kind == "prefill" and job.stream:
             raise ApiError("A prefill request (do_remote_decode) must have stream false.",
                            param="stream", code="invalid_value")
-        pending = await self.pd.before(pd)
+        pending = await self.pd.before(pd, job.prompt_ids, job.extra_key)
         job.external_tokens = pending.new_tokens if pending is not None else 0
         job.given_ids = list(pd.first_token_ids) if pd is not None and pd.kind == "decode" else None
         peer = self.pd.ask_peer(pd, job.prompt_ids, job.extra_key)  # overlaps the prefill
