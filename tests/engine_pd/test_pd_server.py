@@ -45,8 +45,11 @@ async def test_prefill_then_decode_over_http_matches_colocated(make_engine: Any)
         assert answer.status_code == 200
         got = answer.json()
         assert got["choices"][0]["text"] == colo["choices"][0]["text"]
-        assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == len(PROMPT)
-        assert answer.headers["x-engine-cached-tokens"] == str(len(PROMPT))
+        # the transferred prompt is no cache hit: reported apart (issue 34, item 13)
+        assert got["usage"]["prompt_tokens_details"] == {"cached_tokens": 0,
+                                                         "kv_transfer_tokens": len(PROMPT)}
+        assert answer.headers["x-engine-cached-tokens"] == "0"
+        assert answer.headers["x-engine-transfer-tokens"] == str(len(PROMPT))
         assert got["usage"]["completion_tokens"] == BODY["max_tokens"]
         assert dec.stats()["decode_tokens_total"] == BODY["max_tokens"] - 1  # none for token 1
         metrics = (await dc.get("/metrics")).text
@@ -63,11 +66,16 @@ async def test_prefill_then_decode_over_http_matches_colocated(make_engine: Any)
         colo2 = (await c.post("/v1/completions", json={**BODY, "prompt": prompt2})).json()
         parts: list[str] = []
         async with dc.stream("POST", "/v1/completions", json={
-                **BODY, "prompt": prompt2, "stream": True, "kv_transfer_params": params2}) as r:
+                **BODY, "prompt": prompt2, "stream": True, "kv_transfer_params": params2,
+                "stream_options": {"include_usage": True}}) as r:
             async for line in r.aiter_lines():
                 if line.startswith("data: {"):
                     parts.append(line)
-        texts = [json.loads(x[6:])["choices"][0]["text"] for x in parts]
+        chunks = [json.loads(x[6:]) for x in parts]
+        texts = [c["choices"][0]["text"] for c in chunks if c["choices"]]
+        usage = [c["usage"] for c in chunks if c.get("usage")][-1]
+        assert usage["prompt_tokens_details"] == {"cached_tokens": 0,
+                                                  "kv_transfer_tokens": len(prompt2)}
         assert "".join(texts) == colo2["choices"][0]["text"] and len(texts) >= 2
         dec.call(lambda: None).result(timeout=10)
         assert dec.cache.protected_size == 0 and drole.pending_count() == 0

@@ -69,7 +69,7 @@ async def test_made_up_or_altered_params_are_a_400_and_a_replay_recomputes_at_on
         assert r.status_code == 400
         ok = await dc.post("/v1/completions", json={**BODY, "kv_transfer_params": params})
         assert ok.status_code == 200
-        assert ok.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == len(PROMPT)
+        assert ok.json()["usage"]["prompt_tokens_details"]["kv_transfer_tokens"] == len(PROMPT)
         again = await dc.post("/v1/completions", json={**BODY, "kv_transfer_params": params})
         assert again.status_code == 200  # a replay: served, recomputed, never waited for
         stats = drole.stats()
@@ -137,3 +137,23 @@ def test_a_decode_request_without_a_tag_never_reaches_a_claim(tid: int) -> None:
     with pytest.raises(pd_handoff.ApiError):
         asyncio.run(hooks.before(pd, PROMPT, None))
     assert role.threads == []
+
+
+async def test_health_and_metrics_say_whether_the_link_is_paired_and_how_often(
+        make_engine: Any) -> None:
+    dec = make_engine()
+    link = LoopbackLink(layout_of(dec, 256))
+    link.pairings = 3  # type: ignore[attr-defined]  # the decode peer was lost twice
+    link.refused = {"auth": 1}  # type: ignore[attr-defined]
+    drole = DecodeRole(dec, link)  # type: ignore[arg-type]
+    async with _client(build_app(dec, pd=PDHandoff("decode", decode_role=drole))) as dc:
+        health = (await dc.get("/health")).json()
+        assert health == {"status": "ok", "kv_link": {"role": "decode", "up": True,
+                                                      "pairings": 3, "repairs": 2}}
+        link.dead = True
+        assert (await dc.get("/health")).json()["kv_link"]["up"] is False
+        metrics = (await dc.get("/metrics")).text
+        assert "engine_kv_link_up 0.0" in metrics and "engine_kv_link_repairs_total 2.0" in metrics
+        assert 'engine_kv_link_pairing_failures_total{reason="auth"} 1.0' in metrics
+    async with _client(build_app(dec)) as c:
+        assert (await c.get("/health")).json() == {"status": "ok"}

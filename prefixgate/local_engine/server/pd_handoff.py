@@ -266,6 +266,17 @@ class PDHandoff:
             "transfer_tag": tag,
         }
 
+    def link_health(self) -> dict[str, Any] | None:
+        """The P/D link's state for ``/health`` (None on a colocated engine): ``role``, ``up``,
+        ``pairings`` and ``repairs`` (pairings after the first: a peer was lost and came back)."""
+        role = self.prefill_role or self.decode_role
+        if role is None:
+            return None
+        s = role.stats()
+        return {"role": self.role, "up": bool(s.get("kv_link_up")),
+                "pairings": int(s.get("kv_link_pairings_total", 0)),
+                "repairs": int(s.get("kv_link_repairs_total", 0))}
+
     def record(self, prompt_tokens: int, cached_tokens: int, external_tokens: int) -> None:
         """Count one request's prompt tokens by source (``prompt_sources``)."""
         self.sources.update(prompt_sources(prompt_tokens, cached_tokens, external_tokens))
