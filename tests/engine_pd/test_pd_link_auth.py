@@ -104,3 +104,44 @@ def test_a_prefill_side_pairs_again_with_a_restarted_decode_instance() -> None:
         t.join(timeout=30)
     assert got == [1, 2]
     assert link.pairings == 2
+
+
+@pytest.mark.slow
+def test_a_prefill_side_that_waited_through_failed_pairings_still_pairs_with_a_late_peer() -> None:
+    """Each failed pairing attempt (no peer within the timeout) must leave nothing that the next
+    one depends on: torch counts a group for a failed init and names the group's store keys by
+    that count, so without a reset the two sides waited on different keys forever (found with
+    two real engines: a restarted decode engine never paired)."""
+    url = _url()
+    link = PDLink("prefill", url, _layout(), torch.device("cpu"), timeout_s=2, secret=SECRET)
+    stop = threading.Event()
+
+    def session() -> None:
+        link.send(link.pairings, 0, [1, 2, 3], None, lambda v: v.fill_(1.0))
+        while not link.dead and not stop.wait(0.2):
+            try:
+                link.ping()
+            except LinkDead:
+                return
+
+    t = threading.Thread(target=_supervise, args=(link, stop, session), daemon=True)
+    t.start()
+    ctx = mp.get_context("spawn")
+    try:
+        import time
+        end = time.monotonic() + 60
+        while link.refused["rendezvous"] < 2 and time.monotonic() < end:
+            time.sleep(0.1)
+        assert link.refused["rendezvous"] >= 2  # two attempts failed: nobody came
+        out = ctx.Queue()
+        p = ctx.Process(target=run_decode_once, args=(url, SECRET, out))
+        p.start()
+        try:
+            got = out.get(timeout=90)
+        except queue.Empty:
+            got = None
+        p.join(timeout=30)
+    finally:
+        stop.set()
+        t.join(timeout=30)
+    assert got == 1 and link.pairings == 1

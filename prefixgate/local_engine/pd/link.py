@@ -11,11 +11,16 @@ an 80-90 ms transfer of 4k tokens); each transfer then is three sends on one thr
     salt   uint8[salt bytes]  (the cache_salt namespace; only when there is one)
     kv     [L, 2, n, H, D]    (the pool dtype)
 
-At start both ranks exchange their KV layout (layers, KV heads, head dim, page size, dtype,
-buffer tokens) and refuse to pair when it differs. A failed send or receive (peer gone,
-gloo timeout) marks the link ``dead``: the caller's ``on_dead`` frees what waits on it. An idle
-prefill side sends a heartbeat header (``KIND_PING``) every third of the timeout, so only a
-peer that is really gone trips the decode side's receive timeout.
+Pairing: rank 0 hosts the rendezvous store (``TCPStore`` on ``init_method``'s port), rank 1
+joins it (claiming the decode rank in the store: a second claimant is refused), both join the
+group, exchange nonces and their KV layout (layers, KV heads, head dim, page size, dtype,
+buffer tokens) and prove the pair's shared secret (``pd.auth.link_proof``) before any token
+or KV crosses; a peer that fails the proof, or another layout, is refused. A failed send or
+receive (peer gone, gloo timeout) marks the link ``dead``: the caller's ``on_dead`` frees what
+waits on it, and ``reset`` tears the group and the store down so that ``start`` can pair again
+(``pd.roles`` does, after every lost peer). An idle prefill side sends a heartbeat header
+(``KIND_PING``) every third of the timeout, so only a peer that is really gone trips the decode
+side's receive timeout — and a lost decode peer is found within that third.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from urllib.parse import urlsplit
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
 
 from prefixgate.local_engine.pd.auth import MIN_SECRET_BYTES, link_proof, load_secret, new_nonce
 
@@ -108,7 +114,9 @@ class PDLink:
     ``timeout_s`` bounds pairing and each send / receive (gloo's timeout).
 
     ``start()`` pairs in the calling thread (blocks until the peer joins or ``timeout_s``).
-    Raises ``LinkDead`` when pairing fails or the layouts differ.
+    Raises ``LinkDead`` when pairing fails, the peer fails the proof, or the layouts differ;
+    ``reset()`` then ``start()`` pairs again. ``secret``: the pair's (``pd.auth``; None: from
+    the environment). ``pairings`` counts successful pairings, ``refused`` failures by reason.
 
     ``backend`` None: NCCL for a CUDA pool, gloo otherwise. ``gloo`` with a CUDA pool stages the
     KV through host memory (one more copy each way): the path for two instances on ONE GPU,
@@ -226,6 +234,13 @@ class PDLink:
                 dist.destroy_process_group()
             except Exception as exc:  # a group whose peer vanished mid-call
                 log.warning("P/D group teardown: %s", type(exc).__name__)
+        # A failed init_process_group counted a group but left none to destroy, and the count
+        # names the group's keys in the store ("/<count>//cpu//..."): the next attempt would
+        # wait on keys the peer (a fresh process, or one that failed as often) never writes.
+        # destroy_process_group resets it the same way.
+        world = getattr(distributed_c10d, "_world", None)
+        if world is not None and hasattr(world, "group_count"):
+            world.group_count = 0
         self._store = None
 
     def close(self) -> None:
