@@ -95,6 +95,7 @@ def test_a_restarted_decode_engine_pairs_again_and_splits_move_kv_again(tmp_path
         procs[0] = engine(model, dp, "decode", link, None, tmp_path / "decode2.log", 6.0)
         health = _wait(f"http://127.0.0.1:{pp}/health", '"repairs":1', end)
         assert '"up":true' in health and '"repairs":1' in health, health
+        assert '"up":true' in _wait(f"http://127.0.0.1:{dp}/health", '"up":true', end)
         client = httpx.Client(timeout=120)
 
         def send_sync(url: str, body: dict[str, object]) -> httpx.Response:
@@ -109,7 +110,9 @@ def test_a_restarted_decode_engine_pairs_again_and_splits_move_kv_again(tmp_path
                         {**BODY, "kv_transfer_params": params})
         assert got.status_code == 200
         details = got.json()["usage"]["prompt_tokens_details"]
-        assert details["kv_transfer_tokens"] == got.json()["usage"]["prompt_tokens"]
+        metrics = httpx.get(f"http://127.0.0.1:{dp}/metrics").text
+        assert details.get("kv_transfer_tokens") == got.json()["usage"]["prompt_tokens"], (
+            details, [m for m in metrics.splitlines() if "kv_" in m and m[0] != "#"])
     finally:
         for p in procs:
             p.terminate()

@@ -178,7 +178,20 @@ class PDLink:
         log.info("P/D link up: %s rank %d over %s, %d-token buffer (pairing %d)", self.role,
                  self.rank, self.backend, self.layout.buffer_tokens, self.pairings)
 
+    def _allocate(self) -> None:
+        """The staging buffers, once for the link's life (kept across re-pairings; allocated
+        before pairing, so both sides are ready to move KV the moment the proof passes)."""
+        lay = self.layout
+        if self.tokens.numel() == 0:
+            self.tokens = torch.zeros(MAX_PROMPT_TOKENS, dtype=torch.int64, device=self.device)
+            self.buffer = torch.zeros(lay.buffer_tokens * lay.per_token, dtype=lay.dtype,
+                                      device=self.device)
+        if self.pool_device != self.device and self.role == "prefill" and not self.stage.numel():
+            self.stage = torch.zeros(lay.buffer_tokens * lay.per_token, dtype=lay.dtype,
+                                     device=self.pool_device)
+
     def _join(self) -> None:
+        self._allocate()
         host, port = _host_port(self.init_method)
         timeout = datetime.timedelta(seconds=self.timeout_s)
         try:
@@ -216,12 +229,6 @@ class PDLink:
         if not torch.equal(peers[0], peers[1]):
             raise LinkDead(f"KV layouts differ: prefill {peers[0].tolist()}, "
                            f"decode {peers[1].tolist()}", "layout")
-        self.tokens = torch.zeros(MAX_PROMPT_TOKENS, dtype=torch.int64, device=self.device)
-        self.buffer = torch.zeros(lay.buffer_tokens * lay.per_token, dtype=lay.dtype,
-                                  device=self.device)
-        if self.pool_device != self.device and self.role == "prefill":
-            self.stage = torch.zeros(lay.buffer_tokens * lay.per_token, dtype=lay.dtype,
-                                     device=self.pool_device)
 
     def reset(self) -> None:
         """Tear the group and the rendezvous store down (the peer is gone, refused, or never
