@@ -51,6 +51,8 @@ import json
 import os
 import random
 import re
+import secrets
+import shlex
 import statistics
 import subprocess
 import sys
@@ -102,6 +104,7 @@ def start_pair(model: Path, log_dir: Path, pin: bool = True
     ``pin``; their base URLs once both answer /health."""
     pp, dp, lp = _port(), _port(), _port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.setdefault("PREFIXGATE_PD_SECRET", secrets.token_hex(32))  # the pair's (pd/auth.py)
     common = ["--model", str(model), "--threads", "1", "--num-kv-slots", "12000",
               "--pd-link", f"tcp://127.0.0.1:{lp}", "--pd-buffer-tokens", "4096",
               "--log-level", "warning", "--pd-timeout-s", "120", "--log-stats-interval", "0"]

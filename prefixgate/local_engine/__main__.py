@@ -14,7 +14,11 @@ instance (``--pd-peer-url`` = the decode instance's base URL, for its cache matc
 ``decode`` instance pair over ``--pd-link tcp://HOST:PORT`` (``torch.distributed``, rank 0 =
 prefill hosts it; gloo on CPU, NCCL on CUDA), set up once at start with a
 ``--pd-buffer-tokens`` staging buffer; ``--pd-timeout-s`` bounds pairing, each transfer and how
-long an import waits for its decode request (``pd/roles.py``, ``server/pd_handoff.py``).
+long an import waits for its decode request (``pd/roles.py``, ``server/pd_handoff.py``). Both
+instances must hold one shared secret (``--pd-secret-file`` or ``$PREFIXGATE_PD_SECRET``, at least
+16 bytes): the link is authenticated with it before any token or KV crosses, and the prefill
+answer's ``kv_transfer_params`` are signed with it (``pd/auth.py``). The ``--pd-link`` port and the
+engines' HTTP ports must not be reachable by clients: only the proxy and the peer instance.
 """
 
 from __future__ import annotations
@@ -80,6 +84,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pd-backend", default=None, choices=["nccl", "gloo"],
                    help="P/D link backend (default: nccl on CUDA, gloo on CPU; gloo on CUDA stages "
                         "through host memory: two instances on one GPU)")
+    p.add_argument("--pd-secret-file", default=None,
+                   help="file holding the P/D pair's shared secret (default: $PREFIXGATE_PD_SECRET)")
     p.add_argument("--pd-timeout-s", type=float, default=30.0,
                    help="P/D pairing / transfer / unclaimed-import timeout (s)")
     p.add_argument("--log-level", default="info")
@@ -92,6 +98,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Build the engine from the flags and serve it until interrupted."""
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    secret = None
+    if args.role != "both":  # checked before the model loads: a P/D role needs the pair's secret
+        from prefixgate.local_engine.pd.auth import load_secret
+
+        try:
+            secret = load_secret(args.pd_secret_file)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"--role {args.role}: {exc}") from None
     import uvicorn
 
     from prefixgate.local_engine.engine import Engine, EngineConfig
@@ -135,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     pd, stop_pd = start_role(engine, args.role, args.pd_link, args.pd_peer_url,
                              args.pd_buffer_tokens, args.pd_timeout_s, args.host, args.port,
-                             args.pd_backend)
+                             args.pd_backend, secret=secret)
     try:
         app = build_app(engine, log_stats_interval_s=args.log_stats_interval or None, pd=pd)
         # log_config=None: uvicorn's lines take the format above (one format, issue 37)

@@ -102,3 +102,15 @@ def test_the_command_reads_the_routes_rows(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["plan", "--ledger", str(path), "--route", "chat",
                                    "--ttft-slo-ms", "3500", "--tpot-slo-ms", "70"])
     assert res.exit_code == 0 and "recommendation: colocate — 2 colocated" in res.output
+
+
+def test_split_rows_count_as_load_but_do_not_measure_the_prefill_rate() -> None:
+    """A split request's prefill ran on the prefill instance: the decode instance reports its
+    transferred prompt as uncached (issue 34, item 13) and a prefill time of a few ms, which
+    must not pass for a 1,000x faster prefill."""
+    split_row = {"ts": 125.0, "status": "ok", "prompt_tokens": 3500, "cached_tokens": 500,
+                 "output_tokens": 40, "prefill_ms": 3.0, "tpot_ms": 50.0,
+                 "deployment": "eng/pd-split:split"}
+    got = load_from_rows(_rows() + [split_row])
+    assert got.uncached == UNCACHED + [3000]
+    assert got.prefill_tps == pytest.approx(1000.0)

@@ -43,6 +43,7 @@ class LoopbackLink:
 
     def __init__(self, layout: Any) -> None:
         self.layout = layout
+        self.secret = PD_SECRET
         self.timeout_s = 30.0
         self.dead = False
         self.ready = threading.Event()
@@ -56,6 +57,10 @@ class LoopbackLink:
 
     def close(self) -> None:
         self.dead = True
+
+    def reset(self) -> None:
+        self.dead = True
+        self.ready.clear()
 
     def ping(self) -> None:
         self.pings = getattr(self, "pings", 0) + 1
@@ -73,3 +78,7 @@ class LoopbackLink:
             raise LinkDead("peer gone mid-send")
         self.sent += 1
         self.decode.on_transfer(Received(transfer_id, start, list(tokens), extra_key, view))
+
+
+PD_SECRET = b"test-pd-secret-0123456789abcdef"
+"""The shared secret of the test pairs (``pd.auth``)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -13,6 +14,9 @@ from pathlib import Path
 
 import httpx
 
+PAIR_SECRET = secrets.token_hex(32)
+"""The pair's shared secret (``pd.auth``): one per test run, as ``serve`` would make one."""
+
 
 def free_port() -> int:
     """A TCP port free on loopback now."""
@@ -21,14 +25,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _engine(model: Path, port: int, role: str, link: str, peer: str | None,
-            log: Path) -> subprocess.Popen[bytes]:
+def engine(model: Path, port: int, role: str, link: str, peer: str | None,
+           log: Path, timeout_s: float = 60.0) -> subprocess.Popen[bytes]:
+    """One engine process of a P/D pair (``role`` prefill or decode), logging to ``log``."""
     cmd = [sys.executable, "-m", "prefixgate.local_engine", "--model", str(model),
            "--port", str(port), "--role", role, "--pd-link", link, "--threads", "1",
-           "--num-kv-slots", "4096", "--log-level", "warning", "--pd-timeout-s", "60"]
+           "--num-kv-slots", "4096", "--log-level", "warning", "--pd-timeout-s", str(timeout_s)]
     if peer:
         cmd += ["--pd-peer-url", peer]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+           "PREFIXGATE_PD_SECRET": PAIR_SECRET}
     return subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
@@ -38,8 +44,8 @@ def pd_pair(model: Path, tmp: Path, ready_s: float = 240.0) -> Iterator[tuple[st
     both processes are stopped on exit."""
     pp, dp = free_port(), free_port()
     link = f"tcp://127.0.0.1:{free_port()}"
-    dec = _engine(model, dp, "decode", link, None, tmp / "decode.log")
-    pre = _engine(model, pp, "prefill", link, f"http://127.0.0.1:{dp}", tmp / "prefill.log")
+    dec = engine(model, dp, "decode", link, None, tmp / "decode.log")
+    pre = engine(model, pp, "prefill", link, f"http://127.0.0.1:{dp}", tmp / "prefill.log")
     try:
         end = time.monotonic() + ready_s
         for port in (pp, dp):

@@ -32,7 +32,8 @@ def test_a_prefill_request_elsewhere_is_a_400_naming_the_field(role: str) -> Non
 
 def test_the_prefill_answer_shape_is_a_decode_request_on_a_decode_instance() -> None:
     answer = {"do_remote_decode": False, "do_remote_prefill": True, "transfer_id": 42,
-              "remote_engine_id": "x", "remote_block_ids": [], "remote_host": "h", "remote_port": 1}
+              "remote_engine_id": "x", "remote_block_ids": [], "remote_host": "h", "remote_port": 1,
+              "transfer_tag": "0" * 64}
     pd = parse_kv_transfer_params(answer, "decode")
     assert pd is not None and pd.kind == "decode" and pd.transfer_id == 42
     assert pd.first_token_ids == ()
@@ -50,6 +51,9 @@ def test_the_prefill_answer_shape_is_a_decode_request_on_a_decode_instance() -> 
     {"do_remote_prefill": True, "first_token_ids": [1, -2]},
     {"do_remote_prefill": True, "first_token_ids": [True]},
     {"do_remote_prefill": True, "first_token_ids": list(range(9))},
+    {"do_remote_prefill": True, "first_token_ids": [2**40], "transfer_tag": "0" * 64},
+    {"do_remote_prefill": True, "transfer_id": 2**63, "transfer_tag": "0" * 64},
+    {"do_remote_prefill": True, "transfer_id": 7},  # no transfer_tag: not a prefill answer
 ])
 def test_malformed_params_are_400s(bad: object) -> None:
     with pytest.raises(ApiError) as e:

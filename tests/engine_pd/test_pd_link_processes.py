@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from prefixgate.local_engine.pd.link import KVLayout, LinkDead, PDLink, Received
-from tests.engine_pd.pd_link_peer import run_prefill
+from tests.engine_pd.pd_link_peer import SECRET, run_prefill
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +31,7 @@ def _url() -> str:
 
 def _decode(url: str, heads: int = 2, timeout_s: float = 20) -> PDLink:
     return PDLink("decode", url, KVLayout(2, heads, 4, 1, torch.float32, 64), torch.device("cpu"),
-                  timeout_s=timeout_s)
+                  timeout_s=timeout_s, secret=SECRET)
 
 
 def _spawn(url: str, heads: int, mode: str, wait_ready: bool = False) -> mp.process.BaseProcess:

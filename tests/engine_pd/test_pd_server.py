@@ -9,11 +9,12 @@ from typing import Any
 
 import httpx
 
+from prefixgate.local_engine.pd.auth import ticket_tag
 from prefixgate.local_engine.pd.roles import DecodeRole, PrefillRole
 from prefixgate.local_engine.server import build_app
 from prefixgate.local_engine.server.pd_handoff import PDHandoff
 from prefixgate.local_engine.server.pd_setup import layout_of
-from tests.engine_pd.conftest import LoopbackLink
+from tests.engine_pd.conftest import PD_SECRET, LoopbackLink
 
 PROMPT = list(range(400, 450))
 BODY = {"model": "m", "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
@@ -44,8 +45,11 @@ async def test_prefill_then_decode_over_http_matches_colocated(make_engine: Any)
         assert answer.status_code == 200
         got = answer.json()
         assert got["choices"][0]["text"] == colo["choices"][0]["text"]
-        assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == len(PROMPT)
-        assert answer.headers["x-engine-cached-tokens"] == str(len(PROMPT))
+        # the transferred prompt is no cache hit: reported apart (issue 34, item 13)
+        assert got["usage"]["prompt_tokens_details"] == {"cached_tokens": 0,
+                                                         "kv_transfer_tokens": len(PROMPT)}
+        assert answer.headers["x-engine-cached-tokens"] == "0"
+        assert answer.headers["x-engine-transfer-tokens"] == str(len(PROMPT))
         assert got["usage"]["completion_tokens"] == BODY["max_tokens"]
         assert dec.stats()["decode_tokens_total"] == BODY["max_tokens"] - 1  # none for token 1
         metrics = (await dc.get("/metrics")).text
@@ -62,11 +66,16 @@ async def test_prefill_then_decode_over_http_matches_colocated(make_engine: Any)
         colo2 = (await c.post("/v1/completions", json={**BODY, "prompt": prompt2})).json()
         parts: list[str] = []
         async with dc.stream("POST", "/v1/completions", json={
-                **BODY, "prompt": prompt2, "stream": True, "kv_transfer_params": params2}) as r:
+                **BODY, "prompt": prompt2, "stream": True, "kv_transfer_params": params2,
+                "stream_options": {"include_usage": True}}) as r:
             async for line in r.aiter_lines():
                 if line.startswith("data: {"):
                     parts.append(line)
-        texts = [json.loads(x[6:])["choices"][0]["text"] for x in parts]
+        chunks = [json.loads(x[6:]) for x in parts]
+        texts = [c["choices"][0]["text"] for c in chunks if c["choices"]]
+        usage = [c["usage"] for c in chunks if c.get("usage")][-1]
+        assert usage["prompt_tokens_details"] == {"cached_tokens": 0,
+                                                  "kv_transfer_tokens": len(prompt2)}
         assert "".join(texts) == colo2["choices"][0]["text"] and len(texts) >= 2
         dec.call(lambda: None).result(timeout=10)
         assert dec.cache.protected_size == 0 and drole.pending_count() == 0
@@ -85,7 +94,8 @@ async def test_a_decode_request_whose_kv_never_came_recomputes(make_engine: Any)
     d_app = build_app(dec, pd=PDHandoff("decode", decode_role=drole))
     async with _client(build_app(colo_eng)) as c, _client(d_app) as dc:
         colo = (await c.post("/v1/completions", json=BODY)).json()
-        params = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": 99}
+        params = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": 99,
+                  "transfer_tag": ticket_tag(PD_SECRET, 99, [], PROMPT, None)}
         got = (await dc.post("/v1/completions", json={**BODY, "kv_transfer_params": params})).json()
         assert got["choices"][0]["text"] == colo["choices"][0]["text"]
         assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == 0

@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
@@ -181,5 +183,52 @@ def test_count_tokens_keeps_every_invariant(rig: FuzzRig) -> None:
             elif not (isinstance(doc, dict) and isinstance(doc.get("input_tokens"), int)
                       and doc["input_tokens"] >= 0):
                 problems.append(f"seed={seed}: not a count: {ex.body[:120]!r}")
+        assert not problems, "\n".join(problems[:10])
+    _seeds(one)
+
+
+PD_FIELDS: tuple[tuple[str, Any], ...] = (
+    ("kv_transfer_params", {"do_remote_prefill": True, "transfer_id": 4611686018427387904}),
+    ("kv_transfer_params", {"do_remote_prefill": True, "transfer_id": 0,
+                            "first_token_ids": [39, 3791, 276]}),
+    ("kv_transfer_params", {"do_remote_decode": True}),
+    ("kv_transfer_params", None), ("kv_transfer_params", "x"),
+    ("first_token_ids", [1, 2]), ("bootstrap_host", "10.1.2.3"), ("bootstrap_port", 8998),
+    ("bootstrap_room", 2**62), ("bootstrap_anything", {"a": 1}),
+)
+"""The P/D contract fields (vLLM's ``kv_transfer_params`` and its ``first_token_ids``, SGLang's
+``bootstrap_*``), with the values a hostile client would send (issue 34, items 2 and 12)."""
+
+
+def test_pd_contract_fields_from_a_client_are_refused_on_every_path(rig: FuzzRig) -> None:
+    """The chat fuzzer's valid bodies on all five paths with one P/D contract field added first
+    or last: a 400 in the caller's shape naming the field, no upstream request, one ledger row."""
+    def one(seed: int) -> None:
+        problems: list[str] = []
+        for k in range(PER_EXAMPLE):
+            case = make_case(seed * PER_EXAMPLE + k, k)
+            if not case.valid:  # a hostile body has its own 400 (bad JSON, a wrong type) first
+                continue
+            r = random.Random(seed * PER_EXAMPLE + k)
+            key, value = r.choice(PD_FIELDS)
+            field = b'"' + key.encode() + b'":' + orjson.dumps(value)
+            if r.random() < 0.5:  # first or last: the bodies' own bytes stay as generated
+                raw = case.raw.replace(b"{", b"{" + field + b",", 1)
+            else:
+                end = case.raw.rstrip().rfind(b"}")
+                raw = case.raw[:end] + b"," + field + case.raw[end:]
+            before, _ = rig.ledger_state()
+            ex = rig.send(case.api, raw, {"x-prefixgate-session": case.session})
+            rows, status = rig.ledger_state()
+            if ex.sent and any(key.encode() in s.body for s in ex.sent):
+                problems.append(f"seed={seed} {case.path}: {key!r} reached the upstream")
+            if ex.status != 400:
+                problems.append(f"seed={seed} {case.path}: {key!r} answered {ex.status}")
+                continue
+            problems += [f"seed={seed} {case.path}: {p}" for p in
+                         error_problems(ex.status, _json(ex.body), case.api)]
+            if key not in ex.body.decode("utf-8", "replace") or (rows - before, status) != (1, 400):
+                problems.append(f"seed={seed} {case.path}: the error or record does not name "
+                                f"{key!r}: {ex.body[:160]!r} rows {rows - before}")
         assert not problems, "\n".join(problems[:10])
     _seeds(one)

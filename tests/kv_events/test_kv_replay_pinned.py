@@ -312,3 +312,45 @@ async def test_a_quiet_stream_is_probed_from_last_plus_one_and_a_failed_probe_re
         with pytest.raises(asyncio.CancelledError):
             await task
         await rep.close()
+
+
+async def test_an_undecodable_batch_in_the_replay_buffer_is_skipped_not_a_hole() -> None:
+    """Issue 34, item 14: the publisher's buffer holds one batch that cannot be read; a resync
+    (from 0) still syncs, the batches after it apply, and the skip is counted."""
+    rep = Replayer(lambda start: [[seqb(n), b"\xc1" if n == 2 else batch(n)]
+                                  for n in range(max(start, 1), 5)] + [END])
+    s = stream(rep)
+    try:
+        assert await s.resync() is True and s.usable()
+        assert (s.seq.last, sorted(s.index.blocks), s.undecodable) == (4, [1, 3, 4], 1)
+        assert await s.replay_from(5) is True  # the probe after it: whole
+        s2 = stream(rep)
+        s2.seq.last = 1
+        assert await s2.replay_from(2) is True  # a gap repair that meets it first
+        assert (s2.seq.last, sorted(s2.index.blocks), s2.undecodable) == (4, [3, 4], 1)
+    finally:
+        await rep.close()
+
+
+async def test_an_undecodable_batch_last_in_the_replay_passes_its_number() -> None:
+    rep = Replayer(lambda start: [[seqb(3), batch(3)], [seqb(4), b"\xc1"], END])
+    s = stream(rep)
+    s.seq.last = 2
+    try:
+        assert await s.replay_from(3) is True
+        assert (s.seq.last, s.undecodable) == (4, 1)
+    finally:
+        await rep.close()
+
+
+async def test_an_undecodable_live_batch_is_skipped_without_a_gap_or_a_replay() -> None:
+    rep = Replayer(lambda start: [END])
+    s = stream(rep)
+    s.seq.last, s.synced = 1, True
+    try:
+        await s.handle(2, b"\xc1")
+        await s.handle(3, batch(3))
+        assert (s.seq.last, s.gaps, s.replays, s.undecodable) == (3, 0, 0, 1)
+        assert list(s.index.blocks) == [3]
+    finally:
+        await rep.close()

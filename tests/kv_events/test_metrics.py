@@ -58,6 +58,7 @@ async def test_each_counter_of_the_stream_is_exported(published: Published) -> N
         task.cancel()
     await s.handle(s.seq.last + 1, b"not msgpack")
     assert _value(reg, "prefixgate_kv_events_bad_total") == 1.0
+    assert _value(reg, "prefixgate_kv_events_undecodable_total") == 1.0  # skipped, counted
 
 
 def test_no_hub_no_samples() -> None:

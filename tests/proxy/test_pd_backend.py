@@ -81,3 +81,5 @@ def test_a_pd_backend_splits_then_colocates_the_follow_up(pair: tuple[str, str, 
         assert sum(n for (d, _), n in DECISIONS.items() if d == "colocate") == colocated0 + 1
     rows = wait_rows(ledger, 2)
     assert [r["deployment"] for r in rows] == ["pd/pd-split:split", "pd/pd-colocate:short_uncached"]
+    # the split's prompt came over the link: no cache hit in the ledger (issue 34, item 13)
+    assert rows[0]["prompt_tokens"] > 0 and rows[0]["cached_tokens"] == 0

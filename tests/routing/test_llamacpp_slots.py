@@ -99,5 +99,8 @@ def test_id_slot_goes_in_first_and_nothing_else_changes() -> None:
     assert out == b'{"id_slot":3,"model":"m","temperature":1.10,"messages":[]}'
     assert orjson.loads(out)["id_slot"] == 3
     assert with_id_slot(b"{}", 1) == b'{"id_slot":1}'
-    assert with_id_slot(b'{"id_slot":0}', 2) == b'{"id_slot":0}'  # the client's own slot kept
+    # a client's own slot is never kept: the proxy drives the slots (issue 34, item 11)
+    assert with_id_slot(b'{"id_slot":0}', 2) == b'{"id_slot":2}'
+    assert with_id_slot(b'{"a":1.10,"id_slot":"../x","b":1E400}', 1) == (
+        b'{"id_slot":1,"a":1.10,"b":1E400}')
     assert with_id_slot(b"[1]", 2) == b"[1]" and with_id_slot(b"not json", 2) == b"not json"

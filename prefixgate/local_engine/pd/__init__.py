@@ -1,5 +1,5 @@
 """Prefill/decode disaggregation (engine layer 4): the roles, the KV link between the two engines
-and the KV export / import it carries.
+(authenticated with the pair's shared secret, ``auth``) and the KV export / import it carries.
 """
 
-__all__ = ["kv_io", "link", "roles"]
+__all__ = ["auth", "kv_io", "link", "roles"]

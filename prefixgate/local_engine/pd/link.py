@@ -11,23 +11,35 @@ an 80-90 ms transfer of 4k tokens); each transfer then is three sends on one thr
     salt   uint8[salt bytes]  (the cache_salt namespace; only when there is one)
     kv     [L, 2, n, H, D]    (the pool dtype)
 
-At start both ranks exchange their KV layout (layers, KV heads, head dim, page size, dtype,
-buffer tokens) and refuse to pair when it differs. A failed send or receive (peer gone,
-gloo timeout) marks the link ``dead``: the caller's ``on_dead`` frees what waits on it. An idle
-prefill side sends a heartbeat header (``KIND_PING``) every third of the timeout, so only a
-peer that is really gone trips the decode side's receive timeout.
+Pairing: rank 0 hosts the rendezvous store (``TCPStore`` on ``init_method``'s port), rank 1
+joins it (claiming the decode rank in the store: a second claimant is refused), both join the
+group, exchange nonces and their KV layout (layers, KV heads, head dim, page size, dtype,
+buffer tokens) and prove the pair's shared secret (``pd.auth.link_proof``) before any token
+or KV crosses; a peer that fails the proof, or another layout, is refused. A failed send or
+receive (peer gone, gloo timeout) marks the link ``dead``: the caller's ``on_dead`` frees what
+waits on it, and ``reset`` tears the group and the store down so that ``start`` can pair again
+(``pd.roles`` does, after every lost peer). An idle prefill side sends a heartbeat header
+(``KIND_PING``) every third of the timeout, so only a peer that is really gone trips the decode
+side's receive timeout — and a lost decode peer is found within that third.
 """
 
 from __future__ import annotations
 
 import datetime
+import hmac
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
+from prefixgate.local_engine.pd.auth import MIN_SECRET_BYTES, link_proof, load_secret, new_nonce
 
 __all__ = ["KIND_CLOSE", "KIND_KV", "KIND_PING", "KVLayout", "LinkDead", "PDLink", "Received"]
 
@@ -42,7 +54,21 @@ _DTYPE_CODES = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 
 
 class LinkDead(RuntimeError):
-    """The peer is gone or never paired: no transfer can go through this link."""
+    """The peer is gone or never paired: no transfer can go through this link. ``reason``: why
+    a pairing was refused (``rendezvous``, ``auth``, ``second_rank``, ``layout``, ``error``), or
+    ``down``."""
+
+    def __init__(self, message: str, reason: str = "down") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _host_port(init_method: str) -> tuple[str, int]:
+    """``(host, port)`` of ``tcp://HOST:PORT``. Raises ``ValueError`` otherwise."""
+    u = urlsplit(init_method)
+    if u.scheme != "tcp" or not u.hostname or not u.port:
+        raise ValueError(f"the P/D link takes tcp://HOST:PORT, not {init_method!r}")
+    return u.hostname, u.port
 
 
 @dataclass(frozen=True)
@@ -88,7 +114,9 @@ class PDLink:
     ``timeout_s`` bounds pairing and each send / receive (gloo's timeout).
 
     ``start()`` pairs in the calling thread (blocks until the peer joins or ``timeout_s``).
-    Raises ``LinkDead`` when pairing fails or the layouts differ.
+    Raises ``LinkDead`` when pairing fails, the peer fails the proof, or the layouts differ;
+    ``reset()`` then ``start()`` pairs again. ``secret``: the pair's (``pd.auth``; None: from
+    the environment). ``pairings`` counts successful pairings, ``refused`` failures by reason.
 
     ``backend`` None: NCCL for a CUDA pool, gloo otherwise. ``gloo`` with a CUDA pool stages the
     KV through host memory (one more copy each way): the path for two instances on ONE GPU,
@@ -96,9 +124,17 @@ class PDLink:
     """
 
     def __init__(self, role: str, init_method: str, layout: KVLayout, device: torch.device,
-                 timeout_s: float = 30.0, backend: str | None = None) -> None:
+                 timeout_s: float = 30.0, backend: str | None = None,
+                 secret: bytes | None = None) -> None:
         if role not in ("prefill", "decode"):
             raise ValueError(f"role must be prefill or decode, not {role!r}")
+        _host_port(init_method)
+        self.secret = secret if secret is not None else load_secret()
+        if len(self.secret) < MIN_SECRET_BYTES:
+            raise ValueError(f"the P/D secret must be at least {MIN_SECRET_BYTES} bytes")
+        self.pairings = 0
+        self.refused: Counter[str] = Counter()
+        self._store: Any = None
         self.role = role
         self.rank = 0 if role == "prefill" else 1
         self.init_method = init_method
@@ -120,31 +156,99 @@ class PDLink:
 
     # -- pairing -----------------------------------------------------------------------------
     def start(self) -> None:
-        """Join the two-rank group, allocate the staging buffers once, check the peer's layout."""
+        """Pair: host (prefill) or join (decode) the rendezvous store, join the two-rank group,
+        prove both sides hold the secret (``pd.auth.link_proof``), check the peer's layout and
+        allocate the staging buffers once. Raises ``LinkDead`` (and leaves the link torn down,
+        ready for another ``start``) when pairing fails, the peer fails the proof, a second
+        rank claimed the decode side, or the layouts differ; ``refused`` counts the reasons."""
+        self.dead = False
+        self.ready.clear()
         try:
-            dist.init_process_group(self.backend, init_method=self.init_method, rank=self.rank,
-                                    world_size=2,
-                                    timeout=datetime.timedelta(seconds=self.timeout_s))
+            self._join()
+        except LinkDead as exc:
+            self.reset()
+            self.refused[exc.reason] += 1
+            raise
         except Exception as exc:
-            self.dead = True
-            raise LinkDead(f"pairing failed: {type(exc).__name__}") from exc
+            self.reset()
+            self.refused["error"] += 1
+            raise LinkDead(f"pairing failed: {type(exc).__name__}", "error") from exc
+        self.pairings += 1
+        self.ready.set()
+        log.info("P/D link up: %s rank %d over %s, %d-token buffer (pairing %d)", self.role,
+                 self.rank, self.backend, self.layout.buffer_tokens, self.pairings)
+
+    def _allocate(self) -> None:
+        """The staging buffers, once for the link's life (kept across re-pairings; allocated
+        before pairing, so both sides are ready to move KV the moment the proof passes)."""
         lay = self.layout
-        self.tokens = torch.zeros(MAX_PROMPT_TOKENS, dtype=torch.int64, device=self.device)
-        self.buffer = torch.zeros(lay.buffer_tokens * lay.per_token, dtype=lay.dtype,
-                                  device=self.device)
-        if self.pool_device != self.device and self.role == "prefill":
+        if self.tokens.numel() == 0:
+            self.tokens = torch.zeros(MAX_PROMPT_TOKENS, dtype=torch.int64, device=self.device)
+            self.buffer = torch.zeros(lay.buffer_tokens * lay.per_token, dtype=lay.dtype,
+                                      device=self.device)
+        if self.pool_device != self.device and self.role == "prefill" and not self.stage.numel():
             self.stage = torch.zeros(lay.buffer_tokens * lay.per_token, dtype=lay.dtype,
                                      device=self.pool_device)
+
+    def _join(self) -> None:
+        self._allocate()
+        host, port = _host_port(self.init_method)
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        try:
+            self._store = dist.TCPStore(host, port, 2, self.rank == 0, timeout=timeout,
+                                        wait_for_workers=False)
+        except Exception as exc:
+            raise LinkDead(f"rendezvous at {host}:{port} failed: {type(exc).__name__}",
+                           "rendezvous") from exc
+        if self.rank == 1 and self._store.add("prefixgate/pd/decode", 1) != 1:
+            raise LinkDead("another decode instance holds this link", "second_rank")
+        try:
+            dist.init_process_group(self.backend, store=self._store, rank=self.rank,
+                                    world_size=2, timeout=timeout)
+        except Exception as exc:
+            raise LinkDead(f"pairing failed: {type(exc).__name__}", "rendezvous") from exc
+        lay = self.layout
         mine = lay.as_tensor(self.device)
         peers = [torch.zeros_like(mine) for _ in range(2)]
+        nonce = torch.frombuffer(bytearray(new_nonce()), dtype=torch.uint8).to(self.device)
+        nonces = [torch.zeros_like(nonce) for _ in range(2)]
+        dist.all_gather(nonces, nonce)
         dist.all_gather(peers, mine)
+        got = [bytes(n.cpu().tolist()) for n in nonces]
+        announced = [int(x) for p in peers for x in p.tolist()]
+        proof = torch.frombuffer(bytearray(link_proof(self.secret, self.role, got, announced)),
+                                 dtype=torch.uint8).to(self.device)
+        proofs = [torch.zeros_like(proof) for _ in range(2)]
+        dist.all_gather(proofs, proof)
+        other = "decode" if self.role == "prefill" else "prefill"
+        want = link_proof(self.secret, other, got, announced)
+        if not hmac.compare_digest(bytes(proofs[1 - self.rank].cpu().tolist()), want):
+            raise LinkDead(f"the {other} peer failed authentication (no shared secret)", "auth")
+        if self.rank == 0 and self._store.add("prefixgate/pd/decode", 0) != 1:
+            raise LinkDead("a second rank tried to join as the decode instance", "second_rank")
         if not torch.equal(peers[0], peers[1]):
-            self.dead = True
             raise LinkDead(f"KV layouts differ: prefill {peers[0].tolist()}, "
-                           f"decode {peers[1].tolist()}")
-        self.ready.set()
-        log.info("P/D link up: %s rank %d over %s, %d-token buffer", self.role, self.rank,
-                 self.backend, lay.buffer_tokens)
+                           f"decode {peers[1].tolist()}", "layout")
+
+    def reset(self) -> None:
+        """Tear the group and the rendezvous store down (the peer is gone, refused, or never
+        came), so that ``start`` can pair again — with a restarted peer. The link is dead until
+        then. Call it from the thread that used the link, once no send or receive runs."""
+        self.dead = True
+        self.ready.clear()
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception as exc:  # a group whose peer vanished mid-call
+                log.warning("P/D group teardown: %s", type(exc).__name__)
+        # A failed init_process_group counted a group but left none to destroy, and the count
+        # names the group's keys in the store ("/<count>//cpu//..."): the next attempt would
+        # wait on keys the peer (a fresh process, or one that failed as often) never writes.
+        # destroy_process_group resets it the same way.
+        world = getattr(distributed_c10d, "_world", None)
+        if world is not None and hasattr(world, "group_count"):
+            world.group_count = 0
+        self._store = None
 
     def close(self) -> None:
         """Tell the decode side to stop (prefill side) and mark the link down (the group ends with

@@ -25,7 +25,8 @@ import queue
 import secrets
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -47,6 +48,7 @@ __all__ = ["DecodeRole", "PendingImport", "PrefillRole", "TransferTicket"]
 
 log = logging.getLogger("local_engine.pd")
 MAX_FAILED_KEPT = 4096  # failed transfer ids remembered for their decode request (bounded)
+MAX_DONE_KEPT = 65536  # claimed or expired transfer ids remembered: a replay is answered at once
 IMPORT_CHUNK_TOKENS = 1024
 """Tokens of K/V an import writes into the pool between two engine steps. One piece of 1,024
 tokens of SmolLM2-135M fp32 (45 MiB) copies in ~8 ms on the benchmark's CPU (4,000 tokens
@@ -110,11 +112,13 @@ class PrefillRole:
         self.stats_ = _Stats()
         self._jobs: queue.SimpleQueue[tuple[int, Any, bytes | None, float] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def start(self) -> None:
-        """Pair with the decode instance, then run the sender thread."""
-        self.link.start()
-        self._thread = threading.Thread(target=self._send_loop, name="pd-sender", daemon=True)
+        """Start the link thread: it pairs with the decode instance, sends, and pairs again
+        whenever the peer is lost (``_supervise``). Returns at once."""
+        self._thread = threading.Thread(target=_supervise, name="pd-sender", daemon=True,
+                                        args=(self.link, self._stop, self._send_loop))
         self._thread.start()
 
     def export(self, prompt: list[int], extra_key: bytes | None, start: int) -> TransferTicket:
@@ -139,15 +143,16 @@ class PrefillRole:
         return TransferTicket(tid, exp.start, exp.num_transfer)
 
     def _send_loop(self) -> None:
-        while True:
+        """Send queued transfers until ``stop`` or the peer is lost (then return: the link
+        thread pairs again)."""
+        while not self.link.dead:
             try:
                 job = self._jobs.get(timeout=max(0.05, self.link.timeout_s / 3))
             except queue.Empty:  # idle: a heartbeat keeps the decode side's receive alive
-                if not self.link.dead:
-                    try:
-                        self.link.ping()
-                    except LinkDead:
-                        self.stats_.failures["link_down"] += 1
+                try:
+                    self.link.ping()
+                except LinkDead:
+                    self.stats_.failures["link_down"] += 1
                 continue
             if job is None:
                 return
@@ -175,6 +180,7 @@ class PrefillRole:
 
     def stop(self) -> None:
         """Stop the sender (queued transfers are released) and close the link."""
+        self._stop.set()
         self._jobs.put(None)
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -189,7 +195,7 @@ class PrefillRole:
 
     def stats(self) -> dict[str, Any]:
         """Counters (module docstring), keyed ``kv_transfer_*``."""
-        return _stats_dict(self.stats_, pending=0, up=_up(self.link))
+        return _stats_dict(self.stats_, pending=0, up=_up(self.link), link=self.link)
 
 
 class DecodeRole:
@@ -206,14 +212,19 @@ class DecodeRole:
         self.stats_ = _Stats()
         self._pending: dict[int, PendingImport] = {}
         self._failed: set[int] = set()
+        self._done: OrderedDict[int, None] = OrderedDict()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def start(self) -> None:
-        """Pair with the prefill instance, then run the receiver thread."""
-        self.link.start()
-        self._thread = threading.Thread(target=self.link.receive_forever, name="pd-receiver",
-                                        args=(self.on_transfer, self.on_dead), daemon=True)
+        """Start the link thread: it pairs with the prefill instance, receives, and pairs again
+        whenever the peer is lost (``_supervise``). Returns at once."""
+        def receive() -> None:
+            self.link.receive_forever(self.on_transfer, self.on_dead)
+
+        self._thread = threading.Thread(target=_supervise, name="pd-receiver", daemon=True,
+                                        args=(self.link, self._stop, receive))
         self._thread.start()
 
     # -- the receiver thread -------------------------------------------------------------------
@@ -300,6 +311,7 @@ class DecodeRole:
             if p is None or p.claimed:
                 return False
             del self._pending[transfer_id]
+            self._remember_done(transfer_id)
         self.stats_.failures["timeout"] += 1
         _release_on(self.engine, p.handle)
         return True
@@ -307,8 +319,11 @@ class DecodeRole:
     # -- the decode request --------------------------------------------------------------------
     def claim(self, transfer_id: int, timeout_s: float | None = None) -> PendingImport | None:
         """The import of ``transfer_id``, waiting up to ``timeout_s`` (default the role's) for
-        it to arrive; None when it failed, timed out or the link is down (recompute). The
-        caller must ``unclaim`` it once its request is admitted (or gone)."""
+        it to arrive; None when it failed, timed out or the link is down (recompute). A
+        transfer already claimed or expired (a replayed id), or any claim while the link is
+        not paired, is answered at once: only a transfer still on its way is waited for (the
+        caller checks the ticket's tag first, ``pd.auth``). The caller must ``unclaim`` it once
+        its request is admitted (or gone)."""
         end = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         with self._cond:
             while True:
@@ -316,15 +331,31 @@ class DecodeRole:
                 if p is not None:
                     p.claimed = True
                     del self._pending[transfer_id]
+                    self._remember_done(transfer_id)
                     return p
                 if transfer_id in self._failed:
                     self._failed.discard(transfer_id)
+                    self._remember_done(transfer_id)
+                    return None
+                if transfer_id in self._done:
+                    self.stats_.failures["replayed"] += 1
                     return None
                 left = end - time.monotonic()
-                if left <= 0 or self.link.dead:
-                    self.stats_.failures["not_arrived" if not self.link.dead else "link_down"] += 1
+                if self.link.dead or not self.link.ready.is_set():
+                    self.stats_.failures["link_down"] += 1
+                    return None
+                if left <= 0:
+                    self.stats_.failures["not_arrived"] += 1
+                    self._remember_done(transfer_id)
                     return None
                 self._cond.wait(min(left, 0.5))
+
+    def _remember_done(self, transfer_id: int) -> None:
+        """Keep ``transfer_id`` as claimed / given up (bounded; the oldest forgotten first).
+        Call with ``_cond`` held."""
+        self._done[transfer_id] = None
+        while len(self._done) > MAX_DONE_KEPT:
+            self._done.popitem(last=False)
 
     def unclaim(self, pending: PendingImport) -> None:
         """Drop a claimed import's lock (its request now holds its own, or is gone)."""
@@ -337,21 +368,60 @@ class DecodeRole:
 
     def stop(self) -> None:
         """Release every unclaimed import (the receiver ends with the link)."""
+        self._stop.set()
         self.link.dead = True
         self.on_dead()
 
     def stats(self) -> dict[str, Any]:
         """Counters (module docstring), keyed ``kv_transfer_*``."""
-        return _stats_dict(self.stats_, pending=self.pending_count(), up=_up(self.link))
+        return _stats_dict(self.stats_, pending=self.pending_count(), up=_up(self.link),
+                           link=self.link)
+
+
+REPAIR_WAIT_S = 1.0
+"""Seconds between two pairing attempts (a peer restarting, a refused peer, no peer yet)."""
+
+
+def _supervise(link: PDLink, stop: threading.Event, session: Callable[[], None]) -> None:
+    """The link thread of a role: pair, run ``session`` (send or receive until the peer is
+    lost), tear the group down, and pair again (issue 34, item 9: a restarted decode instance
+    pairs with the running prefill one) until ``stop``. Refused pairings (``pd.auth``: a peer
+    without the secret, a second rank) are logged and counted on the link; each pairing after
+    the first is a re-pair (``kv_link_repairs_total``)."""
+    while not stop.is_set():
+        try:
+            link.start()
+        except LinkDead as exc:
+            if exc.reason != "rendezvous":  # no peer yet is no news; the others are
+                log.error("P/D link not paired: %s", exc)
+            stop.wait(REPAIR_WAIT_S)
+            continue
+        if link.dead or not link.ready.is_set():
+            stop.wait(REPAIR_WAIT_S)
+            continue
+        try:
+            session()
+        except Exception:
+            log.exception("P/D link session failed")
+        if stop.is_set():
+            return
+        log.warning("P/D link lost (%s side); pairing again", getattr(link, "role", "?"))
+        reset = getattr(link, "reset", None)
+        if reset is not None:
+            reset()
+        stop.wait(REPAIR_WAIT_S / 4)
 
 
 def _up(link: PDLink) -> int:
     return int(link.ready.is_set() and not link.dead)
 
 
-def _stats_dict(st: _Stats, pending: int, up: int) -> dict[str, Any]:
+def _stats_dict(st: _Stats, pending: int, up: int, link: PDLink | None = None) -> dict[str, Any]:
+    pairings = int(getattr(link, "pairings", 0) or 0)
     out: dict[str, Any] = {
         "kv_link_up": up,
+        "kv_link_pairings_total": pairings,
+        "kv_link_repairs_total": max(0, pairings - 1),
         "kv_transfers_total": st.transfers,
         "kv_transfer_tokens_total": st.tokens,
         "kv_transfer_seconds_total": round(st.seconds, 6),
@@ -359,4 +429,6 @@ def _stats_dict(st: _Stats, pending: int, up: int) -> dict[str, Any]:
     }
     for reason, n in st.failures.items():
         out[f"kv_transfer_failures_total:{reason}"] = n
+    for reason, n in (getattr(link, "refused", None) or {}).items():
+        out[f"kv_link_pairing_failures_total:{reason}"] = n
     return out

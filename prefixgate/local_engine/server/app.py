@@ -14,7 +14,8 @@ Routes::
                                 radix tree holds now, read-only (for a cache-aware router)
     POST /reset_prefix_cache    vLLM's: empty the radix tree when no request holds part of it
                                 ({"reset": bool}; KV event consumers get AllBlocksCleared)
-    GET  /health                {"status": "ok"}
+    GET  /health                {"status": "ok"} (+ "kv_link": {"role", "up", "pairings",
+                                "repairs"} on a P/D role: 200 while unpaired, requests recompute)
     GET  /metrics               Prometheus text (see metrics.py)
 
 A request's path: parse JSON -> validate (protocol.py) -> sampling checks, then render, size
@@ -26,7 +27,10 @@ TTFT: arrival -> first token, ms) split into ``X-Engine-Queue-Ms`` (arrival -> f
 in a forward step) and ``X-Engine-Prefill-Ms`` (first scheduled -> first token),
 ``X-Engine-Prompt-Tokens`` and ``X-Engine-Cached-Tokens`` headers — on streams too, since the
 response starts only once the first token exists — and non-streamed answers
-``X-Engine-Decode-Ms`` (first -> last token).
+``X-Engine-Decode-Ms`` (first -> last token). On a P/D decode instance, prompt tokens whose KV
+the transfer brought are no cache hits: they leave ``cached_tokens`` and the cached header and
+are reported apart (``usage.prompt_tokens_details.kv_transfer_tokens``,
+``X-Engine-Transfer-Tokens``).
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ HDR_QUEUE_MS = "X-Engine-Queue-Ms"  # arrival -> first scheduled, ms
 HDR_PREFILL_MS = "X-Engine-Prefill-Ms"  # first scheduled -> first token, ms
 HDR_PROMPT_TOKENS = "X-Engine-Prompt-Tokens"
 HDR_CACHED_TOKENS = "X-Engine-Cached-Tokens"
+HDR_TRANSFER_TOKENS = "X-Engine-Transfer-Tokens"  # P/D: prompt tokens whose KV came over the link
 
 
 @dataclass
@@ -168,7 +173,7 @@ class _Server:
         if pd is not None and pd.kind == "prefill" and job.stream:
             raise ApiError("A prefill request (do_remote_decode) must have stream false.",
                            param="stream", code="invalid_value")
-        pending = await self.pd.before(pd)
+        pending = await self.pd.before(pd, job.prompt_ids, job.extra_key)
         job.external_tokens = pending.new_tokens if pending is not None else 0
         job.given_ids = list(pd.first_token_ids) if pd is not None and pd.kind == "decode" else None
         peer = self.pd.ask_peer(pd, job.prompt_ids, job.extra_key)  # overlaps the prefill
@@ -230,7 +235,7 @@ class _Server:
 
     def _final_body(self, job: Job, text: str, last: RequestOutput) -> dict[str, Any]:
         model = self.engine.model_name
-        usage = usage_dict(last)
+        usage = usage_dict(last, job.external_tokens)
         if job.kind == "completion":
             chunks = CompletionChunks(job.request_id, job.created, model)
             return chunks.full(text, last.finish_reason, usage)
@@ -268,7 +273,7 @@ class _Server:
         finally:
             watcher.cancel()
             await outputs.aclose()
-        for event in writer.close(last.finish_reason, usage_dict(last)):
+        for event in writer.close(last.finish_reason, usage_dict(last, job.external_tokens)):
             yield event
 
     # ---- routes --------------------------------------------------------------------------
@@ -367,10 +372,13 @@ def _engine_headers(job: Job, timing: _Timing, first: RequestOutput) -> dict[str
     the stream body): server-side TTFT (ms, request arrival -> first token) and its two parts,
     queue (arrival -> first scheduled) and prefill (first scheduled -> first token), prompt
     tokens and prompt tokens served from the radix cache."""
+    moved = max(0, min(job.external_tokens, first.cached_tokens))  # P/D: not cache hits
     headers = {
         HDR_PROMPT_TOKENS: str(first.prompt_tokens),
-        HDR_CACHED_TOKENS: str(first.cached_tokens),
+        HDR_CACHED_TOKENS: str(first.cached_tokens - moved),
     }
+    if moved:
+        headers[HDR_TRANSFER_TOKENS] = str(moved)
     if timing.first is not None:
         headers[HDR_TTFT_MS] = f"{(timing.first - job.received) * 1000.0:.1f}"
         if first.scheduled_at is not None:
@@ -444,8 +452,9 @@ def build_app(engine: Engine, log_stats_interval_s: float | None = None,
     app.add_api_route("/reset_prefix_cache", server.reset_prefix_cache, methods=["POST"])
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> dict[str, Any]:
+        link = server.pd.link_health()
+        return {"status": "ok"} if link is None else {"status": "ok", "kv_link": link}
 
     @app.get("/metrics")
     async def metrics() -> Response:

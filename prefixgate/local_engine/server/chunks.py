@@ -36,10 +36,15 @@ class _UsageSource(Protocol):
     cached_tokens: int
 
 
-def usage_dict(out: _UsageSource) -> dict[str, Any]:
+def usage_dict(out: _UsageSource, transfer_tokens: int = 0) -> dict[str, Any]:
     """OpenAI ``usage`` (tokens): ``{"prompt_tokens", "completion_tokens", "total_tokens",
     "prompt_tokens_details": {"cached_tokens"}}``; cached tokens are the prompt tokens whose
-    KV came from the radix prefix cache.
+    KV came from this engine's radix prefix cache.
+
+    ``transfer_tokens``: prompt tokens whose KV a P/D transfer brought for this request (they
+    hit the tree because the prefill instance computed them, not because anything was cached:
+    issue 34, item 13). They are taken out of ``cached_tokens`` and reported apart as
+    ``prompt_tokens_details.kv_transfer_tokens`` (vLLM's ``external_kv_transfer`` source).
 
     With speculative decoding, ``completion_tokens_details`` carries OpenAI's predicted-output
     fields (``accepted_prediction_tokens`` / ``rejected_prediction_tokens``: draft tokens accepted
@@ -51,6 +56,10 @@ def usage_dict(out: _UsageSource) -> dict[str, Any]:
         "total_tokens": out.prompt_tokens + out.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": out.cached_tokens},
     }
+    moved = max(0, min(transfer_tokens, out.cached_tokens))
+    if moved:
+        usage["prompt_tokens_details"] = {"cached_tokens": out.cached_tokens - moved,
+                                          "kv_transfer_tokens": moved}
     drafts = int(getattr(out, "spec_drafts", 0) or 0)
     if drafts:
         proposed, accepted = int(out.spec_draft_tokens), int(out.spec_accepted_tokens)  # type: ignore[attr-defined]

@@ -36,6 +36,11 @@ name                                            type     meaning (unit)
                                                          link_down, gap, no_room, ...)
 ``engine_kv_transfer_pending``                  gauge    imports waiting for their decode request
 ``engine_kv_link_up``                           gauge    1 while the P/D link is paired
+``engine_kv_link_pairings``                     counter  P/D pairings (each proven, pd/auth.py)
+``engine_kv_link_repairs``                      counter  pairings after the first (a lost peer
+                                                         came back, e.g. a restarted decode)
+``engine_kv_link_pairing_failures{reason}``     counter  pairings refused or failed (auth,
+                                                         second_rank, layout, rendezvous, error)
 ==============================================  =======  ==========================================
 """
 
@@ -123,7 +128,13 @@ def _pd_metrics(s: dict[str, Any]) -> Iterator[Metric]:
                          "Prompt tokens by where their KV came from.", "source")
     yield from _labelled(s, "kv_transfer_failures_total", "engine_kv_transfer_failures",
                          "P/D KV transfers dropped, by reason.", "reason")
+    yield from _labelled(s, "kv_link_pairing_failures_total", "engine_kv_link_pairing_failures",
+                         "P/D pairings refused or failed, by reason.", "reason")
     for name, doc, key in (
+            ("engine_kv_link_pairings", "P/D link pairings (both peers proven).",
+             "kv_link_pairings_total"),
+            ("engine_kv_link_repairs", "P/D link pairings after the first (a lost peer came back).",
+             "kv_link_repairs_total"),
             ("engine_kv_transfers", "P/D KV transfers sent or imported.", "kv_transfers_total"),
             ("engine_kv_transfer_tokens", "Tokens whose KV a P/D transfer moved.",
              "kv_transfer_tokens_total"),

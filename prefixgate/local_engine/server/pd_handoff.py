@@ -14,19 +14,23 @@ carries::
     {"do_remote_decode": false, "do_remote_prefill": true, "remote_engine_id": str,
      "remote_host": str, "remote_port": int, "remote_block_ids": [], "tp_size": 1,
      "transfer_id": int, "remote_cached_tokens": int, "transfer_tokens": int,
-     "first_token_ids": [int]}
+     "first_token_ids": [int], "transfer_tag": str}
 
 (``transfer_tokens`` 0: nothing to send; ``kv_transfer_params`` null: the link is down, so the
-decode side recomputes.) Decode role: claim the import of ``transfer_id`` (waiting for it up to
-the link timeout), run the request with ``first_token_ids`` as its first completion tokens
+decode side recomputes; ``transfer_tag``: the HMAC that binds the transfer id and the first
+token ids to this prompt, keyed with the pair's secret, ``pd/auth.py``.) Decode role: check the
+tag (a 400 at once when it does not verify: a made-up or replayed ticket, chosen first tokens),
+claim the import of ``transfer_id`` (waiting for it up to the link timeout on the handoff's own
+bounded threads, :data:`MAX_CLAIM_WAITERS` at a time: a claim beyond them, or of a transfer
+already claimed, recomputes at once), run the request with ``first_token_ids`` as its first completion tokens
 (``Engine.generate(given_ids=)``: streamed at once, no forward recomputes the prompt's last
 token; their K/V is computed by the step that samples the next token), and drop the import's
 lock when the request ends.
 
 Bad input is a 400 naming ``kv_transfer_params``: a dict is required, ``do_remote_decode`` only
 on a prefill instance, ``do_remote_prefill`` only on a decode one with an integer
-``transfer_id`` and, optionally, ``first_token_ids`` (a list of at most ``MAX_FIRST_TOKENS``
-non-negative integers).
+``transfer_id``, a ``transfer_tag`` and, optionally, ``first_token_ids`` (a list of at most
+``MAX_FIRST_TOKENS`` token ids).
 
 Prompt tokens by source (vLLM's ``prompt_tokens_by_source``: ``computed``,
 ``local_cache_hit``, ``external_kv_transfer``) are counted here for every request.
@@ -38,11 +42,13 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from prefixgate.local_engine.pd.auth import ticket_tag, verify_ticket
 from prefixgate.local_engine.pd.link import LinkDead
 from prefixgate.local_engine.pd.roles import DecodeRole, PendingImport, PrefillRole
 from prefixgate.local_engine.server.protocol import ApiError
@@ -53,6 +59,12 @@ log = logging.getLogger("local_engine.server.pd")
 
 SOURCES = ("computed", "local_cache_hit", "external_kv_transfer")
 MAX_FIRST_TOKENS = 8  # first tokens a decode request may carry (the prefill side sends one)
+MAX_TOKEN_ID = 1 << 31
+MAX_CLAIM_WAITERS = 16
+"""Decode requests that may wait for their transfer at once (each holds one of the handoff's
+own threads up to the link timeout; tokenizing and the rest of the server never wait behind
+them). A claim beyond them recomputes at once (``kv_transfer_failures_total:claims_busy``)."""
+EXPORT_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,7 @@ class PDRequest:
     transfer_id: int = 0
     raw: dict[str, Any] | None = None
     first_token_ids: tuple[int, ...] = ()
+    tag: str | None = None
 
 
 def _err(msg: str) -> ApiError:
@@ -96,12 +109,20 @@ def parse_kv_transfer_params(value: Any, role: str) -> PDRequest | None:
         tid = value.get("transfer_id", 0)
         if isinstance(tid, bool) or not isinstance(tid, int) or tid < 0:
             raise _err("'transfer_id' must be a non-negative integer (the prefill answer's).")
+        if tid >= 1 << 63:
+            raise _err("'transfer_id' is out of range.")
         first = value.get("first_token_ids") or []
         if not isinstance(first, list) or len(first) > MAX_FIRST_TOKENS or any(
-                isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in first):
+                isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < MAX_TOKEN_ID
+                for t in first):
             raise _err(f"'first_token_ids' must be a list of at most {MAX_FIRST_TOKENS} "
-                       "non-negative integers (the prefill answer's).")
-        return PDRequest("decode", transfer_id=tid, raw=value, first_token_ids=tuple(first))
+                       "token ids (the prefill answer's).")
+        tag = value.get("transfer_tag")
+        if not isinstance(tag, str):
+            raise _err("'transfer_tag' is missing: decode requests carry the prefill answer's "
+                       "kv_transfer_params as they came.")
+        return PDRequest("decode", transfer_id=tid, raw=value, first_token_ids=tuple(first),
+                         tag=tag)
     return None
 
 
@@ -130,6 +151,10 @@ class PDHandoff:
         self.engine_id, self.host, self.port = engine_id, host, port
         self.sources: Counter[str] = Counter()
         self._client: httpx.AsyncClient | None = None
+        self._claims = ThreadPoolExecutor(MAX_CLAIM_WAITERS, thread_name_prefix="pd-claim")
+        self._exports = ThreadPoolExecutor(EXPORT_THREADS, thread_name_prefix="pd-export")
+        self._waiting = 0  # claims on the pool now (event loop thread only)
+        self.claims_busy = 0
 
     def parse(self, job_extra: dict[str, Any] | None) -> PDRequest | None:
         """The request's P/D part (``parse_kv_transfer_params``) from its extra fields."""
@@ -161,11 +186,37 @@ class PDHandoff:
                         type(exc).__name__)
             return 0
 
-    async def before(self, pd: PDRequest | None) -> PendingImport | None:
-        """Decode side: the claimed import of the request's transfer (None: recompute)."""
+    def check_ticket(self, pd: PDRequest | None, prompt: list[int],
+                     extra_key: bytes | None) -> None:
+        """Decode side: raise ``ApiError`` (400) unless ``pd``'s ``transfer_tag`` is the paired
+        prefill instance's for this prompt, transfer id and first tokens (``pd.auth``)."""
+        if pd is None or pd.kind != "decode":
+            return
+        secret = getattr(getattr(self.decode_role, "link", None), "secret", None)
+        if secret is None or not verify_ticket(secret, pd.tag, pd.transfer_id,
+                                               pd.first_token_ids, prompt, extra_key):
+            raise _err("'kv_transfer_params' were not issued for this prompt by this decode "
+                       "instance's prefill peer ('transfer_tag' does not verify).")
+
+    async def before(self, pd: PDRequest | None, prompt: list[int] | None = None,
+                     extra_key: bytes | None = None) -> PendingImport | None:
+        """Decode side: the claimed import of the request's transfer (None: recompute).
+        ``prompt`` given: the ticket is checked first (``check_ticket``). The wait runs on the
+        handoff's own threads, at most :data:`MAX_CLAIM_WAITERS` at once."""
+        if prompt is not None:
+            self.check_ticket(pd, prompt, extra_key)
         if pd is None or pd.kind != "decode" or pd.transfer_id == 0 or self.decode_role is None:
             return None
-        return await asyncio.to_thread(self.decode_role.claim, pd.transfer_id)
+        if self._waiting >= MAX_CLAIM_WAITERS:
+            self.claims_busy += 1
+            return None
+        self._waiting += 1
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._claims, self.decode_role.claim,
+                                              pd.transfer_id)
+        finally:
+            self._waiting -= 1
 
     def admitted(self, pending: PendingImport | None) -> None:
         """The request is over (or holds its own lock): drop the import's."""
@@ -197,18 +248,34 @@ class PDHandoff:
             return None
         peer_cached = await peer if peer is not None else 0
         try:
-            ticket = await asyncio.to_thread(self.prefill_role.export, prompt, extra_key,
-                                             peer_cached)
+            loop = asyncio.get_running_loop()
+            ticket = await loop.run_in_executor(self._exports, self.prefill_role.export, prompt,
+                                                extra_key, peer_cached)
         except (LinkDead, ValueError) as exc:
             log.warning("P/D export skipped: %s", exc)
             return None
+        first = [int(t) for t in first_token_ids][:MAX_FIRST_TOKENS]
+        tag = ticket_tag(self.prefill_role.link.secret, ticket.transfer_id, first, prompt,
+                         extra_key)
         return {
             "do_remote_decode": False, "do_remote_prefill": True,
             "remote_engine_id": self.engine_id, "remote_host": self.host,
             "remote_port": self.port, "remote_block_ids": [], "tp_size": 1,
             "transfer_id": ticket.transfer_id, "remote_cached_tokens": ticket.start,
-            "transfer_tokens": ticket.num_tokens, "first_token_ids": list(first_token_ids),
+            "transfer_tokens": ticket.num_tokens, "first_token_ids": first,
+            "transfer_tag": tag,
         }
+
+    def link_health(self) -> dict[str, Any] | None:
+        """The P/D link's state for ``/health`` (None on a colocated engine): ``role``, ``up``,
+        ``pairings`` and ``repairs`` (pairings after the first: a peer was lost and came back)."""
+        role = self.prefill_role or self.decode_role
+        if role is None:
+            return None
+        s = role.stats()
+        return {"role": self.role, "up": bool(s.get("kv_link_up")),
+                "pairings": int(s.get("kv_link_pairings_total", 0)),
+                "repairs": int(s.get("kv_link_repairs_total", 0))}
 
     def record(self, prompt_tokens: int, cached_tokens: int, external_tokens: int) -> None:
         """Count one request's prompt tokens by source (``prompt_sources``)."""
@@ -220,4 +287,6 @@ class PDHandoff:
         role = self.prefill_role or self.decode_role
         if role is not None:
             out.update(role.stats())
+        if self.decode_role is not None:
+            out["kv_transfer_failures_total:claims_busy"] = self.claims_busy
         return out

@@ -2,17 +2,20 @@
 
 The link pairs in a background thread so the HTTP server (``/health``, the decode side's
 ``/v1/cache/match``) answers while the peer starts; until it is paired a prefill answer carries
-``kv_transfer_params: null`` and a decode request recomputes (vLLM's recompute policy).
+``kv_transfer_params: null`` and a decode request recomputes (vLLM's recompute policy). The
+thread pairs again whenever the peer is lost (a restarted decode instance pairs with the running
+prefill one, ``pd/roles.py``). Both sides prove the shared secret (``pd/auth.py``:
+``--pd-secret-file`` or ``$PREFIXGATE_PD_SECRET``) before any token or KV crosses the link.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
-from prefixgate.local_engine.pd.link import KVLayout, LinkDead, PDLink
+from prefixgate.local_engine.pd.auth import load_secret
+from prefixgate.local_engine.pd.link import KVLayout, PDLink
 from prefixgate.local_engine.pd.roles import DecodeRole, PrefillRole
 from prefixgate.local_engine.server.pd_handoff import PDHandoff
 
@@ -30,12 +33,14 @@ def layout_of(engine: Any, buffer_tokens: int) -> KVLayout:
 
 
 def start_role(engine: Any, role: str, link_url: str, peer_url: str | None, buffer_tokens: int,
-               timeout_s: float, host: str, port: int, backend: str | None = None
-               ) -> tuple[PDHandoff, Callable[[], None]]:
+               timeout_s: float, host: str, port: int, backend: str | None = None,
+               secret: bytes | None = None) -> tuple[PDHandoff, Callable[[], None]]:
     """The server hooks for ``role`` and a stop function; for ``prefill`` / ``decode`` the link
-    is paired in a daemon thread (pairing errors are logged; the engine serves on, unpaired).
-    ``backend``: the link's (``pd.link.PDLink``; None: NCCL on CUDA, gloo on CPU).
-    Raises ``ValueError`` for an unknown role or a prefill role without ``peer_url``."""
+    is paired (and paired again after a lost peer) in a daemon thread (pairing errors are
+    logged; the engine serves on, unpaired). ``backend``: the link's (``pd.link.PDLink``; None:
+    NCCL on CUDA, gloo on CPU); ``secret``: the pair's (None: ``pd.auth.load_secret()``, the
+    environment). Raises ``ValueError`` for an unknown role, a prefill role without
+    ``peer_url``, or no secret."""
     if role == "both":
         return PDHandoff("both"), lambda: None
     if role not in ("prefill", "decode"):
@@ -43,7 +48,7 @@ def start_role(engine: Any, role: str, link_url: str, peer_url: str | None, buff
     if engine.cache is None:
         raise ValueError("P/D roles need the prefix cache (KV enters and leaves through the tree)")
     link = PDLink(role, link_url, layout_of(engine, buffer_tokens), engine.device, timeout_s,
-                  backend)
+                  backend, secret=secret if secret is not None else load_secret())
     prole: PrefillRole | None = None
     drole: DecodeRole | None = None
     if role == "prefill":
@@ -54,14 +59,7 @@ def start_role(engine: Any, role: str, link_url: str, peer_url: str | None, buff
     else:
         drole = DecodeRole(engine, link, timeout_s)
         starter = drole
-
-    def pair() -> None:
-        try:
-            starter.start()
-        except LinkDead as exc:
-            log.error("P/D link not paired: %s", exc)
-
-    threading.Thread(target=pair, name="pd-pair", daemon=True).start()
+    starter.start()  # the link thread: pairs, and pairs again after a lost peer
     hooks = PDHandoff(role, prole, drole, peer_url, engine_id=f"prefixgate-{role}-{port}",
                       host=host, port=port)
     return hooks, starter.stop

@@ -9,6 +9,8 @@ name, never is):
 - ``prefixgate_kv_events_resyncs_total`` — full resyncs (connects, publisher restarts, holes a
   replay could not fill);
 - ``prefixgate_kv_events_bad_total`` — events or batches not understood (skipped);
+- ``prefixgate_kv_events_undecodable_total`` — batches whose payload could not be read, live or
+  replayed (skipped: their number passes, no resync);
 - ``prefixgate_kv_events_index_blocks`` — blocks in the index now;
 - ``prefixgate_kv_events_usable`` — 1 while the index is synced and fresh (routing uses it);
 - ``prefixgate_kv_events_staleness_seconds`` — since the stream was last seen alive (an event
@@ -52,7 +54,8 @@ class KVEventsCollector(Collector):
                                       ("gaps", "KV event sequence gaps seen"),
                                       ("replays", "KV event replay requests"),
                                       ("resyncs", "KV event index full resyncs"),
-                                      ("bad", "KV events or batches not understood"))}
+                                      ("bad", "KV events or batches not understood"),
+                                      ("undecodable", "KV event batches that could not be read"))}
         blocks = GaugeMetricFamily("prefixgate_kv_events_index_blocks", "Blocks in the KV index",
                                    labels=["deployment"])
         usable = GaugeMetricFamily("prefixgate_kv_events_usable",
@@ -69,6 +72,7 @@ class KVEventsCollector(Collector):
             counters["replays"].add_metric([name], float(s.replays))
             counters["resyncs"].add_metric([name], float(s.resyncs))
             counters["bad"].add_metric([name], float(s.index.bad))
+            counters["undecodable"].add_metric([name], float(s.undecodable))
             blocks.add_metric([name], float(len(s.index)))
             usable.add_metric([name], 1.0 if s.usable() else 0.0)
             stale.add_metric([name], s.staleness_s())

@@ -27,6 +27,7 @@ from prefixgate.proxy.core.errors import NotSupported, ProxyError, TenantSaltUna
 from prefixgate.proxy.core.offload import off_loop
 from prefixgate.proxy.http import body as wire
 from prefixgate.proxy.http.body import check_nesting, read_body_within
+from prefixgate.proxy.http.engine_fields import refuse_engine_fields
 from prefixgate.proxy.http.tenants import namespaced_session, salted_body, tenant_for
 from prefixgate.proxy.pipeline.edit_detail import edit_detail_headers
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
@@ -87,7 +88,9 @@ def salted_steps(ex: Exchange, state: ProxyState) -> list[Step]:
 
 async def parse(ex: Exchange, request: Request, policy: Policy) -> None:
     """Read the body once within the body deadline (400 / 408 / 413), check its nesting
-    before any pass or bridge and what the proxy relies on (the endpoint's ``check``, 400)."""
+    before any pass or bridge and what the proxy relies on (the endpoint's ``check``, 400);
+    a field of the engine-to-engine contract is refused (400,
+    :mod:`prefixgate.proxy.http.engine_fields`)."""
     ex.raw = await read_body_within(request, policy.max_body_bytes, policy.limits.body_timeout_s)
     ex.obs.read_done = time.perf_counter()
     ex.body = await wire.parse_json_off_loop(ex.raw)  # a large body's parse off the loop
@@ -95,6 +98,7 @@ async def parse(ex: Exchange, request: Request, policy: Policy) -> None:
     ex.endpoint.check(ex.body)
     ex.row.model = ex.body["model"]
     ex.row.stream = ex.endpoint.streams and wire.is_stream(ex.body)
+    refuse_engine_fields(ex.body)  # P/D contract fields are prefixgate's, never a client's
 
 
 def targets(ex: Exchange, policy: Policy) -> list[Target]:

@@ -11,6 +11,9 @@ A stream subscribes (ZMQ SUB) to the deployment's ``kv_events.endpoint`` and kee
 - **full resync** at every (re)connect, on a publisher restart (its numbers start over), and
   when a replay cannot fill a gap: the index is emptied and replayed from 0 (our engine answers
   0 with a snapshot of every held block; vLLM with what its buffer keeps);
+- **skip** a batch whose payload cannot be read (counted in ``undecodable``): its number is
+  taken as passed, live or replayed, so one bad batch in a publisher's replay buffer is not a
+  hole every resync meets again (issue 34, item 14: the index stayed unusable);
 - **purge** on ``AllBlocksCleared`` (llm-d ignores it; a cleared engine routed for its old
   blocks would get every such request cold).
 
@@ -68,6 +71,7 @@ class KVEventStream:
         self.seen_at = float("-inf")
         self.lags_ms: collections.deque[float] = collections.deque(maxlen=10_000)
         self.gaps = self.replays = self.resyncs = self.batches = 0
+        self.undecodable = 0  # batches whose payload could not be read: skipped, never a hole
         self._ctx = zmq.asyncio.Context.instance()
 
     # -- state ---------------------------------------------------------------------------------
@@ -101,8 +105,11 @@ class KVEventStream:
     async def handle(self, seq: int, payload: bytes) -> None:
         """One live PUB message (module docstring's rules)."""
         batch = await read_batch_off_loop(payload)
-        if batch is None:
+        if batch is None:  # skipped (counted): its number is taken, so no gap follows it
             self.index.bad += 1
+            self.undecodable += 1
+            if self.seq.last and self.seq.verdict(seq) == "apply":
+                self.seq.last = seq
             return
         verdict = self.seq.verdict(seq)
         if verdict == "old":
@@ -141,8 +148,8 @@ class KVEventStream:
     async def replay_from(self, start: int) -> bool:
         """Ask the replay socket for batches from ``start`` and apply the ones that follow
         ``last`` (a batch starting with ``AllBlocksCleared`` replaces the index whatever its
-        number). False when there is no replay socket, it did not answer within
-        ``replay_timeout_s``, or a hole remains."""
+        number; an unreadable batch is skipped, its number passed). False when there is no
+        replay socket, it did not answer within ``replay_timeout_s``, or a hole remains."""
         if self.settings.replay is None:
             return False
         self.replays += 1
@@ -150,6 +157,7 @@ class KVEventStream:
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.settings.replay)
         whole = True
+        skipped: set[int] = set()
         try:
             await sock.send_multipart([b"", start.to_bytes(8, "big", signed=True)])
             while True:
@@ -164,15 +172,21 @@ class KVEventStream:
                 if seq == END_SEQ or not frames[1]:
                     break
                 batch = await read_batch_off_loop(frames[1])
-                if batch is None:
+                if batch is None:  # issue 34, item 14: skipped and counted, not a hole
+                    self.undecodable += 1
+                    skipped.add(seq)
                     continue
                 if batch.first_cleared:
                     self.index.clear()
                     await self._apply(seq, batch, live=False)
-                elif seq == self.seq.last + 1 or self.seq.last == 0 and start == 0:
+                elif seq == self.seq.last + 1 or self.seq.last == 0 and start == 0 or (
+                        seq > self.seq.last + 1 and seq - self.seq.last - 1 <= len(skipped)
+                        and all(n in skipped for n in range(self.seq.last + 1, seq))):
                     await self._apply(seq, batch, live=False)
                 elif seq > self.seq.last + 1:
                     whole = False
+            while self.seq.last and self.seq.last + 1 in skipped:  # trailing unreadable ones
+                self.seq.last += 1
             self.seen_at = self.clock()
             return whole
         finally:

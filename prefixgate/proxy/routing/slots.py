@@ -15,7 +15,7 @@ Balance: a new key takes the slot of that deployment with the fewest live keys; 
 slot used least recently (its cache is the least likely to be wanted again). A key is live while
 seen within ``ttl_s``; at most :data:`MAX_KEYS` keys are kept (least recently seen forgotten
 first). :func:`with_id_slot` writes the slot into the upstream bytes, leaving every other byte
-as it was; a client's own ``id_slot`` is kept.
+as it was; a client's own ``id_slot`` is replaced by the proxy's.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import collections
 import time
 from collections.abc import Callable
 
-import orjson
+from prefixgate.proxy.core import exactjson
 
 MAX_KEYS = 100_000
 
@@ -77,13 +77,19 @@ class SlotTable:
 
 def with_id_slot(body: bytes, slot: int) -> bytes:
     """``body`` (a JSON object's bytes) with ``"id_slot": slot`` first; unchanged when it is
-    not a JSON object or already names a slot."""
+    not a JSON object. A client's own ``id_slot`` is replaced (issue 34, item 11: the proxy
+    drives the slots, so a tenant names neither another's slot nor a value llama.cpp would take
+    as sent); the body is then re-encoded with its numbers' text kept
+    (:mod:`prefixgate.proxy.core.exactjson`), otherwise spliced byte for byte."""
     try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
+        doc = exactjson.loads(body)
+    except ValueError:
         return body
-    if not isinstance(doc, dict) or "id_slot" in doc:
+    if not isinstance(doc, dict):
         return body
+    if "id_slot" in doc:
+        doc.pop("id_slot")
+        return exactjson.dumps({"id_slot": int(slot), **doc})
     start = body.index(b"{") + 1
     sep = b"" if not doc else b","
     return body[:start] + b'"id_slot":' + str(int(slot)).encode() + sep + body[start:]

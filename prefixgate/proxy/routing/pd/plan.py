@@ -6,7 +6,10 @@ this is its simplest form, fed with one route's measured load from the ledger:
 - **load** (``load_from_rows``): arrival rate ``lam`` (requests/s: ``(n - 1) / (last ts -
   first ts)``), each request's uncached prompt tokens ``u = prompt - cached`` and its output
   tokens, the prefill rate ``r_p`` (tokens/s: Σ uncached tokens / Σ ``prefill_ms`` over rows that
-  report it) and the undisturbed decode step ``t_d`` (s: the p50 of ``tpot_ms``).
+  report it and did not run split: a split row's ``prefill_ms`` is the decode instance's, whose
+  prompt came over the P/D link; the engine reports those tokens apart from ``cached_tokens``,
+  issue 34 item 13, so they count as uncached load here) and the undisturbed decode step
+  ``t_d`` (s: the p50 of ``tpot_ms``).
 - **prefill** is an M/G/1 queue per prefill instance: service ``S = u / r_p``; mean wait
   (Pollaczek–Khinchine) ``W(l) = l·E[S²] / (2·(1 - l·E[S]))`` for an instance arrival rate
   ``l`` (infinite once ``l·E[S] >= 1``).
@@ -30,6 +33,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
+
+from prefixgate.cache.savings.pd_decisions import pd_decision
 
 __all__ = ["SPLIT_OVERHEAD_S", "TRANSFER_S_PER_TOKEN", "Option", "Plan", "RouteLoad", "colocated",
            "load_from_rows", "mg1_wait", "plan", "split"]
@@ -169,6 +174,12 @@ def plan(load: RouteLoad, ttft_slo_s: float, tpot_slo_s: float, max_instances: i
     return Plan("none", best[0] if best else None, best[1] if best else None, info)
 
 
+def _was_split(row: dict[str, Any]) -> bool:
+    """Whether the row's request ran split (``pd_decisions.pd_decision`` of its deployment)."""
+    got = pd_decision(row.get("deployment"))
+    return got is not None and got[0] == "split"
+
+
 def load_from_rows(rows: list[dict[str, Any]], prefill_tps: float | None = None,
                    decode_step_s: float | None = None) -> RouteLoad:
     """A ``RouteLoad`` from ledger rows (``Ledger.rows()``; failed rows and rows without
@@ -184,9 +195,9 @@ def load_from_rows(rows: list[dict[str, Any]], prefill_tps: float | None = None,
     if span <= 0:
         raise ValueError("the rows span no time: no arrival rate")
     unc = [max(0, int(r["prompt_tokens"]) - int(r.get("cached_tokens") or 0)) for r in ok]
-    if prefill_tps is None:
+    if prefill_tps is None:  # a split row's prefill_ms is the decode instance's: no prefill
         timed = [(u, float(r["prefill_ms"])) for u, r in zip(unc, ok)
-                 if r.get("prefill_ms") and u > 0]
+                 if r.get("prefill_ms") and u > 0 and not _was_split(r)]
         if not timed:
             raise ValueError("no row reports prefill_ms: give the prefill rate")
         prefill_tps = sum(u for u, _ in timed) / (sum(ms for _, ms in timed) / 1000.0)
