@@ -267,8 +267,14 @@ class RewriteSettings(_Strict):
     """TTL of the breakpoints prefixgate places; ``auto``: the lower expected cost over the
     session's measured inter-arrival times (``prefixgate/rewriter/analysis/ttl_choice.py``; 5m until 3 are
     known)."""
-    openai_prompt_cache_key: bool = False
+    openai_prompt_cache_key: bool = True
+    """OpenAI routes (``provider: openai`` only): add ``prompt_cache_key`` = tenant + a hash of
+    prefixgate's session id, one key per conversation, unless the client sent one. Request
+    metadata the model never reads; keeps each conversation on the machine holding its prefix
+    (``bench/results/prompt_cache_key.json``; :mod:`prefixgate.rewriter.passes.breakpoints`)."""
     openai_prompt_cache_retention: str | None = None
+    """OpenAI routes: ``prompt_cache_retention`` to add when the client sent none (``"24h"``
+    extended retention, ``"in_memory"``); the client's own value always passes through."""
     tenant: str = "default"
     prune_tools: bool = False
     prune_tools_min_catalog: int = Field(30, ge=1)

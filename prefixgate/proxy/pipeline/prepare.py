@@ -14,6 +14,7 @@ out).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from fastapi import Request
 
@@ -37,6 +38,7 @@ from prefixgate.proxy.pipeline.session_key import session_hash, session_id_for
 from prefixgate.proxy.routing.retries import Step
 from prefixgate.proxy.routing.router import Target, plan_targets
 from prefixgate.rewriter.analysis.tokens import count_tokens
+from prefixgate.rewriter.passes.breakpoints import CACHE_PARAMS
 from prefixgate.rewriter.pipeline import PASSES
 from prefixgate.rewriter.region_memo import RegionMemo
 from prefixgate.rewriter.token_memo import TokenMemo
@@ -196,6 +198,16 @@ def stood_back(settings: RewriteSettings, verdict: Verdict) -> RewriteSettings:
     return settings.model_copy(update={_SWITCH[p]: False for p in verdict.passes if p in _SWITCH})
 
 
+def added_cache_params(view: dict[str, Any] | None, sent: dict[str, Any]) -> bool:
+    """Whether the passes added OpenAI cache metadata (``prompt_cache_key`` /
+    ``prompt_cache_retention``, :data:`prefixgate.rewriter.passes.breakpoints.CACHE_PARAMS`) the
+    client's pass body ``view`` did not carry: a fallback whose kind does not take them
+    (:mod:`prefixgate.config.backend_kinds`, ``prompt_cache_key``) then gets the client's body."""
+    if view is None or sent is view:
+        return False
+    return any(k in sent and k not in view for k in CACHE_PARAMS)
+
+
 def bridges(ex: Exchange, max_depth: int) -> list[Step]:
     """One :class:`Step` per target: its bridge and upstream bytes. The primary's bridge
     failing is the client's 400; a fallback that cannot carry the request is left out. A
@@ -206,11 +218,13 @@ def bridges(ex: Exchange, max_depth: int) -> list[Step]:
     first = ex.primary_bridge
     steps: list[Step] = []
     made: dict[tuple[type, str, str, str | None], bytes] = {}
+    added = added_cache_params(ex.pass_view, ex.rw.body)
     for i, t in enumerate(ex.targets):
         try:
             bridge = first if i == 0 else bridge_of(ex, t)
             same = (ex.pass_view is not None and bridge.pass_api == first.pass_api
-                    and type(bridge).pass_body is type(first).pass_body)
+                    and type(bridge).pass_body is type(first).pass_body
+                    and (not added or traits(t.backend.kind).prompt_cache_key))
             key = (type(bridge), bridge.wire, bridge.path, t.model)
             if key not in made or not same:
                 made[key] = bridge.encode(ex.body, ex.raw, ex.rw if same else None, t.model,
