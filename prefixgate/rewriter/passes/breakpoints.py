@@ -58,6 +58,7 @@ from prefixgate.rewriter.analysis.stable import stable_prefix_hash
 from prefixgate.rewriter.analysis.tokens import json_tokens, media_tokens
 from prefixgate.rewriter.analysis.volatile_spans import find_spans
 from prefixgate.rewriter.types import Context, Edit
+from prefixgate.rewriter.wire.forms import trailing_system_start
 from prefixgate.rewriter.wire.ir import Block, Prompt, Tool, iter_blocks
 from prefixgate.rewriter.wire.validate import breakpoint_count, cache_markers
 
@@ -221,14 +222,22 @@ def _anthropic(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
         return prompt, [Edit(NAME, False, "messages", f"client uses all "
                              f"{ANTHROPIC_MAX_BREAKPOINTS} breakpoints: left as sent",
                              memory=arrivals)]
-    limit = next((i for i, u in enumerate(units) if _is_volatile(u)), len(units))
+    volatile = next((i for i, u in enumerate(units) if _is_volatile(u)), len(units))
+    limit = volatile
+    trail = trailing_system_start(prompt)
+    if trail < len(prompt.messages):  # never on a trailing system message (Claude Code #96101)
+        first = next((i for i, u in enumerate(units) if u.region == "messages" and u.mi >= trail),
+                     len(units))
+        if first < limit:
+            limit = first
+            notes.append(f"trailing system message from messages[{trail}]: not marked")
     cum: list[int] = []
     total = 0
     for u in units[:limit]:
         total += _unit_tokens(u, ctx)
         cum.append(total)
     floor = min_cacheable_tokens(ctx.model or prompt.model)
-    if limit < len(units):
+    if volatile < len(units) and volatile == limit:
         notes.append(f"volatile from {units[limit].label}")
 
     def ok(i: int | None, what: str) -> int | None:
