@@ -18,6 +18,7 @@ import orjson
 
 from prefixgate.proxy.bridges.base import Bridge, Rewritten
 from prefixgate.proxy.core import exactjson
+from prefixgate.proxy.core.diagnostics import openai_diagnosis
 from prefixgate.proxy.core.sse import EventMapper, SSEEvent
 from prefixgate.proxy.core.usage import StreamWatcher, Usage
 
@@ -56,7 +57,9 @@ class ResponsesWatcher:
             self.last_seq = max(self.last_seq, seq)
         if kind in ("response.completed", "response.incomplete"):
             self.done += 1
-            self.usage.merge(responses_usage((obj.get("response") or {}).get("usage")))
+            response = obj.get("response") or {}
+            self.usage.merge(responses_usage(response.get("usage")))
+            self.usage.diagnosed(openai_diagnosis(response))
         elif kind in ("response.failed", "error"):
             self.errors += 1
         elif kind == "response.created":
@@ -123,7 +126,7 @@ class ResponsesIdentity(Bridge):
     def answer(self, answer: dict[str, Any], content: bytes, model: str) -> tuple[bytes, Usage]:
         if self.keep is not None and isinstance(answer.get("id"), str):
             self.keep(answer["id"])
-        return content, responses_usage(answer.get("usage"))
+        return content, responses_usage(answer.get("usage")).diagnosed(openai_diagnosis(answer))
 
     def stream_done(self, watcher: StreamWatcher, status: str) -> None:
         """A stream ended with ``status``: a completed one's response id is kept."""

@@ -28,7 +28,9 @@ whose token-adding passes switched themselves off, also printed under the saved 
 ``--csv``: one header line and one line per group, every cell through :func:`csv_cell` (no cell
 can start a spreadsheet formula, issue 20 class 13).
 ``--errors`` lists failed requests by status and error; ``--breaks`` the cache-break records
-(:func:`prefixgate.cache.savings.breaks.format_breaks`).
+(:func:`prefixgate.cache.savings.breaks.format_breaks`), then each request a provider reported a
+cache-miss reason for, predicted cause vs reported, and the agreement per cause
+(:mod:`prefixgate.cache.savings.miss_causes`; with ``--json``: ``provider_misses``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from rich.table import Table
 
 from prefixgate.cache.ledger.attribution import by_technique
 from prefixgate.cache.ledger.store import Ledger
+from prefixgate.cache.savings.miss_causes import format_predicted_vs_reported, reported_summary
 from prefixgate.cache.savings.pd_decisions import pd_summary
 from prefixgate.cache.savings.report import (
     BY,
@@ -283,9 +286,10 @@ def _open_ledger(where: str) -> Ledger:
 def _break_records(dicts: list[dict[str, Any]]) -> list[Any]:
     from prefixgate.cache.savings.breaks import BreakRecord
 
+    known = set(BreakRecord.__dataclass_fields__)  # a record may carry more (``reported``)
     recs = []
     for d in dicts:
-        d = dict(d)
+        d = {k: v for k, v in d.items() if k in known}
         d["volatile_kinds"] = tuple(d.get("volatile_kinds") or ())
         recs.append(BreakRecord(**d))
     return recs
@@ -321,6 +325,8 @@ def report(
                                "stood_back": stood, "pd": pd_summary(rows)}
         if errors:
             doc["errors"] = errs
+        if breaks:  # the providers' own reasons against prefixgate's predicted causes
+            doc["provider_misses"] = reported_summary(rows)
         typer.echo(json.dumps(doc, indent=2))
     elif as_csv:
         typer.echo(_csv(groups, by), nl=False)
@@ -344,6 +350,8 @@ def report(
         from prefixgate.cache.savings.breaks import format_breaks
 
         typer.echo(format_breaks(_break_records(db.breaks(since_ts))))
+        if not as_json:
+            typer.echo(format_predicted_vs_reported(rows))
     db.close()
 
 

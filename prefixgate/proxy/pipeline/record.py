@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from prefixgate.cache.ledger.store import LedgerRow
 from prefixgate.cache.savings.counterfactual import SENT_AS_IS
+from prefixgate.cache.savings.miss_causes import predicted_cause
 from prefixgate.config.prices import backend_input_usd, backend_priced
 from prefixgate.proxy.core.bounded import clip_strings
 from prefixgate.proxy.core.engine_timings import apply_reported_timings, with_body_times
@@ -98,6 +99,9 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
     try:
         row.prompt_tokens, row.cached_tokens = usage.prompt_tokens, usage.cached_tokens
         row.cache_write_tokens = usage.cache_write_tokens
+        row.reported_miss = usage.miss_reason or ""  # the provider's own (core.diagnostics)
+        row.reported_missed_tokens = usage.missed_tokens
+        row.reported_reusable_tokens = usage.reusable_tokens
         deltas = ex.watcher.deltas if ex.watcher is not None else 0
         row.output_tokens = usage.output_tokens if usage.output_tokens is not None else (
             deltas if row.stream and deltas else None)
@@ -125,10 +129,13 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
                 row.pass_tokens = pass_tokens_json(() if same else ex.rw.edits, a.credits)
                 if same:
                     row.tokens_pruned = 0
+            if row.reported_miss:  # predicted vs reported, one vocabulary
+                row.predicted_miss = predicted_cause(a.brk)
             if a.brk is not None:
+                brk = {**a.brk, "reported": row.reported_miss} if row.reported_miss else a.brk
                 ex.obs.break_kind = a.brk.get("kind")
                 try:
-                    state.ledger.write_break(row.session, clip_strings(a.brk),  # model names
+                    state.ledger.write_break(row.session, clip_strings(brk),  # model names
                                              row.tenant)
                 except Exception:
                     log.exception("break record write failed")
