@@ -58,6 +58,10 @@ def _mark(kind: str, k: int) -> str:
 
 
 def _strip_cc(v: Any) -> Any:
+    """``v`` without ``cache_control`` markers, a message's string content as its one text
+    block (the planner marks a string content by turning it into that block: the same text)."""
+    if isinstance(v, dict) and isinstance(v.get("content"), str) and "role" in v:
+        v = {**v, "content": [{"type": "text", "text": v["content"]}]}
     if isinstance(v, dict):
         return {k: _strip_cc(x) for k, x in v.items() if k != "cache_control"}
     if isinstance(v, list):
