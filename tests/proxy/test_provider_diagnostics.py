@@ -180,3 +180,55 @@ def test_openai_shapes() -> None:
         "type": "cache_miss", "reason": "reasoning_effort_changed", "cache_missed_tokens": -1}})
     assert d is not None and d.reason == "reasoning_effort_changed" and d.missed_tokens is None
     assert openai_diagnosis({"prompt_cache_diagnostics": None}) is None
+
+
+def _asking_rig(rig_factory: Any, upstream: Any, on: bool | None) -> Any:
+    route: dict[str, Any] = {"match": "claude-*", "backend": "anth"}
+    if on is not None:
+        route["cache_diagnostics"] = on
+    return rig_factory(rewrite_fn="default",
+                       backends={"anth": {"kind": "anthropic", "base_url": upstream[1] + "/v1",
+                                          "api_key": "${PG_TEST_ANTHROPIC_KEY}"}},
+                       routes=[route])
+
+
+def test_a_route_that_asks_sends_the_beta_and_the_previous_answer_id(
+        rig_factory: Any, upstream: Any) -> None:
+    rig = _asking_rig(rig_factory, upstream, True)
+    headers = {"x-prefixgate-session": "s-ask", "anthropic-beta": "tools-2024-04-04"}
+    rig.upstream.script = Script(body={**_message(None), "id": "msg_first"})
+    assert httpx.post(rig.url + "/v1/messages", json=_messages_body(), headers=headers,
+                      timeout=10).status_code == 200
+    first = rig.upstream.seen[-1]
+    assert first.json["diagnostics"] == {"previous_message_id": None}
+    assert first.headers["anthropic-beta"] == "tools-2024-04-04,cache-diagnosis-2026-04-07"
+    # the second turn, streamed: compared with the first answer; its own id is kept next
+    rig.upstream.script = Script(pieces=_anthropic_stream(_diag("system_changed")))
+    body = {**_messages_body(True), "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "more"}]}
+    r = httpx.post(rig.url + "/v1/messages", json=body, headers=headers, timeout=10)
+    assert r.status_code == 200
+    r.read()
+    assert rig.upstream.seen[-1].json["diagnostics"] == {"previous_message_id": "msg_first"}
+    rig.upstream.script = Script(body=_message(None))
+    body["stream"] = False
+    httpx.post(rig.url + "/v1/messages", json=body, headers=headers, timeout=10)
+    assert rig.upstream.seen[-1].json["diagnostics"] == {"previous_message_id": "msg_1"}
+    assert wait_rows(rig.ledger, 3)[1]["reported_miss"] == "system_changed"
+
+
+def test_nothing_is_asked_by_default_and_a_clients_own_request_is_kept(
+        rig_factory: Any, upstream: Any) -> None:
+    rig = _asking_rig(rig_factory, upstream, None)
+    rig.upstream.script = Script(body=_message(None))
+    httpx.post(rig.url + "/v1/messages", json=_messages_body(), timeout=10)
+    seen = rig.upstream.seen[-1]
+    assert "diagnostics" not in seen.json and "anthropic-beta" not in seen.headers
+    rig = _asking_rig(rig_factory, upstream, True)
+    mine = {**_messages_body(), "diagnostics": {"previous_message_id": "msg_mine"}}
+    httpx.post(rig.url + "/v1/messages", json=mine, timeout=10,
+               headers={"anthropic-beta": "cache-diagnosis-2026-04-07"})
+    seen = rig.upstream.seen[-1]
+    assert seen.json["diagnostics"] == {"previous_message_id": "msg_mine"}
+    assert seen.headers["anthropic-beta"] == "cache-diagnosis-2026-04-07"

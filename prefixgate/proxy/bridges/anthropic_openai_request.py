@@ -48,6 +48,8 @@ TOP = {
     "thinking": "type disabled: mapped (the default: no reasoning); enabled / adaptive: 400",
     "service_tier": "auto -> auto (the default on both, sent as given); standard_only -> default",
     "cache_control": "mapped: automatic prefix caching (the backend caches without a marker)",
+    "diagnostics": "mapped: a cache-diagnostics request; no counterpart asked (the answer is "
+                   "unchanged)",
     "container": "400: server-side container, no counterpart",
     "context_management": "400: server-side context editing, no counterpart",
     "mcp_servers": "400: server-side MCP connector, no counterpart",

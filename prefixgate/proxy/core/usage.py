@@ -242,6 +242,7 @@ class AnthropicStreamWatcher:
         self.done = 0
         self.errors = 0
         self.model: str | None = None  # the model the backend answered with (first seen)
+        self.message_id = ""  # message_start's id (the next request's diagnostics baseline)
 
     def observe(self, ev: SSEEvent) -> bool:
         """Update usage / counters from one event; return whether it carried content."""
@@ -256,6 +257,8 @@ class AnthropicStreamWatcher:
             self.usage.diagnosed(anthropic_diagnosis(obj["message"]))
             model = obj["message"].get("model")
             self.model = model[:200] if isinstance(model, str) else self.model
+            mid = obj["message"].get("id")
+            self.message_id = mid if isinstance(mid, str) else self.message_id
         elif kind == "message_delta":
             u = obj.get("usage")
             if isinstance(u, dict):  # cumulative; without input_tokens the start's sum stays

@@ -154,7 +154,8 @@ async def passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     verdict = KEEP
     if rewrite_wanted(request.headers, policy.rewrite) and not ex.row.holdout:
         verdict = state.judge.verdict(primary.route, time.time())
-        ctx = Context(settings=stood_back(policy.rewrite, verdict), model=ex.row.model,
+        ctx = Context(settings=for_route(stood_back(policy.rewrite, verdict), policy, primary),
+                      model=ex.row.model,
                       provider=primary.provider, session_id=ex.session_id,
                       session=await state.sessions.aget(ex.session_id), now_s=time.time(),
                       masks_tools=traits(primary.backend.kind).masks_tools,
@@ -196,6 +197,22 @@ def stood_back(settings: RewriteSettings, verdict: Verdict) -> RewriteSettings:
     if not verdict.stand_back:
         return settings
     return settings.model_copy(update={_SWITCH[p]: False for p in verdict.passes if p in _SWITCH})
+
+
+def for_route(settings: RewriteSettings, policy: Policy, target: Target) -> RewriteSettings:
+    """``settings`` with the route's own ``cache_diagnostics`` where it sets one."""
+    route = next((r for r in policy.routes if r.match == target.route), None)
+    want = route.cache_diagnostics if route is not None else None
+    if want is None or want == settings.cache_diagnostics:
+        return settings
+    return settings.model_copy(update={"cache_diagnostics": want})
+
+
+def asked_diagnostics(ex: Exchange) -> bool:
+    """Whether the passes added an Anthropic ``diagnostics`` request the client did not send
+    (then the beta header goes with it, :mod:`prefixgate.proxy.pipeline.send`)."""
+    return (ex.rw is not None and ex.pass_view is not None and "diagnostics" in ex.rw.body
+            and "diagnostics" not in ex.pass_view)
 
 
 def added_cache_params(view: dict[str, Any] | None, sent: dict[str, Any]) -> bool:

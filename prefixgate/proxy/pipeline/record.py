@@ -25,6 +25,7 @@ from prefixgate.proxy.core.engine_timings import apply_reported_timings, with_bo
 from prefixgate.proxy.core.usage import Usage
 from prefixgate.proxy.observe.insight import Analysis, input_cost_usd
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
+from prefixgate.rewriter.passes.breakpoints import DIAGNOSTICS_MEMORY
 from prefixgate.rewriter.types import Edit
 
 log = logging.getLogger("prefixgate.proxy")
@@ -74,6 +75,15 @@ def measured_as_sent(row: LedgerRow, credits: Mapping[str, int] | None) -> None:
     row.cf_input_usd = input_cost_usd(row.model, row.prompt_tokens, row.cf_cached_tokens,
                                       row.cache_write_tokens)
     row.cf_source = "holdout" if row.holdout else "modelled"
+
+
+def remember_answer_id(ex: Exchange, answer_id: object) -> None:
+    """On a route that asks for cache diagnostics, the answer's id goes into the session's
+    memory for the next request's ``previous_message_id`` (merged with the rewrite's)."""
+    if ex.ctx is None or not ex.ctx.settings.cache_diagnostics or ex.rw is None:
+        return
+    if isinstance(answer_id, str) and 0 < len(answer_id) <= 200:
+        ex.rw.memory[DIAGNOSTICS_MEMORY] = {"previous_id": answer_id}
 
 
 async def merge_memory(state: ProxyState, ex: Exchange) -> None:

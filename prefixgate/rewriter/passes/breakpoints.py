@@ -381,11 +381,37 @@ def _openai(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     return prompt, [Edit(NAME, applied, "params", "; ".join(done) or "no cache params in policy")]
 
 
+DIAGNOSTICS_MEMORY = "diagnostics"
+"""Session-memory key of the session's previous answer id (``{"previous_id": "msg_..."}``),
+written by the proxy after each answer of a route that asks for cache diagnostics."""
+
+
+def _ask_diagnostics(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
+    """With ``settings.cache_diagnostics`` on an Anthropic route: ``diagnostics:
+    {"previous_message_id": <the session's previous answer id, null on its first request>}``
+    (https://platform.claude.com/docs/en/build-with-claude/cache-diagnostics; the proxy adds the
+    beta header). A client's own ``diagnostics`` is kept. Request metadata: the model never
+    reads it."""
+    if not ctx.settings.cache_diagnostics:
+        return prompt, []
+    if "diagnostics" in prompt.params:
+        return prompt, [Edit(NAME, False, "params", "client diagnostics kept")]
+    mem = ctx.session.get(DIAGNOSTICS_MEMORY)
+    prev = mem.get("previous_id") if isinstance(mem, dict) else None
+    prev = prev if isinstance(prev, str) and prev else None
+    prompt = prompt.with_param("diagnostics", {"previous_message_id": prev})
+    return prompt, [Edit(NAME, True, "params", "diagnostics.previous_message_id="
+                         + ("null (first request)" if prev is None else "the previous answer"))]
+
+
 def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
-    """Plan breakpoints (Anthropic, ``ctx.provider == "anthropic"``) or OpenAI cache params."""
+    """Plan breakpoints (Anthropic, ``ctx.provider == "anthropic"``) or OpenAI cache params;
+    on Anthropic routes that ask for it, the cache-diagnostics request (:func:`_ask_diagnostics`)."""
     if prompt.api == "openai":
         return _openai(prompt, ctx)
     if ctx.provider != "anthropic":
         return prompt, [Edit(NAME, False, "messages", f"provider {ctx.provider!r} has no explicit "
                              "breakpoints")]
-    return _anthropic(prompt, ctx)
+    prompt, asked = _ask_diagnostics(prompt, ctx)
+    out, edits = _anthropic(prompt, ctx)
+    return out, [*edits, *asked]
