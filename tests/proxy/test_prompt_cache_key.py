@@ -79,3 +79,19 @@ def test_a_fallback_of_another_kind_never_sees_the_key_prefixgate_added(
 def test_the_key_can_be_switched_off_per_policy(rig_factory: Any, upstream: Any) -> None:
     rig = _openai_rig(rig_factory, upstream, rewrite={"openai_prompt_cache_key": False})
     assert "prompt_cache_key" not in _send(rig, _chat("hello"))
+
+
+def test_a_responses_request_is_keyed_by_its_input_length_too(rig_factory: Any, upstream: Any) -> None:
+    """Short instructions, long input: the prompt can be cached, so it gets its key; a short
+    one does not (nothing to route)."""
+    rig = _openai_rig(rig_factory, upstream)
+    rig.upstream.script = Script(body={"id": "resp_1", "object": "response", "output": []})
+    long_input = [{"role": "user", "content": [{"type": "input_text",
+                                                "text": "Here is my booking history. " * 60}]}]
+    for inp, keyed in ((long_input, True), ("hi", False)):
+        r = httpx.post(rig.url + "/v1/responses", timeout=10,
+                       json={"model": "gpt-4o", "instructions": "Be brief.", "input": inp})
+        assert r.status_code == 200, r.text
+        sent = rig.upstream.seen[-1].json
+        assert ("prompt_cache_key" in sent) is keyed
+        assert sent["input"] == inp
