@@ -129,3 +129,17 @@ def test_trailing_system_start() -> None:
     assert trailing_system_start(p(["user", "assistant", "user"])) == 3
     assert trailing_system_start(p(["user", "system", "system"])) == 1
     assert trailing_system_start(p(["user", "system", "user"])) == 3
+
+
+def test_a_claude_code_shaped_session_keeps_its_cached_share() -> None:
+    """Per-turn trailing system reminders, the client's own markers, a tool_addition turn
+    (bench/mid_conversation_session.py): through prefixgate the session caches what it caches
+    as sent, and folding the reminders into the system prompt would cache nothing."""
+    from bench.mid_conversation_session import cached_share, session
+
+    marked, bare = session(8, True), session(8, False)
+    as_sent = cached_share(marked, "as_sent")
+    assert as_sent > 0.7
+    assert cached_share(marked, "prefixgate") >= as_sent
+    assert cached_share(bare, "prefixgate") >= as_sent - 0.02
+    assert cached_share(marked, "fold") < 0.1
