@@ -52,7 +52,6 @@ import os
 import random
 import re
 import secrets
-import shlex
 import statistics
 import subprocess
 import sys

@@ -30,6 +30,10 @@ row here, so a backend that differs only in data is a row, not code (LiteLLM's
   :mod:`prefixgate.proxy.routing.slots`). Its ``timings`` (``cache_n``, ``prompt_n``,
   ``prompt_ms``) are read for cached tokens and prefill time
   (:func:`prefixgate.proxy.core.usage.engine_usage`, every OpenAI-shaped answer).
+- ``prompt_cache_key``: takes OpenAI's ``prompt_cache_key`` / ``prompt_cache_retention`` (request
+  metadata the model never reads). prefixgate adds a per-conversation key by default to these
+  kinds only; a fallback of another kind gets the client's body without the keys prefixgate added
+  (:func:`prefixgate.proxy.pipeline.prepare.bridges`). A client's own key passes through as sent.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class KindTraits:
     native_responses: bool
     spawnable: bool
     pins_slots: bool = False
+    prompt_cache_key: bool = False
 
 
 BACKEND_KINDS: dict[str, KindTraits] = {
@@ -76,7 +81,7 @@ BACKEND_KINDS: dict[str, KindTraits] = {
     "openai": KindTraits(wire="openai", cache_provider="openai", otel_provider="openai",
                          output_cap_field="max_completion_tokens", tokenizes=False,
                          lists_models=False, masks_tools=False, default_cache_salt=False,
-                         native_responses=True, spawnable=False),
+                         native_responses=True, spawnable=False, prompt_cache_key=True),
     "anthropic": KindTraits(wire="anthropic", cache_provider="anthropic",
                             otel_provider="anthropic", output_cap_field=None, tokenizes=False,
                             lists_models=False, masks_tools=False, default_cache_salt=False,

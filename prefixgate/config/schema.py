@@ -215,6 +215,11 @@ class Route(RouteTargets):
 
     match: str
     default_max_tokens: int | None = Field(None, ge=0)
+    cache_diagnostics: bool | None = None
+    """Ask the provider why its prefix cache missed (Anthropic cache diagnostics: the beta
+    header and ``diagnostics.previous_message_id`` = the session's previous answer); None: the
+    policy's ``rewrite.cache_diagnostics``. Read whenever an answer carries them, asked or not
+    (:mod:`prefixgate.proxy.core.diagnostics`)."""
 
 
 HoistTarget = Literal["auto", "end", "last_user", "system_end", "reminder"]
@@ -271,8 +276,22 @@ class RewriteSettings(_Strict):
     """TTL of the breakpoints prefixgate places; ``auto``: the lower expected cost over the
     session's measured inter-arrival times (``prefixgate/rewriter/analysis/ttl_choice.py``; 5m until
     3 are known)."""
-    openai_prompt_cache_key: bool = False
+    openai_prompt_cache_key: bool = True
+    """OpenAI routes (``provider: openai`` only): add ``prompt_cache_key`` = tenant + a hash of
+    prefixgate's session id, one key per conversation, unless the client sent one. Request
+    metadata the model never reads; keeps each conversation on the machine holding its prefix
+    (``bench/results/prompt_cache_key.json``; :mod:`prefixgate.rewriter.passes.breakpoints`)."""
     openai_prompt_cache_retention: str | None = None
+    """OpenAI routes: ``prompt_cache_retention`` to add when the client sent none (``"24h"``
+    extended retention, ``"in_memory"``); the client's own value always passes through."""
+    cache_diagnostics: bool = False
+    """Anthropic routes: ask for the provider's cache-miss reason (beta
+    ``cache-diagnosis-2026-04-07``, ``diagnostics.previous_message_id`` from the session's
+    previous answer; the first request sends ``null`` so the provider keeps a fingerprint to
+    compare with). Off by default: a beta, and the provider keeps a fingerprint (hashes and
+    token counts) of each request that asks; per route: ``routes[].cache_diagnostics``. OpenAI's
+    ``prompt_cache_options.comparison_response_id`` (Responses API, GPT-5.6 and later) is not
+    asked for; its ``prompt_cache_diagnostics`` are read when a client asks itself."""
     tenant: str = "default"
     prune_tools: bool = False
     prune_tools_min_catalog: int = Field(30, ge=1)

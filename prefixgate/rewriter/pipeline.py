@@ -8,8 +8,10 @@ Order (DESIGN.md, "A request's path" step 4)::
 Each pass is a module exposing ``run(prompt: Prompt, ctx: Context) -> (Prompt, list[Edit])``,
 listed in :data:`PASSES` (plain imports) with the ``RewriteSettings`` switch that turns it on.
 Fail-open, per pass: if a pass raises, or its output breaks an API rule its input did not break
-(:func:`prefixgate.rewriter.wire.validate.introduced`), its output is dropped, its memory updates
-too, and an ``Edit(applied=False)`` says why; the next pass runs on its input.
+(:func:`prefixgate.rewriter.wire.validate.introduced`), or moves, merges, edits or drops a
+mid-conversation form (:func:`prefixgate.rewriter.wire.forms.forms`: a system message inside the
+conversation, a tool-change or unknown block), its output is dropped, its memory updates too, and
+an ``Edit(applied=False)`` says why; the next pass runs on its input.
 When nothing applied, the caller's body object is returned as is (byte-identical forwarding).
 
 Honest edits, by construction: a pass whose output renders to its input's bytes (key order
@@ -47,6 +49,7 @@ from prefixgate.rewriter.types import Context, Edit, RewriteResult
 from prefixgate.rewriter.wire import anthropic as wire_anthropic
 from prefixgate.rewriter.wire import codec as wire
 from prefixgate.rewriter.wire import openai as wire_openai
+from prefixgate.rewriter.wire.forms import forms
 from prefixgate.rewriter.wire.ir import Api, Prompt
 from prefixgate.rewriter.wire.validate import Violations, new_violations, violations
 
@@ -142,6 +145,10 @@ def _load(spec: PassSpec) -> PassFn | None:
     return spec.fn
 
 
+MOVED_FORM = "mid_conversation_form_moved"
+"""Why a pass's output is dropped when it moved, merged, edited or removed a mid-conversation
+system message or tool-change / unknown block (:mod:`prefixgate.rewriter.wire.forms`)."""
+
 Stage = tuple[str, Prompt, bool]
 """``(pass name, the prompt after it, whether it applied)``: one step of the stage chain."""
 
@@ -181,6 +188,8 @@ def run_passes(prompt: Prompt, ctx: Context, passes: tuple[PassSpec, ...] = PASS
             before = violations(prompt) if before is None else before
             after = violations(out)
             bad = new_violations(before, after)
+            if not bad and forms(out) != forms(prompt):
+                bad = [MOVED_FORM]
             if bad:
                 edits.append(Edit(spec.name, False, "all",
                                   "output invalid, input kept: " + ",".join(bad[:5])))

@@ -244,13 +244,15 @@ def test_passthrough_passes_canonicalise_tools_and_set_prompt_cache_key(
     rig.upstream.script = Script(body={"id": "resp_1", "object": "response", "output": []})
     tools = [{"type": "function", "name": n, "description": f"{n} tool",
               "parameters": {"type": "object", "properties": {}}} for n in ("zeta", "alpha")]
-    body = {"model": "gpt-x", "instructions": "You are an agent.", "input": "go", "tools": tools}
+    # the key is added only where OpenAI caches at all: a prompt of 1,024 tokens or more
+    instructions = "You are an agent. Follow the airline policy exactly. " * 40
+    body = {"model": "gpt-x", "instructions": instructions, "input": "go", "tools": tools}
     httpx.post(rig.url + "/v1/responses", json=body, timeout=10)
     sent = rig.upstream.seen[-1].json
     assert [t["name"] for t in sent["tools"]] == ["alpha", "zeta"]
     assert all(t["type"] == "function" for t in sent["tools"])
     assert sent["prompt_cache_key"].startswith("acme-")
-    assert (sent["instructions"], sent["input"]) == ("You are an agent.", "go")
+    assert (sent["instructions"], sent["input"]) == (instructions, "go")
 
 
 def test_backend_errors_keep_their_status_in_openai_shape(rig: Any) -> None:

@@ -8,12 +8,14 @@ https://developers.openai.com/api/docs/guides/prompt-caching.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from itertools import pairwise
 from typing import Any
 
 import pytest
 
 import prefixgate.config.cache_rules as rules
+from prefixgate.rewriter.passes.breakpoints import conversation_key
 from prefixgate.rewriter.pipeline import rewrite_request
 from prefixgate.rewriter.wire import codec as wire
 from prefixgate.rewriter.wire.ir import iter_blocks
@@ -172,21 +174,38 @@ def test_markers_only_for_the_anthropic_provider() -> None:
     assert _markers(rewrite_request(body, "anthropic", ctx("radix")).body) == []
 
 
-def test_openai_prompt_cache_key_from_tenant_and_stable_prefix() -> None:
+def test_openai_prompt_cache_key_is_one_key_per_conversation() -> None:
+    """OpenAI routes by (first ~256 tokens, prompt_cache_key) and overflows a busy pair to cold
+    machines: two conversations sharing a system prompt get two keys, each conversation's
+    turns one key, and the session id itself never leaves (only a hash of it)."""
     body = {"model": "gpt-4o", "messages": [{"role": "system", "content": BIG},
                                             {"role": "user", "content": "hi"}]}
-    r = rewrite_request(body, "openai", ctx("openai", openai_prompt_cache_key=True,
-                                            tenant="acme", openai_prompt_cache_retention="24h"))
+
+    def key(b: dict[str, Any], session_id: str, **kw: Any) -> dict[str, Any]:
+        c = replace(ctx("openai", tenant="acme", **kw), session_id=session_id)
+        return rewrite_request(b, "openai", c).body
+
+    a1 = key(body, "conv-a", openai_prompt_cache_retention="24h")
+    assert a1["prompt_cache_key"] == conversation_key("acme", "conv-a")
+    assert a1["prompt_cache_key"].startswith("acme-") and "conv-a" not in a1["prompt_cache_key"]
+    assert a1["prompt_cache_retention"] == "24h"
+    assert list(a1)[:2] == ["model", "messages"]
+    turn2 = dict(body, messages=[*body["messages"], {"role": "assistant", "content": "hello"},
+                                 {"role": "user", "content": "more"}])
+    assert key(turn2, "conv-a")["prompt_cache_key"] == a1["prompt_cache_key"]
+    assert key(body, "conv-b")["prompt_cache_key"] != a1["prompt_cache_key"]
+    mine = dict(body, prompt_cache_key="client-key", prompt_cache_retention="in_memory")
+    kept = key(mine, "conv-a", openai_prompt_cache_retention="24h")
+    assert kept["prompt_cache_key"] == "client-key" and kept["prompt_cache_retention"] == "in_memory"
+
+
+def test_openai_prompt_cache_key_is_on_by_default_and_falls_back_to_the_prefix_hash() -> None:
+    body = {"model": "gpt-4o", "messages": [{"role": "system", "content": BIG},
+                                            {"role": "user", "content": "hi"}]}
+    r = rewrite_request(body, "openai", ctx("openai", tenant="acme"))
     assert r.body["prompt_cache_key"] == f"acme-{r.stable_prefix_hash[:16]}"
-    assert r.body["prompt_cache_retention"] == "24h"
-    assert list(r.body)[:2] == ["model", "messages"]
-    other = dict(body, messages=[body["messages"][0], {"role": "user", "content": "other"}])
-    r2 = rewrite_request(other, "openai", ctx("openai", openai_prompt_cache_key=True,
-                                              tenant="acme"))
-    assert r2.body["prompt_cache_key"] == r.body["prompt_cache_key"]
-    mine = dict(body, prompt_cache_key="client-key")
-    r3 = rewrite_request(mine, "openai", ctx("openai", openai_prompt_cache_key=True))
-    assert r3.body["prompt_cache_key"] == "client-key"
+    off = rewrite_request(body, "openai", ctx("openai", openai_prompt_cache_key=False))
+    assert "prompt_cache_key" not in off.body
 
 
 def test_openai_compatible_local_backends_get_no_unknown_params() -> None:

@@ -41,8 +41,14 @@ def test_anthropic_tool_result_must_come_first_in_the_next_user_turn() -> None:
 
 def test_empty_messages_empty_text_blocks_and_bad_roles() -> None:
     body = {"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": [
-        {"type": "text", "text": ""}]}, {"role": "system", "content": "s"}]}
+        {"type": "text", "text": ""}]}, {"role": "tool", "content": "s"}]}
     assert {"empty_message", "empty_text_block", "bad_role"} <= _kinds(body, "anthropic")
+
+
+def test_a_mid_conversation_system_message_is_a_valid_anthropic_role() -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": "s"},
+                         {"role": "assistant", "content": "ok"}]}
+    assert "bad_role" not in _kinds(body, "anthropic")
 
 
 def test_undefined_tools_and_tool_choice_b06() -> None:

@@ -25,6 +25,12 @@ Issue 26 columns: ``row_id`` (32 hex chars, chosen by the proxy when the row is 
 PostgreSQL ledger, :mod:`prefixgate.cache.ledger.pg`, inserts it ``ON CONFLICT DO NOTHING`` so a
 row re-sent after a lost acknowledgement is recorded once), ``replica`` (the proxy process that
 served the request: ``ledger.replica`` or ``<hostname>:<pid>``, :func:`default_replica`).
+Issue 35 columns: ``reported_miss`` (the provider's own cache-miss reason as it wrote it:
+Anthropic ``diagnostics.cache_miss_reason.type`` or ``pending``, OpenAI Responses
+``prompt_cache_diagnostics`` reason / type; "" when the answer carried none),
+``reported_missed_tokens`` / ``reported_reusable_tokens`` (its token counts, NULL when not
+reported) and ``predicted_miss`` (prefixgate's own predicted cause in the same vocabulary, set on
+rows with a reported reason; :mod:`prefixgate.cache.savings.miss_causes`).
 A second table, ``breaks``, keeps cache-break records (:mod:`prefixgate.cache.savings.breaks`) as JSON with
 their request's tenant; a third, ``rollup_tenant_minutes``, per-minute sums per tenant updated in
 the same transaction as each row (:mod:`prefixgate.cache.ledger.rollup`). Readers may ask for one
@@ -105,6 +111,10 @@ class LedgerRow:
     stood_back: str = ""          # passes the route's stand-back switched off, and why
     row_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # written once (issue 26)
     replica: str = ""             # the proxy process that served it ("" = the ledger's own)
+    reported_miss: str = ""       # the provider's own cache-miss reason, as written (issue 35)
+    reported_missed_tokens: int | None = None    # tokens the provider says it could not reuse
+    reported_reusable_tokens: int | None = None  # OpenAI comparison_reusable_tokens
+    predicted_miss: str = ""      # prefixgate's predicted cause, set where a reason is reported
 
 
 def default_replica() -> str:

@@ -30,6 +30,7 @@ from prefixgate.cache.ledger import rollup
 from prefixgate.cache.ledger.attribution import merge_techniques
 from prefixgate.cache.ledger.store import Ledger
 from prefixgate.cache.savings.holdout_stats import holdout_report
+from prefixgate.cache.savings.miss_causes import reported_summary
 from prefixgate.cache.savings.pd_decisions import pd_summary
 from prefixgate.cache.savings.report import NO_ROUTE, percentile, ttft_values
 from prefixgate.cache.savings.time_saved import rate_fields, rates, time_saved
@@ -305,7 +306,20 @@ def savings_document(ledger: Ledger, range_: str = "1h", *, slo: SloSettings | N
         "top_break": top_break(explained, rows),
         "routes": routes_table(rolls, rows, usd_per_hour),
         "replicas": replicas_table(rows),
+        "provider_misses": provider_misses(ledger, from_ts, to_ts, tenant),
     }
+
+
+def provider_misses(ledger: Ledger, from_ts: float, to_ts: float,
+                    tenant: str | None = None) -> dict[str, Any]:
+    """The providers' own cache-miss reasons in the range and prefixgate's agreement with them
+    (:func:`prefixgate.cache.savings.miss_causes.reported_summary`), from the rows that carry
+    one."""
+    where, params = rollup.tenant_filter(tenant)
+    cols = ("reported_miss", "reported_missed_tokens", "predicted_miss")
+    got = ledger.query(f"SELECT {', '.join(cols)} FROM requests WHERE ts >= ? AND ts < ? "
+                       f"AND reported_miss != ''{where}", (from_ts, to_ts, *params))
+    return reported_summary(dict(zip(cols, r)) for r in got)
 
 
 def replicas_table(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

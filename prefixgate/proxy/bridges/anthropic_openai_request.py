@@ -48,6 +48,8 @@ TOP = {
     "thinking": "type disabled: mapped (the default: no reasoning); enabled / adaptive: 400",
     "service_tier": "auto -> auto (the default on both, sent as given); standard_only -> default",
     "cache_control": "mapped: automatic prefix caching (the backend caches without a marker)",
+    "diagnostics": "mapped: a cache-diagnostics request; no counterpart asked (the answer is "
+                   "unchanged)",
     "container": "400: server-side container, no counterpart",
     "context_management": "400: server-side context editing, no counterpart",
     "mcp_servers": "400: server-side MCP connector, no counterpart",
@@ -55,7 +57,8 @@ TOP = {
     "output_format": "400: not translated (no exact counterpart kept)",
     "inference_geo": "400: no counterpart",
 }
-MESSAGE = {"role": "mapped: role (user | assistant; anything else: 400)",
+MESSAGE = {"role": "mapped: role (user | assistant; system: a system message at the same position, "
+                   "its text blocks as for the top-level system; anything else: 400)",
            "content": "mapped: content (string, or blocks: see the block tables)"}
 TEXT = {"type": "mapped", "text": "mapped: a text part (its own part, never glued)",
         "cache_control": "mapped: automatic prefix caching",
@@ -276,12 +279,14 @@ def _assistant_message(content: Any, p: str, origins: dict[int, str]) -> dict[st
     return msg
 
 
-def _system(system: Any) -> list[dict[str, Any]]:
+def _system(system: Any, p: str = "system") -> list[dict[str, Any]]:
+    """The top-level ``system`` (``p`` = ``"system"``) or a mid-conversation system message's
+    content (``p`` = ``"messages[i].content"``) -> one Chat system message, or none when empty."""
     if isinstance(system, str):
         return [{"role": "system", "content": system}] if system else []
     parts = []
-    for i, b in enumerate(arr(system, "system")):
-        q = f"system[{i}]"
+    for i, b in enumerate(arr(system, p)):
+        q = f"{p}[{i}]"
         if obj(b, q).get("type") != "text":
             refuse(q + ".type", "system blocks are text blocks")
         parts.append(_text_part(b, q))
@@ -366,8 +371,15 @@ def request_to_openai(body: dict[str, Any], origins: dict[int, str] | None = Non
             new = _user_messages(m.get("content"), p + ".content", origins)
             _note(origins, new, p + ".content")
             messages.extend(new)
+        elif role == "system":  # a mid-conversation system message: carried in place
+            new = _system(m.get("content"), p + ".content")
+            if not new:
+                refuse(p + ".content", "an empty system message has no counterpart")
+            _note(origins, new, p + ".content")
+            messages.extend(new)
         else:
-            refuse(p + ".role", f"role {role!r}: the Messages API has user and assistant turns")
+            refuse(p + ".role", f"role {role!r}: the Messages API has user, assistant and "
+                   "system messages")
     out["messages"] = messages
     if body.get("tools") is not None:
         out["tools"] = _tools(body["tools"])

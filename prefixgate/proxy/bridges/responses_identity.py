@@ -2,11 +2,12 @@
 
 The body goes as the client sent it, except what the rewriter's passes can map back onto a
 Responses body: they run on a Chat view (:meth:`ResponsesIdentity.pass_body`: ``instructions`` as
-the system message, the function tools) and its ``tools`` (canonical order and schema key order)
-and ``prompt_cache_key`` / ``prompt_cache_retention`` are written back; input items go as the
-client sent them. The answer is relayed untouched; its usage is read in the Responses shape
-(:func:`responses_usage`, :class:`ResponsesWatcher`), and the relay's own closing error becomes a
-Responses ``error`` event (:meth:`ResponsesIdentity.end_mapper`).
+the system message, the function tools, at most 1,024 characters of the input's text as the user
+turn, so the passes see whether the prompt can be cached at all) and its ``tools`` (canonical
+order and schema key order) and ``prompt_cache_key`` / ``prompt_cache_retention`` are written
+back; input items go as the client sent them. The answer is relayed untouched; its usage is read
+in the Responses shape (:func:`responses_usage`, :class:`ResponsesWatcher`), and the relay's own
+closing error becomes a Responses ``error`` event (:meth:`ResponsesIdentity.end_mapper`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import orjson
 
 from prefixgate.proxy.bridges.base import Bridge, Rewritten
 from prefixgate.proxy.core import exactjson
+from prefixgate.proxy.core.diagnostics import openai_diagnosis
 from prefixgate.proxy.core.sse import EventMapper, SSEEvent
 from prefixgate.proxy.core.usage import StreamWatcher, Usage
 
@@ -33,6 +35,34 @@ def responses_usage(u: Any) -> Usage:
     return Usage(prompt_tokens=num(u.get("input_tokens")),
                  cached_tokens=num((u.get("input_tokens_details") or {}).get("cached_tokens")),
                  output_tokens=num(u.get("output_tokens")))
+
+
+VIEW_INPUT_CHARS = 1024
+"""Characters of the input's text the pass view's user turn carries: enough for the passes to
+see whether the prompt can reach OpenAI's 1,024-token caching minimum (the ``prompt_cache_key``
+is added only then); the input itself is never rewritten."""
+
+
+def _input_excerpt(value: Any) -> str:
+    """At most :data:`VIEW_INPUT_CHARS` of a Responses ``input``'s text (a string, or the text of
+    its items' ``content`` / ``output`` / ``arguments``); ``"."`` when it has none."""
+    if isinstance(value, str):
+        return value[:VIEW_INPUT_CHARS] or "."
+    parts: list[str] = []
+    seen = 0
+    for item in value if isinstance(value, list) else ():
+        if seen >= VIEW_INPUT_CHARS:
+            break
+        if not isinstance(item, dict):
+            continue
+        texts = [item.get(k) for k in ("content", "output", "arguments")]
+        for t in texts:
+            if isinstance(t, list):
+                t = " ".join(str(c.get("text", "")) for c in t if isinstance(c, dict))
+            if isinstance(t, str) and t:
+                parts.append(t[:VIEW_INPUT_CHARS - seen])
+                seen += len(parts[-1])
+    return " ".join(parts)[:VIEW_INPUT_CHARS] or "."
 
 
 class ResponsesWatcher:
@@ -56,7 +86,9 @@ class ResponsesWatcher:
             self.last_seq = max(self.last_seq, seq)
         if kind in ("response.completed", "response.incomplete"):
             self.done += 1
-            self.usage.merge(responses_usage((obj.get("response") or {}).get("usage")))
+            response = obj.get("response") or {}
+            self.usage.merge(responses_usage(response.get("usage")))
+            self.usage.diagnosed(openai_diagnosis(response))
         elif kind in ("response.failed", "error"):
             self.errors += 1
         elif kind == "response.created":
@@ -82,7 +114,7 @@ class ResponsesIdentity(Bridge):
             return None
         view: dict[str, Any] = {"model": body["model"], "messages": [
             {"role": "system", "content": str(body.get("instructions") or "")},
-            {"role": "user", "content": "."}]}
+            {"role": "user", "content": _input_excerpt(body.get("input"))}]}
         fn_tools = [t for t in tools or [] if isinstance(t, dict) and t.get("type") == "function"]
         if fn_tools and len(fn_tools) == len(tools or []):
             view["tools"] = [{"type": "function", "function": {k: v for k, v in t.items()
@@ -123,7 +155,7 @@ class ResponsesIdentity(Bridge):
     def answer(self, answer: dict[str, Any], content: bytes, model: str) -> tuple[bytes, Usage]:
         if self.keep is not None and isinstance(answer.get("id"), str):
             self.keep(answer["id"])
-        return content, responses_usage(answer.get("usage"))
+        return content, responses_usage(answer.get("usage")).diagnosed(openai_diagnosis(answer))
 
     def stream_done(self, watcher: StreamWatcher, status: str) -> None:
         """A stream ended with ``status``: a completed one's response id is kept."""

@@ -32,7 +32,10 @@ can start a spreadsheet formula, issue 20 class 13).
 Under the saved line, when cache breaks cost more than a threshold (5 % of the prompt tokens),
 the top one: its cause, the masked line, where in the backend's tokens, its cost and the policy
 line that fixes it (:mod:`prefixgate.cache.savings.top_break`, the same object as the dashboard's
-first card and ``/api/savings``' ``top_break``; issue 37).
+first card and ``/api/savings``' ``top_break``; issue 37);
+then each request a provider reported a cache-miss reason for, predicted cause vs reported, and
+the agreement per cause (:mod:`prefixgate.cache.savings.miss_causes`; with ``--json``:
+``provider_misses``).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from rich.table import Table
 
 from prefixgate.cache.ledger.attribution import by_technique
 from prefixgate.cache.ledger.store import Ledger
+from prefixgate.cache.savings.miss_causes import format_predicted_vs_reported, reported_summary
 from prefixgate.cache.savings.pd_decisions import pd_summary
 from prefixgate.cache.savings.report import (
     BY,
@@ -288,7 +292,13 @@ def _open_ledger(where: str) -> Ledger:
 def _break_records(dicts: list[dict[str, Any]]) -> list[Any]:
     from prefixgate.cache.savings.breaks import BreakRecord
 
-    return [BreakRecord.from_dict(d) for d in dicts]
+    known = set(BreakRecord.__dataclass_fields__)  # a record may carry more (``reported``)
+    recs = []
+    for d in dicts:
+        d = {k: v for k, v in d.items() if k in known}
+        d["volatile_kinds"] = tuple(d.get("volatile_kinds") or ())
+        recs.append(BreakRecord(**d))
+    return recs
 
 
 def report(
@@ -323,6 +333,8 @@ def report(
                                "stood_back": stood, "pd": pd_summary(rows), "top_break": top}
         if errors:
             doc["errors"] = errs
+        if breaks:  # the providers' own reasons against prefixgate's predicted causes
+            doc["provider_misses"] = reported_summary(rows)
         typer.echo(json.dumps(doc, indent=2))
     elif as_csv:
         typer.echo(_csv(groups, by), nl=False)
@@ -349,6 +361,8 @@ def report(
         from prefixgate.cache.savings.breaks import format_breaks
 
         typer.echo(format_breaks(_break_records(break_dicts)))
+        if not as_json:
+            typer.echo(format_predicted_vs_reported(rows))
     db.close()
 
 

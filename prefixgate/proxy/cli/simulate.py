@@ -17,7 +17,13 @@ import typer
 
 from prefixgate.cache.provider_models import PROVIDERS
 from prefixgate.config.loader import PolicyError, load_policy
-from prefixgate.proxy.sim.simulate import STRATEGIES, TTL_STRATEGIES, SimConfig, Simulator
+from prefixgate.proxy.sim.simulate import (
+    KEY_STRATEGIES,
+    STRATEGIES,
+    TTL_STRATEGIES,
+    SimConfig,
+    Simulator,
+)
 from prefixgate.proxy.sim.think_time import parse as parse_think_time
 from prefixgate.proxy.sim.traces import TraceError, load_trace
 
@@ -26,14 +32,14 @@ def _table(fig: dict[str, Any]) -> str:
     head = (f"{fig['runs']} runs, {fig['requests']} requests, provider {fig['provider']}, "
             f"model {fig['model']}, volatile clock {'on' if fig['volatile_clock'] else 'off'} "
             f"({fig['seconds']} s)")
-    cols = f"{'strategy':<11} {'cached':>7} {'cost $':>9} {'no-cache $':>10} {'writes':>10}  breaks"
+    cols = f"{'strategy':<20} {'cached':>7} {'cost $':>9} {'no-cache $':>10} {'writes':>10}  breaks"
     lines = [head, cols, "-" * len(cols)]
     for name, s in fig["strategies"].items():
         breaks = ", ".join(f"{k}: {v}" for k, v in s["breaks"].items()) or "none"
-        lines.append(f"{name:<11} {s['cached_share']:>7.1%} {s['cost_usd']:>9.4f} "
+        lines.append(f"{name:<20} {s['cached_share']:>7.1%} {s['cost_usd']:>9.4f} "
                      f"{s['cost_no_cache_usd']:>10.4f} {s['write_tokens']:>10}  {breaks}")
         if s.get("rewrite_errors"):
-            lines.append(f"{'':<11} rewrite errors: {s['rewrite_errors']} "
+            lines.append(f"{'':<20} rewrite errors: {s['rewrite_errors']} "
                          f"({s.get('first_rewrite_error', '')})")
     return "\n".join(lines)
 
@@ -43,7 +49,7 @@ def simulate(
     provider: str = typer.Option("anthropic", help="anthropic | openai | radix"),
     strategy: str = typer.Option(
         "all", help="none | positional | prefixgate | all | ttl (ttl-5m, ttl-1h, ttl-auto) | "
-        "one of ttl-5m, ttl-1h, ttl-auto"),
+        "key (key-per-conversation, key-none, key-one-for-all) | one of those"),
     think_time: str | None = typer.Option(
         None, help="gap before each request of a run: fixed:30s | lognormal:MU,SIGMA | "
         "mix:tool=SPEC;user=SPEC (default: uniform 10-30 s)"),
@@ -68,9 +74,10 @@ def simulate(
         typer.echo(f"unknown provider {provider!r}; expected one of {', '.join(PROVIDERS)}",
                    err=True)
         raise typer.Exit(2)
-    if strategy not in ("all", "ttl") and strategy not in STRATEGIES + TTL_STRATEGIES:
-        typer.echo(f"unknown strategy {strategy!r}; expected all, ttl or one of "
-                   f"{', '.join(STRATEGIES + TTL_STRATEGIES)}", err=True)
+    groups = {"all": STRATEGIES, "ttl": TTL_STRATEGIES, "key": KEY_STRATEGIES}
+    if strategy not in groups and strategy not in STRATEGIES + TTL_STRATEGIES + KEY_STRATEGIES:
+        typer.echo(f"unknown strategy {strategy!r}; expected all, ttl, key or one of "
+                   f"{', '.join(STRATEGIES + TTL_STRATEGIES + KEY_STRATEGIES)}", err=True)
         raise typer.Exit(2)
     try:
         think = parse_think_time(think_time) if think_time else None
@@ -90,7 +97,7 @@ def simulate(
         typer.echo(f"cannot read trace: {e}", err=True)
         raise typer.Exit(2)
     cfg = SimConfig(provider=provider, model=model or "",
-                    strategies={"all": STRATEGIES, "ttl": TTL_STRATEGIES}.get(strategy, (strategy,)),
+                    strategies=groups.get(strategy, (strategy,)),
                     volatile_clock=volatile_clock, seed=seed, concurrency=concurrency,
                     clock_resolution_s=clock_resolution, think_time=think)
     figures = Simulator(cfg, settings=settings).run(loaded)

@@ -11,6 +11,9 @@
     prefill_ms          the engine's own prompt-processing time, ms (llama.cpp
                         ``timings.prompt_ms``); None when the answer's body has none
     decode_ms           the engine's own generation time, ms (llama.cpp ``timings.predicted_ms``)
+    miss_reason         the provider's own cache-miss reason (Anthropic ``diagnostics``, OpenAI
+                        Responses ``prompt_cache_diagnostics``; :mod:`prefixgate.proxy.core.
+                        diagnostics`), ``missed_tokens`` / ``reusable_tokens`` its counts
 
 A field the upstream did not report stays None; a reported 0 stays 0.
 
@@ -49,6 +52,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from prefixgate.proxy.core.diagnostics import Diagnosis, anthropic_diagnosis
 from prefixgate.proxy.core.sse import SSEEvent
 
 _OPENAI_CONTENT_KEYS = ("content", "reasoning_content", "reasoning", "refusal")
@@ -64,6 +68,16 @@ class Usage:
     output_tokens: int | None = None
     prefill_ms: float | None = None
     decode_ms: float | None = None
+    miss_reason: str | None = None
+    missed_tokens: int | None = None
+    reusable_tokens: int | None = None
+
+    def diagnosed(self, d: Diagnosis | None) -> Usage:
+        """This usage with a provider's diagnosis merged in (itself when ``d`` is None)."""
+        if d is not None:
+            self.merge(Usage(miss_reason=d.reason, missed_tokens=d.missed_tokens,
+                             reusable_tokens=d.reusable_tokens))
+        return self
 
     def merge(self, newer: Usage) -> None:
         """Take every non-None field of ``newer`` (newest non-null wins)."""
@@ -228,6 +242,7 @@ class AnthropicStreamWatcher:
         self.done = 0
         self.errors = 0
         self.model: str | None = None  # the model the backend answered with (first seen)
+        self.message_id = ""  # message_start's id (the next request's diagnostics baseline)
 
     def observe(self, ev: SSEEvent) -> bool:
         """Update usage / counters from one event; return whether it carried content."""
@@ -239,8 +254,11 @@ class AnthropicStreamWatcher:
         kind = obj.get("type", ev.event)
         if kind == "message_start" and isinstance(obj.get("message"), dict):
             self.usage.merge(anthropic_usage(obj["message"].get("usage")))
+            self.usage.diagnosed(anthropic_diagnosis(obj["message"]))
             model = obj["message"].get("model")
             self.model = model[:200] if isinstance(model, str) else self.model
+            mid = obj["message"].get("id")
+            self.message_id = mid if isinstance(mid, str) else self.message_id
         elif kind == "message_delta":
             u = obj.get("usage")
             if isinstance(u, dict):  # cumulative; without input_tokens the start's sum stays
@@ -289,4 +307,6 @@ def usage_from_answer(answer: Any, api: str) -> Usage:
     an object."""
     if not isinstance(answer, dict):
         return Usage()
-    return anthropic_usage(answer.get("usage")) if api == "anthropic" else openai_answer_usage(answer)
+    if api == "anthropic":
+        return anthropic_usage(answer.get("usage")).diagnosed(anthropic_diagnosis(answer))
+    return openai_answer_usage(answer)

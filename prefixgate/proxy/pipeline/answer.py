@@ -39,7 +39,7 @@ from prefixgate.proxy.http.headers import downstream_headers
 from prefixgate.proxy.observe.insight import Analysis, partition_key
 from prefixgate.proxy.pipeline.after_answer import AfterResponse
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
-from prefixgate.proxy.pipeline.record import finish, merge_memory
+from prefixgate.proxy.pipeline.record import finish, merge_memory, remember_answer_id
 from prefixgate.proxy.upstream.client import ERROR_BODY_MAX_BYTES, JSON, read_at_most
 from prefixgate.proxy.upstream.relay import SSE_HEADERS, SSEResponse, StreamRelay
 
@@ -183,6 +183,7 @@ async def _stream(state: ProxyState, ex: Exchange, resp: httpx.Response) -> Resp
     order: list[Any] = []  # [announce token, previous answer's event, this answer's]
 
     async def before_end() -> None:  # before the stream's final message (upstream.relay)
+        remember_answer_id(ex, getattr(watcher, "message_id", ""))  # cache diagnostics' baseline
         await merge_memory(state, ex)  # the session's next turn reads it
         token = announced.announce() if announced is not None else 0  # readers wait for it
         order.extend((token, *state.record_order.turn()))  # rows in the order of their answers
@@ -239,6 +240,7 @@ async def _json_answer(state: ProxyState, ex: Exchange, resp: httpx.Response) ->
     ex.timing.end = time.perf_counter()
     if usage.cached_tokens is not None:
         headers["x-prefixgate-cached-tokens"] = str(usage.cached_tokens)
+    remember_answer_id(ex, parsed.get("id"))  # the cache diagnostics' next baseline
     await merge_memory(state, ex)  # before the answer: the session's next turn reads it
     status = resp.status_code
     announced = state.ledger.announced if ex.endpoint.ledger else None

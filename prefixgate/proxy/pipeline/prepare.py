@@ -14,6 +14,7 @@ out).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import anyio.to_thread
 from fastapi import Request
@@ -39,6 +40,7 @@ from prefixgate.proxy.pipeline.session_key import session_hash, session_id_for
 from prefixgate.proxy.routing.retries import Step
 from prefixgate.proxy.routing.router import Target, plan_targets
 from prefixgate.rewriter.analysis.tokens import count_tokens
+from prefixgate.rewriter.passes.breakpoints import CACHE_PARAMS
 from prefixgate.rewriter.pipeline import PASSES
 from prefixgate.rewriter.region_memo import RegionMemo
 from prefixgate.rewriter.token_memo import TokenMemo
@@ -158,7 +160,8 @@ async def passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     verdict = KEEP
     if rewrite_wanted(request.headers, policy.rewrite) and not ex.row.holdout:
         verdict = state.judge.verdict(primary.route, time.time(), ex.row.tenant)  # per tenant
-        ctx = Context(settings=stood_back(policy.rewrite, verdict), model=ex.row.model,
+        ctx = Context(settings=for_route(stood_back(policy.rewrite, verdict), policy, primary),
+                      model=ex.row.model,
                       provider=primary.provider, session_id=ex.session_id,
                       session=await state.sessions.aget(ex.session_id), now_s=time.time(),
                       masks_tools=traits(primary.backend.kind).masks_tools,
@@ -203,6 +206,32 @@ def stood_back(settings: RewriteSettings, verdict: Verdict) -> RewriteSettings:
     return settings.model_copy(update={_SWITCH[p]: False for p in verdict.passes if p in _SWITCH})
 
 
+def for_route(settings: RewriteSettings, policy: Policy, target: Target) -> RewriteSettings:
+    """``settings`` with the route's own ``cache_diagnostics`` where it sets one."""
+    route = next((r for r in policy.routes if r.match == target.route), None)
+    want = route.cache_diagnostics if route is not None else None
+    if want is None or want == settings.cache_diagnostics:
+        return settings
+    return settings.model_copy(update={"cache_diagnostics": want})
+
+
+def asked_diagnostics(ex: Exchange) -> bool:
+    """Whether the passes added an Anthropic ``diagnostics`` request the client did not send
+    (then the beta header goes with it, :mod:`prefixgate.proxy.pipeline.send`)."""
+    return (ex.rw is not None and ex.pass_view is not None and "diagnostics" in ex.rw.body
+            and "diagnostics" not in ex.pass_view)
+
+
+def added_cache_params(view: dict[str, Any] | None, sent: dict[str, Any]) -> bool:
+    """Whether the passes added OpenAI cache metadata (``prompt_cache_key`` /
+    ``prompt_cache_retention``, :data:`prefixgate.rewriter.passes.breakpoints.CACHE_PARAMS`) the
+    client's pass body ``view`` did not carry: a fallback whose kind does not take them
+    (:mod:`prefixgate.config.backend_kinds`, ``prompt_cache_key``) then gets the client's body."""
+    if view is None or sent is view:
+        return False
+    return any(k in sent and k not in view for k in CACHE_PARAMS)
+
+
 def bridges(ex: Exchange, max_depth: int) -> list[Step]:
     """One :class:`Step` per target: its bridge and upstream bytes. The primary's bridge
     failing is the client's 400; a fallback that cannot carry the request is left out. A
@@ -213,11 +242,13 @@ def bridges(ex: Exchange, max_depth: int) -> list[Step]:
     first = ex.primary_bridge
     steps: list[Step] = []
     made: dict[tuple[type, str, str, str | None], bytes] = {}
+    added = added_cache_params(ex.pass_view, ex.rw.body)
     for i, t in enumerate(ex.targets):
         try:
             bridge = first if i == 0 else bridge_of(ex, t)
             same = (ex.pass_view is not None and bridge.pass_api == first.pass_api
-                    and type(bridge).pass_body is type(first).pass_body)
+                    and type(bridge).pass_body is type(first).pass_body
+                    and (not added or traits(t.backend.kind).prompt_cache_key))
             key = (type(bridge), bridge.wire, bridge.path, t.model)
             if key not in made or not same:
                 made[key] = bridge.encode(ex.body, ex.raw, ex.rw if same else None, t.model,

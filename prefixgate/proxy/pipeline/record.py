@@ -18,12 +18,14 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from prefixgate.cache.ledger.store import LedgerRow
 from prefixgate.cache.savings.counterfactual import SENT_AS_IS
+from prefixgate.cache.savings.miss_causes import predicted_cause
 from prefixgate.config.prices import backend_input_usd, backend_priced
 from prefixgate.proxy.core.bounded import clip_strings
 from prefixgate.proxy.core.engine_timings import apply_reported_timings, with_body_times
 from prefixgate.proxy.core.usage import Usage
 from prefixgate.proxy.observe.insight import Analysis, input_cost_usd
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
+from prefixgate.rewriter.passes.breakpoints import DIAGNOSTICS_MEMORY
 from prefixgate.rewriter.types import Edit
 
 log = logging.getLogger("prefixgate.proxy")
@@ -75,6 +77,15 @@ def measured_as_sent(row: LedgerRow, credits: Mapping[str, int] | None) -> None:
     row.cf_source = "holdout" if row.holdout else "modelled"
 
 
+def remember_answer_id(ex: Exchange, answer_id: object) -> None:
+    """On a route that asks for cache diagnostics, the answer's id goes into the session's
+    memory for the next request's ``previous_message_id`` (merged with the rewrite's)."""
+    if ex.ctx is None or not ex.ctx.settings.cache_diagnostics or ex.rw is None:
+        return
+    if isinstance(answer_id, str) and 0 < len(answer_id) <= 200:
+        ex.rw.memory[DIAGNOSTICS_MEMORY] = {"previous_id": answer_id}
+
+
 async def merge_memory(state: ProxyState, ex: Exchange) -> None:
     """Merge the rewrite's session-memory updates into the session's memory (what the next
     turn's passes read); a failure is logged, never raised."""
@@ -98,6 +109,9 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
     try:
         row.prompt_tokens, row.cached_tokens = usage.prompt_tokens, usage.cached_tokens
         row.cache_write_tokens = usage.cache_write_tokens
+        row.reported_miss = usage.miss_reason or ""  # the provider's own (core.diagnostics)
+        row.reported_missed_tokens = usage.missed_tokens
+        row.reported_reusable_tokens = usage.reusable_tokens
         deltas = ex.watcher.deltas if ex.watcher is not None else 0
         row.output_tokens = usage.output_tokens if usage.output_tokens is not None else (
             deltas if row.stream and deltas else None)
@@ -125,14 +139,17 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
                 row.pass_tokens = pass_tokens_json(() if same else ex.rw.edits, a.credits)
                 if same:
                     row.tokens_pruned = 0
+            if row.reported_miss:  # predicted vs reported, one vocabulary
+                row.predicted_miss = predicted_cause(a.brk)
             if a.brk is not None:
+                brk = {**a.brk, "reported": row.reported_miss} if row.reported_miss else a.brk
                 ex.obs.break_kind = a.brk.get("kind")
                 try:
                     rw = state.policy.rewrite  # what the top break's fix depends on
                     where = {"route": row.route, "backend": row.backend, "model": row.model,
                              "holdout": row.holdout,
                              "hoist_on": bool(rw.enabled and rw.hoist_volatile and row.rewrite)}
-                    state.ledger.write_break(row.session, clip_strings({**a.brk, **where}),
+                    state.ledger.write_break(row.session, clip_strings({**brk, **where}),
                                              row.tenant)  # clipped: model names are the client's
                 except Exception:
                     log.exception("break record write failed")

@@ -14,10 +14,12 @@ import httpx
 import orjson
 from fastapi import Request
 
+from prefixgate.config.backend_kinds import traits
 from prefixgate.config.routing import Deployment
 from prefixgate.proxy.http.headers import upstream_headers
 from prefixgate.proxy.http.server import CONNECTION_LOST
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
+from prefixgate.proxy.pipeline.prepare import asked_diagnostics
 from prefixgate.proxy.routing.kv_match import event_matches
 from prefixgate.proxy.routing.pd.drive import PDDriver
 from prefixgate.proxy.routing.probes import cache_matches
@@ -29,8 +31,13 @@ from prefixgate.proxy.upstream.client import send_unless_gone
 async def send(ex: Exchange, request: Request, state: ProxyState) -> httpx.Response:
     """Send through the failover loop (502 / 504 when no deployment answered); abandoned (499)
     if the client leaves before the headers."""
+    asked = asked_diagnostics(ex)
+
     def headers_for(t: Target) -> dict[str, bytes]:
-        return upstream_headers(request.headers.items(), t.backend, t.api_key())
+        h = upstream_headers(request.headers.items(), t.backend, t.api_key())
+        if asked and traits(t.backend.kind).wire == "anthropic":  # the diagnostics' beta
+            h["anthropic-beta"] = with_beta(h.get("anthropic-beta"), DIAGNOSIS_BETA)
+        return h
 
     ex.obs.sent_at = time.perf_counter()
     assert ex.rw is not None
@@ -47,6 +54,17 @@ async def send(ex: Exchange, request: Request, state: ProxyState) -> httpx.Respo
 
 
 PD_PATHS = ("/chat/completions", "/completions")
+DIAGNOSIS_BETA = "cache-diagnosis-2026-04-07"
+"""Anthropic's cache-diagnostics beta (https://platform.claude.com/docs/en/build-with-claude/cache-diagnostics)."""
+
+
+def with_beta(value: bytes | None, beta: str) -> bytes:
+    """An ``anthropic-beta`` value with ``beta`` added to the client's comma list (kept as sent,
+    ``beta`` appended once)."""
+    have = value.decode("latin-1") if value else ""
+    if beta in (b.strip() for b in have.split(",")):
+        return value or beta.encode()
+    return (f"{have},{beta}" if have.strip() else beta).encode("latin-1")
 
 
 async def pd_send(state: ProxyState, ex: Exchange, step: Step, headers: dict[str, bytes],

@@ -15,6 +15,14 @@ strategy, and fed to a fresh provider model (:mod:`prefixgate.cache.provider_mod
   ``prefixgate`` with ``breakpoint_ttl`` fixed at 5m, fixed at 1h, or chosen by expected cost
   from the session's measured inter-arrival times (:mod:`prefixgate.rewriter.analysis.ttl_choice`).
 
+* ``key-per-conversation`` / ``key-none`` / ``key-one-for-all`` (:data:`KEY_STRATEGIES`,
+  ``--strategy key``) — ``prefixgate`` with ``openai_prompt_cache_key`` on (one key per run, the
+  run being a conversation), off, and with the client sending one ``prompt_cache_key`` for every
+  conversation (kept, as a client's key always is). Only the key differs; the OpenAI model routes
+  by prefix + key and spills a pair above ~15 requests a minute to cold machines
+  (:mod:`prefixgate.cache.provider_models.openai`), so this shows what the key is worth with many
+  conversations in flight (``bench/prompt_cache_key.py``).
+
 ``think_time`` (:mod:`prefixgate.proxy.sim.think_time`) replaces the uniform ``gap_s`` between a run's
 requests with a distribution (fixed, lognormal, or a human-in-the-loop mix keyed by whether the request
 ends with a tool result or a user turn). Every strategy gets the simulated time as
@@ -48,6 +56,9 @@ from prefixgate.rewriter.types import Context
 
 STRATEGIES = ("none", "positional", "prefixgate")
 TTL_STRATEGIES = ("ttl-5m", "ttl-1h", "ttl-auto")
+KEY_STRATEGIES = ("key-per-conversation", "key-none", "key-one-for-all")
+ONE_KEY = "one-key-for-all"
+"""The ``prompt_cache_key`` the ``key-one-for-all`` client sends on every request."""
 DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4o", "radix": "local"}
 TRACE_EPOCH = datetime(2024, 5, 15, 15, 0, 0)
 MAX_EXAMPLES_PER_KIND = 3
@@ -230,9 +241,16 @@ class Simulator:
             return body
         if strategy == "positional":
             return positional(body, self.cfg.api)
-        if strategy == "prefixgate" or strategy in TTL_STRATEGIES:
-            settings = self.settings if strategy == "prefixgate" else self.settings.model_copy(
-                update={"breakpoint_ttl": strategy.removeprefix("ttl-")})
+        if strategy == "prefixgate" or strategy in TTL_STRATEGIES + KEY_STRATEGIES:
+            settings = self.settings
+            if strategy in TTL_STRATEGIES:
+                settings = settings.model_copy(
+                    update={"breakpoint_ttl": strategy.removeprefix("ttl-")})
+            elif strategy in KEY_STRATEGIES:
+                settings = settings.model_copy(
+                    update={"openai_prompt_cache_key": strategy == "key-per-conversation"})
+                if strategy == "key-one-for-all":
+                    body = {**body, "prompt_cache_key": ONE_KEY}
             ctx = Context(settings=settings, model=self.cfg.model_id,
                           provider=self.cfg.provider, session_id=state.run_id,
                           session=MappingProxyType(dict(state.memory)), count_tokens=self.count,
@@ -249,7 +267,7 @@ class Simulator:
             state.memory.update(session_updates(result))
             return result.body
         raise ValueError(f"unknown strategy {strategy!r}; expected one of "
-                         f"{STRATEGIES + TTL_STRATEGIES}")
+                         f"{STRATEGIES + TTL_STRATEGIES + KEY_STRATEGIES}")
 
     def run_strategy(self, runs: Sequence[SimRun], strategy: str,
                      events: list[tuple[float, int, int]]) -> _Totals:

@@ -24,10 +24,17 @@ read, kept in ``Edit.memory["breakpoints"]``); ``T`` end of tools; then extra ma
 breakpoints are more than 20 blocks apart. Never on or after a volatile block (case B03).
 
 OpenAI (https://developers.openai.com/api/docs/guides/prompt-caching): caching is automatic;
-when ``settings.openai_prompt_cache_key``, ``prompt_cache_key`` = ``"<tenant>-<first 16 hex of
-the stable-prefix hash>"`` (routes requests sharing a prefix to the same cache machines), and
-``prompt_cache_retention`` from policy. A client's own values are kept. Only for
-``ctx.provider == "openai"`` (other OpenAI-compatible servers may reject unknown fields).
+requests are routed by a hash of the first ~256 prompt tokens combined with ``prompt_cache_key``,
+and more than ~15 requests a minute for one prefix+key overflow to further machines, which start
+cold. So when ``settings.openai_prompt_cache_key`` (on by default: the key is request metadata,
+the model never reads it), ``prompt_cache_key`` = :func:`conversation_key`, ``"<tenant>-<first
+16 hex of sha256(session id)>"``: one key per conversation, so a conversation's turns stay on
+the machine that holds its suffix however many conversations share the system prompt (Codex CLI
+keys by conversation id the same way). Without a session id (``prefixgate rewrite`` on one body)
+the stable-prefix hash stands in. ``prompt_cache_retention`` from policy. A client's own values
+are kept. Only for ``ctx.provider == "openai"`` (other OpenAI-compatible servers may reject
+unknown fields; the fallbacks of another kind get the client's body,
+:func:`prefixgate.proxy.pipeline.prepare.bridges`).
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from prefixgate.config.cache_rules import (
     ANTHROPIC_MAX_BREAKPOINTS,
     ANTHROPIC_TTL_1H_BETA,
     ANTHROPIC_TTL_1H_REQUIRES_BETA,
+    OPENAI_MIN_PROMPT_TOKENS,
     min_cacheable_tokens,
 )
 from prefixgate.rewriter.analysis import ttl_choice
@@ -50,6 +58,7 @@ from prefixgate.rewriter.analysis.stable import stable_prefix_hash
 from prefixgate.rewriter.analysis.tokens import json_tokens, media_tokens
 from prefixgate.rewriter.analysis.volatile_spans import find_spans
 from prefixgate.rewriter.types import Context, Edit
+from prefixgate.rewriter.wire.forms import trailing_system_start
 from prefixgate.rewriter.wire.ir import Block, Prompt, Tool, iter_blocks
 from prefixgate.rewriter.wire.validate import breakpoint_count, cache_markers
 
@@ -211,14 +220,22 @@ def _anthropic(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
         return prompt, [Edit(NAME, False, "messages", f"client uses all "
                              f"{ANTHROPIC_MAX_BREAKPOINTS} breakpoints: left as sent",
                              memory=arrivals)]
-    limit = next((i for i, u in enumerate(units) if _is_volatile(u)), len(units))
+    volatile = next((i for i, u in enumerate(units) if _is_volatile(u)), len(units))
+    limit = volatile
+    trail = trailing_system_start(prompt)
+    if trail < len(prompt.messages):  # never on a trailing system message (Claude Code #96101)
+        first = next((i for i, u in enumerate(units) if u.region == "messages" and u.mi >= trail),
+                     len(units))
+        if first < limit:
+            limit = first
+            notes.append(f"trailing system message from messages[{trail}]: not marked")
     cum: list[int] = []
     total = 0
     for u in units[:limit]:
         total += _unit_tokens(u, ctx)
         cum.append(total)
     floor = min_cacheable_tokens(ctx.model or prompt.model)
-    if limit < len(units):
+    if volatile < len(units) and volatile == limit:
         notes.append(f"volatile from {units[limit].label}")
 
     def ok(i: int | None, what: str) -> int | None:
@@ -308,17 +325,48 @@ def _apply(prompt: Prompt, units: list[Unit], marks: dict[int, str]) -> Prompt:
     )
 
 
+CACHE_PARAMS = ("prompt_cache_key", "prompt_cache_retention")
+"""The OpenAI request fields this pass may add: routing / retention metadata, never read by the
+model, known only to the backends whose kind says so (:mod:`prefixgate.config.backend_kinds`)."""
+
+
+def conversation_key(tenant: str, session_id: str) -> str:
+    """The ``prompt_cache_key`` prefixgate sends for one conversation: ``"<tenant>-<16 hex>"``,
+    the hex being the first 16 of sha256 of the session id (the id itself never leaves the
+    proxy; at most ``len(tenant) + 17`` characters)."""
+    digest = hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{tenant}-{digest}"
+
+
+def _chars_reach(prompt: Prompt, limit: int) -> bool:
+    """Whether the prompt holds at least ``limit`` characters (tools' JSON, text blocks' text,
+    other blocks' JSON), counting no further than ``limit``. A token is at least one character,
+    so a prompt short of ``OPENAI_MIN_PROMPT_TOKENS`` characters is short of that many tokens."""
+    seen = 0
+    for _, _, _, node in iter_blocks(prompt):
+        raw = node.raw
+        text = raw.get("text") if isinstance(raw, dict) else None
+        seen += len(text) if isinstance(text, str) else len(json.dumps(raw, default=str))
+        if seen >= limit:
+            return True
+    return False
+
+
 def _openai(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     if ctx.provider != "openai":
         return prompt, [Edit(NAME, False, "params", f"provider {ctx.provider!r}: automatic "
                              "prefix caching, nothing to place")]
+    if not _chars_reach(prompt, OPENAI_MIN_PROMPT_TOKENS):
+        return prompt, [Edit(NAME, False, "params", "prompt below OpenAI's minimum cacheable "
+                             f"length of {OPENAI_MIN_PROMPT_TOKENS} tokens: nothing to key")]
     s = ctx.settings
     done: list[str] = []
     if s.openai_prompt_cache_key:
         if "prompt_cache_key" in prompt.params:
             done.append("client prompt_cache_key kept")
         else:
-            key = f"{s.tenant}-{stable_prefix_hash(prompt)[:16]}"
+            key = (conversation_key(s.tenant, ctx.session_id) if ctx.session_id
+                   else f"{s.tenant}-{stable_prefix_hash(prompt)[:16]}")
             prompt = prompt.with_param("prompt_cache_key", key)
             done.append(f"prompt_cache_key={key}")
     if s.openai_prompt_cache_retention:
@@ -331,11 +379,37 @@ def _openai(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     return prompt, [Edit(NAME, applied, "params", "; ".join(done) or "no cache params in policy")]
 
 
+DIAGNOSTICS_MEMORY = "diagnostics"
+"""Session-memory key of the session's previous answer id (``{"previous_id": "msg_..."}``),
+written by the proxy after each answer of a route that asks for cache diagnostics."""
+
+
+def _ask_diagnostics(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
+    """With ``settings.cache_diagnostics`` on an Anthropic route: ``diagnostics:
+    {"previous_message_id": <the session's previous answer id, null on its first request>}``
+    (https://platform.claude.com/docs/en/build-with-claude/cache-diagnostics; the proxy adds the
+    beta header). A client's own ``diagnostics`` is kept. Request metadata: the model never
+    reads it."""
+    if not ctx.settings.cache_diagnostics:
+        return prompt, []
+    if "diagnostics" in prompt.params:
+        return prompt, [Edit(NAME, False, "params", "client diagnostics kept")]
+    mem = ctx.session.get(DIAGNOSTICS_MEMORY)
+    prev = mem.get("previous_id") if isinstance(mem, dict) else None
+    prev = prev if isinstance(prev, str) and prev else None
+    prompt = prompt.with_param("diagnostics", {"previous_message_id": prev})
+    return prompt, [Edit(NAME, True, "params", "diagnostics.previous_message_id="
+                         + ("null (first request)" if prev is None else "the previous answer"))]
+
+
 def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
-    """Plan breakpoints (Anthropic, ``ctx.provider == "anthropic"``) or OpenAI cache params."""
+    """Plan breakpoints (Anthropic, ``ctx.provider == "anthropic"``) or OpenAI cache params;
+    on Anthropic routes that ask for it, the cache-diagnostics request (:func:`_ask_diagnostics`)."""
     if prompt.api == "openai":
         return _openai(prompt, ctx)
     if ctx.provider != "anthropic":
         return prompt, [Edit(NAME, False, "messages", f"provider {ctx.provider!r} has no explicit "
                              "breakpoints")]
-    return _anthropic(prompt, ctx)
+    prompt, asked = _ask_diagnostics(prompt, ctx)
+    out, edits = _anthropic(prompt, ctx)
+    return out, [*edits, *asked]

@@ -14,6 +14,8 @@ their rank (case B06, BerriAI/litellm PR #34198, issue 8 class 3) — :func:`req
 * every tool whose name appears as a word in the system prompt or in any system / developer
   message ("always call audit_log first");
 * ``settings.pinned_tools`` and server tools (``{"type": "web_search_20250305", ...}``),
+* tools marked ``defer_loading: true`` (tool search loads them on demand, so they cost no
+  prompt tokens until referenced, and a ``tool_reference`` may name them at any turn),
 
 so a history's tool blocks never lose their definition, an instruction naming a tool can be
 followed, and ``tools`` is never empty while tool blocks remain.
@@ -100,7 +102,7 @@ def _instruction_words(prompt: Prompt) -> set[str]:
 def required_tools(prompt: Prompt, ctx: Context) -> set[str]:
     """Names of the tools that must never be pruned (module docstring: history calls, any
     name in ``tool_choice`` / ``function_call``, names the system or developer text mentions,
-    pinned and server tools). May hold names that are not defined; callers intersect."""
+    pinned, server and ``defer_loading`` tools). May hold names that are not defined; callers intersect."""
     req = used_tool_names(prompt) | set(ctx.settings.pinned_tools)
     for m in prompt.messages:
         legacy = m.raw.get("function_call")
@@ -113,6 +115,7 @@ def required_tools(prompt: Prompt, ctx: Context) -> set[str]:
     words = _instruction_words(prompt)
     req.update(t.name for t in tools if t.name in words)
     req.update(t.name for t in tools if _is_server_tool(t))
+    req.update(t.name for t in tools if t.raw.get("defer_loading") is True)
     return req
 
 

@@ -23,7 +23,9 @@ Kinds (source of each rule):
   ``ttl: "1h"`` entries must come before ``5m`` ones (Anthropic prompt-caching docs, see
   ``prefixgate/config/cache_rules.py``). Checked for both APIs: an OpenAI-shaped body bridged to Anthropic
   carries its content parts' markers along.
-* ``bad_role`` — Anthropic messages are ``user`` or ``assistant`` only.
+* ``bad_role`` — Anthropic messages are ``user``, ``assistant`` or ``system`` (a mid-conversation
+  system message, https://platform.claude.com/docs/en/build-with-claude/mid-conversation-system-messages,
+  kept in place: :mod:`prefixgate.rewriter.wire.forms`).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def _openai_pairing(msgs: tuple[Message, ...], out: Violations) -> None:
 def _anthropic_pairing(msgs: tuple[Message, ...], out: Violations) -> None:
     prev_calls: list[str] = []
     for m in msgs:
-        if m.role not in ("user", "assistant"):
+        if m.role not in ("user", "assistant", "system"):
             out[("bad_role", m.role)] += 1
         results = [b.tool_id or "" for b in m.blocks if b.type == "tool_result"]
         if m.role == "user":
