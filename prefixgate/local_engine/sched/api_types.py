@@ -138,8 +138,10 @@ class SamplingParams:
     before sampling (e.g. ``server.constrained.GrammarProcessor``); stateful, so one set per
     request. prompt_logprobs: return the log-softmax rows of the prompt positions this request
     computed (``RequestOutput.prompt_logprobs``; for teacher-forced comparisons, in-process
-    only). no_prefix_cache: match nothing in the prefix cache (the whole prompt is prefilled:
-    the exact reference of a cache or span reuse); the result still enters the cache.
+    only); prompt_logprobs_start: only positions from this one on (saves the LM head and the
+    memory of a ``[n, vocab]`` row block for the rest). no_prefix_cache: match nothing in the
+    prefix cache and decode on its own K/V only (the whole prompt is prefilled: the exact
+    reference of a cache hit or a span reuse); its K/V still enters the cache at the end.
     """
 
     max_tokens: int = 256
@@ -157,6 +159,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logits_processors: list[Callable[[list[int], Any], Any]] = field(default_factory=list)
     prompt_logprobs: bool = False
+    prompt_logprobs_start: int = 0
     no_prefix_cache: bool = False
 
     @property
@@ -188,6 +191,9 @@ class SamplingParams:
         if self.seed is not None and not (_is_int(self.seed)
                                           and SEED_RANGE[0] <= self.seed < SEED_RANGE[1]):
             raise InvalidSamplingParam("seed", "seed must be an integer in [-2**63, 2**64)")
+        if not _is_int(self.prompt_logprobs_start) or self.prompt_logprobs_start < 0:
+            raise InvalidSamplingParam("prompt_logprobs_start",
+                                       "prompt_logprobs_start must be an integer >= 0")
         hi = vocab_size if vocab_size is not None else math.inf
         for tok, bias in self.logit_bias.items():
             if not _is_int(tok) or not 0 <= tok < hi:

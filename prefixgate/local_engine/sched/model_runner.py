@@ -58,7 +58,8 @@ class ModelRunner:
         argmax-exact estimates (``CausalLM.forward``'s ``argmax_only``).
 
         A prefill item whose request asked for ``prompt_logprobs`` also gets the log-softmax
-        rows of its prompt positions, stored in ``seq.prompt_logprob_parts[item.start]``.
+        rows of its prompt positions (from ``params.prompt_logprobs_start`` on), stored in
+        ``seq.prompt_logprob_parts[first position]``.
         """
         ids: list[int] = []
         positions: list[int] = []
@@ -67,14 +68,18 @@ class ModelRunner:
         logit_rows: list[int] = []
         with_logits: list[ScheduledSeq] = []
         prompt_rows: list[tuple[ScheduledSeq, int, int]] = []  # item, first packed row, rows
+        row_of: dict[int, int] = {}  # id(item) -> its first packed row
         decode_items = [it for it in batch if it.is_decode]
         prefill_items = [it for it in batch if not it.is_decode]
         table = self.table.table
         for it in prefill_items + decode_items:
             seq, s, e = it.seq, it.start, it.start + it.n
             rows = it.num_rows
-            if not it.is_decode and _wants_prompt_rows(seq) and s < seq.num_prompt:
-                prompt_rows.append((it, len(ids), min(e, seq.num_prompt) - s))
+            row_of[id(it)] = len(ids)
+            if not it.is_decode and _wants_prompt_rows(seq):
+                lo = max(s, seq.params.prompt_logprobs_start)
+                if lo < min(e, seq.num_prompt):
+                    prompt_rows.append((it, len(ids) + lo - s, min(e, seq.num_prompt) - lo))
             ids.extend(seq.token_ids[s:e])
             if it.draft is not None:
                 ids.extend(it.draft.tokens)
@@ -117,8 +122,9 @@ class ModelRunner:
         logits = self.model(self._tensor(ids), meta, self.pool, self._tensor(logit_rows + extra),
                             argmax_only=argmax_only)
         at = r
-        for it, _, n in prompt_rows:
-            it.seq.prompt_logprob_parts[it.start] = torch.log_softmax(
+        for it, first, n in prompt_rows:
+            pos = it.start + first - row_of[id(it)]
+            it.seq.prompt_logprob_parts[pos] = torch.log_softmax(
                 logits[at:at + n].float(), dim=-1).cpu()
             at += n
         return logits[:r], with_logits

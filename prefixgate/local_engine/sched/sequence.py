@@ -99,9 +99,10 @@ class Sequence:
     def take_prompt_logprobs(self) -> PromptLogprobs | None:
         """The prompt's log-prob rows once its prefill is done (``params.prompt_logprobs``),
         once; None before, after, or when not asked for."""
-        if self.prompt_logprobs_sent or not self.prompt_logprob_parts \
-                or self.num_computed < self.num_prompt:
-            return None
+        parts = self.prompt_logprob_parts
+        if self.prompt_logprobs_sent or not parts or max(
+                start + rows.shape[0] for start, rows in parts.items()) < self.num_prompt:
+            return None  # the row of the last prompt position comes with the prompt's end
         self.prompt_logprobs_sent = True
         parts = sorted(self.prompt_logprob_parts.items())
         self.prompt_logprob_parts = {}

@@ -38,8 +38,9 @@ class _UsageSource(Protocol):
 
 def usage_dict(out: _UsageSource) -> dict[str, Any]:
     """OpenAI ``usage`` (tokens): ``{"prompt_tokens", "completion_tokens", "total_tokens",
-    "prompt_tokens_details": {"cached_tokens"}}``; cached tokens are the prompt tokens whose
-    KV came from the radix prefix cache.
+    "prompt_tokens_details": {"cached_tokens", "span_reused_tokens"}}``; cached tokens are the
+    prompt tokens whose KV came from the radix prefix cache (not prefilled); span_reused_tokens
+    (an extension, a part of cached_tokens) those taken across a changed span (span reuse).
 
     With speculative decoding, ``completion_tokens_details`` carries OpenAI's predicted-output
     fields (``accepted_prediction_tokens`` / ``rejected_prediction_tokens``: draft tokens accepted
@@ -49,7 +50,8 @@ def usage_dict(out: _UsageSource) -> dict[str, Any]:
         "prompt_tokens": out.prompt_tokens,
         "completion_tokens": out.completion_tokens,
         "total_tokens": out.prompt_tokens + out.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": out.cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": out.cached_tokens,
+                                  "span_reused_tokens": int(getattr(out, "span_reused_tokens", 0) or 0)},
     }
     drafts = int(getattr(out, "spec_drafts", 0) or 0)
     if drafts:
