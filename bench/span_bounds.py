@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         keep = args.sessions.split(",")
         sessions = [s for s in sessions if s[0].session in keep]
     sessions = sessions[: args.limit or None]
-    base = {"model_path": str(args.model), "num_kv_slots": 65536, "max_context_len": 4096}
+    base = {"model_path": str(args.model), "num_kv_slots": 8192, "max_context_len": 4096}
     ref = Engine(EngineConfig(**base, enable_prefix_cache=False))
     names = args.settings.split(",")
     engines = {n: Engine(EngineConfig(**base, **SETTINGS[n])) for n in names}

@@ -107,3 +107,29 @@ def test_span_reuse_off_schedules_exactly_the_prefix_match() -> None:
     off, on = runs
     assert off[1:] == (10, 0, 400 - 61 - 52) and off[0][0] == ("b", 10, 8)  # prefill from 10 on
     assert on[1:] == (10 + 49, 49, off[3]) and on[0][0] == ("b", 10, 1)  # same slot usage
+
+
+def test_a_span_reused_request_publishes_block_stored_for_its_new_blocks() -> None:
+    from prefixgate.local_engine.kv.block_hash import block_digests, wire_hash
+    from prefixgate.local_engine.kv.events import KVEventRecorder
+    from tests.kv_events.test_recorder import _tree_blocks
+
+    s = make(slots=400, chunk=8, bounds=BOUNDS)
+    rec = KVEventRecorder(block_size=4)
+    s.kv.on_insert.append(rec.on_insert)
+    assert s.cache is not None
+    s.cache.on_evict, s.cache.on_reset = rec.evicted, rec.cleared
+    s.add(request("a", BASE + [1], max_tokens=1))
+    run_all(s)
+    rec.take()
+    new = BASE[:8] + [50, 51] + BASE[9:] + [2, 3, 4, 5]  # shift +1 after position 8
+    b = request("b", new, max_tokens=1)
+    s.add(b)
+    run_all(s)
+    assert b.span_reused_tokens > 0
+    stored = [e for e in rec.take() if e[0] == "BlockStored"]
+    got = [h for e in stored for h in e[1]]
+    want = [wire_hash(d) for d in block_digests(new[:64], 4, "sha256", "", None)][2:]
+    assert got == want  # every block from the divergence on is new: new hashes, parents chained
+    assert stored[0][2] == wire_hash(block_digests(new, 4, "sha256", "", None)[1])
+    assert set(rec.held) == _tree_blocks(s.cache, rec)

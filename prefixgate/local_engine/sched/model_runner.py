@@ -76,7 +76,7 @@ class ModelRunner:
             seq, s, e = it.seq, it.start, it.start + it.n
             rows = it.num_rows
             row_of[id(it)] = len(ids)
-            if not it.is_decode and _wants_prompt_rows(seq):
+            if it.draft is None and _wants_prompt_rows(seq):  # a full hit's last token too
                 lo = max(s, seq.params.prompt_logprobs_start)
                 if lo < min(e, seq.num_prompt):
                     prompt_rows.append((it, len(ids) + lo - s, min(e, seq.num_prompt) - lo))
