@@ -196,13 +196,13 @@ class Scheduler:
 
     # -- the step -----------------------------------------------------------------------------
     def _pages(self, seq: Sequence, n: int) -> int:
-        """Pages to allocate for a chunk of ``n`` tokens from ``seq.num_computed`` (slots that
+        """Pages to allocate for a chunk of ``n`` tokens from ``seq.prefill_start`` (slots that
         span reuse already allocated ahead need none)."""
-        return self.kv.pages_needed(seq, max(0, seq.num_computed + n - len(seq.slots)))
+        return self.kv.pages_needed(seq, max(0, seq.prefill_start + n - len(seq.slots)))
 
     def _grow(self, seq: Sequence, n: int) -> None:
-        """Allocate the slots a chunk of ``n`` tokens from ``seq.num_computed`` lacks."""
-        self.kv.grow(seq, max(0, seq.num_computed + n - len(seq.slots)))
+        """Allocate the slots a chunk of ``n`` tokens from ``seq.prefill_start`` lacks."""
+        self.kv.grow(seq, max(0, seq.prefill_start + n - len(seq.slots)))
 
     def _attach_drafts(self, decodes: list[Sequence], budget: int,
                        propose: ProposeFn | None) -> list[ScheduledSeq]:
@@ -262,7 +262,7 @@ class Scheduler:
                     self.retract(others.pop())
                 if not self.kv.reserve(self._pages(s, n)):
                     break
-            prefills.append(ScheduledSeq(s, s.num_computed, n))
+            prefills.append(ScheduledSeq(s, s.prefill_start, n))
             self._grow(s, n)
             budget -= n
         # 3. admission
@@ -279,7 +279,7 @@ class Scheduler:
             if not self.kv.reserve(self._pages(seq, n)):
                 self._unadmit(seq)
                 break
-            start = seq.num_computed
+            start = seq.prefill_start
             self._grow(seq, n)
             prefills.append(ScheduledSeq(seq, start, n, is_decode=n == 1 and start > 0
                                          and seq.num_uncomputed == 1))

@@ -85,6 +85,12 @@ class Sequence:
         """Tokens to run through the model before the next token can be sampled."""
         return len(self.token_ids) - self.num_computed
 
+    @property
+    def prefill_start(self) -> int:
+        """Token where the next prefill chunk starts: the end of the allocated slots (as before
+        span reuse), or ``num_computed`` while copied ranges lie ahead (their slots exist)."""
+        return self.num_computed if self.filled else len(self.slots)
+
     def chunk_limit(self) -> int:
         """Tokens computable from ``num_computed`` before the next ``filled`` range (all the
         uncomputed ones when there is none)."""
