@@ -133,3 +133,27 @@ def test_a_span_reused_request_publishes_block_stored_for_its_new_blocks() -> No
     assert got == want  # every block from the divergence on is new: new hashes, parents chained
     assert stored[0][2] == wire_hash(block_digests(new, 4, "sha256", "", None)[1])
     assert set(rec.held) == _tree_blocks(s.cache, rec)
+
+
+def test_pd_export_of_a_span_reused_prompt_sends_its_own_kv_at_its_positions() -> None:
+    from prefixgate.local_engine.pd.kv_io import export_prefix, gather_kv, kv_view, release
+    from tests.engine.span_fake import kv_of
+
+    s = make(slots=400, chunk=16, bounds=BOUNDS)
+    s.add(request("a", BASE + [1], max_tokens=1))
+    run_all(s)
+    new = BASE[:12] + [50] + BASE[15:] + [2, 3]  # shift -2
+    s.add(request("b", new, max_tokens=1))
+    run_all(s)
+    assert s.cache is not None
+    ex = export_prefix(s.cache, new, None, start=12)
+    assert ex is not None and ex.tokens == new and ex.num_transfer == len(new) - 12
+    view = kv_view(torch.empty(2 * ex.num_transfer * 2), 1, ex.num_transfer, 1, 2)
+    gather_kv(s.pool, ex.slots, view)  # [layers, K/V, tokens, heads, dim]
+    for i, pos in enumerate(range(12, len(new))):
+        k, v = kv_of(new[pos], pos)
+        assert torch.allclose(view[0, 0, i, 0], torch.tensor(k), atol=1e-4)
+        assert torch.allclose(view[0, 1, i, 0], torch.tensor(v))
+    release(s.cache, ex.handle)
+    s.cache.check()
+    assert s.cache.protected_size == 0
