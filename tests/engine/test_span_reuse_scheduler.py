@@ -157,3 +157,16 @@ def test_pd_export_of_a_span_reused_prompt_sends_its_own_kv_at_its_positions() -
     release(s.cache, ex.handle)
     s.cache.check()
     assert s.cache.protected_size == 0
+
+
+def test_no_reuse_across_extra_key_namespaces() -> None:
+    s = make(slots=400, chunk=64, bounds=BOUNDS)
+    a = request("a", BASE + [1], max_tokens=1)
+    a.extra_key = b"images-1"
+    s.add(a)
+    run_all(s)
+    b = request("b", [50] + BASE[1:] + [2], max_tokens=1)
+    b.extra_key = b"images-2"  # same tokens after the span, other pixels: nothing shared
+    s.add(b)
+    run_all(s)
+    assert b.span_reused_tokens == 0 and b.cached_tokens == 0
