@@ -52,6 +52,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="cap on prompt + completion tokens (default: the model's)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--disable-prefix-cache", action="store_true")
+    p.add_argument("--span-reuse", default="on", choices=["on", "off"],
+                   help="reuse cached K/V across short changed spans (a clock, an id)")
+    p.add_argument("--span-reuse-max-spans", type=int, default=4, help="most changed spans")
+    p.add_argument("--span-reuse-max-span-tokens", type=int, default=48,
+                   help="most tokens of one changed span (each side)")
+    p.add_argument("--span-reuse-min-anchor-tokens", type=int, default=16,
+                   help="shortest reused run between spans")
     p.add_argument("--speculative", default=None,
                    help="speculative decoding drafters joined by '+': ngram, suffix, tools, draft")
     p.add_argument("--num-speculative-tokens", type=int, default=4, help="most draft tokens (k)")
@@ -123,6 +130,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         chunk_size=args.chunk_size,
         max_running=args.max_running,
         enable_prefix_cache=not args.disable_prefix_cache,
+        span_reuse=args.span_reuse == "on",
+        span_reuse_max_spans=args.span_reuse_max_spans,
+        span_reuse_max_span_tokens=args.span_reuse_max_span_tokens,
+        span_reuse_min_anchor_tokens=args.span_reuse_min_anchor_tokens,
         model_name=args.model_name,
         max_context_len=args.max_context_len,
         speculative=args.speculative,

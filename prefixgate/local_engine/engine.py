@@ -31,8 +31,9 @@ import torch
 
 from prefixgate.local_engine.kv.pool import KVPool, ReqToTokenTable
 from prefixgate.local_engine.kv.radix_cache import RadixCache
+from prefixgate.local_engine.kv.span_match import SpanBounds
 from prefixgate.local_engine.model.files import dtype_named, eos_ids, load_tokenizer
-from prefixgate.local_engine.model.llama import load_model, split_model_path
+from prefixgate.local_engine.model.llama import load_model, rope_inv_freq, split_model_path
 from prefixgate.local_engine.model.quant import cpu_linear
 from prefixgate.local_engine.model.quant.int8 import quantize_model
 from prefixgate.local_engine.model.quant.sensitivity import kept_layers
@@ -56,6 +57,7 @@ from prefixgate.local_engine.sched.sampler import (
 )
 from prefixgate.local_engine.sched.scheduler import ScheduledSeq, Scheduler
 from prefixgate.local_engine.sched.sequence import Sequence, Status
+from prefixgate.local_engine.sched.span_reuse import SpanReuse
 from prefixgate.local_engine.spec.factory import build_spec_decoder
 
 __all__ = ["Engine", "EngineConfig", "PromptTooLong", "RequestOutput", "SamplingParams"]
@@ -110,8 +112,12 @@ class Engine:
         self.max_context_len = min(ctx, self.pool.num_slots)
         self.table = ReqToTokenTable(cfg.max_running, self.max_context_len, self.device)
         self.cache = RadixCache(cfg.page_size) if cfg.enable_prefix_cache else None
+        span = None
+        if cfg.span_reuse and self.cache is not None:
+            span = SpanReuse(SpanBounds(cfg.span_reuse_max_spans, cfg.span_reuse_max_span_tokens,
+                                        cfg.span_reuse_min_anchor_tokens), rope_inv_freq(args))
         self.scheduler = Scheduler(self.pool, self.table, self.cache, cfg.max_num_batched_tokens,
-                                   cfg.chunk_size, cfg.max_running)
+                                   cfg.chunk_size, cfg.max_running, span)
         self.runner = ModelRunner(self.model, self.pool, self.table, self.max_context_len,
                                   self.device, self.dtype)
         self.eos_ids = eos_ids(path, self.tokenizer)
@@ -279,7 +285,8 @@ class Engine:
         return fut
 
     def stats(self) -> dict[str, float | int]:
-        """Counters: KV slots used/total, cache hit and prompt tokens (totals), queue sizes,
+        """Counters: KV slots used/total, cache hit (of which reused across a changed span)
+        and prompt tokens (totals), queue sizes,
         prefill / decode throughput (tokens/s over steps that did prefill / only decode),
         retractions and evicted slots (totals)."""
         st = self.scheduler.stats
@@ -290,6 +297,7 @@ class Engine:
             "kv_slots_total": self.pool.num_slots,
             "kv_slots_cached": self.cache.total_size if self.cache else 0,
             "cache_hit_tokens_total": st.cache_hit_tokens,
+            "span_reused_tokens_total": st.span_reused_tokens,
             "prompt_tokens_total": st.prompt_tokens,
             "prefill_tokens_total": st.prefill_tokens,
             "decode_tokens_total": st.decode_tokens,

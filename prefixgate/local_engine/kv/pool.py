@@ -12,6 +12,8 @@ indexing op per step instead of one Python list per request.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -90,6 +92,21 @@ class KVPool:
             k, v = k.to(self.dtype), v.to(self.dtype)
         self.k[layer].index_copy_(0, slots, k)
         self.v[layer].index_copy_(0, slots, v)
+
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor,
+                   k_map: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """Copy the K/V of slots ``src [R]`` into slots ``dst [R]`` on every layer.
+
+        ``k_map`` (optional) transforms the gathered keys ``[R, kv_heads, head_dim]`` before they
+        are stored (span reuse re-rotates keys by a RoPE position shift); its result is cast to
+        the storage dtype. ``src`` and ``dst`` must not overlap. Values are copied unchanged.
+        """
+        for layer in range(len(self.k)):
+            k = self.k[layer].index_select(0, src)
+            if k_map is not None:
+                k = k_map(k).to(self.dtype)
+            self.k[layer].index_copy_(0, dst, k)
+            self.v[layer].index_copy_(0, dst, self.v[layer].index_select(0, src))
 
 
 class ReqToTokenTable:

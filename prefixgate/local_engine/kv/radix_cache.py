@@ -199,6 +199,32 @@ class RadixCache:
             node = child
         return pos
 
+    def continuations(self, node: TreeNode, max_len: int, max_branches: int
+                      ) -> list[tuple[list[int], list[int], TreeNode]]:
+        """Cached token runs that continue below ``node`` (span reuse looks for a re-alignment).
+
+        For each of ``node``'s children, most recently used first (at most ``max_branches``),
+        descends to a leaf by the most recently used child at every level and returns
+        ``(tokens, slots, deepest node read)``, at most ``max_len`` tokens each. Reads only:
+        no split, no LRU touch. The caller locks ``deepest`` (``lock(CacheHandle(deepest, 0))``)
+        while it reads the slots.
+        """
+        out: list[tuple[list[int], list[int], TreeNode]] = []
+        kids = sorted(node.children.values(), key=lambda n: (-n.last_access, -n.uid))
+        for child in kids[:max(0, max_branches)]:
+            tokens: list[int] = []
+            slots: list[int] = []
+            n = child
+            while True:
+                room = max_len - len(tokens)
+                tokens += n.key[:room]
+                slots += n.value[:room]
+                if len(tokens) >= max_len or not n.children:
+                    break
+                n = max(n.children.values(), key=lambda c: (c.last_access, c.uid))
+            out.append((tokens, slots, n))
+        return out
+
     def lock(self, handle: CacheHandle) -> None:
         """Increment lock_ref on the handle's path: its slots become protected from eviction."""
         node: TreeNode | None = handle.node

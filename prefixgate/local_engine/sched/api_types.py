@@ -5,6 +5,7 @@ These are what the HTTP server and the benchmarks build and read; ``engine.Engin
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -84,6 +85,10 @@ class EngineConfig:
     kv_events_block_size: int = 16
     kv_events_hash: str = "sha256"
     kv_events_seed: str = ""
+    span_reuse: bool = True
+    span_reuse_max_spans: int = 4
+    span_reuse_max_span_tokens: int = 48
+    span_reuse_min_anchor_tokens: int = 16
 
 
 SEED_RANGE = (-(1 << 63), 1 << 64)  # what ``torch.Generator.manual_seed`` takes: [lo, hi)
@@ -131,7 +136,12 @@ class SamplingParams:
     max_tokens: completion cap, clipped to what fits the context. logits_processors:
     per-sequence ``(completion_ids, logits [V]) -> logits [V]`` callables applied in order
     before sampling (e.g. ``server.constrained.GrammarProcessor``); stateful, so one set per
-    request.
+    request. prompt_logprobs: return the log-softmax rows of the prompt positions this request
+    computed (``RequestOutput.prompt_logprobs``; for teacher-forced comparisons, in-process
+    only); prompt_logprobs_start: only positions from this one on (saves the LM head and the
+    memory of a ``[n, vocab]`` row block for the rest). no_prefix_cache: match nothing in the
+    prefix cache and decode on its own K/V only (the whole prompt is prefilled: the exact
+    reference of a cache hit or a span reuse); its K/V still enters the cache at the end.
     """
 
     max_tokens: int = 256
@@ -148,6 +158,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logits_processors: list[Callable[[list[int], Any], Any]] = field(default_factory=list)
+    prompt_logprobs: bool = False
+    prompt_logprobs_start: int = 0
+    no_prefix_cache: bool = False
 
     @property
     def adjusts_logits(self) -> bool:
@@ -178,6 +191,9 @@ class SamplingParams:
         if self.seed is not None and not (_is_int(self.seed)
                                           and SEED_RANGE[0] <= self.seed < SEED_RANGE[1]):
             raise InvalidSamplingParam("seed", "seed must be an integer in [-2**63, 2**64)")
+        if not _is_int(self.prompt_logprobs_start) or self.prompt_logprobs_start < 0:
+            raise InvalidSamplingParam("prompt_logprobs_start",
+                                       "prompt_logprobs_start must be an integer >= 0")
         hi = vocab_size if vocab_size is not None else math.inf
         for tok, bias in self.logit_bias.items():
             if not _is_int(tok) or not 0 <= tok < hi:
@@ -201,6 +217,10 @@ class RequestOutput:
     of its queueing), None before.
     spec_drafts / spec_draft_tokens / spec_accepted_tokens: speculative decoding so far (drafts
     verified, tokens proposed, tokens accepted; 0 with speculation off).
+    span_reused_tokens: prompt tokens whose K/V was taken from the cache ACROSS a changed span
+    (span reuse; also counted in ``cached_tokens``, which stays "prompt tokens not prefilled").
+    prompt_logprobs: with ``SamplingParams.prompt_logprobs``, on the first output after the
+    prompt's prefill (None on the others).
     """
 
     request_id: str
@@ -215,6 +235,35 @@ class RequestOutput:
     spec_drafts: int = 0
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
+    span_reused_tokens: int = 0
+    prompt_logprobs: PromptLogprobs | None = None
+
+
+@dataclass
+class PromptLogprobs:
+    """Log-softmax rows of the prompt positions a request computed (prefilled).
+
+    ``rows [n, vocab]`` float32 (a torch tensor): row ``i`` is log p(next token | prompt up to
+    and including position ``positions[i]``), i.e. it predicts token ``positions[i] + 1`` (the
+    last prompt position predicts the first completion token). Positions whose K/V came from
+    the cache (prefix match, span reuse) have no row: ``row(p)`` is None for them.
+    ``positions`` ascending; ``start`` is the first.
+    """
+
+    positions: list[int]
+    rows: Any
+
+    @property
+    def start(self) -> int:
+        """The first computed position."""
+        return self.positions[0]
+
+    def row(self, pos: int) -> Any:
+        """The ``[vocab]`` row of prompt position ``pos``, or None when it was not computed."""
+        i = bisect.bisect_left(self.positions, pos)
+        if i < len(self.positions) and self.positions[i] == pos:
+            return self.rows[i]
+        return None
 
 
 class PromptTooLong(ValueError):

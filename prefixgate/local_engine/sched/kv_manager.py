@@ -14,8 +14,17 @@ num_computed)``                                             (page-aligned part) 
                                                             tree already held those tokens
 ``[num_computed, len(slots))`` the request (allocated for   ``rollback`` (rejected draft tokens)
                                this step's new tokens or    or ``cache_seq(finished=True)``: freed
-                               draft tokens, not verified)
+                               draft tokens, not verified;
+                               span reuse: copied K/V of
+                               ``seq.filled`` and the spans
+                               between them)
 =============================  ===========================  ====================================
+
+Span reuse (``span`` given, ``sched/span_reuse.py``): at admission a request whose match stops
+at ``j`` may get its own slots for ``[j, plan end)`` at once, with the K/V of the re-aligned
+runs copied in from another branch (locked during the copy); ``seq.filled`` lists those runs
+and the scheduler prefills only the gaps. Those slots are the request's own like any other
+computed ones, so the table above and its invariants are unchanged.
 
 Invariants: a running request's tree region is locked (eviction cannot hand it to another
 request); every pool page is in exactly one place (free list, tree, or one request's own region);
@@ -31,8 +40,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from prefixgate.local_engine.kv.pool import KVPool, ReqToTokenTable
-from prefixgate.local_engine.kv.radix_cache import RadixCache
+from prefixgate.local_engine.kv.radix_cache import CacheHandle, RadixCache
 from prefixgate.local_engine.sched.sequence import Sequence
+from prefixgate.local_engine.sched.span_reuse import SpanReuse
 
 InsertListener = Callable[[bytes | None, str, list[int]], None]
 
@@ -51,17 +61,19 @@ class KVManager:
     ``cache`` None disables prefix caching (every computed slot is freed at finish).
     ``stats`` (optional) receives the counters. ``on_insert`` listeners
     ``(extra_key, request_id, tokens)`` are told of every token sequence
-    inserted into the tree (the suffix drafter's index listens here).
+    inserted into the tree (the suffix drafter's index listens here). ``span`` (optional):
+    span reuse at admission (``sched/span_reuse.py``); None: prefix matches only.
     """
 
     def __init__(self, pool: KVPool, table: ReqToTokenTable, cache: RadixCache | None,
-                 stats: KVStats | None = None) -> None:
+                 stats: KVStats | None = None, span: SpanReuse | None = None) -> None:
         self.pool = pool
         self.table = table
         self.cache = cache
         self.ps = pool.page_size
         self.stats = stats if stats is not None else KVStats()
         self.on_insert: list[InsertListener] = []
+        self.span = span
 
     # -- allocation ----------------------------------------------------------------------------
     def pages_needed(self, seq: Sequence, n: int) -> int:
@@ -106,26 +118,55 @@ class KVManager:
         self.pool.free(seq.slots[first_free:])
         del seq.slots[keep:]
         seq.num_computed = min(seq.num_computed, keep)
+        seq.filled = [(a, min(b, keep)) for a, b in seq.filled if a < keep]
         self.stats.rolled_back_slots += len(dropped)
         return len(dropped)
 
     # -- the tree ------------------------------------------------------------------------------
-    def admit(self, seq: Sequence) -> None:
+    def admit(self, seq: Sequence) -> int:
         """Lease a table row for ``seq`` and lock its longest cached prefix (all but the last
-        token, so there is one to compute)."""
+        token, so there is one to compute); with span reuse, copy the K/V of a re-aligned
+        cached continuation after it (``_admit_spans``). Returns the tokens reused across a
+        changed span (0 without span reuse). ``params.no_prefix_cache``: match nothing."""
         seq.row = self.table.acquire()
-        if self.cache is not None:
-            match = self.cache.match_prefix(seq.token_ids[:-1], seq.extra_key)
-            self.cache.lock(match.handle)
-            seq.handle, seq.slots = match.handle, list(match.slots)
-            seq.num_tree_tokens = seq.num_computed = match.handle.cached_len
-            self.table.set(seq.row, 0, seq.slots)
+        if self.cache is None or getattr(seq.params, "no_prefix_cache", False):
+            return 0
+        match = self.cache.match_prefix(seq.token_ids[:-1], seq.extra_key)
+        self.cache.lock(match.handle)
+        seq.handle, seq.slots = match.handle, list(match.slots)
+        seq.num_tree_tokens = seq.num_computed = match.handle.cached_len
+        self.table.set(seq.row, 0, seq.slots)
+        return self._admit_spans(seq) if self.span is not None else 0
+
+    def _admit_spans(self, seq: Sequence) -> int:
+        """Span reuse for a just-matched ``seq`` (module docstring): plan, lock the old branch,
+        allocate ``[j, plan end)`` (evicting unlocked leaves if needed; no room: no reuse),
+        copy, unlock; ``seq.filled`` gets the copied runs. Returns the reused tokens."""
+        assert self.span is not None and self.cache is not None and seq.handle is not None
+        j = seq.num_computed
+        found = self.span.plan(self.cache, seq.handle.node, seq.token_ids[j:seq.num_prompt - 1])
+        if found is None:
+            return 0
+        plan, old_slots, deepest = found
+        hold = CacheHandle(deepest, 0)
+        self.cache.lock(hold)  # the source must outlive the copy (reserve may evict)
+        try:
+            if not self.reserve(self.pages_needed(seq, plan.end)):
+                return 0
+            self.grow(seq, plan.end)
+            self.span.apply(self.pool, self.span.copies(plan, old_slots, seq.slots[j:]))
+        finally:
+            self.cache.unlock(hold)
+        seq.filled = [(j + r.new_start, j + r.new_start + r.length) for r in plan.runs]
+        seq.skip_filled()
+        return plan.reused_tokens
 
     def cache_seq(self, seq: Sequence, finished: bool) -> None:
         """Give ``seq``'s computed K/V to the radix tree.
 
         ``finished`` False (prompt just prefilled, request keeps running): insert the computed
-        tokens and re-lock the longer match, so others reuse them while ``seq`` decodes.
+        tokens and re-lock the longer match, so others reuse them while ``seq`` decodes (not
+        for ``params.no_prefix_cache``: it never reads the tree's K/V).
         ``finished`` True (finished, aborted or retracted): insert, drop the lock, free every slot
         the tree did not take, release the table row; ``seq`` then holds nothing.
         """
@@ -151,6 +192,7 @@ class KVManager:
             self.cache.unlock(seq.handle)
         self.pool.free(seq.slots[own_from:])
         seq.slots, seq.handle, seq.num_tree_tokens, seq.num_computed = [], None, 0, 0
+        seq.filled = []
         if seq.row is not None:
             self.table.release(seq.row)
             seq.row = None
@@ -158,6 +200,8 @@ class KVManager:
     def _cache_running(self, seq: Sequence) -> None:
         if self.cache is None or seq.num_computed == 0:
             return
+        if getattr(seq.params, "no_prefix_cache", False):
+            return  # decodes on its own K/V only; it enters the tree at release
         tokens = seq.token_ids[: seq.num_computed]
         prefix = self.cache.insert(tokens, seq.slots[: seq.num_computed], seq.extra_key)
         self._inserted(seq, seq.num_computed)

@@ -24,6 +24,14 @@ def argmax_suffices(params: SamplingParams) -> bool:
     return is_greedy(params) and not needs_preparing(params)
 
 
+def _wants_prompt_rows(seq: object) -> bool:
+    """True while ``seq`` asked for prompt log-probs and has not received them yet (a draft
+    model's shadow sequences carry no params)."""
+    params = getattr(seq, "params", None)
+    return bool(getattr(params, "prompt_logprobs", False)) and not getattr(
+        seq, "prompt_logprobs_sent", True)
+
+
 class ModelRunner:
     """Holds the model, the KV pool, the request→slot table and the RoPE tables."""
 
@@ -48,6 +56,10 @@ class ModelRunner:
         each draft token), one row otherwise. Items come back in packing order. When every
         such item only needs its rows' argmax (``argmax_suffices``), the model may return
         argmax-exact estimates (``CausalLM.forward``'s ``argmax_only``).
+
+        A prefill item whose request asked for ``prompt_logprobs`` also gets the log-softmax
+        rows of its prompt positions (from ``params.prompt_logprobs_start`` on), stored in
+        ``seq.prompt_logprob_parts[first position]``.
         """
         ids: list[int] = []
         positions: list[int] = []
@@ -55,12 +67,19 @@ class ModelRunner:
         groups = []
         logit_rows: list[int] = []
         with_logits: list[ScheduledSeq] = []
+        prompt_rows: list[tuple[ScheduledSeq, int, int]] = []  # item, first packed row, rows
+        row_of: dict[int, int] = {}  # id(item) -> its first packed row
         decode_items = [it for it in batch if it.is_decode]
         prefill_items = [it for it in batch if not it.is_decode]
         table = self.table.table
         for it in prefill_items + decode_items:
             seq, s, e = it.seq, it.start, it.start + it.n
             rows = it.num_rows
+            row_of[id(it)] = len(ids)
+            if it.draft is None and _wants_prompt_rows(seq):  # a full hit's last token too
+                lo = max(s, seq.params.prompt_logprobs_start)
+                if lo < min(e, seq.num_prompt):
+                    prompt_rows.append((it, len(ids) + lo - s, min(e, seq.num_prompt) - lo))
             ids.extend(seq.token_ids[s:e])
             if it.draft is not None:
                 ids.extend(it.draft.tokens)
@@ -96,7 +115,16 @@ class ModelRunner:
         )
         # a draft model's shadow sequences carry no params: it needs the full distribution
         params = [getattr(it.seq, "params", None) for it in with_logits]
-        argmax_only = all(isinstance(p, SamplingParams) and argmax_suffices(p) for p in params)
-        logits = self.model(self._tensor(ids), meta, self.pool, self._tensor(logit_rows),
+        argmax_only = not prompt_rows and all(
+            isinstance(p, SamplingParams) and argmax_suffices(p) for p in params)
+        r = len(logit_rows)
+        extra = [first + i for _, first, n in prompt_rows for i in range(n)]
+        logits = self.model(self._tensor(ids), meta, self.pool, self._tensor(logit_rows + extra),
                             argmax_only=argmax_only)
-        return logits, with_logits
+        at = r
+        for it, first, n in prompt_rows:
+            pos = it.start + first - row_of[id(it)]
+            it.seq.prompt_logprob_parts[pos] = torch.log_softmax(
+                logits[at:at + n].float(), dim=-1).cpu()
+            at += n
+        return logits[:r], with_logits

@@ -26,6 +26,11 @@ A prompt's KV enters the radix tree as soon as its prefill completes (not only a
 whole computed sequence enters it when the request finishes or is retracted. Where K/V lives and
 how it returns to the tree is ``kv_manager.KVManager``'s business (its docstring has the region
 table); speculative draft tokens ride on decode items and are verified in the same step.
+
+Span reuse (``span`` given): admission may copy a re-aligned cached continuation's K/V after
+the matched prefix (``kv_manager``); a prefill chunk then runs from ``num_computed`` up to the
+next copied range at most (``Sequence.chunk_limit``) and ``complete_step`` jumps over it
+(``Sequence.skip_filled``): chunk the first changed span, jump, the next span, jump, the tail.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from prefixgate.local_engine.kv.pool import KVPool, ReqToTokenTable
 from prefixgate.local_engine.kv.radix_cache import RadixCache, common_prefix_len
 from prefixgate.local_engine.sched.kv_manager import KVManager, KVStats
 from prefixgate.local_engine.sched.sequence import Sequence, Status
+from prefixgate.local_engine.sched.span_reuse import SpanReuse
 
 if TYPE_CHECKING:  # the drafter layer sits above the scheduler; it only names the type here
     from prefixgate.local_engine.spec.drafters import Draft
@@ -74,6 +80,7 @@ class SchedulerStats(KVStats):
 
     prompt_tokens: int = 0
     cache_hit_tokens: int = 0
+    span_reused_tokens: int = 0
     prefill_tokens: int = 0
     decode_tokens: int = 0
     retractions: int = 0
@@ -83,12 +90,15 @@ ProposeFn = Callable[[list[Sequence], int], "list[Draft | None]"]
 
 
 class Scheduler:
-    """Owns the waiting queue and the running batch; KV memory goes through ``self.kv``."""
+    """Owns the waiting queue and the running batch; KV memory goes through ``self.kv``.
+
+    ``span``: span reuse at admission (None: prefix matches only)."""
 
     def __init__(self, pool: KVPool, table: ReqToTokenTable, cache: RadixCache | None,
-                 max_num_batched_tokens: int, chunk_size: int, max_running: int) -> None:
+                 max_num_batched_tokens: int, chunk_size: int, max_running: int,
+                 span: SpanReuse | None = None) -> None:
         self.stats = SchedulerStats()
-        self.kv = KVManager(pool, table, cache, self.stats)
+        self.kv = KVManager(pool, table, cache, self.stats, span if cache is not None else None)
         self.pool = pool
         self.table = table
         self.cache = cache
@@ -162,11 +172,13 @@ class Scheduler:
         return False
 
     def _admit(self, seq: Sequence) -> None:
-        self.kv.admit(seq)
+        reused = self.kv.admit(seq)
         seq.first_admission = seq.cached_tokens is None
         if seq.first_admission:
-            seq.cached_tokens = min(seq.num_computed, seq.num_prompt)
+            seq.cached_tokens = min(seq.num_tree_tokens + reused, seq.num_prompt)
+            seq.span_reused_tokens = reused
             self.stats.cache_hit_tokens += seq.cached_tokens
+            self.stats.span_reused_tokens += reused
         seq.status = Status.RUNNING
         self.waiting.remove(seq)
         self.running.append(seq)
@@ -177,11 +189,21 @@ class Scheduler:
         self.kv.cache_seq(seq, finished=True)
         if seq.first_admission:
             self.stats.cache_hit_tokens -= seq.cached_tokens or 0
-            seq.cached_tokens = None
+            self.stats.span_reused_tokens -= seq.span_reused_tokens
+            seq.cached_tokens, seq.span_reused_tokens = None, 0
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
 
     # -- the step -----------------------------------------------------------------------------
+    def _pages(self, seq: Sequence, n: int) -> int:
+        """Pages to allocate for a chunk of ``n`` tokens from ``seq.prefill_start`` (slots that
+        span reuse already allocated ahead need none)."""
+        return self.kv.pages_needed(seq, max(0, seq.prefill_start + n - len(seq.slots)))
+
+    def _grow(self, seq: Sequence, n: int) -> None:
+        """Allocate the slots a chunk of ``n`` tokens from ``seq.prefill_start`` lacks."""
+        self.kv.grow(seq, max(0, seq.prefill_start + n - len(seq.slots)))
+
     def _attach_drafts(self, decodes: list[Sequence], budget: int,
                        propose: ProposeFn | None) -> list[ScheduledSeq]:
         """Decode items for ``decodes`` (one slot each already grown), with drafts where the
@@ -231,17 +253,17 @@ class Scheduler:
                 continue
             if s.num_uncomputed < 1:
                 continue
-            n = min(s.num_uncomputed, self.chunk_size, budget)
-            if not self.kv.reserve(self.kv.pages_needed(s, n)):
+            n = min(s.chunk_limit(), self.chunk_size, budget)
+            if not self.kv.reserve(self._pages(s, n)):
                 if decodes or prefills:
                     break
                 others = [o for o in self.running if o is not s]
-                while others and not self.kv.reserve(self.kv.pages_needed(s, n)):
+                while others and not self.kv.reserve(self._pages(s, n)):
                     self.retract(others.pop())
-                if not self.kv.reserve(self.kv.pages_needed(s, n)):
+                if not self.kv.reserve(self._pages(s, n)):
                     break
-            prefills.append(ScheduledSeq(s, len(s.slots), n))
-            self.kv.grow(s, n)
+            prefills.append(ScheduledSeq(s, s.prefill_start, n))
+            self._grow(s, n)
             budget -= n
         # 3. admission
         for seq in self._order_waiting():
@@ -253,12 +275,12 @@ class Scheduler:
             if self._should_defer(seq, cached):
                 continue
             self._admit(seq)  # locks its cached prefix first: making room cannot evict it
-            n = min(seq.num_uncomputed, self.chunk_size, budget)
-            if not self.kv.reserve(self.kv.pages_needed(seq, n)):
+            n = min(seq.chunk_limit(), self.chunk_size, budget)
+            if not self.kv.reserve(self._pages(seq, n)):
                 self._unadmit(seq)
                 break
-            start = len(seq.slots)
-            self.kv.grow(seq, n)
+            start = seq.prefill_start
+            self._grow(seq, n)
             prefills.append(ScheduledSeq(seq, start, n, is_decode=n == 1 and start > 0
                                          and seq.num_uncomputed == 1))
             budget -= n
@@ -281,6 +303,7 @@ class Scheduler:
         for item in batch:
             seq = item.seq
             seq.num_computed = item.start + item.n
+            seq.skip_filled()
             if not seq.prompt_cached and seq.num_computed >= seq.num_prompt:
                 self.kv.cache_seq(seq, finished=False)
                 seq.prompt_cached = True

@@ -38,8 +38,10 @@ class _UsageSource(Protocol):
 
 def usage_dict(out: _UsageSource, transfer_tokens: int = 0) -> dict[str, Any]:
     """OpenAI ``usage`` (tokens): ``{"prompt_tokens", "completion_tokens", "total_tokens",
-    "prompt_tokens_details": {"cached_tokens"}}``; cached tokens are the prompt tokens whose
-    KV came from this engine's radix prefix cache.
+    "prompt_tokens_details": {"cached_tokens", "span_reused_tokens"}}``; cached tokens are the
+    prompt tokens whose KV came from this engine's radix prefix cache (not prefilled);
+    span_reused_tokens (an extension, a part of cached_tokens) those taken across a changed span
+    (span reuse).
 
     ``transfer_tokens``: prompt tokens whose KV a P/D transfer brought for this request (they
     hit the tree because the prefill instance computed them, not because anything was cached:
@@ -54,12 +56,14 @@ def usage_dict(out: _UsageSource, transfer_tokens: int = 0) -> dict[str, Any]:
         "prompt_tokens": out.prompt_tokens,
         "completion_tokens": out.completion_tokens,
         "total_tokens": out.prompt_tokens + out.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": out.cached_tokens},
+        "prompt_tokens_details": {
+            "cached_tokens": out.cached_tokens,
+            "span_reused_tokens": int(getattr(out, "span_reused_tokens", 0) or 0)},
     }
     moved = max(0, min(transfer_tokens, out.cached_tokens))
     if moved:
-        usage["prompt_tokens_details"] = {"cached_tokens": out.cached_tokens - moved,
-                                          "kv_transfer_tokens": moved}
+        usage["prompt_tokens_details"]["cached_tokens"] = out.cached_tokens - moved
+        usage["prompt_tokens_details"]["kv_transfer_tokens"] = moved
     drafts = int(getattr(out, "spec_drafts", 0) or 0)
     if drafts:
         proposed, accepted = int(out.spec_draft_tokens), int(out.spec_accepted_tokens)  # type: ignore[attr-defined]

@@ -1,0 +1,131 @@
+"""Span reuse: take the K/V of a cached continuation across short changed spans, by copy.
+
+A prompt whose radix match stops at position ``j`` (a clock, an id changed there) is matched
+against the cached branches below the divergence (``RadixCache.continuations``) by the pure
+aligner (``kv.span_match.align``). When a plan passes the gate (``SpanBounds``), the request
+allocates ITS OWN slots for ``[j, plan end)``, the K/V of each re-aligned run is COPIED from the
+old branch's slots into them (all layers, one gather + scatter per layer), and only the changed
+spans and the tail are prefilled (``Sequence.filled`` marks the copied ranges, the scheduler
+jumps over them).
+
+Copy, not share: no slot is ever held by two branches, so the radix tree is untouched — its
+lock_ref counts, ``evictable_size`` + ``protected_size``, eviction, the KV events, P/D export and
+``check()`` work as before; the request's branch enters the tree when its prompt is computed,
+like any other, under new block hashes. The old branch is locked for the length of the copy
+(the same engine step: reserving room may evict, and must not evict the source).
+
+Keys are stored after RoPE. A run whose position changed by ``d`` (the span before it
+tokenized to a different length) has its keys re-rotated: RoPE is a rotation by angle
+``p * inv_freq``, rotations compose, so ``K(p + d) = R(d) K(p)`` for the same key vector
+(Su et al. 2021). Values carry no position. What stays approximate is the context: the reused
+K/V were computed with the old span's tokens in view (measured: ``bench/span_reuse.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from prefixgate.local_engine.kv.pool import KVPool
+from prefixgate.local_engine.kv.radix_cache import RadixCache, TreeNode
+from prefixgate.local_engine.kv.span_match import SpanBounds, SpanPlan, align
+from prefixgate.local_engine.model.llama import apply_rope, rope_tables_signed
+
+MAX_BRANCHES = 4  # cached continuations examined per admission, most recently used first
+
+
+@dataclass(frozen=True)
+class SpanCopy:
+    """What to copy: ``src`` old slots → ``dst`` new slots, ``shift`` per row (RoPE d)."""
+
+    src: list[int]
+    dst: list[int]
+    shift: list[int]
+
+
+class SpanReuse:
+    """The span-reuse policy of one engine: the gate's bounds and the model's RoPE frequencies.
+
+    ``inv_freq [head_dim/2]`` (``model.llama.rope_inv_freq``): re-rotation of shifted keys;
+    None refuses any run whose position shift is not 0.
+    """
+
+    def __init__(self, bounds: SpanBounds, inv_freq: torch.Tensor | None,
+                 max_branches: int = MAX_BRANCHES) -> None:
+        self.bounds = bounds
+        self.inv_freq = None if inv_freq is None else inv_freq.to(torch.float64)
+        self.max_branches = max_branches
+
+    def plan(self, cache: RadixCache, node: TreeNode, new: list[int]
+             ) -> tuple[SpanPlan, list[int], TreeNode] | None:
+        """Best plan for ``new`` (the prompt after the match at ``node``, last token excluded)
+        over the continuations below ``node``: ``(plan, old slots, deepest old node)``; None
+        when no continuation passes the gate (the most reused tokens wins)."""
+        b = self.bounds
+        if len(new) < b.min_anchor_tokens or not node.children:
+            return None
+        best: tuple[SpanPlan, list[int], TreeNode] | None = None
+        max_len = len(new) + b.max_spans * b.max_span_tokens
+        for tokens, slots, deepest in cache.continuations(node, max_len, self.max_branches):
+            p = align(new, tokens, b)
+            if p is not None and self.inv_freq is None:
+                p = _unshifted_prefix(p)
+            if p is not None and (best is None or p.reused_tokens > best[0].reused_tokens):
+                best = (p, slots, deepest)
+        return best
+
+    @staticmethod
+    def copies(plan: SpanPlan, old_slots: list[int], new_slots: list[int]) -> SpanCopy:
+        """Row-wise copy list of ``plan`` (``new_slots[i]``: the slot of new token ``i`` after
+        the divergence point)."""
+        src: list[int] = []
+        dst: list[int] = []
+        shift: list[int] = []
+        for r in plan.runs:
+            src += old_slots[r.old_start:r.old_start + r.length]
+            dst += new_slots[r.new_start:r.new_start + r.length]
+            shift += [r.shift] * r.length
+        return SpanCopy(src, dst, shift)
+
+    def apply(self, pool: KVPool, copy: SpanCopy) -> None:
+        """Run ``copy`` on ``pool`` (all layers): unshifted rows as plain copies, shifted rows
+        with their keys re-rotated by ``rope_shift``."""
+        device = pool.k[0].device
+        same = [i for i, d in enumerate(copy.shift) if d == 0]
+        moved = [i for i, d in enumerate(copy.shift) if d != 0]
+        if same:
+            pool.copy_slots(_idx([copy.src[i] for i in same], device),
+                            _idx([copy.dst[i] for i in same], device))
+        if moved:
+            cos, sin = self.rope_shift([copy.shift[i] for i in moved], device)
+            pool.copy_slots(_idx([copy.src[i] for i in moved], device),
+                            _idx([copy.dst[i] for i in moved], device),
+                            lambda k: apply_rope(k.float(), cos, sin))
+
+    def rope_shift(self, shifts: list[int], device: torch.device
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin ``[R, 1, head_dim]`` fp32 rotating a post-RoPE key by ``d`` positions
+        (``d`` may be negative), for ``model.llama.apply_rope``. Angles in float64, then fp32."""
+        if self.inv_freq is None:
+            raise ValueError("no RoPE frequencies: shifted runs cannot be re-rotated")
+        d = torch.tensor(shifts, dtype=torch.float64)
+        ang = d[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((ang, ang), dim=-1)
+        cos = emb.cos().float().unsqueeze(1).to(device)
+        sin = rope_tables_signed(emb.sin()).float().unsqueeze(1).to(device)
+        return cos, sin
+
+
+def _idx(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, device=device)
+
+
+def _unshifted_prefix(plan: SpanPlan) -> SpanPlan | None:
+    """The runs of ``plan`` before the first shifted one (no RoPE tables to re-rotate with)."""
+    runs = []
+    for r in plan.runs:
+        if r.shift != 0:
+            break
+        runs.append(r)
+    return SpanPlan(tuple(runs), plan.spans[:len(runs)]) if runs else None
