@@ -25,6 +25,12 @@ Issue 26 columns: ``row_id`` (32 hex chars, chosen by the proxy when the row is 
 PostgreSQL ledger, :mod:`prefixgate.cache.ledger.pg`, inserts it ``ON CONFLICT DO NOTHING`` so a
 row re-sent after a lost acknowledgement is recorded once), ``replica`` (the proxy process that
 served the request: ``ledger.replica`` or ``<hostname>:<pid>``, :func:`default_replica`).
+Issue 33 column: ``span_reused_tokens`` — of ``cached_tokens``, the prompt tokens our engine
+reused across a changed span (a clock, an id) after its prefix match stopped: the engine's own
+count (``prompt_tokens_details.span_reused_tokens``), NULL where the backend reports none. The
+counterfactual is a prefix cache: a row measured as sent has ``cf_cached_tokens = cached_tokens -
+span_reused_tokens`` (:mod:`prefixgate.cache.savings.counterfactual`), and the technique
+``span reuse (engine)`` holds those tokens (:mod:`prefixgate.cache.ledger.attribution`).
 A second table, ``breaks``, keeps cache-break records (:mod:`prefixgate.cache.savings.breaks`) as JSON with
 their request's tenant; a third, ``rollup_tenant_minutes``, per-minute sums per tenant updated in
 the same transaction as each row (:mod:`prefixgate.cache.ledger.rollup`). Readers may ask for one
@@ -56,10 +62,10 @@ from typing import Any
 from prefixgate.cache.ledger import rollup
 from prefixgate.cache.ledger.announced_rows import AnnouncedRows
 
-SCHEMA_VERSION = 8  # 2: key_id; 3: issue 9 columns + rollup_minutes; 4: tenant;
+SCHEMA_VERSION = 9  # 2: key_id; 3: issue 9 columns + rollup_minutes; 4: tenant;
 # 5: deployment, attempts, attempt_reasons; 6: stood_back; 7: breaks.tenant, rollups per
-# tenant (rollup_tenant_minutes); 8: row_id, replica. Older files are migrated on open (ADD
-# COLUMN, rollups refolded).
+# tenant (rollup_tenant_minutes); 8: row_id, replica; 9: span_reused_tokens. Older files are
+# migrated on open (ADD COLUMN, rollups refolded).
 
 
 @dataclass
@@ -104,6 +110,7 @@ class LedgerRow:
     stood_back: str = ""          # passes the route's stand-back switched off, and why
     row_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # written once (issue 26)
     replica: str = ""             # the proxy process that served it ("" = the ledger's own)
+    span_reused_tokens: int | None = None  # of cached_tokens: reused across a changed span
 
 
 def default_replica() -> str:

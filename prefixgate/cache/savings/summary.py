@@ -83,6 +83,7 @@ def totals(data: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
         "cf_source": src, "no_usage_reported": data.get("no_usage", 0),
         "output_tokens": data.get("output_tokens", 0),
         "cache_write_tokens": data.get("cache_write_tokens", 0),
+        "span_reused_tokens": data.get("span_reused_tokens", 0),
         "cache_write_premium_usd": _r(premium_usd, 8),
         "holdout_requests": data.get("holdout", 0),
     }
@@ -228,9 +229,12 @@ def lengths(data: Mapping[str, Any]) -> dict[str, Any]:
 
 def top_breaks(records: Iterable[Mapping[str, Any]], limit: int = 10) -> list[dict[str, Any]]:
     """Break records grouped by (region, kind, token offset): tokens lost summed, count; the
-    ``limit`` largest by tokens lost."""
+    ``limit`` largest by tokens lost. A break the engine bridged (``bridged_tokens`` > 0,
+    :mod:`prefixgate.cache.savings.breaks`) lost nothing and is left out."""
     acc: dict[tuple[str, str, int], dict[str, Any]] = {}
     for b in records:
+        if int(b.get("bridged_tokens") or 0) > 0:
+            continue
         key = (str(b.get("region", "")), str(b.get("kind", "")), int(b.get("token_offset", 0)))
         e = acc.setdefault(key, {"field": key[0], "kind": key[1], "token_offset": key[2],
                                  "tokens_lost": 0, "count": 0})

@@ -5,7 +5,8 @@ shipped one, every model to the local engine), spawns the engine for each ``loca
 ``spawn: true`` (model from the backend's ``model_path``, ``--model``, or the one ``make model``
 fetched into ``~/.cache/prefixgate/models/SmolLM2-135M-Instruct``), waits for its
 ``/health``, then serves the proxy with uvicorn (default 127.0.0.1:8080, or the policy's
-``listen``). The engines are stopped when the proxy exits.
+``listen``). The engines are stopped when the proxy exits. Each spawned engine gets the policy's
+``engine`` flags (``--span-reuse on|off``, :mod:`prefixgate.config.engine_settings`).
 
 uvicorn runs with the policy's ``limits`` (:func:`prefixgate.proxy.http.server.uvicorn_options`: header size
 and deadline, keep-alive, concurrency). Listening on a non-loopback address requires proxy keys
@@ -232,7 +233,8 @@ def serve(
             try:
                 with step(f"starting the local engine of backend {name!r} ({model_dir}; about "
                           "30 s on a CPU: model load and warm-up)"):
-                    stack.enter_context(EngineProcess(b, os.path.expanduser(model_dir)))
+                    stack.enter_context(EngineProcess(b, os.path.expanduser(model_dir),
+                                                      extra=pol.engine.engine_flags()))
             except EngineStartError as e:
                 typer.echo(f"backend {name!r}: {e}", err=True)
                 raise typer.Exit(1) from None

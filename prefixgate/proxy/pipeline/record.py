@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from prefixgate.cache.ledger.store import LedgerRow
-from prefixgate.cache.savings.counterfactual import SENT_AS_IS
+from prefixgate.cache.savings.counterfactual import SENT_AS_IS, prefix_cached
 from prefixgate.config.prices import backend_input_usd, backend_priced
 from prefixgate.proxy.core.bounded import clip_strings
 from prefixgate.proxy.core.engine_timings import apply_reported_timings, with_body_times
@@ -58,21 +58,34 @@ def _own_price(ex: Exchange) -> tuple[float, float] | None:
     return backend.price_per_mtok, backend.cached_price_per_mtok
 def measured_as_sent(row: LedgerRow, credits: Mapping[str, int] | None) -> None:
     """The counterfactual of a row whose backend saw the client's own prompt (sent as is, or
-    rewritten to the same tokens / cache blocks): what it did cache, less what earlier
-    rewriting left in the cache (``credits``' sum, :mod:`prefixgate.proxy.observe.insight`;
-    0 when no pass has changed bytes there: then it is measured, and the model's estimate would
-    only add its error — template tokens, tokenizer)."""
-    assert row.cached_tokens is not None
+    rewritten to the same tokens / cache blocks): what it did cache from the prefix (less the
+    engine's span reuse, issue 33: :func:`prefixgate.cache.savings.counterfactual.prefix_cached`),
+    less what earlier rewriting left in the cache (``credits``' sum,
+    :mod:`prefixgate.proxy.observe.insight`; 0 when no pass has changed bytes there: then it is
+    measured, and the model's estimate would only add its error — template tokens, tokenizer)."""
+    cached = prefix_cached(row)
+    assert cached is not None
     after = sum((credits or {}).values())
     if after == 0:
-        row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
+        row.cf_cached_tokens = cached
+        row.cf_input_usd = row.input_usd if cached == row.cached_tokens else input_cost_usd(
+            row.model, row.prompt_tokens, cached, row.cache_write_tokens)
         row.cf_source = "holdout" if row.holdout else "measured"
         return
-    top = row.prompt_tokens if row.prompt_tokens is not None else row.cached_tokens - after
-    row.cf_cached_tokens = min(max(0, row.cached_tokens - after), max(0, top))
+    top = row.prompt_tokens if row.prompt_tokens is not None else cached - after
+    row.cf_cached_tokens = min(max(0, cached - after), max(0, top))
     row.cf_input_usd = input_cost_usd(row.model, row.prompt_tokens, row.cf_cached_tokens,
                                       row.cache_write_tokens)
     row.cf_source = "holdout" if row.holdout else "modelled"
+
+
+def bridged(brk: dict[str, object], row: LedgerRow) -> dict[str, object]:
+    """The break record with ``bridged_tokens``: the engine's span-reused tokens of the request
+    that broke the prefix (issue 33; :mod:`prefixgate.cache.savings.breaks` shows such a break
+    as bridged by the engine, not as a loss); unchanged when the engine reused none."""
+    if not row.span_reused_tokens:
+        return brk
+    return {**brk, "bridged_tokens": row.span_reused_tokens}
 
 
 async def merge_memory(state: ProxyState, ex: Exchange) -> None:
@@ -98,6 +111,7 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
     try:
         row.prompt_tokens, row.cached_tokens = usage.prompt_tokens, usage.cached_tokens
         row.cache_write_tokens = usage.cache_write_tokens
+        row.span_reused_tokens = usage.span_reused_tokens
         deltas = ex.watcher.deltas if ex.watcher is not None else 0
         row.output_tokens = usage.output_tokens if usage.output_tokens is not None else (
             deltas if row.stream and deltas else None)
@@ -128,8 +142,8 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
             if a.brk is not None:
                 ex.obs.break_kind = a.brk.get("kind")
                 try:
-                    state.ledger.write_break(row.session, clip_strings(a.brk),  # model names
-                                             row.tenant)
+                    state.ledger.write_break(row.session, bridged(clip_strings(a.brk), row),
+                                             row.tenant)  # clipped: model names
                 except Exception:
                     log.exception("break record write failed")
     except Exception:
