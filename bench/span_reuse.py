@@ -410,9 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.sessions, args.tau_runs, args.swe_turns = 3, 3, 3
     load0, t0 = os.getloadavg()[0], time.time()
+    corpus = sessions(args)  # before the engines load: bad data paths fail at once
     eng = Engines(args.model)
     rows: list[dict[str, Any]] = []
-    corpus = sessions(args)
     for s in corpus:
         for c, (body, tick) in zip(s, sent_bodies(s)):
             row = {"session": c.session, "kind": c.kind, "turn": c.turn,
