@@ -162,11 +162,15 @@ class Result:
     logprobs: Any = None
 
 
-def run_one(engine: Any, ids: list[int], max_tokens: int, logprobs: bool = False) -> Result:
-    """Run one greedy request to completion on ``engine`` (nothing else in flight)."""
+def run_one(engine: Any, ids: list[int], max_tokens: int, logprobs_from: int | None = None
+            ) -> Result:
+    """Run one greedy request to completion on ``engine`` (nothing else in flight);
+    ``logprobs_from``: return the prompt rows of the positions from this one on."""
     from prefixgate.local_engine.engine import SamplingParams
 
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, prompt_logprobs=logprobs)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                            prompt_logprobs=logprobs_from is not None,
+                            prompt_logprobs_start=logprobs_from or 0)
 
     async def go() -> Result:
         res = Result()
@@ -221,15 +225,15 @@ def measure(eng: Engines, ids: list[int], tick_ids: list[int] | None, max_tokens
     answer = full.tokens
     tf = ids + answer
     pos = answer_positions(len(ids), len(answer))
-    ref = run_one(eng.full, tf, 1, logprobs=True)
+    ref = run_one(eng.full, tf, 1, logprobs_from=pos[0] if pos else len(ids))
     row: dict[str, Any] = {"prompt_tokens": len(ids), "answer_tokens": len(answer)}
     if tick_ids is not None:
-        tick = run_one(eng.full, tick_ids + answer, 1, logprobs=True)
+        tick = run_one(eng.full, tick_ids + answer, 1, logprobs_from=len(tick_ids) - 1)
         floor = compare(ref.logprobs, tick.logprobs, pos,
                         answer_positions(len(tick_ids), len(answer)), answer)
         row["kl_clock_tick"] = floor["kl_mean"]
     off = run_one(eng.off, tf, 1)
-    on = run_one(eng.on, tf, 1, logprobs=True)
+    on = run_one(eng.on, tf, 1, logprobs_from=pos[0] if pos else len(ids))
     got = compare(ref.logprobs, on.logprobs, pos, pos, answer)
     again = run_one(eng.on, ids, max_tokens)
     row.update({
@@ -399,9 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("--max-tokens", type=int, default=24)
-    ap.add_argument("--tau-runs", type=int, default=9)
+    ap.add_argument("--tau-runs", type=int, default=6)
     ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--swe-turns", type=int, default=5)
+    ap.add_argument("--swe-turns", type=int, default=4)
     ap.add_argument("--bank-tasks", type=int, default=0)
     ap.add_argument("--sessions", type=int, default=0, help="first N sessions only (0: all)")
     ap.add_argument("--quick", action="store_true", help="3 sessions, 2 adversarial cases")
