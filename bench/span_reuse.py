@@ -272,6 +272,8 @@ def sent_bodies(session: list[Case]) -> list[tuple[dict[str, Any], dict[str, Any
 
 
 def _ids_line(k: int) -> str:
+    """A per-request id line (``ref-3: 5c...``; request ``b`` of a pair numbers its lines from
+    100: its labels are a token longer, its hex digits others)."""
     return f"ref-{k}: " + "".join("0123456789abcdef"[(k * 7 + i * 13) % 16] for i in range(12))
 
 
