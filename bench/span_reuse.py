@@ -49,7 +49,11 @@ Writes ``bench/results/span_reuse.json``: ``{"command", "commit", "load_avg_1m_s
 positions (nats/token); ``kl_max``: the largest of those per-request means;
 ``kl_max_position``: the largest single position's KL; ``kl_clock_tick_mean``: the floor's
 ``kl_mean`` over the same requests. Ratios are span reuse / prefix only over the requests from
-the third of each session on (the turns of ``cached_share_turn3_on``). ``--quick``: 3 sessions
+the third of each session on (the turns of ``cached_share_turn3_on``); ``kl_by_turn`` splits the
+KL figures between the first request of each session (which reuses another session's K/V: the
+same policy and tools under another clock, id or template) and the later ones (their own
+session's), ``worst`` lists the five requests of largest mean KL. ``--refigure FILE``
+recomputes the figures of a results file's rows (no engine). ``--quick``: 3 sessions
 and 2 adversarial cases (a smoke run, minutes); the full run: about 10 minutes on 2 shared
 cores (``setup.wall_s``, with the load average recorded).
 """
@@ -387,7 +391,25 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
     figs["goals"] = {k: (figs[k] is not None and (figs[k] >= v if op == ">=" else figs[k] <= v))
                      for k, (op, v) in GOALS.items()}
+    figs["kl_by_turn"] = {name: _kl_of([r for r in kl if pick(r["turn"])])
+                          for name, pick in (("first_request_of_a_session", lambda t: t == 0),
+                                             ("later_requests", lambda t: t >= 1))}
+    worst = sorted(kl, key=lambda r: -r["kl_mean"])[:5]
+    figs["worst"] = [{k: r.get(k) for k in ("session", "kind", "turn", "span_reused", "kl_mean",
+                                            "kl_max", "kl_clock_tick", "greedy_identical")}
+                     for r in worst]
     return figs
+
+
+def _kl_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{"requests", "span_reused_requests", "kl_mean", "kl_max", "kl_clock_tick_mean"}`` of
+    rows with a KL: the first request of a session reuses another session's K/V (the same
+    system prompt and tools, another clock / id / template), the later ones their own."""
+    tick = [r["kl_clock_tick"] for r in rows if r.get("kl_clock_tick") is not None]
+    return {"requests": len(rows), "span_reused_requests": sum(1 for r in rows if r["span_reused"]),
+            "kl_mean": statistics.fmean(r["kl_mean"] for r in rows) if rows else None,
+            "kl_max": max((r["kl_mean"] for r in rows), default=None),
+            "kl_clock_tick_mean": statistics.fmean(tick) if tick else None}
 
 
 def _commit() -> str:
@@ -412,7 +434,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sessions", type=int, default=0, help="first N sessions only (0: all)")
     ap.add_argument("--quick", action="store_true", help="3 sessions, 2 adversarial cases")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--refigure", type=Path, default=None,
+                    help="recompute the figures of a results file's rows in place (no engine)")
     args = ap.parse_args(argv)
+    if args.refigure:
+        doc = json.loads(args.refigure.read_text())
+        doc["figures"] = {**figures(doc["rows"]),
+                          "adversarial_ok": all(a["verdict"] != "out_of_bounds"
+                                                for a in doc["adversarial"])}
+        args.refigure.write_text(json.dumps(doc, indent=2) + "\n")
+        print(json.dumps(doc["figures"], indent=2))
+        return 0
     if args.quick:
         args.sessions, args.tau_runs, args.swe_turns = 3, 3, 3
     load0, t0 = os.getloadavg()[0], time.time()

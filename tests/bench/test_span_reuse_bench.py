@@ -93,6 +93,10 @@ def test_figures_take_shares_and_ratios_from_the_third_request_on() -> None:
     assert f["kl_mean"] == pytest.approx((1e-6 * 3 + 3e-6) / 4)
     assert f["kl_max"] == 3e-6 and f["kl_max_position"] == pytest.approx(9e-6)
     assert all(f["goals"].values()) and set(f["goals"]) == set(GOALS)
+    split = f["kl_by_turn"]
+    assert split["first_request_of_a_session"]["requests"] == 1
+    assert split["later_requests"]["kl_max"] == 3e-6
+    assert f["worst"][0]["turn"] == 3
 
 
 def test_a_changed_answer_or_a_large_kl_fails_its_goal() -> None:
