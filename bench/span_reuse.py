@@ -54,8 +54,9 @@ KL figures between the first request of each session (which reuses another sessi
 same policy and tools under another clock, id or template) and the later ones (their own
 session's), ``worst`` lists the five requests of largest mean KL. ``--refigure FILE``
 recomputes the figures of a results file's rows (no engine). ``--quick``: 3 sessions
-and 2 adversarial cases (a smoke run, minutes); the full run: about 10 minutes on 2 shared
-cores (``setup.wall_s``, with the load average recorded).
+and 2 adversarial cases (a smoke run: 9.5 min at load 9-10 on 2 shared cores); the full run
+(28 requests, 4 adversarial pairs): 19 min measured at load 15-18 on 2 shared cores, each
+request 3 full prefills and 2 greedy decodes (``setup.wall_s``, with the load average).
 """
 
 from __future__ import annotations
