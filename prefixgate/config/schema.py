@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from prefixgate.config.engine_settings import EngineSettings
 from prefixgate.config.pd_settings import PDSettings
 from prefixgate.config.routing import (
     AffinitySettings,
@@ -527,6 +528,8 @@ class Policy(_Strict):
     retry: RetrySettings = Field(default_factory=RetrySettings)
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)
     health_checks: HealthCheckSettings = Field(default_factory=HealthCheckSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    """The local engines ``prefixgate serve`` spawns (:mod:`prefixgate.config.engine_settings`)."""
     default_max_tokens: int = Field(1024, ge=0)
     """Output-token cap (tokens) given to a request that names none, unless its route says
     otherwise; ``0`` = no cap. A client that sends no cap (LangChain sends none) would otherwise

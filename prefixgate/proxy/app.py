@@ -30,6 +30,8 @@ redirected. Response headers: ``x-prefixgate-edits`` (the rewrite summary, or ``
 (:mod:`prefixgate.proxy.pipeline.edit_detail`), and ``x-prefixgate-cached-tokens`` on non-streamed
 answers, and on streams whose backend reports cached tokens in its response headers (our
 engine's ``X-Engine-Cached-Tokens``); other streams' headers leave before usage is known.
+``x-prefixgate-span-reused-tokens`` likewise, where our engine reports the cached tokens it reused
+across a changed span (issue 33).
 """
 
 from __future__ import annotations

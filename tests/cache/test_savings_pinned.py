@@ -47,7 +47,7 @@ def test_totals_by_hand() -> None:
         "cached_share": 0.375, "cf_cached_share": 0.2, "ttft_p50_ms": 200.0, "ttft_p95_ms": 290.0,
         "cf_source": {"measured": 0, "modelled": 2, "holdout": 0, "none": 1},
         "no_usage_reported": 1, "output_tokens": 77, "cache_write_tokens": 40,
-        "cache_write_premium_usd": 0.00003, "holdout_requests": 1}
+        "cache_write_premium_usd": 0.00003, "holdout_requests": 1, "span_reused_tokens": 0}
 
 
 def test_totals_without_prices_or_usage_are_null_not_zero() -> None:
@@ -377,7 +377,8 @@ def test_totals_of_nothing_are_zero_counts_and_null_money() -> None:
         "pruned_tokens": 0, "added_tokens": 0, "cached_share": None, "cf_cached_share": None,
         "ttft_p50_ms": None, "ttft_p95_ms": None,
         "cf_source": {"measured": 0, "modelled": 0, "holdout": 0, "none": 0}, "no_usage_reported": 0,
-        "output_tokens": 0, "cache_write_tokens": 0, "cache_write_premium_usd": None, "holdout_requests": 0}
+        "output_tokens": 0, "cache_write_tokens": 0, "cache_write_premium_usd": None, "holdout_requests": 0,
+        "span_reused_tokens": 0}
 
 
 def test_totals_keep_8_decimals_of_dollars_and_3_of_milliseconds_and_subtract_added_tokens() -> None:

@@ -206,3 +206,20 @@ def test_replicas_starting_together_apply_each_migration_once(fresh_pg: str) -> 
     assert errors == []
     assert sorted(applied, key=len) == [[], [], [], [v for v, _ in MIGRATIONS]]
     assert _count(fresh_pg, "SELECT count(*) FROM ledger_migrations") == len(MIGRATIONS)
+
+
+def test_a_database_at_migration_2_gains_span_reused_tokens(fresh_pg: str, tmp_path: Path) -> None:
+    # issue 33: a ledger written before the column existed is upgraded in place on start
+    with psycopg.connect(fresh_pg, autocommit=True) as conn:
+        with conn.transaction():
+            conn.execute("CREATE TABLE ledger_migrations (version INTEGER PRIMARY KEY, "
+                         "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())")
+            for version, sql in MIGRATIONS[:2]:
+                conn.execute(sql)
+                conn.execute("INSERT INTO ledger_migrations (version) VALUES (%s)", (version,))
+        assert missing_columns(conn) == ["span_reused_tokens"]
+    pg = PgLedger(fresh_pg, spool_path=tmp_path / "spool.sqlite")
+    pg.write(LedgerRow(model="m", prompt_tokens=10, cached_tokens=8, span_reused_tokens=5))
+    pg.flush()
+    assert [r["span_reused_tokens"] for r in pg.rows()] == [5]
+    pg.close()

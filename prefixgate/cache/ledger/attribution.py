@@ -17,7 +17,16 @@ Per request, the parts and the whole (:func:`row_techniques`)::
 
     saved tokens  = (cached - cf_cached) + removed - added      (the request's whole saving)
     per pass      = reusable + removed - added
-    unattributed  = (cached - cf_cached) - sum(reusable)        (named, never spread)
+    span reuse    = span_reused                                 (the engine's own count)
+    unattributed  = (cached - cf_cached) - sum(reusable) - span_reused   (named, never spread)
+
+:data:`SPAN_REUSE` (issue 33) is measured, never modelled: our engine's count of the cached
+tokens it reused across a changed span (a clock, an id) after its prefix match stopped (the
+ledger's ``span_reused_tokens``). The counterfactual is the client's body on a prefix cache —
+what the cache models compute, and what a row measured as sent gets as ``cached -
+span_reused`` (:mod:`prefixgate.cache.savings.counterfactual`) — so those tokens are inside
+``cached - cf_cached`` and are taken out of the remainder, not added to the whole. Counted where
+the rest is: on rows with usage and a counterfactual.
 
 so the per-technique figures, :data:`UNATTRIBUTED` included, sum to the total exactly. The
 remainder is what the backend's measured cached tokens differ from the stage models by: the
@@ -50,6 +59,8 @@ from typing import Any
 from prefixgate.config.prices import price_for
 
 UNATTRIBUTED = "unattributed"
+SPAN_REUSE = "span reuse (engine)"
+"""The technique of the engine's reuse across a changed span (issue 33; module docstring)."""
 FIELDS = ("reusable", "removed", "added")
 
 
@@ -116,6 +127,14 @@ def reuse_of(row: Mapping[str, Any]) -> int:
     return int(row.get("cached_tokens") or 0) - int(row["cf_cached_tokens"])
 
 
+def span_reused_of(row: Mapping[str, Any]) -> int:
+    """The engine's span-reused tokens of a row counted as a saving (module docstring): its
+    ``span_reused_tokens`` where the row has usage and a counterfactual, else 0."""
+    if row.get("prompt_tokens") is None or row.get("cf_cached_tokens") is None:
+        return 0
+    return max(0, int(row.get("span_reused_tokens") or 0))
+
+
 def attribute_usd(passes: Mapping[str, Mapping[str, int]], row: Mapping[str, Any],
                   ) -> dict[str, float] | None:
     """USD saved per technique for one request (module docstring), :data:`UNATTRIBUTED`
@@ -150,6 +169,9 @@ def row_techniques(row: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     if not answered(row):
         return {}
     passes = parse_pass_tokens(row.get("pass_tokens"))
+    span = span_reused_of(row)
+    if span:
+        passes[SPAN_REUSE] = {"reusable": span, "removed": 0, "added": 0}
     rest = reuse_of(row) - sum(f["reusable"] for f in passes.values())
     out: dict[str, dict[str, Any]] = {n: {**f, "usd": None} for n, f in passes.items()}
     if rest:

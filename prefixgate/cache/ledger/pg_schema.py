@@ -55,6 +55,7 @@ CREATE TABLE IF NOT EXISTS rollup_tenant_minutes (
     PRIMARY KEY (minute, route, model, backend, tenant));
 """),
     (2, "CREATE INDEX IF NOT EXISTS requests_replica ON requests (replica, ts)"),
+    (3, "ALTER TABLE requests ADD COLUMN IF NOT EXISTS span_reused_tokens BIGINT"),
     (4, "ALTER TABLE requests ADD COLUMN IF NOT EXISTS reported_miss TEXT DEFAULT '', "
         "ADD COLUMN IF NOT EXISTS reported_missed_tokens BIGINT, "
         "ADD COLUMN IF NOT EXISTS reported_reusable_tokens BIGINT, "

@@ -16,6 +16,9 @@ as the request row (:func:`upsert`), so the two never disagree. Fields of ``data
     usage_prompt cached_tokens cache_write_tokens      ``no_usage`` says how many were NULL);
                                                         usage_prompt = prompt tokens of rows
                                                         that reported cached tokens too
+    span_reused_tokens                      of those cached tokens, the ones our engine reused
+                                            across a changed span (issue 33; rows that
+                                            reported both; absent: none did)
     cf_prompt cf_cached_tokens              prompt / counterfactual / actual cached tokens of
     cf_actual_cached                        rows with a counterfactual
     added_tokens                            tokens the passes added (``pass_tokens`` added)
@@ -101,6 +104,8 @@ def fold(row: Mapping[str, Any]) -> dict[str, Any]:
     if prompt is not None and cached is not None:
         d["usage_prompt"], d["cached_tokens"] = prompt, cached
         d["cache_write_tokens"] = write or 0
+        if row.get("span_reused_tokens") is not None:
+            d["span_reused_tokens"] = row["span_reused_tokens"]
     if prompt is not None and row.get("cf_cached_tokens") is not None:
         d["cf_prompt"], d["cf_cached_tokens"] = prompt, row["cf_cached_tokens"]
         d["cf_actual_cached"] = cached or 0

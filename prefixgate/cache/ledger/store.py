@@ -31,6 +31,13 @@ Anthropic ``diagnostics.cache_miss_reason.type`` or ``pending``, OpenAI Response
 ``reported_missed_tokens`` / ``reported_reusable_tokens`` (its token counts, NULL when not
 reported) and ``predicted_miss`` (prefixgate's own predicted cause in the same vocabulary, set on
 rows with a reported reason; :mod:`prefixgate.cache.savings.miss_causes`).
+
+Issue 33 column: ``span_reused_tokens`` — of ``cached_tokens``, the prompt tokens our engine
+reused across a changed span (a clock, an id) after its prefix match stopped: the engine's own
+count (``prompt_tokens_details.span_reused_tokens``), NULL where the backend reports none. The
+counterfactual is a prefix cache: a row measured as sent has ``cf_cached_tokens = cached_tokens -
+span_reused_tokens`` (:mod:`prefixgate.cache.savings.counterfactual`), and the technique
+``span reuse (engine)`` holds those tokens (:mod:`prefixgate.cache.ledger.attribution`).
 A second table, ``breaks``, keeps cache-break records (:mod:`prefixgate.cache.savings.breaks`) as JSON with
 their request's tenant; a third, ``rollup_tenant_minutes``, per-minute sums per tenant updated in
 the same transaction as each row (:mod:`prefixgate.cache.ledger.rollup`). Readers may ask for one
@@ -63,10 +70,10 @@ from prefixgate.cache.ledger import rollup
 from prefixgate.cache.ledger.announced_rows import AnnouncedRows
 from prefixgate.cache.ledger.sanitize import clean_row, clean_text
 
-SCHEMA_VERSION = 8  # 2: key_id; 3: issue 9 columns + rollup_minutes; 4: tenant;
+SCHEMA_VERSION = 9  # 2: key_id; 3: issue 9 columns + rollup_minutes; 4: tenant;
 # 5: deployment, attempts, attempt_reasons; 6: stood_back; 7: breaks.tenant, rollups per
-# tenant (rollup_tenant_minutes); 8: row_id, replica. Older files are migrated on open (ADD
-# COLUMN, rollups refolded).
+# tenant (rollup_tenant_minutes); 8: row_id, replica; 9: span_reused_tokens. Older files are
+# migrated on open (ADD COLUMN, rollups refolded).
 
 
 @dataclass
@@ -115,6 +122,7 @@ class LedgerRow:
     reported_missed_tokens: int | None = None    # tokens the provider says it could not reuse
     reported_reusable_tokens: int | None = None  # OpenAI comparison_reusable_tokens
     predicted_miss: str = ""      # prefixgate's predicted cause, set where a reason is reported
+    span_reused_tokens: int | None = None  # of cached_tokens: reused across a changed span
 
 
 def default_replica() -> str:

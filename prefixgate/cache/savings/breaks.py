@@ -26,10 +26,16 @@ LRU of sessions). When a request's blocks are not an extension of the previous o
   elided observations).
 * ``model_changed`` — the model id changed (caches are per model).
 
-Append-only growth (the previous prefix is a prefix of the new one), pure truncation at the end, and
-a volatile note in trailing blocks of the last message being replaced (how the rewriter's hoisted
-clock moves forward each turn) are not breaks. Prompt text never leaves the detector unless
-``store_text`` is set, and then only as short excerpts around the divergence.
+A break whose request our engine served by reusing the KV after the changed span (issue 33: the
+engine's ``span_reused_tokens``, recorded as the break's ``bridged_tokens``) is *bridged*: its
+cause is kept, but it is not a loss — the report says the engine bridged it and advises no
+move for it (:func:`format_breaks`, :func:`break_advice`).
+
+Append-only growth (the previous prefix is a prefix of the new one), pure truncation at the end,
+and a volatile note in trailing blocks of the last message being replaced (how the rewriter's
+hoisted clock moves forward each turn) are not breaks. Prompt text never leaves the detector unless
+``store_text`` is set, and then only
+as short excerpts around the divergence.
 """
 
 from __future__ import annotations
@@ -72,6 +78,8 @@ class BreakRecord:
     block (1-based; 0 when none); ``unit``: what ``token_offset`` / ``tokens_lost`` count —
     ``"estimate"`` (the caller's counter over blocks in the API's order) or ``"engine"`` (the
     backend's own token ids of the rendered prompt, from its start).
+    ``bridged_tokens``: the tokens our engine reused across the changed span for this request
+    (its ``span_reused_tokens``; 0: not bridged, the prefix after the divergence was lost).
     """
 
     session_id: str
@@ -90,6 +98,17 @@ class BreakRecord:
     excerpt: str = ""
     line: int = 0
     unit: str = "estimate"
+    bridged_tokens: int = 0
+
+    @property
+    def bridged(self) -> bool:
+        """True when the engine reused KV across the changed span (not a loss)."""
+        return self.bridged_tokens > 0
+
+    @property
+    def lost(self) -> int:
+        """Prefix tokens this break lost: ``tokens_lost``, 0 when the engine bridged it."""
+        return 0 if self.bridged else self.tokens_lost
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (``volatile_kinds`` as a list)."""
@@ -309,19 +328,25 @@ def format_breaks(records: list[BreakRecord], width: int = 80) -> str:
     for r in records:
         where = f"{r.region}[{r.block_index}]" + (f".{r.sub_index}" if r.sub_index else "")
         row = (f"{r.session_id[:10]:<10} {r.request_seq:>4} {r.kind[:17]:<17} {where[:16]:<16} "
-               f"{r.token_offset:>7} {r.tokens_lost:>7}")
-        if len(row) + 2 + len(r.detail) <= width:
-            lines.append(f"{row}  {r.detail}".rstrip())
+               f"{r.token_offset:>7} {r.lost:>7}")
+        detail = r.detail + (f"; bridged by the engine ({r.bridged_tokens} tokens reused "
+                             "across the changed span)" if r.bridged else "")
+        if len(row) + 2 + len(detail) <= width:
+            lines.append(f"{row}  {detail}".rstrip())
         else:
             lines.append(row)
-            lines += textwrap.wrap(r.detail, width, initial_indent=indent, subsequent_indent=indent)
+            lines += textwrap.wrap(detail, width, initial_indent=indent, subsequent_indent=indent)
         if r.excerpt_before is not None:
             for label, text in (("before: ", r.excerpt_before), ("after:  ", r.excerpt_after)):
                 lines += textwrap.wrap(f"{label}{text!r}", width, initial_indent=indent,
                                        subsequent_indent=indent + " " * len(label))
     totals = ", ".join(f"{k}: {v}" for k, v in count_by_kind(records).items())
+    bridged = [r for r in records if r.bridged]
+    by_engine = (f" ({len(bridged)} bridged by the engine: "
+                 f"{sum(r.bridged_tokens for r in bridged)} tokens reused across the changed "
+                 "spans, not counted as lost)" if bridged else "")
     lines += textwrap.wrap(f"{len(records)} break(s) — {totals}; "
-                           f"{sum(r.tokens_lost for r in records)} prefix tokens lost", width)
+                           f"{sum(r.lost for r in records)} prefix tokens lost{by_engine}", width)
     advice = break_advice(records)
     if advice:
         lines += textwrap.wrap(advice, width)
@@ -331,8 +356,9 @@ def format_breaks(records: list[BreakRecord], width: int = 80) -> str:
 def break_advice(records: list[BreakRecord]) -> str:
     """What would recover the prefix lost to volatile spans, or ``""`` when none broke it: the
     opt-in ``hoist_volatile`` (off by default because it moves text the model reads:
-    :data:`prefixgate.config.schema.MOVES_THE_MODEL_READS`)."""
-    lost = sum(r.tokens_lost for r in records if r.kind == "volatile_span")
+    :data:`prefixgate.config.schema.MOVES_THE_MODEL_READS`). Breaks the engine bridged lost
+    nothing, so they ask for no move."""
+    lost = sum(r.lost for r in records if r.kind == "volatile_span")
     if not lost:
         return ""
     return (f"{lost} of those tokens were lost to a changing clock / id: `rewrite.hoist_volatile: "

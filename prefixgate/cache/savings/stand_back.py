@@ -52,7 +52,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefixgate.cache.ledger.attribution import parse_pass_tokens, reuse_of
+from prefixgate.cache.ledger.attribution import parse_pass_tokens, reuse_of, span_reused_of
 from prefixgate.cache.savings.holdout_stats import HELPS, HURTS, NO_DIFF, compare
 
 WINDOW = 64
@@ -63,7 +63,7 @@ EVERY = 8
 MAX_JUDGED = 4096
 """(route, tenant) pairs judged at once; the least recently used is forgotten past it."""
 FIELDS = ("holdout", "prompt_tokens", "cached_tokens", "cf_cached_tokens", "input_usd",
-          "ttft_ms", "tokens_pruned", "pass_tokens")
+          "ttft_ms", "tokens_pruned", "pass_tokens", "span_reused_tokens")
 
 
 @dataclass(frozen=True)
@@ -87,9 +87,11 @@ KEEP = Verdict(False)
 
 
 def saved_tokens(row: Mapping[str, Any]) -> int:
-    """One row's tokens saved: ``(cached - cf_cached) + removed - added``."""
+    """One row's tokens saved by rewriting: ``(cached - cf_cached) + removed - added`` less the
+    engine's span reuse (issue 33: the engine saves those whether the passes run or not, so
+    they never keep a pass on)."""
     added = sum(f["added"] for f in parse_pass_tokens(row.get("pass_tokens")).values())
-    return reuse_of(row) + int(row.get("tokens_pruned") or 0) - added
+    return reuse_of(row) - span_reused_of(row) + int(row.get("tokens_pruned") or 0) - added
 
 
 def costly_passes(rows: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:

@@ -86,6 +86,7 @@ def totals(data: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
         "cf_source": src, "no_usage_reported": data.get("no_usage", 0),
         "output_tokens": data.get("output_tokens", 0),
         "cache_write_tokens": data.get("cache_write_tokens", 0),
+        "span_reused_tokens": data.get("span_reused_tokens", 0),
         "cache_write_premium_usd": _r(premium_usd, 8),
         "holdout_requests": data.get("holdout", 0),
     }

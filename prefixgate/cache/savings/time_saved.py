@@ -21,10 +21,11 @@ sample: no rate (None, "not reported"). Linear in tokens: attention's growth wit
 length is ignored (it makes long-prefix hits worth more than this says).
 
 **Saved.** ``prefill_s_saved = rate x sum(cached - cf_cached) / 1000`` over the group's rows
-with a counterfactual (what rewriting made reusable beyond what the client's own bodies would
-have got: the same token figure as ``saved_tokens``' reuse part; negative when rewriting cost
-hits). ``prefill_s_cached = rate x sum(cached) / 1000``: what the prefix cache saved in all,
-rewritten or not. ``prefill_usd_saved = prefill_s_saved x usd_per_hour / 3600`` for a backend
+with a counterfactual (what rewriting and our engine's span reuse made reusable beyond what the
+client's own bodies would have got from a prefix cache: the same token figure as
+``saved_tokens``' reuse part, issue 33; negative when rewriting cost hits).
+``prefill_s_cached = rate x sum(cached) / 1000``: what the prefix cache saved in all, rewritten
+or not. ``prefill_usd_saved = prefill_s_saved x usd_per_hour / 3600`` for a backend
 with a policy ``usd_per_hour``.
 
 **Holdout.** Where the policy's holdout sent sessions unrewritten, ``ttft_s_saved_holdout`` =

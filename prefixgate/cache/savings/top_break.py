@@ -22,8 +22,11 @@ masked excerpt; the detail where there is no excerpt) — largest loss first, ea
   already rewrote (record ``hoist_on``) has no policy line left: the hoist moves it from the
   session's second request on, so what is left is each session's first change.
 
-Breaks of holdout requests (record ``holdout``: sent unrewritten on purpose, to measure against)
-are left out: they are the comparison arm, not something to fix.
+A break our engine bridged (record ``bridged_tokens`` > 0: it reused the KV after the changed
+span, issue 33) costs nothing: counted in ``bridged`` / ``bridged_tokens``, never in
+``tokens_lost``; a cause every one of whose breaks was bridged gets :data:`BRIDGED_NOTE` as its
+fix, and is never the top break. Breaks of holdout requests (record ``holdout``: sent
+unrewritten on purpose, to measure against) are left out: they are the comparison arm, not something to fix.
 
 :func:`top_break` is the first group when it costs at least :data:`MIN_SHARE` of the range's
 prompt tokens (:data:`MIN_TOKENS` when no prompt tokens are known); :func:`format_top_break`
@@ -120,6 +123,10 @@ def _loss_per_token(model: str) -> float | None:
     return (p.input - p.cached_input) / 1e6
 
 
+BRIDGED_NOTE = ("the engine bridges it: it reused the KV after the changed span (span reuse, "
+                "issue 33), so the prefix was not lost and no move is needed")
+
+
 def explain_breaks(records: Iterable[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]],
                    limit: int = 10) -> list[dict[str, Any]]:
     """Break records grouped by cause with their cost and fix (module docstring), the
@@ -144,8 +151,12 @@ def explain_breaks(records: Iterable[Mapping[str, Any]], rows: Sequence[Mapping[
                 "token_offset": None, "token_offset_max": None, "units": set(), "model": "",
                 "tokenizer": "",
                 "count": 0, "sessions": set(), "tokens_lost": 0, "seconds_lost": None,
-                "usd_lost": None, "fix": fix, "fix_note": note}
-        lost = int(b.get("tokens_lost") or 0)
+                "usd_lost": None, "fix": fix, "fix_note": note, "bridged": 0, "bridged_tokens": 0}
+        reused = int(b.get("bridged_tokens") or 0)  # the engine reused the KV after the span
+        lost = 0 if reused > 0 else int(b.get("tokens_lost") or 0)
+        if reused > 0:
+            e["bridged"] += 1
+            e["bridged_tokens"] += reused
         off = int(b.get("token_offset") or 0)
         e["token_offset"] = off if e["token_offset"] is None else min(e["token_offset"], off)
         e["token_offset_max"] = max(e["token_offset_max"] or 0, off)
@@ -165,6 +176,8 @@ def explain_breaks(records: Iterable[Mapping[str, Any]], rows: Sequence[Mapping[
             e["usd_lost"] = (e["usd_lost"] or 0.0) + lost * per
     out = []
     for e in sorted(acc.values(), key=lambda e: (-e["tokens_lost"], -e["count"]))[:limit]:
+        if e["bridged"] == e["count"]:  # every one bridged by the engine: nothing to fix
+            e["fix"], e["fix_note"] = "", BRIDGED_NOTE
         units = e.pop("units")
         unit = units.pop() if len(units) == 1 else "mixed"
         e.update(unit=unit, unit_text=unit_text(unit, e["model"], e["tokenizer"]),

@@ -298,12 +298,19 @@ def to_chat(body: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, An
 
 
 def usage_object(u: Any) -> dict[str, Any]:
-    """Chat ``usage`` -> Responses ``usage`` (every required sub-object present)."""
+    """Chat ``usage`` -> Responses ``usage`` (every required sub-object present; our engine's
+    ``prompt_tokens_details.span_reused_tokens``, issue 33, carried into
+    ``input_tokens_details`` where it reported one)."""
     u = u if isinstance(u, dict) else {}
     inp, out = int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0)
-    cached = int((u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    details = u.get("prompt_tokens_details") or {}
+    cached = int(details.get("cached_tokens") or 0)
     reasoning = int((u.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0)
-    return {"input_tokens": inp, "input_tokens_details": {"cached_tokens": cached},
+    in_details: dict[str, Any] = {"cached_tokens": cached}
+    span = details.get("span_reused_tokens")
+    if isinstance(span, int) and not isinstance(span, bool) and span >= 0:
+        in_details["span_reused_tokens"] = span
+    return {"input_tokens": inp, "input_tokens_details": in_details,
             "output_tokens": out, "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": inp + out}
 

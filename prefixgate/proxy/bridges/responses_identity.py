@@ -28,13 +28,17 @@ KeepPointer = Callable[[str], None]
 
 
 def responses_usage(u: Any) -> Usage:
-    """A Responses ``usage`` object -> :class:`~prefixgate.proxy.core.usage.Usage`."""
+    """A Responses ``usage`` object -> :class:`~prefixgate.proxy.core.usage.Usage`
+    (``input_tokens_details.span_reused_tokens``: our engine's, issue 33)."""
     u = u if isinstance(u, dict) else {}
     def num(v: Any) -> int | None:
         return v if isinstance(v, int) and not isinstance(v, bool) else None
+    details = u.get("input_tokens_details")
+    details = details if isinstance(details, dict) else {}
     return Usage(prompt_tokens=num(u.get("input_tokens")),
-                 cached_tokens=num((u.get("input_tokens_details") or {}).get("cached_tokens")),
-                 output_tokens=num(u.get("output_tokens")))
+                 cached_tokens=num(details.get("cached_tokens")),
+                 output_tokens=num(u.get("output_tokens")),
+                 span_reused_tokens=num(details.get("span_reused_tokens")))
 
 
 VIEW_INPUT_CHARS = 1024

@@ -6,7 +6,8 @@ each ``local`` backend with ``spawn: true`` (model from the backend's ``model_pa
 ``--model``, or the one ``make model`` fetched into
 ``~/.cache/prefixgate/models/SmolLM2-135M-Instruct``), waits for its ``/health``, then serves
 the proxy with uvicorn (default 127.0.0.1:8080, or the policy's ``listen``). The engines are
-stopped when the proxy exits.
+stopped when the proxy exits. Each spawned engine gets the policy's
+``engine`` flags (``--span-reuse on|off``, :mod:`prefixgate.config.engine_settings`).
 
 uvicorn runs with the policy's ``limits`` (:func:`prefixgate.proxy.http.server.uvicorn_options`: header size
 and deadline, keep-alive, concurrency). Listening on a non-loopback address requires proxy keys
@@ -310,7 +311,8 @@ def serve(
                 with step(f"starting the local engine of backend {name!r} ({model_dir}; "
                           "model load and warm-up, 30-60 s on a CPU)"):
                     eng = stack.enter_context(EngineProcess(
-                        b, os.path.expanduser(model_dir), extra=quiet,
+                        b, os.path.expanduser(model_dir),
+                        extra=[*quiet, *pol.engine.engine_flags()],
                         env={"HF_HUB_DISABLE_PROGRESS_BARS": "1"} if quiet else {}))
             except EngineStartError as e:
                 typer.echo(f"backend {name!r}: {e}", err=True)

@@ -14,6 +14,11 @@
     miss_reason         the provider's own cache-miss reason (Anthropic ``diagnostics``, OpenAI
                         Responses ``prompt_cache_diagnostics``; :mod:`prefixgate.proxy.core.
                         diagnostics`), ``missed_tokens`` / ``reusable_tokens`` its counts
+    span_reused_tokens  prompt tokens whose KV our engine reused across a changed span (a clock,
+                        an id) after the prefix match stopped (issue 33); counted in
+                        ``cached_tokens`` too. Our engine's
+                        ``prompt_tokens_details.span_reused_tokens`` or its
+                        ``X-Engine-Span-Reused-Tokens`` header; None from every other backend
 
 A field the upstream did not report stays None; a reported 0 stays 0.
 
@@ -30,7 +35,8 @@ Each engine's own fields (issue 19, item 6; :func:`engine_usage`), read where th
   not 0, when nothing was cached); with ``return_cached_tokens_details`` also
   ``sglext.cached_tokens_details`` ``{device, host, storage}`` (their sum is the cached count).
 - vLLM: ``usage.prompt_tokens_details.cached_tokens`` with ``--enable-prompt-tokens-details``.
-- ours (``prefixgate.local_engine``): the usage fields, and ``X-Engine-*`` response headers
+- ours (``prefixgate.local_engine``): the usage fields (with ``prompt_tokens_details``
+  ``{"cached_tokens", "span_reused_tokens"}``), and ``X-Engine-*`` response headers
   (:func:`usage_from_headers`; times in :mod:`prefixgate.proxy.core.engine_timings`).
 
 The proxy only reads these: the client gets the answer's bytes as the backend sent them.
@@ -68,6 +74,7 @@ class Usage:
     output_tokens: int | None = None
     prefill_ms: float | None = None
     decode_ms: float | None = None
+    span_reused_tokens: int | None = None
     miss_reason: str | None = None
     missed_tokens: int | None = None
     reusable_tokens: int | None = None
@@ -149,13 +156,16 @@ def openai_answer_usage(answer: dict[str, Any]) -> Usage:
 
 
 def openai_usage(u: Any) -> Usage:
-    """``{"prompt_tokens", "completion_tokens", "prompt_tokens_details": {"cached_tokens"}}``
-    -> Usage. Anything not a dict gives an empty Usage."""
+    """``{"prompt_tokens", "completion_tokens", "prompt_tokens_details": {"cached_tokens",
+    "span_reused_tokens"}}`` -> Usage (``span_reused_tokens``: our engine's, issue 33). Anything
+    not a dict gives an empty Usage."""
     if not isinstance(u, dict):
         return Usage()
     details = u.get("prompt_tokens_details")
-    cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
-    return Usage(_int(u.get("prompt_tokens")), cached, None, _int(u.get("completion_tokens")))
+    details = details if isinstance(details, dict) else {}
+    return Usage(_int(u.get("prompt_tokens")), _int(details.get("cached_tokens")), None,
+                 _int(u.get("completion_tokens")),
+                 span_reused_tokens=_count(details.get("span_reused_tokens")))
 
 
 def anthropic_usage(u: Any) -> Usage:
@@ -279,21 +289,24 @@ class AnthropicStreamWatcher:
 # too, since its response starts once the first token exists): prompt and cached tokens.
 ENGINE_PROMPT_HEADER = "x-engine-prompt-tokens"
 ENGINE_CACHED_HEADER = "x-engine-cached-tokens"
+ENGINE_SPAN_REUSED_HEADER = "x-engine-span-reused-tokens"
 
 
 def usage_from_headers(headers: Any) -> Usage:
-    """Prompt / cached tokens from ``X-Engine-Prompt-Tokens`` / ``X-Engine-Cached-Tokens``
-    response headers (a field stays None when its header is absent, not 1-18 ASCII digits;
-    never raises: ``"\u00b2".isdigit()`` is True but ``int("\u00b2")`` fails, and ``int`` refuses
-    more than 4,300 digits). A stream's usage chunk, when the client asked for one, later
-    overrides these."""
+    """Prompt / cached / span-reused tokens from ``X-Engine-Prompt-Tokens`` /
+    ``X-Engine-Cached-Tokens`` / ``X-Engine-Span-Reused-Tokens`` response headers (a field
+    stays None when its header is absent, not 1-18 ASCII digits; never raises:
+    ``"\u00b2".isdigit()`` is True but ``int("\u00b2")`` fails, and ``int`` refuses more than
+    4,300 digits). A stream's usage chunk, when the client asked for one, later overrides
+    these."""
 
     def num(name: str) -> int | None:
         v = headers.get(name)
         ok = isinstance(v, str) and 0 < len(v) <= 18 and v.isascii() and v.isdecimal()
         return int(v) if ok else None
 
-    return Usage(num(ENGINE_PROMPT_HEADER), num(ENGINE_CACHED_HEADER))
+    return Usage(num(ENGINE_PROMPT_HEADER), num(ENGINE_CACHED_HEADER),
+                 span_reused_tokens=num(ENGINE_SPAN_REUSED_HEADER))
 
 
 def usage_from_body(body: bytes, api: str) -> Usage:

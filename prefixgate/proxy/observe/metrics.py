@@ -53,7 +53,8 @@ OTHER = "other"
 NONE = "none"
 MAX_LABEL_SETS = 200
 """Distinct (route, model, backend) label sets before new ones collapse to ``other``."""
-TOKEN_KINDS = ("prompt", "cached", "cache_write", "output", "pruned", "unrewritten_cached")
+TOKEN_KINDS = ("prompt", "cached", "cache_write", "output", "pruned", "unrewritten_cached",
+               "span_reused")
 BASE = ["route", "model", "backend"]
 BREAKERS_OPEN = "breakers open"
 """How a failed row's ``error`` starts when every deployment's breaker was open."""
@@ -278,7 +279,8 @@ class ProxyMetrics:
         self._of(self.pruned, *lab).inc(row.tokens_pruned)
         for kind, n in zip(TOKEN_KINDS, (row.prompt_tokens, row.cached_tokens,
                                          row.cache_write_tokens, row.output_tokens,
-                                         row.tokens_pruned, row.cf_cached_tokens)):
+                                         row.tokens_pruned, row.cf_cached_tokens,
+                                         row.span_reused_tokens)):
             if n:  # None: not reported; 0 adds nothing either way
                 self._of(self.tokens, *lab, kind).inc(n)
         self._money(lab, row)

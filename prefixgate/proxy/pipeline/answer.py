@@ -105,8 +105,19 @@ def _ours(ex: Exchange, resp: httpx.Response) -> dict[str, str]:
         out.update({"x-prefixgate-edits": ex.rw.summary,
                     "x-prefixgate-tokens-pruned": str(ex.rw.pruned), **(ex.obs.headers or {})})
     early = usage_from_headers(resp.headers)  # engines that report usage in headers
-    if early.cached_tokens is not None:
-        out["x-prefixgate-cached-tokens"] = str(early.cached_tokens)
+    out.update(usage_headers(early))
+    return out
+
+
+def usage_headers(usage: Usage) -> dict[str, str]:
+    """``x-prefixgate-cached-tokens`` and, where our engine reported one (issue 33),
+    ``x-prefixgate-span-reused-tokens`` (of the cached tokens, those reused across a changed
+    span): what every client API sees of them, whatever its usage object can carry."""
+    out = {}
+    if usage.cached_tokens is not None:
+        out["x-prefixgate-cached-tokens"] = str(usage.cached_tokens)
+    if usage.span_reused_tokens is not None:
+        out["x-prefixgate-span-reused-tokens"] = str(usage.span_reused_tokens)
     return out
 
 
@@ -238,8 +249,7 @@ async def _json_answer(state: ProxyState, ex: Exchange, resp: httpx.Response) ->
     finally:
         await resp.aclose()
     ex.timing.end = time.perf_counter()
-    if usage.cached_tokens is not None:
-        headers["x-prefixgate-cached-tokens"] = str(usage.cached_tokens)
+    headers.update(usage_headers(usage))
     remember_answer_id(ex, parsed.get("id"))  # the cache diagnostics' next baseline
     await merge_memory(state, ex)  # before the answer: the session's next turn reads it
     status = resp.status_code

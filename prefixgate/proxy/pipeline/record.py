@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from prefixgate.cache.ledger.store import LedgerRow
-from prefixgate.cache.savings.counterfactual import SENT_AS_IS
+from prefixgate.cache.savings.counterfactual import SENT_AS_IS, prefix_cached
 from prefixgate.cache.savings.miss_causes import predicted_cause
 from prefixgate.config.prices import backend_input_usd, backend_priced
 from prefixgate.proxy.core.bounded import clip_strings
@@ -60,18 +60,22 @@ def _own_price(ex: Exchange) -> tuple[float, float] | None:
     return backend.price_per_mtok, backend.cached_price_per_mtok
 def measured_as_sent(row: LedgerRow, credits: Mapping[str, int] | None) -> None:
     """The counterfactual of a row whose backend saw the client's own prompt (sent as is, or
-    rewritten to the same tokens / cache blocks): what it did cache, less what earlier
-    rewriting left in the cache (``credits``' sum, :mod:`prefixgate.proxy.observe.insight`;
-    0 when no pass has changed bytes there: then it is measured, and the model's estimate would
-    only add its error — template tokens, tokenizer)."""
-    assert row.cached_tokens is not None
+    rewritten to the same tokens / cache blocks): what it did cache from the prefix (less the
+    engine's span reuse, issue 33: :func:`prefixgate.cache.savings.counterfactual.prefix_cached`),
+    less what earlier rewriting left in the cache (``credits``' sum,
+    :mod:`prefixgate.proxy.observe.insight`; 0 when no pass has changed bytes there: then it is
+    measured, and the model's estimate would only add its error — template tokens, tokenizer)."""
+    cached = prefix_cached(row)
+    assert cached is not None
     after = sum((credits or {}).values())
     if after == 0:
-        row.cf_cached_tokens, row.cf_input_usd = row.cached_tokens, row.input_usd
+        row.cf_cached_tokens = cached
+        row.cf_input_usd = row.input_usd if cached == row.cached_tokens else input_cost_usd(
+            row.model, row.prompt_tokens, cached, row.cache_write_tokens)
         row.cf_source = "holdout" if row.holdout else "measured"
         return
-    top = row.prompt_tokens if row.prompt_tokens is not None else row.cached_tokens - after
-    row.cf_cached_tokens = min(max(0, row.cached_tokens - after), max(0, top))
+    top = row.prompt_tokens if row.prompt_tokens is not None else cached - after
+    row.cf_cached_tokens = min(max(0, cached - after), max(0, top))
     row.cf_input_usd = input_cost_usd(row.model, row.prompt_tokens, row.cf_cached_tokens,
                                       row.cache_write_tokens)
     row.cf_source = "holdout" if row.holdout else "modelled"
@@ -84,6 +88,15 @@ def remember_answer_id(ex: Exchange, answer_id: object) -> None:
         return
     if isinstance(answer_id, str) and 0 < len(answer_id) <= 200:
         ex.rw.memory[DIAGNOSTICS_MEMORY] = {"previous_id": answer_id}
+
+
+def bridged(brk: dict[str, object], row: LedgerRow) -> dict[str, object]:
+    """The break record with ``bridged_tokens``: the engine's span-reused tokens of the request
+    that broke the prefix (issue 33; :mod:`prefixgate.cache.savings.breaks` shows such a break
+    as bridged by the engine, not as a loss); unchanged when the engine reused none."""
+    if not row.span_reused_tokens:
+        return brk
+    return {**brk, "bridged_tokens": row.span_reused_tokens}
 
 
 async def merge_memory(state: ProxyState, ex: Exchange) -> None:
@@ -112,6 +125,7 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
         row.reported_miss = usage.miss_reason or ""  # the provider's own (core.diagnostics)
         row.reported_missed_tokens = usage.missed_tokens
         row.reported_reusable_tokens = usage.reusable_tokens
+        row.span_reused_tokens = usage.span_reused_tokens
         deltas = ex.watcher.deltas if ex.watcher is not None else 0
         row.output_tokens = usage.output_tokens if usage.output_tokens is not None else (
             deltas if row.stream and deltas else None)
@@ -149,7 +163,7 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
                     where = {"route": row.route, "backend": row.backend, "model": row.model,
                              "holdout": row.holdout,
                              "hoist_on": bool(rw.enabled and rw.hoist_volatile and row.rewrite)}
-                    state.ledger.write_break(row.session, clip_strings({**brk, **where}),
+                    state.ledger.write_break(row.session, bridged(clip_strings({**brk, **where}), row),
                                              row.tenant)  # clipped: model names are the client's
                 except Exception:
                     log.exception("break record write failed")
