@@ -30,9 +30,10 @@ def measured_counterfactual(row: LedgerRow) -> None:
     ``""`` — never rewritten, as on the side endpoints — or one of
     :data:`prefixgate.cache.ledger.rollup.SENT_AS_IS`: no pass applied, rewriting off, over its time
     budget, or failed open) and nothing set one: the client's own body is what was sent, so what
-    it would have cached is what it did cache from the prefix (:func:`prefix_cached`). Its price is ``input_usd``, or
-    None where the engine reused a span (this module prices nothing: the record step, which
-    knows the backend's rate, prices such rows; an unpriced counterfactual claims no USD).
+    it would have cached is what it did cache from the prefix (:func:`prefix_cached`). Its price
+    is ``input_usd``, or None where the engine reused a span (this module prices nothing: the
+    record step, which knows the backend's rate, prices such rows; an unpriced counterfactual
+    claims no USD).
     Rows without reported cached tokens, or with an edited body, keep none."""
     if (row.cf_cached_tokens is not None or row.cached_tokens is None
             or (row.edits and row.edits not in SENT_AS_IS)):
