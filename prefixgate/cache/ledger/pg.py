@@ -43,9 +43,11 @@ once it answers the spool drains oldest first. :meth:`PgLedger.state` says which
 
 Hostile content (issue 34): every row is cleaned before it is spooled or sent
 (:mod:`prefixgate.cache.ledger.sanitize`: NUL, lone surrogates, 64-bit range, bounded lengths), and
-a batch the database still refuses for its content (not a connection fault) is bisected
+a batch the database still refuses for its content is bisected
 (:mod:`prefixgate.cache.ledger.isolate`): only the rows that fail alone are dropped, each logged by
-its ``row_id`` and counted (``bad_rows_dropped``), never the batch around them.
+its ``row_id`` and counted (``bad_rows_dropped``), never the batch around them. Content and fault
+are told apart by the error's SQLSTATE class (:func:`is_fault`), not its Python type: a row too
+big for an index (54000) is content even though psycopg files it under ``OperationalError``.
 
 The writer keeps one connection of its own; readers take connections from a
 ``psycopg_pool.ConnectionPool`` (checked on checkout, so a restarted server costs no failed
