@@ -107,6 +107,12 @@ class LedgerRow:
     replica: str = ""             # the proxy process that served it ("" = the ledger's own)
 
 
+class LedgerUnavailable(RuntimeError):
+    """The ledger's database cannot be read now: unreachable, hung past the reader's deadline,
+    or out of pooled connections (a shared PostgreSQL ledger; a SQLite file never raises it).
+    Callers answer "try again later" (``/api/savings``: 503), not a bug."""
+
+
 def default_replica() -> str:
     """This process's replica name when the policy sets none: ``<hostname>:<pid>`` (each
     ``--workers`` process is its own replica)."""
