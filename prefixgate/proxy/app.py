@@ -221,8 +221,9 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         reasons, down = _health(state)
         body: dict[str, Any] = {"status": "degraded" if reasons else "ok", "reasons": reasons,
                                 "backends": sorted(policy.backends), "down": down}
-        if state.ledger.kind != "sqlite":  # a shared ledger: reachable, or spooling (issue 26);
-            body["ledger"] = state.ledger.state()  # informative, never a 503: requests go on
+        led = state.ledger.state()  # a shared ledger: reachable, or spooling (issue 26); a
+        if state.ledger.kind != "sqlite" or led.get("error"):  # file degraded to memory (34)
+            body["ledger"] = led  # informative, never a 503: requests go on
         return JSONResponse(body, status_code=503 if reasons else 200)
 
     savings_api.install(app, state.ledger, policy, state.guard)

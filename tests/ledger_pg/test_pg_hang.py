@@ -190,3 +190,26 @@ def _read_ok(led: PgLedger) -> bool:
         return len(led.rows()) == 1
     except Exception:
         return False
+
+
+def test_api_savings_says_503_while_the_database_hangs(proxied: tuple[str, TcpFaultProxy],
+                                                       tmp_path: Path) -> None:
+    """The dashboard's read during a hang: a 503 with ``retry-after`` in OpenAI's error shape
+    (before: the request never returned)."""
+    url, proxy = proxied
+    led = PgLedger(url, spool_path=tmp_path / "spool.sqlite")
+    policy = parse_policy({"backends": {"e": {"kind": "openai_compat",
+                                              "base_url": "http://127.0.0.1:9/v1"}},
+                           "routes": [{"match": "*", "backend": "e"}]})
+    with serve_app(build_app(policy, ledger=led, analyze=False)) as app_url:
+        led.write(LedgerRow(model="a"))
+        assert httpx.get(app_url + "/api/savings", timeout=30).status_code == 200
+        proxy.set_mode("hang")
+        try:
+            r = httpx.get(app_url + "/api/savings", timeout=60)
+        except httpx.ReadTimeout:
+            pytest.fail("/api/savings never answered while the database hung")
+        assert r.status_code == 503 and r.headers["retry-after"] == "5"
+        assert r.json()["error"]["code"] == "ledger_unavailable"
+        proxy.set_mode("pass")
+    led.close()

@@ -43,9 +43,11 @@ once it answers the spool drains oldest first. :meth:`PgLedger.state` says which
 
 Hostile content (issue 34): every row is cleaned before it is spooled or sent
 (:mod:`prefixgate.cache.ledger.sanitize`: NUL, lone surrogates, 64-bit range, bounded lengths), and
-a batch the database still refuses for its content (not a connection fault) is bisected
+a batch the database still refuses for its content is bisected
 (:mod:`prefixgate.cache.ledger.isolate`): only the rows that fail alone are dropped, each logged by
-its ``row_id`` and counted (``bad_rows_dropped``), never the batch around them.
+its ``row_id`` and counted (``bad_rows_dropped``), never the batch around them. Content and fault
+are told apart by the error's SQLSTATE class (:func:`is_fault`), not its Python type: a row too
+big for an index (54000) is content even though psycopg files it under ``OperationalError``.
 
 The writer keeps one connection of its own; readers take connections from a
 ``psycopg_pool.ConnectionPool`` (checked on checkout, so a restarted server costs no failed
@@ -77,7 +79,13 @@ from prefixgate.cache.ledger.isolate import commit_isolating
 from prefixgate.cache.ledger.pg_schema import migrate, missing_columns
 from prefixgate.cache.ledger.sanitize import clean_row
 from prefixgate.cache.ledger.spool import Item, Spool
-from prefixgate.cache.ledger.store import COLUMNS, Ledger, LedgerRow, default_replica
+from prefixgate.cache.ledger.store import (
+    COLUMNS,
+    Ledger,
+    LedgerRow,
+    LedgerUnavailable,
+    default_replica,
+)
 from prefixgate.cache.ledger.watchdog import Watchdog
 from prefixgate.config.schema import LedgerSettings
 
@@ -496,13 +504,20 @@ class PgLedger(Ledger):
 
     def _read(self, fn: Any) -> Any:
         self.flush(READ_TIMEOUT_S)  # read-your-writes while the database is up
-        with self._pool.connection(timeout=READ_TIMEOUT_S) as conn, \
-                self._watch.guard(conn.fileno(), READ_QUERY_TIMEOUT_S):
-            return fn(_QmarkConnection(conn))
+        try:
+            with self._pool.connection(timeout=READ_TIMEOUT_S) as conn, \
+                    self._watch.guard(conn.fileno(), READ_QUERY_TIMEOUT_S):
+                return fn(_QmarkConnection(conn))
+        except psycopg.Error as e:
+            if is_fault(e):
+                raise LedgerUnavailable(f"the ledger's database cannot be read now "
+                                        f"({type(e).__name__})") from e
+            raise
 
     def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Run a read-only SQLite-style ``sql`` (``?`` placeholders) against the database.
-        Raises ``psycopg_pool.PoolTimeout`` / ``psycopg.OperationalError`` while it is down."""
+        Raises :class:`~prefixgate.cache.ledger.store.LedgerUnavailable` while it is down or
+        hung (every reader does)."""
         return [tuple(r) for r in self._read(lambda db: db.execute(sql, params).fetchall())]
 
     def rollups(self, from_ts: float, to_ts: float,

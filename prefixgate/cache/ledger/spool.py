@@ -18,13 +18,14 @@ idempotent: rows carry their ``row_id`` and the database inserts ``ON CONFLICT D
 process killed between the commit and the remove sends them again and nothing is doubled.
 Several ``--workers`` processes may share one spool file (SQLite serialises their writes).
 
-A spool that cannot be used never stops the proxy (issue 34): a file that is not a spool (not
-SQLite, a damaged page, another schema) is moved aside — renamed ``<name>.corrupt-<UTC time>``,
-its ``-wal`` / ``-shm`` with it, logged with the new name so its rows can still be read by hand —
-and a new spool is made in its place; a path that cannot be created or opened (a parent that is
-a file, no permission, a read-only disk) degrades to a spool in memory, with the same bound,
-logged as an error and named in :attr:`Spool.error` (``/healthz``'s ``ledger.spool_error``): rows
-of an outage then survive as long as the process, not a restart. An item that no longer decodes
+A spool that cannot be used never stops the proxy (issue 34,
+:mod:`prefixgate.cache.ledger.local_file`): a file that is not a spool (not SQLite, a damaged page,
+another schema) is moved aside — renamed ``<name>.corrupt-<UTC time>-<pid>``, logged with the new
+name so its rows can still be read by hand — and a new spool is made in its place; a path that
+cannot be created or opened (a parent that is a file, no permission, a read-only disk) degrades
+to a spool in memory, with the same bound, logged as an error and named in :attr:`Spool.error`
+(``/healthz``'s ``ledger.spool_error``): rows of an outage then survive as long as the process,
+not a restart. An item that no longer decodes
 is removed when met and counted in :attr:`Spool.undecodable`, so one bad item cannot stop the
 drain behind it.
 """
@@ -33,13 +34,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sqlite3
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from prefixgate.cache.ledger.local_file import NotOurs, open_or_recover
 
 log = logging.getLogger("prefixgate.ledger")
 
@@ -47,12 +48,6 @@ Item = tuple[str, dict[str, Any]]
 """(kind, payload): ``("row", {column: value})`` or ``("break", {...})``."""
 KINDS = ("row", "break")
 _COLUMNS = ["seq", "kind", "item"]
-_CORRUPT = ("SQLITE_NOTADB", "SQLITE_CORRUPT")
-"""SQLite errors that mean "this file is not a usable spool": moved aside."""
-
-
-class NotASpool(sqlite3.DatabaseError):
-    """A SQLite file whose ``spool`` table is not the spool's (another program's file)."""
 
 
 class Spool:
@@ -71,33 +66,9 @@ class Spool:
         self.moved_aside: str | None = None
         """Where an unusable file found at the path was moved (None: none was)."""
         self._lock = threading.Lock()
-        self.path, self._db = self._open(str(path))
-
-    def _open(self, p: str) -> tuple[str, sqlite3.Connection]:
-        """(path, connection) of the spool at ``p``: made if missing, moved aside and made
-        again when unusable, in memory when it cannot be made (module docstring)."""
-        if p == ":memory:":
-            return p, self._connect(p)
-        fp = Path(p).expanduser()
-        try:
-            fp.parent.mkdir(parents=True, exist_ok=True)
-            seen = _inode(fp)
-            try:
-                return str(fp), self._connect(str(fp))
-            except sqlite3.DatabaseError as e:
-                if not isinstance(e, NotASpool) and getattr(e, "sqlite_errorname", "") not in _CORRUPT:
-                    raise
-                if _inode(fp) == seen:  # else another worker moved it and made a new one
-                    self.moved_aside = _move_aside(fp, e)
-                return str(fp), self._connect(str(fp))
-        except (OSError, sqlite3.Error) as e:
-            # the reason without the path: /healthz is open, the log has the path
-            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            self.error = f"{type(e).__name__}: {why}"
-            log.error("ledger spool %s cannot be used (%s: %s): spooling in memory instead (at "
-                      "most %d rows, lost if this process ends while PostgreSQL is down)",
-                      fp, type(e).__name__, e, self.max_rows)
-            return ":memory:", self._connect(":memory:")
+        opened = open_or_recover(str(path), self._connect, "ledger spool")
+        self.path, self._db = opened.path, opened.db
+        self.moved_aside, self.error = opened.moved_aside, opened.error
 
     @staticmethod
     def _connect(p: str) -> sqlite3.Connection:
@@ -110,7 +81,7 @@ class Spool:
                        "kind TEXT NOT NULL, item TEXT NOT NULL)")
             have = [r[1] for r in db.execute("PRAGMA table_info(spool)")]
             if have != _COLUMNS:
-                raise NotASpool(f"its spool table has columns {have}, not {_COLUMNS}")
+                raise NotOurs(f"its spool table has columns {have}, not {_COLUMNS}")
             db.execute("SELECT count(*), max(seq) FROM spool").fetchone()  # reads the pages
         except BaseException:
             db.close()
@@ -184,25 +155,3 @@ class Spool:
         with self._lock:
             self._db.close()
 
-
-def _inode(fp: Path) -> int | None:
-    try:
-        return fp.stat().st_ino
-    except OSError:
-        return None
-
-
-def _move_aside(fp: Path, why: BaseException) -> str:
-    """Rename the unusable spool ``fp`` (and its ``-wal`` / ``-shm``) to
-    ``<name>.corrupt-<UTC time>``; return the new name. Logged, with the reason."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    dest = fp.with_name(f"{fp.name}.corrupt-{stamp}-{os.getpid()}")
-    for suffix in ("", "-wal", "-shm"):
-        src = Path(str(fp) + suffix)
-        try:
-            os.replace(src, str(dest) + suffix)
-        except FileNotFoundError:  # no such side file, or another worker moved it first
-            continue
-    log.error("ledger spool %s is not a usable spool (%s: %s): moved aside to %s; a new spool "
-              "is made in its place", fp, type(why).__name__, why, dest)
-    return str(dest)

@@ -68,6 +68,7 @@ from typing import Any
 
 from prefixgate.cache.ledger import rollup
 from prefixgate.cache.ledger.announced_rows import AnnouncedRows
+from prefixgate.cache.ledger.local_file import open_or_recover
 from prefixgate.cache.ledger.sanitize import clean_row, clean_text
 
 SCHEMA_VERSION = 9  # 2: key_id; 3: issue 9 columns + rollup_minutes; 4: tenant;
@@ -125,6 +126,12 @@ class LedgerRow:
     span_reused_tokens: int | None = None  # of cached_tokens: reused across a changed span
 
 
+class LedgerUnavailable(RuntimeError):
+    """The ledger's database cannot be read now: unreachable, hung past the reader's deadline,
+    or out of pooled connections (a shared PostgreSQL ledger; a SQLite file never raises it).
+    Callers answer "try again later" (``/api/savings``: 503), not a bug."""
+
+
 def default_replica() -> str:
     """This process's replica name when the policy sets none: ``<hostname>:<pid>`` (each
     ``--workers`` process is its own replica)."""
@@ -147,6 +154,10 @@ class Ledger:
     """SQLite ledger at ``path`` (``~`` expanded, parent made). Thread-safe: one connection,
     one lock; each :meth:`write` is one transaction. ``":memory:"`` works for tests.
     ``replica``: the name stamped on rows written without one (default :func:`default_replica`).
+    ``recover`` (the serving path, :func:`prefixgate.cache.ledger.writer.open_ledger`): a file that
+    is not a usable ledger is moved aside and a new one made, a path that cannot be created
+    degrades to a ledger in memory (:mod:`prefixgate.cache.ledger.local_file`; ``error`` says
+    why); without it (a reader such as ``prefixgate report``) such a file raises.
 
     This class is also the interface every ledger keeps (:class:`prefixgate.cache.ledger.pg.PgLedger`
     overrides each public method): ``write``, ``query``, ``rollups``, ``rows``, ``write_break``,
@@ -157,17 +168,38 @@ class Ledger:
     """Longest the app's shutdown waits in :meth:`flush` (None: until done; a local file
     does not hang)."""
 
-    def __init__(self, path: str | Path, replica: str | None = None) -> None:
+    def __init__(self, path: str | Path, replica: str | None = None, *,
+                 recover: bool = False) -> None:
         self.replica = replica or default_replica()
+        self._lock = threading.Lock()
+        self.announced = AnnouncedRows()  # rows the proxy has answered for, not yet written
+        self.moved_aside: str | None = None
+        self.error = ""
+        """Why the ledger is in memory instead of at ``path`` ("" when it is not)."""
+        if recover:  # serving: an unusable file never stops the proxy (issue 34)
+            opened = open_or_recover(str(path), self._open_db, "ledger")
+            self.path, self.moved_aside, self.error = opened.path, opened.moved_aside, opened.error
+            return
         p = str(path)
         if p != ":memory:":
             fp = Path(p).expanduser()
             fp.parent.mkdir(parents=True, exist_ok=True)
             p = str(fp)
         self.path = p
-        self._lock = threading.Lock()
-        self.announced = AnnouncedRows()  # rows the proxy has answered for, not yet written
+        self._open_db(p)
+
+    def _open_db(self, p: str) -> sqlite3.Connection:
+        """Open the file ``p`` as ``self._db``, create or migrate its tables; return it (closed
+        again when anything fails)."""
         self._db = sqlite3.connect(p, check_same_thread=False, isolation_level=None)
+        try:
+            self._prepare()
+        except BaseException:
+            self._db.close()
+            raise
+        return self._db
+
+    def _prepare(self) -> None:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
@@ -273,8 +305,10 @@ class Ledger:
 
     def state(self) -> dict[str, Any]:
         """What ``/healthz`` and the gauges say of the ledger: ``{"kind", "up", "spooled_rows",
-        "spool_dropped", "queued"}`` (a SQLite file is always up and never spools)."""
-        return {"kind": self.kind, "up": True, "spooled_rows": 0, "spool_dropped": 0, "queued": 0}
+        "spool_dropped", "queued", "error"}`` (a SQLite file is always up and never spools;
+        ``error``: why it is in memory instead of its file, "" when it is not)."""
+        return {"kind": self.kind, "up": True, "spooled_rows": 0, "spool_dropped": 0, "queued": 0,
+                "error": self.error}
 
     def close(self) -> None:
         """Close the connection."""

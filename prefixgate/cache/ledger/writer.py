@@ -72,8 +72,9 @@ class BatchedLedger(Ledger):
     ``batches``: transactions committed so far; ``written``: rows committed. :meth:`write`
     returns 0 (the row id is not known yet)."""
 
-    def __init__(self, path: str | Path, replica: str | None = None) -> None:
-        super().__init__(path, replica)
+    def __init__(self, path: str | Path, replica: str | None = None, *,
+                 recover: bool = False) -> None:
+        super().__init__(path, replica, recover=recover)
         self._queue: deque[LedgerRow] = deque()
         self._cv = threading.Condition()
         self._pending = 0
@@ -204,9 +205,10 @@ class BatchedLedger(Ledger):
 
 
 def open_ledger(settings: LedgerSettings) -> Ledger:
-    """The ledger a policy asks for: PostgreSQL when ``url`` is set
+    """The ledger a policy asks for, to serve with: PostgreSQL when ``url`` is set
     (:class:`prefixgate.cache.ledger.pg.PgLedger`, always batched), else the SQLite file at
-    ``path``, batched (default) or one transaction per write."""
+    ``path``, batched (default) or one transaction per write — a file there that is not a usable
+    ledger moved aside, a path that cannot be made degraded to memory (``recover``)."""
     if settings.url:
         try:
             from prefixgate.cache.ledger.pg import PgLedger  # psycopg only when asked for
@@ -215,5 +217,5 @@ def open_ledger(settings: LedgerSettings) -> Ledger:
                                "pip install 'prefixgate[postgres]'") from e
         return PgLedger.from_settings(settings)
     if settings.batch_writes:
-        return BatchedLedger(settings.path, settings.replica)
-    return Ledger(settings.path, settings.replica)
+        return BatchedLedger(settings.path, settings.replica, recover=True)
+    return Ledger(settings.path, settings.replica, recover=True)

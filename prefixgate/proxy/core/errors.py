@@ -252,6 +252,16 @@ class Forbidden(ProxyError):
     code = "forbidden"
 
 
+class LedgerUnreadable(ProxyError):
+    """The savings ledger's database cannot be read now (a shared PostgreSQL ledger down or
+    hung): 503 with ``retry-after``, so a dashboard polls again instead of showing a bug."""
+
+    status = 503
+    type = "server_error"
+    code = "ledger_unavailable"
+    headers = {"retry-after": "5"}
+
+
 class ClientDisconnected(ProxyError):
     """The client went away before its request body was complete. 499 is nginx's "client
     closed request"; nobody reads the answer, the status is for the ledger."""

@@ -4,7 +4,8 @@ as JSON, for the dashboard (h/dash) and scripts.
 
 Behind the proxy's keys when keys are configured (:meth:`prefixgate.proxy.http.auth.Guard.admit`, no rate
 limit counted): 401 without a valid key, in OpenAI's error shape. An unknown ``range`` is a 400
-naming the allowed values.
+naming the allowed values. A shared ledger that cannot be read now (PostgreSQL down, or hung past
+the reader's deadline) is a 503 with ``retry-after`` (issue 34), not a 500.
 
 Scoped to the caller's tenant (issue 20, Medium 8: any key saw every tenant's traffic and
 model names), :func:`scope_of`:
@@ -39,12 +40,13 @@ import anyio.to_thread
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
-from prefixgate.cache.ledger.store import Ledger
+from prefixgate.cache.ledger.store import Ledger, LedgerUnavailable
 from prefixgate.cache.savings.summary import RANGES, savings_document
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.core.errors import (
     Forbidden,
     InvalidRequest,
+    LedgerUnreadable,
     ProxyError,
     Unauthorized,
     error_response,
@@ -137,5 +139,8 @@ def install(app: FastAPI, ledger: Ledger, policy: Policy, guard: Guard) -> None:
             return error_response(InvalidRequest(
                 f"range must be one of {', '.join(RANGES)}; got {range_[:20]!r}",
                 param="range"), "openai")
-        doc = await anyio.to_thread.run_sync(memo.get, ledger, policy, range_, tenant)
+        try:
+            doc = await anyio.to_thread.run_sync(memo.get, ledger, policy, range_, tenant)
+        except LedgerUnavailable as e:  # a shared ledger down or hung: 503, try again later
+            return error_response(LedgerUnreadable(str(e)), "openai")
         return JSONResponse(doc)
