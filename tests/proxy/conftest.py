@@ -80,3 +80,16 @@ def rig_factory(tmp_path: Path, upstream: tuple[ScriptedUpstream, str],
 def rig(rig_factory: Any) -> ProxyRig:
     """A proxy with rewriting off (no pipeline) in front of the scripted upstream."""
     return rig_factory()  # type: ignore[no-any-return]
+
+
+@pytest.fixture(autouse=True)
+def _access_log_level_restored() -> Iterator[None]:
+    """``prefixgate serve`` run in-process (CliRunner) turns the access log on for the whole
+    process; later tests expect the library default (off)."""
+    import logging
+
+    logger = logging.getLogger("prefixgate.access")
+    level = logger.level
+    yield
+    logger.setLevel(level)
+
