@@ -84,12 +84,13 @@ def rig(rig_factory: Any) -> ProxyRig:
 
 @pytest.fixture(autouse=True)
 def _access_log_level_restored() -> Iterator[None]:
-    """``prefixgate serve`` run in-process (CliRunner) turns the access log on for the whole
-    process; later tests expect the library default (off)."""
+    """``prefixgate serve`` run in-process (CliRunner) turns the access log on (and httpx's
+    INFO lines off) for the whole process; later tests expect the library defaults."""
     import logging
 
-    logger = logging.getLogger("prefixgate.access")
-    level = logger.level
+    loggers = [logging.getLogger(name) for name in ("prefixgate.access", "httpx")]
+    levels = [lg.level for lg in loggers]
     yield
-    logger.setLevel(level)
+    for lg, level in zip(loggers, levels):
+        lg.setLevel(level)
 
