@@ -110,3 +110,14 @@ def test_shared_ids_counts_the_common_prefix() -> None:
     assert shared_ids([1, 2, 3], [1, 2, 4]) == 2
     assert shared_ids(list(range(1000)), list(range(1000))) == 1000
     assert shared_ids(list(range(1000)), [*range(600), 0]) == 600
+
+
+def test_the_breaks_table_shows_the_masked_line_and_the_unit() -> None:
+    from prefixgate.cache.savings.breaks import format_breaks
+
+    rec = BreakRecord("s", 1, "volatile_span", "system", 0, 0, 1, 31, 900, "system[0] differs",
+                      ("datetime",), excerpt="Current time: \u27e8datetime\u27e9", line=2,
+                      unit="engine")
+    text = format_breaks([rec])
+    assert 'line 2: "Current time: \u27e8datetime\u27e9"' in text
+    assert "in the backend's own tokens, from the start of the prompt" in " ".join(text.split())

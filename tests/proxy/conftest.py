@@ -80,3 +80,17 @@ def rig_factory(tmp_path: Path, upstream: tuple[ScriptedUpstream, str],
 def rig(rig_factory: Any) -> ProxyRig:
     """A proxy with rewriting off (no pipeline) in front of the scripted upstream."""
     return rig_factory()  # type: ignore[no-any-return]
+
+
+@pytest.fixture(autouse=True)
+def _access_log_level_restored() -> Iterator[None]:
+    """``prefixgate serve`` run in-process (CliRunner) turns the access log on (and httpx's
+    INFO lines off) for the whole process; later tests expect the library defaults."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("prefixgate.access", "httpx")]
+    levels = [lg.level for lg in loggers]
+    yield
+    for lg, level in zip(loggers, levels):
+        lg.setLevel(level)
+

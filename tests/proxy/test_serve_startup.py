@@ -111,4 +111,4 @@ def test_serve_prints_one_format_a_banner_and_an_access_line(tmp_path: Path) -> 
     assert all(stamped.match(x) for x in lines), "\n".join(x for x in lines if not stamped.match(x))
     assert "Warning" not in text and "deprecated" not in text and "tenants:" not in text
     assert f"base_url {url}/v1 (OpenAI SDK" in text and f"{url}/dashboard" in text
-    assert "secret words" not in text
+    assert "secret words" not in text and "HTTP Request: GET" not in text  # no poll noise

@@ -316,10 +316,10 @@ def count_by_kind(records: list[BreakRecord]) -> dict[str, int]:
 
 
 def format_breaks(records: list[BreakRecord], width: int = 80) -> str:
-    """Plain-text table of breaks for ``prefixgate report --breaks`` (one row per record, then
-    totals by kind), every line at most ``width`` columns (a terminal's 80 by default): a detail
-    or excerpt that does not fit goes on indented lines below its row. Empty input gives
-    ``"no cache breaks recorded"``."""
+    """Plain-text table of breaks for ``prefixgate report --breaks`` (one row per record with
+    its masked line below it, then totals by kind and the unit of the offsets), every line at
+    most ``width`` columns (a terminal's 80 by default): a detail or excerpt that does not fit
+    goes on indented lines below its row. Empty input gives ``"no cache breaks recorded"``."""
     if not records:
         return "no cache breaks recorded"
     header = f"{'session':<10} {'req':>4} {'kind':<17} {'where':<16} {'offset':>7} {'lost':>7}"
@@ -336,6 +336,9 @@ def format_breaks(records: list[BreakRecord], width: int = 80) -> str:
         else:
             lines.append(row)
             lines += textwrap.wrap(detail, width, initial_indent=indent, subsequent_indent=indent)
+        if r.excerpt:  # the masked line (digits masked): kept with prompt storage off
+            lines += textwrap.wrap(f"line {r.line}: \"{r.excerpt}\"", width,
+                                   initial_indent=indent, subsequent_indent=indent + "  ")
         if r.excerpt_before is not None:
             for label, text in (("before: ", r.excerpt_before), ("after:  ", r.excerpt_after)):
                 lines += textwrap.wrap(f"{label}{text!r}", width, initial_indent=indent,
@@ -345,8 +348,13 @@ def format_breaks(records: list[BreakRecord], width: int = 80) -> str:
     by_engine = (f" ({len(bridged)} bridged by the engine: "
                  f"{sum(r.bridged_tokens for r in bridged)} tokens reused across the changed "
                  "spans, not counted as lost)" if bridged else "")
+    units = {r.unit for r in records}
+    unit = ("the backend's own tokens" if units == {"engine"} else "estimated tokens"
+            if units == {"estimate"} else "the backend's own tokens where it tokenizes, else "
+            "estimated")
     lines += textwrap.wrap(f"{len(records)} break(s) — {totals}; "
-                           f"{sum(r.lost for r in records)} prefix tokens lost{by_engine}", width)
+                           f"{sum(r.lost for r in records)} prefix tokens lost{by_engine} (offsets "
+                           f"and losses in {unit}, from the start of the prompt)", width)
     advice = break_advice(records)
     if advice:
         lines += textwrap.wrap(advice, width)

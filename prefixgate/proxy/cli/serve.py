@@ -187,9 +187,10 @@ def _configure_logging(level: str, access_log: bool = True) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(SafeFormatter(LOG_FORMAT))
     # uvicorn's "trace" is below DEBUG; the standard library has no such level
-    logging.basicConfig(level="DEBUG" if level == "trace" else level.upper(), handlers=[handler],
-                        force=True)
+    logging.basicConfig(level="DEBUG" if level == "trace" else level.upper(), handlers=[handler])
     logging.getLogger("prefixgate.access").setLevel(logging.INFO if access_log else logging.WARNING)
+    if level not in ("debug", "trace"):  # httpx says INFO for every health poll: noise
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def ready_lines(host: str, port: int, policy_path: Path | None,
