@@ -16,17 +16,17 @@ FORGED = "gpt-x\n2026-01-01 00:00:00 prefixgate.proxy admin login ok"
 
 
 def _proxy_lines(caplog: pytest.LogCaptureFixture, rig: Any = None) -> list[str]:
-    """The proxy's log lines; with ``rig``, once its answered requests are recorded (the
+    """The proxy's log lines (its own and the access line); with ``rig``, once its answered requests are recorded (the
     per-request line is logged with the row, after a non-streamed answer is sent)."""
     if rig is not None:
         rig.ledger.rows()  # waits for the rows already answered for (cache.announced_rows)
     fmt = logging.Formatter("%(name)s %(message)s")  # a plain formatter: call sites must escape
-    return [fmt.format(r) for r in caplog.records if r.name == "prefixgate.proxy"]
+    return [fmt.format(r) for r in caplog.records if r.name in ("prefixgate.proxy", "prefixgate.access")]
 
 
 def test_newline_in_model_does_not_forge_a_log_line(rig: Any,
                                                     caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="prefixgate.proxy")  # the per-request line
+    caplog.set_level(logging.DEBUG, logger="prefixgate.access")  # the per-request (access) line
     rig.upstream.script = Script(body=completion())
     r = httpx.post(rig.url + "/v1/chat/completions", timeout=30,
                    json={"model": FORGED, "messages": [{"role": "user", "content": "hi"}]})
@@ -41,7 +41,7 @@ def test_other_line_breaking_characters_in_model_are_escaped(
         rig: Any, caplog: pytest.LogCaptureFixture, char: str) -> None:
     # not named by the issue: CR, terminal escapes, Unicode line separator, NEL
     rig.upstream.script = Script(body=completion())
-    caplog.set_level(logging.DEBUG, logger="prefixgate.proxy")  # the per-request line
+    caplog.set_level(logging.DEBUG, logger="prefixgate.access")  # the per-request (access) line
     httpx.post(rig.url + "/v1/chat/completions", timeout=30,
                json={"model": "m" + char + "forged", "messages": [{"role": "user",
                                                                     "content": "hi"}]})
@@ -51,7 +51,7 @@ def test_other_line_breaking_characters_in_model_are_escaped(
 
 def test_newline_in_path_does_not_forge_a_log_line(rig: Any,
                                                    caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="prefixgate.proxy")  # the per-request line
+    caplog.set_level(logging.DEBUG, logger="prefixgate.access")  # the per-request (access) line
     rig.upstream.script = Script(body=completion())
     r = httpx.post(rig.url + "/v1/chat/completions/%0Aforged%20line", timeout=30,
                    json={"model": "gpt-x", "messages": [{"role": "user", "content": "hi"}]})
