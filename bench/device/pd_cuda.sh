@@ -31,7 +31,7 @@ timeout 200 $PY - "$OUTDIR" "$BACKEND" "$NGPU" <<'PY'
 import asyncio, json, random, re, sys, time
 import httpx
 from prefixgate.config.pd_settings import PDSettings
-from prefixgate.proxy.routing.pd_drive import PDDriver
+from prefixgate.proxy.routing.pd.drive import PDDriver
 
 out_dir, backend, ngpu = sys.argv[1], sys.argv[2], int(sys.argv[3])
 P, D = "http://127.0.0.1:18190/v1", "http://127.0.0.1:18191/v1"

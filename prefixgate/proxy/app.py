@@ -86,6 +86,7 @@ from prefixgate.proxy.pipeline.rewrite import (
 )
 from prefixgate.proxy.routing.kv_events import KVEventHub
 from prefixgate.proxy.routing.kv_shared import SharedKVIndex
+from prefixgate.proxy.routing.pd.drive import link_state
 from prefixgate.proxy.routing.probes import health_check_loop
 from prefixgate.proxy.routing.router import Target, pick_target
 from prefixgate.proxy.upstream.client import Upstream
@@ -224,6 +225,10 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         led = state.ledger.state()  # a shared ledger: reachable, or spooling (issue 26); a
         if state.ledger.kind != "sqlite" or led.get("error"):  # file degraded to memory (34)
             body["ledger"] = led  # informative, never a 503: requests go on
+        pd_links = {name: link_state(b.pd) for name, b in sorted(policy.backends.items())
+                    if b.pd is not None and b.pd.protocol == "vllm"}
+        if pd_links:  # a P/D pair's KV link as its last prefill answer showed it: informative
+            body["pd_links"] = pd_links
         return JSONResponse(body, status_code=503 if reasons else 200)
 
     savings_api.install(app, state.ledger, policy, state.guard)

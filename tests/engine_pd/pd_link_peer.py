@@ -69,3 +69,20 @@ def _say(out: object, what: object) -> None:
     out.put(what)  # type: ignore[attr-defined]
     out.close()  # type: ignore[attr-defined]
     out.join_thread()  # type: ignore[attr-defined]
+
+
+def run_decode_try(init_method: str, secret: bytes, out: object, hold: object) -> None:
+    """Try to pair once as rank 1; put ``paired`` or ``refused:<reason>`` on ``out``; a paired
+    process stays until ``hold`` (an Event) is set."""
+    from prefixgate.local_engine.pd.link import KVLayout, LinkDead, PDLink
+
+    link = PDLink("decode", init_method, KVLayout(2, 2, 4, 1, torch.float32, 64),
+                  torch.device("cpu"), timeout_s=10, secret=secret)
+    try:
+        link.start()
+    except LinkDead as exc:
+        _say(out, f"refused:{exc.reason}")
+        os._exit(3)
+    out.put("paired")  # type: ignore[attr-defined]
+    hold.wait(60)  # type: ignore[attr-defined]
+    os._exit(0)

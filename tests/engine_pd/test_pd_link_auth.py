@@ -17,7 +17,7 @@ import torch
 
 from prefixgate.local_engine.pd.link import KVLayout, LinkDead, PDLink
 from prefixgate.local_engine.pd.roles import _supervise
-from tests.engine_pd.pd_link_peer import SECRET, run_decode_once, run_prefill
+from tests.engine_pd.pd_link_peer import SECRET, run_decode_once, run_decode_try, run_prefill
 
 WRONG = b"not-the-pair-secret-0123456789ab"
 
@@ -145,3 +145,26 @@ def test_a_prefill_side_that_waited_through_failed_pairings_still_pairs_with_a_l
         stop.set()
         t.join(timeout=30)
     assert got == 1 and link.pairings == 1
+
+
+@pytest.mark.slow
+def test_a_second_decode_rank_is_refused_while_the_link_is_paired() -> None:
+    url = _url()
+    ctx = mp.get_context("spawn")
+    out_a, out_b, hold = ctx.Queue(), ctx.Queue(), ctx.Event()
+    link = PDLink("prefill", url, _layout(), torch.device("cpu"), timeout_s=20, secret=SECRET)
+    pairing = threading.Thread(target=link.start, daemon=True)
+    pairing.start()
+    a = ctx.Process(target=run_decode_try, args=(url, SECRET, out_a, hold))
+    a.start()
+    try:
+        assert out_a.get(timeout=90) == "paired"
+        pairing.join(timeout=30)
+        b = ctx.Process(target=run_decode_try, args=(url, SECRET, out_b, hold))
+        b.start()
+        assert out_b.get(timeout=90) == "refused:second_rank"
+        b.join(timeout=30)
+        assert link.pairings == 1 and link.ready.is_set() and not link.dead  # the first one's
+    finally:
+        hold.set()
+        a.join(timeout=30)

@@ -128,10 +128,13 @@ def test_an_unclaimed_import_is_released_at_its_timeout(make_engine: Any) -> Non
     while drole.pending_count() == 0 and time.monotonic() < deadline:
         time.sleep(0.02)
     _settle(dec)
-    assert dec.cache.protected_size == len(prompt)  # locked while it waits for its request
+    free = dec.pool.free_slots
+    # written, held for its request, but not in the tree: nobody else hits it (issue 34)
+    assert dec.cache.peek_prefix_len(prompt) == 0 and dec.cache.protected_size == 0
     time.sleep(0.6)
     _settle(dec)
-    assert dec.cache.protected_size == 0
+    assert dec.cache.protected_size == 0 and dec.cache.peek_prefix_len(prompt) == 0
+    assert dec.pool.free_slots == free + len(prompt)  # its pages went back unused
     assert drole.claim(ticket.transfer_id, 0.05) is None
     assert drole.stats()["kv_transfer_failures_total:timeout"] == 1
     prole.stop()
@@ -288,4 +291,28 @@ def test_an_import_that_fails_midway_gives_its_pages_back(make_engine: Any,
     assert dec.pool.free_slots == free and dec.cache.protected_size == 0
     assert dec.cache.peek_prefix_len(prompt) == 0  # nothing half-written entered the tree
     assert drole.stats()["kv_transfer_failures_total:error"] == 1
+    prole.stop()
+
+
+def test_kv_nobody_claimed_is_never_a_prefix_other_requests_hit(make_engine: Any) -> None:
+    """Issue 34: a transfer arrives and its decode request never comes; another request for
+    the same prompt on the decode instance computes it itself (no cache hit on KV that no
+    request here asked for), and once claimed the same import is hit."""
+    pre, dec, prole, drole, _ = _pair(make_engine, timeout_s=5.0)
+    prompt = list(range(70, 110))
+    pre.generate_batch([prompt], ONE)
+    ticket = prole.export(prompt, None, 0)
+    deadline = time.monotonic() + 5
+    while drole.pending_count() == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert drole.pending_count() == 1
+    other = _decode(dec, prompt, None)
+    assert other[-1].cached_tokens == 0  # another request: no hit on the unclaimed import
+    pending = drole.claim(ticket.transfer_id, 5.0)
+    assert pending is not None and pending.handle is not None
+    _settle(dec)
+    assert dec.cache.protected_size >= len(prompt)  # claimed: in the tree, locked for it
+    drole.unclaim(pending)
+    _settle(dec)
+    assert dec.cache.protected_size == 0
     prole.stop()

@@ -48,6 +48,10 @@ def test_a_clients_pd_contract_field_is_refused_and_never_sent(
                        json={"model": "m", "messages": MSGS, "max_tokens": 4, field: value})
         assert a.status_code == 400 and a.json()["type"] == "error", a.text
         assert field in a.json()["error"]["message"]
+        for path, body in (("/v1/completions", {"model": "m", "prompt": "Paris is", field: value}),
+                           ("/v1/responses", {"model": "m", "input": "Paris is", field: value})):
+            other = httpx.post(url + path, json=body, timeout=30)  # every model endpoint
+            assert other.status_code == 400 and field in other.text, (path, other.text)
         ok = httpx.post(url + "/v1/chat/completions", timeout=30,
                         json={"model": "m", "messages": MSGS, "max_tokens": 4})
         assert ok.status_code == 200, ok.text

@@ -23,7 +23,7 @@ from tests.tiny_model import make_tiny_model_dir
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str, Any]]:
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str, Any, Any]]:
     from prefixgate.local_engine.engine import Engine, EngineConfig
     from prefixgate.local_engine.pd.roles import DecodeRole, PrefillRole
     from prefixgate.local_engine.server import build_app as engine_app
@@ -48,12 +48,12 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, s
         p_url = stack.enter_context(serve_app(engine_app(pre, pd=PDHandoff(
             "prefill", prefill_role=prole, peer_url=d_url + "/v1"))))
         c_url = stack.enter_context(serve_app(engine_app(colo)))
-        yield p_url + "/v1", d_url + "/v1", c_url + "/v1", dec
+        yield p_url + "/v1", d_url + "/v1", c_url + "/v1", dec, link
 
 
-def test_a_pd_backend_splits_then_colocates_the_follow_up(pair: tuple[str, str, str, Any],
+def test_a_pd_backend_splits_then_colocates_the_follow_up(pair: tuple[str, str, str, Any, Any],
                                                            tmp_path: Path) -> None:
-    prefill, decode, colo, dec = pair
+    prefill, decode, colo, dec, link = pair
     policy = parse_policy({
         "backends": {"pd": {"kind": "openai_compat", "base_url": decode,
                             "pd": {"prefill": prefill, "decode": decode, "protocol": "vllm",
@@ -79,7 +79,17 @@ def test_a_pd_backend_splits_then_colocates_the_follow_up(pair: tuple[str, str, 
         colocated0 = sum(n for (d, _), n in DECISIONS.items() if d == "colocate")
         assert client.post(url + "/v1/chat/completions", json=follow).status_code == 200
         assert sum(n for (d, _), n in DECISIONS.items() if d == "colocate") == colocated0 + 1
-    rows = wait_rows(ledger, 2)
-    assert [r["deployment"] for r in rows] == ["pd/pd-split:split", "pd/pd-colocate:short_uncached"]
+        assert client.get(url + "/healthz").json()["pd_links"]["pd"]["link"] == "up"
+        link.dead = True  # the engines' KV link is lost: the next split runs decode-only
+        lost = {**body, "messages": [{"role": "user", "content": "Another trip, to the mountains "
+                                      "this time: plan it day by day for two weeks, with a budget, "
+                                      "a packing list, the trains to take and where to sleep."}]}
+        assert client.post(url + "/v1/chat/completions", json=lost).status_code == 200
+        health = client.get(url + "/healthz").json()
+        assert health["pd_links"]["pd"]["link"] == "down" and health["status"] == "ok"
+        link.dead = False
+    rows = wait_rows(ledger, 3)
+    assert [r["deployment"] for r in rows] == ["pd/pd-split:split", "pd/pd-colocate:short_uncached",
+                                               "pd/pd-colocate:prefill_failed"]
     # the split's prompt came over the link: no cache hit in the ledger (issue 34, item 13)
     assert rows[0]["prompt_tokens"] > 0 and rows[0]["cached_tokens"] == 0

@@ -5,13 +5,15 @@ part of it the decode side lacks (``kv_io.export_prefix``) and queue it for the 
 thread, which gathers it into the staging buffer, sends it and releases the lock. A transfer
 that waits in the queue past ``timeout_s``, or meets a dead link, is released unsent.
 
-``DecodeRole``: the receiver thread imports each transfer into the pool and the tree (staged on the
-engine thread: pages reserved, K/V written ``import_chunk_tokens`` at a time between engine steps,
-then inserted; one bulk copy would stall every running decode for the whole transfer) and keeps it
-locked as a *pending import* until its decode request ``claim``s it — or ``timeout_s`` passes, or
-the link dies: then the lock is dropped (the pages become evictable, reclaimed on demand). ``claim``
-waits for a transfer that has not arrived yet, up to its timeout; None means "recompute here"
-(vLLM's ``kv_load_failure_policy=recompute``).
+``DecodeRole``: the receiver thread writes each transfer into the pool (staged on the engine
+thread: pages reserved, K/V written ``import_chunk_tokens`` at a time between engine steps; one
+bulk copy would stall every running decode for the whole transfer) and keeps it as a *pending
+import* until its decode request ``claim``s it: only then do its pages enter the radix tree
+(``finish_import``), locked for the request. A transfer nobody claims — ``timeout_s`` passes,
+or the link dies — gives its pages back without ever entering the tree, so no other request
+hits KV that no request of this instance asked for (issue 34). ``claim`` waits for a transfer
+that has not arrived yet, up to its timeout; None means "recompute here" (vLLM's
+``kv_load_failure_policy=recompute``).
 
 Counters (``stats()``, vLLM's KV-connector terms): transfers and KV tokens moved, seconds spent
 in send / receive + import, failures by reason, pending imports now.
@@ -76,13 +78,17 @@ class TransferTicket:
 
 @dataclass
 class PendingImport:
-    """An imported, locked prefix waiting for its decode request (decode side)."""
+    """A received transfer waiting for its decode request (decode side): its K/V written into
+    pages of ``reservation``, which enter the radix tree only when the request claims it
+    (``finish_import``); or, when the tree already held the whole prompt, the locked match
+    (``handle``). A claimed one always has ``handle`` (locked; ``unclaim`` drops it)."""
 
     transfer_id: int
-    handle: CacheHandle
+    handle: CacheHandle | None
     new_tokens: int
     deadline: float
     claimed: bool = False
+    reservation: ImportReservation | None = None
 
 
 @dataclass
@@ -99,6 +105,19 @@ def _release_on(engine: _EngineLike, handle: CacheHandle) -> None:
         engine.call(lambda: release(engine.cache, handle))
     except RuntimeError:
         pass
+
+
+def _drop(engine: _EngineLike, pending: PendingImport) -> None:
+    """Give up a pending import on the engine thread (fire and forget): its reserved pages go
+    back to the pool (they never entered the tree), or its lock is dropped."""
+    res = pending.reservation
+    if res is not None:
+        try:
+            engine.call(lambda: cancel_import(engine.pool, engine.cache, res))
+        except RuntimeError:
+            pass
+    elif pending.handle is not None:
+        _release_on(engine, pending.handle)
 
 
 class PrefillRole:
@@ -243,6 +262,10 @@ class DecodeRole:
             log.exception("P/D import of transfer %d failed", got.transfer_id)
             imp = ImportedPrefix(None, 0, "error")
         self.stats_.seconds += time.perf_counter() - t0
+        if isinstance(imp, ImportReservation):  # written; enters the tree when claimed
+            self._hold(got, PendingImport(got.transfer_id, None, imp.num_new,
+                                          time.monotonic() + self.timeout_s, reservation=imp))
+            return
         if imp.handle is None:
             self.stats_.failures[imp.reason or "error"] += 1
             with self._cond:
@@ -251,10 +274,13 @@ class DecodeRole:
                 self._failed.add(got.transfer_id)
                 self._cond.notify_all()
             return
+        self._hold(got, PendingImport(got.transfer_id, imp.handle, imp.new_tokens,
+                                      time.monotonic() + self.timeout_s))
+
+    def _hold(self, got: Received, pend: PendingImport) -> None:
+        """Keep ``pend`` for its decode request until the timeout (``expire``)."""
         self.stats_.transfers += 1
         self.stats_.tokens += len(got.tokens) - got.start
-        pend = PendingImport(got.transfer_id, imp.handle, imp.new_tokens,
-                             time.monotonic() + self.timeout_s)
         with self._cond:
             self._pending[got.transfer_id] = pend
             self._cond.notify_all()
@@ -262,11 +288,14 @@ class DecodeRole:
         timer.daemon = True
         timer.start()
 
-    def _import(self, got: Received) -> ImportedPrefix:
-        """The staged import of ``got`` (``on_transfer``): its ``ImportedPrefix``. The first
-        piece runs before the next step, the others are paced engine calls
-        (``Engine.call(paced=True)``: one after each step while requests run); a piece that
-        fails gives the reserved pages back once every piece has run."""
+    def _import(self, got: Received) -> ImportedPrefix | ImportReservation:
+        """The staged import of ``got`` (``on_transfer``): the reservation with every piece
+        written — not in the tree yet: it enters at its claim (issue 34: a transfer nobody
+        claims never becomes a prefix other requests hit) — or the ``ImportedPrefix`` when
+        there was nothing to write (or no room, or a gap). The first piece runs before the
+        next step, the others are paced engine calls (``Engine.call(paced=True)``: one after
+        each step while requests run); a piece that fails gives the reserved pages back once
+        every piece has run."""
         eng, pool, cache = self.engine, self.engine.pool, self.engine.cache
         n_kv = int(got.kv.shape[2])
         res = eng.call(lambda: reserve_import(pool, cache, got.tokens, got.extra_key, got.start,
@@ -283,16 +312,31 @@ class DecodeRole:
                 piece.result()
             except BaseException as exc:  # a piece's own failure, or cancelled at shutdown
                 failed = failed or exc
-        try:
-            if failed is not None:
-                raise failed
-            return eng.call(lambda: finish_import(pool, cache, res)).result()
-        except BaseException:
+        if failed is not None:
             try:
                 eng.call(lambda: cancel_import(pool, cache, res))
             except RuntimeError:  # the engine stopped: its pool goes with it
                 pass
-            raise
+            raise failed
+        return res
+
+    def _finish(self, pending: PendingImport) -> PendingImport | None:
+        """Insert a claimed import's pages into the tree and lock the prefix (engine thread);
+        None (its pages given back) when that fails."""
+        res = pending.reservation
+        if res is None:
+            return pending
+        eng = self.engine
+        try:
+            imp = eng.call(lambda: finish_import(eng.pool, eng.cache, res)).result()
+        except BaseException:
+            log.exception("P/D import of transfer %d could not enter the tree",
+                          pending.transfer_id)
+            self.stats_.failures["error"] += 1
+            _drop(eng, pending)
+            return None
+        pending.reservation, pending.handle, pending.new_tokens = None, imp.handle, imp.new_tokens
+        return pending
 
     def on_dead(self) -> None:
         """The link is gone: wake every waiter, release every unclaimed import."""
@@ -302,7 +346,7 @@ class DecodeRole:
             self._cond.notify_all()
         for p in left:
             self.stats_.failures["link_down"] += 1
-            _release_on(self.engine, p.handle)
+            _drop(self.engine, p)
 
     def expire(self, transfer_id: int) -> bool:
         """Release an import nobody claimed in time; returns whether it did."""
@@ -313,7 +357,7 @@ class DecodeRole:
             del self._pending[transfer_id]
             self._remember_done(transfer_id)
         self.stats_.failures["timeout"] += 1
-        _release_on(self.engine, p.handle)
+        _drop(self.engine, p)
         return True
 
     # -- the decode request --------------------------------------------------------------------
@@ -332,7 +376,7 @@ class DecodeRole:
                     p.claimed = True
                     del self._pending[transfer_id]
                     self._remember_done(transfer_id)
-                    return p
+                    break
                 if transfer_id in self._failed:
                     self._failed.discard(transfer_id)
                     self._remember_done(transfer_id)
@@ -349,6 +393,7 @@ class DecodeRole:
                     self._remember_done(transfer_id)
                     return None
                 self._cond.wait(min(left, 0.5))
+        return self._finish(p)
 
     def _remember_done(self, transfer_id: int) -> None:
         """Keep ``transfer_id`` as claimed / given up (bounded; the oldest forgotten first).
@@ -359,7 +404,7 @@ class DecodeRole:
 
     def unclaim(self, pending: PendingImport) -> None:
         """Drop a claimed import's lock (its request now holds its own, or is gone)."""
-        _release_on(self.engine, pending.handle)
+        _drop(self.engine, pending)
 
     def pending_count(self) -> int:
         """Imports waiting for their decode request now."""

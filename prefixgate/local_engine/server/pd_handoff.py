@@ -266,6 +266,12 @@ class PDHandoff:
             "transfer_tag": tag,
         }
 
+    def close(self) -> None:
+        """Stop the handoff's threads (claims still waiting end with the link: ``stop`` the
+        role first)."""
+        self._claims.shutdown(wait=False, cancel_futures=True)
+        self._exports.shutdown(wait=False, cancel_futures=True)
+
     def link_health(self) -> dict[str, Any] | None:
         """The P/D link's state for ``/health`` (None on a colocated engine): ``role``, ``up``,
         ``pairings`` and ``repairs`` (pairings after the first: a peer was lost and came back)."""

@@ -62,4 +62,9 @@ def start_role(engine: Any, role: str, link_url: str, peer_url: str | None, buff
     starter.start()  # the link thread: pairs, and pairs again after a lost peer
     hooks = PDHandoff(role, prole, drole, peer_url, engine_id=f"prefixgate-{role}-{port}",
                       host=host, port=port)
-    return hooks, starter.stop
+
+    def stop() -> None:
+        starter.stop()  # a claim still waiting sees the link down and returns
+        hooks.close()
+
+    return hooks, stop

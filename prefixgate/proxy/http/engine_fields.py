@@ -6,7 +6,7 @@ client and a model:
 - ``kv_transfer_params`` (vLLM's P/D contract: a prefill answer's transfer id, its first token
   ids, the remote engine's address), ``first_token_ids``, and SGLang's ``bootstrap_host`` /
   ``bootstrap_port`` / ``bootstrap_room`` (any ``bootstrap_*``): prefixgate's P/D driver
-  (:mod:`prefixgate.proxy.routing.pd_drive`) writes them. A client's own would be relayed on
+  (:mod:`prefixgate.proxy.routing.pd.drive`) writes them. A client's own would be relayed on
   the colocated path, so a tenant could make a decode engine wait on a transfer that never
   comes (another tenant's request queued behind it) or emit chosen text as model output.
   :func:`refuse_engine_fields` answers such a body with a 400 naming the field, on every

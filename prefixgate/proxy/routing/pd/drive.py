@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -41,12 +42,16 @@ from prefixgate.proxy.routing.pd.split import (
     vllm_prefill_body,
 )
 
-__all__ = ["DECISIONS", "PDDriver", "SendFn"]
+__all__ = ["DECISIONS", "LINKS", "PDDriver", "SendFn", "link_state"]
 
 log = logging.getLogger("prefixgate.pd")
 
 SendFn = Callable[[str, Mapping[str, bytes], bytes, float], Awaitable[httpx.Response]]
 DECISIONS: Counter[tuple[str, str]] = Counter()
+LINKS: dict[str, tuple[bool, float]] = {}
+"""Prefill URL -> (whether its last answer carried ``kv_transfer_params``, when: epoch s). An
+answer 200 with ``kv_transfer_params: null`` means the engine pair's KV link is down (the split
+ran decode-only): ``/healthz`` says so per backend (issue 34, item 9)."""
 MAX_PREFILL_ANSWER = 1 << 20  # bytes read of a prefill answer (one token + params)
 
 
@@ -120,6 +125,7 @@ class PDDriver:
                 await r.aclose()
             if r.status_code == 200 and len(raw) <= MAX_PREFILL_ANSWER:
                 params = orjson.loads(raw).get("kv_transfer_params")
+                LINKS[pd.prefill] = (params is not None, time.time())
         except Exception as exc:  # the prefill side failed: the decode side prefills itself
             log.warning("P/D prefill failed (%s); decode-only", type(exc).__name__)
         if params is None:
@@ -141,6 +147,15 @@ class PDDriver:
         if isinstance(dec, BaseException):
             raise dec
         return dec
+
+
+def link_state(pd: PDSettings) -> dict[str, Any]:
+    """What the proxy last saw of ``pd``'s KV link (``LINKS``): ``{"link": "up" | "down" |
+    "unknown", "seen_s_ago": float | None}`` (vLLM protocol only: the others carry no params)."""
+    seen = LINKS.get(pd.prefill)
+    if seen is None:
+        return {"link": "unknown", "seen_s_ago": None}
+    return {"link": "up" if seen[0] else "down", "seen_s_ago": round(time.time() - seen[1], 1)}
 
 
 async def _drain(resp: httpx.Response) -> None:
