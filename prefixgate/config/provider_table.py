@@ -70,8 +70,9 @@ def _measured(t: KindTraits) -> str:
 
 def _opt_in(t: KindTraits, s: RewriteSettings) -> str:
     off = [f"`{n}`" for n in (*MOVES_THE_MODEL_READS, *PRUNING) if not getattr(s, n)]
-    if t.cache_provider == "anthropic" and not s.cache_diagnostics:
-        off.append("`cache_diagnostics`")
+    if t.cache_provider in ("anthropic", "openai") and not s.cache_diagnostics:
+        off.append("`cache_diagnostics`" + (" (Responses API)" if t.cache_provider == "openai"
+                                            else ""))
     if t.masks_tools:
         off.append("(tool pruning masks calls instead of removing tools)")
     return ", ".join(off)

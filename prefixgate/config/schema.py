@@ -218,8 +218,9 @@ class Route(RouteTargets):
     default_max_tokens: int | None = Field(None, ge=0)
     cache_diagnostics: bool | None = None
     """Ask the provider why its prefix cache missed (Anthropic cache diagnostics: the beta
-    header and ``diagnostics.previous_message_id`` = the session's previous answer); None: the
-    policy's ``rewrite.cache_diagnostics``. Read whenever an answer carries them, asked or not
+    header and ``diagnostics.previous_message_id`` = the session's previous answer; OpenAI
+    Responses: ``prompt_cache_options.comparison_response_id``); None: the policy's
+    ``rewrite.cache_diagnostics``. Read whenever an answer carries them, asked or not
     (:mod:`prefixgate.proxy.core.diagnostics`)."""
 
 
@@ -289,10 +290,11 @@ class RewriteSettings(_Strict):
     """Anthropic routes: ask for the provider's cache-miss reason (beta
     ``cache-diagnosis-2026-04-07``, ``diagnostics.previous_message_id`` from the session's
     previous answer; the first request sends ``null`` so the provider keeps a fingerprint to
-    compare with). Off by default: a beta, and the provider keeps a fingerprint (hashes and
-    token counts) of each request that asks; per route: ``routes[].cache_diagnostics``. OpenAI's
-    ``prompt_cache_options.comparison_response_id`` (Responses API, GPT-5.6 and later) is not
-    asked for; its ``prompt_cache_diagnostics`` are read when a client asks itself."""
+    compare with); Responses requests to OpenAI: ``prompt_cache_options.comparison_response_id``
+    = the session's previous response (GPT-5.6 and later serve it). Off by default: a beta, the
+    provider keeps a fingerprint (hashes and token counts) of each request that asks, and older
+    models may refuse the field; per route: ``routes[].cache_diagnostics``. What an answer
+    reports is read whether asked or not."""
     tenant: str = "default"
     prune_tools: bool = False
     prune_tools_min_catalog: int = Field(30, ge=1)

@@ -95,3 +95,24 @@ def test_a_responses_request_is_keyed_by_its_input_length_too(rig_factory: Any, 
         sent = rig.upstream.seen[-1].json
         assert ("prompt_cache_key" in sent) is keyed
         assert sent["input"] == inp
+
+
+def test_an_anthropic_client_bridged_to_openai_gets_its_conversation_key(
+        rig_factory: Any, upstream: Any) -> None:
+    """The bridged path keys by conversation as the native one does (neurolink #1766: 28 %
+    cached bridged without a key against 49 % native)."""
+    rig = rig_factory(rewrite_fn="default",
+                      backends={"oai": {"kind": "openai", "base_url": upstream[1] + "/v1"}},
+                      routes=[{"match": "*", "backend": "oai"}])
+    rig.upstream.script = Script(body=completion())
+    body = {"model": "gpt-4o", "max_tokens": 9, "system": SYSTEM,
+            "messages": [{"role": "user", "content": "I need to change my flight"}]}
+    keys = []
+    for first in ("I need to change my flight", "Cancel my reservation"):
+        r = httpx.post(rig.url + "/v1/messages", timeout=10, json={
+            **body, "messages": [{"role": "user", "content": first}]})
+        assert r.status_code == 200, r.text
+        sent = rig.upstream.seen[-1].json
+        assert sent["messages"][0] == {"role": "system", "content": SYSTEM}
+        keys.append(sent["prompt_cache_key"])
+    assert keys[0] != keys[1] and all(k.startswith("default-") for k in keys)

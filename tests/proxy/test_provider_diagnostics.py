@@ -232,3 +232,27 @@ def test_nothing_is_asked_by_default_and_a_clients_own_request_is_kept(
     seen = rig.upstream.seen[-1]
     assert seen.json["diagnostics"] == {"previous_message_id": "msg_mine"}
     assert seen.headers["anthropic-beta"] == "cache-diagnosis-2026-04-07"
+
+
+def test_a_responses_route_that_asks_compares_with_the_previous_response(
+        rig_factory: Any, upstream: Any) -> None:
+    rig = rig_factory(rewrite_fn="default",
+                      backends={"oai": {"kind": "openai", "base_url": upstream[1] + "/v1"}},
+                      routes=[{"match": "gpt-*", "backend": "oai", "cache_diagnostics": True}])
+    headers = {"x-prefixgate-session": "s-resp"}
+    body = {"model": "gpt-x", "instructions": SYSTEM, "input": "hi"}
+    rig.upstream.script = Script(body={**_response(None), "id": "resp_first"})
+    assert httpx.post(rig.url + "/v1/responses", json=body, headers=headers,
+                      timeout=10).status_code == 200
+    assert "prompt_cache_options" not in rig.upstream.seen[-1].json  # nothing to compare yet
+    rig.upstream.script = Script(body={**_response(OPENAI_MISS), "id": "resp_second"})
+    assert httpx.post(rig.url + "/v1/responses", json={**body, "input": "more"}, headers=headers,
+                      timeout=10).status_code == 200
+    sent = rig.upstream.seen[-1].json
+    assert sent["prompt_cache_options"] == {"comparison_response_id": "resp_first"}
+    assert sent["input"] == "more" and sent["instructions"] == SYSTEM
+    mine = {**body, "prompt_cache_options": {"comparison_response_id": "resp_mine"}}
+    httpx.post(rig.url + "/v1/responses", json=mine, headers=headers, timeout=10)
+    assert rig.upstream.seen[-1].json["prompt_cache_options"] == {
+        "comparison_response_id": "resp_mine"}
+    assert wait_rows(rig.ledger, 3)[1]["reported_miss"] == "tools_changed"

@@ -45,7 +45,7 @@ SETTING_ALTERNATIVES: dict[str, Any] = {
     "enabled": False, "canonicalize_tools": False, "tool_order": "name",
     "tool_schema_sort_properties": True, "hoist_volatile": True, "hoist_target": "last_user",
     "learn_volatility": False, "stabilise_passages": True, "place_breakpoints": False,
-    "breakpoint_ttl": "1h", "openai_prompt_cache_key": True,
+    "breakpoint_ttl": "1h", "openai_prompt_cache_key": False, "cache_diagnostics": True,
     "openai_prompt_cache_retention": "24h", "tenant": "other", "prune_tools": True,
     "prune_tools_min_catalog": 2, "pinned_tools": ["book_reservation"], "prune_history": True,
     "history_high_watermark_tokens": 400, "history_low_watermark_tokens": 1,

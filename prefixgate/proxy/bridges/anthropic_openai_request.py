@@ -50,6 +50,9 @@ TOP = {
     "cache_control": "mapped: automatic prefix caching (the backend caches without a marker)",
     "diagnostics": "mapped: a cache-diagnostics request; no counterpart asked (the answer is "
                    "unchanged)",
+    "prompt_cache_key": "mapped: prompt_cache_key (not a Messages field: what prefixgate adds "
+                        "on an OpenAI route, one key per conversation; a routing hint)",
+    "prompt_cache_retention": "mapped: prompt_cache_retention (as prompt_cache_key)",
     "container": "400: server-side container, no counterpart",
     "context_management": "400: server-side context editing, no counterpart",
     "mcp_servers": "400: server-side MCP connector, no counterpart",
@@ -398,6 +401,9 @@ def request_to_openai(body: dict[str, Any], origins: dict[int, str] | None = Non
         known_keys(obj(body["metadata"], "metadata"), METADATA, "metadata")
         if body["metadata"].get("user_id") is not None:
             out["user"] = string(body["metadata"]["user_id"], "metadata.user_id")
+    for key in ("prompt_cache_key", "prompt_cache_retention"):  # cache routing hints
+        if body.get(key) is not None:
+            out[key] = string(body[key], key)
     if body.get("service_tier") is not None:  # checked by _refuse_server_side
         out["service_tier"] = {"standard_only": "default"}.get(body["service_tier"], "auto")
     if body.get("stream") is not None and boolean(body["stream"], "stream"):

@@ -4,10 +4,11 @@ The body goes as the client sent it, except what the rewriter's passes can map b
 Responses body: they run on a Chat view (:meth:`ResponsesIdentity.pass_body`: ``instructions`` as
 the system message, the function tools, at most 1,024 characters of the input's text as the user
 turn, so the passes see whether the prompt can be cached at all) and its ``tools`` (canonical
-order and schema key order) and ``prompt_cache_key`` / ``prompt_cache_retention`` are written
-back; input items go as the client sent them. The answer is relayed untouched; its usage is read
-in the Responses shape (:func:`responses_usage`, :class:`ResponsesWatcher`), and the relay's own
-closing error becomes a Responses ``error`` event (:meth:`ResponsesIdentity.end_mapper`).
+order and schema key order) and ``prompt_cache_key`` / ``prompt_cache_retention`` (and, on a
+route asking for cache diagnostics, ``prompt_cache_options``) are written back; input items go
+as the client sent them. The answer is relayed untouched; its usage is read in the Responses
+shape (:func:`responses_usage`, :class:`ResponsesWatcher`), and the relay's own closing error
+becomes a Responses ``error`` event (:meth:`ResponsesIdentity.end_mapper`).
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class ResponsesIdentity(Bridge):
         if rewritten is not None:
             if isinstance(body.get("tools"), list) and rewritten.body.get("tools") is not None:
                 out["tools"] = [{"type": "function", **t["function"]} for t in rewritten.body["tools"]]
-            for key in ("prompt_cache_key", "prompt_cache_retention"):
+            for key in ("prompt_cache_key", "prompt_cache_retention", "prompt_cache_options"):
                 if key in rewritten.body and key not in body:
                     out[key] = rewritten.body[key]
         if model is not None:

@@ -194,7 +194,8 @@ async def _stream(state: ProxyState, ex: Exchange, resp: httpx.Response) -> Resp
     order: list[Any] = []  # [announce token, previous answer's event, this answer's]
 
     async def before_end() -> None:  # before the stream's final message (upstream.relay)
-        remember_answer_id(ex, getattr(watcher, "message_id", ""))  # cache diagnostics' baseline
+        remember_answer_id(ex, getattr(watcher, "message_id", "")  # cache diagnostics' baseline
+                           or getattr(watcher, "response_id", ""))
         await merge_memory(state, ex)  # the session's next turn reads it
         token = announced.announce() if announced is not None else 0  # readers wait for it
         order.extend((token, *state.record_order.turn()))  # rows in the order of their answers

@@ -40,7 +40,7 @@ from prefixgate.proxy.pipeline.session_key import session_hash, session_id_for
 from prefixgate.proxy.routing.retries import Step
 from prefixgate.proxy.routing.router import Target, plan_targets
 from prefixgate.rewriter.analysis.tokens import count_tokens
-from prefixgate.rewriter.passes.breakpoints import CACHE_PARAMS
+from prefixgate.rewriter.passes.breakpoints import CACHE_PARAMS, DIAGNOSTICS_MEMORY
 from prefixgate.rewriter.pipeline import PASSES
 from prefixgate.rewriter.region_memo import RegionMemo
 from prefixgate.rewriter.token_memo import TokenMemo
@@ -168,6 +168,7 @@ async def passes(ex: Exchange, request: Request, state: ProxyState) -> None:
                       count_tokens=PASS_TOKENS, memo=PASS_MEMO)
     ex.ctx = ctx
     ex.rw = await rewrite_off_loop(state.rewrite_fn, ex.pass_view, view_raw, bridge.pass_api, ctx)
+    ask_openai_diagnostics(ex, primary)
     ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
     if verdict.stand_back:  # said in the Edits, the ledger and a header (cache.stand_back)
         whose = f" (tenant {ex.row.tenant})" if ex.row.tenant else ""
@@ -213,6 +214,27 @@ def for_route(settings: RewriteSettings, policy: Policy, target: Target) -> Rewr
     if want is None or want == settings.cache_diagnostics:
         return settings
     return settings.model_copy(update={"cache_diagnostics": want})
+
+
+def ask_openai_diagnostics(ex: Exchange, primary: Target) -> None:
+    """On a route that asks for cache diagnostics, a Responses request to a backend serving the
+    Responses API itself gets ``prompt_cache_options.comparison_response_id`` = the session's
+    previous response (https://developers.openai.com/api/docs/guides/prompt-caching/diagnostics;
+    only a diagnostic baseline: it loads no conversation and changes no caching). Written into
+    the rewritten view, which the identity bridge copies back; a client's own
+    ``prompt_cache_options`` is kept; nothing on a session's first request."""
+    ctx, rw = ex.ctx, ex.rw
+    if ctx is None or rw is None or not ctx.settings.cache_diagnostics:
+        return
+    if ex.endpoint.client != "responses" or not traits(primary.backend.kind).native_responses:
+        return
+    mem = ctx.session.get(DIAGNOSTICS_MEMORY)
+    prev = mem.get("previous_id") if isinstance(mem, dict) else None
+    if not isinstance(prev, str) or not prev or "prompt_cache_options" in ex.body:
+        return
+    rw.body = {**rw.body, "prompt_cache_options": {"comparison_response_id": prev}}
+    rw.edits.append(Edit("place_breakpoints", True, "params",
+                         "prompt_cache_options.comparison_response_id=the previous response"))
 
 
 def asked_diagnostics(ex: Exchange) -> bool:

@@ -34,7 +34,9 @@ keys by conversation id the same way). Without a session id (``prefixgate rewrit
 the stable-prefix hash stands in. ``prompt_cache_retention`` from policy. A client's own values
 are kept. Only for ``ctx.provider == "openai"`` (other OpenAI-compatible servers may reject
 unknown fields; the fallbacks of another kind get the client's body,
-:func:`prefixgate.proxy.pipeline.prepare.bridges`).
+:func:`prefixgate.proxy.pipeline.prepare.bridges`); on an Anthropic client's body bridged to an
+OpenAI backend too, where the A->O bridge carries the two fields over (a bridged path without
+the key cached 28 % against 49 % native in neurolink #1766).
 """
 
 from __future__ import annotations
@@ -405,8 +407,8 @@ def _ask_diagnostics(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
 def run(prompt: Prompt, ctx: Context) -> tuple[Prompt, list[Edit]]:
     """Plan breakpoints (Anthropic, ``ctx.provider == "anthropic"``) or OpenAI cache params;
     on Anthropic routes that ask for it, the cache-diagnostics request (:func:`_ask_diagnostics`)."""
-    if prompt.api == "openai":
-        return _openai(prompt, ctx)
+    if prompt.api == "openai" or ctx.provider == "openai":  # an Anthropic client bridged to
+        return _openai(prompt, ctx)                          # OpenAI: the key travels over it
     if ctx.provider != "anthropic":
         return prompt, [Edit(NAME, False, "messages", f"provider {ctx.provider!r} has no explicit "
                              "breakpoints")]
