@@ -210,8 +210,9 @@ class RadixCache:
         while it reads the slots.
         """
         out: list[tuple[list[int], list[int], TreeNode]] = []
-        kids = sorted(node.children.values(), key=lambda n: (-n.last_access, -n.uid))
-        for child in kids[:max(0, max_branches)]:
+        kids = heapq.nlargest(max(0, max_branches), node.children.values(),
+                              key=lambda n: (n.last_access, n.uid))  # O(children): the root may hold many
+        for child in kids:
             tokens: list[int] = []
             slots: list[int] = []
             n = child
