@@ -14,7 +14,8 @@ Per request (SmolLM2-135M-Instruct, fp32 CPU, in-process):
   ``a`` (``--max-tokens``), then prompt + ``a`` teacher-forced with ``prompt_logprobs`` over the
   answer positions; and the same for the clock-tick variant of the body (the floor:
   ``kl_clock_tick``);
-* each setting under test (one engine each, the prefix cache reset between sessions): prompt +
+* each setting under test (one engine each, the prefix cache reset between sessions unless
+  ``--keep-tree``): prompt +
   ``a`` teacher-forced — its answer positions are in the fresh tail, the rest from the tree
   (prefix match, and with span reuse the re-aligned runs). ``kl``: mean over the answer
   positions of KL(reference || setting) in nats/token; ``top1``: the share of positions whose
@@ -45,6 +46,7 @@ OUT = REPO / "bench" / "results" / "span_bounds.json"
 SETTINGS: dict[str, dict[str, Any]] = {
     "prefix_only": {"span_reuse": False},
     "default": {},
+    "any_content": {"span_reuse_values_only": False},
     "span16": {"span_reuse_max_span_tokens": 16},
     "anchor8": {"span_reuse_min_anchor_tokens": 8},
     "anchor32": {"span_reuse_min_anchor_tokens": 32},
@@ -109,7 +111,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.time()
     for s in sessions:
         for eng in engines.values():
-            assert eng.reset_prefix_cache()
+            assert args.keep_tree or eng.reset_prefix_cache()
         for c in s:
             ids = encode_chat(tok, c.body["messages"], c.body.get("tools"))
             tick = encode_chat(tok, c.tick["messages"], c.tick.get("tools"))
@@ -166,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=0, help="first N sessions only")
     ap.add_argument("--sessions", default="", help="comma-separated session names (default: all)")
     ap.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated SETTINGS keys")
+    ap.add_argument("--keep-tree", action="store_true",
+                    help="keep the prefix cache across sessions (a session's first request may "
+                         "reuse another session's K/V, under another template)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     t0 = time.time()

@@ -2,7 +2,8 @@
 
 A prompt whose radix match stops at position ``j`` (a clock, an id changed there) is matched
 against the cached branches below the divergence (``RadixCache.continuations``) by the pure
-aligner (``kv.span_match.align``). When a plan passes the gate (``SpanBounds``), the request
+aligner (``kv.span_match.align``). When a plan passes the gate (``SpanBounds``, and the content
+gate: only value-like tokens differ, ``value_tokens_of``), the request
 allocates ITS OWN slots for ``[j, plan end)``, the K/V of each re-aligned run is COPIED from the
 old branch's slots into them (all layers, one gather + scatter per layer), and only the changed
 spans and the tail are prefilled (``Sequence.filled`` marks the copied ranges, the scheduler
@@ -23,13 +24,15 @@ K/V were computed with the old span's tokens in view (measured: ``bench/span_reu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from prefixgate.local_engine.kv.pool import KVPool
 from prefixgate.local_engine.kv.radix_cache import RadixCache, TreeNode
-from prefixgate.local_engine.kv.span_match import SpanBounds, SpanPlan, align
+from prefixgate.local_engine.kv.span_match import SpanBounds, SpanPlan, align, value_like_tokens
 from prefixgate.local_engine.model.llama import apply_rope, rope_tables_signed
 
 MAX_BRANCHES = 4  # cached continuations examined per admission, most recently used first
@@ -48,14 +51,27 @@ class SpanReuse:
     """The span-reuse policy of one engine: the gate's bounds and the model's RoPE frequencies.
 
     ``inv_freq [head_dim/2]`` (``model.llama.rope_inv_freq``): re-rotation of shifted keys;
-    None refuses any run whose position shift is not 0.
+    None refuses any run whose position shift is not 0. ``changeable`` (optional): returns the
+    token ids a changed span may consist of (``kv.span_match.value_like_tokens``: the content
+    gate); None: no content gate.
     """
 
     def __init__(self, bounds: SpanBounds, inv_freq: torch.Tensor | None,
-                 max_branches: int = MAX_BRANCHES) -> None:
+                 max_branches: int = MAX_BRANCHES,
+                 changeable: Callable[[], frozenset[int]] | None = None) -> None:
         self.bounds = bounds
         self.inv_freq = None if inv_freq is None else inv_freq.to(torch.float64)
         self.max_branches = max_branches
+        self._changeable_fn = changeable
+        self._changeable: frozenset[int] | None = None
+
+    def changeable(self) -> Callable[[int], bool] | None:
+        """The content gate's test (built on first use from ``changeable()``), or None."""
+        if self._changeable_fn is None:
+            return None
+        if self._changeable is None:
+            self._changeable = self._changeable_fn()
+        return self._changeable.__contains__
 
     def plan(self, cache: RadixCache, node: TreeNode, new: list[int]
              ) -> tuple[SpanPlan, list[int], TreeNode] | None:
@@ -67,8 +83,9 @@ class SpanReuse:
             return None
         best: tuple[SpanPlan, list[int], TreeNode] | None = None
         max_len = len(new) + b.max_spans * b.max_span_tokens
+        ok = self.changeable()
         for tokens, slots, deepest in cache.continuations(node, max_len, self.max_branches):
-            p = align(new, tokens, b)
+            p = align(new, tokens, b, ok)
             if p is not None and self.inv_freq is None:
                 p = _unshifted_prefix(p)
             if p is not None and (best is None or p.reused_tokens > best[0].reused_tokens):
@@ -115,6 +132,12 @@ class SpanReuse:
         cos = emb.cos().float().unsqueeze(1).to(device)
         sin = rope_tables_signed(emb.sin()).float().unsqueeze(1).to(device)
         return cos, sin
+
+
+def value_tokens_of(tokenizer: Any) -> frozenset[int]:
+    """The value-like token ids of an HF tokenizer (``kv.span_match.value_like_tokens`` over its
+    pieces): the content gate's alphabet (~0.1 s for a 49k vocabulary; built on first use)."""
+    return value_like_tokens(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))
 
 
 def _idx(values: list[int], device: torch.device) -> torch.Tensor:
