@@ -173,3 +173,16 @@ def test_the_content_gate_reuses_across_changed_digits_not_changed_words(make_en
     digits = run(eng, prompt("Current time: 2024-05-15 15:01:39"))[-1]
     words = run(eng, prompt("Current mood: rather pleasant today"))[-1]
     assert digits.span_reused_tokens == len(policy) and words.span_reused_tokens == 0
+
+
+def test_span_reuse_with_speculative_decoding_and_pages_answers_as_without(make_engine: Any) -> None:
+    plain = make_engine(page_size=4, chunk_size=16, **ANY)
+    spec = make_engine(page_size=4, chunk_size=16, speculative="ngram+suffix", **ANY)
+    a, b = X + S1 + Y + [9], X + S2 + Y + Z
+    outs = []
+    for eng in (plain, spec):
+        run(eng, a, max_tokens=4)
+        out = run(eng, b, max_tokens=12)
+        outs.append(([t for o in out for t in o.new_token_ids], out[-1].span_reused_tokens))
+        eng.cache.check()
+    assert outs[0] == outs[1] and outs[0][1] > 0
