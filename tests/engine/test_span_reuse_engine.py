@@ -186,3 +186,13 @@ def test_span_reuse_with_speculative_decoding_and_pages_answers_as_without(make_
         outs.append(([t for o in out for t in o.new_token_ids], out[-1].span_reused_tokens))
         eng.cache.check()
     assert outs[0] == outs[1] and outs[0][1] > 0
+
+
+def test_prompt_logprobs_of_a_full_cache_hit_is_its_last_position(make_engine: Any) -> None:
+    eng = make_engine()
+    ids = X + Z
+    run(eng, ids, max_tokens=3)
+    out = run(eng, ids, prompt_logprobs=True)  # all but the last token cached: a decode-like step
+    assert out[-1].cached_tokens == len(ids) - 1
+    pl = out[0].prompt_logprobs
+    assert pl.positions == [len(ids) - 1] and pl.rows[0].argmax().item() == out[0].new_token_ids[0]
