@@ -14,12 +14,16 @@ Per request (SmolLM2-135M-Instruct, fp32 CPU, in-process):
   ``a`` (``--max-tokens``), then prompt + ``a`` teacher-forced with ``prompt_logprobs`` over the
   answer positions; and the same for the clock-tick variant of the body (the floor:
   ``kl_clock_tick``);
-* each setting under test (one engine each, the prefix cache reset between sessions): prompt +
+* each setting under test (one engine each, the prefix cache reset between sessions unless
+  ``--keep-tree``): prompt +
   ``a`` teacher-forced — its answer positions are in the fresh tail, the rest from the tree
   (prefix match, and with span reuse the re-aligned runs). ``kl``: mean over the answer
   positions of KL(reference || setting) in nats/token; ``top1``: the share of positions whose
   argmax is the reference's next answer token (all of them: greedy decoding gives ``a``
-  exactly, ``greedy_identical``); ``cached`` / ``span_reused`` / ``prompt``: tokens.
+  exactly, ``greedy_identical``); ``cached`` / ``span_reused`` / ``prompt``: tokens. Answer
+  positions the setting took from the cache (a branch that already holds this answer, e.g.
+  another session's identical first turn) have no row: the figures use the rows it computed
+  (``answer_rows``).
 
 Writes ``bench/results/span_bounds.json``: ``{"command", "figures": {setting: {"requests",
 "cached_share", "span_reused_share", "kl_mean", "kl_max", "greedy_identical_share",
@@ -45,6 +49,7 @@ OUT = REPO / "bench" / "results" / "span_bounds.json"
 SETTINGS: dict[str, dict[str, Any]] = {
     "prefix_only": {"span_reuse": False},
     "default": {},
+    "any_content": {"span_reuse_values_only": False},
     "span16": {"span_reuse_max_span_tokens": 16},
     "anchor8": {"span_reuse_min_anchor_tokens": 8},
     "anchor32": {"span_reuse_min_anchor_tokens": 32},
@@ -66,9 +71,10 @@ def _collect(eng: Any, ids: list[int], **kw: Any) -> Any:
     return asyncio.run(go())
 
 
-def forced_rows(eng: Any, prompt: list[int], answer: list[int]) -> tuple[Any, Any]:
-    """Teacher-forced log-prob rows ``[len(answer), V]`` predicting ``answer`` after ``prompt``
-    (and the last output, for its usage)."""
+def forced_rows(eng: Any, prompt: list[int], answer: list[int]) -> tuple[Any, list[int], Any]:
+    """Teacher-forced log-prob rows predicting ``answer`` after ``prompt``: ``(rows [k, V], the
+    answer indices they predict, the last output)``; an answer position whose K/V came from
+    the cache (a cached branch holding the same answer) has no row."""
     import torch
 
     ids = prompt + answer
@@ -76,16 +82,19 @@ def forced_rows(eng: Any, prompt: list[int], answer: list[int]) -> tuple[Any, An
     _, first, last = _collect(eng, ids, max_tokens=1, ignore_eos=True, prompt_logprobs=True,
                               prompt_logprobs_start=start)
     pl = first.prompt_logprobs
-    rows = [pl.row(p) for p in range(start, start + len(answer))]
-    if any(r is None for r in rows):
-        raise RuntimeError("an answer position was not computed (it came from the cache)")
-    return torch.stack(rows), last
+    got = [(i, pl.row(start + i)) for i in range(len(answer))] if pl is not None else []
+    got = [(i, r) for i, r in got if r is not None]
+    rows = torch.stack([r for _, r in got]) if got else torch.empty(0)
+    return rows, [i for i, _ in got], last
 
 
 def kl_top1(ref: Any, got: Any, answer: list[int]) -> tuple[float, float, bool]:
-    """Mean KL(ref || got) nats/token, top-1 agreement with the answer, all positions agree."""
+    """Mean KL(ref || got) nats/token over the rows ``got`` has (``ref`` already cut to them),
+    top-1 agreement with the answer tokens they predict, all of them agree (no row: 0, 1, True)."""
     import torch
 
+    if got.numel() == 0:
+        return 0.0, 1.0, True
     kl = (ref.exp() * (ref - got)).sum(-1)
     agree = got.argmax(-1) == torch.tensor(answer)
     return float(kl.mean()), float(agree.float().mean()), bool(agree.all())
@@ -109,21 +118,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.time()
     for s in sessions:
         for eng in engines.values():
-            assert eng.reset_prefix_cache()
+            assert args.keep_tree or eng.reset_prefix_cache()
         for c in s:
             ids = encode_chat(tok, c.body["messages"], c.body.get("tools"))
             tick = encode_chat(tok, c.tick["messages"], c.tick.get("tools"))
             answer, _, _ = _collect(ref, ids, max_tokens=args.max_tokens)
-            r_rows, _ = forced_rows(ref, ids, answer)
-            t_rows, _ = forced_rows(ref, tick, answer)
+            r_rows, _, _ = forced_rows(ref, ids, answer)
+            t_rows, _, _ = forced_rows(ref, tick, answer)
             row: dict[str, Any] = {"session": c.session, "kind": c.kind, "turn": c.turn,
                                    "prompt": len(ids), "answer": len(answer),
                                    "kl_clock_tick": kl_top1(r_rows, t_rows, answer)[0]}
             for n, eng in engines.items():
                 t1 = time.perf_counter()
-                g_rows, last = forced_rows(eng, ids, answer)
-                kl, top1, same = kl_top1(r_rows, g_rows, answer)
+                g_rows, idx, last = forced_rows(eng, ids, answer)
+                kl, top1, same = kl_top1(r_rows[idx], g_rows, [answer[i] for i in idx])
                 row[n] = {"kl": kl, "top1": top1, "greedy_identical": same,
+                          "answer_rows": len(idx),
                           "cached": last.cached_tokens, "span_reused": last.span_reused_tokens,
                           "wall_s": round(time.perf_counter() - t1, 3)}
             rows.append(row)
@@ -166,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=0, help="first N sessions only")
     ap.add_argument("--sessions", default="", help="comma-separated session names (default: all)")
     ap.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated SETTINGS keys")
+    ap.add_argument("--keep-tree", action="store_true",
+                    help="keep the prefix cache across sessions (a session's first request may "
+                         "reuse another session's K/V, under another template)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     t0 = time.time()

@@ -59,6 +59,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="most tokens of one changed span (each side)")
     p.add_argument("--span-reuse-min-anchor-tokens", type=int, default=16,
                    help="shortest reused run between spans")
+    p.add_argument("--span-reuse-values-only", default="on", choices=["on", "off"],
+                   help="reuse only across changed digits / hex / separators (clocks, ids)")
     p.add_argument("--speculative", default=None,
                    help="speculative decoding drafters joined by '+': ngram, suffix, tools, draft")
     p.add_argument("--num-speculative-tokens", type=int, default=4, help="most draft tokens (k)")
@@ -134,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         span_reuse_max_spans=args.span_reuse_max_spans,
         span_reuse_max_span_tokens=args.span_reuse_max_span_tokens,
         span_reuse_min_anchor_tokens=args.span_reuse_min_anchor_tokens,
+        span_reuse_values_only=args.span_reuse_values_only == "on",
         model_name=args.model_name,
         max_context_len=args.max_context_len,
         speculative=args.speculative,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import queue
 import threading
@@ -57,7 +58,7 @@ from prefixgate.local_engine.sched.sampler import (
 )
 from prefixgate.local_engine.sched.scheduler import ScheduledSeq, Scheduler
 from prefixgate.local_engine.sched.sequence import Sequence, Status
-from prefixgate.local_engine.sched.span_reuse import SpanReuse
+from prefixgate.local_engine.sched.span_reuse import SpanReuse, value_tokens_of
 from prefixgate.local_engine.spec.factory import build_spec_decoder
 
 __all__ = ["Engine", "EngineConfig", "PromptTooLong", "RequestOutput", "SamplingParams"]
@@ -114,8 +115,10 @@ class Engine:
         self.cache = RadixCache(cfg.page_size) if cfg.enable_prefix_cache else None
         span = None
         if cfg.span_reuse and self.cache is not None:
+            values = functools.partial(value_tokens_of, self.tokenizer)
             span = SpanReuse(SpanBounds(cfg.span_reuse_max_spans, cfg.span_reuse_max_span_tokens,
-                                        cfg.span_reuse_min_anchor_tokens), rope_inv_freq(args))
+                                        cfg.span_reuse_min_anchor_tokens), rope_inv_freq(args),
+                             changeable=values if cfg.span_reuse_values_only else None)
         self.scheduler = Scheduler(self.pool, self.table, self.cache, cfg.max_num_batched_tokens,
                                    cfg.chunk_size, cfg.max_running, span)
         self.runner = ModelRunner(self.model, self.pool, self.table, self.max_context_len,

@@ -157,3 +157,19 @@ def test_evict_removes_whole_leaf_chains(page: int) -> None:
     assert sorted(c.evict(10**6)) == sorted(toks + list(range(100 + 2 * page, 100 + 4 * page)))
     assert c.total_size == 0
     c.check()
+
+
+def test_continuations_read_the_most_recent_branches_without_changing_the_tree() -> None:
+    tree = RadixCache()
+    tree.insert([1, 2, 3, 4, 5], [10, 11, 12, 13, 14])
+    tree.insert([1, 2, 7, 8], [10, 11, 22, 23])
+    tree.insert([1, 2, 9, 8, 6], [10, 11, 32, 33, 34])
+    tree.insert([1, 2, 9, 5], [10, 11, 32, 44])  # the newest: under branch 9, leaf 5
+    m = tree.match_prefix([1, 2, 0])
+    before = (tree.evictable_size, tree.protected_size)
+    got = tree.continuations(m.handle.node, max_len=3, max_branches=2)
+    assert [(t, s) for t, s, _ in got] == [([9, 5], [32, 44]), ([7, 8], [22, 23])]
+    assert got[0][2].key == [5]  # the deepest node read: lock it while copying
+    assert tree.continuations(m.handle.node, max_len=1, max_branches=5)[2][0] == [3]
+    assert (tree.evictable_size, tree.protected_size) == before
+    tree.check()

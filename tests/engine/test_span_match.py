@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixgate.local_engine.kv.span_match import SpanBounds, SpanPlan, align
+from prefixgate.local_engine.kv.span_match import SpanBounds, SpanPlan, align, value_like_tokens, values_only
 
 B = SpanBounds(max_spans=4, max_span_tokens=48, min_anchor_tokens=16)
 
@@ -115,3 +115,19 @@ def test_any_plan_stays_within_the_gate_and_reuses_only_equal_tokens(
     plan = align(new, old, bounds)
     if plan is not None:
         assert_sound(plan, new, old, bounds)
+
+
+def test_value_like_pieces_are_digits_hex_and_separators() -> None:
+    pieces = ["12", ":", "Ġ15", "be", "Ċ", "-", "ĠEST", "Request", "_", None, "", "\u25813f"]
+    assert value_like_tokens(pieces) == frozenset({0, 1, 2, 3, 4, 5, 8, 11})
+
+
+def test_the_content_gate_looks_only_at_the_tokens_that_differ() -> None:
+    ok = frozenset(range(0, 10)).__contains__  # "digits"
+    assert values_only([1, 2, 500, 501, 3], [1, 4, 500, 501, 7, 8], ok)  # words equal inside
+    assert not values_only([1, 600], [1, 601], ok)                     # a word changed
+    assert not values_only([], [600, 601], ok)                         # a line of words inserted
+    old = old_run()
+    new = [5] + old[1:]
+    assert align(new, old, B, ok) is None            # token 1000 -> 5: 1000 is not changeable
+    assert align(new, old, B, lambda t: True) is not None

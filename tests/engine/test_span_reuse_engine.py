@@ -21,6 +21,7 @@ X = list(range(2000, 2030))       # shared prefix
 Y = list(range(3000, 3040))       # re-aligned run after the changed span
 S1, S2 = [500, 501, 502], [600, 601, 602]
 Z = [700, 701, 702, 703]          # the new request's own tail
+ANY = {"span_reuse_values_only": False}  # these spans are words: the content gate would refuse
 
 
 def run(eng: Any, ids: list[int], **kw: Any) -> list[Any]:
@@ -61,7 +62,7 @@ def manual_rows(model: Any, a: list[int], b_span: list[int], b_tail: list[int],
 
 
 def test_equal_length_span_gives_the_logits_of_a_forward_over_the_stale_kv(make_engine: Any) -> None:
-    eng = make_engine(chunk_size=512)
+    eng = make_engine(chunk_size=512, **ANY)
     a, b = X + S1 + Y + [9], X + S2 + Y + Z
     run(eng, a)
     out = run(eng, b, prompt_logprobs=True)
@@ -81,12 +82,13 @@ def test_equal_length_span_gives_the_logits_of_a_forward_over_the_stale_kv(make_
 def test_shifted_keys_are_re_rotated_to_their_new_positions(make_engine: Any) -> None:
     """Layer-0 keys depend on the token and its position only: the copied keys of a run moved
     by d must equal the keys a full prefill computes at the new positions."""
-    span, plain = make_engine(), make_engine(span_reuse=False)
+    span, plain = make_engine(**ANY), make_engine(span_reuse=False)
     a, b = X + S1 + Y + [9], X + [600, 601, 602, 603, 604] + Y + Z  # shift +2
+    reused = []
     for eng in (span, plain):
         run(eng, a)
-        out = run(eng, b)
-    assert out[-1].span_reused_tokens == 0
+        reused.append(run(eng, b)[-1].span_reused_tokens)
+    assert reused == [len(Y), 0]
     slots = {}
     for name, eng in (("span", span), ("plain", plain)):
         m = eng.cache.match_prefix(b)
@@ -118,7 +120,7 @@ def test_rope_shift_composes_with_the_models_rope(tiny_dir: Any) -> None:
 
 
 def test_no_prefix_cache_computes_and_decodes_on_its_own_kv(make_engine: Any) -> None:
-    eng, fresh = make_engine(chunk_size=64), make_engine(enable_prefix_cache=False, chunk_size=64)
+    eng, fresh = make_engine(chunk_size=64, **ANY), make_engine(enable_prefix_cache=False, chunk_size=64)
     base = list(range(1000, 1200))
     a = base[:50] + [5, 6, 7] + base[50:] + [9]
     b = base[:50] + [8, 6, 3, 3] + base[50:] + [10, 11]
@@ -141,7 +143,7 @@ def test_prompt_logprobs_start_limits_the_rows(make_engine: Any) -> None:
 
 
 def test_span_reuse_off_is_the_prefix_match(make_engine: Any) -> None:
-    on, off = make_engine(), make_engine(span_reuse=False)
+    on, off = make_engine(**ANY), make_engine(span_reuse=False)
     a, b = X + S1 + Y + [9], X + S2 + Y + Z
     for eng in (on, off):
         run(eng, a)
@@ -157,3 +159,40 @@ def test_prompt_logprobs_start_is_validated(bad: Any) -> None:
 
     with pytest.raises(InvalidSamplingParam):
         SamplingParams(prompt_logprobs_start=bad).validate()
+
+
+def test_the_content_gate_reuses_across_changed_digits_not_changed_words(make_engine: Any) -> None:
+    eng = make_engine()
+    tok = eng.tokenizer
+    policy = tok(" Always ask for the reservation id before you cancel anything." * 4)["input_ids"]
+
+    def prompt(line: str) -> list[int]:
+        return tok(line)["input_ids"] + policy + [9]
+
+    run(eng, prompt("Current time: 2024-05-15 15:00:07"))
+    digits = run(eng, prompt("Current time: 2024-05-15 15:01:39"))[-1]
+    words = run(eng, prompt("Current mood: rather pleasant today"))[-1]
+    assert digits.span_reused_tokens == len(policy) and words.span_reused_tokens == 0
+
+
+def test_span_reuse_with_speculative_decoding_and_pages_answers_as_without(make_engine: Any) -> None:
+    plain = make_engine(page_size=4, chunk_size=16, **ANY)
+    spec = make_engine(page_size=4, chunk_size=16, speculative="ngram+suffix", **ANY)
+    a, b = X + S1 + Y + [9], X + S2 + Y + Z
+    outs = []
+    for eng in (plain, spec):
+        run(eng, a, max_tokens=4)
+        out = run(eng, b, max_tokens=12)
+        outs.append(([t for o in out for t in o.new_token_ids], out[-1].span_reused_tokens))
+        eng.cache.check()
+    assert outs[0] == outs[1] and outs[0][1] > 0
+
+
+def test_prompt_logprobs_of_a_full_cache_hit_is_its_last_position(make_engine: Any) -> None:
+    eng = make_engine()
+    ids = X + Z
+    run(eng, ids, max_tokens=3)
+    out = run(eng, ids, prompt_logprobs=True)  # all but the last token cached: a decode-like step
+    assert out[-1].cached_tokens == len(ids) - 1
+    pl = out[0].prompt_logprobs
+    assert pl.positions == [len(ids) - 1] and pl.rows[0].argmax().item() == out[0].new_token_ids[0]

@@ -170,3 +170,20 @@ def test_no_reuse_across_extra_key_namespaces() -> None:
     s.add(b)
     run_all(s)
     assert b.span_reused_tokens == 0 and b.cached_tokens == 0
+
+
+def test_a_match_that_runs_into_another_sessions_branch_still_finds_its_own_turn() -> None:
+    # session A's prompt shares one more token with the new request than B's previous turn
+    # does (a clock digit they happen to share): the longest match ends inside A's branch,
+    # below which nothing re-aligns; B's own branch hangs one node up
+    s = make(slots=600, chunk=64, bounds=BOUNDS)
+    x, ha, hb = BASE[:20], list(range(300, 340)), list(range(400, 440))
+    s.add(request("a", x + [5, 6, 7] + ha + [1], max_tokens=1))
+    run_all(s)
+    s.add(request("b1", x + [5, 8] + hb + [1], max_tokens=1))
+    run_all(s)
+    b2 = request("b2", x + [5, 6] + hb + [2, 3], max_tokens=2)
+    s.add(b2)
+    run_all(s)
+    assert b2.cached_tokens == 22 + len(hb) and b2.span_reused_tokens == len(hb)
+    check_tree_kv(s)

@@ -28,3 +28,12 @@ def test_usage_carries_span_reused_tokens_stream_and_not(base_url: str) -> None:
         events = resp.read().decode().split("\n\n")
     usage = json.loads([e for e in events if '"usage":{' in e][-1][6:])["usage"]
     assert usage["prompt_tokens_details"]["span_reused_tokens"] > 40
+
+
+def test_metrics_count_span_reused_tokens(base_url: str) -> None:
+    httpx.post(base_url + CHAT, json=body("11:00:00", "Baggage allowance?"))
+    got = httpx.post(base_url + CHAT, json=body("11:04:41", "Baggage allowance?")).json()
+    reused = got["usage"]["prompt_tokens_details"]["span_reused_tokens"]
+    text = httpx.get(base_url + "/metrics").text
+    line = next(x for x in text.splitlines() if x.startswith("engine_span_reused_tokens_total "))
+    assert reused > 0 and float(line.split()[1]) >= reused

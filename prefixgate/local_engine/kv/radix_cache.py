@@ -199,19 +199,22 @@ class RadixCache:
             node = child
         return pos
 
-    def continuations(self, node: TreeNode, max_len: int, max_branches: int
+    def continuations(self, node: TreeNode, max_len: int, max_branches: int,
+                      exclude: TreeNode | None = None
                       ) -> list[tuple[list[int], list[int], TreeNode]]:
         """Cached token runs that continue below ``node`` (span reuse looks for a re-alignment).
 
         For each of ``node``'s children, most recently used first (at most ``max_branches``),
         descends to a leaf by the most recently used child at every level and returns
-        ``(tokens, slots, deepest node read)``, at most ``max_len`` tokens each. Reads only:
+        ``(tokens, slots, deepest node read)``, at most ``max_len`` tokens each; the child
+        ``exclude`` (the caller's own path) is skipped. Reads only:
         no split, no LRU touch. The caller locks ``deepest`` (``lock(CacheHandle(deepest, 0))``)
         while it reads the slots.
         """
         out: list[tuple[list[int], list[int], TreeNode]] = []
-        kids = sorted(node.children.values(), key=lambda n: (-n.last_access, -n.uid))
-        for child in kids[:max(0, max_branches)]:
+        kids = heapq.nlargest(max(0, max_branches), (c for c in node.children.values() if c is not exclude),
+                              key=lambda n: (n.last_access, n.uid))  # O(children): the root may hold many
+        for child in kids:
             tokens: list[int] = []
             slots: list[int] = []
             n = child

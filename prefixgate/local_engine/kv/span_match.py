@@ -14,6 +14,13 @@ gate is the fresh tail (prefilled normally); when the first span already breaks 
 is no plan (a normal prefix match). Source: the safe case of Prompt Cache (Gim et al. 2023) /
 CacheBlend (Yao et al. 2024) restricted to short spans (issue 33's measurements).
 
+Content (``changeable``, optional): the tokens that differ inside a window (a token diff of
+its two sides; tokens equal on both sides but inside the window are fine) must all be
+value-like — digits, hex, separators (``value_like_tokens``). Measured (``bench/span_bounds.py``,
+SmolLM2-135M): a changed clock or hex id costs KL ~1e-6..4e-5 nats/token, but 4 tokens of words
+replaced by other words, or a whole line inserted, cost 1e-3..5e-3 at the same span size —
+size alone is not a safe gate. A window that fails it ends the plan there (the rest is tail).
+
 Greedy and bounded: after each span, the next anchor is the first ``min_anchor_tokens``-gram of
 the prompt within ``max_span_tokens`` that also starts within ``max_span_tokens`` on the old
 side (closest pair first, then the smallest shift), and a run extends as far as both sides stay
@@ -22,6 +29,9 @@ equal. Work: O(len(prompt)) token compares plus O(max_spans * max_span_tokens) g
 
 from __future__ import annotations
 
+import difflib
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -108,13 +118,34 @@ def _next_anchor(new: list[int], i: int, old: list[int], o: int, bounds: SpanBou
     return None if best is None else (best[2], best[3])
 
 
-def align(new: list[int], old: list[int], bounds: SpanBounds) -> SpanPlan | None:
+VALUE_CHARS = re.compile(r"[\s0-9a-fA-F:.,;+\-_/#\u0120\u010a\u0109\u2581]*")
+"""Characters of a value-like token piece: digits, hex letters, separators, whitespace, and the
+byte-level BPE / SentencePiece space and newline marks (``Ġ Ċ ĉ ▁``)."""
+
+
+def value_like_tokens(pieces: Sequence[str | None]) -> frozenset[int]:
+    """Token ids whose piece (``tokenizer.convert_ids_to_tokens``) is value-like
+    (``VALUE_CHARS``, non-empty): what a clock, a counter or a hex id is made of."""
+    return frozenset(i for i, p in enumerate(pieces) if p and VALUE_CHARS.fullmatch(p))
+
+
+def values_only(a: list[int], b: list[int], changeable: Callable[[int], bool]) -> bool:
+    """True when every token that differs between window sides ``a`` and ``b`` (a token diff)
+    is ``changeable``."""
+    ops = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+    return all(changeable(t) for tag, i1, i2, j1, j2 in ops if tag != "equal"
+               for t in a[i1:i2] + b[j1:j2])
+
+
+def align(new: list[int], old: list[int], bounds: SpanBounds,
+          changeable: Callable[[int], bool] | None = None) -> SpanPlan | None:
     """Plan the reuse of ``old``'s K/V for ``new`` (both start at the divergence point).
 
     ``new``: the prompt's tokens after the radix match (only the part that may be reused: the
     caller leaves out the last prompt token, which must be computed for logits). ``old``: a
-    cached continuation from the same point. Returns None when no run fits the gate (module
-    docstring); otherwise the runs (coordinates relative to the divergence point).
+    cached continuation from the same point. ``changeable`` (optional): the content gate (module
+    docstring). Returns None when no run fits the gate; otherwise the runs (coordinates
+    relative to the divergence point).
     """
     runs: list[Run] = []
     spans: list[tuple[int, int, int, int]] = []
@@ -126,6 +157,8 @@ def align(new: list[int], old: list[int], bounds: SpanBounds) -> SpanPlan | None
         a, b = found
         if a > i or b > o:  # a changed window (empty only at the start, mid-page)
             if len(spans) >= bounds.max_spans:
+                break
+            if changeable is not None and not values_only(new[i:a], old[o:b], changeable):
                 break
             spans.append((i, a, o, b))
         length = _equal_len(new, a, old, b)

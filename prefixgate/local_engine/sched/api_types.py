@@ -89,6 +89,7 @@ class EngineConfig:
     span_reuse_max_spans: int = 4
     span_reuse_max_span_tokens: int = 48
     span_reuse_min_anchor_tokens: int = 16
+    span_reuse_values_only: bool = True
 
 
 SEED_RANGE = (-(1 << 63), 1 << 64)  # what ``torch.Generator.manual_seed`` takes: [lo, hi)

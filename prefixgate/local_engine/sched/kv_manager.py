@@ -144,17 +144,17 @@ class KVManager:
         copy, unlock; ``seq.filled`` gets the copied runs. Returns the reused tokens."""
         assert self.span is not None and self.cache is not None and seq.handle is not None
         j = seq.num_computed
-        found = self.span.plan(self.cache, seq.handle.node, seq.token_ids[j:seq.num_prompt - 1])
+        found = self.span.plan(self.cache, seq.handle.node, seq.token_ids[:seq.num_prompt - 1], j)
         if found is None:
             return 0
-        plan, old_slots, deepest = found
+        plan, old_slots, deepest, offset = found
         hold = CacheHandle(deepest, 0)
         self.cache.lock(hold)  # the source must outlive the copy (reserve may evict)
         try:
             if not self.reserve(self.pages_needed(seq, plan.end)):
                 return 0
             self.grow(seq, plan.end)
-            self.span.apply(self.pool, self.span.copies(plan, old_slots, seq.slots[j:]))
+            self.span.apply(self.pool, self.span.copies(plan, old_slots, seq.slots[j:], offset))
         finally:
             self.cache.unlock(hold)
         seq.filled = [(j + r.new_start, j + r.new_start + r.length) for r in plan.runs]

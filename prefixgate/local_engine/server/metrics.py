@@ -17,6 +17,7 @@ name                                            type     meaning (unit)
 ``engine_decode_tokens_per_second``             gauge    recent decode throughput (tokens/s)
 ``engine_prompt_tokens_total``                  counter  prompt tokens admitted
 ``engine_cache_hit_tokens_total``               counter  prompt tokens served from the radix cache
+``engine_span_reused_tokens_total``             counter  of those, reused across a changed span
 ``engine_prefill_tokens_total``                 counter  prompt tokens computed (not cached)
 ``engine_decode_tokens_total``                  counter  tokens computed by decode steps
 ``engine_retractions_total``                    counter  requests preempted for KV space
@@ -79,6 +80,8 @@ _COUNTERS = (
     ("engine_prompt_tokens", "Prompt tokens admitted.", "prompt_tokens_total"),
     ("engine_cache_hit_tokens", "Prompt tokens served from the radix prefix cache.",
      "cache_hit_tokens_total"),
+    ("engine_span_reused_tokens", "Cache-hit prompt tokens reused across a changed span "
+     "(span reuse).", "span_reused_tokens_total"),
     ("engine_prefill_tokens", "Prompt tokens computed by prefill (not cached).",
      "prefill_tokens_total"),
     ("engine_decode_tokens", "Tokens computed by decode steps.", "decode_tokens_total"),
