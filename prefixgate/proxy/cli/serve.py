@@ -46,6 +46,7 @@ from prefixgate.config.loader import PolicyError, default_policy, load_policy, w
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.cli.engine_proc import EngineProcess, EngineStartError, engine_command
 from prefixgate.proxy.cli.progress import step
+from prefixgate.proxy.core import heap
 from prefixgate.proxy.core.logsafe import SafeFormatter
 from prefixgate.proxy.http.auth import KeyStore, needs_keys
 from prefixgate.proxy.http.server import guarded_protocol, uvicorn_options
@@ -69,6 +70,7 @@ def app_from_env() -> object:
     ``--workers``; each worker process calls it once). Raises PolicyError for a bad policy."""
     from prefixgate.proxy.app import build_app
 
+    heap.configure()  # megabyte buffers mmapped, returned when freed (core.heap)
     return build_app(_policy_from_env())
 
 
@@ -240,6 +242,7 @@ def serve(
                    "timeout_graceful_shutdown": 5, "access_log": access_log,
                    **uvicorn_options(pol.limits)}
         if workers == 1:
+            heap.configure()  # megabyte buffers mmapped, returned when freed (core.heap)
             uvicorn.run(build_app(pol), **options)
             return
         os.environ[POLICY_ENV] = str(policy.resolve()) if policy else ""
