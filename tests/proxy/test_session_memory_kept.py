@@ -12,39 +12,44 @@ from typing import Any
 
 from prefixgate.proxy.observe.insight import Insight
 
-BIG = 200_000
+SIZE = 10_000
 
 
-def _big_strings(root: Any) -> dict[int, int]:
-    """id -> length of every str of BIG characters or more reachable from ``root``."""
+def _kept_bytes(root: Any) -> int:
+    """Bytes of the strings and byte strings of SIZE or more reachable from ``root``, each
+    object counted once."""
     seen: set[int] = set()
-    out: dict[int, int] = {}
+    total = 0
     todo = [root]
     while todo:
         o = todo.pop()
         if id(o) in seen:
             continue
         seen.add(id(o))
-        if type(o) is str:
-            if len(o) >= BIG:
-                out[id(o)] = len(o)
+        if type(o) in (str, bytes):
+            total += len(o) if len(o) >= SIZE else 0
             continue
-        if isinstance(o, int | float | bytes | type(None)):
+        if isinstance(o, int | float | type(None)):
             continue
         todo.extend(gc.get_referents(o))
-    return out
+    return total
 
 
-def test_the_analysis_keeps_each_large_text_once() -> None:
+def test_the_analysis_keeps_a_large_prompt_once_and_compressed() -> None:
     insight = Insight()
-    for i in range(3):  # three sessions, each its own large system prompt
-        system = f"Session {i} rules: " + "verify the user id before booking. " * 8_000
-        body = {"model": "m", "messages": [{"role": "system", "content": system},
-                                           {"role": "user", "content": f"hello {i}"}]}
-        insight.observe(session=f"s{i}", backend="up", provider="radix", api="openai", model="m",
-                        original=body, sent=body)
-    kept = _big_strings(insight)
-    assert len(kept) == 3  # one string per session's prompt, shared by the detector and the model
+    size = 0
+    for i in range(3):  # three sessions, each its own large system prompt, two turns each
+        system = f"Session {i} rules: " + "".join(
+            f"rule {k}: verify the user id before booking seat {k % 97}. " for k in range(5_000))
+        size += len(system)
+        for turn in range(2):
+            body = {"model": "m", "messages": [{"role": "system", "content": system},
+                                               {"role": "user", "content": f"hello {i} {turn}"}]}
+            insight.observe(session=f"s{i}", backend="up", provider="radix", api="openai",
+                            model="m", original=body, sent=body)
+    # the break detector and the cache model kept each prompt twice (2 x size); now one
+    # compressed copy shared by both
+    assert _kept_bytes(insight) < size / 2
 
 
 def test_a_large_requests_end_trims_the_heap_once_and_a_small_ones_never(monkeypatch: Any) -> None:
