@@ -8,6 +8,7 @@ per session is measured by ``bench/memory_loop.py`` (``session_mb_per_session``)
 from __future__ import annotations
 
 import gc
+import types
 from typing import Any
 
 from prefixgate.proxy.observe.insight import Insight
@@ -29,8 +30,16 @@ def _kept_bytes(root: Any) -> int:
         if type(o) in (str, bytes):
             total += len(o) if len(o) >= SIZE else 0
             continue
-        if isinstance(o, int | float | type(None)):
+        if isinstance(o, dict):  # its keys too (a str-keyed dict does not report them to gc)
+            todo.extend(o.keys())
+            todo.extend(o.values())
             continue
+        if isinstance(o, types.FunctionType):  # a closure's cells, not its module's globals
+            todo.extend(c.cell_contents for c in o.__closure__ or ())
+            continue
+        if isinstance(o, int | float | type(None) | type | types.ModuleType
+                      | types.BuiltinFunctionType | types.MethodType | types.CodeType):
+            continue  # what the analysis keeps, not the code and modules it refers to
         todo.extend(gc.get_referents(o))
     return total
 
@@ -71,6 +80,7 @@ def test_a_large_requests_end_trims_the_heap_once_and_a_small_ones_never(monkeyp
     monkeypatch.setattr(heap, "trim", fake_trim)
     monkeypatch.setattr(heap, "TRIM_DELAY_S", 0.0)
     monkeypatch.setattr(heap, "_last_trim", 0.0)
+    monkeypatch.setattr(heap, "_pending_since", None)
 
     async def go() -> None:
         heap.trim_soon(10_000)                # small: nothing
@@ -82,3 +92,20 @@ def test_a_large_requests_end_trims_the_heap_once_and_a_small_ones_never(monkeyp
     asyncio.run(go())
     assert trimmed == ["heap-trim"]
     assert heap.configure() is True  # glibc takes the fixed mmap threshold
+
+
+def test_the_analysis_token_memo_keeps_no_long_text() -> None:
+    from prefixgate.cache.provider_models.prefix_blocks import memo_counter
+
+    calls: list[int] = []
+
+    def counter(text: str) -> int:
+        calls.append(len(text))
+        return len(text) // 4
+
+    count = memo_counter(counter)
+    long_text = "verify the user id before booking. " * 30_000
+    assert count(long_text) == count("".join([long_text])) == len(long_text) // 4
+    assert calls == [len(long_text)]  # counted once
+    memo = count.__closure__[count.__code__.co_freevars.index("memo")].cell_contents  # type: ignore[index]
+    assert not any(isinstance(k, str) and len(k) > 10_000 for k in memo)

@@ -50,7 +50,10 @@ def _libc() -> Any:
 
 _LIBC = _libc()
 _last_trim = 0.0
-_pending = threading.Lock()
+_pending_since: float | None = None
+"""When the trim now scheduled was asked for (None: none is); one older than
+:data:`PENDING_LOST_S` is taken as lost (its loop ended first) and no longer blocks the next."""
+PENDING_LOST_S = 10.0
 
 
 def configure() -> bool:
@@ -72,23 +75,27 @@ def trim_soon(body_bytes: int) -> None:
     """After a request of ``body_bytes``: schedule one :func:`trim` on the running loop's
     executor in :data:`TRIM_DELAY_S` when the body was large, none is pending and none ran in
     the last :data:`TRIM_EVERY_S`. Never raises."""
+    global _pending_since
     if _LIBC is None or body_bytes < LARGE_BYTES:
         return
-    if time.monotonic() - _last_trim < TRIM_EVERY_S or not _pending.acquire(blocking=False):
+    now = time.monotonic()
+    if now - _last_trim < TRIM_EVERY_S or (
+            _pending_since is not None and now - _pending_since < PENDING_LOST_S):
         return
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        _pending.release()
         return
+    _pending_since = now
 
     def run() -> None:
+        global _pending_since
         try:
             trim()
         except Exception:  # a trim must never fail anything
             log.exception("malloc_trim failed")
         finally:
-            _pending.release()
+            _pending_since = None
 
     loop.call_later(TRIM_DELAY_S, lambda: threading.Thread(target=run, name="heap-trim",
                                                          daemon=True).start())
