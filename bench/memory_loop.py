@@ -5,8 +5,8 @@
 
 A real ``prefixgate serve`` (one worker, rewrite on, the shipped passes) in front of
 ``bench/fake_upstream.py``, both their own processes on loopback; memory is the server's resident
-set (``VmRSS`` of ``/proc/<pid>/status``), read after each request once it has answered and its
-after-answer work had 0.3 s. Phases:
+set (``VmRSS`` of ``/proc/<pid>/status``), read :data:`SETTLE_S` after each request (or session)
+has answered. Phases:
 
 - ``responses`` (item 4): ``--responses`` bridged ``POST /v1/responses`` (Responses client, Chat
   backend), each a new 1.5 MB body of 12,000 input items, ``store: false`` (a stored response
@@ -61,6 +61,10 @@ from prefixgate.proxy.routing.kv_events import KVEventStream  # noqa: E402
 WORDS = ("alpha beta gamma delta cache prefix token model agent tool request order flight "
          "seat refund policy the a of and to").split()
 OUT = REPO / "bench" / "results" / "memory_loop.json"
+SETTLE_S = 1.6
+"""Seconds between a request's answer and the RSS reading: its after-answer work done, and the
+heap trim a large request schedules (0.5 s later, at most one a second,
+``prefixgate/proxy/core/heap.py``) done, so every reading is taken in the same state."""
 
 
 def free_port() -> int:
@@ -145,7 +149,7 @@ def phase_responses(url: str, pid: int, n: int) -> dict[str, Any]:
             r = c.post(url + "/v1/responses", content=body,
                        headers={"content-type": "application/json"})
             assert r.status_code == 200, r.text[:300]
-            time.sleep(0.3)
+            time.sleep(SETTLE_S)
             if i >= 0:
                 rss.append(rss_mb(pid))
     half = rss[len(rss) // 2:]
@@ -210,7 +214,7 @@ def phase_sessions(url: str, pid: int, n: int) -> dict[str, Any]:
                            headers={"x-prefixgate-session": f"bench-{i}"})
                 assert r.status_code == 200, r.text[:300]
                 msgs.append({"role": "assistant", "content": "ok"})
-            time.sleep(0.3)
+            time.sleep(SETTLE_S)
             rss.append(rss_mb(pid))
     grown = rss[-1] - rss[0]
     return {"session_mb_per_session": round(grown / n, 3), "sessions": n,
