@@ -109,3 +109,23 @@ def test_the_analysis_token_memo_keeps_no_long_text() -> None:
     assert calls == [len(long_text)]  # counted once
     memo = count.__closure__[count.__code__.co_freevars.index("memo")].cell_contents  # type: ignore[index]
     assert not any(isinstance(k, str) and len(k) > 10_000 for k in memo)
+
+
+def test_the_startup_freeze_leaves_later_garbage_collectable() -> None:
+    import weakref
+
+    from prefixgate.proxy.core import heap
+
+    class Node:
+        me: Any = None
+
+    try:
+        assert heap.freeze_startup() > 0
+        n = Node()
+        n.me = n  # a cycle made after the freeze: garbage the collector must still find
+        ref = weakref.ref(n)
+        del n
+        gc.collect()
+        assert ref() is None
+    finally:
+        gc.unfreeze()

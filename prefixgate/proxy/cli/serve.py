@@ -71,7 +71,9 @@ def app_from_env() -> object:
     from prefixgate.proxy.app import build_app
 
     heap.configure()  # megabyte buffers mmapped, returned when freed (core.heap)
-    return build_app(_policy_from_env())
+    app = build_app(_policy_from_env())
+    heap.freeze_startup()  # startup objects out of every later full collection
+    return app
 
 
 def __getattr__(name: str) -> object:
@@ -243,7 +245,9 @@ def serve(
                    **uvicorn_options(pol.limits)}
         if workers == 1:
             heap.configure()  # megabyte buffers mmapped, returned when freed (core.heap)
-            uvicorn.run(build_app(pol), **options)
+            app = build_app(pol)
+            heap.freeze_startup()  # startup objects out of every later full collection
+            uvicorn.run(app, **options)
             return
         os.environ[POLICY_ENV] = str(policy.resolve()) if policy else ""
         options["http"] = f"{__name__}:WorkerProtocol"

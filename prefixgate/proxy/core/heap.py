@@ -15,6 +15,12 @@ whose freed pages stay resident (``mallopt(3)``, ``M_MMAP_THRESHOLD``). So:
 
 Both do nothing where the C library has no such calls (musl, macOS). ``bench/memory_loop.py``
 (``session_mb_per_session``) measures the effect.
+
+And once, before a serve process takes its first request, :func:`freeze_startup` collects and
+then freezes what is alive (modules, tables, the app: ~80 k objects), so no later full collection
+walks them again (~50 ms less per full collection on the loaded 2-core box). Nothing of a
+request exists yet, so no request's garbage is frozen — the per-request freeze of issue 34 item 4
+froze pending cyclic garbage and stranded it.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import gc
 import logging
 import threading
 import time
@@ -61,6 +68,15 @@ def configure() -> bool:
     if _LIBC is None:
         return False
     return bool(_LIBC.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+
+
+def freeze_startup() -> int:
+    """Collect, then freeze every object alive now out of the cycle collector's sight for good
+    (:func:`gc.freeze`); call once, after the app is built and before it serves (module
+    docstring). Returns the number of objects frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def trim() -> bool:
