@@ -57,3 +57,20 @@ def test_the_least_recently_used_text_goes_first() -> None:
 def test_a_negative_bound_is_refused() -> None:
     with pytest.raises(ValueError):
         TokenMemo(count_tokens, max_chars=-1)
+
+
+def test_a_long_text_is_remembered_by_its_digest_not_kept() -> None:
+    """Issue 34 item 17: a 1 MB prompt's text stayed in the memo, a megabyte per session."""
+    from prefixgate.rewriter.token_memo import DIGEST_CHARS
+
+    inner = Counting()
+    memo = TokenMemo(inner)
+    long_text = "Rule: verify the user id first. " * 40_000
+    assert len(long_text) >= DIGEST_CHARS
+    n = memo(long_text)
+    assert memo("".join([long_text])) == n == count_tokens(long_text)  # an equal text: a hit
+    assert len(inner.calls) == 1 and memo.hits == 1
+    assert not any(isinstance(k, str) and len(k) >= DIGEST_CHARS for k in memo._memo)
+    assert memo.chars < 1000  # charged a digest's few characters, not a million
+    assert memo(long_text[:-1] + "!") == count_tokens(long_text[:-1] + "!")  # another text
+    assert len(inner.calls) == 2

@@ -2,9 +2,10 @@
 and LRU eviction by token capacity. Shared by the OpenAI and radix models.
 
 Each node is one :class:`~prefixgate.cache.provider_models.prefix_blocks.PrefixBlock` (keyed by its
-sha256) and stores the block's canonical text, its tokens and its last-access time. A match walks
-full blocks, then credits the common character prefix of the first differing block against the
-stored sibling that shares most
+sha256) and stores the block's canonical text (compressed when long,
+:mod:`~prefixgate.cache.provider_models.kept_text`), its tokens and its last-access time. A match
+walks full blocks, then credits the common character prefix of the first differing block against
+the stored sibling that shares most
 (:func:`~prefixgate.cache.provider_models.prefix_blocks.partial_tokens`), like a token radix tree
 splitting a node. Siblings are not split on insert, so two children sharing a partial prefix both
 count their full tokens against the capacity (a small overestimate of memory, never of hits).
@@ -19,13 +20,14 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from prefixgate.cache.provider_models.prefix_blocks import PrefixBlock, partial_tokens
+from prefixgate.cache.provider_models.kept_text import Kept, keep, partial_tokens_kept
+from prefixgate.cache.provider_models.prefix_blocks import PrefixBlock
 
 
 @dataclass(eq=False)
 class _Node:
     key: str
-    text: str
+    text: Kept  # a long text compressed (kept_text)
     tokens: int
     parent: _Node | None
     created: float
@@ -101,7 +103,7 @@ class BlockTrie:
             for key in list(node.children):
                 sib = self._child(node, key, now_s)
                 if sib is not None:
-                    partial = max(partial, partial_tokens(block, sib.text))
+                    partial = max(partial, partial_tokens_kept(block, sib.text))
         return TrieMatch(n, tokens, partial)
 
     def insert(self, blocks: Sequence[PrefixBlock], now_s: float) -> int:
@@ -111,7 +113,7 @@ class BlockTrie:
         for b in blocks:
             child = self._child(node, b.sha256, now_s)
             if child is None:
-                child = _Node(b.sha256, b.text, b.tokens, node, now_s, now_s)
+                child = _Node(b.sha256, keep(b.text, b.sha256), b.tokens, node, now_s, now_s)
                 node.children[b.sha256] = child
                 self.total_tokens += b.tokens
                 added += b.tokens

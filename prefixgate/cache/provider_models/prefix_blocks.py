@@ -66,19 +66,27 @@ class PrefixBlock:
     text: str = field(default="", repr=False, compare=False)
 
 
+MEMO_DIGEST_CHARS = 4096
+"""Texts from this length are remembered by their length and salted 64-bit hash, not kept."""
+
+
 def memo_counter(count_tokens: TokenCounter, max_entries: int = 200_000) -> TokenCounter:
     """Wrap ``count_tokens`` with an in-memory memo (agent traces resend the same texts).
 
-    The memo is cleared when it exceeds ``max_entries`` strings, so memory stays bounded.
+    The memo is cleared when it exceeds ``max_entries`` entries, so memory stays bounded: a text
+    of :data:`MEMO_DIGEST_CHARS` or more is keyed by ``(len, hash)`` instead of kept (issue 34
+    item 17: each session's 1 MB prompt stayed here whole; two texts of one length would have to
+    collide in Python's salted 64-bit hash to share a count).
     """
-    memo: dict[str, int] = {}
+    memo: dict[str | tuple[int, int], int] = {}
 
     def count(text: str) -> int:
-        n = memo.get(text)
+        key: str | tuple[int, int] = text if len(text) < MEMO_DIGEST_CHARS else (len(text), hash(text))
+        n = memo.get(key)
         if n is None:
             if len(memo) >= max_entries:
                 memo.clear()
-            n = memo[text] = count_tokens(text)
+            n = memo[key] = count_tokens(text)
         return n
 
     return count

@@ -43,9 +43,10 @@ from __future__ import annotations
 import json
 import textwrap
 from collections import Counter, OrderedDict
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+from prefixgate.cache.provider_models.kept_text import Kept, kept_block, text_of
 from prefixgate.cache.provider_models.prefix_blocks import (
     Api,
     PrefixBlock,
@@ -129,9 +130,24 @@ class BreakRecord:
 @dataclass
 class _SessionState:
     model: str
-    blocks: list[PrefixBlock]
+    blocks: list[PrefixBlock]  # a long text left out: in ``texts``, compressed
     seq: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    texts: dict[int, Kept] = field(default_factory=dict)
+
+    def keep(self, blocks: list[PrefixBlock]) -> None:
+        """Remember ``blocks``, each long text compressed (issue 34 item 17)."""
+        self.blocks, self.texts = [], {}
+        for i, b in enumerate(blocks):
+            stripped, kept = kept_block(b)
+            self.blocks.append(stripped)
+            if kept is not None:
+                self.texts[i] = kept
+
+    def whole(self) -> list[PrefixBlock]:
+        """The remembered blocks with their texts."""
+        return [replace(b, text=text_of(self.texts[i])) if i in self.texts else b
+                for i, b in enumerate(self.blocks)]
 
 
 def _tool_name(block: PrefixBlock) -> str:
@@ -237,15 +253,17 @@ class BreakDetector:
         model = str(body.get("model", ""))
         state = self._sessions.get(session_id)
         if state is None:
-            self._sessions[session_id] = _SessionState(model, blocks)
+            state = self._sessions[session_id] = _SessionState(model, [])
+            state.keep(blocks)
             while len(self._sessions) > self.max_sessions:
                 self._sessions.popitem(last=False)
             return None
         self._sessions.move_to_end(session_id)
         state.seq += 1
-        prev = state.blocks
-        prev_model = state.model
-        state.blocks, state.model = blocks, model
+        prev, prev_model = state.blocks, state.model
+        was = _SessionState(prev_model, prev, texts=state.texts)
+        state.keep(blocks)
+        state.model = model
         if model != prev_model:
             total = sum(b.tokens for b in prev)
             return BreakRecord(session_id, state.seq, "model_changed", "tools", 0, 0, 0, 0, total,
@@ -256,6 +274,7 @@ class BreakDetector:
             d += 1
         if d >= n:
             return None  # append-only, identical, or a prefix of the previous request
+        prev = was.whole()  # a break: the previous request's long texts unpacked, once
         if _volatile_tail(prev, d):
             return None  # only a volatile note at the very end moved on: nothing reusable lost
         if _one_shot_after_one_shot(prev, blocks, d):

@@ -61,6 +61,7 @@ from prefixgate.config.loader import PolicyError, default_policy, load_policy, w
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.cli.engine_proc import EngineProcess, EngineStartError, engine_command
 from prefixgate.proxy.cli.progress import step
+from prefixgate.proxy.core import heap
 from prefixgate.proxy.core.logsafe import SafeFormatter
 from prefixgate.proxy.http.auth import KeyStore, needs_keys
 from prefixgate.proxy.http.server import guarded_protocol, uvicorn_options
@@ -101,7 +102,10 @@ def app_from_env() -> object:
 
     # a worker is a fresh interpreter: the parent's logging setup is not inherited
     _configure_logging(os.environ.get(LOG_LEVEL_ENV, "info"), os.environ.get(ACCESS_ENV) != "0")
-    return build_app(_policy_from_env())
+    heap.configure()  # megabyte buffers mmapped, returned when freed (core.heap)
+    app = build_app(_policy_from_env())
+    heap.freeze_startup()  # startup objects out of every later full collection
+    return app
 
 
 def __getattr__(name: str) -> object:
@@ -327,7 +331,10 @@ def serve(
         _say_when_ready(listen_host, listen_port, ready_lines(listen_host, listen_port, policy,
                                                               engines))
         if workers == 1:
-            uvicorn.run(build_app(pol), **options)
+            heap.configure()  # megabyte buffers mmapped, returned when freed (core.heap)
+            app = build_app(pol)
+            heap.freeze_startup()  # startup objects out of every later full collection
+            uvicorn.run(app, **options)
             return
         os.environ[ENGINE_URLS_ENV] = json.dumps(engines)
         os.environ[LOG_LEVEL_ENV], os.environ[ACCESS_ENV] = log_level, "1" if access_log else "0"

@@ -69,7 +69,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prefixgate.cache.provider_models import CacheModel, CacheOutcome, make_model
@@ -171,6 +171,18 @@ def model_blocks(provider: str, body: dict[str, Any], count: TokenCounter,
         digest = hashlib.sha256(("cache_salt\x00" + salt).encode("utf-8", "surrogatepass"))
         blocks.insert(0, PrefixBlock("system", -1, 0, "salt", None, 0, digest.hexdigest()))
     return blocks
+
+
+def shared_texts(blocks: list[PrefixBlock], pool: dict[str, str]) -> list[PrefixBlock]:
+    """``blocks`` with each text replaced by ``pool``'s string of the same digest (the first one
+    seen becomes it): what the break detector and the cache models keep of one request then
+    holds each distinct text once (issue 34 item 17: a 1 MB prompt was kept twice, once per
+    structure, ~3 MB per session with the token memo). ``pool``: digest -> text, one analysis's."""
+    out = []
+    for b in blocks:
+        text = pool.setdefault(b.sha256, b.text)
+        out.append(b if text is b.text else replace(b, text=text))
+    return out
 
 
 def seen_as(provider: str, blocks: Sequence[PrefixBlock]) -> list[tuple[str, str | None]]:
@@ -301,6 +313,7 @@ class Insight:
         brk: dict[str, Any] | None = None
         credits: dict[str, int] | None = None
         same = sent is original
+        pool: dict[str, str] = {}  # one string per distinct block text, shared by all we keep
         with self._lock:
             try:
                 now_ids = sent_ids if sent_ids is not None else (
@@ -316,7 +329,7 @@ class Insight:
             try:
                 part = self._partition(key, provider, count)
                 cf, credits, same_blocks = self._chain(part, provider, count, salt, original,
-                                                       sent, stages)
+                                                       sent, stages, pool)
                 same = same or (not token_ids and same_blocks)
             except Exception:
                 log.exception("counterfactual cache model failed")
@@ -342,19 +355,20 @@ class Insight:
 
     def _chain(self, part: _Partition, provider: str, count: TokenCounter, salt: str,
                original: dict[str, Any], sent: dict[str, Any],
-               stages: list[tuple[str, dict[str, Any]]] | None,
+               stages: list[tuple[str, dict[str, Any]]] | None, pool: dict[str, str] | None = None,
                ) -> tuple[CacheOutcome, dict[str, int] | None, bool]:
         """Feed the partition's stage-0 model the client's body and each stage model its
         stage's body (module docstring, *Attribution*). Returns (stage-0 outcome, credits or
         None when the stages are unknown, whether the provider sees ``sent`` as ``original``)."""
         now = time.time()
-        memo: dict[int, list[PrefixBlock]] = {id(original): model_blocks(provider, original,
-                                                                           count, salt)}
+        texts = pool if pool is not None else {}
+        memo: dict[int, list[PrefixBlock]] = {id(original): shared_texts(
+            model_blocks(provider, original, count, salt), texts)}
 
         def blocks(body: dict[str, Any]) -> list[PrefixBlock]:
             got = memo.get(id(body))
             if got is None:
-                got = memo[id(body)] = model_blocks(provider, body, count, salt)
+                got = memo[id(body)] = shared_texts(model_blocks(provider, body, count, salt), texts)
             return got
 
         base = blocks(original)

@@ -20,6 +20,7 @@ from prefixgate.cache.ledger.store import LedgerRow
 from prefixgate.cache.savings.counterfactual import SENT_AS_IS, prefix_cached
 from prefixgate.cache.savings.miss_causes import predicted_cause
 from prefixgate.config.prices import backend_input_usd, backend_priced
+from prefixgate.proxy.core import heap
 from prefixgate.proxy.core.bounded import clip_strings
 from prefixgate.proxy.core.engine_timings import apply_reported_timings, with_body_times
 from prefixgate.proxy.core.usage import Usage
@@ -176,3 +177,4 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
             except Exception:
                 log.exception("waiting for the previous row failed")
         ex.record(state, status, http_status)
+        heap.trim_soon(len(ex.raw))  # a large body's freed buffers back to the system
