@@ -124,6 +124,8 @@ TARGETS: dict[str, list[str]] = {
                                       "tests/proxy/test_auth_and_limits.py"],
     "prefixgate/proxy/bridges/responses_identity.py": ["tests/proxy/test_responses_passthrough_store.py",
                                                        "tests/proxy/test_responses_api.py"],
+    "prefixgate/cache/savings/stand_back.py": ["tests/cache/test_stand_back.py",
+                                               "tests/cache/test_stand_back_late_rows.py"],
     "prefixgate/proxy/api/count_tokens.py": ["tests/proxy/test_count_tokens_estimate_roles.py",
                                              "tests/proxy/test_side_endpoints.py",
                                              "tests/adversarial/test_count_tokens_hostile_backend.py",
