@@ -72,7 +72,7 @@ def app_from_env() -> object:
 
     heap.configure()  # megabyte buffers mmapped, returned when freed (core.heap)
     app = build_app(_policy_from_env())
-    heap.freeze_startup()  # startup objects out of every later full collection
+    app.state.freeze_startup = True  # startup objects out of every later full collection
     return app
 
 
@@ -246,7 +246,7 @@ def serve(
         if workers == 1:
             heap.configure()  # megabyte buffers mmapped, returned when freed (core.heap)
             app = build_app(pol)
-            heap.freeze_startup()  # startup objects out of every later full collection
+            app.state.freeze_startup = True  # startup objects out of every later full collection
             uvicorn.run(app, **options)
             return
         os.environ[POLICY_ENV] = str(policy.resolve()) if policy else ""
