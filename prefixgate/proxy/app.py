@@ -60,6 +60,7 @@ from prefixgate.cache.state.shared_state import LocalState, RedisState
 from prefixgate.config.schema import Policy
 from prefixgate.proxy.api import chat, count_tokens, models, passthrough
 from prefixgate.proxy.api import responses as responses_api
+from prefixgate.proxy.core import heap
 from prefixgate.proxy.core.errors import (
     Api,
     InternalError,
@@ -144,7 +145,7 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     state.metrics.registry.register(KVEventsCollector(lambda: state.kv_events))
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(started: FastAPI) -> AsyncIterator[None]:
         await state.upstream.start()
         state.side = httpx.AsyncClient(transport=transport, follow_redirects=False)
         state.loop_lag.start()
@@ -160,6 +161,8 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         if policy.health_checks.interval_s > 0:
             assert state.breakers is not None
             checks = asyncio.create_task(health_check_loop(state.side, policy, state.breakers))
+        if getattr(started.state, "freeze_startup", False):  # set by `prefixgate serve` (core.heap)
+            heap.freeze_startup()
         try:
             yield
         finally:

@@ -111,6 +111,32 @@ def test_the_analysis_token_memo_keeps_no_long_text() -> None:
     assert not any(isinstance(k, str) and len(k) > 10_000 for k in memo)
 
 
+def test_only_a_served_app_freezes_its_startup_objects(tmp_path: Any) -> None:
+    import asyncio
+
+    from prefixgate.cache.ledger.store import Ledger
+    from prefixgate.config.loader import parse_policy
+    from prefixgate.proxy.app import build_app
+
+    policy = parse_policy({"backends": {"up": {"kind": "openai_compat", "base_url": "http://up.test/v1"}},
+                           "routes": [{"match": "*", "backend": "up"}],
+                           "ledger": {"path": str(tmp_path / "l.sqlite"), "batch_writes": False}})
+
+    async def started(flag: bool) -> int:
+        app = build_app(policy, ledger=Ledger(policy.ledger.path))
+        if flag:
+            app.state.freeze_startup = True  # what `prefixgate serve` sets
+        async with app.router.lifespan_context(app):
+            return gc.get_freeze_count()
+
+    gc.unfreeze()
+    try:
+        assert asyncio.run(started(False)) == 0  # a test's app, a library user's: nothing frozen
+        assert asyncio.run(started(True)) > 0
+    finally:
+        gc.unfreeze()
+
+
 def test_the_startup_freeze_leaves_later_garbage_collectable() -> None:
     import weakref
 

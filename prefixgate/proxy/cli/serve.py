@@ -104,7 +104,7 @@ def app_from_env() -> object:
     _configure_logging(os.environ.get(LOG_LEVEL_ENV, "info"), os.environ.get(ACCESS_ENV) != "0")
     heap.configure()  # megabyte buffers mmapped, returned when freed (core.heap)
     app = build_app(_policy_from_env())
-    heap.freeze_startup()  # startup objects out of every later full collection
+    app.state.freeze_startup = True  # startup objects out of every later full collection
     return app
 
 
@@ -333,7 +333,7 @@ def serve(
         if workers == 1:
             heap.configure()  # megabyte buffers mmapped, returned when freed (core.heap)
             app = build_app(pol)
-            heap.freeze_startup()  # startup objects out of every later full collection
+            app.state.freeze_startup = True  # startup objects out of every later full collection
             uvicorn.run(app, **options)
             return
         os.environ[ENGINE_URLS_ENV] = json.dumps(engines)

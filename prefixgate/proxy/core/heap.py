@@ -16,8 +16,9 @@ whose freed pages stay resident (``mallopt(3)``, ``M_MMAP_THRESHOLD``). So:
 Both do nothing where the C library has no such calls (musl, macOS). ``bench/memory_loop.py``
 (``session_mb_per_session``) measures the effect.
 
-And once, before a serve process takes its first request, :func:`freeze_startup` collects and
-then freezes what is alive (modules, tables, the app: ~80 k objects), so no later full collection
+And once, when a serve process's app has started (its lifespan, ``app.state.freeze_startup``
+set by ``prefixgate serve``) and before it takes its first request, :func:`freeze_startup`
+collects and then freezes what is alive (modules, tables, the app: ~80 k objects), so no later full collection
 walks them again (~50 ms less per full collection on the loaded 2-core box). Nothing of a
 request exists yet, so no request's garbage is frozen — the per-request freeze of issue 34 item 4
 froze pending cyclic garbage and stranded it.
