@@ -46,7 +46,7 @@ async def test_prefill_then_decode_over_http_matches_colocated(make_engine: Any)
         got = answer.json()
         assert got["choices"][0]["text"] == colo["choices"][0]["text"]
         # the transferred prompt is no cache hit: reported apart (issue 34, item 13)
-        assert got["usage"]["prompt_tokens_details"] == {"cached_tokens": 0,
+        assert got["usage"]["prompt_tokens_details"] == {"cached_tokens": 0, "span_reused_tokens": 0,
                                                          "kv_transfer_tokens": len(PROMPT)}
         assert answer.headers["x-engine-cached-tokens"] == "0"
         assert answer.headers["x-engine-transfer-tokens"] == str(len(PROMPT))
@@ -74,7 +74,7 @@ async def test_prefill_then_decode_over_http_matches_colocated(make_engine: Any)
         chunks = [json.loads(x[6:]) for x in parts]
         texts = [c["choices"][0]["text"] for c in chunks if c["choices"]]
         usage = [c["usage"] for c in chunks if c.get("usage")][-1]
-        assert usage["prompt_tokens_details"] == {"cached_tokens": 0,
+        assert usage["prompt_tokens_details"] == {"cached_tokens": 0, "span_reused_tokens": 0,
                                                   "kv_transfer_tokens": len(prompt2)}
         assert "".join(texts) == colo2["choices"][0]["text"] and len(texts) >= 2
         dec.call(lambda: None).result(timeout=10)

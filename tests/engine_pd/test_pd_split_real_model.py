@@ -43,8 +43,8 @@ async def test_split_answer_is_byte_identical_to_colocated(tmp_path: Path) -> No
             prompt = answer["usage"]["prompt_tokens"]
             # every prompt token's KV came over the link; none was recomputed, and none is
             # reported as a cache hit (issue 34, item 13)
-            assert answer["usage"]["prompt_tokens_details"] == {"cached_tokens": 0,
-                                                                "kv_transfer_tokens": prompt}
+            assert answer["usage"]["prompt_tokens_details"] == {
+                "cached_tokens": 0, "span_reused_tokens": 0, "kv_transfer_tokens": prompt}
             assert resp.headers["x-engine-cached-tokens"] == "0"
             assert resp.headers["x-engine-transfer-tokens"] == str(prompt)
             metrics = (await client.get(decode.removesuffix("/v1") + "/metrics")).text

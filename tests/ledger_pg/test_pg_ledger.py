@@ -217,7 +217,8 @@ def test_a_database_at_migration_2_gains_span_reused_tokens(fresh_pg: str, tmp_p
             for version, sql in MIGRATIONS[:2]:
                 conn.execute(sql)
                 conn.execute("INSERT INTO ledger_migrations (version) VALUES (%s)", (version,))
-        assert missing_columns(conn) == ["span_reused_tokens"]
+        # migration 3 (span reuse) and 4 (provider diagnostics, issue 35) are still to come
+        assert "span_reused_tokens" in missing_columns(conn)
     pg = PgLedger(fresh_pg, spool_path=tmp_path / "spool.sqlite")
     pg.write(LedgerRow(model="m", prompt_tokens=10, cached_tokens=8, span_reused_tokens=5))
     pg.flush()
