@@ -52,8 +52,9 @@ positions (nats/token); ``kl_max``: the largest of those per-request means;
 the third of each session on (the turns of ``cached_share_turn3_on``); ``kl_by_turn`` splits the
 KL figures between the first request of each session (which reuses another session's K/V: the
 same policy and tools under another clock, id or template) and the later ones (their own
-session's), ``worst`` lists the five requests of largest mean KL. ``--refigure FILE``
-recomputes the figures of a results file's rows (no engine). ``--quick``: 3 sessions
+session's), ``worst`` lists the five requests of largest mean KL. ``--span-bounds S,T,A``
+sets the ``on`` engine's gate (most spans, most tokens of one span, shortest reused run) to
+measure another one. ``--refigure FILE`` recomputes the figures of a results file's rows (no engine). ``--quick``: 3 sessions
 and 2 adversarial cases (a smoke run: 9.5 min at load 9-10 on 2 shared cores); the full run
 (28 requests, 4 adversarial pairs): 19 min measured at load 15-18 on 2 shared cores, each
 request 3 full prefills and 2 greedy decodes (``setup.wall_s``, with the load average).
@@ -196,14 +197,17 @@ def run_one(engine: Any, ids: list[int], max_tokens: int, logprobs_from: int | N
 class Engines:
     """The three engines of the module docstring and the chat encoder."""
 
-    def __init__(self, model: Path) -> None:
+    def __init__(self, model: Path, bounds: tuple[int, int, int] | None = None) -> None:
         from prefixgate.local_engine.engine import Engine, EngineConfig
 
         def make(**kw: Any) -> Any:
             return Engine(EngineConfig(model_path=str(model), num_kv_slots=NUM_KV_SLOTS,
                                        max_context_len=4096, **kw))
 
-        self.on = make(span_reuse=True)
+        gate = {} if bounds is None else dict(zip(
+            ("span_reuse_max_spans", "span_reuse_max_span_tokens", "span_reuse_min_anchor_tokens"),
+            bounds))
+        self.on = make(span_reuse=True, **gate)
         self.off = make(span_reuse=False)
         self.full = make(enable_prefix_cache=False, span_reuse=False)
         self.tok = self.on.tokenizer
@@ -434,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bank-tasks", type=int, default=0)
     ap.add_argument("--sessions", type=int, default=0, help="first N sessions only (0: all)")
     ap.add_argument("--quick", action="store_true", help="3 sessions, 2 adversarial cases")
+    ap.add_argument("--span-bounds", default=None, metavar="SPANS,SPAN_TOKENS,MIN_ANCHOR",
+                    help="the on engine's gate (default: EngineConfig's, the shipped one)")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--refigure", type=Path, default=None,
                     help="recompute the figures of a results file's rows in place (no engine)")
@@ -450,7 +456,10 @@ def main(argv: list[str] | None = None) -> int:
         args.sessions, args.tau_runs, args.swe_turns = 3, 3, 3
     load0, t0 = os.getloadavg()[0], time.time()
     corpus = sessions(args)  # before the engines load: bad data paths fail at once
-    eng = Engines(args.model)
+    bounds = tuple(int(v) for v in args.span_bounds.split(",")) if args.span_bounds else None
+    if bounds is not None and len(bounds) != 3:
+        ap.error("--span-bounds takes three integers: SPANS,SPAN_TOKENS,MIN_ANCHOR")
+    eng = Engines(args.model, bounds)  # type: ignore[arg-type]
     rows: list[dict[str, Any]] = []
     for s in corpus:
         for c, (body, tick) in zip(s, sent_bodies(s)):
