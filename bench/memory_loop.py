@@ -45,7 +45,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -61,6 +60,7 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 import msgpack  # noqa: E402
 
+from bench.proxy_targets import free_port, start_upstream, wait_up  # noqa: E402
 from prefixgate.config.routing import KVEventsSettings  # noqa: E402
 from prefixgate.proxy.routing.kv_events import KVEventStream  # noqa: E402
 
@@ -71,36 +71,6 @@ SETTLE_S = 1.6
 """Seconds between a request's answer and the RSS reading: its after-answer work done, and the
 heap trim a large request schedules (0.5 s later, at most one a second,
 ``prefixgate/proxy/core/heap.py``) done, so every reading is taken in the same state."""
-
-
-def free_port() -> int:
-    """A free loopback port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_up(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    """Poll ``url`` until it answers < 500 (RuntimeError when ``proc`` dies or time is up)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(url, timeout=2).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{url} did not come up")
-        time.sleep(0.3)
-
-
-def start_upstream() -> tuple[subprocess.Popen[bytes], str]:
-    """``bench/fake_upstream.py`` in its own process, and its URL."""
-    proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "fake_upstream.py")],
-                            stdout=subprocess.PIPE)
-    assert proc.stdout is not None
-    port = proc.stdout.readline().split()[1].decode()
-    return proc, f"http://127.0.0.1:{port}"
 
 
 def rss_mb(pid: int) -> float:

@@ -17,6 +17,7 @@ import pytest
 
 from prefixgate.cache.state.redis_link import RedisLink
 from prefixgate.proxy.http.ratelimit import MemoryLimiter, RedisLimiter
+from tests.proxy.test_auth_and_limits import _redis
 
 T0 = 1_800.0 + 7  # seven seconds into a minute window: no turnover within a test
 
@@ -29,17 +30,6 @@ class Clock:
         return self.now
 
 
-def _redis_client() -> Any:
-    import redis
-
-    client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
-    try:
-        client.ping()
-    except redis.RedisError:
-        pytest.skip("no Redis at 127.0.0.1:6379 (make test starts one)")
-    return client
-
-
 class Rig:
     """One limiter and a reader of its counters ``(requests, tokens)`` in the current window."""
 
@@ -50,7 +40,7 @@ class Rig:
         if kind == "memory":
             self.lim: Any = MemoryLimiter(self.clock)
         else:
-            self.client = _redis_client()
+            self.client = _redis()
             self.link = RedisLink("redis://127.0.0.1:6379/0", self.prefix)
             self.lim = RedisLimiter(self.link, clock=self.clock)
 
