@@ -161,11 +161,12 @@ def run_passes(prompt: Prompt, ctx: Context, passes: tuple[PassSpec, ...] = PASS
     kept: its input when its output was dropped; applied: any of the Edits it added is), in
     order — what :mod:`prefixgate.proxy.observe.stages` gets by running the passes one at a
     time (the passes are deterministic in the prompt and the context).
-    The input's violations are computed once and carried to the next pass (the output a pass
-    keeps is the next one's input), and a pass that returns its input object is not validated
-    (it cannot introduce a violation)."""
+    The input's violations and form fingerprint are computed once and carried to the next pass
+    (the output a pass keeps is the next one's input), and a pass that returns its input object
+    is not validated (it cannot introduce a violation)."""
     edits: list[Edit] = []
     before: Violations | None = None  # violations(prompt), computed when first needed
+    before_forms: tuple[Any, ...] | None = None  # forms(prompt), likewise
     for spec in passes:
         if not getattr(ctx.settings, spec.switch, False):
             continue
@@ -184,12 +185,16 @@ def run_passes(prompt: Prompt, ctx: Context, passes: tuple[PassSpec, ...] = PASS
             _stage(stages, spec.name, prompt, False)
             continue
         after: Violations | None = None
+        after_forms: tuple[Any, ...] | None = None
         if out is not prompt:
             before = violations(prompt) if before is None else before
             after = violations(out)
             bad = new_violations(before, after)
-            if not bad and forms(out) != forms(prompt):
-                bad = [MOVED_FORM]
+            if not bad:
+                before_forms = forms(prompt) if before_forms is None else before_forms
+                after_forms = forms(out)
+                if after_forms != before_forms:
+                    bad = [MOVED_FORM]
             if bad:
                 edits.append(Edit(spec.name, False, "all",
                                   "output invalid, input kept: " + ",".join(bad[:5])))
@@ -198,7 +203,7 @@ def run_passes(prompt: Prompt, ctx: Context, passes: tuple[PassSpec, ...] = PASS
         kept = _unapplied(pass_edits, UNCHANGED) if same_wire(out, prompt) else pass_edits
         edits.extend(kept)  # a body that is its input's bytes is listed, never as applied
         if out is not prompt:  # same bytes or not, IR-only flags (``volatile``) reach later passes
-            prompt, before = out, after
+            prompt, before, before_forms = out, after, after_forms
         _stage(stages, spec.name, prompt, any(e.applied for e in kept))
     return prompt, edits
 
