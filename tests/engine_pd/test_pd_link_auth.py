@@ -29,6 +29,13 @@ def _fresh_group() -> Iterator[None]:
         torch.distributed.destroy_process_group()
 
 
+PEER_START_S = 240
+"""How long a test waits for a spawned peer's first word. The peer is a fresh interpreter that
+imports torch: under a loaded machine (the suite at -n 2 beside a benchmark) that alone took
+over 90 s, while the pairing after it takes 1-2 s (timed with a 2 s prefill timeout and four
+busy loops beside it: the decode side paired on its third attempt each time it started)."""
+
+
 def _url() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -95,7 +102,7 @@ def test_a_prefill_side_pairs_again_with_a_restarted_decode_instance() -> None:
             p = ctx.Process(target=run_decode_once, args=(url, SECRET, out))
             p.start()
             try:
-                got.append(out.get(timeout=90))
+                got.append(out.get(timeout=PEER_START_S))
             except queue.Empty:
                 got.append(None)
             p.join(timeout=30)
@@ -136,8 +143,8 @@ def test_a_prefill_side_that_waited_through_failed_pairings_still_pairs_with_a_l
         out = ctx.Queue()
         p = ctx.Process(target=run_decode_once, args=(url, SECRET, out))
         p.start()
-        try:
-            got = out.get(timeout=90)
+        try:  # a spawned interpreter importing torch on a loaded 2-core box: minutes, not s
+            got = out.get(timeout=PEER_START_S)
         except queue.Empty:
             got = None
         p.join(timeout=30)
@@ -158,11 +165,11 @@ def test_a_second_decode_rank_is_refused_while_the_link_is_paired() -> None:
     a = ctx.Process(target=run_decode_try, args=(url, SECRET, out_a, hold))
     a.start()
     try:
-        assert out_a.get(timeout=90) == "paired"
+        assert out_a.get(timeout=PEER_START_S) == "paired"
         pairing.join(timeout=30)
         b = ctx.Process(target=run_decode_try, args=(url, SECRET, out_b, hold))
         b.start()
-        assert out_b.get(timeout=90) == "refused:second_rank"
+        assert out_b.get(timeout=PEER_START_S) == "refused:second_rank"
         b.join(timeout=30)
         assert link.pairings == 1 and link.ready.is_set() and not link.dead  # the first one's
     finally:
