@@ -143,6 +143,9 @@ class SamplingParams:
     memory of a ``[n, vocab]`` row block for the rest). no_prefix_cache: match nothing in the
     prefix cache and decode on its own K/V only (the whole prompt is prefilled: the exact
     reference of a cache hit or a span reuse); its K/V still enters the cache at the end.
+    priority: vLLM's request priority, a lower value served first; 0 (the default) is a client's,
+    a positive value background work (the proxy's meaning-guard trials), which the scheduler
+    admits and prefills only while no priority-0 request waits or prefills.
     """
 
     max_tokens: int = 256
@@ -162,6 +165,7 @@ class SamplingParams:
     prompt_logprobs: bool = False
     prompt_logprobs_start: int = 0
     no_prefix_cache: bool = False
+    priority: int = 0
 
     @property
     def adjusts_logits(self) -> bool:
@@ -195,6 +199,9 @@ class SamplingParams:
         if not _is_int(self.prompt_logprobs_start) or self.prompt_logprobs_start < 0:
             raise InvalidSamplingParam("prompt_logprobs_start",
                                        "prompt_logprobs_start must be an integer >= 0")
+        if not _is_int(self.priority) or self.priority < 0:
+            raise InvalidSamplingParam("priority", "priority must be an integer >= 0 "
+                                       "(0: a client's, above 0: background)")
         hi = vocab_size if vocab_size is not None else math.inf
         for tok, bias in self.logit_bias.items():
             if not _is_int(tok) or not 0 <= tok < hi:

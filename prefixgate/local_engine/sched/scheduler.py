@@ -17,6 +17,11 @@ Each ``schedule()`` builds one forward step within ``max_num_batched_tokens``, i
    request sharing a long uncached prefix with a prompt still being prefilled waits one round for
    that prompt to enter the tree, so a shared prefix is computed once (SGLang's in-batch prefix
    check).
+   **Priority** (vLLM's ``priority``, ``SamplingParams.priority``): a background request
+   (priority > 0) is admitted only when no priority-0 request is waiting, and its prefill chunks
+   run only in a step where no priority-0 request waits or prefills: background work (the proxy's
+   meaning-guard trials) takes the engine's idle steps, never a client's. Its decode tokens ride
+   in the batch like any other (one row each).
 4. **Drafts** (speculative decoding, when a proposer is given): each decoding request may carry
    draft tokens in the rows left under the budget; their slots are allocated now (without
    evicting locked KV or retracting anyone) and rolled back by ``accept_draft`` after
@@ -151,11 +156,21 @@ class Scheduler:
 
     # -- admission ----------------------------------------------------------------------------
     def _order_waiting(self) -> list[Sequence]:
+        """The waiting queue in admission order: clients' requests before background ones
+        (``priority``, lowest value first; module docstring), then longest cached prefix first
+        (LPM), then arrival."""
         queue = list(self.waiting)
+        if any(s.params.priority for s in queue):
+            queue.sort(key=lambda s: s.params.priority)  # stable: arrival order within a rank
         if self.cache is None or len(queue) < 2 or len(queue) > LPM_MAX_QUEUE:
             return queue
         hit = {id(s): self.cache.peek_prefix_len(s.token_ids[:-1], s.extra_key) for s in queue}
-        return sorted(queue, key=lambda s: (-hit[id(s)], s.arrival))
+        return sorted(queue, key=lambda s: (s.params.priority, -hit[id(s)], s.arrival))
+
+    def _client_prefilling(self) -> bool:
+        """True while a client's (priority-0) request waits or has prompt left to prefill."""
+        return (any(s.params.priority == 0 for s in self.waiting)
+                or any(s.params.priority == 0 and s.num_computed < s.num_prompt for s in self.running))
 
     def _should_defer(self, seq: Sequence, cached: int) -> bool:
         """True when a running request whose prompt is not yet in the tree shares a long
@@ -246,10 +261,13 @@ class Scheduler:
         for s in decodes:
             self.kv.grow(s, 1)
         budget -= len(decodes)
-        # 2. chunked prefill of admitted requests
+        # 2. chunked prefill of admitted requests (background ones only while no client's)
         prefills: list[ScheduledSeq] = []
+        hold_background = self._client_prefilling()
         for s in list(self.running):  # a copy: making room may retract others
             if budget <= 0 or s in decodes or s.status is not Status.RUNNING:
+                continue
+            if hold_background and s.params.priority > 0:
                 continue
             if s.num_uncomputed < 1:
                 continue
@@ -269,6 +287,8 @@ class Scheduler:
         for seq in self._order_waiting():
             if budget <= 0 or len(self.running) >= self.max_running or self.table.free_rows == 0:
                 break
+            if seq.params.priority > 0 and (hold_background or self._client_prefilling()):
+                break  # background after clients (_order_waiting): none admitted beside one
             cached = 0
             if self.cache is not None:
                 cached = self.cache.peek_prefix_len(seq.token_ids[:-1], seq.extra_key)

@@ -100,6 +100,7 @@ def sampling_params(req: ChatCompletionRequest | CompletionRequest, vocab_size: 
         stop=req.stop_list(),
         stop_token_ids=list(req.stop_token_ids or []),
         ignore_eos=req.ignore_eos,
+        priority=req.priority,
     )
     try:
         params.validate(vocab_size)

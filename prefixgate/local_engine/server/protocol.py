@@ -5,9 +5,12 @@ Bodies follow OpenAI's `CreateChatCompletionRequest` / `CreateCompletionRequest`
 vLLM and SGLang do, so SDKs that send newer parameters keep working. A few engine extensions
 are accepted the same way vLLM accepts them: `top_k`, `min_p`, `repetition_penalty`,
 `stop_token_ids`, `ignore_eos`, `cache_salt` (isolates this request's prefix-cache entries from
-requests with another salt). Sampling ranges (temperature 0-2, top_p (0, 1], penalties [-2, 2],
-logit_bias [-100, 100], seed 64-bit) are the core's ``SamplingParams.validate``; the bounds here
-only make the common ones fail at parse time with the same 400.
+requests with another salt), `priority` (vLLM's: a lower value is served first; here only 0,
+the default, or a positive background priority, so a client can lower its own rank, never jump
+the queue: ``sched.scheduler``, "Priority"). Sampling ranges (temperature 0-2, top_p (0, 1],
+penalties [-2, 2], logit_bias [-100, 100], seed 64-bit) are the core's
+``SamplingParams.validate``; the bounds here only make the common ones fail at parse time with
+the same 400.
 Integer and boolean fields are strict, as OpenAI's are: ``"stream": "false"`` or
 ``"max_tokens": "10"`` is a 400 ``invalid_type``, never silently coerced.
 
@@ -110,6 +113,7 @@ class _SamplingFields(_Tolerant):
     stream_options: StreamOptions | None = None
     logprobs: bool | int | None = None
     cache_salt: str | None = None
+    priority: StrictInt = Field(default=0, ge=0, le=1_000_000)
 
     def stop_list(self) -> list[str]:
         """``stop`` as a list of non-empty strings (OpenAI accepts a string or up to 4)."""
