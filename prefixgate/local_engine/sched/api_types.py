@@ -145,7 +145,7 @@ class SamplingParams:
     reference of a cache hit or a span reuse); its K/V still enters the cache at the end.
     priority: vLLM's request priority, a lower value served first; 0 (the default) is a client's,
     a positive value background work (the proxy's meaning-guard trials), which the scheduler
-    admits and prefills only while no priority-0 request waits or prefills.
+    admits and prefills only while no priority-0 request waits or runs.
     """
 
     max_tokens: int = 256

@@ -18,10 +18,11 @@ Each ``schedule()`` builds one forward step within ``max_num_batched_tokens``, i
    that prompt to enter the tree, so a shared prefix is computed once (SGLang's in-batch prefix
    check).
    **Priority** (vLLM's ``priority``, ``SamplingParams.priority``): a background request
-   (priority > 0) is admitted only when no priority-0 request is waiting, and its prefill chunks
-   run only in a step where no priority-0 request waits or prefills: background work (the proxy's
-   meaning-guard trials) takes the engine's idle steps, never a client's. Its decode tokens ride
-   in the batch like any other (one row each).
+   (priority > 0) is admitted, and its prefill chunks run, only in a step where no priority-0
+   request waits or runs: background work (the proxy's meaning-guard trials) takes the engine's
+   idle steps, so a client's prefill never shares a step with it and a client's decode steps
+   never carry its prefill chunks. A background request already decoding when a client's
+   arrives keeps its decode rows (one token each) until it finishes.
 4. **Drafts** (speculative decoding, when a proposer is given): each decoding request may carry
    draft tokens in the rows left under the budget; their slots are allocated now (without
    evicting locked KV or retracting anyone) and rolled back by ``accept_draft`` after
@@ -167,10 +168,10 @@ class Scheduler:
         hit = {id(s): self.cache.peek_prefix_len(s.token_ids[:-1], s.extra_key) for s in queue}
         return sorted(queue, key=lambda s: (s.params.priority, -hit[id(s)], s.arrival))
 
-    def _client_prefilling(self) -> bool:
-        """True while a client's (priority-0) request waits or has prompt left to prefill."""
-        return (any(s.params.priority == 0 for s in self.waiting)
-                or any(s.params.priority == 0 and s.num_computed < s.num_prompt for s in self.running))
+    def _client_busy(self) -> bool:
+        """True while a client's (priority-0) request waits or runs."""
+        return any(s.params.priority == 0 for s in self.waiting) or any(
+            s.params.priority == 0 for s in self.running)
 
     def _should_defer(self, seq: Sequence, cached: int) -> bool:
         """True when a running request whose prompt is not yet in the tree shares a long
@@ -261,9 +262,9 @@ class Scheduler:
         for s in decodes:
             self.kv.grow(s, 1)
         budget -= len(decodes)
-        # 2. chunked prefill of admitted requests (background ones only while no client's)
+        # 2. chunked prefill of admitted requests (background ones only with no client's about)
         prefills: list[ScheduledSeq] = []
-        hold_background = self._client_prefilling()
+        hold_background = self._client_busy()
         for s in list(self.running):  # a copy: making room may retract others
             if budget <= 0 or s in decodes or s.status is not Status.RUNNING:
                 continue
@@ -287,7 +288,7 @@ class Scheduler:
         for seq in self._order_waiting():
             if budget <= 0 or len(self.running) >= self.max_running or self.table.free_rows == 0:
                 break
-            if seq.params.priority > 0 and (hold_background or self._client_prefilling()):
+            if seq.params.priority > 0 and (hold_background or self._client_busy()):
                 break  # background after clients (_order_waiting): none admitted beside one
             cached = 0
             if self.cache is not None:
