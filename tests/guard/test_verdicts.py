@@ -127,4 +127,5 @@ async def test_pairs_racing_past_the_last_look_never_decide_twice(local: LocalSt
     await local.incr("guard:c:r:t:hoist_volatile:packed", 199 * pack(False, False))
     got = await asyncio.gather(*(book.add_pair("r", "t", "hoist_volatile", False, False) for _ in range(3)))
     assert sorted(v.state for v in got) == ["on", "trialling", "trialling"]
+    assert all("being decided" in v.reason for v in got if v.state == "trialling")
     assert await local.count("guard:c:r:t:hoist_volatile:packed") == 2 * pack(False, False)

@@ -149,9 +149,12 @@ class GuardBook:
         packed = await self.shared.incr(ckey, pack(move_changed, floor_changed), self.ttl_s)
         counts = unpack(packed)
         d = decide(counts, self.rule)
-        if d.state == "trialling" or counts.pairs > self.rule.max_pairs:
-            # past max_pairs: the pair that reached it is deciding (and resetting) right now
+        if d.state == "trialling":
             return self._note(route, tenant, _trialling(move, d))
+        if counts.pairs > self.rule.max_pairs:  # the pair that reached it is deciding right now
+            return self._note(route, tenant, MoveVerdict(
+                move, "trialling", d.pairs, d.move_rate, d.floor_rate, 0.0, 0.0,
+                f"past {self.rule.max_pairs} pairs: the last look is being decided"))
         now = self._clock()
         v = MoveVerdict(move, d.state, d.pairs, d.move_rate, d.floor_rate, now, now + self.ttl_s, d.reason)
         await self.shared.put(vkey, json.dumps(asdict(v)), self.ttl_s)
