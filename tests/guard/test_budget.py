@@ -105,3 +105,17 @@ async def test_two_replicas_never_pass_a_limit_through_redis(limit: str, redis_s
     assert await a.spent("r") == await b.spent("r") == {
         "requests": n, "tokens": 100 * n, "usd": pytest.approx(0.01 * n)}
     assert [s.link.outages for s in redis_states] == [0, 0]  # counted in Redis, not locally
+
+
+async def test_no_trial_is_reserved_while_shared_redis_is_down(clock: Clock) -> None:
+    """Fail closed: a RedisState answering from its own counters (Redis down) would let every
+    replica spend the whole budget, so nothing is reserved until Redis is back."""
+    from prefixgate.cache.state.redis_link import RedisLink
+
+    dead = RedisState(RedisLink("redis://127.0.0.1:1/0", "test-guard-down:", op_timeout_s=0.5))
+    book = BudgetBook(dead, clock=clock)
+    budget = TrialBudget(100, 1_000_000, 100.0)
+    assert await book.reserve("r", budget, 1, 100, 0.01, priced=True) is None  # goes down here
+    assert not dead.link.up
+    assert await book.reserve("r", budget, 1, 100, 0.01, priced=True) is None  # already down
+    assert await dead.local.count(book._key("r", book._day(), "requests")) == 0  # nothing held

@@ -89,6 +89,8 @@ class BudgetBook:
             raise ValueError("a reservation's amounts must be >= 0")
         if budget.requests_per_day <= 0 or (priced and budget.usd_per_day <= 0):
             return None
+        if not self._shared_up():
+            return None  # fail closed: a replica counting alone could spend the fleet's budget
         day = self._day()
         micros = usd_micros(usd) if priced else 0
         wanted = [(FIELDS[0], requests, budget.requests_per_day),
@@ -100,11 +102,18 @@ class BudgetBook:
             key = self._key(route, day, field)
             now = await self.shared.incr(key, amount, KEY_TTL_S)
             held.append((key, amount))
-            if now > limit:
+            if now > limit or not self._shared_up():
                 for k, a in held:
                     await self.shared.incr(k, -a, KEY_TTL_S)
                 return None
         return Reservation(route, day, requests, tokens, micros)
+
+    def _shared_up(self) -> bool:
+        """False while shared state is Redis and Redis is down: a RedisState then answers from
+        its replica's own counters (:mod:`prefixgate.cache.state.shared_state`), and N replicas
+        would each spend the whole daily budget. Local state is always up."""
+        link = getattr(self.shared, "link", None)
+        return link is None or bool(getattr(link, "up", True))
 
     async def settle(self, r: Reservation, tokens: int, usd: float) -> None:
         """Replace reservation ``r``'s tokens / USD by the actual ``tokens`` / ``usd``: what was
