@@ -30,14 +30,17 @@ the session's clock advances between them by a seeded gap of 6..90 s:
   Unranked: ``<kb_article id=...>`` elements (an application's own tag name), turn 2 in another
   order — stabilise_passages puts them back in turn 1's order.
 
-Variants of each request, each sent to the local engine (``prefixgate.local_engine``,
-SmolLM2-135M-Instruct, fp32 CPU, in-process, radix prefix cache shared by all variants; greedy,
-``max_tokens`` = ``--max-tokens``; prompts of about 400..1450 tokens, most 600..1200; identical
-token sequences decoded once, the others of one request in one continuous batch — their greedy
-tokens equal one-at-a-time decoding, checked on 16 corpus prompts):
+Variants of each request, each sent to the local engine (``bench/stability_engine.py``:
+``prefixgate.local_engine``, SmolLM2-135M-Instruct, fp32 CPU, in-process, span reuse off, radix
+prefix cache shared by all variants; greedy, ``max_tokens`` = ``--max-tokens``; prompts of about
+400..1450 tokens, most 600..1200; identical token sequences decoded once, the others of one
+request in one continuous batch — their greedy tokens equal one-at-a-time decoding, checked on
+16 corpus prompts):
 
-* ``original`` — as the client sent it; ``clock_tick`` — the same body with only the clock
-  value advanced (by the gap to the session's next request): the noise floor;
+* ``original`` — as the client sent it; controls: ``clock_tick`` — the same body with only the
+  clock value advanced (by the gap to the session's next request): the noise floor;
+  ``line_removed`` — the system prompt's clock line taken out, no note anywhere
+  (:func:`line_removed`): what losing the line costs the model, with nothing added;
 * ``<api>/defaults`` — the shipped defaults (``RewriteSettings()``: the passes that move text
   the model reads, ``MOVES_THE_MODEL_READS``, are off): the headline figures;
 * ``<api>/<placement>`` — the pipeline with those moves switched on (:data:`OPT_IN`;
@@ -49,15 +52,23 @@ tokens equal one-at-a-time decoding, checked on 16 corpus prompts):
 * the decomposition variants below.
 
 Rules. ``changed``: the completion's text differs from the original's (exact, whitespace at
-the ends stripped). ``mentions_note``: the answer matches :data:`NOTE_WORDS` (``note``,
+the ends stripped). Teacher-forced (issue 36; ``bench/teacher_forced.py``): the original's
+greedy answer forced after each variant, the next-token distributions at its tokens compared
+with the original's own: ``kl_mean`` (mean over requests of each one's mean KL(original ||
+variant) over the answer's tokens, nats/token), ``top1_agreement`` (the variant's argmax is the
+original's token; mean over requests of each one's share), ``nll_delta`` (the answer's mean
+negative log-likelihood per token under the variant minus under the original, nats); each also
+``where_hoisted`` (the requests where the variant moved the clock); for the Anthropic variants
+the original is its own round trip. ``mentions_note``: the answer matches :data:`NOTE_WORDS` (``note``,
 ``placeholder``, ``reminder``, ``current time``, ``current values``, ``[see``), or holds this
 request's clock value (its time of day ``HH:MM``) or the moved id (its first 8 characters), while
 the original answer does not. Goal: ``changed_by_rewrite <= changed_by_clock_tick`` and
 ``mentions_note == 0``. The default placement of each API (``figures.default_placement``, to be
 :data:`prefixgate.config.schema.HOIST_TARGET_BY_API`; ``tests/config/test_hoist_default.py``) is
 :func:`winner`: among the placements that keep the prefix reusable (cached share from turn 3 on
-within :data:`REUSE_MARGIN` of the API's best — the clock is moved for that), the fewest answers
-mentioning the note, then the fewest changed answers. Cached shares are those of the engine's
+within :data:`REUSE_MARGIN` of the API's best — the clock is moved for that), the lowest
+``kl_mean`` (issue 36), then the fewest answers mentioning the note, then the fewest changed
+answers. Cached shares are those of the engine's
 radix rule (common token prefix with the session's previous request, as sent).
 
 Decomposition (rows, and ``figures.where_hoisted``): ``system_edit_only`` — the OpenAI
@@ -65,15 +76,28 @@ Decomposition (rows, and ``figures.where_hoisted``): ``system_edit_only`` — th
 ``other_passes_only`` — the pipeline with ``hoist_volatile`` off (canonicalize_tools,
 stabilise_passages alone).
 
+Note search (``figures.note_search``, ``bench/note_search.py``; the OpenAI API; ``--no-search``
+skips it): the note of the OpenAI ``end`` rewrite written again at other placements in other
+wordings; per candidate its teacher-forced figures over the requests where a note exists,
+``changed`` (greedy tokens differ from the original's: some top-1 is not the original's token)
+and ``turn3_on_cached_share``; ``chosen``: the lowest ``kl_mean`` among the candidates within
+:data:`REUSE_MARGIN` of the best cached share; ``kl_ratio_to_reminder``: its ``kl_mean`` over
+the rewriter's ``reminder`` placement's on the same requests (issue 36's goal: at most 0.5).
+
 Writes ``bench/results/answer_stability.json``: ``{"command", "figures": {"requests",
 "changed_by_rewrite", "changed_by_clock_tick", "mentions_note", "default_placement": {api:
 placement}, "opt_in_moves": {api: figures of its winning placement}, "by_placement":
 {"<api>/defaults" | "<api>/<placement>": {"changed_by_rewrite", "mentions_note", "hoisted",
-"turn2_cached_share", "turn3_on_cached_share"}}, "by_api", "by_kind", "where_hoisted",
-"where_not_hoisted", "passages", "prefix_reuse"}, "setup"}`` (headline figures: the OpenAI API
-with the shipped defaults; ``where_*`` and ``passages``: the OpenAI winner with the moves on). Cap: under 30 minutes on 2 shared cores (18 min measured,
-other engineers' test runs on the box: ``setup.wall_s``); ``--limit N`` runs the first N sessions
-only, ``--from-rows`` prints the figures of saved rows.
+"turn2_cached_share", "turn3_on_cached_share", "kl_mean", "top1_agreement", "nll_delta",
+"tf_requests", "tf_missing_positions", "where_hoisted": {...}}}, "controls": {"clock_tick" |
+"line_removed" | "system_edit_only" | "other_passes_only": {"changed", "kl_mean", ...}},
+"note_search", "by_api", "by_kind", "where_hoisted", "where_not_hoisted", "passages",
+"prefix_reuse"}, "setup"}`` (headline figures: the OpenAI API with the shipped defaults;
+``where_*`` and ``passages``: the OpenAI winner with the moves on). Cost: the full corpus (101
+requests) took 54 min before the teacher-forced figures (``setup.wall_s`` of that run) and about
+100 s a request with them at load 8-12 on 2 shared cores; ``--tau-runs``, ``--swe-turns``,
+``--bank-tasks`` and ``--limit N`` (the first N sessions) take a subset; ``--from-rows`` prints
+the figures of rows saved by ``--rows`` (``--write``: into ``--out`` too).
 """
 
 from __future__ import annotations
@@ -97,8 +121,10 @@ from bench.stability_corpus import DEFAULT_MODEL, Case, corpus, rewrite_session 
 from bench.stability_engine import Answers, Key  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "answer_stability.json"
-PLACEMENTS = {"openai": ("end", "last_user", "system_end", "reminder"),
+PLACEMENTS = {"openai": ("end", "last_user", "system_end", "reminder", "inline"),
               "anthropic": ("end", "last_user", "reminder")}
+"""The rewriter's placements measured per API (``inline``: issue 36's note search; a results
+file written before it lacks its entry, and :func:`winner` chooses among those measured)."""
 NOTE_WORDS = re.compile(r"(?i)\bnotes?\b|placeholder|reminder|current time|current values|\[see")
 """Words of an answer that addresses the hoisted note (module docstring, rule ``mentions_note``)."""
 
@@ -243,7 +269,7 @@ def winner(by_placement: dict[str, dict[str, Any]], api: str) -> str:
     clock is for that), the lowest mean teacher-forced KL over the original's answer
     (``kl_mean``), then the fewest answers mentioning the note, then the fewest changed
     answers (ties: :data:`PLACEMENTS` order)."""
-    keys = [f"{api}/{p}" for p in PLACEMENTS[api]]
+    keys = [f"{api}/{p}" for p in PLACEMENTS[api] if f"{api}/{p}" in by_placement]
     best = max(by_placement[k]["turn3_on_cached_share"] for k in keys)
     kept = [k for k in keys if by_placement[k]["turn3_on_cached_share"] >= best - REUSE_MARGIN]
     return min(kept, key=lambda k: (by_placement[k]["kl_mean"], by_placement[k]["mentions_note"],

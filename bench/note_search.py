@@ -13,7 +13,10 @@ Placements (:data:`PLACEMENTS`), each after the part of the prompt the next requ
 * ``end`` — a new trailing user message (the rewriter's ``end``);
 * ``in_last`` — appended to the last message after a blank line, whatever its role (a user
   turn, as the rewriter's ``last_user`` / ``reminder`` do; a tool result too, whose text the
-  rewriter does not edit today);
+  rewriter never edits: a tool result reaches the backend as the tool wrote it, DESIGN.md
+  "Meaning is kept"). The rewriter's ``inline`` placement is ``in_last/values`` after a user
+  turn and ``end/values`` after a tool result (``bench/note_inline_check.py`` checks the
+  token identity and takes its figures from these two);
 * ``tool_pair`` — a synthetic tool exchange at the end: an assistant call of
   :data:`CLOCK_TOOL` (no arguments) and its tool result holding the note;
 * ``system_end`` — a new trailing system message (the rewriter's ``system_end``).
@@ -86,8 +89,11 @@ def worded(note: str, wording: str) -> str:
         obj = {p[0]: p[1] for p in pairs if p}
         rest = [x for p, x in zip(pairs, lines) if not p]
         return json.dumps(obj) + ("\n" + "\n".join(rest) if rest else "")
-    if wording == "values":
-        return "[" + " | ".join(p[1] if p else x for p, x in zip(pairs, lines)) + "]"
+    if wording == "values":  # the rewriter's own ``inline`` line, placeholder entries after it
+        from prefixgate.rewriter.analysis.note_placement import NOTE_HEADER, values_line
+
+        cut = lines.index(NOTE_HEADER) if NOTE_HEADER in lines else len(lines)
+        return "\n".join([values_line(lines[:cut]), *lines[cut:]] if cut else lines)
     raise ValueError(f"unknown wording {wording!r}")
 
 

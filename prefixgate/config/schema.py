@@ -224,7 +224,7 @@ class Route(RouteTargets):
     (:mod:`prefixgate.proxy.core.diagnostics`)."""
 
 
-HoistTarget = Literal["auto", "end", "last_user", "system_end", "reminder"]
+HoistTarget = Literal["auto", "end", "last_user", "system_end", "reminder", "inline"]
 HOIST_TARGET_BY_API: dict[str, str] = {"openai": "reminder", "anthropic": "end"}
 """Where ``hoist_target: auto`` puts the hoisted note when ``hoist_volatile`` is on, per client
 API (placements in ``prefixgate/rewriter/analysis/note_placement.py``). Chosen by measurement
