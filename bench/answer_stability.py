@@ -94,8 +94,9 @@ placement}, "opt_in_moves": {api: figures of its winning placement}, "by_placeme
 "note_search", "by_api", "by_kind", "where_hoisted", "where_not_hoisted", "passages",
 "prefix_reuse"}, "setup"}`` (headline figures: the OpenAI API with the shipped defaults;
 ``where_*`` and ``passages``: the OpenAI winner with the moves on). Cost: the full corpus (101
-requests) took 54 min before the teacher-forced figures (``setup.wall_s`` of that run) and about
-100 s a request with them at load 8-12 on 2 shared cores; ``--tau-runs``, ``--swe-turns``,
+requests) took 54 min before the teacher-forced figures (``setup.wall_s`` of that run); with
+them and the search, 41 requests (``--tau-runs 6 --bank-tasks 3``) took 48 min at load 5-16 on
+2 shared cores; ``--tau-runs``, ``--swe-turns``,
 ``--bank-tasks`` and ``--limit N`` (the first N sessions) take a subset; ``--from-rows`` prints
 the figures of rows saved by ``--rows`` (``--write``: into ``--out`` too).
 """
