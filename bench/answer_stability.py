@@ -30,14 +30,17 @@ the session's clock advances between them by a seeded gap of 6..90 s:
   Unranked: ``<kb_article id=...>`` elements (an application's own tag name), turn 2 in another
   order — stabilise_passages puts them back in turn 1's order.
 
-Variants of each request, each sent to the local engine (``prefixgate.local_engine``,
-SmolLM2-135M-Instruct, fp32 CPU, in-process, radix prefix cache shared by all variants; greedy,
-``max_tokens`` = ``--max-tokens``; prompts of about 400..1450 tokens, most 600..1200; identical
-token sequences decoded once, the others of one request in one continuous batch — their greedy
-tokens equal one-at-a-time decoding, checked on 16 corpus prompts):
+Variants of each request, each sent to the local engine (``bench/stability_engine.py``:
+``prefixgate.local_engine``, SmolLM2-135M-Instruct, fp32 CPU, in-process, span reuse off, radix
+prefix cache shared by all variants; greedy, ``max_tokens`` = ``--max-tokens``; prompts of about
+400..1450 tokens, most 600..1200; identical token sequences decoded once, the others of one
+request in one continuous batch — their greedy tokens equal one-at-a-time decoding, checked on
+16 corpus prompts):
 
-* ``original`` — as the client sent it; ``clock_tick`` — the same body with only the clock
-  value advanced (by the gap to the session's next request): the noise floor;
+* ``original`` — as the client sent it; controls: ``clock_tick`` — the same body with only the
+  clock value advanced (by the gap to the session's next request): the noise floor;
+  ``line_removed`` — the system prompt's clock line taken out, no note anywhere
+  (:func:`line_removed`): what losing the line costs the model, with nothing added;
 * ``<api>/defaults`` — the shipped defaults (``RewriteSettings()``: the passes that move text
   the model reads, ``MOVES_THE_MODEL_READS``, ship ``guarded``, which is off here: the pipeline
   run directly has no meaning-guard verdict, issue 36): the headline figures;
@@ -50,15 +53,23 @@ tokens equal one-at-a-time decoding, checked on 16 corpus prompts):
 * the decomposition variants below.
 
 Rules. ``changed``: the completion's text differs from the original's (exact, whitespace at
-the ends stripped). ``mentions_note``: the answer matches :data:`NOTE_WORDS` (``note``,
+the ends stripped). Teacher-forced (issue 36; ``bench/teacher_forced.py``): the original's
+greedy answer forced after each variant, the next-token distributions at its tokens compared
+with the original's own: ``kl_mean`` (mean over requests of each one's mean KL(original ||
+variant) over the answer's tokens, nats/token), ``top1_agreement`` (the variant's argmax is the
+original's token; mean over requests of each one's share), ``nll_delta`` (the answer's mean
+negative log-likelihood per token under the variant minus under the original, nats); each also
+``where_hoisted`` (the requests where the variant moved the clock); for the Anthropic variants
+the original is its own round trip. ``mentions_note``: the answer matches :data:`NOTE_WORDS` (``note``,
 ``placeholder``, ``reminder``, ``current time``, ``current values``, ``[see``), or holds this
 request's clock value (its time of day ``HH:MM``) or the moved id (its first 8 characters), while
 the original answer does not. Goal: ``changed_by_rewrite <= changed_by_clock_tick`` and
 ``mentions_note == 0``. The default placement of each API (``figures.default_placement``, to be
 :data:`prefixgate.config.schema.HOIST_TARGET_BY_API`; ``tests/config/test_hoist_default.py``) is
 :func:`winner`: among the placements that keep the prefix reusable (cached share from turn 3 on
-within :data:`REUSE_MARGIN` of the API's best — the clock is moved for that), the fewest answers
-mentioning the note, then the fewest changed answers. Cached shares are those of the engine's
+within :data:`REUSE_MARGIN` of the API's best — the clock is moved for that), the lowest
+``kl_mean`` (issue 36), then the fewest answers mentioning the note, then the fewest changed
+answers. Cached shares are those of the engine's
 radix rule (common token prefix with the session's previous request, as sent).
 
 Decomposition (rows, and ``figures.where_hoisted``): ``system_edit_only`` — the OpenAI
@@ -66,331 +77,58 @@ Decomposition (rows, and ``figures.where_hoisted``): ``system_edit_only`` — th
 ``other_passes_only`` — the pipeline with ``hoist_volatile`` off (canonicalize_tools,
 stabilise_passages alone).
 
+Note search (``figures.note_search``, ``bench/note_search.py``; the OpenAI API; ``--no-search``
+skips it): the note of the OpenAI ``end`` rewrite written again at other placements in other
+wordings; per candidate its teacher-forced figures over the requests where a note exists,
+``changed`` (greedy tokens differ from the original's: some top-1 is not the original's token)
+and ``turn3_on_cached_share``; ``chosen``: the lowest ``kl_mean`` among the candidates within
+:data:`REUSE_MARGIN` of the best cached share; ``kl_ratio_to_reminder``: its ``kl_mean`` over
+the rewriter's ``reminder`` placement's on the same requests (issue 36's goal: at most 0.5).
+
 Writes ``bench/results/answer_stability.json``: ``{"command", "figures": {"requests",
 "changed_by_rewrite", "changed_by_clock_tick", "mentions_note", "default_placement": {api:
 placement}, "opt_in_moves": {api: figures of its winning placement}, "by_placement":
 {"<api>/defaults" | "<api>/<placement>": {"changed_by_rewrite", "mentions_note", "hoisted",
-"turn2_cached_share", "turn3_on_cached_share"}}, "by_api", "by_kind", "where_hoisted",
-"where_not_hoisted", "passages", "prefix_reuse"}, "setup"}`` (headline figures: the OpenAI API
-with the shipped defaults; ``where_*`` and ``passages``: the OpenAI winner with the moves on). Cap: under 30 minutes on 2 shared cores (18 min measured,
-other engineers' test runs on the box: ``setup.wall_s``); ``--limit N`` runs the first N sessions
-only, ``--from-rows`` prints the figures of saved rows.
+"turn2_cached_share", "turn3_on_cached_share", "kl_mean", "top1_agreement", "nll_delta",
+"tf_requests", "tf_missing_positions", "where_hoisted": {...}}}, "controls": {"clock_tick" |
+"line_removed" | "system_edit_only" | "other_passes_only": {"changed", "kl_mean", ...}},
+"note_search", "by_api", "by_kind", "where_hoisted", "where_not_hoisted", "passages",
+"prefix_reuse"}, "setup"}`` (headline figures: the OpenAI API with the shipped defaults;
+``where_*`` and ``passages``: the OpenAI winner with the moves on). Cost: the full corpus (101
+requests) took 54 min before the teacher-forced figures (``setup.wall_s`` of that run); with
+them and the search, 41 requests (``--tau-runs 6 --bank-tasks 3``) took 48 min at load 5-16 on
+2 shared cores; ``--tau-runs``, ``--swe-turns``,
+``--bank-tasks`` and ``--limit N`` (the first N sessions) take a subset; ``--from-rows`` prints
+the figures of rows saved by ``--rows`` (``--write``: into ``--out`` too).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import random
 import re
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from email.utils import format_datetime
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.pruning_data import DATA, banking_docs, banking_tasks, tau_airline_runs, tau_airline_tools
-from bench.result_file import command, write_json
-from tests.trace_requests import SWE_TRACE, normalise_swe_history, swe_tools
+from bench import note_search, teacher_forced  # noqa: E402
+from bench.pruning_data import DATA  # noqa: E402
+from bench.result_file import command, write_json  # noqa: E402
+from bench.stability_corpus import DEFAULT_MODEL, Case, corpus, rewrite_session  # noqa: E402
+from bench.stability_engine import Answers, Key  # noqa: E402
 
-DEFAULT_MODEL = Path("~/.cache/prefixgate/models/SmolLM2-135M-Instruct").expanduser()
 OUT = REPO / "bench" / "results" / "answer_stability.json"
-PLACEMENTS = {"openai": ("end", "last_user", "system_end", "reminder"),
+PLACEMENTS = {"openai": ("end", "last_user", "system_end", "reminder", "inline"),
               "anthropic": ("end", "last_user", "reminder")}
-POLICY_CHARS = 900
-RESULT_CHARS = 400
-TEXT_CHARS = 700
-SWE_CHARS = (240, 240, 700)
-"""SWE-agent cuts: tool results, other messages, system prompt (its turns are long)."""
-DOC_CHARS = 360
-TAU_TOOLS = ("cancel_reservation", "get_reservation_details", "get_user_details",
-             "transfer_to_human_agents")
-POLICY_CLOCK = "The current time is 2024-05-15 15:00:00 EST."
-EST = timezone(timedelta(hours=-5))
-START = datetime(2024, 5, 15, 15, 0, 0, tzinfo=EST)
+"""The rewriter's placements measured per API (``inline``: issue 36's note search; a results
+file written before it lacks its entry, and :func:`winner` chooses among those measured)."""
 NOTE_WORDS = re.compile(r"(?i)\bnotes?\b|placeholder|reminder|current time|current values|\[see")
 """Words of an answer that addresses the hoisted note (module docstring, rule ``mentions_note``)."""
-
-
-@dataclass
-class Case:
-    """One request of a session: its body at clock ``t`` and with only the clock advanced."""
-
-    session: str
-    kind: str
-    turn: int
-    body: dict[str, Any]
-    tick: dict[str, Any]
-    clock: str
-    moved_id: str = ""
-
-
-@dataclass
-class Clock:
-    """A session's clock: ``render(t)`` writes the template's clock value for a time."""
-
-    render: Callable[[datetime], str]
-    rng: random.Random
-    fixed: bool = False
-    """A template whose clock never moves (``tau_constant``): every request shows START; its
-    tick variant still shows START advanced by the gap."""
-    t: datetime = START
-
-    def advance(self) -> tuple[datetime, datetime]:
-        """``(this request's time, the next request's time)``; moves to the next request."""
-        gap = timedelta(seconds=self.rng.randint(6, 90))
-        now = self.t
-        self.t = now if self.fixed else now + gap
-        return now, now + gap
-
-
-def _cut(text: str, n: int) -> str:
-    """``text`` cut to at most ``n`` characters, at a line end when one is in the last third."""
-    if len(text) <= n:
-        return text
-    cut = text.rfind("\n", n * 2 // 3, n)
-    return text[: cut if cut > 0 else n].rstrip()
-
-
-def _msg_cut(m: dict[str, Any], cuts: tuple[int, int, int]) -> dict[str, Any]:
-    out = dict(m)
-    limit = cuts[0] if m.get("role") == "tool" else cuts[1]
-    if isinstance(out.get("content"), str):
-        out["content"] = _cut(out["content"], limit)
-    return {k: v for k, v in out.items() if k in ("role", "content", "tool_calls", "tool_call_id")}
-
-
-def _requests(traj: list[dict[str, Any]], turns: int,
-              cuts: tuple[int, int, int] = (RESULT_CHARS, TEXT_CHARS, POLICY_CHARS)) -> list[list[dict[str, Any]]]:
-    """The messages before each of the first ``turns`` assistant turns (system excluded), cut
-    to ``cuts`` (tool results, other messages)."""
-    out = []
-    for i, m in enumerate(traj):
-        if m.get("role") == "assistant" and i > 1:
-            out.append([_msg_cut(x, cuts) for x in traj[1:i]])
-            if len(out) == turns:
-                break
-    return out
-
-
-def _hexid(rng: random.Random, n: int) -> str:
-    return "".join(rng.choice("0123456789abcdef") for _ in range(n))
-
-
-def _uuid(rng: random.Random) -> str:
-    h = _hexid(rng, 32)
-    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-a{h[17:20]}-{h[20:]}"
-
-
-def _session(name: str, kind: str, system: Callable[[str, str], str], clock: Clock,
-             turns: list[list[dict[str, Any]]], tools: list[dict[str, Any]] | None,
-             max_tokens: int, id_len: int = 0) -> list[Case]:
-    """A session's cases: ``system(clock value, request id)`` on top of each turn's messages."""
-    cases = []
-    for k, msgs in enumerate(turns):
-        now, nxt = clock.advance()
-        rid = _hexid(clock.rng, id_len) if id_len else ""
-
-        def body(t: datetime, rid: str = rid, msgs: list[dict[str, Any]] = msgs) -> dict[str, Any]:
-            b: dict[str, Any] = {"model": "local", "max_tokens": max_tokens, "messages": [
-                {"role": "system", "content": system(clock.render(t), rid)}, *msgs]}
-            if tools:
-                b["tools"] = tools
-            return b
-        cases.append(Case(name, kind, k, body(now), body(nxt), clock.render(now), rid))
-    return cases
-
-
-def _est(t: datetime) -> str:
-    return t.strftime("%Y-%m-%d %H:%M:%S EST")
-
-
-def tau_cases(runs: int, turns: int, max_tokens: int, rng: random.Random) -> list[Case]:
-    """The tau-bench sessions (module docstring)."""
-    tools = [t for t in tau_airline_tools() if t["function"]["name"] in TAU_TOOLS]
-    trials = [r for r in tau_airline_runs() if r["trial"] == 0][:runs]
-    out: list[Case] = []
-    for n, run in enumerate(trials):
-        policy = _cut(run["traj"][0]["content"], POLICY_CHARS)
-        kind = ("tau_live", "tau_request_id", "tau_constant")[n % 3]
-        conv = _uuid(rng)
-        if kind == "tau_live":
-            def system(v: str, rid: str, policy: str = policy, conv: str = conv) -> str:
-                return policy.replace(POLICY_CLOCK, f"The current time is {v}.\nConversation ID: {conv}")
-            render: Callable[[datetime], str] = _est
-        elif kind == "tau_request_id":
-            def system(v: str, rid: str, policy: str = policy) -> str:
-                return (f"Current date and time: {v}\nRequest ID: req_{rid}\n\n"
-                        + policy.replace(POLICY_CLOCK + "\n\n", ""))
-            render = datetime.isoformat
-        else:
-            def system(v: str, rid: str, policy: str = policy) -> str:
-                return policy.replace(POLICY_CLOCK, f"The current time is {v}.")
-            render = _est
-        out += _session(f"tau{run['task_id']}", kind, system, Clock(render, rng, kind == "tau_constant"),
-                        _requests(run["traj"], turns), tools, max_tokens,
-                        id_len=24 if kind == "tau_request_id" else 0)
-    return out
-
-
-def swe_cases(turns: int, max_tokens: int, rng: random.Random) -> list[Case]:
-    """The SWE-agent session (module docstring)."""
-    history = normalise_swe_history(json.loads(SWE_TRACE.read_text())["history"])
-    prompt = _cut(history[0]["content"], SWE_CHARS[2])
-
-    def system(v: str, rid: str) -> str:
-        return f"Current time: {v}\nTrace ID: {rid}\n\n{prompt}"
-    return _session("swe", "swe", system, Clock(format_datetime, rng), _requests(history, turns, SWE_CHARS),
-                    swe_tools(history), max_tokens, id_len=32)
-
-
-def _opening(task: dict[str, Any]) -> str | None:
-    m = re.search(r'Start naturally:\*\*\s*"([^"]+)"', task["instructions"])
-    return m.group(1) if m else None
-
-
-def passage_cases(tasks: int, max_tokens: int, rng: random.Random) -> list[Case]:
-    """The two-turn retrieval sessions (module docstring), ranked and unranked per task."""
-    docs = {d["id"]: d for d in banking_docs()}
-    picked, seen = [], set()
-    for task in banking_tasks():
-        q = _opening(task)
-        req = [d for d in task["required_documents"] if d in docs]
-        if len(picked) >= tasks:
-            break
-        if q and len(req) >= 2 and q[:40] not in seen:
-            seen.add(q[:40])
-            picked.append((task, q, req[:2]))
-    others = sorted(docs)
-    out: list[Case] = []
-    for task, q, req in picked:
-        extra = next(d for d in others[rng.randrange(len(others)):] + others if d not in req)
-        chosen = [docs[d] for d in (*req, extra)]
-        for kind in ("passages_ranked", "passages_unranked"):
-            def system(v: str, rid: str, chosen: list[dict[str, str]] = chosen, kind: str = kind,
-                       order: list[int] | None = None) -> str:
-                return _bank_system(v, chosen, kind, order or [0, 1, 2])
-            t1 = [{"role": "user", "content": q}]
-            t2 = [*t1, {"role": "assistant", "content": "Thanks for reaching out. Let me look into that."},
-                  {"role": "user", "content": "Could you tell me exactly what I should do next?"}]
-            clock = Clock(_est, rng)
-            first = _session(f"{task['id']}/{kind}", kind, system, clock, [t1], None, max_tokens)
-            second = _session(f"{task['id']}/{kind}", kind,
-                              lambda v, rid, s=system: s(v, rid, order=[1, 0, 2]), clock, [t2],
-                              None, max_tokens)
-            second[0].turn = 1
-            out += first + second
-    return out
-
-
-def _bank_system(clock: str, docs: list[dict[str, str]], kind: str, order: list[int]) -> str:
-    head = ("You are a Rho-Bank customer support agent. Answer only from the documents below, "
-            f"briefly.\nThe current time is {clock}.\n\n")
-    if kind == "passages_ranked":
-        items = "\n".join(f'<document id="{docs[i]["id"]}">{docs[i]["title"]}\n'
-                          f'{_cut(docs[i]["content"], DOC_CHARS)}</document>' for i in order)
-        return head + "Retrieved documents (most relevant first; trust the first one):\n" + items
-    items = "\n".join(f'<kb_article id="{docs[i]["id"]}" title="{docs[i]["title"]}">\n'
-                      f'{_cut(docs[i]["content"], DOC_CHARS)}\n</kb_article>' for i in order)
-    return head + "Knowledge base articles:\n" + items
-
-
-def corpus(args: argparse.Namespace) -> list[list[Case]]:
-    """Every session's cases, in session order."""
-    rng = random.Random(19)
-    cases = (tau_cases(args.tau_runs, args.turns, args.max_tokens, rng)
-             + swe_cases(args.swe_turns, args.max_tokens, rng)
-             + passage_cases(args.bank_tasks, args.max_tokens, rng))
-    sessions: dict[str, list[Case]] = {}
-    for c in cases:
-        sessions.setdefault(c.session, []).append(c)
-    return list(sessions.values())
-
-
-# -- rewriting --------------------------------------------------------------------------------
-
-
-def _bridge(names: tuple[str, ...], fn: str) -> Callable[..., dict[str, Any]]:
-    """prefixgate's own bridge function ``fn``, wherever the proxy package keeps it."""
-    for name in names:
-        try:
-            return getattr(importlib.import_module(name), fn)  # type: ignore[no-any-return]
-        except (ImportError, AttributeError):
-            continue
-    raise ImportError(f"no bridge {fn} in {names}")
-
-
-def bridges() -> tuple[Callable[..., dict[str, Any]], Callable[..., dict[str, Any]]]:
-    """``(Chat -> Messages, Messages -> Chat)`` request bridges."""
-    o2a = _bridge(("prefixgate.proxy.bridges.openai_anthropic_request", "prefixgate.proxy.o2a_request"),
-                  "request_to_anthropic")
-    a2o = _bridge(("prefixgate.proxy.bridges.anthropic_openai_request", "prefixgate.proxy.a2o_request"),
-                  "request_to_openai")
-    return o2a, a2o
-
-
-def rewrite_session(cases: list[Case], api: str, placement: str, **switches: bool
-                    ) -> list[tuple[dict[str, Any], dict[str, Any], str]]:
-    """Per case ``(original as the engine gets it, rewritten as the engine gets it, edits)``;
-    ``switches``: other ``RewriteSettings`` (``hoist_volatile=False``: the other passes alone)."""
-    from prefixgate.config.schema import RewriteSettings
-    from prefixgate.rewriter.pipeline import rewrite_request, session_updates
-    from prefixgate.rewriter.types import Context
-
-    o2a, a2o = bridges()
-    memory: dict[str, Any] = {}
-    settings = RewriteSettings(hoist_target=placement, **switches)  # type: ignore[arg-type]
-    out = []
-    for c in cases:
-        body = o2a(c.body) if api == "anthropic" else c.body
-        r = rewrite_request(body, api, Context(settings, model="local", provider="radix",  # type: ignore[arg-type]
-                                               session=memory))
-        memory.update(session_updates(r))
-        orig, sent = (a2o(body), a2o(r.body)) if api == "anthropic" else (body, r.body)
-        out.append((orig, sent, r.summary()))
-    return out
-
-
-# -- the engine -------------------------------------------------------------------------------
-
-
-class Answers:
-    """Greedy completions on the local engine, one per distinct token sequence."""
-
-    def __init__(self, model: Path, max_tokens: int) -> None:
-        from prefixgate.local_engine.engine import Engine, EngineConfig
-
-        self.eng = Engine(EngineConfig(model_path=str(model), num_kv_slots=65536, max_context_len=4096))
-        self.tok = self.eng.tokenizer
-        self.max_tokens = max_tokens
-        self.memo: dict[tuple[int, ...], str] = {}
-        self.prompt_tokens: list[int] = []
-
-    def ids(self, body: dict[str, Any]) -> list[int]:
-        from prefixgate.local_engine.server.chat import encode_chat
-
-        return encode_chat(self.tok, body["messages"], body.get("tools"))
-
-    def get(self, bodies: list[dict[str, Any]]) -> list[str]:
-        """Answers of ``bodies``: the sequences not decoded before go to the engine together
-        (one continuous batch; greedy tokens were checked equal to one-at-a-time decoding)."""
-        from prefixgate.local_engine.engine import SamplingParams
-
-        keys = [tuple(self.ids(b)) for b in bodies]
-        new = [k for k in dict.fromkeys(keys) if k not in self.memo]
-        if new:
-            params = SamplingParams(max_tokens=self.max_tokens, temperature=0.0)
-            for k, ids in zip(new, self.eng.generate_batch([list(k) for k in new], params)):
-                self.prompt_tokens.append(len(k))
-                self.memo[k] = self.tok.decode(ids, skip_special_tokens=True)
-        return [self.memo[k] for k in keys]
 
 
 # -- figures ----------------------------------------------------------------------------------
@@ -430,6 +168,32 @@ def without_note(body: dict[str, Any], note_turn_added: bool) -> dict[str, Any]:
     return dict(body, messages=msgs)
 
 
+def line_removed(body: dict[str, Any], clock: str) -> dict[str, Any]:
+    """Control ``line_removed``: ``body`` with the system prompt's lines holding ``clock`` (its
+    clock value) taken out, no note anywhere."""
+    msgs = [dict(m) for m in body["messages"]]
+    for m in msgs:
+        if m.get("role") in ("system", "developer") and isinstance(m.get("content"), str):
+            m["content"] = "\n".join(x for x in m["content"].split("\n") if clock not in x)
+    return dict(body, messages=msgs)
+
+
+def _tf(fig: dict[str, Any]) -> dict[str, Any]:
+    """A row's teacher-forced figures (``bench/teacher_forced.py``), rounded."""
+    return {k: (round(fig[k], 7) if isinstance(fig[k], float) else fig[k])
+            for k in ("kl_mean", "top1", "nll_delta", "missing")}
+
+
+def _search(rewrite: tuple[dict[str, Any], dict[str, Any], str]) -> dict[str, dict[str, Any]]:
+    """Every note-search candidate's body (``bench/note_search.py``) from a request's OpenAI
+    ``end`` rewrite; the rewrite itself for each where nothing was hoisted."""
+    _, sent, summary = rewrite
+    if "hoist_volatile" not in summary:
+        return {n: sent for n in note_search.names()}
+    bare, note = note_search.split_note(sent)
+    return {n: note_search.candidate(bare, note, n) for n in note_search.names()}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every case through the engine; rows with per-variant results and prefix reuse."""
     sessions = corpus(args)
@@ -443,40 +207,53 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rewrites.update({f"{api}/{p}": rewrite_session(s, api, p, **OPT_IN) for api, ps in PLACEMENTS.items()
                          for p in ps})
         others = rewrite_session(s, "openai", "end", **dict(OPT_IN, hoist_volatile=False))
-        prev: dict[str, list[int]] = {}
+        searched = [_search(r) for r in rewrites["openai/end"]] if args.search else [{} for _ in s]
+        prev: dict[str, Key] = {}
         for k, c in enumerate(s):
             base, sent, summary = rewrites["openai/reminder"][k]
             bare = without_note(sent, len(sent["messages"]) > len(base["messages"])) \
                 if "hoist_volatile" in summary else sent
-            pairs = [rs[k][:2] for rs in rewrites.values()]
-            answers = eng.get([c.body, c.tick, bare, others[k][1], *(b for pair in pairs for b in pair)])
-            orig, tick, bare_answer, other_answer = answers[:4]
-            row: dict[str, Any] = {"session": c.session, "kind": c.kind, "turn": c.turn,
-                                   "original": orig, "clock_tick_changed": changed(orig, tick),
-                                   "system_edit_only_changed": changed(orig, bare_answer),
-                                   "other_passes_only_changed": changed(orig, other_answer),
-                                   "other_passes_edits": others[k][2],
-                                   "original_mentions": mentions(orig, c), "variants": {}, "reuse": {}}
-            for i, (key, rs) in enumerate(rewrites.items()):
-                summary = rs[k][2]
-                a_orig, a_sent = answers[4 + 2 * i], answers[5 + 2 * i]
+            orig = eng.ids(c.body)
+            controls = {"clock_tick": eng.ids(c.tick), "line_removed": eng.ids(line_removed(c.body, c.clock)),
+                        "system_edit_only": eng.ids(bare), "other_passes_only": eng.ids(others[k][1])}
+            keyed = {key: (eng.ids(rs[k][0]), eng.ids(rs[k][1])) for key, rs in rewrites.items()}
+            cands = {n: eng.ids(b) for n, b in searched[k].items()}
+            pairs = [*((v, orig) for v in controls.values()), *((v, r) for r, v in keyed.values()),
+                     *((v, orig) for v in cands.values())]
+            tf = eng.request([orig, *(r for r, _ in keyed.values())], pairs,
+                             [*controls.values(), *(v for _, v in keyed.values())])
+            ctl, var, srch = tf[:4], tf[4:4 + len(keyed)], tf[4 + len(keyed):]
+            text = eng.text(orig)
+            row: dict[str, Any] = {"session": c.session, "kind": c.kind, "turn": c.turn, "original": text,
+                                   "original_mentions": mentions(text, c),
+                                   "other_passes_edits": others[k][2], "variants": {}, "reuse": {},
+                                   "controls": {n: _tf(f) for n, f in zip(controls, ctl)},
+                                   "search": {n: dict(_tf(f), changed=f["top1"] != 1.0)
+                                              for n, f in zip(cands, srch) if "hoist_volatile" in
+                                              rewrites["openai/end"][k][2]}}
+            for n, v in controls.items():
+                row[f"{n}_changed"] = changed(text, eng.text(v))
+            for (key, rs), f in zip(rewrites.items(), var):
+                a_orig, a_sent = (eng.text(x) for x in keyed[key])
                 row["variants"][key] = {
-                    "changed": changed(a_orig, a_sent), "hoisted": "hoist_volatile" in summary,
-                    "stabilised": "stabilise_passages" in summary, "edits": summary,
-                    "mentions_note": mentions(a_sent, c) and not mentions(a_orig, c),
+                    "changed": changed(a_orig, a_sent), "hoisted": "hoist_volatile" in rs[k][2],
+                    "stabilised": "stabilise_passages" in rs[k][2], "edits": rs[k][2],
+                    "mentions_note": mentions(a_sent, c) and not mentions(a_orig, c), **_tf(f),
                     **({"answer": a_sent} if changed(a_orig, a_sent) else {})}
-            for key, body in (("original", c.body), *((v, rs[k][1]) for v, rs in rewrites.items())):
-                ids = eng.ids(body)
+            seqs = {"original": orig, **{v: p[1] for v, p in keyed.items()},
+                    **{f"search:{n}": v for n, v in cands.items()}}
+            for key, ids in seqs.items():
                 if key in prev:
-                    row["reuse"][key] = [common_prefix(prev[key], ids), len(ids)]
+                    row["reuse"][key] = [common_prefix(list(prev[key]), list(ids)), len(ids)]
                 prev[key] = ids
             rows.append(row)
-            print(f"[{time.time() - t0:6.0f}s] {c.session} t{c.turn} {c.kind} tick={int(row['clock_tick_changed'])} "
-                  + " ".join(f"{v}:{int(x['changed'])}{'m' if x['mentions_note'] else ''}"
+            print(f"[{time.time() - t0:6.0f}s] {c.session} t{c.turn} {c.kind} "
+                  + " ".join(f"{n}:{x['kl_mean']:.4f}" for n, x in row["controls"].items()) + " | "
+                  + " ".join(f"{v}:{int(x['changed'])}{'m' if x['mentions_note'] else ''}/{x['kl_mean']:.3f}"
                              for v, x in row["variants"].items()), flush=True)
         if args.rows:  # after every session: a cut-off run keeps its rows (``--from-rows``)
             write_json(args.rows, rows, indent=1)
-    eng.eng.shutdown()
+    eng.shutdown()
     return {"rows": rows, "wall_s": round(time.time() - t0, 1), "prompt_tokens": eng.prompt_tokens}
 
 
@@ -489,15 +266,26 @@ far below the API's best (:func:`winner`)."""
 
 
 def winner(by_placement: dict[str, dict[str, Any]], api: str) -> str:
-    """The API's default by measurement: among the placements that keep the prefix reusable
-    (cached share from turn 3 on within :data:`REUSE_MARGIN` of the best: moving the clock is
-    for that), the one with the fewest answers mentioning the note, then the fewest changed
+    """The API's default by measurement (issue 36): among the placements that keep the prefix
+    reusable (cached share from turn 3 on within :data:`REUSE_MARGIN` of the best: moving the
+    clock is for that), the lowest mean teacher-forced KL over the original's answer
+    (``kl_mean``), then the fewest answers mentioning the note, then the fewest changed
     answers (ties: :data:`PLACEMENTS` order)."""
-    keys = [f"{api}/{p}" for p in PLACEMENTS[api]]
+    keys = [f"{api}/{p}" for p in PLACEMENTS[api] if f"{api}/{p}" in by_placement]
     best = max(by_placement[k]["turn3_on_cached_share"] for k in keys)
     kept = [k for k in keys if by_placement[k]["turn3_on_cached_share"] >= best - REUSE_MARGIN]
-    return min(kept, key=lambda k: (by_placement[k]["mentions_note"], by_placement[k]["changed_by_rewrite"],
-                                    keys.index(k)))
+    return min(kept, key=lambda k: (by_placement[k]["kl_mean"], by_placement[k]["mentions_note"],
+                                    by_placement[k]["changed_by_rewrite"], keys.index(k)))
+
+
+def tf_figures(per_request: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{"kl_mean", "top1_agreement", "nll_delta", "tf_requests", "tf_missing_positions"}``:
+    the means over requests of the rows' teacher-forced figures (``bench/teacher_forced.py``,
+    :func:`~bench.teacher_forced.summary`)."""
+    got = teacher_forced.summary(per_request)
+    return {"kl_mean": got["kl_mean"], "top1_agreement": got["top1_agreement"],
+            "nll_delta": got["nll_delta"], "tf_requests": got["requests"],
+            "tf_missing_positions": got["missing_positions"]}
 
 
 def _share(xs: list[list[int]]) -> float | None:
@@ -518,7 +306,10 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
                         "mentions_note": count(rows, k, "mentions_note"),
                         "hoisted": count(rows, k, "hoisted"),
                         "turn2_cached_share": reuse(k, lambda t: t == 1),
-                        "turn3_on_cached_share": reuse(k, lambda t: t >= 2)} for k in keys}
+                        "turn3_on_cached_share": reuse(k, lambda t: t >= 2),
+                        **tf_figures([r["variants"][k] for r in rows]),
+                        "where_hoisted": tf_figures([r["variants"][k] for r in rows
+                                                     if r["variants"][k]["hoisted"]])} for k in keys}
     tick = sum(1 for r in rows if r["clock_tick_changed"])
     won = {api: winner(by_placement, api) for api in PLACEMENTS}
     by_api = {api: {"winner": won[api], "configured_default": f"{api}/{HOIST_TARGET_BY_API[api]}",
@@ -555,6 +346,13 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
                          "unranked_turn2_changed": count(unranked, h, "changed"),
                          "unranked_turn2_changed_by_stabilise_alone": sum(r["other_passes_only_changed"]
                                                                          for r in unranked)},
+            "controls": {n: {"changed": sum(r[f"{n}_changed"] for r in rows),
+                             **tf_figures([r["controls"][n] for r in rows]),
+                             "where_hoisted": tf_figures([r["controls"][n] for r in rows
+                                                          if r["variants"]["openai/end"]["hoisted"]])}
+                         for n in rows[0]["controls"]},
+            "note_search": note_search.figures(rows, REUSE_MARGIN) if any(r["search"] for r in rows)
+            else None,
             "prefix_reuse": {"original": {"turn2_cached_share": reuse("original", lambda t: t == 1),
                                           "turn3_on_cached_share": reuse("original", lambda t: t >= 2)}}}
 
@@ -568,13 +366,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--swe-turns", type=int, default=5)
     ap.add_argument("--bank-tasks", type=int, default=8)
     ap.add_argument("--limit", type=int, default=0, help="first N sessions only (a smoke run)")
+    ap.add_argument("--no-search", dest="search", action="store_false",
+                    help="skip the note search (bench/note_search.py)")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--rows", type=Path, default=None, help="also write every row here")
     ap.add_argument("--from-rows", type=Path, default=None,
-                    help="print the figures of rows written by --rows (no engine run, nothing written)")
+                    help="print the figures of rows written by --rows (no engine run)")
+    ap.add_argument("--write", action="store_true", help="with --from-rows: also write --out")
     args = ap.parse_args(argv)
     if args.from_rows:
-        print(json.dumps(figures(json.loads(args.from_rows.read_text())), indent=2))
+        figs = figures(json.loads(args.from_rows.read_text()))
+        if args.write:
+            write_json(args.out, {"command": command(__file__, argv), "figures": figs,
+                                  "setup": {"model": args.model.name, "from_rows": True}})
+        print(json.dumps(figs, indent=2))
         return 0
     res = run(args)
     figs = figures(res["rows"])
@@ -583,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
                      "max_tokens": args.max_tokens, "wall_s": res["wall_s"],
                      "prompt_tokens": {"min": min(res["prompt_tokens"]), "max": max(res["prompt_tokens"])},
                      "data": str(DATA.relative_to(REPO.parent)) if DATA.is_relative_to(REPO.parent) else str(DATA),
-                     "engine": "prefixgate.local_engine in-process, radix prefix cache shared by every variant"}}
+                     "engine": "prefixgate.local_engine in-process, span reuse off, radix prefix cache shared by "
+                                "every variant (references decoded in their own namespace)"}}
     write_json(args.out, out)
     if args.rows:
         write_json(args.rows, res["rows"], indent=1)

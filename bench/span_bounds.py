@@ -43,7 +43,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.answer_stability import DEFAULT_MODEL, corpus  # noqa: E402
+from bench.stability_corpus import DEFAULT_MODEL, corpus  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "span_bounds.json"
 SETTINGS: dict[str, dict[str, Any]] = {

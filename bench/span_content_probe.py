@@ -27,8 +27,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.answer_stability import DEFAULT_MODEL, corpus  # noqa: E402
 from bench.span_bounds import _collect, forced_rows, kl_top1  # noqa: E402
+from bench.stability_corpus import DEFAULT_MODEL, corpus  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "span_content_probe.json"
 

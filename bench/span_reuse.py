@@ -79,7 +79,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.answer_stability import (  # noqa: E402
+from bench.stability_corpus import (  # noqa: E402
     DEFAULT_MODEL,
     Case,
     passage_cases,
@@ -87,6 +87,7 @@ from bench.answer_stability import (  # noqa: E402
     swe_cases,
     tau_cases,
 )
+from bench.teacher_forced import answer_positions, compare  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "span_reuse.json"
 KL_MEAN_MAX = 1e-4
@@ -99,59 +100,6 @@ GOALS = {"cached_share_turn3_on": (">=", 0.78), "greedy_identical_share": (">=",
 """Issue 33's goals on ``figures``."""
 NUM_KV_SLOTS = 24576
 """KV slots per engine (~1.1 GB each at fp32 for SmolLM2-135M): a few sessions' turns live."""
-
-
-# -- the teacher-forced comparison (pure, torch only) ----------------------------------------
-
-
-def answer_positions(prompt_len: int, answer_len: int) -> list[int]:
-    """Positions of ``prompt + answer`` whose next-token rows predict the answer's tokens:
-    ``prompt_len - 1 .. prompt_len + answer_len - 2`` (empty for an empty answer)."""
-    return list(range(prompt_len - 1, prompt_len - 1 + answer_len))
-
-
-def kl_rows(ref: Any, other: Any) -> list[float]:
-    """Per-row KL(ref || other) in nats of two ``[n, vocab]`` log-softmax tensors (float64
-    arithmetic; rows of equal count)."""
-    import torch
-
-    p = ref.to(torch.float64)
-    q = other.to(torch.float64)
-    return [max(0.0, float(v)) for v in (p.exp() * (p - q)).sum(dim=-1)]
-
-
-def rows_at(logprobs: Any, positions: list[int]) -> tuple[Any, list[int]]:
-    """``(rows [m, vocab], kept)``: the rows of ``positions`` a ``PromptLogprobs`` holds, and
-    the indexes (into ``positions``) it held them for (a position whose K/V was reused has no
-    row)."""
-    import torch
-
-    got, kept = [], []
-    for i, pos in enumerate(positions):
-        r = logprobs.row(pos) if logprobs is not None else None
-        if r is not None:
-            got.append(r)
-            kept.append(i)
-    return (torch.stack(got) if got else None), kept
-
-
-def compare(ref: Any, other: Any, ref_pos: list[int], other_pos: list[int],
-            answer: list[int]) -> dict[str, Any]:
-    """KL(ref || other) and top-1 agreement over the answer positions both computed:
-    ``{"kl_mean", "kl_max", "top1", "positions", "missing"}`` (``kl_*`` None when none)."""
-    r_rows, r_kept = rows_at(ref, ref_pos)
-    o_rows, o_kept = rows_at(other, other_pos)
-    both = sorted(set(r_kept) & set(o_kept))
-    if not both or r_rows is None or o_rows is None:
-        return {"kl_mean": None, "kl_max": None, "top1": None, "positions": 0,
-                "missing": len(answer)}
-    ri = [r_kept.index(i) for i in both]
-    oi = [o_kept.index(i) for i in both]
-    kls = kl_rows(r_rows[ri], o_rows[oi])
-    top = o_rows[oi].argmax(dim=-1).tolist()
-    agree = sum(1 for t, i in zip(top, both) if t == answer[i])
-    return {"kl_mean": sum(kls) / len(kls), "kl_max": max(kls), "top1": agree / len(both),
-            "positions": len(both), "missing": len(answer) - len(both)}
 
 
 # -- the engines -----------------------------------------------------------------------------

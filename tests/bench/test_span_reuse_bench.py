@@ -13,16 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from bench.span_reuse import (
-    GOALS,
-    adversarial_cases,
-    answer_positions,
-    changed_window,
-    compare,
-    figures,
-    kl_rows,
-    verdict,
-)
+from bench.span_reuse import GOALS, adversarial_cases, changed_window, figures, verdict
+from bench.teacher_forced import answer_positions, compare, kl_rows
 
 MODEL_DIR = Path(os.environ.get("PREFIXGATE_MODEL_DIR")
                  or "~/.cache/prefixgate/models/SmolLM2-135M-Instruct").expanduser()

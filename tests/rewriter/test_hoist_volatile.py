@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 
 from prefixgate.config.schema import HOIST_TARGET_BY_API
-from prefixgate.rewriter.analysis.note_placement import REMINDER_OPEN, resolve
+from prefixgate.rewriter.analysis.note_placement import (
+    NOTE_HEADER,
+    REMINDER_OPEN,
+    note_text,
+    resolve,
+    values_line,
+)
 from prefixgate.rewriter.analysis.stable import stable_region
 from prefixgate.rewriter.analysis.volatile_spans import find_spans, per_request
 from prefixgate.rewriter.pipeline import rewrite_request
@@ -82,7 +88,7 @@ def test_a_changing_clock_moves_from_the_request_where_it_is_seen_changing() -> 
     assert moved == [False, False, False, True, True, True]
 
 
-@pytest.mark.parametrize("placement", ["auto", "end", "last_user", "system_end", "reminder"])
+@pytest.mark.parametrize("placement", ["auto", "end", "last_user", "system_end", "reminder", "inline"])
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_never_two_versions_of_a_fact_in_the_body(placement: str, api: str) -> None:
     """Every request of a ticking session holds its own clock value exactly once, its line's
@@ -99,8 +105,10 @@ def test_never_two_versions_of_a_fact_in_the_body(placement: str, api: str) -> N
     assert any(e.applied for e in rs[-1].edits if e.pass_name == "hoist_volatile")
     for k, r in enumerate(rs):
         text = _all_text(r.body)
+        moved = any(e.applied for e in r.edits if e.pass_name == "hoist_volatile")
         assert text.count(f"2024-05-15 15:{MINUTES[k]}:00") == 1
-        assert text.count("The current time is") == 1
+        # ``inline`` carries the value without its label (issue 36): the label goes with the move
+        assert text.count("The current time is") == (1 - moved if placement == "inline" else 1)
         assert not any(f"15:{m}:00" in text for m in MINUTES[:k])
 
 
@@ -172,15 +180,39 @@ def _tool_loop(minute: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("placement", "role", "count"), [
-    ("end", "user", 5), ("system_end", "system", 5), ("reminder", "user", 5), ("last_user", "tool", 4)])
+    ("end", "user", 5), ("system_end", "system", 5), ("reminder", "user", 5), ("last_user", "tool", 4),
+    ("inline", "user", 5)])
 def test_openai_placements_after_a_tool_result(placement: str, role: str, count: int) -> None:
     r = clock_session(_tool_loop, ["15", "16"], "openai", hoist_target=placement)[1]
     msgs = r.body["messages"]
     assert len(msgs) == count and msgs[-1]["role"] == role
     assert msgs[3] == _tool_loop("16")["messages"][3]  # the tool result is never edited
     where = msgs[-1]["content"] if placement != "last_user" else msgs[1]["content"]
-    assert "Now: 2025-03-04 10:16" in where
+    assert ("[2025-03-04 10:16]" == where) if placement == "inline" else "Now: 2025-03-04 10:16" in where
     assert where.startswith(REMINDER_OPEN) is (placement == "reminder")
+
+
+def test_inline_after_a_user_message_is_its_values_joined_to_it() -> None:
+    """``inline`` (issue 36): the moved line's value alone, bracketed, after the user's text;
+    the label the system prompt gave it stays behind with nothing else of the line."""
+    def make(minute: str) -> dict[str, Any]:
+        return {"model": "m", "messages": [
+            {"role": "system", "content": f"You are Helper.\nThe current time is 2025-03-04 10:{minute}.\n{RULES}"},
+            {"role": "user", "content": "Q1"}]}
+    r = clock_session(make, ["15", "16"], "openai", hoist_target="inline")[1]
+    msgs = r.body["messages"]
+    assert len(msgs) == 2 and msgs[-1]["content"] == "Q1\n\n[2025-03-04 10:16]"
+    assert "current time" not in msgs[0]["content"] and "2025" not in msgs[0]["content"]
+
+
+def test_inline_writes_each_moved_lines_value_on_one_line() -> None:
+    assert values_line(["The current time is 2024-05-15 15:01:19 EST.", "Request ID: req_1a2b"]) \
+        == "[2024-05-15 15:01:19 EST | req_1a2b]"
+    assert values_line(["Current time: Wed, 15 May 2024 15:00:22 -0500"]) == "[Wed, 15 May 2024 15:00:22 -0500]"
+    assert values_line(["2024-05-15 15:01:19"]) == "[2024-05-15 15:01:19]"  # no label: the line whole
+    assert note_text(["Request ID: r1"], ["x [see note 1 at the end] y"], "inline") == \
+        f"[r1]\n{NOTE_HEADER}\n[1] x [see note 1 at the end] y"
+    assert note_text(["Request ID: r1"], [], "end") == "Request ID: r1"
 
 
 def test_openai_system_end_keeps_a_developer_role() -> None:
@@ -212,7 +244,7 @@ def test_hoist_off_forwards_the_request_unchanged() -> None:
     assert r.body is body
 
 
-@pytest.mark.parametrize("placement", ["end", "reminder", "system_end"])
+@pytest.mark.parametrize("placement", ["end", "reminder", "system_end", "inline"])
 def test_anthropic_note_goes_after_tool_results_in_the_last_user_turn(placement: str) -> None:
     def make(minute: str) -> dict[str, Any]:
         return {"model": "claude-x", "max_tokens": 9,

@@ -20,6 +20,12 @@ were about the time). Placements (``settings.hoist_target``):
   appended to the last message when it is a user turn (Anthropic: after its tool results;
   OpenAI: a string stays a string), or — when the last OpenAI message is a tool result, whose
   text is not ours to edit — a new trailing user message holding only the block.
+* ``inline`` — placed as ``reminder`` is, written as :func:`values_line`: the moved lines' values
+  alone on one bracketed line (``[2024-05-15 15:01:19 EST | req_1a2b]``), no tags, no labels.
+  The note search of ``bench/answer_stability.py`` (issue 36: teacher-forced KL of the
+  original's answer, placements x wordings at equal reuse) found the values alone, at the end
+  of the latest turn, the note the model notices least; the label a moved line had (``The
+  current time is``, ``Request ID:``) is not carried, only its value.
 * ``auto`` (the default) — per client API, :data:`prefixgate.config.schema.HOIST_TARGET_BY_API`,
   chosen by measurement (``bench/answer_stability.py`` -> ``bench/results/answer_stability.json``).
 
@@ -27,23 +33,27 @@ When the last message is an assistant prefill, every placement puts the note in 
 turn instead (a prefill must stay last). Turns are never moved or reordered; the note's block is
 flagged ``volatile`` so no breakpoint lands on it.
 
-Note text (:func:`note_text`): the moved lines, each as the client wrote it, then, when some
-spans were replaced by placeholders in a long line, :data:`NOTE_HEADER` and one ``[n] line``
-entry per placeholder; ``reminder`` wraps it in the marker tags.
+Note text (:func:`note_text`): the moved lines, each as the client wrote it (``inline``: their
+values on one line), then, when some spans were replaced by placeholders in a long line,
+:data:`NOTE_HEADER` and one ``[n] line`` entry per placeholder; ``reminder`` wraps it in the
+marker tags.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from prefixgate.config.schema import HOIST_TARGET_BY_API
 from prefixgate.rewriter.wire.ir import Api, Block, Message, Prompt
 
-PLACEMENTS = ("end", "last_user", "system_end", "reminder")
+PLACEMENTS = ("end", "last_user", "system_end", "reminder", "inline")
 """Every concrete placement (``auto`` resolves to one of them)."""
 NOTE_HEADER = "(Current values for the placeholders in the instructions above:)"
 REMINDER_OPEN = "<system-reminder>"
 REMINDER_CLOSE = "</system-reminder>"
+_LABELLED = re.compile(r"^(?:the )?[A-Za-z][A-Za-z ]{0,40}?(?: is |: ?)(?P<value>.+?)\.?$", re.I)
+"""A moved line that states or labels its value: ``The current time is X.``, ``Request ID: X``."""
 
 
 def resolve(target: str, api: Api) -> str:
@@ -60,9 +70,21 @@ def placeholder(n: int) -> str:
     return f"[see note {n} at the end]"
 
 
+def values_line(moved_lines: list[str]) -> str:
+    """``inline``'s note line: each moved line's value (the text after ``<label> is`` or
+    ``<label>:``, a final period dropped; a line with no such label whole), ``" | "``-joined in
+    brackets: ``["The current time is X.", "Request ID: req_1"]`` -> ``"[X | req_1]"``."""
+    values = []
+    for line in moved_lines:
+        m = _LABELLED.match(line.strip())
+        values.append(m.group("value").strip() if m else line.strip())
+    return "[" + " | ".join(values) + "]"
+
+
 def note_text(moved_lines: list[str], entries: list[str], placement: str) -> str:
-    """The note (module docstring): moved lines, then numbered placeholder entries."""
-    parts = list(moved_lines)
+    """The note (module docstring): moved lines (``inline``: :func:`values_line`), then
+    numbered placeholder entries."""
+    parts = [values_line(moved_lines)] if placement == "inline" and moved_lines else list(moved_lines)
     if entries:
         parts.append(NOTE_HEADER)
         parts += [f"[{i}] {e}" for i, e in enumerate(entries, 1)]
@@ -105,7 +127,7 @@ def add_note(prompt: Prompt, note: str, placement: str) -> tuple[Prompt, str] | 
     last = msgs[-1]
     openai_tail = prompt.api == "openai" and last.role in ("user", "tool")
     if openai_tail and placement == "end" or \
-            openai_tail and placement == "reminder" and last.role == "tool":
+            openai_tail and placement in ("reminder", "inline") and last.role == "tool":
         msgs.append(Message("user", (Block.text_block(note, volatile=True),), "string",
                             {"role": "user", "content": note}))
         return replace(prompt, messages=tuple(msgs)), f"messages[{len(msgs) - 1}] (new user turn)"
