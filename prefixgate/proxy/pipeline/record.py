@@ -180,4 +180,6 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
             except Exception:
                 log.exception("waiting for the previous row failed")
         ex.record(state, status, http_status)
+        if state.meaning_guard is not None and status == "ok":  # a background trial, maybe
+            state.meaning_guard.after(state, ex)
         heap.trim_soon(len(ex.raw))  # a large body's freed buffers back to the system
