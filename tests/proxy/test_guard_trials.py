@@ -166,6 +166,16 @@ async def test_a_guarded_move_that_applies_gets_trials_no_client_sees(
     led.close()
 
 
+@pytest.mark.parametrize("kind,priority", [("local", 1), ("openai_compat", None), ("llamacpp", None)])
+async def test_trials_on_our_engine_ask_for_background_priority_and_only_there(
+        tmp_path: Path, session: Session, kind: str, priority: int | None) -> None:
+    answers, up, _ = await session(_policy(tmp_path, kind=kind), 3)
+    trials = up.trials()
+    assert len(trials) == 2 * 3
+    assert [t.get("priority") for t in trials] == [priority] * 6
+    assert all("priority" not in b for _, _, b in up.seen if b.get("max_tokens") != CAP)
+
+
 async def test_a_streamed_request_is_trialled_with_non_streamed_sends(
         tmp_path: Path, session: Session) -> None:
     _, up, _ = await session(_policy(tmp_path), 2, stream=True)

@@ -148,12 +148,21 @@ def forced(settings: RewriteSettings, move: str, on: bool) -> RewriteSettings:
     return settings.model_copy(update={move: on})
 
 
-def trial_body(encoded: bytes, wire: str, max_tokens: int) -> bytes:
+BACKGROUND_PRIORITY = 1
+"""vLLM's ``priority`` field on a trial sent to prefixgate's own engine (backend kind ``local``):
+the engine admits and prefills it only in steps with no client's request in it
+(``local_engine.sched.scheduler``, "Priority"), so trials take its idle time. Other kinds do not
+get it (vLLM refuses a non-zero priority unless started with ``--scheduling-policy priority``)."""
+BACKGROUND_KINDS = frozenset({"local"})
+
+
+def trial_body(encoded: bytes, wire: str, max_tokens: int, background: bool = False) -> bytes:
     """The upstream bytes of a trial send: ``encoded`` (the bridge's bytes of the rewritten
     body) with ``temperature: 0``, the output cap ``max_tokens`` in the API's own field (Chat:
     ``max_completion_tokens`` when the body uses it, else ``max_tokens``; Messages:
     ``max_tokens``; Responses: ``max_output_tokens``) and ``stream: false`` (its
-    ``stream_options`` dropped). Raises ValueError when ``encoded`` is not a JSON object."""
+    ``stream_options`` dropped); ``background``: with :data:`BACKGROUND_PRIORITY`. Raises
+    ValueError when ``encoded`` is not a JSON object."""
     body = orjson.loads(encoded)
     if not isinstance(body, dict):
         raise ValueError("not a JSON object")
@@ -165,6 +174,8 @@ def trial_body(encoded: bytes, wire: str, max_tokens: int) -> bytes:
         cap = "max_tokens"
     body.pop("stream_options", None)
     body.update({"temperature": 0, cap: max_tokens, "stream": False})
+    if background:
+        body["priority"] = BACKGROUND_PRIORITY
     return orjson.dumps(body)
 
 
@@ -363,7 +374,8 @@ class MeaningGuard:
         (raises when it cannot be salted: never sent unsalted), then :func:`trial_body`."""
         if job.salted and job.bridge.wire == "openai" and state.salt_key is not None:
             encoded = salted_body(encoded, job.tenant, job.target.backend, state.salt_key)
-        return trial_body(encoded, job.bridge.wire, int(self.settings.max_tokens))
+        return trial_body(encoded, job.bridge.wire, int(self.settings.max_tokens),
+                          job.target.backend.kind in BACKGROUND_KINDS)
 
     async def _trial(self, state: ProxyState, job: TrialJob, move: str, original: bytes,
                      variant: bytes) -> None:
