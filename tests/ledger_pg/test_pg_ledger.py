@@ -224,3 +224,21 @@ def test_a_database_at_migration_2_gains_span_reused_tokens(fresh_pg: str, tmp_p
     pg.flush()
     assert [r["span_reused_tokens"] for r in pg.rows()] == [5]
     pg.close()
+
+
+def test_trial_rows_are_kept_apart_in_postgres(fresh_pg: str, tmp_path: Path) -> None:
+    """Issue 36: a meaning-guard trial row is written (migration 5's ``trial`` column) but is in
+    no rollup, no ``rows()`` and no savings figure; its cost is read on its own."""
+    from prefixgate.cache.savings.trial_cost import trial_rows, trial_spend
+
+    pg = PgLedger(fresh_pg, spool_path=tmp_path / "spool.sqlite", replica="a")
+    plain = _rows(10)
+    for r in plain:
+        pg.write(r)
+    before = (pg.rollups(T0, T0 + 3600), savings_document(pg, "1h", now=T0 + 200))
+    for r in _rows(3, trial="hoist_volatile"):
+        pg.write(r)
+    assert len(pg.rows()) == 10 and len(pg.rows(trials=True)) == 13
+    assert (pg.rollups(T0, T0 + 3600), savings_document(pg, "1h", now=T0 + 200)) == before
+    assert trial_spend(trial_rows(pg))["requests"] == 3
+    pg.close()

@@ -116,7 +116,8 @@ def test_tenant_reaches_ledger_upstream_salt_and_session_memory(tmp_path: Path) 
             "backends": {"e": {"kind": "openai_compat", "base_url": up_url + "/v1",
                                "cache_salt": True}},
             "routes": [{"match": "*", "backend": "e"}], "tenants": {"header": "on"},
-            "ledger": {"path": str(tmp_path / "l.sqlite")}})
+            "ledger": {"path": str(tmp_path / "l.sqlite")},
+            "meaning_guard": {"enabled": False}})  # its trials run the rewrite fn too (issue 36)
         ledger = Ledger(policy.ledger.path)
         body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
         with serve_app(build_app(policy, ledger=ledger, rewrite_fn=remembering)) as url:
