@@ -19,7 +19,7 @@ from prefixgate.rewriter.pipeline import PASSES
 from tests.paths import REPO
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-MENTION = re.compile(r"`(?P<name>[a-z_]+)` \((?:`[a-z_]+`, )?(?P<word>on|off: opt-in|off)\b")
+MENTION = re.compile(r"`(?P<name>[a-z_]+)` \((?:`[a-z_]+`, )?(?P<word>on|off: opt-in|off|guarded)\b")
 PASS_NAMES = {p.name: p.switch for p in PASSES}
 
 

@@ -7,8 +7,9 @@
 a request id — and the cached continuation re-aligns after it, the engine reuses the KV after
 the span and prefills only the span and the new tail. Nothing the model reads is moved, so with
 it on the proxy's moves (``rewrite.hoist_volatile``, ``rewrite.stabilise_passages``,
-:data:`prefixgate.config.schema.MOVES_THE_MODEL_READS`) stay off for local routes: the engine
-gets the reuse they bought without changing a byte. Measured against a full recompute
+:data:`prefixgate.config.schema.MOVES_THE_MODEL_READS`) need not run for local routes (they ship
+``guarded``: off until a trial shows the route's answers keep): the engine gets the reuse they
+bought without changing a byte. Measured against a full recompute
 (greedy equality, teacher-forced KL, the clock-tick floor) by ``bench/span_reuse.py``
 (``bench/results/span_reuse.json``). Passed to each spawned engine as ``--span-reuse on|off``;
 an engine started elsewhere keeps its own flag.

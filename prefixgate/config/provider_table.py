@@ -14,9 +14,12 @@ defaults and the cache rules (:mod:`prefixgate.config.cache_rules`):
   ``prompt_cache_key`` trait), a tenant's ``cache_salt`` (``default_cache_salt``), llama.cpp slot
   pinning (``pins_slots``), prefix-affinity routing (radix backends); and a session's later tool
   lists in its first request's form (``canonicalize_tools``);
-* **opt-in** — the passes that move or remove text the model reads
-  (:data:`prefixgate.config.schema.MOVES_THE_MODEL_READS` and the pruning passes, off), and the
-  cache-diagnostics request (``cache_diagnostics``);
+* **guarded** — the passes that move or remove text the model reads
+  (:data:`prefixgate.config.guard_settings.MOVES`) whose mode is ``guarded``: on for a route only
+  after a bounded trial on that route's own backend shows its changed-answer rate within the
+  floor's margin (:mod:`prefixgate.config.guard_settings`);
+* **opt-in** — those of them set ``off``, and the cache-diagnostics request
+  (``cache_diagnostics``);
 * **measured** — what the proxy reads off each answer (:mod:`prefixgate.proxy.core.usage`,
   :mod:`prefixgate.proxy.core.diagnostics`) per cache provider.
 """
@@ -28,6 +31,7 @@ from prefixgate.config.cache_rules import OPENAI_MIN_PROMPT_TOKENS
 from prefixgate.config.schema import MOVES_THE_MODEL_READS, RewriteSettings
 
 PRUNING = ("prune_tools", "prune_rag", "prune_history")
+MASKING = "(tool pruning masks calls instead of removing tools)"
 
 MEASURED: dict[str, str] = {
     "openai": "`prompt_tokens_details.cached_tokens` (Responses `input_tokens_details`); "
@@ -68,24 +72,36 @@ def _measured(t: KindTraits) -> str:
     return out
 
 
+def _moves(t: KindTraits, s: RewriteSettings, mode: str) -> list[str]:
+    """The moves whose mode in ``s`` is ``mode``."""
+    return [f"`{n}`" for n in (*MOVES_THE_MODEL_READS, *PRUNING) if getattr(s, n) == mode]
+
+
+def _masking(t: KindTraits, s: RewriteSettings, mode: str) -> list[str]:
+    """The kind's tool-pruning note, in the cell that lists ``prune_tools``."""
+    return [MASKING] if t.masks_tools and s.prune_tools == mode else []
+
+
+def _guarded(t: KindTraits, s: RewriteSettings) -> str:
+    return ", ".join(_moves(t, s, "guarded") + _masking(t, s, "guarded"))
+
+
 def _opt_in(t: KindTraits, s: RewriteSettings) -> str:
-    off = [f"`{n}`" for n in (*MOVES_THE_MODEL_READS, *PRUNING) if not getattr(s, n)]
+    off = _moves(t, s, "off")
     if t.cache_provider in ("anthropic", "openai") and not s.cache_diagnostics:
         off.append("`cache_diagnostics`" + (" (Responses API)" if t.cache_provider == "openai"
                                             else ""))
-    if t.masks_tools:
-        off.append("(tool pruning masks calls instead of removing tools)")
-    return ", ".join(off)
+    return ", ".join(off + _masking(t, s, "off"))
 
 
 def table(settings: RewriteSettings | None = None) -> str:
     """The markdown table (module docstring) for ``settings`` (the shipped defaults)."""
     s = settings or RewriteSettings()
-    lines = ["| backend kind | speaks | cache | on by default | opt-in | measured |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| backend kind | speaks | cache | on by default | guarded | opt-in | measured |",
+             "|---|---|---|---|---|---|---|"]
     for name, t in BACKEND_KINDS.items():
         lines.append(f"| `{name}` | {t.wire} | {t.cache_provider} | {_does(name, t, s)} | "
-                     f"{_opt_in(t, s)} | {_measured(t)} |")
+                     f"{_guarded(t, s)} | {_opt_in(t, s)} | {_measured(t)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -96,7 +112,11 @@ def page() -> str:
             "docs/providers.md`; `prefixgate/config/provider_table.py`). What is on by default "
             "is request metadata, a cache marker or routing, which the model never reads, and "
             "the tool list of a session's first request kept for its later ones; what moves or "
-            "removes text the model reads is opt-in. Mid-conversation system messages and "
+            "removes text the model reads is `guarded`: on for a route only after a bounded "
+            "trial on that route's own backend shows its changed-answer rate within the "
+            "floor's margin (the original against its own repeat; `meaning_guard:` in "
+            "`docs/policy.md`, DESIGN.md \"Meaning at the model level\"), `off` (opt-in) or "
+            "`on` where the policy says so. Mid-conversation system messages and "
             "tool-change blocks stay where the client put them on every path "
             "(`prefixgate/rewriter/wire/forms.py`).\n\n" + table())
 

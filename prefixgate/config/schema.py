@@ -11,7 +11,8 @@ Shape of a policy file::
       - {match: "claude-*", backend: anthropic}
       - {match: "*", backend: local, default_max_tokens: 512}
     default_max_tokens: 1024            # cap for requests that name none (0 = no cap)
-    rewrite: {enabled: true, canonicalize_tools: true, hoist_volatile: true, ...}
+    rewrite: {enabled: true, canonicalize_tools: true, hoist_volatile: guarded, ...}
+    meaning_guard: {enabled: true, margin: 0.15}   # when a guarded move turns on (guard_settings)
     ledger: {path: ~/.cache/prefixgate/ledger.sqlite, store_prompt_text: false}
     limits: {max_json_depth: 128, max_header_bytes: 65536, header_timeout_s: 10, ...}
     holdout: {fraction: 0.1, seed: 7}   # A/B: that share of sessions is sent unrewritten
@@ -32,6 +33,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from prefixgate.config.engine_settings import EngineSettings
+from prefixgate.config.guard_settings import MOVES, GuardSettings, MoveMode, TrialBudget, move_mode
 from prefixgate.config.pd_settings import PDSettings
 from prefixgate.config.routing import (
     AffinitySettings,
@@ -222,6 +224,10 @@ class Route(RouteTargets):
     Responses: ``prompt_cache_options.comparison_response_id``); None: the policy's
     ``rewrite.cache_diagnostics``. Read whenever an answer carries them, asked or not
     (:mod:`prefixgate.proxy.core.diagnostics`)."""
+    meaning_guard_budget: TrialBudget | None = None
+    """What this route's meaning-guard trials may spend per day; None: the guard's
+    ``local_budget`` or ``hosted_budget`` by the backend's price
+    (:mod:`prefixgate.config.guard_settings`)."""
 
 
 HoistTarget = Literal["auto", "end", "last_user", "system_end", "reminder"]
@@ -238,19 +244,35 @@ the best), the fewest answers about the note, then the fewest changed answers. O
 
 
 MOVES_THE_MODEL_READS = ("hoist_volatile", "stabilise_passages")
-"""The passes that move text the model reads to where the client did not put it: opt-in.
-Measured (``bench/answer_stability.py`` -> ``bench/results/answer_stability.json``, 101 agent
-turns, greedy on our engine): with the shipped defaults 0 answers change; with these on, 48 of
-101 at the best placement (taking the clock out of the system prompt alone: 22 of the 61 turns
-where it moved; restoring a retrieval's first-seen order alone: 2 of 7 reordered turns), against
-1 of 101 for the clock's value advancing; what they buy there: cached share from the third
-request on 0.245 -> 0.804. DESIGN.md: "a pass that changes what the model answers is a defect",
-so by default nothing the model reads moves; turn them on per route where the backend's model
-has been measured to keep its answers (``docs/changes.md``)."""
+"""The passes that move text the model reads to where the client did not put it. Measured
+(``bench/answer_stability.py`` -> ``bench/results/answer_stability.json``, 101 agent turns,
+greedy on our engine): with them off 0 answers change; with them on, 48 of 101 at the best
+placement (taking the clock out of the system prompt alone: 22 of the 61 turns where it moved;
+restoring a retrieval's first-seen order alone: 2 of 7 reordered turns), against 1 of 101 for
+the clock's value advancing; what they buy there: cached share from the third request on 0.245
+-> 0.804. DESIGN.md: "a pass that changes what the model answers is a defect", and whether they
+change a given backend's answers is a fact about that backend: like the pruning passes they
+ship ``guarded`` (:data:`prefixgate.config.guard_settings.MOVES`), on for a route only after a
+bounded trial on that route's own backend shows its changed-answer rate within the floor's
+margin (DESIGN.md "Meaning at the model level"; ``docs/changes.md``); ``on`` / ``off`` force
+them."""
+
+
+def switch_on(settings: RewriteSettings, switch: str) -> bool:
+    """Whether the pass switch ``switch`` of ``settings`` is on: a bool switch when True, a
+    move's :data:`MoveMode` only when exactly ``"on"``. ``"guarded"`` unresolved is NOT on: the
+    proxy resolves it per route before the passes run
+    (:mod:`prefixgate.proxy.pipeline.guard_moves`); anything else that runs them (the
+    ``prefixgate rewrite`` dry run, the benchmarks) has no verdict. Every reader of a pass switch
+    goes through here. Raises AttributeError for a name that is no ``RewriteSettings`` field."""
+    value = getattr(settings, switch)
+    return value is True or value == "on"
 
 
 class RewriteSettings(_Strict):
-    """Switches for each rewrite pass; ``enabled: false`` turns the whole pipeline off.
+    """Switches for each rewrite pass; ``enabled: false`` turns the whole pipeline off. The
+    moves (:data:`prefixgate.config.guard_settings.MOVES`) take ``off | on | guarded`` (a bool
+    is read as on / off); read a switch with :func:`switch_on`.
 
     ``hoist_target``: where ``hoist_volatile`` puts its note (``auto``: per API,
     :data:`HOIST_TARGET_BY_API`); ``learn_volatility``: also hoist system lines no detector
@@ -265,14 +287,14 @@ class RewriteSettings(_Strict):
     form back; ``name``: sorted by name and canonical on every request
     (:mod:`prefixgate.rewriter.passes.canonicalize_tools`)."""
     tool_schema_sort_properties: bool = False
-    hoist_volatile: bool = False
-    """Opt-in (:data:`MOVES_THE_MODEL_READS`): move a clock / id / changing line out of the
-    system prompt into a note after the conversation."""
+    hoist_volatile: MoveMode = "guarded"
+    """A move (:data:`MOVES_THE_MODEL_READS`; ``off | on | guarded``): move a clock / id /
+    changing line out of the system prompt into a note after the conversation."""
     hoist_target: HoistTarget = "auto"
     learn_volatility: bool = True
-    stabilise_passages: bool = False
-    """Opt-in (:data:`MOVES_THE_MODEL_READS`): injected passages keep the order the session
-    first saw them in (nothing removed)."""
+    stabilise_passages: MoveMode = "guarded"
+    """A move (:data:`MOVES_THE_MODEL_READS`; ``off | on | guarded``): injected passages keep
+    the order the session first saw them in (nothing removed)."""
     place_breakpoints: bool = True
     breakpoint_ttl: Literal["5m", "1h", "auto"] = "auto"
     """TTL of the breakpoints prefixgate places; ``auto``: the lower expected cost over the
@@ -296,13 +318,16 @@ class RewriteSettings(_Strict):
     models may refuse the field; per route: ``routes[].cache_diagnostics``. What an answer
     reports is read whether asked or not."""
     tenant: str = "default"
-    prune_tools: bool = False
+    prune_tools: MoveMode = "guarded"
+    """A move (``off | on | guarded``): only the tools the conversation can need."""
     prune_tools_min_catalog: int = Field(30, ge=1)
     pinned_tools: list[str] = Field(default_factory=list)
-    prune_history: bool = False
+    prune_history: MoveMode = "guarded"
+    """A move (``off | on | guarded``): old turns compacted past the high watermark."""
     history_high_watermark_tokens: int = Field(6000, ge=1)
     history_low_watermark_tokens: int = Field(3000, ge=1)
-    prune_rag: bool = False
+    prune_rag: MoveMode = "guarded"
+    """A move (``off | on | guarded``): retrieved passages cut to ``rag_budget_tokens``."""
     rag_budget_tokens: int = Field(2000, ge=1)
     rag_delimiters: list[str] = Field(default_factory=list)
     time_budget_ms: int = Field(1000, ge=1, le=600_000)
@@ -321,6 +346,11 @@ class RewriteSettings(_Strict):
     """Requests (per arm for the holdout) a verdict needs."""
     stand_back_s: float = Field(900.0, gt=0)
     """Seconds a stand-back lasts; then the passes run again and a fresh verdict is taken."""
+
+    @field_validator(*MOVES, mode="before")
+    @classmethod
+    def _move_mode(cls, v: Any) -> Any:
+        return move_mode(v)  # a bool is a mode: True -> on, False -> off (guard_settings)
 
     @model_validator(mode="after")
     def _watermarks_ordered(self) -> RewriteSettings:
@@ -517,6 +547,8 @@ class Policy(_Strict):
     backends: dict[str, Backend]
     routes: list[Route]
     rewrite: RewriteSettings = Field(default_factory=RewriteSettings)
+    meaning_guard: GuardSettings = Field(default_factory=GuardSettings)
+    """When a ``guarded`` move turns on per route (:mod:`prefixgate.config.guard_settings`)."""
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
     limits: Limits = Field(default_factory=Limits)
     auth: AuthSettings = Field(default_factory=AuthSettings)

@@ -5,15 +5,17 @@ while the schema and the shipped policy have them off).
 ``python -m prefixgate.rewriter.defaults_doc`` prints the table that ``docs/passes.md`` holds
 between ``<!-- generated: pass defaults -->`` and ``<!-- end generated -->``: each pass in
 pipeline order (:data:`prefixgate.rewriter.pipeline.PASSES`), its ``rewrite.<switch>`` and its
-default from :class:`prefixgate.config.schema.RewriteSettings` (``off: opt-in`` for
-:data:`prefixgate.config.schema.MOVES_THE_MODEL_READS`). :func:`default_word` is the word every
+default from :class:`prefixgate.config.schema.RewriteSettings` (``guarded`` for the moves,
+:data:`prefixgate.config.guard_settings.MOVES`: on for a route only after a bounded trial on its
+own backend shows answers keep; ``off: opt-in`` for a move of
+:data:`prefixgate.config.schema.MOVES_THE_MODEL_READS` shipped off). :func:`default_word` is the word every
 doc uses after a pass's name; ``tests/test_docs_defaults.py`` checks the block and every such
 mention in the README and ``docs/``.
 """
 
 from __future__ import annotations
 
-from prefixgate.config.schema import MOVES_THE_MODEL_READS, RewriteSettings
+from prefixgate.config.schema import MOVES_THE_MODEL_READS, RewriteSettings, switch_on
 from prefixgate.rewriter.pipeline import PASSES
 
 BEGIN = "<!-- generated: pass defaults (python -m prefixgate.rewriter.defaults_doc) -->"
@@ -21,10 +23,13 @@ END = "<!-- end generated -->"
 
 
 def default_word(switch: str) -> str:
-    """``on``, ``off`` or ``off: opt-in`` (a move of what the model reads) for a pass switch.
-    Raises AttributeError for a name that is no ``RewriteSettings`` switch."""
-    on = bool(getattr(RewriteSettings(), switch))
-    if on:
+    """``on``, ``guarded`` (a move, on per route once trialled), ``off`` or ``off: opt-in`` (a
+    move of what the model reads) for a pass switch. Raises AttributeError for a name that is
+    no ``RewriteSettings`` switch."""
+    defaults = RewriteSettings()
+    if getattr(defaults, switch) == "guarded":
+        return "guarded"
+    if switch_on(defaults, switch):
         return "on"
     return "off: opt-in" if switch in MOVES_THE_MODEL_READS else "off"
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from prefixgate.config.schema import switch_on
 from prefixgate.rewriter.analysis.stable import marked_region, stable_prefix_hash
 from prefixgate.rewriter.passes import (
     breakpoints,
@@ -168,7 +169,7 @@ def run_passes(prompt: Prompt, ctx: Context, passes: tuple[PassSpec, ...] = PASS
     before: Violations | None = None  # violations(prompt), computed when first needed
     before_forms: tuple[Any, ...] | None = None  # forms(prompt), likewise
     for spec in passes:
-        if not getattr(ctx.settings, spec.switch, False):
+        if not switch_on(ctx.settings, spec.switch):  # "guarded" unresolved: off
             continue
         fn = _load(spec)
         if fn is None:

@@ -1,8 +1,9 @@
 """By default nothing the model reads moves (issue 19: "a pass that changes what the model
-answers is a defect"; DESIGN.md). The passes that move text are opt-in, and a session replayed
-with the defaults reaches the model as the client wrote it while its clock changes, its request
-id changes and its retrieval is reordered; the same session with the moves switched on is
-rewritten (so the replay below can see a move when there is one)."""
+answers is a defect"; DESIGN.md) until the route's own backend has shown it keeps its answers
+(issue 36): the moves ship ``guarded``, which the passes read as off (only the proxy resolves it,
+per route), and a session replayed with the defaults reaches the model as the client wrote it
+while its clock changes, its request id changes and its retrieval is reordered; the same session
+with the moves switched on is rewritten (so the replay below can see a move when there is one)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from prefixgate.config.schema import MOVES_THE_MODEL_READS, Policy, RewriteSettings
+from prefixgate.config.guard_settings import MOVES
+from prefixgate.config.schema import MOVES_THE_MODEL_READS, Policy, RewriteSettings, switch_on
 from prefixgate.rewriter.pipeline import rewrite_request, session_updates
 from prefixgate.rewriter.types import Context
 
@@ -50,13 +52,15 @@ def _replay(bodies: list[dict[str, Any]], settings: RewriteSettings) -> list[dic
     return sent
 
 
-def test_the_moves_are_off_by_default_in_the_schema_and_in_the_shipped_policy() -> None:
+def test_the_moves_are_guarded_by_default_in_the_schema_and_in_the_shipped_policy() -> None:
     assert MOVES_THE_MODEL_READS == ("hoist_volatile", "stabilise_passages")
+    assert set(MOVES_THE_MODEL_READS) < set(MOVES)
     defaults = RewriteSettings()
     shipped = Policy.model_validate(yaml.safe_load(SHIPPED.read_text())).rewrite
-    for name in MOVES_THE_MODEL_READS:
-        assert getattr(defaults, name) is False, name
-        assert getattr(shipped, name) is False, name
+    for name in MOVES:
+        assert getattr(defaults, name) == "guarded", name
+        assert getattr(shipped, name) == "guarded", name
+        assert not switch_on(defaults, name) and not switch_on(shipped, name), name
     assert defaults.tool_order == "first_seen" and shipped.tool_order == "first_seen"
 
 

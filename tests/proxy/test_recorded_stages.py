@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from prefixgate.config.schema import MOVES_THE_MODEL_READS, RewriteSettings
+from prefixgate.config.schema import MOVES_THE_MODEL_READS, RewriteSettings, switch_on
 from prefixgate.proxy.observe.stages import PASS_NAMES, recorded_bodies, stage_bodies
 from prefixgate.rewriter import pipeline
 from prefixgate.rewriter.pipeline import rewrite_request, session_updates, wire_bytes
@@ -47,7 +47,7 @@ def test_recorded_stages_match_a_rerun_of_the_passes_on_a_real_session() -> None
     rewritten = 0
     for body, ctx, res in _session(bodies):
         assert [s[0] for s in res.stages] == [n for n in PASS_NAMES
-                                             if getattr(ctx.settings, n, False)]
+                                             if switch_on(ctx.settings, n)]
         got = recorded_bodies(body, res.stages, res.body)
         want = stage_bodies(body, "openai", ctx, res.body, time.monotonic() + 60)
         assert _wire(got) == _wire(want)

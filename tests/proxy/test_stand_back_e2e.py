@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from bench.prefix_engine import PrefixEngine
 from prefixgate.cache.ledger.store import Ledger
 from prefixgate.config.loader import parse_policy
+from prefixgate.config.schema import switch_on
 from prefixgate.proxy.app import build_app
 from prefixgate.proxy.cli import app as cli
 from prefixgate.rewriter.types import Api, Context, Edit, RewriteResult
@@ -36,7 +37,7 @@ NOTE = "[note] Remember the policy above before you answer. "
 
 def note_pass(body: dict[str, Any], api: Api, ctx: Context) -> RewriteResult:
     """The stand-in pass (module docstring)."""
-    if not ctx.settings.hoist_volatile:
+    if not switch_on(ctx.settings, "hoist_volatile"):
         return RewriteResult(body, [Edit("hoist_volatile", False, "system", "switched off")])
     msgs = body["messages"]
     first, _, rest = msgs[0]["content"].partition("\n")

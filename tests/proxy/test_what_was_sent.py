@@ -193,3 +193,19 @@ def test_the_diff_shows_a_prompt_line_by_line_and_no_line_is_very_long() -> None
     assert added == ["+        | Rule 17: changed"]
     assert removed and all("Rule 17:" in x or x.strip("-| ") for x in removed)
     assert unified_diff(before, before) == ""
+
+
+def test_the_dry_run_says_guarded_moves_are_off_here(tmp_path: Path) -> None:
+    # the shipped policy: every move guarded, none run (no verdict offline), and the output says so
+    out = json.loads(run_cli(tmp_path, "--provider", "radix", "--json").output)
+    assert out["guarded"] == ["hoist_volatile", "stabilise_passages", "prune_tools",
+                              "prune_history", "prune_rag"]
+    assert not {e["pass"] for e in out["edits"]} & set(out["guarded"])
+    assert "Request ID: req_4c1f9e27ab03d58e61" not in out["diff"]  # the id was not moved
+    text = run_cli(tmp_path, "--provider", "radix").output
+    assert "== guarded: hoist_volatile, stabilise_passages, prune_tools, prune_history, prune_rag ==" in text
+    assert "off in this dry run" in text
+    # moves set on are run and no longer listed as guarded
+    on = json.loads(run_cli(tmp_path, "--provider", "radix", "--json", "--policy",
+                            str(moves_policy(tmp_path))).output)
+    assert on["guarded"] == ["prune_tools", "prune_history", "prune_rag"]

@@ -58,7 +58,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prefixgate.config.schema import RewriteSettings
+from prefixgate.config.schema import RewriteSettings, switch_on
 from prefixgate.rewriter.analysis.passage_forms import find_retrieval
 from prefixgate.rewriter.analysis.passages import find_passages
 from prefixgate.rewriter.analysis.tokens import TokenCounter, count_tokens, json_tokens
@@ -293,14 +293,14 @@ def check_meaning(client: dict[str, Any], upstream: dict[str, Any], api: str,
     u_atoms, u_sys = atoms(upstream, up_api)
     problems: list[str] = []
     s = settings
-    stable = bool(s and s.enabled and s.stabilise_passages)
+    stable = bool(s and s.enabled and switch_on(s, "stabilise_passages"))
     if stable:
         c_atoms, u_atoms = _sorted_runs(c_atoms), _sorted_runs(u_atoms)
     msgs = client.get("messages") or []
     framing = FRAMING_TOKENS * (len(msgs) + len(c_atoms))
-    over_history = bool(s and s.enabled and s.prune_history and json_tokens(msgs, count)
+    over_history = bool(s and s.enabled and switch_on(s, "prune_history") and json_tokens(msgs, count)
                         + framing > s.history_high_watermark_tokens)
-    rag = bool(s and s.enabled and s.prune_rag)
+    rag = bool(s and s.enabled and switch_on(s, "prune_rag"))
     rag_budget = s.rag_budget_tokens if s and rag else None
     user_idx = sorted({a.msg for a in c_atoms if a.kind in ("user_text", "media", "passage")
                        and isinstance(msgs[a.msg], dict) and msgs[a.msg].get("role") == "user"})

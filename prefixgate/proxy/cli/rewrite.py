@@ -14,7 +14,12 @@ What the proxy would send upstream for one request, offline: the same pass pipel
 ``--provider`` (``anthropic | openai | radix``) picks whose cache rules the passes follow; by
 default the policy's route for the body's ``model`` decides (``radix`` when no route matches).
 ``--api`` overrides the wire API guessed from the body. ``--json`` prints one object
-``{api, provider, summary, tokens_pruned, body, diff, edits: [...]}``. Exit 2 for a file that
+``{api, provider, summary, tokens_pruned, body, diff, edits: [...], guarded: [...]}``.
+
+A move whose mode is ``guarded`` (the shipped default, :mod:`prefixgate.config.guard_settings`)
+is off here: the proxy turns it on per route only once the meaning guard's trial on that route's
+backend has shown its answers keep, and this dry run has no verdict. The output names those
+moves (``guarded``); set a move ``on`` in ``--policy`` to see what it would do. Exit 2 for a file that
 is not a JSON object or a policy that does not load.
 """
 
@@ -30,8 +35,9 @@ from typing import Any, Literal
 import typer
 
 from prefixgate.config.backend_kinds import traits
+from prefixgate.config.guard_settings import MOVES
 from prefixgate.config.loader import PolicyError, default_policy, load_policy, resolve_route
-from prefixgate.config.schema import Policy
+from prefixgate.config.schema import Policy, switch_on
 from prefixgate.proxy.core import exactjson
 from prefixgate.proxy.pipeline.edit_detail import blocks_of, first_diff
 from prefixgate.proxy.pipeline.rewrite import RewriteOutcome, default_rewrite_fn, run_rewrite
@@ -81,7 +87,7 @@ def trace_passes(body: dict[str, Any], api: Api, ctx: Context) -> list[PassStep]
     if not ctx.settings.enabled:
         return steps
     for spec in PASSES:
-        if not getattr(ctx.settings, spec.switch, False):
+        if not switch_on(ctx.settings, spec.switch):
             continue
         out, edits = run_passes(prompt, ctx, (spec,))
         change = None
@@ -177,7 +183,18 @@ def explain(body: dict[str, Any], raw: bytes, api: Api, policy: Policy,
     return outcome, trace_passes(body, api, ctx), prov
 
 
-def _text_report(outcome: RewriteOutcome, diff: str, edits: list[dict[str, Any]]) -> str:
+GUARDED_NOTE = ("off in this dry run: the proxy turns a guarded move on per route only once a "
+                "trial on that route's backend shows its answers keep (set it `on` in --policy "
+                "to see what it would do)")
+
+
+def guarded_moves(policy: Policy) -> list[str]:
+    """The moves whose mode in ``policy`` is ``guarded`` (off in this dry run)."""
+    return [m for m in MOVES if getattr(policy.rewrite, m) == "guarded"]
+
+
+def _text_report(outcome: RewriteOutcome, diff: str, edits: list[dict[str, Any]],
+                 guarded: list[str] | None = None) -> str:
     lines = ["== rewritten body ==", exactjson.pretty(outcome.body), "",
              "== diff (original -> rewritten) ==", diff or "(no change: the client's bytes go "
              "upstream as sent)", "", f"== edits ({outcome.summary}) =="]
@@ -192,6 +209,8 @@ def _text_report(outcome: RewriteOutcome, diff: str, edits: list[dict[str, Any]]
             lines.append(f"   the model now sees: {e['model_sees']}")
     if not edits:
         lines.append("(no pass ran: rewriting is off in this policy)")
+    if guarded:
+        lines += ["", f"== guarded: {', '.join(guarded)} ==", GUARDED_NOTE]
     return "\n".join(lines)
 
 
@@ -235,13 +254,15 @@ def rewrite(
     outcome, steps, prov = explain(body, raw, wire_api, pol, provider)
     diff = unified_diff(body, outcome.body)
     edits = edit_dicts(steps)
+    guarded = guarded_moves(pol) if pol.rewrite.enabled else []
     if as_json:
         typer.echo(json.dumps({"api": wire_api, "provider": prov, "summary": outcome.summary,
                                "tokens_pruned": outcome.pruned,
                                "body": json.loads(exactjson.dumps(outcome.body)),
-                               "diff": diff, "edits": edits}, indent=2, ensure_ascii=False))
+                               "diff": diff, "edits": edits, "guarded": guarded},
+                              indent=2, ensure_ascii=False))
         return
-    typer.echo(_text_report(outcome, diff, edits))
+    typer.echo(_text_report(outcome, diff, edits, guarded))
 
 
 def register(app: typer.Typer) -> None:

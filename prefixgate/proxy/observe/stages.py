@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from prefixgate.config.schema import switch_on
 from prefixgate.rewriter.pipeline import PASSES, OverBudget, run_passes, wire_bytes
 from prefixgate.rewriter.types import Context
 from prefixgate.rewriter.wire import codec as wire
@@ -55,7 +56,7 @@ def stage_bodies(view: dict[str, Any], api: Api, ctx: Context, sent: dict[str, A
         prompt = wire.parse(view, api)
         body = view
         for spec in PASSES:
-            if spec.fn is not None and getattr(ctx.settings, spec.switch, False):
+            if spec.fn is not None and switch_on(ctx.settings, spec.switch):
                 nxt, edits = run_passes(prompt, bounded, (spec,))
                 if any(e.applied for e in edits):
                     rendered = wire.render(nxt)

@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import lru_cache
 
+from prefixgate.config.schema import switch_on
 from prefixgate.rewriter.analysis.tool_rank import (
     KeepRule,
     ToolInfo,
@@ -121,7 +122,7 @@ def required_tools(prompt: Prompt, ctx: Context) -> set[str]:
 
 
 def _compacting(prompt: Prompt, ctx: Context) -> bool:
-    if not ctx.settings.prune_history:
+    if not switch_on(ctx.settings, "prune_history"):
         return False
     from prefixgate.rewriter.passes.prune_history import will_compact
 
