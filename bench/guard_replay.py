@@ -14,7 +14,8 @@ clients: the rig of ``bench/meaning_guard.py`` and ``tests/proxy/test_meaning_gu
   app (``build_app``), each under uvicorn on a loopback port (:func:`tests.servers.serve_app`).
 - :func:`send`: one client request, streamed with usage (as agents and ``prefixgate replay``
   send), read into a :class:`Sent` (answer id, usage, the guard / edits headers).
-- :func:`guard_states`: ``x-prefixgate-guard`` parsed into ``{move: (state, pairs)}``.
+- :func:`guard_states`: ``x-prefixgate-guard`` parsed into ``{move: (state, pairs)}``;
+  :func:`applied_passes`: the passes ``x-prefixgate-edits`` names as applied.
 """
 
 from __future__ import annotations
@@ -139,6 +140,13 @@ def guard_states(header: str) -> dict[str, tuple[str, int]]:
     """``x-prefixgate-guard`` (``hoist_volatile=trialling (12 pairs); prune_tools=on (40
     pairs, ...)``) as ``{move: (state, pairs)}``; pairs 0 when not given."""
     return {m.group(1): (m.group(2), int(m.group(3) or 0)) for m in _ITEM.finditer(header or "")}
+
+
+def applied_passes(edits: str) -> set[str]:
+    """The passes an ``x-prefixgate-edits`` summary names as applied (``name``, ``name:2``,
+    ``name:1-812``; ``!name`` failed and ``none`` are not)."""
+    return {m.group() for item in edits.split(";") if not item.startswith("!")
+            for m in [re.match(r"[a-z_]+", item)] if m and m.group() != "none"}
 
 
 @dataclass

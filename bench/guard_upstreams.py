@@ -13,7 +13,8 @@ Three behaviours (:class:`GuardUpstream`, ``behaviour=``):
   K = :data:`N_ANSWERS`).
 - ``noisy``: ``unaffected``'s answer, except that each call independently (``random.Random(seed)``,
   one draw per call, even at temperature 0) answers the request's alternative instead with
-  probability ``noise`` (0.25): the backend's own nondeterminism, which the guard's floor pair
+  probability ``noise`` (0.25; trial and client calls draw from two streams seeded from ``seed``,
+  in arrival order): the backend's own nondeterminism, which the guard's floor pair
   (the original sent twice) must absorb.
 
 The answer: one of :data:`N_ANSWERS` canned decisions picked by a SHA-256 of the key — text
@@ -230,14 +231,14 @@ class GuardUpstream:
     trial_max_tokens: int = 16
     calls: list[Call] = field(default_factory=list)
     cache: BlockCache = field(init=False)
-    rng: random.Random = field(init=False)
+    rngs: dict[bool, random.Random] = field(init=False)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         if self.behaviour not in BEHAVIOURS:
             raise ValueError(f"unknown behaviour {self.behaviour!r}")
         self.cache = BlockCache.of(self.rules)
-        self.rng = random.Random(self.seed)
+        self.rngs = {False: random.Random(self.seed), True: random.Random(self.seed + 1)}
 
     # -- classification and counts -------------------------------------------------------
 
@@ -280,8 +281,10 @@ class GuardUpstream:
         index = answer_index(body, self.behaviour)
         cap = body.get("max_tokens", body.get("max_completion_tokens"))
         cap = cap if isinstance(cap, int) and cap > 0 else 64
-        with self.lock:  # one draw per call, in arrival order: reruns repeat the noise
-            noisy = self.behaviour == "noisy" and self.rng.random() < self.noise
+        trial = self.is_trial(body, headers)
+        with self.lock:  # one draw per call, in arrival order within its class: trials run
+            # one at a time, so a rerun repeats their noise however client calls interleave
+            noisy = self.behaviour == "noisy" and self.rngs[trial].random() < self.noise
             cached = self.cache.lookup_and_store(ids)
             n = len(self.calls)
             if noisy:
@@ -296,7 +299,7 @@ class GuardUpstream:
                 message["tool_calls"] = [{"id": f"call_gu{n}", "type": "function", "function": {
                     "name": name, "arguments": json.dumps(args)}}]
                 out_tokens = min(cap, 12)
-            call = Call(n, self.is_trial(body, headers), bool(body.get("stream")), len(ids),
+            call = Call(n, trial, bool(body.get("stream")), len(ids),
                         cached, out_tokens, index, noisy, is_hoisted(body))
             self.calls.append(call)
         usage = {"prompt_tokens": len(ids), "completion_tokens": out_tokens,

@@ -60,10 +60,11 @@ def _cases(runs: int, turns: int, max_tokens: int) -> list[list[Any]]:
 def run(model: Path, runs: int, turns: int, max_pairs: int = 200) -> dict[str, Any]:
     """Measure the pairs on the engine and feed the guard (module docstring); returns the
     ``engine`` section of ``meaning_guard.json``."""
-    from bench.answer_stability import rewrite_session
     from prefixgate.cache.guard.decisions import changed, decision_of
     from prefixgate.cache.guard.sequential import TestRule
     from prefixgate.cache.guard.verdicts import GuardBook
+
+    from bench.answer_stability import rewrite_session
     from prefixgate.cache.state.shared_state import LocalState
     from prefixgate.config.schema import GuardSettings
     from prefixgate.local_engine.engine import Engine, EngineConfig, SamplingParams
