@@ -159,14 +159,19 @@ class Rig:
     sent: list[Sent] = field(default_factory=list)
 
     def replay(self, sessions: list[list[dict[str, Any]]], tag: str, tenant: str | None = None,
-               first_index: int = 0) -> list[Sent]:
+               first_index: int = 0, think: bool = False) -> list[Sent]:
         """Send each session's requests in order, sessions one after another; returns (and
-        keeps) what the client saw."""
+        keeps) what the client saw. ``think``: while the answer shows ``hoist_volatile``
+        trialling, wait until the upstream has been quiet for 0.25 s (at most 10 s) before the
+        next request — an agent's think time, in which the background trial of the request
+        just answered finishes (a trial arriving while one runs is skipped, never queued)."""
         out = []
         with httpx.Client(timeout=120) as client:
             for i, bodies in enumerate(sessions, start=first_index):
                 for k, body in enumerate(bodies):
                     out.append(send(client, self.url, body, f"{tag}-{i}", k, i, tenant))
+                    if think and "hoist_volatile=trialling" in out[-1].guard:
+                        self.settle(quiet_s=0.25, limit_s=10)
         self.sent += out
         return out
 
@@ -182,13 +187,13 @@ class Rig:
             elif time.monotonic() - since >= quiet_s:
                 return
 
-    def health(self) -> dict[str, Any]:
-        """``GET /healthz`` as JSON ({} when it is not JSON)."""
-        try:
-            doc = httpx.get(self.url + "/healthz", timeout=10).json()
-        except (httpx.HTTPError, ValueError):
-            return {}
-        return doc if isinstance(doc, dict) else {}
+    def verdicts(self, tenant: str = "default") -> dict[str, dict[str, Any]]:
+        """The guard's snapshot rows of ``tenant`` per move (``ProxyState.meaning_guard``'s
+        ``snapshot()``: state, pairs, rates, reason; no prompt text), {} without a guard."""
+        guard = getattr(self.app.state.proxy, "meaning_guard", None)
+        rows = guard.snapshot() if guard is not None else []
+        return {str(r["move"]): dict(r) for r in rows
+                if isinstance(r, dict) and r.get("move") and r.get("tenant", tenant) == tenant}
 
     def trial_answers_to_clients(self) -> int:
         """Client answers that came from a call the upstream classed as a trial, plus client

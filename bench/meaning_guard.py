@@ -9,11 +9,13 @@ hosted route needs before any trial runs: :data:`BUDGET`) in front of each scrip
 :mod:`bench.guard_upstreams` (``unaffected``, ``affected``, ``noisy``; OpenAI's prefix-cache rule
 behind ``cached_tokens``). ``--sessions`` tau-bench airline runs are replayed through it as
 clients, one session after another, each request streamed, the system prompt's clock advancing
-6..90 s a request; trials run in the background; at the end the run waits until the upstream
+6..90 s a request; trials run in the background, and while ``hoist_volatile`` is trialling the
+client gives the upstream 0.25 s of quiet before its next request (an agent's think time:
+a trial arriving while one runs is skipped, :meth:`bench.guard_replay.Rig.replay`); at the end the run waits until the upstream
 has been quiet for 1.5 s. Then, per backend:
 
-- each move's verdict from the last answer's ``x-prefixgate-guard`` header (``/healthz``'s
-  ``guard`` when it has one): state, pairs, move rate vs floor; the expected verdict: for
+- each move's verdict from the guard's snapshot (``ProxyState.meaning_guard.snapshot()``, the
+  last answer's ``x-prefixgate-guard`` header without one): state, pairs, move rate vs floor; the expected verdict: for
   ``hoist_volatile`` ``on`` / ``off`` / ``on`` (by construction of the upstream), for any other
   move that reached a verdict, from the upstream's own deterministic answer function over the
   replayed requests with that move on vs off (:func:`true_change_rate`: ``on`` below the margin);
@@ -84,17 +86,6 @@ def last_states(r: Rig) -> dict[str, tuple[str, int]]:
     return {}
 
 
-def health_verdicts(r: Rig) -> dict[str, dict[str, Any]]:
-    """``/healthz``'s guard snapshot per move (the default tenant's rows), {} when absent."""
-    guard = r.health().get("guard")
-    rows = guard.get("verdicts", []) if isinstance(guard, dict) else guard
-    out: dict[str, dict[str, Any]] = {}
-    for row in rows if isinstance(rows, list) else []:
-        if isinstance(row, dict) and row.get("move"):
-            out[str(row["move"])] = row
-    return out
-
-
 def true_change_rate(sessions: list[list[dict[str, Any]]], behaviour: str, move: str
                      ) -> float | None:
     """The share of requests where ``move`` applies whose deterministic answer (the upstream's
@@ -127,7 +118,7 @@ def backend_detail(behaviour: str, r: Rig, sessions: list[list[dict[str, Any]]],
                    budget: dict[str, Any]) -> dict[str, Any]:
     """The per-backend section (module docstring)."""
     states = last_states(r)
-    health = health_verdicts(r)
+    health = r.verdicts()
     decided_at = next((i for i, s in enumerate(r.sent)
                        if guard_states(s.guard).get("hoist_volatile", ("trialling", 0))[0]
                        != "trialling"), None)
@@ -183,7 +174,7 @@ def scenario(behaviour: str, sessions: list[list[dict[str, Any]]], tmp: Path, ma
     t0 = time.monotonic()
     with rig(behaviour, tmp / f"{behaviour}-{time.monotonic_ns()}", budget=budget,
              rewrite=rewrite) as r:
-        r.replay(sessions, behaviour)
+        r.replay(sessions, behaviour, think=True)
         r.settle()
         out = backend_detail(behaviour, r, sessions, margin, budget or {
             "requests_per_day": 0, "tokens_per_day": 0, "usd_per_day": 0.0})

@@ -43,7 +43,7 @@ def replay_until_decided(r: Rig, sessions: list[list[dict[str, Any]]], tag: str)
     """Replay sessions one at a time (letting trials finish after each) until a client answer
     shows ``hoist_volatile`` decided; returns the number of sessions used."""
     for i, bodies in enumerate(sessions):
-        r.replay([bodies], tag, first_index=i)
+        r.replay([bodies], tag, first_index=i, think=True)
         r.settle(quiet_s=0.6)
         if hoist_state(r) in ("on", "off"):
             return i + 1
