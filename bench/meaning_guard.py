@@ -130,13 +130,13 @@ def backend_detail(behaviour: str, r: Rig, sessions: list[list[dict[str, Any]]],
                                  "pairs": int(row.get("pairs", pairs)),
                                  "move_rate": row.get("move_rate"), "floor_rate": row.get("floor_rate"),
                                  "reason": row.get("reason")}
-        if entry["verdict"] != "trialling":
-            if move == "hoist_volatile":
-                entry["expected"] = EXPECTED_HOIST[behaviour]
-            else:
-                rate = true_change_rate(sessions, behaviour, move)
-                entry["true_change_rate"] = rate
-                entry["expected"] = "on" if rate is not None and rate < margin else "off"
+        if move == "hoist_volatile":
+            entry["expected"] = EXPECTED_HOIST[behaviour]
+        elif entry["verdict"] != "trialling":
+            rate = true_change_rate(sessions, behaviour, move)
+            entry["true_change_rate"] = rate
+            entry["expected"] = "on" if rate is not None and rate < margin else "off"
+        if "expected" in entry:
             entry["right"] = entry["verdict"] == entry["expected"]
         moves[move] = entry
     off_moves = [m for m, e in moves.items() if e["verdict"] == "off"]
@@ -190,17 +190,14 @@ def scenario(behaviour: str, sessions: list[list[dict[str, Any]]], tmp: Path, ma
 def figures(backends: dict[str, Any], engine: dict[str, Any] | None) -> dict[str, Any]:
     """The headline figures (module docstring) from the sections."""
     judged = [e for name in ("unaffected", "affected", "noisy")
-              for e in backends[name]["moves"].values() if "right" in e]
+              for e in backends[name]["moves"].values() if "expected" in e]
     judged += list((engine or {}).get("moves", {}).values())
-    missing = sum(backends[n]["moves"]["hoist_volatile"]["verdict"] == "trialling"
-                  for n in ("unaffected", "affected", "noisy"))
-    missing += sum(e["verdict"] == "trialling" for e in (engine or {}).get("moves", {}).values())
+    decided = [e for e in judged if e["verdict"] != "trialling"]
     return {
-        "verdicts_right": sum(bool(e.get("right")) for e in judged),
-        "verdicts_total": len(judged) + missing,
-        "verdicts_undecided": missing,
-        "max_pairs_to_verdict": max((e["pairs"] for e in judged if e["verdict"] != "trialling"),
-                                    default=None),
+        "verdicts_right": sum(e["verdict"] == e["expected"] for e in judged),
+        "verdicts_total": len(judged),
+        "verdicts_undecided": len(judged) - len(decided),
+        "max_pairs_to_verdict": max((e["pairs"] for e in decided), default=None),
         "budget_exceeded": sum(b["trials"]["exceeded"] for b in backends.values()),
         "trial_answers_to_clients": sum(b["trial_answers_to_clients"] for b in backends.values()),
         "cached_share_unaffected_turn3_on": backends["unaffected"]["cached_share_turn3_on"],
