@@ -97,7 +97,8 @@ def expected_keys(payload: dict[str, Any]) -> set[str]:
               "breaks": ("field", "token_offset", "tokens_lost", "count"),
               "slo": ("route", "ttft_ms", "tpot_ms", "ttft_attainment", "tpot_attainment", "goodput"),
               "routes": ("route", "model", "backend", "requests", "errors", "cached_share",
-                         "saved_usd", "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms")}
+                         "saved_usd", "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms"),
+              "guard": ("route", "tenant", "move", "state", "pairs", "move_rate", "floor_rate")}
     for name, fields in tables.items():
         for i in range(len(payload.get(name) or [])):
             keys |= {f"{name}.{i}.{f}" for f in fields}

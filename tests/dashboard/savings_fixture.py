@@ -135,6 +135,12 @@ def busy_payload(rng: str = "1h", to_ts: int = 1_790_000_000, n: int = 24) -> di
         },
         "breaks": [top, *BREAKS_MORE],
         "top_break": top,
+        "guard": [  # issue 36: the meaning guard's verdicts (MeaningGuard.snapshot)
+            {"route": "default", "tenant": "", "move": "hoist_volatile", "state": "trialling",
+             "pairs": 12, "move_rate": 0.083, "floor_rate": 0.0, "reason": "", "expires_at": 0.0},
+            {"route": "claude", "tenant": "", "move": "prune_tools", "state": "on",
+             "pairs": 40, "move_rate": 0.0, "floor_rate": 0.025, "reason": "upper < margin",
+             "expires_at": 1900000000.0}],
         "routes": [
             {"route": "default", "model": "gpt-4o", "backend": "openai", "requests": total_req - 20,
              "errors": 2, "cached_share": 0.703, "saved_usd": round(saved - 0.0123, 6),

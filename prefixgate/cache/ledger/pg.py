@@ -80,6 +80,7 @@ from prefixgate.cache.ledger.pg_schema import migrate, missing_columns
 from prefixgate.cache.ledger.sanitize import clean_row
 from prefixgate.cache.ledger.spool import Item, Spool
 from prefixgate.cache.ledger.store import (
+    CLIENT_ROWS,
     COLUMNS,
     Ledger,
     LedgerRow,
@@ -195,7 +196,8 @@ def fold_rollups(conn: psycopg.Connection[Any], rows: Sequence[dict[str, Any]]) 
     if missing, locked (``FOR UPDATE``), merged and written back."""
     sums: dict[tuple[int, str, str, str, str], dict[str, Any]] = {}
     for r in rows:
-        rollup.merge(sums.setdefault(rollup_key(r), {}), rollup.fold(r))
+        if rollup.counted(r):  # a meaning-guard trial send is never a saving (issue 36)
+            rollup.merge(sums.setdefault(rollup_key(r), {}), rollup.fold(r))
     table = rollup.TABLE
     for key in sorted(sums):
         conn.execute(f"INSERT INTO {table} (minute, route, model, backend, tenant, data) "
@@ -525,11 +527,12 @@ class PgLedger(Ledger):
         """As :meth:`Ledger.rollups` (:func:`prefixgate.cache.ledger.rollup.read`, every replica's)."""
         return list(self._read(lambda db: rollup.read(db, from_ts, to_ts, tenant)))
 
-    def rows(self, since_ts: float = 0.0) -> list[dict[str, Any]]:
+    def rows(self, since_ts: float = 0.0, trials: bool = False) -> list[dict[str, Any]]:
         """As :meth:`Ledger.rows`: every replica's rows with ``ts >= since_ts``, in commit
-        order (``id``)."""
+        order (``id``); trial rows only with ``trials``."""
+        where = "" if trials else f" AND {CLIENT_ROWS}"
         got = self._read(lambda db: db.execute(
-            f"SELECT {', '.join(_ROW_COLUMNS)} FROM requests WHERE ts >= ? ORDER BY id",
+            f"SELECT {', '.join(_ROW_COLUMNS)} FROM requests WHERE ts >= ?{where} ORDER BY id",
             (since_ts,)).fetchall())
         return [dict(zip(_ROW_COLUMNS, r)) for r in got]
 

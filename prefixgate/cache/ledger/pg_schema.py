@@ -60,6 +60,7 @@ CREATE TABLE IF NOT EXISTS rollup_tenant_minutes (
         "ADD COLUMN IF NOT EXISTS reported_missed_tokens BIGINT, "
         "ADD COLUMN IF NOT EXISTS reported_reusable_tokens BIGINT, "
         "ADD COLUMN IF NOT EXISTS predicted_miss TEXT DEFAULT ''"),  # issue 35 (3: issue 33's)
+    (5, "ALTER TABLE requests ADD COLUMN IF NOT EXISTS trial TEXT DEFAULT ''"),  # issue 36
 ]
 """(version, SQL) in order; a script is never edited once released, only followed."""
 

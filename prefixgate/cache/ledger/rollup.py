@@ -158,8 +158,17 @@ def _store(db: sqlite3.Connection, key: tuple[int, str, str, str, str],
                "VALUES (?, ?, ?, ?, ?, ?)", (*key, json.dumps(data, separators=(",", ":"))))
 
 
+def counted(row: Mapping[str, Any]) -> bool:
+    """Whether ``row`` is folded into the rollups: a client's request, not a meaning-guard
+    trial send (``trial`` set; issue 36: trial traffic is never a saving)."""
+    return not row.get("trial")
+
+
 def upsert(db: sqlite3.Connection, row: Mapping[str, Any]) -> None:
-    """Fold ``row`` into its minute's rollup (call inside the writer's transaction)."""
+    """Fold ``row`` into its minute's rollup (call inside the writer's transaction); a trial
+    row (:func:`counted`) is left out."""
+    if not counted(row):
+        return
     key = _key(row)
     _store(db, key, merge(_load(db, key), fold(row)))
 
@@ -170,6 +179,8 @@ def upsert_many(db: sqlite3.Connection, rows: Iterable[Mapping[str, Any]]) -> No
     same additions in the same order: the stored data is what row-by-row upserts store."""
     datas: dict[tuple[int, str, str, str, str], dict[str, Any]] = {}
     for row in rows:
+        if not counted(row):
+            continue
         key = _key(row)
         data = datas.get(key)
         if data is None:

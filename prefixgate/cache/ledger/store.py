@@ -38,6 +38,12 @@ count (``prompt_tokens_details.span_reused_tokens``), NULL where the backend rep
 counterfactual is a prefix cache: a row measured as sent has ``cf_cached_tokens = cached_tokens -
 span_reused_tokens`` (:mod:`prefixgate.cache.savings.counterfactual`), and the technique
 ``span reuse (engine)`` holds those tokens (:mod:`prefixgate.cache.ledger.attribution`).
+Issue 36 column: ``trial`` — the move a meaning-guard trial send judged
+(:mod:`prefixgate.proxy.pipeline.guard_trial`; "" for a client's request). Trial rows are never
+a client's answer and never a saving: they are not folded into the rollups
+(:func:`prefixgate.cache.ledger.rollup.counted`), :meth:`Ledger.rows` leaves them out unless
+asked, and every savings reader filters ``trial = ''``; their cost is summed on its own
+(:mod:`prefixgate.cache.savings.trial_cost`).
 A second table, ``breaks``, keeps cache-break records (:mod:`prefixgate.cache.savings.breaks`) as JSON with
 their request's tenant; a third, ``rollup_tenant_minutes``, per-minute sums per tenant updated in
 the same transaction as each row (:mod:`prefixgate.cache.ledger.rollup`). Readers may ask for one
@@ -71,9 +77,10 @@ from prefixgate.cache.ledger.announced_rows import AnnouncedRows
 from prefixgate.cache.ledger.local_file import open_or_recover
 from prefixgate.cache.ledger.sanitize import clean_row, clean_text
 
-SCHEMA_VERSION = 9  # 2: key_id; 3: issue 9 columns + rollup_minutes; 4: tenant;
+SCHEMA_VERSION = 10  # 2: key_id; 3: issue 9 columns + rollup_minutes; 4: tenant;
 # 5: deployment, attempts, attempt_reasons; 6: stood_back; 7: breaks.tenant, rollups per
-# tenant (rollup_tenant_minutes); 8: row_id, replica; 9: span_reused_tokens. Older files are
+# tenant (rollup_tenant_minutes); 8: row_id, replica; 9: span_reused_tokens; 10: trial. Older
+# files are
 # migrated on open (ADD COLUMN, rollups refolded).
 
 
@@ -124,6 +131,7 @@ class LedgerRow:
     reported_reusable_tokens: int | None = None  # OpenAI comparison_reusable_tokens
     predicted_miss: str = ""      # prefixgate's predicted cause, set where a reason is reported
     span_reused_tokens: int | None = None  # of cached_tokens: reused across a changed span
+    trial: str = ""               # a meaning-guard trial send: the move judged ("" = client's)
 
 
 class LedgerUnavailable(RuntimeError):
@@ -148,6 +156,9 @@ def _column_type(tp: Any) -> str:
 
 
 COLUMNS = [f.name for f in fields(LedgerRow)]
+CLIENT_ROWS = "COALESCE(trial, '') = ''"
+"""SQL condition keeping the clients' rows (not meaning-guard trial sends): every reader of
+savings figures adds it."""
 
 
 class Ledger:
@@ -271,12 +282,14 @@ class Ledger:
         with self._lock:
             return rollup.read(self._db, from_ts, to_ts, tenant)
 
-    def rows(self, since_ts: float = 0.0) -> list[dict[str, Any]]:
-        """All rows with ``ts >= since_ts``, oldest first, as dicts keyed by column name."""
+    def rows(self, since_ts: float = 0.0, trials: bool = False) -> list[dict[str, Any]]:
+        """All rows with ``ts >= since_ts``, oldest first, as dicts keyed by column name;
+        meaning-guard trial rows only with ``trials`` (:data:`CLIENT_ROWS`)."""
         self.announced.wait()  # rows already answered for (cache.announced_rows)
+        where = "" if trials else f" AND {CLIENT_ROWS}"
         with self._lock:
             cur = self._db.execute(
-                f"SELECT id, {', '.join(COLUMNS)} FROM requests WHERE ts >= ? ORDER BY id",
+                f"SELECT id, {', '.join(COLUMNS)} FROM requests WHERE ts >= ?{where} ORDER BY id",
                 (since_ts,))
             names = [d[0] for d in cur.description]
             return [dict(zip(names, r)) for r in cur.fetchall()]

@@ -172,10 +172,10 @@ class BatchedLedger(Ledger):
         return {**super().state(), "queued": self._pending,
                 "bad_rows_dropped": self.bad_rows_dropped}
 
-    def rows(self, since_ts: float = 0.0) -> list[dict[str, Any]]:
+    def rows(self, since_ts: float = 0.0, trials: bool = False) -> list[dict[str, Any]]:
         """:meth:`Ledger.rows` after a :meth:`flush`."""
         self.flush()
-        return super().rows(since_ts)
+        return super().rows(since_ts, trials)
 
     def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """:meth:`Ledger.query` after a :meth:`flush`."""

@@ -28,7 +28,7 @@ from typing import Any
 
 from prefixgate.cache.ledger import rollup
 from prefixgate.cache.ledger.attribution import merge_techniques
-from prefixgate.cache.ledger.store import Ledger
+from prefixgate.cache.ledger.store import CLIENT_ROWS, Ledger
 from prefixgate.cache.savings.holdout_stats import holdout_report
 from prefixgate.cache.savings.miss_causes import reported_summary
 from prefixgate.cache.savings.pd_decisions import pd_summary
@@ -266,11 +266,12 @@ def lengths(data: Mapping[str, Any]) -> dict[str, Any]:
 
 def range_rows(ledger: Ledger, from_ts: float, to_ts: float,
                tenant: str | None = None) -> list[dict[str, Any]]:
-    """The range's request rows, :data:`ROW_COLUMNS` only (no prompt text exists anyway);
+    """The range's client request rows (no meaning-guard trial send, :data:`CLIENT_ROWS`),
+    :data:`ROW_COLUMNS` only (no prompt text exists anyway);
     ``tenant``'s only when given (:func:`prefixgate.cache.ledger.rollup.tenant_filter`)."""
     where, params = rollup.tenant_filter(tenant)
     got = ledger.query(f"SELECT {', '.join(ROW_COLUMNS)} FROM requests WHERE ts >= ? AND ts < ?"
-                       f"{where} ORDER BY id", (from_ts, to_ts, *params))
+                       f" AND {CLIENT_ROWS}{where} ORDER BY id", (from_ts, to_ts, *params))
     return [dict(zip(ROW_COLUMNS, r)) for r in got]
 
 
@@ -319,7 +320,8 @@ def provider_misses(ledger: Ledger, from_ts: float, to_ts: float,
     where, params = rollup.tenant_filter(tenant)
     cols = ("reported_miss", "reported_missed_tokens", "predicted_miss")
     got = ledger.query(f"SELECT {', '.join(cols)} FROM requests WHERE ts >= ? AND ts < ? "
-                       f"AND reported_miss != ''{where}", (from_ts, to_ts, *params))
+                       f"AND reported_miss != '' AND {CLIENT_ROWS}{where}",
+                       (from_ts, to_ts, *params))
     return reported_summary(dict(zip(cols, r)) for r in got)
 
 

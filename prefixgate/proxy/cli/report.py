@@ -27,7 +27,11 @@ whose token-adding passes switched themselves off, also printed under the saved 
 ``--csv``: one header line and one line per group, every cell through :func:`csv_cell` (no cell
 can start a spreadsheet formula, issue 20 class 13).
 ``--errors`` lists failed requests by status and error; ``--breaks`` the cache-break records
-(:func:`prefixgate.cache.savings.breaks.format_breaks`).
+(:func:`prefixgate.cache.savings.breaks.format_breaks`). The meaning guard's trial sends are never
+in these figures (issue 36): their cost has its own line, ``meaning-guard trials: N requests,
+T tokens, $X`` (``--json``: ``trials``), and ``--guard`` adds each guarded move's verdict per
+route and tenant and today's trial spend against the budget
+(:mod:`prefixgate.proxy.cli.guard_report`; ``--json``: ``guard``).
 
 Under the saved line, when cache breaks cost more than a threshold (5 % of the prompt tokens),
 the top one: its cause, the masked line, where in the backend's tokens, its cost and the policy
@@ -66,9 +70,11 @@ from prefixgate.cache.savings.report import (
     stand_back_figures,
 )
 from prefixgate.cache.savings.top_break import explain_breaks, format_top_break, top_break
-from prefixgate.config.loader import PolicyError, load_policy
+from prefixgate.cache.savings.trial_cost import trial_line, trial_rows, trial_spend
+from prefixgate.config.loader import PolicyError, default_policy, load_policy
 from prefixgate.config.schema import LedgerSettings
 from prefixgate.proxy.cli.format import fmt
+from prefixgate.proxy.cli.guard_report import guard_figures, guard_lines
 from prefixgate.proxy.observe.savings_api import hourly_prices
 
 WIDE = 110
@@ -267,6 +273,16 @@ def _ledger_path(ledger: str | Path | None, policy: Path | None
     return where, (pol.holdout.seed if pol else 0), hourly
 
 
+def _guard_policy(policy: Path | None) -> Any:
+    """The policy whose budgets ``--guard`` compares against: ``--policy``, else the shipped
+    default (its routes do not name the ledger's: the budgets then read "unknown")."""
+    try:
+        return load_policy(policy) if policy else default_policy()
+    except PolicyError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+
+
 def _open_ledger(where: str) -> Ledger:
     """The SQLite file at ``where``, or the shared PostgreSQL ledger when it is a
     ``postgresql://`` URL (every replica's rows, issue 26). Exits 1 with the reason when the file
@@ -311,6 +327,8 @@ def report(
     breaks: bool = typer.Option(False, "--breaks", help="list cache-break records"),
     as_json: bool = typer.Option(False, "--json", help="print JSON objects instead"),
     as_csv: bool = typer.Option(False, "--csv", help="print CSV instead"),
+    guard: bool = typer.Option(False, "--guard", help="the meaning guard: each guarded move's "
+                               "verdict per route and tenant, trial spend vs budget"),
 ) -> None:
     """Summarize the ledger: what was saved, per route / model / tenant / day."""
     if by not in BY:
@@ -327,10 +345,16 @@ def report(
     errs = error_figures(rows) if errors else []
     break_dicts = db.breaks(since_ts)
     top = top_break(explain_breaks(break_dicts, rows), rows)
+    trials = trial_spend(trial_rows(db, since_ts))  # never a saving: its own line (issue 36)
+    trials.pop("by_route")
+    guarded = guard_figures(db, _guard_policy(policy), since_ts) if guard else None
     if as_json:
         doc: dict[str, Any] = {"ledger": path, "by": by, "saved": saved, "groups": groups,
                                "by_technique": [t.to_dict() for t in by_technique(rows)],
                                "stood_back": stood, "pd": pd_summary(rows), "top_break": top}
+        doc["trials"] = trials
+        if guarded is not None:
+            doc["guard"] = guarded
         if errors:
             doc["errors"] = errs
         if breaks:  # the providers' own reasons against prefixgate's predicted causes
@@ -352,6 +376,10 @@ def report(
             console.print(line)
         if (pd := pd_summary(rows)) is not None:
             console.print(pd_line(pd, width))
+        if trials["requests"]:
+            console.print(trial_line(trials), markup=False)
+        for line in guard_lines(guarded) if guarded is not None else ():
+            console.print(line, markup=False, overflow="fold")
         console.print(_table(groups, by, width))
         if any(g["ttft_reported"] for g in groups):
             console.print("* includes TTFT reported by the backend (non-streamed answers)")

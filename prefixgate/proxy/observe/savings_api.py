@@ -20,7 +20,9 @@ model names), :func:`scope_of`:
 - no keys configured (only allowed on a loopback address, :func:`prefixgate.proxy.http.auth.needs_keys`):
   nobody is authenticated, so there is no tenant to scope to: every tenant's figures.
 
-The document's ``tenant`` field says the scope (null: all tenants).
+The document's ``tenant`` field says the scope (null: all tenants); its ``guard`` list holds the
+meaning guard's verdicts (issue 36, :mod:`prefixgate.proxy.pipeline.guard_trial`) of that scope
+only: another tenant's trial results are never shown.
 
 The document is computed in a worker thread (SQLite reads and the holdout bootstrap never block
 the event loop) and reused for up to :data:`REUSE_S` seconds while
@@ -34,6 +36,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import anyio.to_thread
@@ -124,8 +127,11 @@ async def scope_of(guard: Guard, policy: Policy, request: Request) -> str | None
     raise Forbidden("This key may see its own tenant's figures only.", param="tenant")
 
 
-def install(app: FastAPI, ledger: Ledger, policy: Policy, guard: Guard) -> None:
-    """Add ``GET /api/savings`` to ``app``."""
+def install(app: FastAPI, ledger: Ledger, policy: Policy, guard: Guard,
+            guard_verdicts: Callable[[str | None], list[dict[str, Any]]] | None = None) -> None:
+    """Add ``GET /api/savings`` to ``app``. ``guard_verdicts``: the meaning guard's verdicts
+    for a scope (``MeaningGuard.snapshot``: that tenant's and its sub-tenants', None: all),
+    the document's ``guard`` list (empty without a guard)."""
     memo = _Memo()
 
     @app.get("/api/savings")
@@ -143,4 +149,5 @@ def install(app: FastAPI, ledger: Ledger, policy: Policy, guard: Guard) -> None:
             doc = await anyio.to_thread.run_sync(memo.get, ledger, policy, range_, tenant)
         except LedgerUnavailable as e:  # a shared ledger down or hung: 503, try again later
             return error_response(LedgerUnreadable(str(e)), "openai")
-        return JSONResponse(doc)
+        verdicts = guard_verdicts(tenant) if guard_verdicts is not None else []
+        return JSONResponse({**doc, "guard": verdicts})  # the caller's tenant's only

@@ -349,6 +349,17 @@
       ["errors", "int", "errors"], ["cached share", "pct", "cached_share"], ["TTFT p50", "ms", "ttft_p50_ms"]]));
   }
 
+  /* Issue 36: the meaning guard's verdicts for the caller's tenant (proxy/pipeline/guard_trial.py):
+   * each guarded move per route, trialling until its changed-answer rate is judged against the
+   * backend's own floor; trial traffic is never a saving. */
+  function renderGuard(guard) {
+    const body = panelBody("p-guard");
+    if (!guard || !guard.length) { body.append(empty("no guarded move trialled in this process yet")); return; }
+    body.append(table("guard", guard, [["route", "text", "route"], ["tenant", "text", "tenant"],
+      ["move", "text", "move"], ["state", "text", "state"], ["pairs", "int", "pairs"],
+      ["answers changed (move)", "pct", "move_rate"], ["changed (floor)", "pct", "floor_rate"]], "wrap"));
+  }
+
   function render(p) {
     for (const u of Object.values(dash.charts)) u.destroy();
     dash.charts = {}; dash.colors = {};
@@ -375,6 +386,7 @@
     renderBreaks(p.breaks);
     renderRoutes(p.routes);
     renderReplicas(p.replicas);
+    renderGuard(p.guard);
   }
 
   function setStatus(text, isError) {
