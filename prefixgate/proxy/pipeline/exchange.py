@@ -20,7 +20,7 @@ from prefixgate.cache.savings.counterfactual import measured_counterfactual
 from prefixgate.cache.savings.stand_back import EVERY, RouteJudge
 from prefixgate.cache.state.session import SessionStore
 from prefixgate.cache.state.shared_state import LocalState, SharedState
-from prefixgate.config.schema import Policy
+from prefixgate.config.schema import Policy, RewriteSettings
 from prefixgate.proxy.bridges.base import Bridge
 from prefixgate.proxy.core.bounded import clip_fields
 from prefixgate.proxy.core.engine_timings import EngineTimings
@@ -84,6 +84,7 @@ class ProxyState:
     salt_key: SaltKey | None = None  # keys the tenants' cache_salt (http.salt_key)
     kv_events: KVEventHub | None = None  # deployments' KV event indexes (routing.kv_events)
     record_order: RecordOrder = field(default_factory=RecordOrder)  # rows in answer order
+    meaning_guard: Any = None  # the meaning guard (issue 36), its verdicts as ``.book``; None: off
 
     def __post_init__(self) -> None:
         rw = self.policy.rewrite
@@ -173,6 +174,8 @@ class Exchange:
     bridge_of: Callable[[Exchange, Target], Bridge] | None = None
     pass_view: dict[str, Any] | None = None  # the primary bridge's pass body, before the passes
     ctx: Context | None = None  # the passes' context (None: not rewritten), for attribution
+    resolved_settings: RewriteSettings | None = None  # the passes' switches, guarded moves
+    # resolved for this route and tenant (pipeline.guard_moves); None: not rewritten
     primary_bridge: Bridge | None = None
     attempts: Attempts = field(default_factory=Attempts)
     release: Callable[[], None] | None = None

@@ -10,10 +10,13 @@ calls :meth:`MeaningGuard.after`), for a request whose rewrite ran:
 1. the moves whose policy mode is ``guarded`` and whose verdict for (route, tenant) is
    ``trialling`` (:class:`prefixgate.cache.guard.verdicts.GuardBook`), in
    :data:`MOVES` order; at most one trial per request;
-2. the pass body is rewritten twice with the request's own settings and session-memory view
-   (``Exchange.ctx``; memory updates discarded), the move forced off ("original") and forced
-   on ("variant"), each encoded by the primary bridge as the proxy encodes it; equal bytes:
-   the move did not apply, no trial;
+2. "original" is the request's own rewrite (``Exchange.rw``: the move was off, it is
+   trialling); "variant" the pass body rewritten again with the request's settings and
+   session-memory view (``Exchange.ctx``) and the move forced on; both encoded by the primary
+   bridge as the proxy encodes them; equal bytes: the move did not apply, no trial (one
+   rewrite per trialling move, in the background). Its memory updates are dropped but the
+   move's own (:meth:`MeaningGuard._learn`: a move off on the client's requests never learns,
+   and ``hoist_volatile`` needs to have seen a line change);
 3. sampled: one in ``sample_every`` of the requests the move changes, per (route, tenant, move);
 4. the day's budget (:class:`prefixgate.cache.guard.budget.BudgetBook`) reserves 3 requests,
    ``3 x (body bytes + max_tokens + 64)`` tokens (bytes bound tokens from above) and the price
@@ -53,8 +56,8 @@ import orjson
 
 from prefixgate.cache.ledger.store import LedgerRow
 from prefixgate.config.backend_kinds import traits
-from prefixgate.config.prices import PRICES, price_for
 from prefixgate.config.guard_settings import MOVES, GuardSettings, TrialBudget
+from prefixgate.config.prices import PRICES, price_for
 from prefixgate.config.schema import Backend, Policy, RewriteSettings
 from prefixgate.proxy.bridges.base import Bridge
 from prefixgate.proxy.core.bounded import clip_fields
@@ -62,7 +65,12 @@ from prefixgate.proxy.core.usage import Usage, usage_from_answer
 from prefixgate.proxy.http.headers import upstream_headers
 from prefixgate.proxy.http.tenants import salted_body
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
-from prefixgate.proxy.pipeline.rewrite import OVER_BUDGET, RewriteFn, rewrite_off_loop
+from prefixgate.proxy.pipeline.rewrite import (
+    OVER_BUDGET,
+    RewriteFn,
+    RewriteOutcome,
+    rewrite_off_loop,
+)
 from prefixgate.proxy.routing.router import Target
 from prefixgate.proxy.upstream.client import read_at_most
 from prefixgate.rewriter.types import Api, Context
@@ -78,6 +86,8 @@ SEND_TIMEOUT_S = 60.0
 shorter)."""
 ANSWER_MAX_BYTES = 1 << 20
 """A trial answer is read up to this many bytes (16 tokens of answer are far below it)."""
+NOT_REWRITTEN = (OVER_BUDGET, "rewrite_failed", "unavailable", "off")
+"""Edit summaries of a rewrite that did not run to its end: nothing to compare against."""
 SAMPLE_KEYS_MAX = 10_000
 """(route, tenant, move) sampling counters kept at most (then forgotten: sampling restarts)."""
 
@@ -90,6 +100,7 @@ class TrialJob:
     tenant: str
     model: str
     session: str
+    session_id: str
     endpoint: str
     body: dict[str, Any]
     raw: bytes
@@ -98,6 +109,7 @@ class TrialJob:
     bridge: Bridge
     target: Target
     ctx: Context
+    sent: RewriteOutcome
     salted: bool
     max_depth: int
 
@@ -105,12 +117,11 @@ class TrialJob:
 @dataclass(frozen=True)
 class Sent:
     """One trial send's outcome: ``decision`` (None: the send failed), the tokens and USD it
-    used (reported, else its share of the estimate), its ledger row (not written yet)."""
+    used (reported, else its share of the estimate)."""
 
     decision: str | None
     tokens: int
     usd: float
-    row: LedgerRow
 
 
 VERDICT_FIELDS = ("state", "pairs", "move_rate", "floor_rate", "expires_at")
@@ -194,7 +205,8 @@ def route_budget(settings: GuardSettings, policy: Policy, route: str, backend: B
 def job_of(state: ProxyState, ex: Exchange) -> TrialJob | None:
     """The trial snapshot of a finished request, None when it cannot have one: not answered
     ``ok``, not rewritten (opted out, holdout, an endpoint without passes), no target."""
-    if ex.ctx is None or ex.pass_view is None or ex.primary_bridge is None or not ex.targets:
+    if (ex.ctx is None or ex.rw is None or ex.pass_view is None or ex.primary_bridge is None
+            or not ex.targets or ex.rw.summary in NOT_REWRITTEN):
         return None
     api = ex.primary_bridge.pass_api
     if api is None or not ex.endpoint.passes:
@@ -203,9 +215,10 @@ def job_of(state: ProxyState, ex: Exchange) -> TrialJob | None:
     if ex.served is not None and ex.served.backend_name == primary.backend_name:
         primary = ex.served  # the deployment the proxy chose
     return TrialJob(route=primary.route, tenant=ex.row.tenant, model=ex.row.model,
-                    session=ex.row.session, endpoint=ex.endpoint.path, body=ex.body,
+                    session=ex.row.session, session_id=ex.session_id,
+                    endpoint=ex.endpoint.path, body=ex.body,
                     raw=ex.raw, view=ex.pass_view, pass_api=api, bridge=ex.primary_bridge,
-                    target=primary, ctx=ex.ctx, salted=ex.endpoint.salted,
+                    target=primary, ctx=ex.ctx, sent=ex.rw, salted=ex.endpoint.salted,
                     max_depth=state.policy.limits.max_json_depth)
 
 
@@ -304,21 +317,44 @@ class MeaningGuard:
 
     async def _bodies(self, state: ProxyState, job: TrialJob,
                       move: str) -> tuple[bytes, bytes] | None:
-        """(original, variant) trial bytes: the pass body rewritten with ``move`` forced off /
-        on (same settings otherwise, same session view; memory updates dropped), encoded by
-        the primary bridge, salted as the request was, made a trial send (:func:`trial_body`).
-        None when the two are equal (the move did not apply) or a rewrite did not finish."""
+        """(original, variant) trial bytes: the request's own rewrite (``move`` off: it is
+        trialling) and the pass body rewritten again with ``move`` forced on (same settings
+        otherwise, same session view; memory updates dropped but the move's own), each encoded
+        by the primary bridge, salted as the request was, made a trial send
+        (:func:`trial_body`). None when the two are equal (the move did not apply) or the
+        rewrite did not finish."""
         view_raw = job.raw if job.view is job.body else orjson.dumps(job.view)
-        out: list[bytes] = []
-        for on in (False, True):
-            ctx = replace(job.ctx, settings=forced(job.ctx.settings, move, on))
-            rw = await rewrite_off_loop(self.rewrite_fn, job.view, view_raw, job.pass_api, ctx)
-            if rw.summary in (OVER_BUDGET, "rewrite_failed", "unavailable"):
-                return None
-            out.append(job.bridge.encode(job.body, job.raw, rw, job.target.model, job.max_depth))
-        if out[0] == out[1]:
+        ctx = replace(job.ctx, settings=forced(job.ctx.settings, move, True))
+        rw = await rewrite_off_loop(self.rewrite_fn, job.view, view_raw, job.pass_api, ctx)
+        if rw.summary in NOT_REWRITTEN:
             return None
-        return self._ready(state, job, out[0]), self._ready(state, job, out[1])
+        await self._learn(state, job, move, rw.edits)
+        if rw.raw == job.sent.raw:
+            return None
+        original = job.bridge.encode(job.body, job.raw, job.sent, job.target.model, job.max_depth)
+        variant = job.bridge.encode(job.body, job.raw, rw, job.target.model, job.max_depth)
+        if original == variant:
+            return None
+        return self._ready(state, job, original), self._ready(state, job, variant)
+
+    @staticmethod
+    async def _learn(state: ProxyState, job: TrialJob, move: str, edits: Sequence[Any]) -> None:
+        """Keep what ``move`` itself learned of this request in the session's memory (its own
+        ``Edit.memory`` keys only; every other update of the trial rewrites is dropped). A
+        guarded move is off on the client's requests until it is proven, so it never runs there
+        and never learns: ``hoist_volatile`` moves a line only once session memory has seen it
+        change, and without this it could never apply, so never be trialled. No other pass
+        reads these keys while the move is off. A failure is logged, never raised."""
+        mem: dict[str, Any] = {}
+        for e in edits:
+            if e.pass_name == move and e.memory:
+                mem.update(e.memory)
+        if not mem:
+            return
+        try:
+            await state.sessions.amerge(job.session_id, mem)
+        except Exception:
+            log.exception("trial memory merge failed")
 
     def _ready(self, state: ProxyState, job: TrialJob, encoded: bytes) -> bytes:
         """``encoded`` as a trial send: the tenant's ``cache_salt`` where the request had one
@@ -344,10 +380,12 @@ class MeaningGuard:
             return
         self.counts["trials"] += 1
         sent: list[Sent] = []
+        rows: list[LedgerRow] = []  # one per send begun, a cancelled one's too
         verdict: Any = None
         try:
             for body in (original, original, variant):
-                sent.append(await self._send(job, move, body, tokens // SENDS, usd / SENDS))
+                sent.append(await self._send(job, move, body, tokens // SENDS, usd / SENDS,
+                                             rows))
             first, repeat, moved = (x.decision for x in sent)
             if first is None or repeat is None or moved is None:
                 self.counts["failed"] += 1
@@ -357,21 +395,24 @@ class MeaningGuard:
                                                    self.changed(first, repeat))
         finally:
             with anyio.CancelScope(shield=True):
-                for x in sent:  # the rows, with the verdict the pair gave (report --guard)
-                    self._record(state, x.row, verdict)
+                for row in rows:  # with the verdict the pair gave (report --guard)
+                    self._record(state, row, verdict)
                 used = sum(x.tokens for x in sent)  # sends not made give their share back
                 spent = sum(x.usd for x in sent)
                 await self.budgets.settle(reservation, min(used, tokens), min(spent, usd))
 
     async def _send(self, job: TrialJob, move: str, body: bytes, est_tokens: int,
-                    est_usd: float) -> Sent:
-        """One trial send and its ledger row (written by the caller); never raises but a
-        cancellation. The response is closed on every path."""
+                    est_usd: float, rows: list[LedgerRow]) -> Sent:
+        """One trial send; its ledger row is appended to ``rows`` before it starts (written by
+        the caller, also when the send is cancelled). Never raises but a cancellation. The
+        response is closed on every path."""
         t = job.target
         self.counts["sends"] += 1
         row = LedgerRow(endpoint=job.endpoint, route=job.route, backend=t.backend_name,
                         model=job.model, tenant=job.tenant, session=job.session, stream=False,
-                        rewrite=True, trial=move, deployment=t.deployment_name, attempts=1)
+                        rewrite=True, trial=move, deployment=t.deployment_name, attempts=1,
+                        status="cancelled", http_status=499)
+        rows.append(row)
         started = time.perf_counter()
         decision: str | None = None
         usage = Usage()
@@ -387,7 +428,7 @@ class MeaningGuard:
                 finally:
                     with anyio.CancelScope(shield=True):
                         await resp.aclose()
-            row.http_status = resp.status_code
+            row.status, row.http_status = "ok", resp.status_code
             if resp.status_code >= 400:
                 row.status, row.error = "upstream_error", f"upstream {resp.status_code}"
             else:
@@ -410,9 +451,9 @@ class MeaningGuard:
             row.input_usd = ((usage.prompt_tokens - cached) * price.input
                              + cached * price.cached_input) / 1e6
         if usage.prompt_tokens is None:
-            return Sent(decision, est_tokens, est_usd, row)
+            return Sent(decision, est_tokens, est_usd)
         _, usd = trial_usd(t.backend, model, usage.prompt_tokens, usage.output_tokens or 0)
-        return Sent(decision, usage.prompt_tokens + (usage.output_tokens or 0), usd, row)
+        return Sent(decision, usage.prompt_tokens + (usage.output_tokens or 0), usd)
 
     def _record(self, state: ProxyState, row: LedgerRow, verdict: Any) -> None:
         """Write a trial send's row straight to the ledger (not the client's metrics,

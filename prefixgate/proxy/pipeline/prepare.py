@@ -6,7 +6,9 @@ the proxy key (401), the tenant, the body read once under its limits and checked
 targets (:func:`targets`: 404 / 501), the route's default output cap, the session id and the
 rewriter's passes over the primary bridge's pass body (:func:`passes`, off the event loop under
 the rewrite budget, fail-open; the passes that add tokens switched off while the route's
-stand-back holds, :mod:`prefixgate.cache.savings.stand_back`), and one bridge + upstream bytes per target
+stand-back holds, :mod:`prefixgate.cache.savings.stand_back`; each ``guarded`` move on or off by
+the meaning guard's verdict for the route and tenant, :mod:`prefixgate.proxy.pipeline.guard_moves`),
+and one bridge + upstream bytes per target
 (:func:`bridges`: 400 when the primary cannot carry the request; a fallback that cannot is left
 out).
 """
@@ -21,6 +23,7 @@ from fastapi import Request
 
 from prefixgate.cache.savings.stand_back import KEEP, Verdict
 from prefixgate.config.backend_kinds import traits
+from prefixgate.config.guard_settings import MOVES
 from prefixgate.config.schema import Policy, RewriteSettings
 from prefixgate.proxy.bridges import Bridge, bridge_for
 from prefixgate.proxy.core import exactjson
@@ -32,6 +35,7 @@ from prefixgate.proxy.http.engine_fields import refuse_engine_fields
 from prefixgate.proxy.http.tenants import namespaced_session, salted_body, tenant_for
 from prefixgate.proxy.pipeline.edit_detail import edit_detail_headers
 from prefixgate.proxy.pipeline.exchange import Exchange, ProxyState
+from prefixgate.proxy.pipeline.guard_moves import GUARD_HEADER, resolve_moves
 from prefixgate.proxy.pipeline.holdout import in_holdout
 from prefixgate.proxy.pipeline.output_cap import with_default_cap
 from prefixgate.proxy.pipeline.record import pass_tokens_json
@@ -158,15 +162,20 @@ async def passes(ex: Exchange, request: Request, state: ProxyState) -> None:
     view_raw = ex.raw if ex.pass_view is ex.body else exactjson.dumps(ex.pass_view)
     ctx = None
     verdict = KEEP
+    guard_edit, guard_header = None, None
     if rewrite_wanted(request.headers, policy.rewrite) and not ex.row.holdout:
         verdict = state.judge.verdict(primary.route, time.time(), ex.row.tenant)  # per tenant
-        ctx = Context(settings=for_route(stood_back(policy.rewrite, verdict), policy, primary),
+        book = getattr(state.meaning_guard, "book", None) if policy.meaning_guard.enabled else None
+        settings, guard_edit, guard_header = await resolve_moves(  # guarded -> on / off
+            stood_back(policy.rewrite, verdict), book, primary.route, ex.row.tenant)
+        ctx = Context(settings=for_route(settings, policy, primary),
                       model=ex.row.model,
                       provider=primary.provider, session_id=ex.session_id,
                       session=await state.sessions.aget(ex.session_id), now_s=time.time(),
                       masks_tools=traits(primary.backend.kind).masks_tools,
                       count_tokens=PASS_TOKENS, memo=PASS_MEMO)
     ex.ctx = ctx
+    ex.resolved_settings = ctx.settings if ctx is not None else None
     ex.rw = await rewrite_off_loop(state.rewrite_fn, ex.pass_view, view_raw, bridge.pass_api, ctx)
     ask_openai_diagnostics(ex, primary)
     ex.row.rewrite, ex.row.edits, ex.row.tokens_pruned = ctx is not None, ex.rw.summary, ex.rw.pruned
@@ -175,12 +184,16 @@ async def passes(ex: Exchange, request: Request, state: ProxyState) -> None:
         ex.rw.edits.append(Edit(STAND_BACK, False, "all", f"{', '.join(verdict.passes)} off for "
                                 f"route {primary.route}{whose}: {verdict.reason}"))
         ex.row.stood_back = verdict.summary()[:STAND_BACK_MAX_CHARS]
+    if guard_edit is not None:  # the guarded moves' verdicts (pipeline.guard_moves)
+        ex.rw.edits.append(guard_edit)
     if policy.rewrite.edit_detail_header and ctx is not None:  # opt-in (pipeline.edit_detail)
         view, api = ex.pass_view, bridge.pass_api
         ex.obs.headers = await off_loop(lambda: edit_detail_headers(view, ex.rw, api),
                                         policy.rewrite.time_budget_ms, None)
     if verdict.stand_back:
         ex.obs.headers = {**(ex.obs.headers or {}), STAND_BACK_HEADER: ex.row.stood_back}
+    if guard_header is not None:
+        ex.obs.headers = {**(ex.obs.headers or {}), GUARD_HEADER: guard_header}
     ex.row.pass_tokens = pass_tokens_json(ex.rw.edits)
     ex.primary_bridge = bridge
 
@@ -201,10 +214,12 @@ _SWITCH = {spec.name: spec.switch for spec in PASSES}
 
 def stood_back(settings: RewriteSettings, verdict: Verdict) -> RewriteSettings:
     """``settings`` with the passes ``verdict`` stands back from switched off (the route's
-    stand-back, :mod:`prefixgate.cache.savings.stand_back`); ``settings`` itself when there are none."""
+    stand-back, :mod:`prefixgate.cache.savings.stand_back`; a move ``"off"``, so a guarded one
+    is not looked up); ``settings`` itself when there are none."""
     if not verdict.stand_back:
         return settings
-    return settings.model_copy(update={_SWITCH[p]: False for p in verdict.passes if p in _SWITCH})
+    return settings.model_copy(update={_SWITCH[p]: "off" if _SWITCH[p] in MOVES else False
+                                       for p in verdict.passes if p in _SWITCH})
 
 
 def for_route(settings: RewriteSettings, policy: Policy, target: Target) -> RewriteSettings:

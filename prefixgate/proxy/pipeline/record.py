@@ -20,6 +20,7 @@ from prefixgate.cache.ledger.store import LedgerRow
 from prefixgate.cache.savings.counterfactual import SENT_AS_IS, prefix_cached
 from prefixgate.cache.savings.miss_causes import predicted_cause
 from prefixgate.config.prices import backend_input_usd, backend_priced
+from prefixgate.config.schema import switch_on
 from prefixgate.proxy.core import heap
 from prefixgate.proxy.core.bounded import clip_strings
 from prefixgate.proxy.core.engine_timings import apply_reported_timings, with_body_times
@@ -160,10 +161,12 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
                 brk = {**a.brk, "reported": row.reported_miss} if row.reported_miss else a.brk
                 ex.obs.break_kind = a.brk.get("kind")
                 try:
-                    rw = state.policy.rewrite  # what the top break's fix depends on
+                    rw = ex.resolved_settings  # what the top break's fix depends on: the
+                    # request's own switches (a guarded move resolved, guard_moves)
+                    hoist_on = bool(row.rewrite and rw is not None and rw.enabled
+                                    and switch_on(rw, "hoist_volatile"))
                     where = {"route": row.route, "backend": row.backend, "model": row.model,
-                             "holdout": row.holdout,
-                             "hoist_on": bool(rw.enabled and rw.hoist_volatile and row.rewrite)}
+                             "holdout": row.holdout, "hoist_on": hoist_on}
                     state.ledger.write_break(row.session, bridged(clip_strings({**brk, **where}), row),
                                              row.tenant)  # clipped: model names are the client's
                 except Exception:
@@ -177,4 +180,6 @@ async def finish(state: ProxyState, ex: Exchange, usage: Usage, status: str, htt
             except Exception:
                 log.exception("waiting for the previous row failed")
         ex.record(state, status, http_status)
+        if state.meaning_guard is not None and status == "ok":  # a background trial, maybe
+            state.meaning_guard.after(state, ex)
         heap.trim_soon(len(ex.raw))  # a large body's freed buffers back to the system
