@@ -193,7 +193,7 @@ class Rig:
         guard = getattr(self.app.state.proxy, "meaning_guard", None)
         rows = guard.snapshot() if guard is not None else []
         return {str(r["move"]): dict(r) for r in rows
-                if isinstance(r, dict) and r.get("move") and r.get("tenant", tenant) == tenant}
+                if isinstance(r, dict) and r.get("move") and r.get("tenant") in (tenant, "", None)}
 
     def trial_answers_to_clients(self) -> int:
         """Client answers that came from a call the upstream classed as a trial, plus client
