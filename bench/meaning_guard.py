@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_engine and (not args.quick or args.engine_runs):
         from bench.meaning_guard_engine import DEFAULT_MODEL, run
 
-        engine = run(DEFAULT_MODEL, args.engine_runs or 17, 4)
+        engine = run(DEFAULT_MODEL, args.engine_runs or 17, 6)
         print("engine:", json.dumps(engine["moves"]), flush=True)
     fig = figures(backends, engine)
     doc = {**provenance(__file__, argv, prefix="nice -n 10 .venv/bin/python"), "figures": fig,

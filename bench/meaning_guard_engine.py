@@ -8,11 +8,11 @@ real engine answers, as the proxy's trial would take them:
 
 - corpus: the tau-bench sessions of ``bench/answer_stability.py`` (policy cut to 900 characters,
   tool results to 400, the clock written three ways in turn; read in place), turns 1..``turns``;
-- per request where ``hoist_volatile`` applies (the rewriter with the move on, the note at the
-  OpenAI default placement, session memory carried as the proxy does): the original, the
-  original again (the floor) and the variant, each sent to the engine (in-process
-  ``prefixgate.local_engine``, greedy, ``max_tokens`` = the guard's 16) -> ``add_pair(move,
-  changed(orig, variant), changed(orig, repeat))``;
+- per request: the original, then the original again (the floor) with each variant still
+  trialling, sent to the engine (in-process ``prefixgate.local_engine``, greedy, ``max_tokens``
+  = the guard's 16) -> ``add_pair(move, changed(orig, variant), changed(orig, repeat))``;
+  ``hoist_volatile``'s variant only where the pass applies (the rewriter with the move on, the
+  note at the OpenAI default placement, session memory carried as the proxy does);
 - the control move ``reserialise``: the same body with the keys of the body and of every message
   written in reverse order (what a client's JSON library may do). The engine renders its chat
   template from the parsed messages, so the token ids are identical — checked on every request
@@ -60,11 +60,10 @@ def _cases(runs: int, turns: int, max_tokens: int) -> list[list[Any]]:
 def run(model: Path, runs: int, turns: int, max_pairs: int = 200) -> dict[str, Any]:
     """Measure the pairs on the engine and feed the guard (module docstring); returns the
     ``engine`` section of ``meaning_guard.json``."""
+    from bench.answer_stability import rewrite_session
     from prefixgate.cache.guard.decisions import changed, decision_of
     from prefixgate.cache.guard.sequential import TestRule
     from prefixgate.cache.guard.verdicts import GuardBook
-
-    from bench.answer_stability import rewrite_session
     from prefixgate.cache.state.shared_state import LocalState
     from prefixgate.config.schema import GuardSettings
     from prefixgate.local_engine.engine import Engine, EngineConfig, SamplingParams
@@ -86,19 +85,29 @@ def run(model: Path, runs: int, turns: int, max_pairs: int = 200) -> dict[str, A
                 break
             for orig, sent, summary in rewrite_session(session, "openai", "auto",
                                                        hoist_volatile=True):
-                if "hoist_volatile" not in summary:
+                open_moves = [m for m in EXPECTED
+                              if m not in verdicts or verdicts[m].state == "trialling"]
+                if "hoist_volatile" not in summary and "hoist_volatile" in open_moves:
+                    open_moves.remove("hoist_volatile")
+                if not open_moves:
                     continue
-                ids = [encode_chat(eng.tokenizer, b["messages"], b.get("tools"))
-                       for b in (orig, orig, sent, reserialise(orig))]
+                ids = {"orig": encode_chat(eng.tokenizer, orig["messages"], orig.get("tools"))}
+                ctl = reserialise(orig)
+                ids["reserialise"] = encode_chat(eng.tokenizer, ctl["messages"], ctl.get("tools"))
+                if "hoist_volatile" in open_moves:
+                    ids["hoist_volatile"] = encode_chat(eng.tokenizer, sent["messages"],
+                                                        sent.get("tools"))
                 total += 1
-                identical += ids[3] == ids[0]
-                texts = [eng.tokenizer.decode(t, skip_special_tokens=True)
-                         for t in eng.generate_batch(ids, params)]
+                identical += ids["reserialise"] == ids["orig"]
+                # the original first, alone; then its repeat and the variants together (the
+                # repeat reads the original's prefix from the engine's cache, as a backend's
+                # second send would)
+                first = eng.generate_batch([ids["orig"]], params)
+                rest = eng.generate_batch([ids["orig"], *(ids[m] for m in open_moves)], params)
+                texts = [eng.tokenizer.decode(t, skip_special_tokens=True) for t in first + rest]
                 d = [decision_of(answer_doc(t), "openai", gs.first_tokens) for t in texts]
                 floor = changed(d[0], d[1])
-                for move, variant in (("hoist_volatile", d[2]), ("reserialise", d[3])):
-                    if move in verdicts and verdicts[move].state != "trialling":
-                        continue
+                for move, variant in zip(open_moves, d[2:]):
                     pairs[move].append((changed(d[0], variant), floor))
                     verdicts[move] = loop.run_until_complete(book.add_pair(
                         "engine", "default", move, changed(d[0], variant), floor))
@@ -129,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("--runs", type=int, default=17)
-    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=6)
     args = ap.parse_args(argv)
     print(json.dumps(run(args.model, args.runs, args.turns), indent=2))
     return 0
