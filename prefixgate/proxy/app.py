@@ -16,7 +16,9 @@ caller's shape) and installs the endpoints, each of which runs the one request p
 - ``GET /healthz`` (``{"status": "ok" | "degraded", "reasons": [...], "backends": [...],
   "down": {deployment: why}}``, 503 when degraded, see :mod:`prefixgate.proxy.observe.health`; a
   deployment whose breaker is not closed is named in ``down`` without degrading the proxy, which
-  still serves every other route), ``GET /api/savings`` (:mod:`prefixgate.proxy.observe.savings_api`),
+  still serves every other route; ``guard``: the meaning guard's verdicts counted by state, no
+  route or tenant named — the endpoint is open), ``GET /api/savings``
+  (:mod:`prefixgate.proxy.observe.savings_api`; its ``guard``: the caller's tenant's verdicts),
   ``GET /dashboard`` (:mod:`prefixgate.proxy.observe.dashboard`), ``GET /metrics``,
   ``GET /openapi.json`` (behind the proxy's keys when keys are configured, as every route but
   ``/healthz`` and ``/metrics``).
@@ -81,6 +83,7 @@ from prefixgate.proxy.observe.kv_events_metrics import KVEventsCollector
 from prefixgate.proxy.observe.metrics import ProxyMetrics, label_vocabulary
 from prefixgate.proxy.observe.otel import telemetry_from_env
 from prefixgate.proxy.pipeline.exchange import ProxyState, access_log
+from prefixgate.proxy.pipeline.guard_trial import meaning_guard_for
 from prefixgate.proxy.pipeline.rewrite import (
     RewriteFn,
     default_rewrite_fn,
@@ -138,6 +141,8 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
         shared=RedisState(link) if link else LocalState(),
     )
 
+    trials = meaning_guard_for(policy, state.shared, state.rewrite_fn, state.upstream.send)
+    state.meaning_guard = trials
     _tenants_at_start(state)
     state.metrics.watch_resources(lambda: state.upstream.in_use, state.upstream.pool_stats,
                                   lambda: state.loop_lag.last_s)
@@ -171,6 +176,8 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
                 with contextlib.suppress(asyncio.CancelledError):
                     await checks
             await state.loop_lag.stop()
+            if trials is not None:  # trials in flight are cancelled (their rows are written)
+                await trials.close()
             await hub.stop()
             await state.side.aclose()
             await state.upstream.close()
@@ -232,9 +239,12 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
                     if b.pd is not None and b.pd.protocol == "vllm"}
         if pd_links:  # a P/D pair's KV link as its last prefill answer showed it: informative
             body["pd_links"] = pd_links
+        if trials is not None:  # open endpoint: counts by state only, no route or tenant names
+            body["guard"] = trials.state_counts()
         return JSONResponse(body, status_code=503 if reasons else 200)
 
-    savings_api.install(app, state.ledger, policy, state.guard)
+    savings_api.install(app, state.ledger, policy, state.guard,
+                        guard_verdicts=None if trials is None else trials.snapshot)
 
     @app.get("/metrics")  # open: no key (see http.auth)
     @app.head("/metrics", include_in_schema=False)

@@ -64,7 +64,9 @@ async def redis_states() -> AsyncIterator[Sequence[RedisState]]:
     except redis.RedisError:
         pytest.skip("no Redis at 127.0.0.1:6379 (make test starts one)")
     prefix = f"test-guard-{uuid.uuid4().hex}:"
-    states = [RedisState(RedisLink(SHARED, prefix)), RedisState(RedisLink(SHARED, prefix))]
+    # a generous per-operation timeout: on a loaded box a slow round trip would otherwise count
+    # as an outage and the replica would fall back to counting alone (by design, not under test)
+    states = [RedisState(RedisLink(SHARED, prefix, op_timeout_s=10.0)) for _ in range(2)]
     try:
         yield states
     finally:

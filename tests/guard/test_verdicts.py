@@ -118,3 +118,4 @@ async def test_two_replicas_share_one_trial_through_redis(redis_states: Sequence
     clock.now += TTL
     assert (await b.verdicts("r", "t", ["hoist_volatile"]))["hoist_volatile"].header() == "trialling (0 pairs)"
     assert (await add(a, 20, move_changed=True)).state == "off"
+    assert [s.link.outages for s in redis_states] == [0, 0]  # shared in Redis, not locally

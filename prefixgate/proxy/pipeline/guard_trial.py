@@ -110,6 +110,7 @@ class TrialJob:
     target: Target
     ctx: Context
     sent: RewriteOutcome
+    stood_back: tuple[str, ...]
     salted: bool
     max_depth: int
 
@@ -219,6 +220,7 @@ def job_of(state: ProxyState, ex: Exchange) -> TrialJob | None:
                     endpoint=ex.endpoint.path, body=ex.body,
                     raw=ex.raw, view=ex.pass_view, pass_api=api, bridge=ex.primary_bridge,
                     target=primary, ctx=ex.ctx, sent=ex.rw, salted=ex.endpoint.salted,
+                    stood_back=tuple(ex.row.stood_back.partition(": ")[0].split(",")),
                     max_depth=state.policy.limits.max_json_depth)
 
 
@@ -291,8 +293,8 @@ class MeaningGuard:
             verdicts = await self.book.verdicts(job.route, job.tenant, self.moves)
             for move in self.moves:
                 v = verdicts.get(move)
-                if v is None or v.state != "trialling":
-                    continue
+                if v is None or v.state != "trialling" or move in job.stood_back:
+                    continue  # decided, or the route's stand-back holds it off
                 bodies = await self._bodies(state, job, move)
                 if bodies is None:
                     self.counts["not_applied"] += 1

@@ -1,0 +1,335 @@
+"""The meaning guard's trials through the app (issue 36,
+:mod:`prefixgate.proxy.pipeline.guard_trial`), against a scripted upstream (httpx
+MockTransport) with the real rewrite pipeline.
+
+A session whose system prompt carries a clock that changes every turn makes ``hoist_volatile``
+apply from its second turn; guarded and still trialling, each such request gets one trial in
+the background: three non-streamed sends at temperature 0 with the guard's small
+``max_tokens`` (original, original again, variant), each a ledger row marked ``trial``. The
+upstream answers trial sends with text no client answer has, so a trial answer reaching a client
+would show. Budgets are counted (never a send past ``requests_per_day``), the moves' other modes
+and an unbudgeted hosted route get no trial, a body the move does not change gets none, trial
+rows move no savings figure, and one tenant's trials never touch another's verdicts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from prefixgate.cache.ledger.store import Ledger
+from prefixgate.cache.savings.summary import savings_document
+from prefixgate.config.guard_settings import MOVES
+from prefixgate.config.loader import parse_policy
+from prefixgate.proxy.app import build_app
+
+RULES = "Follow the airline policy. Be brief. Verify the user id first. " * 150  # > 1024 tokens
+TRIAL_TEXT = "trial answer: never for a client"
+CLIENT_TEXT = "client answer"
+CAP = 16
+
+
+def _completion(text: str) -> dict[str, Any]:
+    return {"id": "c1", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 900, "completion_tokens": 4, "total_tokens": 904}}
+
+
+class Upstream:
+    """Records every send; answers a trial send (temperature 0 with the guard's cap) with
+    :data:`TRIAL_TEXT`, anything else with :data:`CLIENT_TEXT`."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, str], dict[str, Any]]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        self.seen.append((request.url.path, dict(request.headers), body))
+        trial = body.get("temperature") == 0 and body.get("max_tokens") == CAP
+        if body.get("stream"):
+            chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                     "choices": [{"index": 0, "delta": {"content": CLIENT_TEXT},
+                                  "finish_reason": "stop"}]}
+            sse = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+            return httpx.Response(200, content=sse, headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, json=_completion(TRIAL_TEXT if trial else CLIENT_TEXT))
+
+    def trials(self) -> list[dict[str, Any]]:
+        return [b for _, _, b in self.seen if b.get("max_tokens") == CAP]
+
+
+def _policy(tmp: Path, *, mode: str = "guarded", kind: str = "openai_compat",
+            guard: dict[str, Any] | None = None, tenants: bool = False) -> Any:
+    data: dict[str, Any] = {
+        "backends": {"up": {"kind": kind, "base_url": "http://up.test/v1",
+                            "api_key": "${PG_GUARD_TEST_KEY}"}},
+        "routes": [{"match": "*", "backend": "up"}],
+        "ledger": {"path": str(tmp / "ledger.sqlite"), "batch_writes": False},
+        "default_max_tokens": 0,
+        "rewrite": {"hoist_volatile": mode, "time_budget_ms": 20000,  # the one guarded move
+                    **{m: "off" for m in MOVES if m != "hoist_volatile"}},
+        "meaning_guard": {"max_tokens": CAP, **(guard or {})},
+    }
+    if tenants:
+        data["tenants"] = {"header": "on"}
+    return parse_policy(data)
+
+
+def _turn(i: int, model: str = "m", clock: bool = True) -> dict[str, Any]:
+    now = f"Now: 2025-03-04 10:{15 + i:02d}. " if clock else ""
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": f"You are Helper. {now}{RULES}"}]
+    for j in range(i):
+        msgs += [{"role": "user", "content": f"Q{j}"}, {"role": "assistant", "content": f"A{j}"}]
+    msgs.append({"role": "user", "content": f"Q{i}"})
+    return {"model": model, "messages": msgs}
+
+
+Session = Callable[..., Any]
+
+
+@pytest.fixture(autouse=True)
+def _backend_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PG_GUARD_TEST_KEY", "backend-key")
+
+
+@pytest.fixture
+def session(tmp_path: Path) -> Session:
+    """``await session(policy, turns, ...)`` -> (client answers, upstream, app state): one
+    session's turns sent one by one, the background trials drained after each."""
+    async def run(policy: Any, turns: int, *, model: str = "m", clock: bool = True,
+                  tenant: str | None = None, app: Any = None, up: Upstream | None = None,
+                  sid: str = "s1", stream: bool = False
+                  ) -> tuple[list[httpx.Response], Upstream, Any]:
+        up = up or Upstream()
+        if app is None:
+            app = build_app(policy, ledger=Ledger(policy.ledger.path),
+                            transport=httpx.MockTransport(up), analyze=False)
+        state = app.state.proxy
+        await state.upstream.start()
+        headers = {"x-prefixgate-session": sid, "authorization": "Bearer client-secret"}
+        if tenant:
+            headers["x-prefixgate-tenant"] = tenant
+        out = []
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://pg") as c:
+            for i in range(turns):
+                body = _turn(i, model, clock)
+                if stream:
+                    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+                r = await c.post("/v1/chat/completions", json=body, headers=headers)
+                assert r.status_code == 200, r.text
+                out.append(r)
+                if state.meaning_guard is not None:
+                    await state.meaning_guard.drain()
+        return out, up, state
+    return run
+
+
+async def test_a_guarded_move_that_applies_gets_trials_no_client_sees(
+        tmp_path: Path, session: Session) -> None:
+    answers, up, state = await session(_policy(tmp_path), 4)
+    # turn 1: the clock not yet seen changing; turns 2-4: hoisting applies -> one trial each
+    trials = up.trials()
+    assert len(trials) == 3 * 3
+    # each answer says the move's standing when it was sent (pipeline.guard_moves)
+    assert [r.headers.get("x-prefixgate-guard") for r in answers] == [
+        f"hoist_volatile=trialling ({n} pairs)" for n in (0, 0, 1, 2)]
+    assert len(up.seen) == len(answers) + 3 * 3
+    assert all(r.json()["choices"][0]["message"]["content"] == CLIENT_TEXT for r in answers)
+    for t in trials:
+        assert t["temperature"] == 0 and t["max_tokens"] == CAP and t["stream"] is False
+    for k in range(3):
+        original, repeat, variant = trials[3 * k: 3 * k + 3]
+        assert original == repeat and original != variant
+        assert "Now: 2025-03-04" in original["messages"][0]["content"]  # not hoisted
+        assert "Now: 2025-03-04" not in variant["messages"][0]["content"]  # hoisted
+    trial_headers = [h for _, h, b in up.seen if b.get("max_tokens") == CAP]
+    assert {h["authorization"] for h in trial_headers} == {"Bearer backend-key"}
+    assert {p for p, _, b in up.seen if b.get("max_tokens") == CAP} == {"/v1/chat/completions"}
+    # the verdict counted the pairs (tenant "" on route "*")
+    got = await state.meaning_guard.book.verdicts("*", "", ["hoist_volatile"])
+    assert got["hoist_volatile"].pairs == 3 and got["hoist_volatile"].state == "trialling"
+    # one row per trial send, marked; none of them in the savings
+    led = Ledger(state.policy.ledger.path)
+    marked = [r for r in led.rows(trials=True) if r["trial"]]
+    assert [r["trial"] for r in marked] == ["hoist_volatile"] * 9
+    assert all(r["http_status"] == 200 and r["stream"] == 0 for r in marked)
+    doc = savings_document(led, "24h")
+    assert doc["totals"]["requests"] == len(answers) == 4
+    assert doc["totals"]["prompt_tokens"] == 4 * 900
+    led.close()
+
+
+async def test_a_streamed_request_is_trialled_with_non_streamed_sends(
+        tmp_path: Path, session: Session) -> None:
+    _, up, _ = await session(_policy(tmp_path), 2, stream=True)
+    assert len(up.trials()) == 3
+    assert all(t["stream"] is False and "stream_options" not in t for t in up.trials())
+
+
+async def test_the_budget_is_never_passed(tmp_path: Path, session: Session) -> None:
+    """requests_per_day 6 = two trials of three sends; eight turns would make seven."""
+    guard = {"local_budget": {"requests_per_day": 6, "tokens_per_day": 10_000_000}}
+    _, up, state = await session(_policy(tmp_path, guard=guard), 8)
+    assert len(up.trials()) == 6
+    spent = await state.meaning_guard.budgets.spent("*")
+    assert spent["requests"] == 6
+    assert state.meaning_guard.counts["no_budget"] == 5
+
+
+async def test_the_token_budget_stops_a_trial_before_its_sends(
+        tmp_path: Path, session: Session) -> None:
+    guard = {"local_budget": {"requests_per_day": 1000, "tokens_per_day": 1000}}
+    _, up, _ = await session(_policy(tmp_path, guard=guard), 3)
+    assert up.trials() == []
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+async def test_no_trial_when_the_move_is_on_or_off(tmp_path: Path, session: Session,
+                                                    mode: str) -> None:
+    answers, up, _ = await session(_policy(tmp_path, mode=mode), 3)
+    assert up.trials() == [] and len(up.seen) == len(answers)
+
+
+async def test_no_trial_on_a_hosted_route_without_a_budget(tmp_path: Path,
+                                                           session: Session) -> None:
+    answers, up, state = await session(_policy(tmp_path, kind="openai"), 3, model="gpt-4o")
+    assert up.trials() == [] and len(up.seen) == len(answers)
+    assert state.meaning_guard.counts["no_budget"] == 2  # turns 2 and 3 would have had one
+
+
+async def test_a_hosted_route_with_a_budget_gets_trials(tmp_path: Path,
+                                                        session: Session) -> None:
+    guard = {"hosted_budget": {"requests_per_day": 30, "tokens_per_day": 1_000_000,
+                               "usd_per_day": 5.0}}
+    _, up, state = await session(_policy(tmp_path, kind="openai", guard=guard), 3,
+                                 model="gpt-4o")
+    assert len(up.trials()) == 6
+    spent = await state.meaning_guard.budgets.spent("*")
+    assert spent["requests"] == 6 and 0 < spent["usd"] < 5.0
+
+
+async def test_no_trial_when_the_move_changes_nothing(tmp_path: Path, session: Session) -> None:
+    answers, up, state = await session(_policy(tmp_path), 3, clock=False)
+    assert up.trials() == [] and len(up.seen) == len(answers)
+    assert state.meaning_guard.counts["not_applied"] == 3
+
+
+async def test_one_tenants_trials_leave_anothers_verdict_alone(
+        tmp_path: Path, session: Session) -> None:
+    up = Upstream()
+    policy = _policy(tmp_path, tenants=True)
+    app = build_app(policy, ledger=Ledger(policy.ledger.path), transport=httpx.MockTransport(up),
+                    analyze=False)
+    _, _, state = await session(policy, 4, tenant="team-a", app=app, up=up, sid="a")
+    book = state.meaning_guard.book
+    a = (await book.verdicts("*", "team-a", ["hoist_volatile"]))["hoist_volatile"]
+    b = (await book.verdicts("*", "team-b", ["hoist_volatile"]))["hoist_volatile"]
+    assert (a.pairs, b.pairs) == (3, 0)
+    await session(policy, 2, tenant="team-b", app=app, up=up, sid="b")
+    a2 = (await book.verdicts("*", "team-a", ["hoist_volatile"]))["hoist_volatile"]
+    b2 = (await book.verdicts("*", "team-b", ["hoist_volatile"]))["hoist_volatile"]
+    assert (a2.pairs, b2.pairs) == (3, 1)
+    assert {v["tenant"] for v in state.meaning_guard.snapshot("team-b")} == {"team-b"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://pg") as c:
+        doc = (await c.get("/api/savings", params={"tenant": "team-b"})).json()
+        health = (await c.get("/healthz")).json()
+    assert [(g["tenant"], g["pairs"]) for g in doc["guard"]] == [("team-b", 1)]
+    assert health["guard"] == {"trialling": 2}
+    assert "team-a" not in json.dumps(health) and "team-b" not in json.dumps(health)
+
+
+async def test_a_decided_move_is_trialled_no_more(tmp_path: Path, session: Session) -> None:
+    """max_pairs 2: the verdict is decided after two trials (on, or off when unproven); the
+    later turns, where the move still applies, get none."""
+    guard = {"look_every": 2, "max_pairs": 2}
+    _, up, state = await session(_policy(tmp_path, guard=guard), 6)
+    assert len(up.trials()) == 2 * 3
+    got = await state.meaning_guard.book.verdicts("*", "", ["hoist_volatile"])
+    assert got["hoist_volatile"].state in ("on", "off") and got["hoist_volatile"].pairs == 2
+
+
+async def test_shutdown_cancels_a_trial_in_flight_and_releases_it(tmp_path: Path,
+                                                                  session: Session) -> None:
+    """A trial send hung upstream: closing the guard (the app's shutdown) cancels it; its row
+    is written (``cancelled``), nothing stays in use, the client had its answers."""
+    import asyncio
+
+    reading = asyncio.Event()
+
+    async def hang() -> Any:  # the answer's head arrives, its body never ends
+        reading.set()  # the proxy holds the response and reads its body
+        yield b'{"id": "c1", '
+        await asyncio.sleep(3600)
+
+    class Hung(Upstream):
+        async def __call__(self, request: httpx.Request) -> httpx.Response:  # type: ignore[override]
+            body = json.loads(request.content)
+            if body.get("max_tokens") == CAP:
+                self.seen.append((request.url.path, dict(request.headers), body))
+                return httpx.Response(200, content=hang(),
+                                      headers={"content-type": "application/json"})
+            return super().__call__(request)
+
+    up = Hung()
+    policy = _policy(tmp_path)
+    app = build_app(policy, ledger=Ledger(policy.ledger.path), transport=httpx.MockTransport(up),
+                    analyze=False)
+    state = app.state.proxy
+    await state.upstream.start()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://pg") as c:
+        for i in range(2):
+            r = await c.post("/v1/chat/completions", json=_turn(i),
+                             headers={"x-prefixgate-session": "h"})
+            assert r.json()["choices"][0]["message"]["content"] == CLIENT_TEXT
+            if i == 0:  # turn 1's look (the move does not apply yet) is over before turn 2
+                await state.meaning_guard.drain()
+    await asyncio.wait_for(reading.wait(), 60)  # the trial's rewrite runs in a thread first
+    assert len(up.trials()) == 1 and len(state.meaning_guard.tasks) == 1
+    held = state.upstream.in_use  # the trial's answer, open (the mock's client answers count too)
+    await state.meaning_guard.close()
+    assert not state.meaning_guard.tasks and state.meaning_guard.running == 0
+    assert state.upstream.in_use == held - 1  # the trial's answer was closed
+    led = Ledger(policy.ledger.path)
+    rows = [r for r in led.rows(trials=True) if r["trial"]]
+    assert [(r["status"], r["http_status"]) for r in rows] == [("cancelled", 499)]
+    led.close()
+
+
+async def test_verdicts_and_budgets_are_shared_through_redis(tmp_path: Path,
+                                                             session: Session) -> None:
+    """With ``ledger.redis_url`` the guard works over the proxy's RedisState: a second proxy
+    sees the pairs the first one's trials added, and the day's budget spent."""
+    import uuid
+
+    import redis
+
+    url = "redis://127.0.0.1:6379/0"
+    try:
+        redis.Redis.from_url(url).ping()
+    except redis.RedisError:
+        pytest.skip("no Redis at 127.0.0.1:6379 (make test starts one)")
+    prefix = f"test-guard-{uuid.uuid4().hex}:"
+    policy = _policy(tmp_path)
+    policy = policy.model_copy(update={"ledger": policy.ledger.model_copy(
+        update={"redis_url": url, "redis_prefix": prefix})})
+    try:
+        _, _, a = await session(policy, 3)
+        other = build_app(policy, ledger=Ledger(tmp_path / "other.sqlite"),
+                          transport=httpx.MockTransport(Upstream()), analyze=False)
+        b = other.state.proxy.meaning_guard
+        assert type(other.state.proxy.shared).__name__ == "RedisState"
+        got = await b.book.verdicts("*", "", ["hoist_volatile"])
+        assert got["hoist_volatile"].pairs == 2
+        assert (await b.budgets.spent("*"))["requests"] == 6
+    finally:
+        r = redis.Redis.from_url(url)
+        r.delete(*(r.keys(prefix + "*") or [prefix]))
