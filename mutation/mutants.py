@@ -376,4 +376,33 @@ MUTANTS: list[Mutant] = [
     m("constrained_array_items_unbounded", "prefixgate/local_engine/server/constrained.py",
       'for key in ("items", "additionalProperties", "not"):', 'for key in ("additionalProperties", "not"):',
       TOOLS, "strings inside array items get no maxLength: the grammar repeats without bound"),
+    # -- issue 36: the meaning guard's core ------------------------------------------------------
+    m("guard_on_at_the_margin", "prefixgate/cache/guard/sequential.py",
+      "rule.margin) < -z_on", "rule.margin) <= -z_on", T("guard/sequential"),
+      "a move exactly at the margin's edge is turned on"),
+    m("guard_verdict_between_looks", "prefixgate/cache/guard/sequential.py",
+      "if n == 0 or (n % rule.look_every and not final):", "if n == 0:", T("guard/sequential"),
+      "a verdict between looks: the alpha spent per look no longer bounds the error"),
+    m("guard_no_fail_closed", "prefixgate/cache/guard/sequential.py",
+      "    if final:\n        return Decision(\"off\"", "    if False:\n        return Decision(\"off\"",
+      T("guard/sequential"), "a move not proven in max_pairs keeps trialling instead of failing closed"),
+    m("guard_tool_args_unsorted", "prefixgate/cache/guard/decisions.py",
+      "sort_keys=True", "sort_keys=False", T("guard/decisions"),
+      "the same tool call with its arguments in another key order counts as changed"),
+    m("guard_later_pairs_counted", "prefixgate/cache/guard/verdicts.py",
+      "        if held is not None:\n            return self._note(route, tenant, held)\n        packed",
+      "        packed", T("guard/verdicts"), "pairs after a verdict are counted into the next trial"),
+    m("guard_key_without_tenant", "prefixgate/cache/guard/verdicts.py",
+      "{quote(route, safe='')}:{quote(tenant, safe='')}:", "{quote(route, safe='')}:",
+      T("guard/verdicts"), "one tenant reads another's verdicts"),
+    m("guard_budget_check_then_incr", "prefixgate/cache/guard/budget.py",
+      "            now = await self.shared.incr(key, amount, KEY_TTL_S)\n            held.append((key, amount))\n"
+      "            if now > limit:",
+      "            if await self.shared.count(key) + amount <= limit:\n"
+      "                await self.shared.incr(key, amount, KEY_TTL_S)\n"
+      "                held.append((key, amount))\n                continue\n            if True:",
+      T("guard/budget"), "check then increment: concurrent reservations pass the limit"),
+    m("guard_budget_no_rollback", "prefixgate/cache/guard/budget.py",
+      "                for k, a in held:\n                    await self.shared.incr(k, -a, KEY_TTL_S)",
+      "                pass", T("guard/budget"), "a refused reservation keeps what it counted"),
 ]

@@ -130,6 +130,10 @@ TARGETS: dict[str, list[str]] = {
                                              "tests/proxy/test_side_endpoints.py",
                                              "tests/adversarial/test_count_tokens_hostile_backend.py",
                                              "tests/proxy/test_count_tokens_paths.py"],
+    "prefixgate/cache/guard/sequential.py": ["tests/guard/test_sequential.py"],
+    "prefixgate/cache/guard/decisions.py": ["tests/guard/test_decisions.py"],
+    "prefixgate/cache/guard/verdicts.py": ["tests/guard/test_verdicts.py"],
+    "prefixgate/cache/guard/budget.py": ["tests/guard/test_budget.py"],
 }
 
 # mutmut's exit-code vocabulary (mutmut/stats.py)
