@@ -39,7 +39,8 @@ tokens equal one-at-a-time decoding, checked on 16 corpus prompts):
 * ``original`` — as the client sent it; ``clock_tick`` — the same body with only the clock
   value advanced (by the gap to the session's next request): the noise floor;
 * ``<api>/defaults`` — the shipped defaults (``RewriteSettings()``: the passes that move text
-  the model reads, ``MOVES_THE_MODEL_READS``, are off): the headline figures;
+  the model reads, ``MOVES_THE_MODEL_READS``, ship ``guarded``, which is off here: the pipeline
+  run directly has no meaning-guard verdict, issue 36): the headline figures;
 * ``<api>/<placement>`` — the pipeline with those moves switched on (:data:`OPT_IN`;
   ``rewriter.rewrite_request``, provider ``radix``, session memory carried like the proxy) and
   ``hoist_target`` set to each placement, for the

@@ -6,7 +6,8 @@ Corpus: ``bench/answer_stability.py``'s (tau-bench airline sessions whose system
 live clock, a per-request id or a constant clock; the SWE-agent session with a clock and a trace
 id on top; tau2 banking retrieval sessions), built by its own functions with the same seed: a
 session's requests in order, the clock advanced between them, each body rewritten with the
-shipped defaults (``RewriteSettings()``: nothing the model reads is moved) as the proxy sends it.
+shipped defaults (``RewriteSettings()``: nothing the model reads is moved; the moves ship
+``guarded``, off without a meaning-guard verdict) as the proxy sends it.
 
 Three in-process engines (``prefixgate.local_engine.engine.Engine``, SmolLM2-135M-Instruct fp32
 CPU, one request at a time, nothing else in flight):

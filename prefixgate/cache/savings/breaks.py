@@ -381,13 +381,15 @@ def format_breaks(records: list[BreakRecord], width: int = 80) -> str:
 
 
 def break_advice(records: list[BreakRecord]) -> str:
-    """What would recover the prefix lost to volatile spans, or ``""`` when none broke it: the
-    opt-in ``hoist_volatile`` (off by default because it moves text the model reads:
+    """What would recover the prefix lost to volatile spans, or ``""`` when none broke it:
+    ``hoist_volatile`` forced on (it ships ``guarded``, on for a route only once a trial shows
+    its answers keep, because it moves text the model reads:
     :data:`prefixgate.config.schema.MOVES_THE_MODEL_READS`). Breaks the engine bridged lost
     nothing, so they ask for no move."""
     lost = sum(r.lost for r in records if r.kind == "volatile_span")
     if not lost:
         return ""
     return (f"{lost} of those tokens were lost to a changing clock / id: `rewrite.hoist_volatile: "
-            "true` moves such a line after the conversation (opt-in: it can change answers; "
-            "README, \"What prefixgate changes\")")
+            "true` moves such a line after the conversation (it can change answers: by default "
+            "`guarded`, on for a route once a trial there shows its answers keep; README, "
+            "\"What prefixgate changes\")")

@@ -54,8 +54,8 @@ HOIST_FIX = "rewrite: {hoist_volatile: true}"
 """The policy line that moves a changing system line after the conversation."""
 FIXES: dict[str, tuple[str, str]] = {
     "volatile_span": (HOIST_FIX, "moves the changing line after the conversation, so "
-                      "everything before it is reused (opt-in: the model reads the line "
-                      "elsewhere; README, \"What prefixgate changes\")"),
+                      "everything before it is reused (by default `guarded`: the model reads "
+                      "the line elsewhere; README, \"What prefixgate changes\")"),
     "reorder": ("rewrite: {canonicalize_tools: true, tool_order: name}",
                 "sends the tools in one order on every request"),
     "tool_set_changed": ("", "send the same tools on every turn of a session (the whole list "
