@@ -62,9 +62,9 @@ def tau_sessions(runs: int, first: int = 0, seed: int = 36, max_requests: int | 
 
 
 def policy_doc(upstream_url: str, ledger: Path, budget: dict[str, Any] | None = None,
-               rewrite: dict[str, Any] | None = None, guard: dict[str, Any] | None = None
-               ) -> dict[str, Any]:
-    """The proxy's policy (module docstring)."""
+               rewrite: dict[str, Any] | None = None, guard: dict[str, Any] | None = None,
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The proxy's policy (module docstring); ``extra``: more top-level keys (``tenants``)."""
     route: dict[str, Any] = {"match": "*", "backend": "up"}
     if budget is not None:
         route["meaning_guard_budget"] = budget
@@ -76,7 +76,7 @@ def policy_doc(upstream_url: str, ledger: Path, budget: dict[str, Any] | None = 
         doc["rewrite"] = rewrite
     if guard:
         doc["meaning_guard"] = guard
-    return doc
+    return {**doc, **(extra or {})}
 
 
 def forced(mode: str | bool) -> dict[str, Any]:
@@ -210,7 +210,8 @@ class Rig:
 @contextmanager
 def rig(behaviour: Behaviour, tmp: Path, budget: dict[str, Any] | None = None,
         rewrite: dict[str, Any] | None = None, guard: dict[str, Any] | None = None,
-        seed: int = 36, rules: str = "openai") -> Iterator[Rig]:
+        seed: int = 36, rules: str = "openai", extra: dict[str, Any] | None = None
+        ) -> Iterator[Rig]:
     """A :class:`Rig` for ``behaviour`` (policy: :func:`policy_doc`); both servers stop on exit."""
     from prefixgate.cache.ledger.store import Ledger
     from prefixgate.config.loader import parse_policy
@@ -223,7 +224,7 @@ def rig(behaviour: Behaviour, tmp: Path, budget: dict[str, Any] | None = None,
         up_url = stack.enter_context(serve_app(up.app()))
         tmp.mkdir(parents=True, exist_ok=True)
         policy = parse_policy(policy_doc(up_url, tmp / f"{behaviour}.sqlite", budget, rewrite,
-                                         guard))
+                                         guard, extra))
         app = build_app(policy, ledger=Ledger(policy.ledger.path))
         url = stack.enter_context(serve_app(app))
         yield Rig(up, url, app)

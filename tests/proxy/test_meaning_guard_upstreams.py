@@ -62,7 +62,7 @@ def assert_counts(r: Rig, budget: dict[str, Any] = BUDGET) -> None:
 
 @pytest.fixture
 def unaffected(tmp_path: Path) -> Iterator[Rig]:
-    with rig("unaffected", tmp_path, budget=BUDGET) as r:
+    with rig("unaffected", tmp_path, budget=BUDGET, extra={"tenants": {"header": "on"}}) as r:
         yield r
 
 
