@@ -38,8 +38,9 @@ Writes ``bench/results/meaning_guard.json``: ``{"command", "commit", "load_avera
 "trial_answers_to_clients", "cached_share_unaffected_turn3_on",
 "cached_share_unaffected_forced_on_turn3_on", "cached_share_unaffected_forced_off_turn3_on",
 "affected_moves_applied_after_verdict"}, "goals", "backends": {name: {...}}, "engine", "setup"}``.
-``--quick``: 12 sessions, no engine part unless ``--engine-runs`` is given.
-Cap: ~15 min on the shared 2-core box.
+``--quick``: 12 sessions, no engine part. The engine part is the slow one (SmolLM2 on CPU):
+``--no-engine`` keeps the file's ``engine`` section, ``--engine-only`` runs it alone and keeps
+the backends (each section carries its own command). Cap: ~15 min on the shared 2-core box.
 """
 
 from __future__ import annotations
@@ -57,9 +58,10 @@ sys.path.insert(0, str(REPO))
 
 from bench.guard_replay import MOVES, Rig, Sent, applied_passes, forced, guard_states, rig, tau_sessions  # noqa: E402
 from bench.guard_upstreams import answer_index  # noqa: E402
-from bench.result_file import provenance, write_json  # noqa: E402
+from bench.result_file import provenance, read_json, write_json  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "meaning_guard.json"
+PREFIX = "nice -n 10 .venv/bin/python"
 BUDGET = {"requests_per_day": 1500, "tokens_per_day": 12_000_000, "usd_per_day": 3.0}
 """The scripted routes' trial budget: room for 200 pairs (600 sends of ~6k tokens) of two moves."""
 TIGHT = {"requests_per_day": 9, "tokens_per_day": 12_000_000, "usd_per_day": 3.0}
@@ -222,6 +224,17 @@ def goals(fig: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def engine_section(runs: int) -> dict[str, Any]:
+    """The engine part (:mod:`bench.meaning_guard_engine`), with its own provenance."""
+    from bench.meaning_guard_engine import DEFAULT_MODEL, run
+
+    t0 = time.monotonic()
+    engine = run(DEFAULT_MODEL, runs, 6)
+    engine["wall_s"] = round(time.monotonic() - t0, 1)
+    print("engine:", json.dumps(engine["moves"]), flush=True)
+    return engine
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the scenarios and write the results file."""
     from prefixgate.config.schema import GuardSettings
@@ -229,15 +242,27 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, default=40, help="tau-bench runs replayed per backend")
     ap.add_argument("--quick", action="store_true", help="12 sessions, no engine part")
-    ap.add_argument("--no-engine", action="store_true")
-    ap.add_argument("--engine-runs", type=int, default=None, help="tau runs of the engine corpus")
+    ap.add_argument("--no-engine", action="store_true",
+                    help="keep the results file's engine section (the engine part is the slow one)")
+    ap.add_argument("--engine-only", action="store_true",
+                    help="run the engine part alone; keep the file's backends")
+    ap.add_argument("--engine-runs", type=int, default=17, help="tau runs of the engine corpus")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
+    prev = read_json(args.out)
     n = 12 if args.quick else args.sessions
     margin = GuardSettings().margin
+    t0 = time.monotonic()
+    if args.engine_only:
+        engine = {**engine_section(args.engine_runs), **provenance(__file__, argv, prefix=PREFIX)}
+        doc = {**prev, "engine": engine}
+        doc["figures"] = figures(prev["backends"], engine)
+        doc["goals"] = goals(doc["figures"])
+        write_json(args.out, doc)
+        print(json.dumps({"figures": doc["figures"], "goals": doc["goals"]}, indent=2))
+        return 0
     sessions = tau_sessions(n)
     tmp = Path(tempfile.mkdtemp(prefix="pg-guard-"))
-    t0 = time.monotonic()
     backends = {b: scenario(b, sessions, tmp, margin, BUDGET)
                 for b in ("unaffected", "affected", "noisy")}
     backends["unaffected_forced_on"] = scenario("unaffected", sessions, tmp, margin,
@@ -245,14 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     backends["unaffected_forced_off"] = scenario("unaffected", sessions, tmp, margin,
                                                  rewrite=forced("off"))
     backends["tight_budget"] = scenario("unaffected", sessions[:5], tmp, margin, TIGHT)
-    engine = None
-    if not args.no_engine and (not args.quick or args.engine_runs):
-        from bench.meaning_guard_engine import DEFAULT_MODEL, run
-
-        engine = run(DEFAULT_MODEL, args.engine_runs or 17, 6)
-        print("engine:", json.dumps(engine["moves"]), flush=True)
+    if args.no_engine or args.quick:
+        engine = prev.get("engine")
+    else:
+        engine = {**engine_section(args.engine_runs), **provenance(__file__, argv, prefix=PREFIX)}
     fig = figures(backends, engine)
-    doc = {**provenance(__file__, argv, prefix="nice -n 10 .venv/bin/python"), "figures": fig,
+    doc = {**provenance(__file__, argv, prefix=PREFIX), "figures": fig,
            "goals": goals(fig), "backends": backends, "engine": engine,
            "setup": {"sessions": n, "trace": "traces/tau_bench_airline_gpt4o.json (runs 0..n-1)",
                      "budget": BUDGET, "guard": GuardSettings().model_dump(mode="json"),

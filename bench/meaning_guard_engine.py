@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,7 @@ def run(model: Path, runs: int, turns: int, max_pairs: int = 200) -> dict[str, A
     pairs: dict[str, list[tuple[bool, bool]]] = {m: [] for m in EXPECTED}
     verdicts: dict[str, Any] = {}
     identical = total = 0
+    t0 = time.monotonic()
     try:
         for session in _cases(runs, turns, gs.max_tokens):
             if len(verdicts) == len(EXPECTED) and all(
@@ -111,6 +113,8 @@ def run(model: Path, runs: int, turns: int, max_pairs: int = 200) -> dict[str, A
                     pairs[move].append((changed(d[0], variant), floor))
                     verdicts[move] = loop.run_until_complete(book.add_pair(
                         "engine", "default", move, changed(d[0], variant), floor))
+                print(f"[{time.monotonic() - t0:5.0f}s] request {total}: "
+                      + ", ".join(f"{m} {v.header()}" for m, v in verdicts.items()), flush=True)
     finally:
         eng.shutdown()
         loop.close()
