@@ -247,6 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-only", action="store_true",
                     help="run the engine part alone; keep the file's backends")
     ap.add_argument("--engine-runs", type=int, default=17, help="tau runs of the engine corpus")
+    ap.add_argument("--engine-json", type=Path, default=None,
+                    help="the engine section from this file (bench/meaning_guard_engine.py's "
+                         "output) instead of running it; with --engine-command, how it was made")
+    ap.add_argument("--engine-command", default="nice -n 10 .venv/bin/python "
+                    "bench/meaning_guard_engine.py")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     prev = read_json(args.out)
@@ -270,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     backends["unaffected_forced_off"] = scenario("unaffected", sessions, tmp, margin,
                                                  rewrite=forced("off"))
     backends["tight_budget"] = scenario("unaffected", sessions[:5], tmp, margin, TIGHT)
-    if args.no_engine or args.quick:
+    if args.engine_json:
+        engine = {**json.loads(args.engine_json.read_text()), "command": args.engine_command}
+    elif args.no_engine or args.quick:
         engine = prev.get("engine")
     else:
         engine = {**engine_section(args.engine_runs), **provenance(__file__, argv, prefix=PREFIX)}
