@@ -66,6 +66,7 @@ def unaffected(tmp_path: Path) -> Iterator[Rig]:
         yield r
 
 
+@pytest.mark.slow
 def test_unaffected_upstream_turns_hoisting_on_and_later_requests_are_sent_hoisted(
         unaffected: Rig, sessions: list[list[dict[str, Any]]]) -> None:
     r = unaffected
@@ -95,6 +96,7 @@ def test_unaffected_upstream_turns_hoisting_on_and_later_requests_are_sent_hoist
     assert_counts(r)
 
 
+@pytest.mark.slow
 def test_affected_upstream_keeps_hoisting_off_and_no_later_request_is_hoisted(
         tmp_path: Path, sessions: list[list[dict[str, Any]]]) -> None:
     with rig("affected", tmp_path, budget=BUDGET) as r:
