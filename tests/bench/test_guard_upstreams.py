@@ -85,3 +85,17 @@ def test_trials_are_told_from_client_calls_and_usage_reports_the_cache() -> None
     assert doc2["usage"]["prompt_tokens_details"]["cached_tokens"] == trial.cached_tokens > 1024
     assert up.call_of(doc2["id"]) is trial and up.call_of(doc["id"]) is client
     assert up.counts()["trial_calls"] == 1 == up.counts()["client_calls"]
+
+
+def test_a_trial_answer_reaching_a_client_is_counted() -> None:
+    from bench.guard_replay import Rig, Sent
+
+    up = GuardUpstream("unaffected")
+    body = tau_sessions(1, max_requests=1)[0][0]
+    _, client = up.serve({**body, "stream": True, "max_tokens": 64})
+    _, trial = up.serve({**body, "temperature": 0, "max_tokens": 16})
+    r = Rig(up, "http://unused", app=None, sent=[Sent(0, 0, 200, answer_id=client["id"])])
+    assert r.trial_answers_to_clients() == 0
+    r.sent.append(Sent(0, 1, 200, answer_id=trial["id"]))
+    r.sent.append(Sent(0, 2, 200, answer_id="chatcmpl-elsewhere"))
+    assert r.trial_answers_to_clients() == 2
