@@ -4,6 +4,7 @@ they expire, later pairs ignored, tenants apart."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from prefixgate.cache.guard.sequential import TestRule
 from prefixgate.cache.guard.verdicts import GuardBook, MoveVerdict, pack, unpack
 from prefixgate.cache.state.shared_state import LocalState, RedisState
-from tests.guard.conftest import Clock
+from tests.guard.conftest import Clock, Yielding
 
 RULE = TestRule()
 TTL = 3600.0
@@ -119,3 +120,12 @@ async def test_two_replicas_share_one_trial_through_redis(redis_states: Sequence
     assert (await b.verdicts("r", "t", ["hoist_volatile"]))["hoist_volatile"].header() == "trialling (0 pairs)"
     assert (await add(a, 20, move_changed=True)).state == "off"
     assert [s.link.outages for s in redis_states] == [0, 0]  # shared in Redis, not locally
+
+
+async def test_pairs_racing_past_the_last_look_never_decide_twice(local: LocalState, clock: Clock) -> None:
+    book = GuardBook(Yielding(local), RULE, TTL, clock=clock)
+    await local.incr("guard:c:r:t:hoist_volatile:packed", 199 * pack(False, False))
+    got = await asyncio.gather(*(book.add_pair("r", "t", "hoist_volatile", False, False) for _ in range(3)))
+    assert sorted(v.state for v in got) == ["on", "trialling", "trialling"]
+    assert all("being decided" in v.reason for v in got if v.state == "trialling")
+    assert await local.count("guard:c:r:t:hoist_volatile:packed") == 2 * pack(False, False)

@@ -14,7 +14,10 @@ cannot make two tenants' keys meet):
   atomically and a replica never reads a pair half-added (four separate counters could be read
   between two of their increments). The counter expires ``ttl_s`` after the last pair (an
   abandoned trial is forgotten) and is taken back to zero when a verdict is decided: a pair still
-  in flight at that moment counts toward the next trial.
+  in flight at that moment counts toward the next trial. Exactly one pair's increment returns a
+  given count, so one caller decides a look; a pair that lands past ``max_pairs`` (while the
+  final look is being decided) never decides, so the counter is reset once and never goes
+  below zero.
 
 Tenants never read each other's keys; nothing stored names a prompt.
 """
@@ -128,7 +131,7 @@ class GuardBook:
         for i, move in enumerate(moves):
             held = self._holding(_parse(vals[i]))
             if held is None:
-                counts = unpack(int(vals[len(moves) + i] or 0))
+                counts = unpack(max(0, int(vals[len(moves) + i] or 0)))
                 held = _trialling(move, decide(counts, self.rule))
             out[move] = self._note(route, tenant, held)
         return out
@@ -144,9 +147,14 @@ class GuardBook:
         if held is not None:
             return self._note(route, tenant, held)
         packed = await self.shared.incr(ckey, pack(move_changed, floor_changed), self.ttl_s)
-        d = decide(unpack(packed), self.rule)
+        counts = unpack(packed)
+        d = decide(counts, self.rule)
         if d.state == "trialling":
             return self._note(route, tenant, _trialling(move, d))
+        if counts.pairs > self.rule.max_pairs:  # the pair that reached it is deciding right now
+            return self._note(route, tenant, MoveVerdict(
+                move, "trialling", d.pairs, d.move_rate, d.floor_rate, 0.0, 0.0,
+                f"past {self.rule.max_pairs} pairs: the last look is being decided"))
         now = self._clock()
         v = MoveVerdict(move, d.state, d.pairs, d.move_rate, d.floor_rate, now, now + self.ttl_s, d.reason)
         await self.shared.put(vkey, json.dumps(asdict(v)), self.ttl_s)
