@@ -10,7 +10,9 @@ strategy, and fed to a fresh provider model (:mod:`prefixgate.cache.provider_mod
 * ``positional`` — what other gateways do: a breakpoint on the system prompt and on the last
   message, nothing else changed (Anthropic); as is for OpenAI / radix.
 * ``prefixgate`` — :func:`prefixgate.rewriter.pipeline.rewrite_request` with default ``RewriteSettings``
-  and ``Context.provider`` set; each run is a session whose memory is merged from the edits.
+  and ``Context.provider`` set; each run is a session whose memory is merged from the edits. The
+  moves ship ``guarded`` and the simulation has no meaning-guard verdict: they are off here (set
+  them ``on`` in ``--policy`` to simulate a route where the guard turned them on).
 * ``ttl-5m`` / ``ttl-1h`` / ``ttl-auto`` (:data:`TTL_STRATEGIES`, ``--strategy ttl``) —
   ``prefixgate`` with ``breakpoint_ttl`` fixed at 5m, fixed at 1h, or chosen by expected cost
   from the session's measured inter-arrival times (:mod:`prefixgate.rewriter.analysis.ttl_choice`).
