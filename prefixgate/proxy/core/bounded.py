@@ -48,6 +48,7 @@ ROW_CHARS: Mapping[str, int] = {
     "attempt_reasons": 1000, "key_id": 128, "cf_source": 32, "ttft_source": 32, "stood_back": 1000,
     "row_id": 64, "replica": 128,  # issue 26: the proxy's row id (32 hex), the replica's name
     "reported_miss": 64, "predicted_miss": 32,  # issue 35: a provider's reason, our cause
+    "trial": 64,  # issue 36: the move a meaning-guard trial send judged
 }
 """Longest text per ledger column (characters). ``pass_tokens`` is absent on purpose: it is JSON
 the proxy builds from pass names (bounded by the pass list), and a cut would make it unreadable."""
