@@ -175,7 +175,8 @@ def test_redis_outage_mid_test_serves_requests_and_recovers(
             "backends": {"e": {"kind": "openai_compat", "base_url": up_url + "/v1"}},
             "routes": [{"match": "*", "backend": "e"}],
             "ledger": {"path": str(tmp_path / "l.sqlite"), "redis_url": private_redis.url,
-                       "redis_prefix": prefix}})
+                       "redis_prefix": prefix},
+            "meaning_guard": {"enabled": False}})  # its trials run the rewrite fn too (issue 36)
         with serve_app(build_app(policy, rewrite_fn=remembering)) as url:
             def ask() -> int:
                 return httpx.post(url + "/v1/chat/completions", json=body, timeout=30,
