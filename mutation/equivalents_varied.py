@@ -1,0 +1,60 @@
+"""Equivalent mutants of the modules issue 38 added to the mutation targets (count_tokens,
+stand_back, ...; :mod:`mutation.equivalents` holds the shape and the rest): the mutant's name ->
+(the mutated line as its diff shows it, the one-line reason)."""
+
+from __future__ import annotations
+
+NO_LEDGER = ("count_tokens' endpoint writes no ledger row (ledger=False): the row's status and endpoint are "
+             "read by state.record only, never called here; ex.record's own test (status != 'ok') is true "
+             "for 'estimated', None and any other text alike")
+SETTLED_200 = ("the guard's settle charges a 2xx and an http_status it cannot compare (None: TypeError, "
+               "caught) alike: spent = the estimate already charged (no usage, no output), so the delta is 0 "
+               "either way")
+COUNT_BRIDGE = ("the count bridge is built with passes=False (no pass API whatever the client name); its "
+                "wire picks the usage parser (a {input_tokens} answer has no usage in either shape), the "
+                "stream watcher (the endpoint never streams) and the salt (openai only): any other name acts "
+                "as 'anthropic'")
+ANY_MODEL = ("a missing model names no o200k prefix whether it reads '', 'None' or 'XXXX': cl100k_base each "
+             "time (and the endpoint's check requires a model string, so the default is never read there)")
+SHIELD_404 = ("differs only if the client's cancellation lands inside aclose() of the unread 404 body (a socket "
+              "close with no wait on the peer): no test can place a cancellation there; not strictly "
+              "equivalent, recorded as untestable")
+
+VARIED: dict[str, dict[str, tuple[str, str]]] = {
+    "prefixgate/proxy/api/count_tokens.py": {
+        "x__bridge__mutmut_6": ('return Bridge(None, "anthropic", COUNT_TOKENS.path, passes=False)', COUNT_BRIDGE),
+        "x__bridge__mutmut_7": ('return Bridge("anthropic", None, COUNT_TOKENS.path, passes=False)', COUNT_BRIDGE),
+        "x__bridge__mutmut_9": ('return Bridge("anthropic", "anthropic", COUNT_TOKENS.path, passes=None)',
+                                "passes is read only for its truth (pass_api): None is False"),
+        "x__bridge__mutmut_14": ('return Bridge("XXanthropicXX", "anthropic", COUNT_TOKENS.path, passes=False)',
+                                 COUNT_BRIDGE),
+        "x__bridge__mutmut_15": ('return Bridge("ANTHROPIC", "anthropic", COUNT_TOKENS.path, passes=False)',
+                                 COUNT_BRIDGE),
+        "x__bridge__mutmut_16": ('return Bridge("anthropic", "XXanthropicXX", COUNT_TOKENS.path, passes=False)',
+                                 COUNT_BRIDGE),
+        "x__bridge__mutmut_17": ('return Bridge("anthropic", "ANTHROPIC", COUNT_TOKENS.path, passes=False)',
+                                 COUNT_BRIDGE),
+        "x__bridge__mutmut_19": ("raise NoCounter(None)",
+                                 "NoCounter is caught in count_tokens and answered with the estimate: its "
+                                 "message is never read"),
+        "x_count_tokens__mutmut_6": ("ex = Exchange(COUNT_TOKENS, LedgerRow(endpoint=None))", NO_LEDGER),
+        "x_count_tokens__mutmut_22": ('ex.record(state, None, 200)', NO_LEDGER),
+        "x_count_tokens__mutmut_23": ('ex.record(state, "estimated", None)', SETTLED_200),
+        "x_count_tokens__mutmut_27": ('ex.record(state, "XXestimatedXX", 200)', NO_LEDGER),
+        "x_count_tokens__mutmut_28": ('ex.record(state, "ESTIMATED", 200)', NO_LEDGER),
+        "x_count_tokens__mutmut_29": ('ex.record(state, "estimated", 201)', SETTLED_200),
+        "x_count_tokens__mutmut_41": ("with anyio.CancelScope(shield=None):", SHIELD_404),
+        "x_count_tokens__mutmut_42": ("with anyio.CancelScope(shield=False):", SHIELD_404),
+        "x_count_tokens__mutmut_44": ('ex.record(state, None, 200)', NO_LEDGER),
+        "x_count_tokens__mutmut_45": ('ex.record(state, "estimated", None)', SETTLED_200),
+        "x_count_tokens__mutmut_49": ('ex.record(state, "XXestimatedXX", 200)', NO_LEDGER),
+        "x_count_tokens__mutmut_50": ('ex.record(state, "ESTIMATED", 200)', NO_LEDGER),
+        "x_count_tokens__mutmut_51": ('ex.record(state, "estimated", 201)', SETTLED_200),
+        "x_estimate__mutmut_6": ('count = make_counter(encoding_for_model(str(body.get("model", None))))', ANY_MODEL),
+        "x_estimate__mutmut_8": ('count = make_counter(encoding_for_model(str(body.get("model", ))))', ANY_MODEL),
+        "x_estimate__mutmut_11": ('count = make_counter(encoding_for_model(str(body.get("model", "XXXX"))))',
+                                  ANY_MODEL),
+        "x_install__mutmut_14": ('app.add_api_route("/v1/messages/count_tokens", handler, methods=["post"])',
+                                 "FastAPI upper-cases a route's methods (route.methods == {'POST'}): 'post' is 'POST'"),
+    },
+}
