@@ -7,9 +7,8 @@ from __future__ import annotations
 NO_LEDGER = ("count_tokens' endpoint writes no ledger row (ledger=False): the row's status and endpoint are "
              "read by state.record only, never called here; ex.record's own test (status != 'ok') is true "
              "for 'estimated', None and any other text alike")
-SETTLED_200 = ("the guard's settle charges a 2xx and an http_status it cannot compare (None: TypeError, "
-               "caught) alike: spent = the estimate already charged (no usage, no output), so the delta is 0 "
-               "either way")
+SETTLED_200 = ("a count request's ticket charges no tokens (prepare calls Guard.limit with count_tokens = the "
+               "endpoint's ledger flag, False): Guard.settle returns before it reads http_status")
 COUNT_BRIDGE = ("the count bridge is built with passes=False (no pass API whatever the client name); its "
                 "wire picks the usage parser (a {input_tokens} answer has no usage in either shape), the "
                 "stream watcher (the endpoint never streams) and the salt (openai only): any other name acts "
@@ -56,5 +55,16 @@ VARIED: dict[str, dict[str, tuple[str, str]]] = {
                                   ANY_MODEL),
         "x_install__mutmut_14": ('app.add_api_route("/v1/messages/count_tokens", handler, methods=["post"])',
                                  "FastAPI upper-cases a route's methods (route.methods == {'POST'}): 'post' is 'POST'"),
+    },
+    "prefixgate/cache/savings/stand_back.py": {
+        "xǁRouteJudgeǁ_route__mutmut_1": ('def _route(self, route: str, tenant: str = "XXXX") -> _Route:',
+                                          "every caller (observe, verdict) passes the tenant: the default is "
+                                          "never read"),
+        "xǁRouteJudgeǁ_route__mutmut_14": ("self._routes.popitem(last=None)",
+                                           "OrderedDict.popitem reads `last` for its truth: None pops the oldest "
+                                           "as False does"),
+        "xǁVerdictǁsummary__mutmut_8": (
+            'return f"{\',\'.join(self.passes)}: {self.reason}".encode("ASCII", "replace").decode()',
+            "codec names are case-insensitive: ASCII is ascii"),
     },
 }
