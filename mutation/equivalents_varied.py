@@ -19,6 +19,12 @@ SHIELD_404 = ("differs only if the client's cancellation lands inside aclose() o
               "close with no wait on the peer): no test can place a cancellation there; not strictly "
               "equivalent, recorded as untestable")
 
+SETTINGS_FIELD = ("RewriteSettings always has tool_schema_sort_properties (a pydantic field, default False): "
+                  "getattr's default is never read")
+
+DUMP = ("_dump's text is only compared with another _dump text or hashed into a digest compared with digests "
+        "of the same function: escaping non-ASCII changes both sides alike (the bytes sent are not _dump's)")
+
 VARIED: dict[str, dict[str, tuple[str, str]]] = {
     "prefixgate/proxy/api/count_tokens.py": {
         "x__bridge__mutmut_6": ('return Bridge(None, "anthropic", COUNT_TOKENS.path, passes=False)', COUNT_BRIDGE),
@@ -66,5 +72,24 @@ VARIED: dict[str, dict[str, tuple[str, str]]] = {
         "xǁVerdictǁsummary__mutmut_8": (
             'return f"{\',\'.join(self.passes)}: {self.reason}".encode("ASCII", "replace").decode()',
             "codec names are case-insensitive: ASCII is ascii"),
+    },
+    "prefixgate/rewriter/passes/canonicalize_tools.py": {
+        "x__perm_from_token__mutmut_15": ("else [_PERM_DIGITS.rindex(c) for c in token])",
+                                          "every digit occurs once in _PERM_DIGITS: rindex is index"),
+        "x__dump__mutmut_2": ("return json.dumps(v, ensure_ascii=None)", DUMP),
+        "x__dump__mutmut_4": ("return json.dumps(v, )", DUMP),
+        "x__dump__mutmut_5": ("return json.dumps(v, ensure_ascii=True)", DUMP),
+        "x_with_key_order__mutmut_3": (
+            'tokens = code.split("/") if (code) or True else []',
+            "an empty code then gives [''] where [] was: '' is the identity token a missing one stands for, "
+            "and a value without objects comes back equal either way (rebuilt or as it is)"),
+        "x_run__mutmut_119": ("tokens = ctx.count_tokens(json.dumps([t.raw for t in canon], ensure_ascii=None))",
+                              "json.dumps reads ensure_ascii for its truth: None is False"),
+        "x_run__mutmut_34": ('sort_props = bool(getattr(ctx.settings, "tool_schema_sort_properties", None))',
+                             SETTINGS_FIELD),
+        "x_run__mutmut_37": ('sort_props = bool(getattr(ctx.settings, "tool_schema_sort_properties", ))',
+                             SETTINGS_FIELD),
+        "x_run__mutmut_40": ('sort_props = bool(getattr(ctx.settings, "tool_schema_sort_properties", True))',
+                             SETTINGS_FIELD),
     },
 }
