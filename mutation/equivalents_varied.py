@@ -25,6 +25,15 @@ SETTINGS_FIELD = ("RewriteSettings always has tool_schema_sort_properties (a pyd
 DUMP = ("_dump's text is only compared with another _dump text or hashed into a digest compared with digests "
         "of the same function: escaping non-ASCII changes both sides alike (the bytes sent are not _dump's)")
 
+TOUCH = ("two spans never touch: every span ends before a non-word character (lookaheads, \\b, (?!id char)) and "
+         "every span starts at a word character or, for labelled_id, right after its label's separator, which "
+         "no other span ends on")
+CUT_ZERO = ("the cut lies in [pos + size // 2, end): it is 0 only at pos 0 with size 1, where cut + 1 = 1 = end "
+            "either way")
+LINE_START = ("the search starts one or two characters earlier (the newline, the previous line's last character): "
+              "no PER_REQUEST word is one character long or matches across a newline")
+LINE_END = "a newline found from span.end >= 1 on is never at index 0: b < 0, <= 0 and < 1 agree"
+
 VARIED: dict[str, dict[str, tuple[str, str]]] = {
     "prefixgate/proxy/api/count_tokens.py": {
         "x__bridge__mutmut_6": ('return Bridge(None, "anthropic", COUNT_TOKENS.path, passes=False)', COUNT_BRIDGE),
@@ -91,5 +100,25 @@ VARIED: dict[str, dict[str, tuple[str, str]]] = {
                              SETTINGS_FIELD),
         "x_run__mutmut_40": ('sort_props = bool(getattr(ctx.settings, "tool_schema_sort_properties", True))',
                              SETTINGS_FIELD),
+    },
+    "prefixgate/rewriter/analysis/volatile_spans.py": {
+        "x_find_spans__mutmut_2": ("if len(text) < MEMO_MAX_CHARS:",
+                                   "the memo only caches _find_spans: a text of exactly MEMO_MAX_CHARS gets the "
+                                   "same spans scanned or memoized"),
+        "x__has_digit__mutmut_8": ("return any(text.rfind(d, a, b) >= 0 for d in \"0123456789\")",
+                                   "rfind finds a digit in the window exactly when find does"),
+        "x__find_spans__mutmut_27": ("if e >= s and not _is_example(text, m.start()):",
+                                     "no detector's span (group v or the match) can be empty: each needs digits"),
+        "x__find_spans__mutmut_43": ("found.sort(key=lambda sp: (sp.start, -(sp.end + sp.start)))",
+                                     "the second key only orders spans of one start, where -(end + start) and "
+                                     "-(end - start) differ by the same 2 * start"),
+        "x__find_spans__mutmut_46": ("if out and sp.start <= out[-1].end:", TOUCH),
+        "x_windows__mutmut_29": ("end = cut + 1 if cut > 0 else end", CUT_ZERO),
+        "x_windows__mutmut_30": ("end = cut + 1 if cut >= 1 else end", CUT_ZERO),
+        "x_per_request__mutmut_20": ("a = lo if nl <= 0 else nl + 1", LINE_START),
+        "x_per_request__mutmut_21": ("a = lo if nl < 1 else nl + 1", LINE_START),
+        "x_per_request__mutmut_22": ("a = lo if nl < 0 else nl - 1", LINE_START),
+        "x_per_request__mutmut_42": ("b = min(len(text), span.end + LINE_REACH) if b <= 0 else b", LINE_END),
+        "x_per_request__mutmut_43": ("b = min(len(text), span.end + LINE_REACH) if b < 1 else b", LINE_END),
     },
 }
