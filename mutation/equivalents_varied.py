@@ -34,6 +34,10 @@ LINE_START = ("the search starts one or two characters earlier (the newline, the
               "no PER_REQUEST word is one character long or matches across a newline")
 LINE_END = "a newline found from span.end >= 1 on is never at index 0: b < 0, <= 0 and < 1 agree"
 
+SIZE_UNREAD = "size is read only to estimate tokens, which count_tokens=False skips"
+SAME_WINDOW = ("this branch runs only when the limiter's current window is the ticket's: the current one (None, "
+               "the default) is that window")
+
 VARIED: dict[str, dict[str, tuple[str, str]]] = {
     "prefixgate/proxy/api/count_tokens.py": {
         "x__bridge__mutmut_6": ('return Bridge(None, "anthropic", COUNT_TOKENS.path, passes=False)', COUNT_BRIDGE),
@@ -120,5 +124,29 @@ VARIED: dict[str, dict[str, tuple[str, str]]] = {
         "x_per_request__mutmut_22": ("a = lo if nl < 0 else nl - 1", LINE_START),
         "x_per_request__mutmut_42": ("b = min(len(text), span.end + LINE_REACH) if b <= 0 else b", LINE_END),
         "x_per_request__mutmut_43": ("b = min(len(text), span.end + LINE_REACH) if b < 1 else b", LINE_END),
+    },
+    "prefixgate/proxy/http/auth.py": {
+        "x_new_key__mutmut_2": ("return KEY_PREFIX + secrets.token_urlsafe(None)",
+                                "secrets.token_urlsafe's default is 32 bytes, the number the line names"),
+        "x_basic_password__mutmut_9": ('decoded = base64.b64decode(token.strip(), validate=True).decode("UTF-8")',
+                                       "codec names are case-insensitive: UTF-8 is utf-8"),
+        "x_basic_password__mutmut_16": ('return password.strip() if (colon) or True else ""',
+                                        "without a colon str.partition leaves the password empty: '' either way"),
+        "x_presented_key__mutmut_8": ('bearer = headers.get("authorization", "XXXX")',
+                                      "a missing header's default names no scheme either way ('XXXX' is neither "
+                                      "bearer nor basic): no key from it"),
+        "xǁGuardǁ_key__mutmut_2": (
+            "return next((k for k in self.store.keys() if k.id == key_id), None) if (key_id) or True else None",
+            "no stored key has the id '' (KEY_ID_PATTERN): the search finds None as the else branch says"),
+        "xǁGuardǁadmit__mutmut_33": ("await self.limit(found.id, None, 0, count_tokens=None)",
+                                     "count_tokens is read for its truth only (counts, Ticket.tokens): None is False"),
+        "xǁGuardǁadmit__mutmut_32": ("await self.limit(found.id, None, None, count_tokens=False)", SIZE_UNREAD),
+        "xǁGuardǁadmit__mutmut_38": ("await self.limit(found.id, None, 1, count_tokens=False)", SIZE_UNREAD),
+        "xǁGuardǁsettle__mutmut_14": ("self._open.pop(ticket.key_id, )",
+                                      "the key is in _open (open_ was just read from it): pop needs no default"),
+        "xǁGuardǁsettle__mutmut_46": ("self.limiter.add_tokens(ticket.key_id, delta, None)", SAME_WINDOW),
+        "xǁGuardǁsettle__mutmut_49": ("self.limiter.add_tokens(ticket.key_id, delta, )", SAME_WINDOW),
+        "xǁGuardǁsettle__mutmut_50": ("elif delta >= 0:  # spent now: counts in the window it is spent in",
+                                      "a delta of 0 adds nothing: add_tokens returns at once for 0 tokens"),
     },
 }
