@@ -38,6 +38,9 @@ SIZE_UNREAD = "size is read only to estimate tokens, which count_tokens=False sk
 SAME_WINDOW = ("this branch runs only when the limiter's current window is the ticket's: the current one (None, "
                "the default) is that window")
 
+OWN_WATCHER = ("the watcher the relay hands back is the one this bridge's stream() made, a ResponsesWatcher, "
+               "which always has last_seq and response_id: getattr's default is never read")
+
 VARIED: dict[str, dict[str, tuple[str, str]]] = {
     "prefixgate/proxy/api/count_tokens.py": {
         "x__bridge__mutmut_6": ('return Bridge(None, "anthropic", COUNT_TOKENS.path, passes=False)', COUNT_BRIDGE),
@@ -148,5 +151,22 @@ VARIED: dict[str, dict[str, tuple[str, str]]] = {
         "xǁGuardǁsettle__mutmut_49": ("self.limiter.add_tokens(ticket.key_id, delta, )", SAME_WINDOW),
         "xǁGuardǁsettle__mutmut_50": ("elif delta >= 0:  # spent now: counts in the window it is spent in",
                                       "a delta of 0 adds nothing: add_tokens returns at once for 0 tokens"),
+    },
+    "prefixgate/proxy/bridges/responses_identity.py": {
+        "x__input_excerpt__mutmut_33": (
+            "parts.append(t[:VIEW_INPUT_CHARS + seen])",
+            "a part kept longer than what is left only adds characters past the bound in the joined text, "
+            "which the final [:VIEW_INPUT_CHARS] cuts; seen still reaches the bound at the same item"),
+        "xǁResponsesIdentityǁend_mapper__mutmut_38": (
+            '"sequence_number": getattr(watcher, "last_seq", None) + 1}', OWN_WATCHER),
+        "xǁResponsesIdentityǁend_mapper__mutmut_41": ('"sequence_number": getattr(watcher, "last_seq", ) + 1}',
+                                                      OWN_WATCHER),
+        "xǁResponsesIdentityǁend_mapper__mutmut_44": ('"sequence_number": getattr(watcher, "last_seq", +1) + 1}',
+                                                      OWN_WATCHER),
+        "xǁResponsesIdentityǁend_mapper__mutmut_45": ('"sequence_number": getattr(watcher, "last_seq", -2) + 1}',
+                                                      OWN_WATCHER),
+        "xǁResponsesIdentityǁstream_done__mutmut_4": ('rid = getattr(watcher, "response_id", None)', OWN_WATCHER),
+        "xǁResponsesIdentityǁstream_done__mutmut_7": ('rid = getattr(watcher, "response_id", )', OWN_WATCHER),
+        "xǁResponsesIdentityǁstream_done__mutmut_10": ('rid = getattr(watcher, "response_id", "XXXX")', OWN_WATCHER),
     },
 }
