@@ -8,6 +8,7 @@ The score script checks the line against the mutant's diff, so an entry that no 
 from __future__ import annotations
 
 from mutation.equivalents_engine import ENGINE
+from mutation.equivalents_varied import VARIED
 
 UNREACHABLE_FALLBACK = ("unreachable: with session_balance >= 1, the group's live keys number total - 1 < "
                         "n * cap, so some deployment is under the cap and the generator never runs out")
@@ -560,3 +561,4 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
     },
 }
 EQUIVALENT.update(ENGINE)
+EQUIVALENT.update(VARIED)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -58,3 +59,13 @@ def test_one_more_message_costs_its_text_and_its_role_markers(msgs: list[dict[st
 def test_empty_messages_still_cost_their_role_markers() -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": ""}] * 3}
     assert estimate(body) == _parts(body) + 12
+
+
+@pytest.mark.parametrize("messages", ["absent", None, "xyz", {"role": "user", "content": "hi"}, 7])
+def test_messages_that_are_not_a_list_cost_their_text_and_no_role_markers(messages: Any) -> None:
+    """No list, no messages: nothing counts as a role marker (0 messages, not 1)."""
+    body: dict[str, Any] = {"model": MODEL, "system": "abc"}
+    if messages != "absent":
+        body["messages"] = messages
+    parts = _parts({k: v for k, v in body.items() if v is not None})
+    assert estimate(body) == parts

@@ -21,7 +21,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from prefixgate.proxy.api.count_tokens import estimate
+from prefixgate.proxy.api.count_tokens import check, estimate
+from prefixgate.proxy.core.errors import InvalidRequest
 from prefixgate.proxy.pipeline.rewrite import default_rewrite_fn
 from tests.proxy.upstream import Script
 from tests.servers import serve_app
@@ -137,3 +138,16 @@ def test_estimate_without_a_message_list_counts_no_role_markers() -> None:
         {"model": "gpt-4", "system": "abc", "messages": None})
     assert estimate({"model": "gpt-4", "system": "abc", "messages": "xyz"}) > estimate(
         {"model": "gpt-4", "system": "abc"})  # counted as text, no role markers (0 messages)
+
+
+@pytest.mark.parametrize("messages", ["hello", {"role": "user"}, None, 3])
+def test_the_check_names_the_field_and_its_error_code(messages: Any) -> None:
+    """The exception names ``messages`` and ``invalid_type``: Anthropic's error shape shows only
+    the message, so the field and code are held here, where they are set."""
+    body: dict[str, Any] = {"model": "claude-x"}
+    if messages is not None:
+        body["messages"] = messages
+    with pytest.raises(InvalidRequest) as err:
+        check(body)
+    assert (err.value.param, err.value.code, err.value.status) == ("messages", "invalid_type", 400)
+    check({"model": "claude-x", "messages": []})  # an array passes
