@@ -239,7 +239,9 @@ def test_gamma_refuses_half_the_precision_or_more() -> None:
 def test_the_head_takes_an_fp32_matrix_and_its_documented_defaults() -> None:
     w = torch.randn(40, 32)
     head = ScreenedHead(w, lambda t: F.linear(t, w))
-    assert (head.levels, head.num_outliers, head.reduce_range) == (127, 16, False)
+    assert (head.levels, head.num_outliers, head.reduce_range) == (LEVELS, 16, LEVELS < 127)
+    assert screened_head.cpu_levels() == LEVELS
+    assert ScreenedHead(w, lambda t: t, 127).reduce_range is False
     assert ScreenedHead(w, lambda t: t, 63, num_outliers=40).num_outliers == 31   # at most D - 1
     for bad in (w.double(), w[0], w.unsqueeze(0)):
         with pytest.raises(ValueError, match=r"^ScreenedHead needs an fp32 \[vocab, hidden\] weight$"):

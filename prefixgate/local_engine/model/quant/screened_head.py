@@ -89,8 +89,9 @@ class ScreenedHead:
     ``weight [V, D]``: the fp32 head matrix (kept by reference: for tied models the embedding
     table, which the model keeps anyway; rows are gathered from it for rescoring). ``full``: the
     model's own full-precision head (``x -> [R, V]``), run on the whole step where the screen
-    proves nothing (module docstring, step 5). ``levels``: 127, or
-    63 on CPUs whose int8 kernel needs 7-bit activations. ``num_outliers``: input channels
+    proves nothing (module docstring, step 5). ``levels``: 127, or 63 on CPUs whose int8
+    kernel needs 7-bit activations (fbgemm without VNNI: its 16-bit pair sums saturate);
+    None: :func:`cpu_levels`, what this CPU needs. ``num_outliers``: input channels
     multiplied in fp32 (module docstring, step 1). Counters ``rows`` / ``full_rows`` /
     ``candidates``: rows screened and proven, rows given the full head (non-finite, or a step
     with a row not proven: module docstring, step 5), candidates rescored.
@@ -98,7 +99,8 @@ class ScreenedHead:
     """
 
     def __init__(self, weight: torch.Tensor, full: Callable[[torch.Tensor], torch.Tensor],
-                 levels: int = 127, num_outliers: int = 16) -> None:
+                 levels: int | None = None, num_outliers: int = 16) -> None:
+        levels = cpu_levels() if levels is None else levels
         w = weight.detach()
         if w.dtype != torch.float32 or w.dim() != 2:
             raise ValueError("ScreenedHead needs an fp32 [vocab, hidden] weight")
@@ -219,11 +221,13 @@ def attach(model: Any, full: Callable[[torch.Tensor], torch.Tensor]) -> bool:
     w = model.head_weight()
     if not available(w):
         return False
-    model._argmax_head = ScreenedHead(w, full, 127 if _cpu_has_vnni() else 63)
+    model._argmax_head = ScreenedHead(w, full, cpu_levels())
     return True
 
 
-def _cpu_has_vnni() -> bool:
+def cpu_levels() -> int:
+    """Activation levels this CPU's int8 kernel computes exactly: 127 with VNNI, else 63 (a
+    head built with 127 on an AVX2-only CPU screens with errors past its bound: seen here)."""
     from prefixgate.local_engine.model.quant.cpu_features import cpu_has_vnni as has
 
-    return has()
+    return 127 if has() else 63
