@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from prefixgate.local_engine.model.llama import load_model
 from prefixgate.local_engine.model.quant import sensitivity as quant_sensitivity
+from prefixgate.local_engine.model.quant.cpu_features import cpu_has_vnni
 from prefixgate.local_engine.model.quant.int8 import Int8Linear, quantize_model
 from prefixgate.local_engine.model.quant.sensitivity import edge_layers, kept_layers, prefill
 
@@ -62,7 +63,9 @@ def test_keeping_head_and_edges_raises_teacher_forced_agreement(tiny_dir: Path) 
     plain = prefill(quantize_model(_fp32(tiny_dir), "int8"), IDS * 3).argmax(-1)
     kept = prefill(quantize_model(_fp32(tiny_dir), "int8", [1], keep_head=True), IDS * 3).argmax(-1)
     assert float((kept == ref).float().mean()) >= float((plain == ref).float().mean())
-    assert float((kept == ref).float().mean()) >= 0.85  # random tiny weights: many near ties
+    # random tiny weights: many near ties; 7-bit activations without VNNI (quant.int8
+    # reduce_range) agree less: 0.80 measured on an AVX2-only CPU
+    assert float((kept == ref).float().mean()) >= (0.85 if cpu_has_vnni() else 0.75)
 
 
 def test_engine_int8_keeps_head_and_edge_layers_by_default(make_engine: Any) -> None:

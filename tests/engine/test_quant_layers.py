@@ -18,12 +18,18 @@ import torch.nn.functional as F
 
 from prefixgate.local_engine.model.llama import CausalLM, ModelArgs
 from prefixgate.local_engine.model.quant import cpu_features
+from prefixgate.local_engine.model.quant.cpu_features import cpu_has_vnni
 from prefixgate.local_engine.model.quant.int8 import Int8Linear, linear_any, quantize_model
 from prefixgate.local_engine.model.quant.sensitivity import prefill
 
 # ‖logits(one layer int8) − logits(fp32)‖ / ‖logits(fp32)‖; measured 0.035 / 0.017 / 0.010 for
-# layers 0 / 1 / 2 of this model (its QKV bias zeroed instead: 1.00 / 0.45 / 0.24)
-LAYER_REL_TOL = 0.05
+# layers 0 / 1 / 2 of this model on a VNNI CPU (its QKV bias zeroed instead: 1.00 / 0.45 / 0.24);
+# 0.063 for layer 0 on an AVX2-only CPU, whose int8 kernel takes 7-bit activations (a step twice
+# as coarse: quant.int8 reduce_range), so the bound doubles there
+LAYER_REL_TOL = 0.05 if cpu_has_vnni() else 0.10
+UNBIASED_MIN_REL = 0.2
+"""The test's power: a layer without its QKV bias is at least this far off (0.24 for layer 2,
+the nearest), above either CPU's tolerance."""
 LAYERS = 3
 IDS = [3, 17, 250, 96, 41, 7, 199, 128, 64, 5, 230, 12]
 
@@ -71,7 +77,7 @@ def test_each_int8_layer_matches_fp32_within_tolerance_with_its_qkv_bias(layer: 
     unbiased = qwen_like()
     unbiased.decoder_layers()[layer].qkv.bias.zero_()
     unbiased.decoder_layers()[layer].bind()
-    assert rel(prefill(unbiased, IDS), ref) > 4 * LAYER_REL_TOL
+    assert rel(prefill(unbiased, IDS), ref) > UNBIASED_MIN_REL
 
 
 def test_the_whole_model_int8_stays_close_and_frees_the_float_weights() -> None:
