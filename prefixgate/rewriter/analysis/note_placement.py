@@ -52,8 +52,10 @@ PLACEMENTS = ("end", "last_user", "system_end", "reminder", "inline")
 NOTE_HEADER = "(Current values for the placeholders in the instructions above:)"
 REMINDER_OPEN = "<system-reminder>"
 REMINDER_CLOSE = "</system-reminder>"
-_LABELLED = re.compile(r"^(?:the )?[A-Za-z][A-Za-z ]{0,40}?(?: is |: ?)(?P<value>.+?)\.?$", re.I)
-"""A moved line that states or labels its value: ``The current time is X.``, ``Request ID: X``."""
+_LABELLED = re.compile(r"^(?:the )?[A-Za-z][A-Za-z ]{0,40}?(?: is |: ?)(?P<value>.{1,400}?)\.?$",
+                       re.I)
+"""A moved line that states or labels its value: ``The current time is X.``, ``Request ID: X``
+(a value over 400 characters: the line is kept whole; bounded reach, tests/rewriter/test_linear_scans)."""
 
 
 def resolve(target: str, api: Api) -> str:
