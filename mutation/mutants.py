@@ -125,7 +125,7 @@ MUTANTS: list[Mutant] = [
       "drop = e - keep", "drop = e - keep + 1", PHIST,
       "off by one: compaction cuts into the next turn (orphan results)"),
     m("hoist_loses_a_note", "prefixgate/rewriter/analysis/note_placement.py",
-      'parts = list(moved_lines)', 'parts = list(moved_lines[1:])', HOIST,
+      'and moved_lines else list(moved_lines)', 'and moved_lines else list(moved_lines[1:])', HOIST,
       "a hoisted span is not carried in the note (meaning lost)"),
     m("validate_ttl_order_inverted", "prefixgate/rewriter/wire/validate.py",
       'elif t == "1h" and seen_5m:', 'elif t == "1h" and not seen_5m:', VALID,
@@ -178,7 +178,7 @@ MUTANTS: list[Mutant] = [
       "B07: cache writes left out of prompt_tokens"),
     # -- ledger and cost ---------------------------------------------------------------------------
     m("ledger_rows_newest_first", "prefixgate/cache/ledger/store.py",
-      'FROM requests WHERE ts >= ? ORDER BY id"', 'FROM requests WHERE ts >= ? ORDER BY id DESC"',
+      'FROM requests WHERE ts >= ?{where} ORDER BY id",', 'FROM requests WHERE ts >= ?{where} ORDER BY id DESC",',
       LEDGER,
       "rows come back in the wrong order"),
     m("cost_1h_writes_counted_twice", "prefixgate/cache/savings/cost.py",
@@ -397,7 +397,7 @@ MUTANTS: list[Mutant] = [
       T("guard/verdicts"), "one tenant reads another's verdicts"),
     m("guard_budget_check_then_incr", "prefixgate/cache/guard/budget.py",
       "            now = await self.shared.incr(key, amount, KEY_TTL_S)\n            held.append((key, amount))\n"
-      "            if now > limit:",
+      "            if now > limit or not self._shared_up():",
       "            if await self.shared.count(key) + amount <= limit:\n"
       "                await self.shared.incr(key, amount, KEY_TTL_S)\n"
       "                held.append((key, amount))\n                continue\n            if True:",
