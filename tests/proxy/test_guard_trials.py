@@ -343,3 +343,31 @@ async def test_verdicts_and_budgets_are_shared_through_redis(tmp_path: Path,
     finally:
         r = redis.Redis.from_url(url)
         r.delete(*(r.keys(prefix + "*") or [prefix]))
+
+
+@pytest.mark.parametrize("clock", [False, True])
+async def test_five_trialling_moves_cost_one_background_rewrite_where_none_applies(
+        tmp_path: Path, session: Session, clock: bool) -> None:
+    """The shipped defaults guard all five moves: a request none of them changes gets ONE
+    background rewrite (all forced on), not one per move; where hoisting applies, it is still
+    found and trialled."""
+    policy = _policy(tmp_path)
+    policy = policy.model_copy(update={"rewrite": policy.rewrite.model_copy(
+        update={m: "guarded" for m in MOVES})})
+    app = build_app(policy, ledger=Ledger(policy.ledger.path),
+                    transport=httpx.MockTransport(up := Upstream()), analyze=False)
+    guard = app.state.proxy.meaning_guard
+    calls: list[int] = []
+    inner = guard.rewrite_fn
+
+    def counting(body: Any, api: Any, ctx: Any) -> Any:
+        calls.append(1)
+        return inner(body, api, ctx)
+
+    guard.rewrite_fn = counting
+    answers, _, _ = await session(policy, 3, clock=clock, app=app, up=up)
+    if clock:  # turns 2-3: the combined rewrite sees a change, then hoisting alone is tried
+        assert len(up.trials()) == 2 * 3
+    else:
+        assert up.trials() == [] and len(calls) == len(answers) == 3
+        assert guard.counts["not_applied"] == 3 * len(MOVES)

@@ -13,8 +13,10 @@ calls :meth:`MeaningGuard.after`), for a request whose rewrite ran:
 2. "original" is the request's own rewrite (``Exchange.rw``: the move was off, it is
    trialling); "variant" the pass body rewritten again with the request's settings and
    session-memory view (``Exchange.ctx``) and the move forced on; both encoded by the primary
-   bridge as the proxy encodes them; equal bytes: the move did not apply, no trial (one
-   rewrite per trialling move, in the background). Its memory updates are dropped but the
+   bridge as the proxy encodes them; equal bytes: the move did not apply, no trial (in the
+   background; with several moves trialling, one rewrite with all of them forced on first,
+   :meth:`MeaningGuard._any_applies`: a request none changes costs one rewrite, not one per
+   move). Its memory updates are dropped but the
    move's own (:meth:`MeaningGuard._learn`: a move off on the client's requests never learns,
    and ``hoist_volatile`` needs to have seen a line change);
 3. sampled: one in ``sample_every`` of the requests the move changes, per (route, tenant, move);
@@ -302,10 +304,12 @@ class MeaningGuard:
         is sampled. Never raises (a cancellation ends it)."""
         try:
             verdicts = await self.book.verdicts(job.route, job.tenant, self.moves)
-            for move in self.moves:
-                v = verdicts.get(move)
-                if v is None or v.state != "trialling" or move in job.stood_back:
-                    continue  # decided, or the route's stand-back holds it off
+            trialling = [m for m in self.moves if (v := verdicts.get(m)) is not None
+                         and v.state == "trialling" and m not in job.stood_back]
+            if len(trialling) > 1 and not await self._any_applies(state, job, trialling):
+                self.counts["not_applied"] += len(trialling)
+                return
+            for move in trialling:
                 bodies = await self._bodies(state, job, move)
                 if bodies is None:
                     self.counts["not_applied"] += 1
@@ -317,6 +321,22 @@ class MeaningGuard:
             raise
         except Exception:
             log.exception("meaning-guard trial failed")
+
+    async def _any_applies(self, state: ProxyState, job: TrialJob, moves: list[str]) -> bool:
+        """Whether any of ``moves`` changes ``job``'s body: ONE rewrite with all of them forced
+        on (what each learns is kept, as in :meth:`_bodies`). Most requests change under none
+        of them (no clock, no passages, a small catalog), so they cost one background rewrite,
+        not one per trialling move; where one applies, :meth:`_bodies` finds which."""
+        ctx = job.ctx
+        for move in moves:
+            ctx = replace(ctx, settings=forced(ctx.settings, move, True))
+        view_raw = job.raw if job.view is job.body else orjson.dumps(job.view)
+        rw = await rewrite_off_loop(self.rewrite_fn, job.view, view_raw, job.pass_api, ctx)
+        if rw.summary in NOT_REWRITTEN:
+            return False
+        for move in moves:
+            await self._learn(state, job, move, rw.edits)
+        return rw.raw != job.sent.raw
 
     def _sampled(self, job: TrialJob, move: str) -> bool:
         """One in ``sample_every`` of the requests ``move`` changes, per (route, tenant, move),
