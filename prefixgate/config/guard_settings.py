@@ -42,6 +42,12 @@ MOVES: tuple[str, ...] = ("hoist_volatile", "stabilise_passages", "prune_tools",
 """The passes the meaning guard judges: each is both a pass name and its ``RewriteSettings``
 switch."""
 
+
+def guarded_moves(settings: Any) -> list[str]:
+    """The moves whose mode in ``settings`` (a ``RewriteSettings``) is ``guarded``, in
+    :data:`MOVES` order."""
+    return [m for m in MOVES if getattr(settings, m, None) == "guarded"]
+
 MOVE_MODES: tuple[str, ...] = ("off", "on", "guarded")
 
 

@@ -35,7 +35,7 @@ from typing import Any, Literal
 import typer
 
 from prefixgate.config.backend_kinds import traits
-from prefixgate.config.guard_settings import MOVES
+from prefixgate.config.guard_settings import guarded_moves
 from prefixgate.config.loader import PolicyError, default_policy, load_policy, resolve_route
 from prefixgate.config.schema import Policy, switch_on
 from prefixgate.proxy.core import exactjson
@@ -188,11 +188,6 @@ GUARDED_NOTE = ("off in this dry run: the proxy turns a guarded move on per rout
                 "to see what it would do)")
 
 
-def guarded_moves(policy: Policy) -> list[str]:
-    """The moves whose mode in ``policy`` is ``guarded`` (off in this dry run)."""
-    return [m for m in MOVES if getattr(policy.rewrite, m) == "guarded"]
-
-
 def _text_report(outcome: RewriteOutcome, diff: str, edits: list[dict[str, Any]],
                  guarded: list[str] | None = None) -> str:
     lines = ["== rewritten body ==", exactjson.pretty(outcome.body), "",
@@ -254,7 +249,7 @@ def rewrite(
     outcome, steps, prov = explain(body, raw, wire_api, pol, provider)
     diff = unified_diff(body, outcome.body)
     edits = edit_dicts(steps)
-    guarded = guarded_moves(pol) if pol.rewrite.enabled else []
+    guarded = guarded_moves(pol.rewrite) if pol.rewrite.enabled else []  # off in a dry run
     if as_json:
         typer.echo(json.dumps({"api": wire_api, "provider": prov, "summary": outcome.summary,
                                "tokens_pruned": outcome.pruned,

@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from prefixgate.config.guard_settings import MOVES
+from prefixgate.config.guard_settings import guarded_moves
 from prefixgate.config.schema import RewriteSettings
 from prefixgate.rewriter.types import Edit
 
@@ -63,11 +63,6 @@ class GuardBookLike(Protocol):
                        moves: Sequence[str]) -> Mapping[str, VerdictLike]:
         """The (route, tenant)'s verdict of each of ``moves``."""
         ...
-
-
-def guarded_moves(settings: RewriteSettings) -> list[str]:
-    """The moves whose mode in ``settings`` is ``guarded``, in :data:`MOVES` order."""
-    return [m for m in MOVES if getattr(settings, m) == "guarded"]
 
 
 def _words(text: str) -> str:

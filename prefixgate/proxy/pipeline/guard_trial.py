@@ -58,7 +58,7 @@ import orjson
 
 from prefixgate.cache.ledger.store import LedgerRow
 from prefixgate.config.backend_kinds import traits
-from prefixgate.config.guard_settings import MOVES, GuardSettings, TrialBudget
+from prefixgate.config.guard_settings import GuardSettings, TrialBudget, guarded_moves
 from prefixgate.config.prices import PRICES, price_for
 from prefixgate.config.schema import Backend, Policy, RewriteSettings
 from prefixgate.proxy.bridges.base import Bridge
@@ -137,11 +137,6 @@ def verdict_json(verdict: Any) -> str:
     if verdict is None:
         return ""
     return orjson.dumps({f: getattr(verdict, f) for f in VERDICT_FIELDS}).decode()
-
-
-def guarded_moves(settings: RewriteSettings) -> list[str]:
-    """The moves whose policy mode is ``guarded`` (:data:`MOVES` order)."""
-    return [m for m in MOVES if getattr(settings, m, None) == "guarded"]
 
 
 def forced(settings: RewriteSettings, move: str, on: bool) -> RewriteSettings:
