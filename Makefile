@@ -69,7 +69,7 @@ chromium:
 TEST_WORKERS ?= 2
 
 test: $(MODEL_DIR)/config.json redis postgres chromium wrk
-	PREFIXGATE_MODEL_DIR=$(MODEL_DIR) $(PY) -m pytest -q -n $(TEST_WORKERS)
+	PREFIXGATE_MODEL_DIR=$(MODEL_DIR) $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25
 
 test-fast: $(VENV)/.installed chromium
 	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
