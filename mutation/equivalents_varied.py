@@ -41,6 +41,16 @@ SAME_WINDOW = ("this branch runs only when the limiter's current window is the t
 OWN_WATCHER = ("the watcher the relay hands back is the one this bridge's stream() made, a ResponsesWatcher, "
                "which always has last_seq and response_id: getattr's default is never read")
 
+LEVELS_DEFAULT = ("ScreenedHead's levels=None is cpu_levels() (its first line): passing None or nothing is passing "
+                  "cpu_levels()")
+FIRST_CALL = ("overwritten before first use: screen() calls _outliers first, whose first call is call 1, in "
+              "REFRESH_AT, which sets chans, w_chans and keep_mask from the inputs")
+NEG_INF = "float() parses 'inf' case-insensitively: float('-INF') is float('-inf')"
+ROUND_BOUNDED = ("q = round(xs / d) with d = max|xs| / L is within [-L, L] already (|xs_i| <= max|xs|; a quotient "
+                 "of L(1 + 2u) rounds to L); where max|xs| = 0 every q is 0: the clamp never bites on either side")
+QPARAMS = ("the kernel's dynamic quantization reads only the min and max of the whole input: an extra zero row, "
+           "or -L in another column of the sentinel row (hidden >= 3; SmolLM2 576), leaves both as they are")
+
 VARIED: dict[str, dict[str, tuple[str, str]]] = {
     "prefixgate/proxy/api/count_tokens.py": {
         "x__bridge__mutmut_6": ('return Bridge(None, "anthropic", COUNT_TOKENS.path, passes=False)', COUNT_BRIDGE),
@@ -168,5 +178,23 @@ VARIED: dict[str, dict[str, tuple[str, str]]] = {
         "xǁResponsesIdentityǁstream_done__mutmut_4": ('rid = getattr(watcher, "response_id", None)', OWN_WATCHER),
         "xǁResponsesIdentityǁstream_done__mutmut_7": ('rid = getattr(watcher, "response_id", )', OWN_WATCHER),
         "xǁResponsesIdentityǁstream_done__mutmut_10": ('rid = getattr(watcher, "response_id", "XXXX")', OWN_WATCHER),
+    },
+    "prefixgate/local_engine/model/quant/screened_head.py": {
+        "x_attach__mutmut_8": ("model._argmax_head = ScreenedHead(w, full, None)", LEVELS_DEFAULT),
+        "x_attach__mutmut_11": ("model._argmax_head = ScreenedHead(w, full, )", LEVELS_DEFAULT),
+        "xǁScreenedHeadǁ__init____mutmut_31": ("self.packed = torch.ops.quantized.linear_prepack(q, )",
+                                               "linear_prepack's bias defaults to None"),
+        "xǁScreenedHeadǁ__init____mutmut_54": ("self.sentinel = torch.zeros(2, w.shape[1])", QPARAMS),
+        "xǁScreenedHeadǁ__init____mutmut_60": ("self.sentinel[0, 0], self.sentinel[0, 2] = levels + 1, -levels",
+                                               QPARAMS),
+        "xǁScreenedHeadǁ__init____mutmut_77": ("self.chans = None", FIRST_CALL),
+        "xǁScreenedHeadǁ__init____mutmut_79": ("self.w_chans = None", FIRST_CALL),
+        "xǁScreenedHeadǁ__init____mutmut_84": ("self.keep_mask[: self.num_outliers] = 1.0", FIRST_CALL),
+        "xǁScreenedHeadǁ_proven__mutmut_17": ('ninf = value.new_full((rows,), float("-INF"))', NEG_INF),
+        "xǁScreenedHeadǁ_proven__mutmut_65": (
+            'other_hi = ninf.scatter_reduce(0, row, hi.masked_fill(at_best, float("-INF")), "amax")', NEG_INF),
+        "xǁScreenedHeadǁscreen__mutmut_17": ("q = torch.round(xs / d).clamp_(None, lv)", ROUND_BOUNDED),
+        "xǁScreenedHeadǁscreen__mutmut_18": ("q = torch.round(xs / d).clamp_(-lv, None)", ROUND_BOUNDED),
+        "xǁScreenedHeadǁscreen__mutmut_20": ("q = torch.round(xs / d).clamp_(-lv, )", ROUND_BOUNDED),
     },
 }
