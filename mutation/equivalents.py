@@ -267,6 +267,7 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
         "xǁLimiterǁadmit__mutmut_2": ("pending: int = 1) -> Refusal | None:", PROTOCOL),
         "xǁMemoryLimiterǁ__init____mutmut_4": ("self._window = None", PRUNE),
         "xǁMemoryLimiterǁ__init____mutmut_5": ("self._window = +1", PRUNE),
+        "xǁMemoryLimiterǁ__init____mutmut_6": ("self._window = -2", PRUNE),
         "xǁMemoryLimiterǁ_prune__mutmut_7": ("self._window = None", PRUNE),
         "xǁRedisLimiterǁdrain__mutmut_1": (
             "await asyncio.gather(*list(self._tasks), return_exceptions=None)", NEVER_RAISES),
