@@ -8,6 +8,7 @@ The score script checks the line against the mutant's diff, so an entry that no 
 from __future__ import annotations
 
 from mutation.equivalents_engine import ENGINE
+from mutation.equivalents_guard import GUARD
 from mutation.equivalents_varied import VARIED
 
 UNREACHABLE_FALLBACK = ("unreachable: with session_balance >= 1, the group's live keys number total - 1 < "
@@ -563,3 +564,4 @@ EQUIVALENT: dict[str, dict[str, tuple[str, str]]] = {
 }
 EQUIVALENT.update(ENGINE)
 EQUIVALENT.update(VARIED)
+EQUIVALENT.update(GUARD)

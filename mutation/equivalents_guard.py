@@ -1,0 +1,27 @@
+"""Equivalent mutants of the meaning guard (``prefixgate/cache/guard/``, issue 36), by module:
+the mutant's name -> (the mutated line as its diff shows it, the one-line reason)
+(:mod:`mutation.equivalents` holds the shape and the rest)."""
+
+from __future__ import annotations
+
+GUARD: dict[str, dict[str, tuple[str, str]]] = {}
+
+# --- prefixgate/cache/guard/sequential.py ------------------------------------------------------
+
+GUARD["prefixgate/cache/guard/sequential.py"] = {
+}
+
+# --- prefixgate/cache/guard/decisions.py -------------------------------------------------------
+
+GUARD["prefixgate/cache/guard/decisions.py"] = {
+}
+
+# --- prefixgate/cache/guard/verdicts.py --------------------------------------------------------
+
+GUARD["prefixgate/cache/guard/verdicts.py"] = {
+}
+
+# --- prefixgate/cache/guard/budget.py ----------------------------------------------------------
+
+GUARD["prefixgate/cache/guard/budget.py"] = {
+}
