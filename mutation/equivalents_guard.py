@@ -14,6 +14,10 @@ GUARD["prefixgate/cache/guard/sequential.py"] = {
 # --- prefixgate/cache/guard/decisions.py -------------------------------------------------------
 
 GUARD["prefixgate/cache/guard/decisions.py"] = {
+    "x_canonical_json__mutmut_4": (
+        'return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=None)',
+        "json reads ensure_ascii only for its truth (dumps' fast-path test, JSONEncoder's two "
+        "`if self.ensure_ascii`): None is False"),
 }
 
 # --- prefixgate/cache/guard/verdicts.py --------------------------------------------------------

@@ -106,13 +106,110 @@ def test_chat_content_as_parts_is_read() -> None:
      "error:server_error"),
     ("responses", {"status": "failed", "error": None, "output": [r_text("partial")]}, "error:failed"),
     ("responses", responses(), "error:empty"),
+    # an error object naming neither its type nor a code
+    ("openai", {"error": {"message": "boom"}}, "error:error"),
+    ("responses", {"status": "failed", "error": {"message": "m"}, "output": []}, "error:error"),
+    # an error that is not an object
+    ("responses", {"status": "failed", "error": "boom", "output": []}, "error:boom"),
+    # an error body with no error object: its text is not read as an answer
+    ("anthropic", {"type": "error", "content": [{"type": "text", "text": "hi"}]}, "error:failed"),
+    ("anthropic", {"type": "error", "error": None}, "error:failed"),
 ])
 def test_errors_and_empty_answers(api: str, body: Any, want: str) -> None:
     assert decision_of(body, api, 16) == want
 
 
-def test_unknown_api_and_bad_n_are_refused() -> None:
-    with pytest.raises(ValueError):
-        decision_of(chat_text("x"), "gemini", 16)
-    with pytest.raises(ValueError):
-        decision_of(chat_text("x"), "openai", 0)
+@pytest.mark.parametrize("api", ["gemini", "OpenAI", ""])
+def test_an_unknown_api_is_refused_by_name(api: str) -> None:
+    with pytest.raises(ValueError, match=f"api must be one of .*got '{api}'"):
+        decision_of(chat_text("x"), api, 16)
+
+
+@pytest.mark.parametrize("n", [0, -1])
+def test_fewer_than_one_token_is_refused(n: int) -> None:
+    with pytest.raises(ValueError, match=f"first_tokens must be >= 1, got {n}$"):
+        decision_of(chat_text("x"), "openai", n)
+
+
+@pytest.mark.parametrize("n, want", [
+    (1, "text:one"), (2, "text:one two"), (4, "text:one two three four"),
+    (5, "text:one two three four five"), (6, "text:one two three four five"),
+])
+def test_the_token_count_counts_from_one(n: int, want: str) -> None:
+    assert decision_of(chat_text("One two\nTHREE  four five"), "openai", n) == want
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic", "responses"])
+@pytest.mark.parametrize("answer", [["choices"], "not an object", None, 42])
+def test_an_answer_that_is_not_an_object_is_not_json(api: str, answer: Any) -> None:
+    assert decision_of(answer, api, 16) == "error:not_json"
+
+
+def chat_legacy(name: str, args: str, **message: Any) -> dict[str, Any]:
+    """A Chat Completions answer with the deprecated ``function_call`` (plus ``message`` fields)."""
+    return {"choices": [{"message": {"role": "assistant", "content": None,
+                                     "function_call": {"name": name, "arguments": args}, **message}}]}
+
+
+def test_a_legacy_function_call_decides_like_the_same_tool_call() -> None:
+    args = '{"b": 1, "a": [true, null]}'
+    legacy = decision_of(chat_legacy("lookup", args), "openai", 16)
+    assert legacy == 'tool:lookup{"a":[true,null],"b":1}'
+    assert not changed(legacy, decision_of(chat_tool("lookup", '{"a":[true,null],"b":1}'), "openai", 16))
+    assert changed(legacy, decision_of(chat_legacy("find", args), "openai", 16))
+    assert changed(legacy, decision_of(chat_legacy("lookup", '{"b": 2, "a": [true, null]}'), "openai", 16))
+    assert decision_of(chat_legacy("f", '{"q": "cut'), "openai", 16) == 'tool:f{"q": "cut'
+
+
+def test_tool_calls_win_over_a_legacy_function_call() -> None:
+    both = chat_legacy("old", "{}", tool_calls=[
+        {"id": "c1", "type": "function", "function": {"name": "new", "arguments": '{"x": 1}'}}])
+    assert decision_of(both, "openai", 16) == 'tool:new{"x":1}'
+    # tool_calls holding no call object: the legacy call is read
+    stray = chat_legacy("old", '{"y": 2}', tool_calls=["not a call"])
+    assert decision_of(stray, "openai", 16) == 'tool:old{"y":2}'
+
+
+@pytest.mark.parametrize("api, make", [
+    ("openai", lambda args: chat_tool("f", json.dumps(args))),
+    ("openai", lambda args: chat_tool("f", json.dumps(args, ensure_ascii=False))),
+    ("anthropic", lambda args: anthropic({"type": "tool_use", "id": "t", "name": "f", "input": args})),
+    ("responses", lambda args: responses(r_call("f", json.dumps(args)))),
+])
+def test_non_ascii_arguments_are_kept_as_characters(api: str, make: Any) -> None:
+    got = decision_of(make({"city": "Tromsø", "note": "日本 ✓"}), api, 16)
+    assert got == 'tool:f{"city":"Tromsø","note":"日本 ✓"}'
+    assert changed(got, decision_of(make({"city": "Tromso", "note": "日本 ✓"}), api, 16))
+
+
+def _parts_answer(api: str, parts: list[Any]) -> dict[str, Any]:
+    if api == "openai":
+        return chat_text(parts)
+    if api == "anthropic":
+        return anthropic(*parts)
+    return responses({"type": "message", "role": "assistant", "content": parts})
+
+
+@pytest.mark.parametrize("api, kinds", [
+    ("openai", ("text", "text")),
+    ("anthropic", ("text", "text")),
+    ("responses", ("output_text", "text")),
+    ("responses", ("text", "output_text")),
+])
+def test_only_text_parts_with_text_are_read(api: str, kinds: tuple[str, str]) -> None:
+    """Parts with empty or null text add nothing; parts of another type (reasoning, refusal)
+    and parts that are not objects are skipped even when they carry a ``text``."""
+    a, b = kinds
+    parts = [{"type": a, "text": None}, {"type": a, "text": ""}, {"type": a},
+             {"type": "reasoning_text", "text": "hidden"}, "stray", ["also stray"],
+             {"type": a, "text": "Hello "}, {"type": "refusal", "refusal": "no", "text": "nope"},
+             {"type": b, "text": "World"}]
+    assert decision_of(_parts_answer(api, parts), api, 16) == "text:hello world"
+    assert decision_of(_parts_answer(api, parts[:6]), api, 16) == "error:empty"
+
+
+def test_responses_message_items_are_read_in_order() -> None:
+    two = decision_of(responses(r_text("Hello "), {"type": "reasoning", "summary": []}, r_text("world")),
+                      "responses", 16)
+    assert two == "text:hello world"
+    assert decision_of(responses(r_text("world "), r_text("Hello")), "responses", 16) == "text:world hello"
