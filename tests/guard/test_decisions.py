@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from prefixgate.cache.guard.decisions import changed, decision_of
+from prefixgate.cache.guard.decisions import changed, decided, decision_of
 
 
 def chat_tool(name: str, args: str, text: str | None = None) -> dict[str, Any]:
@@ -197,12 +197,13 @@ def _parts_answer(api: str, parts: list[Any]) -> dict[str, Any]:
     ("responses", ("text", "output_text")),
 ])
 def test_only_text_parts_with_text_are_read(api: str, kinds: tuple[str, str]) -> None:
-    """Parts with empty or null text add nothing; parts of another type (reasoning, refusal)
-    and parts that are not objects are skipped even when they carry a ``text``."""
+    """Parts with empty or null text add nothing; parts of another type (reasoning, an image)
+    and parts that are not objects are skipped even when they carry a ``text`` (a refusal part
+    is a decision of its own: test_a_refusal_is_a_decision_of_its_own)."""
     a, b = kinds
     parts = [{"type": a, "text": None}, {"type": a, "text": ""}, {"type": a},
              {"type": "reasoning_text", "text": "hidden"}, "stray", ["also stray"],
-             {"type": a, "text": "Hello "}, {"type": "refusal", "refusal": "no", "text": "nope"},
+             {"type": a, "text": "Hello "}, {"type": "image", "text": "nope"},
              {"type": b, "text": "World"}]
     assert decision_of(_parts_answer(api, parts), api, 16) == "text:hello world"
     assert decision_of(_parts_answer(api, parts[:6]), api, 16) == "error:empty"
@@ -213,3 +214,54 @@ def test_responses_message_items_are_read_in_order() -> None:
                       "responses", 16)
     assert two == "text:hello world"
     assert decision_of(responses(r_text("world "), r_text("Hello")), "responses", 16) == "text:world hello"
+
+
+# --- refusals decide; errors and empty answers do not ------------------------------------------
+
+def chat_refusal(refusal: Any, content: Any = None) -> dict[str, Any]:
+    return {"choices": [{"message": {"role": "assistant", "content": content, "refusal": refusal}}]}
+
+
+@pytest.mark.parametrize("api, refused, empty", [
+    ("openai", chat_refusal("I can't help with that."), chat_text(None)),
+    ("openai", chat_text([{"type": "refusal", "refusal": "No."}]), chat_text([])),
+    ("anthropic", {"type": "message", "content": [], "stop_reason": "refusal"},
+     {"type": "message", "content": [], "stop_reason": "end_turn"}),
+    ("anthropic", {"type": "message", "content": [{"type": "text", "text": "I won't"}],
+                   "stop_reason": "refusal"},
+     {"type": "message", "content": [{"type": "text", "text": "I won't"}], "stop_reason": "end_turn"}),
+    ("responses", responses({"type": "message", "role": "assistant",
+                             "content": [{"type": "refusal", "refusal": "No."}]}),
+     responses({"type": "message", "role": "assistant", "content": []})),
+])
+def test_a_refusal_is_a_decision_of_its_own(api: str, refused: Any, empty: Any) -> None:
+    """A refusal is neither an empty answer nor text: a variant that makes the model refuse
+    (or stop refusing) is a change, whatever the refusal's wording."""
+    d = decision_of(refused, api, 4)
+    assert d == "refusal"
+    assert changed(d, decision_of(empty, api, 4))
+    assert decision_of(empty, api, 4) in ("error:empty", "text:i won't")
+
+
+def test_a_refusals_wording_does_not_count_and_calls_still_win() -> None:
+    assert decision_of(chat_refusal("No."), "openai", 4) == decision_of(chat_refusal("Sorry, no"), "openai", 4)
+    for blank in ("", "  ", None, 7):                      # no refusal text: not a refusal
+        assert decision_of(chat_refusal(blank, "hi there"), "openai", 4) == "text:hi there"
+    with_call = chat_tool("f", "{}")
+    with_call["choices"][0]["message"]["refusal"] = "No."
+    assert decision_of(with_call, "openai", 4) == "tool:f{}"
+    r = responses({"type": "message", "content": [{"type": "output_text", "text": "ok"}]},
+                  {"type": "message", "content": [{"type": "refusal", "refusal": "no"}]})
+    assert decision_of(r, "responses", 4) == "refusal"
+    not_parts = responses({"type": "message", "content": {"type": "refusal", "refusal": "no"}},
+                          {"type": "message", "content": ["refusal", {"type": "output_text", "text": "ok"}]})
+    assert decision_of(not_parts, "responses", 4) == "text:ok"
+
+
+@pytest.mark.parametrize("decision, want", [
+    ("error:empty", False), ("error:rate_limit_error", False), ("error:not_json", False),
+    ("error:", False), ("refusal", True), ("text:yes", True), ("tool:f{}", True),
+    ("text:error: shown as text", True), ("", True),
+])
+def test_only_errors_and_empty_answers_decided_nothing(decision: str, want: bool) -> None:
+    assert decided(decision) is want

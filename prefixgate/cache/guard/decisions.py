@@ -10,8 +10,17 @@ A trial sends one request three ways (original, repeat, variant) and asks whethe
 - **text** otherwise: ``text:`` + the first ``first_tokens`` whitespace-separated tokens,
   casefolded, joined by one space (so line breaks, runs of spaces and case do not count; a
   difference after the first N tokens does not either).
+- **a refusal**: ``refusal`` (Chat ``message.refusal`` or a ``refusal`` content part, a
+  Messages ``stop_reason`` of ``"refusal"``, a Responses ``refusal`` content part; text beside
+  it is not compared), whatever its wording: a refusal decides
+  something, unlike an empty answer, so a variant that turns an answer into a refusal (or back)
+  is a change.
 - **an error or an empty answer**: ``error:<type>`` (the error object's ``type`` or ``code``,
-  ``empty`` when the answer holds neither text nor a call). The trial drops such pairs.
+  ``empty`` when the answer holds neither text, a call nor a refusal). Such an answer decided
+  nothing (:func:`decided`): the trial drops a pair whose ORIGINAL answer is one (there is
+  nothing to compare against; a reasoning model whose trial cap ends inside its reasoning
+  answers empty every time, and counting those as unchanged would turn a move on with no
+  evidence). A repeat or variant that decides nothing where the original decided is a change.
 
 Reasoning / thinking content is not a decision and is skipped. Bodies are the providers'
 non-streamed JSON: OpenAI Chat Completions (``api="openai"``: ``choices[0].message``),
@@ -26,6 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 APIS = ("openai", "anthropic", "responses")
+REFUSAL = "refusal"
 
 
 def canonical_json(value: Any) -> str:
@@ -61,6 +71,12 @@ def _parts_text(content: Any, kinds: tuple[str, ...]) -> str:
     return ""
 
 
+def _refusal_part(content: Any) -> bool:
+    """Whether a list ``content`` holds a part of type ``refusal`` (Chat and Responses)."""
+    return isinstance(content, list) and any(
+        isinstance(p, Mapping) and p.get("type") == "refusal" for p in content)
+
+
 def _error(answer: Mapping[str, Any]) -> str | None:
     err = answer.get("error")
     if isinstance(err, Mapping):
@@ -72,7 +88,7 @@ def _error(answer: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _openai(answer: Mapping[str, Any]) -> tuple[list[str], str]:
+def _openai(answer: Mapping[str, Any]) -> tuple[list[str], bool, str]:
     choices = answer.get("choices") or []
     first = choices[0] if isinstance(choices, list) and choices else None
     message = (first.get("message") if isinstance(first, Mapping) else None) or {}
@@ -81,21 +97,25 @@ def _openai(answer: Mapping[str, Any]) -> tuple[list[str], str]:
     legacy = message.get("function_call")
     if not calls and isinstance(legacy, Mapping):
         calls = [_call(legacy.get("name"), legacy.get("arguments"))]
-    return calls, _parts_text(message.get("content"), ("text",))
+    content = message.get("content")
+    refused = ((isinstance(message.get("refusal"), str) and bool(message["refusal"].strip()))
+               or _refusal_part(content))
+    return calls, refused, _parts_text(content, ("text",))
 
 
-def _anthropic(answer: Mapping[str, Any]) -> tuple[list[str], str]:
+def _anthropic(answer: Mapping[str, Any]) -> tuple[list[str], bool, str]:
     blocks = [b for b in answer.get("content") or [] if isinstance(b, Mapping)]
     calls = [_call(b.get("name"), b.get("input")) for b in blocks if b.get("type") == "tool_use"]
-    return calls, _parts_text(blocks, ("text",))
+    return calls, answer.get("stop_reason") == "refusal", _parts_text(blocks, ("text",))
 
 
-def _responses(answer: Mapping[str, Any]) -> tuple[list[str], str]:
+def _responses(answer: Mapping[str, Any]) -> tuple[list[str], bool, str]:
     items = [i for i in answer.get("output") or [] if isinstance(i, Mapping)]
     calls = [_call(i.get("name"), i.get("arguments")) for i in items if i.get("type") == "function_call"]
-    text = "".join(_parts_text(i.get("content"), ("output_text", "text"))
-                   for i in items if i.get("type") == "message")
-    return calls, text
+    messages = [i.get("content") for i in items if i.get("type") == "message"]
+    refused = any(_refusal_part(c) for c in messages)
+    text = "".join(_parts_text(c, ("output_text", "text")) for c in messages)
+    return calls, refused, text
 
 
 _READERS = {"openai": _openai, "anthropic": _anthropic, "responses": _responses}
@@ -113,12 +133,20 @@ def decision_of(answer: Mapping[str, Any], api: str, first_tokens: int) -> str:
     err = _error(answer)
     if err is not None:
         return err
-    calls, text = _READERS[api](answer)
+    calls, refused, text = _READERS[api](answer)
     if calls:
         return "\n".join(calls)
+    if refused:
+        return REFUSAL
     if not text.split():
         return "error:empty"
     return _text(text, first_tokens)
+
+
+def decided(decision: str) -> bool:
+    """Whether an answer's decision (:func:`decision_of`) decided anything: False for an error
+    or an empty answer (``error:...``), True for tool calls, a refusal or text."""
+    return not decision.startswith("error:")
 
 
 def changed(a: str, b: str) -> bool:

@@ -34,7 +34,9 @@ calls :meth:`MeaningGuard.after`), for a request whose rewrite ran:
 6. the answers' decisions (:func:`prefixgate.cache.guard.decisions.decision_of`) give one pair:
    ``add_pair(move_changed=changed(original, variant), floor_changed=changed(original,
    repeat))``; a pair with a failed send (an error status, a timeout) is not added (an error says
-   nothing about meaning); the budget is settled with the usage the backend reported.
+   nothing about meaning), nor one whose original answer decided nothing (an error body, an
+   empty answer: :func:`prefixgate.cache.guard.decisions.decided`; counted as ``undecided``);
+   the budget is settled with the usage the backend reported.
 
 Bounded: at most ``concurrency`` trials at once per process — a request arriving while they
 run is skipped, never queued; each send has :data:`SEND_TIMEOUT_S` (or the backend's total
@@ -243,11 +245,11 @@ class MeaningGuard:
     def __init__(self, book: Any, budgets: Any, settings: Any, policy: Policy,
                  rewrite_fn: RewriteFn | None, send: Any, *, decision_of: Any = None,
                  changed: Any = None) -> None:
-        if decision_of is None or changed is None:
-            from prefixgate.cache.guard import decisions
+        from prefixgate.cache.guard import decisions
 
-            decision_of = decision_of or decisions.decision_of
-            changed = changed or decisions.changed
+        decision_of = decision_of or decisions.decision_of
+        changed = changed or decisions.changed
+        self.decided = decisions.decided
         self.book, self.budgets, self.settings, self.policy = book, budgets, settings, policy
         self.rewrite_fn, self.send = rewrite_fn, send
         self.decision_of, self.changed = decision_of, changed
@@ -255,7 +257,7 @@ class MeaningGuard:
         self.running = 0
         self.sampled: dict[tuple[str, str, str], int] = {}
         self.counts = {"trials": 0, "sends": 0, "busy": 0, "no_budget": 0, "not_applied": 0,
-                       "failed": 0}
+                       "failed": 0, "undecided": 0}
         self.moves = guarded_moves(policy.rewrite)
 
     def after(self, state: ProxyState, ex: Exchange) -> None:
@@ -418,6 +420,8 @@ class MeaningGuard:
             first, repeat, moved = (x.decision for x in sent)
             if first is None or repeat is None or moved is None:
                 self.counts["failed"] += 1
+            elif not self.decided(first):
+                self.counts["undecided"] += 1
             else:
                 verdict = await self.book.add_pair(job.route, job.tenant, move,
                                                    self.changed(first, moved),
