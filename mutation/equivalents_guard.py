@@ -28,4 +28,19 @@ GUARD["prefixgate/cache/guard/verdicts.py"] = {
 # --- prefixgate/cache/guard/budget.py ----------------------------------------------------------
 
 GUARD["prefixgate/cache/guard/budget.py"] = {
+    "xǁBudgetBookǁ_key__mutmut_5": (
+        "return f\"guard:b:{quote(route, safe='XXXX')}:{day}:{field}\"",
+        "quote never escapes a letter: safe='XXXX' escapes exactly what safe='' does"),
+    "xǁBudgetBookǁ_shared_up__mutmut_14": (
+        'return link is None or bool(getattr(link, "up", None))',
+        "the only SharedState with a link is RedisState (app.py: RedisState(link) or LocalState()), "
+        "whose RedisLink sets up in __init__: getattr's default is never read"),
+    "xǁBudgetBookǁ_shared_up__mutmut_17": (
+        'return link is None or bool(getattr(link, "up", ))',
+        "the only SharedState with a link is RedisState (app.py: RedisState(link) or LocalState()), "
+        "whose RedisLink sets up in __init__: getattr's default is never read (no AttributeError)"),
+    "xǁBudgetBookǁ_shared_up__mutmut_20": (
+        'return link is None or bool(getattr(link, "up", False))',
+        "the only SharedState with a link is RedisState (app.py: RedisState(link) or LocalState()), "
+        "whose RedisLink sets up in __init__: getattr's default is never read"),
 }

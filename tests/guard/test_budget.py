@@ -5,9 +5,13 @@ a trial did not use, and each UTC day starts empty."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import os
+import time
+from collections.abc import Iterator, Sequence
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from prefixgate.cache.guard.budget import BudgetBook, Reservation, TrialBudget
 from prefixgate.cache.state.shared_state import LocalState, RedisState
@@ -119,3 +123,232 @@ async def test_no_trial_is_reserved_while_shared_redis_is_down(clock: Clock) -> 
     assert not dead.link.up
     assert await book.reserve("r", budget, 1, 100, 0.01, priced=True) is None  # already down
     assert await dead.local.count(book._key("r", book._day(), "requests")) == 0  # nothing held
+
+
+# --- the edges of each rule -----------------------------------------------------------------
+
+DAY = 86400.0
+MIDNIGHT = 1_800_057_600.0  # 2027-01-16 00:00:00 UTC
+KEY_ROUTE = "openai/gpt-4o:eu"  # a route name with the characters a key must not leave bare
+KEY_PREFIX = "guard:b:openai%2Fgpt-4o%3Aeu:"
+
+
+def raw_key(day: str, field: str) -> str:
+    """The documented counter key of :data:`KEY_ROUTE` (``guard:b:<route>:<day>:<field>``, the
+    route percent-encoded whole): replicas of two releases side by side must count in the same
+    keys, or each would spend the whole budget."""
+    return f"{KEY_PREFIX}{day}:{field}"
+
+
+async def held_raw(state: LocalState, day: str) -> dict[str, int]:
+    """What the store holds under :data:`KEY_ROUTE`'s keys for ``day`` (expired: 0)."""
+    return {f: await state.count(raw_key(day, f)) for f in ("requests", "tokens", "usd_micros")}
+
+
+class Ticking:
+    """A SharedState whose every operation takes ``step`` seconds of ``clock`` (a round trip)."""
+
+    def __init__(self, inner: LocalState, clock: Clock, step: float = 1.0) -> None:
+        self.inner, self.clock, self.step = inner, clock, step
+
+    async def incr(self, name: str, by: int = 1, ttl_s: float | None = None) -> int:
+        out = await self.inner.incr(name, by, ttl_s)
+        self.clock.now += self.step
+        return out
+
+    async def read_many(self, values: Sequence[str], tables: Sequence[str]
+                        ) -> tuple[list[str | None], list[dict[str, str]]]:
+        out = await self.inner.read_many(values, tables)
+        self.clock.now += self.step
+        return out
+
+
+LIMITS = {  # field -> (a budget where only it binds, at 1000 of its unit; a reservation of n units)
+    "requests": (TrialBudget(1000, 10**9, 10**6), lambda n: (n, 1, 0.000001)),
+    "tokens": (TrialBudget(10**6, 1000, 10**6), lambda n: (1, n, 0.000001)),
+    "usd": (TrialBudget(10**6, 10**9, 0.001), lambda n: (1, 1, n / 1_000_000)),
+}
+
+
+@pytest.mark.parametrize("over", [-1, 0, 1])
+@pytest.mark.parametrize("limit", list(LIMITS))
+async def test_each_limit_admits_exactly_up_to_itself(limit: str, over: int, local: LocalState,
+                                                      clock: Clock) -> None:
+    budget, amounts = LIMITS[limit]
+    book = BudgetBook(local, clock=clock)
+    requests, tokens, usd = amounts(1000 + over)
+    r = await book.reserve("r", budget, requests, tokens, usd, priced=True)
+    if over > 0:
+        assert r is None
+        assert await book.spent("r") == {"requests": 0, "tokens": 0, "usd": 0}
+    else:
+        assert r == Reservation("r", "2027-01-15", requests, tokens, round(usd * 1_000_000))
+        assert await book.spent("r") == {"requests": requests, "tokens": tokens, "usd": usd}
+
+
+@pytest.mark.parametrize(("budget", "requests", "usd", "priced"), [
+    (TrialBudget(0, 10**6, 10.0), 0, 0.01, True),  # requests_per_day 0, priced
+    (TrialBudget(0, 10**6, 10.0), 0, 0.0, False),  # requests_per_day 0, unpriced
+    (TrialBudget(10, 10**6, 0.0), 1, 0.0, True),  # usd_per_day 0 and a price of $0
+])
+async def test_a_zero_limit_refuses_even_a_reservation_asking_none_of_it(
+        budget: TrialBudget, requests: int, usd: float, priced: bool, local: LocalState,
+        clock: Clock) -> None:
+    book = BudgetBook(local, clock=clock)
+    assert await book.reserve("r", budget, requests, 100, usd, priced) is None
+    assert await book.spent("r") == {"requests": 0, "tokens": 0, "usd": 0}
+
+
+@pytest.mark.parametrize("amounts", [(-1, 10, 0.01), (1, -1, 0.01), (1, 10, -0.000001)])
+async def test_a_negative_amount_is_an_error_and_holds_nothing(amounts: tuple[int, int, float],
+                                                               local: LocalState, clock: Clock) -> None:
+    book = BudgetBook(local, clock=clock)
+    with pytest.raises(ValueError, match=r"^a reservation's amounts must be >= 0$"):
+        await book.reserve("r", TrialBudget(10, 1000, 1.0), *amounts, priced=True)
+    assert await book.spent("r") == {"requests": 0, "tokens": 0, "usd": 0}
+
+
+@pytest.fixture(params=["AAA+10", "BBB-14"])  # POSIX zones: UTC-10 and UTC+14
+def host_zone(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The host's local time zone set to ``request.param`` for the test (restored after)."""
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = request.param
+    time.tzset()
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = old
+        time.tzset()
+
+
+@pytest.mark.usefixtures("host_zone")
+async def test_the_day_turns_at_utc_midnight_whatever_the_host_zone(local: LocalState,
+                                                                    clock: Clock) -> None:
+    book = BudgetBook(local, clock=clock)
+    one = TrialBudget(1, 100, 0.0)
+    clock.now = MIDNIGHT - 0.001
+    r = await book.reserve("r", one, 1, 100, 0.0, priced=False)
+    assert r is not None and r.day == "2027-01-15"
+    assert await book.reserve("r", one, 1, 100, 0.0, priced=False) is None
+    clock.now = MIDNIGHT
+    assert await book.spent("r") == {"requests": 0, "tokens": 0, "usd": 0}
+    r = await book.reserve("r", one, 1, 100, 0.0, priced=False)
+    assert r is not None and r.day == "2027-01-16"
+
+
+def micros_text(m: int) -> str:
+    """``m`` millionths of a dollar as a decimal text (``"1040.644066"``)."""
+    return f"{m // 1_000_000}.{m % 1_000_000:06d}"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 4_000_000_000))
+@example(1_040_644_066)  # float(text) * 10**6 is m + 1.2e-7: noise, not a micro
+@example(2_115_408_682)
+@example(1)
+def test_a_usd_limit_given_to_the_micro_is_that_many_micros(m: int) -> None:
+    """float noise under a millionth of a micro-dollar is neither held nor allowed (to $4000)."""
+    usd = float(micros_text(m))
+
+    async def run() -> None:
+        clock = Clock()
+        book = BudgetBook(LocalState(clock=clock), clock=clock)
+        budget = TrialBudget(10, 1000, usd)
+        r = await book.reserve("r", budget, 1, 1, usd, priced=True)
+        if m == 0:  # a zero usd_per_day: no trials
+            assert r is None
+            return
+        assert r is not None and r.usd_micros == m
+        assert (await book.spent("r"))["usd"] == usd
+        assert await book.reserve("r", budget, 1, 1, 0.000001, priced=True) is None
+        assert (await book.spent("r"))["usd"] == usd
+
+    asyncio.run(run())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 1_000_000_000), st.integers(1, 9))
+@example(0, 4)
+@example(1_000_000, 4)
+def test_a_fraction_of_a_micro_dollar_is_held_as_a_whole_one(m: int, tenths: int) -> None:
+    usd = float(micros_text(m) + str(tenths))  # m + tenths / 10 micro-dollars
+
+    async def run() -> None:
+        clock = Clock()
+        book = BudgetBook(LocalState(clock=clock), clock=clock)
+        r = await book.reserve("r", TrialBudget(10, 1000, 10_000.0), 1, 1, usd, priced=True)
+        assert r is not None and r.usd_micros == m + 1
+        assert (await book.spent("r"))["usd"] == (m + 1) / 1_000_000
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(("tokens", "usd", "left_tokens", "left_micros"), [
+    (0, 0.0, 0, 0),  # nothing sent: all given back
+    (-5, -0.5, 0, 0),  # a negative report counts as nothing
+    (1, 0.000001, 1, 1),
+    (999, 0.009999, 999, 9999),  # one under the estimate
+    (1000, 0.01, 1000, 10_000),  # exactly the estimate
+    (1001, 0.010001, 1001, 10_001),  # one over: charged too
+])
+async def test_settling_leaves_exactly_the_actual_use(tokens: int, usd: float, left_tokens: int,
+                                                      left_micros: int, local: LocalState,
+                                                      clock: Clock) -> None:
+    book = BudgetBook(local, clock=clock)
+    r = await book.reserve("r", TrialBudget(10, 5000, 1.0), 3, 1000, 0.01, priced=True)
+    assert r is not None
+    await book.settle(r, tokens, usd)
+    assert await book.spent("r") == {"requests": 3, "tokens": left_tokens,
+                                     "usd": left_micros / 1_000_000}
+
+
+@pytest.mark.parametrize("usd", [0.0, 0.25])
+async def test_settling_an_unpriced_reservation_never_touches_usd(usd: float, local: LocalState,
+                                                                  clock: Clock) -> None:
+    book = BudgetBook(local, clock=clock)
+    r = await book.reserve(KEY_ROUTE, TrialBudget(10, 5000, 0.0), 3, 1000, 0.25, priced=False)
+    assert r is not None and r.usd_micros == 0
+    await book.settle(r, 400, usd)
+    assert await book.spent(KEY_ROUTE) == {"requests": 3, "tokens": 400, "usd": 0}
+
+
+async def test_counters_expire_two_days_after_their_last_change(local: LocalState,
+                                                                clock: Clock) -> None:
+    book = BudgetBook(local, clock=clock)
+    t0 = clock.now
+    r = await book.reserve(KEY_ROUTE, TrialBudget(10, 5000, 1.0), 3, 1000, 0.01, priced=True)
+    assert r is not None and r.day == "2027-01-15"
+    clock.now = t0 + 3600
+    await book.settle(r, 600, 0.004)  # changes tokens and usd_micros, not requests
+    clock.now = t0 + 2 * DAY - 0.001
+    assert await held_raw(local, r.day) == {"requests": 3, "tokens": 600, "usd_micros": 4000}
+    clock.now = t0 + 2 * DAY
+    assert await held_raw(local, r.day) == {"requests": 0, "tokens": 600, "usd_micros": 4000}
+    clock.now = t0 + 3600 + 2 * DAY - 0.001
+    assert await held_raw(local, r.day) == {"requests": 0, "tokens": 600, "usd_micros": 4000}
+    clock.now = t0 + 3600 + 2 * DAY
+    assert await held_raw(local, r.day) == {"requests": 0, "tokens": 0, "usd_micros": 0}
+
+
+async def test_a_rollback_is_a_change_that_restarts_the_expiry(local: LocalState,
+                                                              clock: Clock) -> None:
+    """Each round trip takes 1 s: the refused reservation increments requests at t1 and tokens at
+    t1 + 1, and takes them back at t1 + 2 and t1 + 3; the counters then live to t1 + 2 days + 2
+    and + 3 (not + 0 and + 1, as they would if the rollback left the expiry where it was)."""
+    book = BudgetBook(Ticking(local, clock), clock=clock)
+    budget = TrialBudget(10, 1000, 0.0)
+    held = await book.reserve(KEY_ROUTE, budget, 1, 600, 0.0, priced=False)
+    assert held is not None
+    clock.now = t1 = clock.now + 3600
+    assert await book.reserve(KEY_ROUTE, budget, 1, 600, 0.0, priced=False) is None  # 1200 tokens
+    assert clock.now == t1 + 4
+    kept = {"requests": 1, "tokens": 600, "usd_micros": 0}
+    clock.now = t1 + 2 * DAY + 1.5
+    assert await held_raw(local, held.day) == kept
+    clock.now = t1 + 2 * DAY + 2.5
+    assert await held_raw(local, held.day) == {**kept, "requests": 0}
+    clock.now = t1 + 2 * DAY + 3
+    assert await held_raw(local, held.day) == {"requests": 0, "tokens": 0, "usd_micros": 0}
