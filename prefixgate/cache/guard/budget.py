@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Protocol
 from urllib.parse import quote
 
@@ -62,8 +63,11 @@ class Reservation:
 
 
 def usd_micros(usd: float) -> int:
-    """USD as whole millionths, rounded up (a reservation never holds less than it costs)."""
-    return math.ceil(round(usd * 1_000_000, 6))
+    """USD as whole millionths, rounded up (a reservation never holds less than it costs).
+    Read from the float's shortest decimal text, not ``usd * 10**6``: a product is off by float
+    noise (above ~$8,590 the noise reaches a whole micro, and an amount exact to the micro would
+    read one more)."""
+    return math.ceil(Decimal(repr(float(usd))) * 1_000_000)
 
 
 class BudgetBook:
