@@ -411,3 +411,58 @@ async def test_a_trial_whose_original_decided_nothing_adds_no_pair(
     assert (got.pairs, got.move_rate, got.floor_rate) == (pairs, move_rate, floor_rate)
     assert state.meaning_guard.counts["undecided"] == undecided
     assert state.meaning_guard.counts["failed"] == 0
+
+
+async def test_an_anthropic_route_is_trialled_in_its_own_shape(tmp_path: Path) -> None:
+    """/v1/messages to an Anthropic backend: the trial sends are Messages bodies (``max_tokens``
+    the guard's cap, temperature 0, not streamed) with the backend's ``x-api-key``; the variant's
+    system prompt lost its clock, the original's kept it; answers are read as Messages bodies
+    (a trial answer never reaches the client)."""
+    seen: list[tuple[dict[str, str], dict[str, Any]]] = []
+
+    def up(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append((dict(request.headers), body))
+        text = TRIAL_TEXT if body.get("max_tokens") == CAP else CLIENT_TEXT
+        return httpx.Response(200, json={
+            "id": "m1", "type": "message", "role": "assistant", "model": "claude-x",
+            "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+            "usage": {"input_tokens": 900, "output_tokens": 3}})
+
+    data: dict[str, Any] = {
+        "backends": {"up": {"kind": "anthropic", "base_url": "http://up.test",
+                            "api_key": "${PG_GUARD_TEST_KEY}"}},
+        "routes": [{"match": "*", "backend": "up", "meaning_guard_budget": {
+            "requests_per_day": 100, "tokens_per_day": 10 ** 7, "usd_per_day": 100}}],
+        "ledger": {"path": str(tmp_path / "ledger.sqlite"), "batch_writes": False},
+        "rewrite": {"hoist_volatile": "guarded", **{m: "off" for m in MOVES if m != "hoist_volatile"}},
+        "meaning_guard": {"max_tokens": CAP},
+    }
+    policy = parse_policy(data)
+    app = build_app(policy, ledger=Ledger(policy.ledger.path), transport=httpx.MockTransport(up),
+                    analyze=False)
+    state = app.state.proxy
+    await state.upstream.start()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://pg") as c:
+        for i in range(4):
+            chat = _turn(i)
+            body = {"model": "claude-x", "max_tokens": 100, "system": chat["messages"][0]["content"],
+                    "messages": chat["messages"][1:]}
+            r = await c.post("/v1/messages", json=body,
+                             headers={"x-api-key": "client-secret", "x-prefixgate-session": "a1"})
+            assert r.status_code == 200 and r.json()["content"][0]["text"] == CLIENT_TEXT
+            await state.meaning_guard.drain()
+    trials = [(h, b) for h, b in seen if b.get("max_tokens") == CAP]
+    assert len(trials) == 3 * 3
+    assert {h["x-api-key"] for h, _ in trials} == {"backend-key"}
+    for k in range(3):
+        (_, original), (_, repeat), (_, variant) = trials[3 * k: 3 * k + 3]
+        assert original == repeat and original != variant
+        assert all(b["temperature"] == 0 and b["stream"] is False for b in (original, variant))
+        system = (original["system"] if isinstance(original["system"], str)
+                  else "".join(p["text"] for p in original["system"]))
+        v_system = (variant["system"] if isinstance(variant["system"], str)
+                    else "".join(p["text"] for p in variant["system"]))
+        assert "Now: 2025-03-04" in system and "Now: 2025-03-04" not in v_system
+    got = (await state.meaning_guard.book.verdicts("*", "", ["hoist_volatile"]))["hoist_volatile"]
+    assert (got.pairs, got.move_rate, got.floor_rate) == (3, 0.0, 0.0)
