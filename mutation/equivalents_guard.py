@@ -8,7 +8,23 @@ GUARD: dict[str, dict[str, tuple[str, str]]] = {}
 
 # --- prefixgate/cache/guard/sequential.py ------------------------------------------------------
 
+BISECT_NOISE = ("not strictly equivalent, recorded as untestable: the bracket still holds the same root, so the "
+                "bound moves only by float noise (measured below 1e-12 over n <= 200 at z <= 3.09, up to 1e-9 at z = 5 "
+                "where the restricted MLE has its square-root kink); decide's verdicts read neither bound")
+
 GUARD["prefixgate/cache/guard/sequential.py"] = {
+    "x__discordant__mutmut_9": ("if min(c.both_changed, move_only, floor_only) < 0 or \\",
+                                "with pairs < 0 and the other three >= 0 their sum >= 0 > pairs: the second "
+                                "clause raises the same ValueError"),
+    "x_decide__mutmut_82": ("upper, lower = score_bound(n, b, f, z_on, True), score_bound(n, b, f, z_off, None)",
+                            "score_bound reads upper only for its truth (-z if upper else z): None is False"),
+    "x_score_bound__mutmut_8": ("lo, hi = -1.0, 2.0",
+                                "for delta0 in (1, 2) b_ >= 2 (n - b) >= 0 and c_ >= 0 make p_c <= 0, so var < 0 "
+                                "with num < 0: T = -inf, below either target, and mids there only lower hi; "
+                                + BISECT_NOISE),
+    "x_score_bound__mutmut_22": ("if tango_statistic(n, b, c, mid) >= target:",
+                                 "a tie T(mid) == target makes mid the root: keeping it as lo or as hi both bracket "
+                                 "it; " + BISECT_NOISE),
 }
 
 # --- prefixgate/cache/guard/decisions.py -------------------------------------------------------

@@ -106,7 +106,8 @@ class TestRule:
 class Decision:
     """:func:`decide`'s answer: the ``state``; ``move_rate`` / ``floor_rate``: changed rates;
     ``upper`` / ``lower``: the score interval's bounds on d at this look's on / off levels
-    (1 / -1 before any pair); ``reason``: one line for people."""
+    (1 / -1 where no look is taken: before the first and between looks); ``reason``: one line
+    for people."""
 
     state: State
     pairs: int
