@@ -15,7 +15,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from prefixgate.cache.guard.sequential import PairCounts, TestRule
-from prefixgate.cache.guard.verdicts import SNAPSHOT_CAP, GuardBook, MoveVerdict, pack, unpack
+from prefixgate.cache.guard.verdicts import DAMAGED, SNAPSHOT_CAP, GuardBook, MoveVerdict, pack, unpack
 from prefixgate.cache.state.shared_state import LocalState, RedisState, SharedState
 from tests.guard.conftest import Clock, Yielding
 
@@ -221,18 +221,23 @@ async def test_an_abandoned_trial_is_forgotten_ttl_after_its_last_pair(local: Lo
     assert (await book.verdicts("r", "t", ["hoist_volatile"]))["hoist_volatile"].pairs == 0
 
 
-class SlowPut:
-    """A SharedState whose ``put`` returns ``delay`` seconds (of ``clock``) after it wrote."""
+class Slow:
+    """A SharedState whose operations named in ``slow`` return ``delay`` seconds (of ``clock``)
+    after they took effect."""
 
-    def __init__(self, inner: LocalState, clock: Clock, delay: float) -> None:
-        self.inner, self.clock, self.delay = inner, clock, delay
+    def __init__(self, inner: LocalState, clock: Clock, delay: float, slow: set[str]) -> None:
+        self.inner, self.clock, self.delay, self.slow = inner, clock, delay, slow
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        op = getattr(self.inner, name)
+        if name not in self.slow:
+            return op
 
-    async def put(self, name: str, value: str, ttl_s: float | None = None) -> None:
-        await self.inner.put(name, value, ttl_s)
-        self.clock.now += self.delay
+        async def call(*args: Any, **kw: Any) -> Any:
+            out = await op(*args, **kw)
+            self.clock.now += self.delay
+            return out
+        return call
 
 
 async def test_a_reset_meeting_an_expired_counter_leaves_nothing_past_ttl(local: LocalState,
@@ -240,7 +245,7 @@ async def test_a_reset_meeting_an_expired_counter_leaves_nothing_past_ttl(local:
     """The verdict's write outlasts the counter (a write slower than ttl_s): the reset lands on
     an expired counter; what it leaves still expires ttl_s later, and the next trial starts at
     zero."""
-    book = GuardBook(SlowPut(local, clock, TTL), RULE, TTL, clock=clock)  # type: ignore[arg-type]
+    book = GuardBook(Slow(local, clock, TTL, {"put"}), RULE, TTL, clock=clock)  # type: ignore[arg-type]
     await add(book, 19, move_changed=True)
     assert (await add(book, 1, move_changed=True)).state == "off"
     clock.now += TTL
@@ -360,3 +365,141 @@ async def test_the_snapshot_keeps_the_latest_cap_verdicts_seen(local: LocalState
     await add(book, 2, move="x", route="q")
     kept = {(s["route"], s["move"]) for s in book.snapshot()}
     assert len(kept) == SNAPSHOT_CAP and ("q", "x") in kept and ("r", moves[2]) not in kept
+
+
+# --- a reset that met another counter ------------------------------------------------------------
+
+
+
+
+class Outage:
+    """A RedisState whose outage the test switches: while ``down`` every operation is answered
+    by its local state (as RedisState does while Redis is down); ``back_after_put``: Redis comes
+    back as soon as a verdict has been written (so the trial's reset reaches Redis)."""
+
+    def __init__(self, inner: RedisState) -> None:
+        self.inner, self.down, self.back_after_put = inner, False, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner.local if self.down else self.inner, name)
+
+    async def put(self, name: str, value: str, ttl_s: float | None = None) -> None:
+        await (self.inner.local if self.down else self.inner).put(name, value, ttl_s)
+        if self.back_after_put:
+            self.down = False
+
+
+@pytest.mark.parametrize(("unchanged", "floor"), [(10, 0), (25, 5), (0, 19)])
+async def test_a_trial_decided_during_an_outage_leaves_redis_counting_afresh(
+        redis_states: Sequence[RedisState], clock: Clock, unchanged: int, floor: int) -> None:
+    """Redis holds other replicas' pairs; this replica counts 20 pairs alone during an outage,
+    decides, and its reset reaches Redis once it is back: Redis's counter reads impossible
+    counts. Readers read no pairs; the next pair takes the counter back to zero (and is lost);
+    the trial then counts from one."""
+    a = Outage(redis_states[0])
+    b = GuardBook(redis_states[1], RULE, TTL, clock=clock)
+    await redis_states[1].incr("guard:c:r:t:m:packed", unchanged * pack(False, False) + floor * pack(False, True))
+    book = GuardBook(a, RULE, TTL, clock=clock)  # type: ignore[arg-type]
+    a.down = True
+    await add(book, 19, move_changed=True, move="m")
+    a.back_after_put = True
+    assert (await add(book, 1, move_changed=True, move="m")).state == "off"
+    assert not a.down and await redis_states[1].count("guard:c:r:t:m:packed") != 0
+    assert (await b.verdicts("r", "t", ["m"]))["m"].header() == "trialling (0 pairs)"
+    assert await b.add_pair("r", "t", "m", True, False) == MoveVerdict(
+        "m", "trialling", 0, 0.0, 0.0, 0.0, 0.0, DAMAGED)
+    assert await redis_states[1].count("guard:c:r:t:m:packed") == 0
+    assert (await add(b, 1, move_changed=True, move="m")).header() == "trialling (1 pairs)"
+
+
+@pytest.mark.parametrize("left", [
+    -2, -pack(True, False), -pack(False, True), -pack(True, True), -20 * pack(False, False),
+    -(1 << 16), -(1 << 48), 2 << 16, 2 << 32, 1 << 48, (1 << 16) + (1 << 32),
+    (RULE.max_pairs + RULE.look_every + 1) * pack(False, False)])
+async def test_a_counter_left_impossible_reads_as_no_pairs_and_is_taken_back(
+        local: LocalState, clock: Clock, left: int) -> None:
+    """What no trial can hold (below zero, more changed answers than pairs, more than a look's
+    pairs past the last look), one pair on: the next pair takes it back to zero; readers read no
+    pairs."""
+    book = GuardBook(local, RULE, TTL, clock=clock)
+    await local.incr("guard:c:r:t:m:packed", left)
+    assert (await book.verdicts("r", "t", ["m"]))["m"].header() == "trialling (0 pairs)"
+    assert (await book.add_pair("r", "t", "m", False, False)).reason == DAMAGED
+    assert await local.count("guard:c:r:t:m:packed") == 0
+    assert (await add(book, 1, move="m")).header() == "trialling (1 pairs)"
+    assert [(s["route"], s["tenant"], s["move"]) for s in book.snapshot()] == [("r", "t", "m")]
+
+
+async def test_a_pair_bringing_a_counter_below_zero_back_to_zero_counts_on_from_there(
+        local: LocalState, clock: Clock) -> None:
+    """At -1 (a reset one unchanged pair short) the counter is read as no pairs; the pair that
+    brings it to zero leaves it there, and the trial counts on from the next."""
+    book = GuardBook(local, RULE, TTL, clock=clock)
+    await local.incr("guard:c:r:t:m:packed", -1)
+    assert (await book.verdicts("r", "t", ["m"]))["m"].header() == "trialling (0 pairs)"
+    v = await book.add_pair("r", "t", "m", False, False)
+    assert (v.pairs, v.reason) == (0, "0 pairs; next look at 20")
+    assert (await add(book, 2, move="m")).header() == "trialling (2 pairs)"
+
+
+async def test_what_a_take_back_leaves_on_an_expired_counter_expires_ttl_later(
+        local: LocalState, clock: Clock) -> None:
+    """Increments that return ttl_s after they counted: the take-back lands on an expired
+    counter; what it leaves expires ttl_s later, so a pair then starts the trial at one."""
+    await local.incr("guard:c:r:t:m:packed", -20)
+    book = GuardBook(Slow(local, clock, TTL, {"incr"}), RULE, TTL, clock=clock)  # type: ignore[arg-type]
+    assert (await book.add_pair("r", "t", "m", False, False)).reason == DAMAGED
+    assert (await book.add_pair("r", "t", "m", False, False)).header() == "trialling (1 pairs)"
+
+
+@pytest.mark.parametrize("left", [
+    0, pack(False, False), pack(True, False), pack(False, True), pack(True, True),
+    3 * pack(True, True) + 2 * pack(True, False) + pack(False, True) + 4 * pack(False, False),
+    (RULE.max_pairs + RULE.look_every - 1) * pack(False, False)])
+async def test_a_counter_any_trial_can_hold_is_counted_on(local: LocalState, clock: Clock,
+                                                          left: int) -> None:
+    book = GuardBook(local, RULE, TTL, clock=clock)
+    await local.incr("guard:c:r:t:m:packed", left)
+    c = unpack(left)
+    assert (await book.verdicts("r", "t", ["m"]))["m"].pairs == c.pairs
+    v = await book.add_pair("r", "t", "m", False, False)
+    assert (v.pairs, v.move_rate) == (c.pairs + 1, c.move_changed / (c.pairs + 1))
+    assert await local.count("guard:c:r:t:m:packed") == left + 1
+    assert (await book.verdicts("r", "t", ["m"]))["m"].pairs == c.pairs + 1
+
+
+async def test_a_pair_after_a_reset_met_an_expired_counter_restarts_the_trial(local: LocalState,
+                                                                            clock: Clock) -> None:
+    book = GuardBook(Slow(local, clock, TTL, {"put"}), RULE, TTL, clock=clock)  # type: ignore[arg-type]
+    await add(book, 20, move_changed=True)
+    assert (await add(book, 1)).reason == DAMAGED  # the verdict expired during its slow write
+    assert (await add(book, 1)).header() == "trialling (1 pairs)"
+
+
+class DiesAtPut:
+    """A SharedState whose ``put`` fails (a replica dying while it writes a verdict)."""
+
+    def __init__(self, inner: LocalState) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def put(self, name: str, value: str, ttl_s: float | None = None) -> None:
+        raise RuntimeError("replica gone")
+
+
+async def test_a_last_look_whose_decision_was_lost_is_trialled_afresh_a_look_later(
+        local: LocalState, clock: Clock) -> None:
+    dying = GuardBook(DiesAtPut(local), RULE, TTL, clock=clock)  # type: ignore[arg-type]
+    await local.incr("guard:c:r:t:m:packed", 199 * pack(True, False))
+    with pytest.raises(RuntimeError):
+        await dying.add_pair("r", "t", "m", True, False)  # the last look's pair, never decided
+    book = GuardBook(local, RULE, TTL, clock=clock)
+    for n in range(201, 221):
+        v = await book.add_pair("r", "t", "m", False, False)
+        assert (v.state, v.pairs) == ("trialling", n) and "being decided" in v.reason
+    assert (await book.verdicts("r", "t", ["m"]))["m"].pairs == 220
+    assert await book.add_pair("r", "t", "m", False, False) == MoveVerdict(
+        "m", "trialling", 0, 0.0, 0.0, 0.0, 0.0, DAMAGED)
+    assert (await add(book, 20, move_changed=True, move="m")).header() == "off (20 pairs, 1.00 vs floor 0.00)"
