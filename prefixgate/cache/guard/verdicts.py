@@ -16,8 +16,17 @@ cannot make two tenants' keys meet):
   abandoned trial is forgotten) and is taken back to zero when a verdict is decided: a pair still
   in flight at that moment counts toward the next trial. Exactly one pair's increment returns a
   given count, so one caller decides a look; a pair that lands past ``max_pairs`` (while the
-  final look is being decided) never decides, so the counter is reset once and never goes
-  below zero.
+  final look is being decided) never decides, so the counter is reset once.
+
+  A counter can still come to hold counts no trial can: below zero, more changed answers than
+  pairs, or more than ``look_every`` pairs past ``max_pairs``. A reset meets another counter
+  when the counter expired between a pair's increment and its reset, or when Redis went down or
+  came back between them (RedisState answers from its local state while Redis is down); and a
+  final look's decision is lost when its replica dies or its task is cancelled between the
+  increment and the verdict's write. Such a counter reads as no pairs, and the next pair takes
+  it back to zero (that pair is lost) rather than fail or wait "being decided" for ever. The
+  take-back is a subtraction too: should it meet another counter in turn, what it leaves
+  expires ``ttl_s`` after it like any count.
 
 Tenants never read each other's keys; nothing stored names a prompt.
 """
@@ -39,6 +48,10 @@ _SHIFT = 16
 _MASK = (1 << _SHIFT) - 1
 SNAPSHOT_CAP = 4096
 """Verdicts :meth:`GuardBook.snapshot` remembers (the most recently seen; tenants are many)."""
+DAMAGED = ("the trial's counter held counts no trial can (a reset met another counter, or a decision "
+           "was lost): taken back to zero")
+"""The reason of the pair that finds its trial's counter so (module docstring)."""
+_NO_PAIRS = PairCounts(0, 0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -73,6 +86,16 @@ def unpack(packed: int) -> PairCounts:
     """The four counts of a packed counter."""
     return PairCounts(packed & _MASK, (packed >> _SHIFT) & _MASK, (packed >> 2 * _SHIFT) & _MASK,
                       (packed >> 3 * _SHIFT) & _MASK)
+
+
+def _counts(packed: int, rule: TestRule) -> PairCounts | None:
+    """The counts of a trial's counter, or None where no trial can hold them (module docstring)."""
+    c = unpack(packed)
+    if packed < 0 or c.pairs > rule.max_pairs + rule.look_every \
+            or c.both_changed > min(c.move_changed, c.floor_changed) \
+            or c.move_changed + c.floor_changed - c.both_changed > c.pairs:
+        return None
+    return c
 
 
 def _key(kind: str, route: str, tenant: str, move: str) -> str:
@@ -131,7 +154,7 @@ class GuardBook:
         for i, move in enumerate(moves):
             held = self._holding(_parse(vals[i]))
             if held is None:
-                counts = unpack(max(0, int(vals[len(moves) + i] or 0)))
+                counts = _counts(int(vals[len(moves) + i] or 0), self.rule) or _NO_PAIRS
                 held = _trialling(move, decide(counts, self.rule))
             out[move] = self._note(route, tenant, held)
         return out
@@ -147,7 +170,10 @@ class GuardBook:
         if held is not None:
             return self._note(route, tenant, held)
         packed = await self.shared.incr(ckey, pack(move_changed, floor_changed), self.ttl_s)
-        counts = unpack(packed)
+        counts = _counts(packed, self.rule)
+        if counts is None:  # no trial can hold it: taken back to zero (module docstring)
+            await self.shared.incr(ckey, -packed, self.ttl_s)
+            return self._note(route, tenant, MoveVerdict(move, "trialling", 0, 0.0, 0.0, 0.0, 0.0, DAMAGED))
         d = decide(counts, self.rule)
         if d.state == "trialling":
             return self._note(route, tenant, _trialling(move, d))
