@@ -1,0 +1,169 @@
+"""The meaning guard under hostile input and upstream faults (issue 36): what an auditor found
+broken, each test failing on the code before its fix.
+
+- a trial send that fails (an error status, a body that is not a JSON object or over
+  :data:`~prefixgate.proxy.pipeline.guard_trial.ANSWER_MAX_BYTES`, a connection reset, a
+  stall past the backend's ``total_s``) ends the trial: no further send to a backend that is
+  refusing or broken (a 429 was answered with two more sends), no pair, the budget's requests
+  and tokens of the sends not made given back, every answer closed, the client untouched;
+- a client's own generation fields never widen a trial send: ``n`` / ``best_of`` (one answer
+  is compared; 64 choices cost 64 times the budget's estimate) and the client's second output
+  cap (``max_tokens`` beside ``max_completion_tokens``; llama.cpp reads ``max_tokens``);
+- ``meaning_guard:`` settings the sequential test refuses are refused when the policy is read,
+  not by a ValueError at the proxy's start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from prefixgate.cache.ledger.store import Ledger
+from prefixgate.config.guard_settings import MOVES
+from prefixgate.config.loader import PolicyError, parse_policy
+from prefixgate.proxy.app import build_app
+from prefixgate.proxy.pipeline.guard_trial import ANSWER_MAX_BYTES, SENDS
+
+RULES = "Follow the airline policy. Be brief. Verify the user id first. " * 150
+CAP = 16
+CLIENT_TEXT = "client answer"
+USAGE = {"prompt_tokens": 900, "completion_tokens": 4, "total_tokens": 904}
+
+
+def _completion(text: str) -> bytes:
+    return orjson.dumps({"id": "c1", "object": "chat.completion", "created": 0, "model": "m",
+                         "choices": [{"index": 0, "message": {"role": "assistant",
+                                                              "content": text},
+                                      "finish_reason": "stop"}], "usage": USAGE})
+
+
+async def _chunks(*parts: bytes, then: BaseException | None = None,
+                  stall: asyncio.Event | None = None) -> AsyncIterator[bytes]:
+    """A streamed body (so that the proxy's closing it is counted): ``parts``, then ``then``
+    raised or a wait on ``stall`` (never set: a body that never ends)."""
+    for p in parts:
+        yield p
+    if then is not None:
+        raise then
+    if stall is not None:
+        await stall.wait()
+
+
+FAULTS = ("429", "500", "not_json", "not_object", "too_big", "reset", "stall")
+
+
+class FaultyTrials:
+    """Client sends answered with :data:`CLIENT_TEXT`; trial sends (temperature 0, the guard's
+    cap) answered ``yes``, but the send number ``at`` (0: original, 1: repeat, 2: variant) of
+    each trial with ``fault``. Every body is streamed."""
+
+    def __init__(self, fault: str, at: int) -> None:
+        self.fault, self.at = fault, at
+        self.trials: list[dict[str, Any]] = []
+        self.never = asyncio.Event()
+
+    def _fault(self) -> httpx.Response:
+        ok = {"content-type": "application/json"}
+        body = {"429": (429, b'{"error": {"message": "rate limited"}}'),
+                "500": (500, b"internal error"), "not_json": (200, b"hello"),
+                "not_object": (200, b"[1, 2]")}
+        if self.fault in body:
+            status, text = body[self.fault]
+            return httpx.Response(status, content=_chunks(text), headers=ok)
+        if self.fault == "too_big":  # valid JSON, but longer than the guard reads
+            big = _completion("x " * ANSWER_MAX_BYTES)
+            return httpx.Response(200, content=_chunks(big[:1 << 16], big[1 << 16:]), headers=ok)
+        if self.fault == "reset":
+            return httpx.Response(200, content=_chunks(b'{"id": ', then=httpx.ReadError("reset")),
+                                  headers=ok)
+        assert self.fault == "stall"
+        return httpx.Response(200, content=_chunks(b'{"id": ', stall=self.never), headers=ok)
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        ok = {"content-type": "application/json"}
+        if body.get("temperature") != 0:  # a client send
+            return httpx.Response(200, content=_chunks(_completion(CLIENT_TEXT)), headers=ok)
+        self.trials.append(body)
+        if (len(self.trials) - 1) % SENDS == self.at:
+            return self._fault()
+        return httpx.Response(200, content=_chunks(_completion("yes")), headers=ok)
+
+
+def _policy(tmp: Path, guard: dict[str, Any] | None = None,
+            backend: dict[str, Any] | None = None) -> Any:
+    return parse_policy({
+        "backends": {"up": {"kind": "openai_compat", "base_url": "http://up.test/v1",
+                            **(backend or {})}},
+        "routes": [{"match": "*", "backend": "up"}],
+        "ledger": {"path": str(tmp / "ledger.sqlite"), "batch_writes": False},
+        "default_max_tokens": 0,
+        "rewrite": {"hoist_volatile": "guarded", "time_budget_ms": 20000,
+                    **{m: "off" for m in MOVES if m != "hoist_volatile"}},
+        "meaning_guard": {"max_tokens": CAP, **(guard or {})},
+    })
+
+
+def _turn(i: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Turn ``i`` of a session whose system prompt's clock changes every turn (hoisting applies
+    from the second turn on)."""
+    msgs: list[dict[str, Any]] = [{"role": "system",
+                                   "content": f"You are Helper. Now: 2025-03-04 10:{15 + i:02d}. "
+                                              f"{RULES}"}]
+    for j in range(i):
+        msgs += [{"role": "user", "content": f"Q{j}"}, {"role": "assistant", "content": f"A{j}"}]
+    msgs.append({"role": "user", "content": f"Q{i}"})
+    return {"model": "m", "messages": msgs, **(extra or {})}
+
+
+async def _two_turns(app: Any, extra: dict[str, Any] | None = None) -> list[httpx.Response]:
+    """Two turns of one session (the second gets a trial), the trials drained after each."""
+    state = app.state.proxy
+    await state.upstream.start()
+    out = []
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://pg") as c:
+        for i in range(2):
+            out.append(await c.post("/v1/chat/completions", json=_turn(i, extra),
+                                    headers={"x-prefixgate-session": "s"}))
+            await state.meaning_guard.drain()
+    return out
+
+
+@pytest.mark.parametrize("guard,says", [
+    ({"look_every": 20, "max_pairs": 19}, "look_every"),
+    ({"look_every": 5, "max_pairs": 4}, "look_every"),
+    ({"margin": 0.0}, "margin"),
+    ({"margin": 1.0}, "margin"),
+    ({"max_pairs": 32767, "look_every": 1}, "max_pairs"),
+])
+def test_guard_settings_the_test_refuses_are_refused_with_the_policy(
+        guard: dict[str, Any], says: str, tmp_path: Path) -> None:
+    """A policy check names the key; before, the policy read fine and the proxy's start died
+    on the sequential test's ValueError."""
+    with pytest.raises(PolicyError, match=f"meaning_guard.*{says}"):
+        _policy(tmp_path, guard)
+
+
+@pytest.mark.parametrize("guard", [
+    {"look_every": 20, "max_pairs": 20},
+    {"look_every": 1, "max_pairs": 1},
+    {"margin": 0.001},
+    {"margin": 0.999},
+    {"max_pairs": 32766, "look_every": 1},
+])
+def test_guard_settings_at_the_edges_start_a_guard(guard: dict[str, Any], tmp_path: Path) -> None:
+    policy = _policy(tmp_path, guard)
+    app = build_app(policy, ledger=Ledger(policy.ledger.path), analyze=False)
+    rule = app.state.proxy.meaning_guard.book.rule
+    assert (rule.look_every, rule.max_pairs, rule.margin) == (
+        policy.meaning_guard.look_every, policy.meaning_guard.max_pairs, policy.meaning_guard.margin)
+
+
