@@ -29,7 +29,7 @@ from prefixgate.cache.ledger.store import Ledger
 from prefixgate.config.guard_settings import MOVES
 from prefixgate.config.loader import PolicyError, parse_policy
 from prefixgate.proxy.app import build_app
-from prefixgate.proxy.pipeline.guard_trial import ANSWER_MAX_BYTES, SENDS
+from prefixgate.proxy.pipeline.guard_trial import ANSWER_MAX_BYTES, SENDS, trial_body
 
 RULES = "Follow the airline policy. Be brief. Verify the user id first. " * 150
 CAP = 16
@@ -135,6 +135,40 @@ async def _two_turns(app: Any, extra: dict[str, Any] | None = None) -> list[http
                                     headers={"x-prefixgate-session": "s"}))
             await state.meaning_guard.drain()
     return out
+
+
+@pytest.mark.parametrize("fields,caps", [
+    ({"n": 64}, ("max_tokens",)),
+    ({"n": 8, "best_of": 9, "max_tokens": 100_000}, ("max_tokens",)),
+    ({"max_completion_tokens": 4000, "max_tokens": 100_000}, ("max_tokens", "max_completion_tokens")),
+    ({"max_completion_tokens": 4000, "n": 2}, ("max_completion_tokens",)),
+    ({"n_predict": 99_999}, ("max_tokens",)),
+])
+def test_a_trial_send_asks_for_one_answer_within_the_guards_cap(
+        fields: dict[str, Any], caps: tuple[str, ...]) -> None:
+    """Whatever the client asked for: one choice (``n`` / ``best_of`` dropped) and every output
+    cap field the body carries at the guard's cap (a backend reading the other one, or
+    llama.cpp's ``n_predict``, would otherwise generate to the client's cap)."""
+    body = orjson.loads(trial_body(orjson.dumps({"model": "m", "messages": [], **fields}),
+                                   "openai", CAP))
+    assert not {"n", "best_of", "n_predict"} & body.keys()
+    assert {k: body[k] for k in ("max_tokens", "max_completion_tokens") if k in body} == {
+        c: CAP for c in caps}
+
+
+async def test_a_clients_n_never_reaches_a_trial_send(tmp_path: Path) -> None:
+    """Through the app: a client asking for 64 choices and a 100k ``max_tokens`` beside its
+    ``max_completion_tokens`` is answered as it asked; its trial sends ask for one answer within
+    the guard's cap."""
+    policy = _policy(tmp_path)
+    up = FaultyTrials("429", at=-1)  # no fault
+    app = build_app(policy, ledger=Ledger(policy.ledger.path),
+                    transport=httpx.MockTransport(up), analyze=False)
+    extra = {"n": 64, "max_tokens": 100_000, "max_completion_tokens": 50_000}
+    answers = await _two_turns(app, extra)
+    assert [r.status_code for r in answers] == [200, 200]
+    assert len(up.trials) == SENDS
+    assert all("n" not in t and t["max_completion_tokens"] == CAP for t in up.trials)
 
 
 @pytest.mark.parametrize("guard,says", [

@@ -155,24 +155,33 @@ get it (vLLM refuses a non-zero priority unless started with ``--scheduling-poli
 BACKGROUND_KINDS = frozenset({"local"})
 
 
+ONE_ANSWER_DROPPED = ("n", "best_of", "n_predict")
+"""Chat fields a trial send drops: it asks for ONE answer within the guard's cap (a client's
+``n: 64`` would make each send generate 64 answers the budget never reserved; llama.cpp's
+``n_predict`` outranks ``max_tokens`` there)."""
+
+
 def trial_body(encoded: bytes, wire: str, max_tokens: int, background: bool = False) -> bytes:
     """The upstream bytes of a trial send: ``encoded`` (the bridge's bytes of the rewritten
     body) with ``temperature: 0``, the output cap ``max_tokens`` in the API's own field (Chat:
-    ``max_completion_tokens`` when the body uses it, else ``max_tokens``; Messages:
-    ``max_tokens``; Responses: ``max_output_tokens``) and ``stream: false`` (its
-    ``stream_options`` dropped); ``background``: with :data:`BACKGROUND_PRIORITY`. Raises
+    each of ``max_tokens`` / ``max_completion_tokens`` the body has, ``max_tokens`` when it has
+    neither — backends differ on which one they read; Messages: ``max_tokens``; Responses:
+    ``max_output_tokens``), Chat's :data:`ONE_ANSWER_DROPPED` dropped, and ``stream: false``
+    (its ``stream_options`` dropped); ``background``: with :data:`BACKGROUND_PRIORITY`. Raises
     ValueError when ``encoded`` is not a JSON object."""
     body = orjson.loads(encoded)
     if not isinstance(body, dict):
         raise ValueError("not a JSON object")
     if wire == "responses":
-        cap = "max_output_tokens"
-    elif wire == "openai" and "max_completion_tokens" in body:
-        cap = "max_completion_tokens"
+        caps = ["max_output_tokens"]
+    elif wire == "openai":
+        caps = [f for f in ("max_tokens", "max_completion_tokens") if f in body] or ["max_tokens"]
+        for f in ONE_ANSWER_DROPPED:
+            body.pop(f, None)
     else:
-        cap = "max_tokens"
+        caps = ["max_tokens"]
     body.pop("stream_options", None)
-    body.update({"temperature": 0, cap: max_tokens, "stream": False})
+    body.update({"temperature": 0, **dict.fromkeys(caps, max_tokens), "stream": False})
     if background:
         body["priority"] = BACKGROUND_PRIORITY
     return orjson.dumps(body)
