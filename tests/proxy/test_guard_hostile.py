@@ -25,7 +25,9 @@ import httpx
 import orjson
 import pytest
 
+from prefixgate.cache.guard.budget import BudgetBook, TrialBudget
 from prefixgate.cache.ledger.store import Ledger
+from prefixgate.cache.state.shared_state import LocalState
 from prefixgate.config.guard_settings import MOVES
 from prefixgate.config.loader import PolicyError, parse_policy
 from prefixgate.proxy.app import build_app
@@ -137,6 +139,46 @@ async def _two_turns(app: Any, extra: dict[str, Any] | None = None) -> list[http
     return out
 
 
+@pytest.mark.parametrize("fault,at", [(f, 0) for f in FAULTS] + [("429", 1), ("reset", 1),
+                                                                  ("stall", 2), ("500", 2)])
+async def test_a_failed_trial_send_ends_the_trial_and_gives_back_what_was_not_sent(
+        tmp_path: Path, fault: str, at: int) -> None:
+    policy = _policy(tmp_path, backend={"timeouts": {"total_s": 0.2}})  # a stall ends at 0.2 s
+    up = FaultyTrials(fault, at)
+    app = build_app(policy, ledger=Ledger(policy.ledger.path),
+                    transport=httpx.MockTransport(up), analyze=False)
+    guard = app.state.proxy.meaning_guard
+    held: list[Any] = []
+    reserve = guard.budgets.reserve
+
+    async def recording(*args: Any) -> Any:
+        held.append(await reserve(*args))
+        return held[-1]
+
+    guard.budgets.reserve = recording
+    answers = await _two_turns(app)
+    assert [(r.status_code, r.json()["choices"][0]["message"]["content"]) for r in answers] == [
+        (200, CLIENT_TEXT)] * 2
+    # the sends up to the failed one, none after it
+    assert len(up.trials) == at + 1
+    led = Ledger(policy.ledger.path)
+    rows = [(r["status"], r["http_status"]) for r in led.rows(trials=True) if r["trial"]]
+    led.close()
+    assert rows[:at] == [("ok", 200)] * at and len(rows) == at + 1
+    assert rows[at][0] != "ok"
+    # no pair; counted as failed
+    got = (await guard.book.verdicts("*", "", ["hoist_volatile"]))["hoist_volatile"]
+    assert got.pairs == 0 and guard.counts["failed"] == 1
+    # the budget: the sends made (the answered ones at their usage, the failed one at its share
+    # of the estimate); the requests and tokens of the sends not made are back
+    assert len(held) == 1 and held[0] is not None
+    spent = await guard.budgets.spent("*")
+    assert spent["requests"] == at + 1
+    assert spent["tokens"] == at * USAGE["total_tokens"] + held[0].tokens // SENDS
+    assert app.state.proxy.upstream.in_use == 0  # every answer closed, the clients' too
+    assert guard.running == 0 and not guard.tasks
+
+
 @pytest.mark.parametrize("fields,caps", [
     ({"n": 64}, ("max_tokens",)),
     ({"n": 8, "best_of": 9, "max_tokens": 100_000}, ("max_tokens",)),
@@ -201,3 +243,16 @@ def test_guard_settings_at_the_edges_start_a_guard(guard: dict[str, Any], tmp_pa
         policy.meaning_guard.look_every, policy.meaning_guard.max_pairs, policy.meaning_guard.margin)
 
 
+@pytest.mark.parametrize("made", [0, 1, 2, 3, None])
+async def test_settling_gives_back_the_requests_of_the_sends_not_made(made: int | None) -> None:
+    """``BudgetBook.settle``'s ``requests``: the sends made are kept, the rest given back (None:
+    all held are kept, as before); a later trial may use them."""
+    budget = TrialBudget(requests_per_day=4, tokens_per_day=1000)
+    book = BudgetBook(LocalState())
+    r = await book.reserve("r", budget, SENDS, 300, 0.0, False)
+    assert r is not None and await book.reserve("r", budget, SENDS, 300, 0.0, False) is None
+    await book.settle(r, 300, 0.0, made)
+    kept = SENDS if made is None else made
+    assert (await book.spent("r"))["requests"] == kept
+    again = await book.reserve("r", budget, SENDS, 300, 0.0, False)
+    assert (again is not None) == (kept + SENDS <= budget.requests_per_day)

@@ -33,10 +33,13 @@ calls :meth:`MeaningGuard.after`), for a request whose rewrite ran:
    (never prompt text; excluded from savings, :mod:`prefixgate.cache.savings.trial_cost`);
 6. the answers' decisions (:func:`prefixgate.cache.guard.decisions.decision_of`) give one pair:
    ``add_pair(move_changed=changed(original, variant), floor_changed=changed(original,
-   repeat))``; a pair with a failed send (an error status, a timeout) is not added (an error says
-   nothing about meaning), nor one whose original answer decided nothing (an error body, an
-   empty answer: :func:`prefixgate.cache.guard.decisions.decided`; counted as ``undecided``);
-   the budget is settled with the usage the backend reported.
+   repeat))``; a pair with a failed send (an error status, a timeout, an answer that is not a
+   JSON object) is not added (an error says nothing about meaning) and the trial sends nothing
+   after it (a backend refusing with 429 is not sent more); nor one whose original answer
+   decided nothing (an error body, an empty answer:
+   :func:`prefixgate.cache.guard.decisions.decided`; counted as ``undecided``); the budget is
+   settled with the usage the backend reported (a failed send: its share of the estimate), the
+   requests and tokens of the sends not made given back.
 
 Bounded: at most ``concurrency`` trials at once per process — a request arriving while they
 run is skipped, never queued; each send has :data:`SEND_TIMEOUT_S` (or the backend's total
@@ -426,8 +429,11 @@ class MeaningGuard:
             for body in (original, original, variant):
                 sent.append(await self._send(job, move, body, tokens // SENDS, usd / SENDS,
                                              rows))
-            first, repeat, moved = (x.decision for x in sent)
-            if first is None or repeat is None or moved is None:
+                if sent[-1].decision is None:  # failed: no pair; nothing more to a backend
+                    break                       # that refuses (429) or is broken
+            got = [x.decision for x in sent]
+            first, repeat, moved = got if len(got) == SENDS else (None, None, None)
+            if first is None or repeat is None or moved is None:  # a failed send ended it
                 self.counts["failed"] += 1
             elif not self.decided(first):
                 self.counts["undecided"] += 1
@@ -440,8 +446,9 @@ class MeaningGuard:
                 for row in rows:  # with the verdict the pair gave (report --guard)
                     self._record(state, row, verdict)
                 used = sum(x.tokens for x in sent)  # sends not made give their share back
-                spent = sum(x.usd for x in sent)
-                await self.budgets.settle(reservation, min(used, tokens), min(spent, usd))
+                spent = sum(x.usd for x in sent)    # (and their requests: ``len(rows)`` begun)
+                await self.budgets.settle(reservation, min(used, tokens), min(spent, usd),
+                                          len(rows))
 
     async def _send(self, job: TrialJob, move: str, body: bytes, est_tokens: int,
                     est_usd: float, rows: list[LedgerRow]) -> Sent:
