@@ -10,7 +10,9 @@ broken, each test failing on the code before its fix.
   is compared; 64 choices cost 64 times the budget's estimate) and the client's second output
   cap (``max_tokens`` beside ``max_completion_tokens``; llama.cpp reads ``max_tokens``);
 - ``meaning_guard:`` settings the sequential test refuses are refused when the policy is read,
-  not by a ValueError at the proxy's start.
+  not by a ValueError at the proxy's start;
+- a trial send (not streamed: its head comes after the whole answer) waits for its head as long
+  as a client's send does (the backend's first-byte timeout), not the idle timeout alone.
 """
 
 from __future__ import annotations
@@ -256,3 +258,34 @@ async def test_settling_gives_back_the_requests_of_the_sends_not_made(made: int 
     assert (await book.spent("r"))["requests"] == kept
     again = await book.reserve("r", budget, SENDS, 300, 0.0, False)
     assert (again is not None) == (kept + SENDS <= budget.requests_per_day)
+
+
+@pytest.mark.parametrize("timeouts,head_s", [
+    ({"first_byte_s": 120.0, "idle_s": 5.0}, 120.0),   # a long prefill: the head waits for it
+    ({"first_byte_s": 5.0, "idle_s": 30.0}, 30.0),
+    ({"idle_s": 7.0}, 600.0),                          # first byte unset: the backend's timeout_s
+])
+async def test_a_trial_send_waits_for_its_head_as_long_as_a_clients_send(
+        tmp_path: Path, timeouts: dict[str, float], head_s: float) -> None:
+    """A trial send is not streamed: its head comes after the whole answer, prefill included
+    (on our engine at background priority, only in steps no client uses). Its transport wait
+    is the backend's first-byte timeout when longer than the idle one, as a client's
+    non-streamed send's is; before, the idle one alone: a backend with ``first_byte_s: 120,
+    idle_s: 5`` failed every trial of a long prompt, and the move never had a verdict."""
+    policy = _policy(tmp_path, backend={"timeouts": timeouts})
+    up = FaultyTrials("429", at=-1)  # no fault
+    app = build_app(policy, ledger=Ledger(policy.ledger.path),
+                    transport=httpx.MockTransport(up), analyze=False)
+    guard = app.state.proxy.meaning_guard
+    waits: list[float] = []
+    send = guard.send
+
+    async def recording(url: str, headers: Any, body: bytes, timeout_s: float,
+                        **kw: Any) -> Any:
+        waits.append(timeout_s)
+        return await send(url, headers, body, timeout_s, **kw)
+
+    guard.send = recording
+    await _two_turns(app)
+    assert waits == [head_s] * SENDS
+    assert guard.counts["failed"] == 0

@@ -43,7 +43,9 @@ calls :meth:`MeaningGuard.after`), for a request whose rewrite ran:
 
 Bounded: at most ``concurrency`` trials at once per process — a request arriving while they
 run is skipped, never queued; each send has :data:`SEND_TIMEOUT_S` (or the backend's total
-timeout when shorter) for its whole answer, read up to :data:`ANSWER_MAX_BYTES`; every upstream
+timeout when shorter) for its whole answer (within it, the transport waits for the head, which
+a non-streamed answer sends last, as long as a client's send: the backend's first-byte or idle
+timeout, the longer), read up to :data:`ANSWER_MAX_BYTES`; every upstream
 response is closed on every path; nothing raises into the request path and nothing reaches a
 client. The trial tasks are kept in a set (not garbage collected mid-flight) and cancelled at
 the app's shutdown (:meth:`MeaningGuard.close`).
@@ -466,12 +468,12 @@ class MeaningGuard:
         decision: str | None = None
         usage = Usage()
         try:
-            connect, _first, idle, total = t.backend.timeouts_s()
+            connect, first, idle, total = t.backend.timeouts_s()
             limit = SEND_TIMEOUT_S if total is None else min(SEND_TIMEOUT_S, total)
             headers = upstream_headers((), t.backend, t.api_key())
-            async with asyncio.timeout(limit):
+            async with asyncio.timeout(limit):  # not streamed: the head comes after the answer
                 resp = await self.send(job.bridge.url(t.base_url), headers, body,
-                                       max(idle, 1.0), connect_s=connect)
+                                       max(first, idle, 1.0), connect_s=connect)
                 try:
                     content = await read_at_most(resp, ANSWER_MAX_BYTES)
                 finally:
