@@ -11,6 +11,8 @@ broken, each test failing on the code before its fix.
   cap (``max_tokens`` beside ``max_completion_tokens``; llama.cpp reads ``max_tokens``);
 - ``meaning_guard:`` settings the sequential test refuses are refused when the policy is read,
   not by a ValueError at the proxy's start;
+- a Messages trial send drops the client's ``thinking`` / ``top_p`` / ``top_k`` (Claude
+  refuses them beside ``temperature: 0`` and a 16-token cap: every trial failed);
 - a trial send (not streamed: its head comes after the whole answer) waits for its head as long
   as a client's send does (the backend's first-byte timeout), not the idle timeout alone.
 """
@@ -289,3 +291,23 @@ async def test_a_trial_send_waits_for_its_head_as_long_as_a_clients_send(
     await _two_turns(app)
     assert waits == [head_s] * SENDS
     assert guard.counts["failed"] == 0
+
+
+@pytest.mark.parametrize("fields", [
+    {"thinking": {"type": "enabled", "budget_tokens": 2048}},
+    {"thinking": {"type": "enabled", "budget_tokens": 1024}, "temperature": 1},
+    {"top_p": 0.9},
+    {"top_k": 40, "top_p": 0.5},
+    {},
+])
+def test_a_messages_trial_send_is_one_claude_accepts_at_temperature_0(
+        fields: dict[str, Any]) -> None:
+    """Claude refuses (400) extended thinking with a ``budget_tokens`` not below ``max_tokens``
+    (or under 1024) or beside a temperature, and ``temperature`` beside ``top_p`` on its recent
+    models: a client's ``thinking`` or ``top_p`` kept in every trial send of its route failed
+    them all (the move never had a verdict). At temperature 0 neither changes the answer kept
+    for comparison; the cap and temperature are the guard's."""
+    body = orjson.loads(trial_body(orjson.dumps({"model": "claude-x", "max_tokens": 8192,
+                                                 "messages": [], **fields}), "anthropic", CAP))
+    assert not {"thinking", "top_p", "top_k"} & body.keys()
+    assert (body["temperature"], body["max_tokens"], body["stream"]) == (0, CAP, False)

@@ -164,6 +164,11 @@ ONE_ANSWER_DROPPED = ("n", "best_of", "n_predict")
 """Chat fields a trial send drops: it asks for ONE answer within the guard's cap (a client's
 ``n: 64`` would make each send generate 64 answers the budget never reserved; llama.cpp's
 ``n_predict`` outranks ``max_tokens`` there)."""
+MESSAGES_DROPPED = ("thinking", "top_p", "top_k")
+"""Messages fields a trial send drops: Claude refuses extended thinking beside a temperature or
+with ``budget_tokens`` not below ``max_tokens`` (1024 at least), and ``temperature`` beside
+``top_p`` on its recent models (400: every trial of the route would fail). At temperature 0
+sampling settings change nothing; original and variant lose the same fields."""
 
 
 def trial_body(encoded: bytes, wire: str, max_tokens: int, background: bool = False) -> bytes:
@@ -171,7 +176,8 @@ def trial_body(encoded: bytes, wire: str, max_tokens: int, background: bool = Fa
     body) with ``temperature: 0``, the output cap ``max_tokens`` in the API's own field (Chat:
     each of ``max_tokens`` / ``max_completion_tokens`` the body has, ``max_tokens`` when it has
     neither — backends differ on which one they read; Messages: ``max_tokens``; Responses:
-    ``max_output_tokens``), Chat's :data:`ONE_ANSWER_DROPPED` dropped, and ``stream: false``
+    ``max_output_tokens``), Chat's :data:`ONE_ANSWER_DROPPED` and Messages'
+    :data:`MESSAGES_DROPPED` dropped, and ``stream: false``
     (its ``stream_options`` dropped); ``background``: with :data:`BACKGROUND_PRIORITY`. Raises
     ValueError when ``encoded`` is not a JSON object."""
     body = orjson.loads(encoded)
@@ -185,6 +191,8 @@ def trial_body(encoded: bytes, wire: str, max_tokens: int, background: bool = Fa
             body.pop(f, None)
     else:
         caps = ["max_tokens"]
+    for f in MESSAGES_DROPPED if wire == "anthropic" else ():
+        body.pop(f, None)
     body.pop("stream_options", None)
     body.update({"temperature": 0, **dict.fromkeys(caps, max_tokens), "stream": False})
     if background:
