@@ -13,6 +13,8 @@ broken, each test failing on the code before its fix.
   not by a ValueError at the proxy's start;
 - a Messages trial send drops the client's ``thinking`` / ``top_p`` / ``top_k`` (Claude
   refuses them beside ``temperature: 0`` and a 16-token cap: every trial failed);
+- a trial's rewrites run in the trials' own threads: they never hold one of the clients'
+  rewrite threads (4 trials took all four; a client waited past its rewrite budget);
 - a trial send (not streamed: its head comes after the whole answer) waits for its head as long
   as a client's send does (the backend's first-byte timeout), not the idle timeout alone.
 """
@@ -311,3 +313,59 @@ def test_a_messages_trial_send_is_one_claude_accepts_at_temperature_0(
                                                  "messages": [], **fields}), "anthropic", CAP))
     assert not {"thinking", "top_p", "top_k"} & body.keys()
     assert (body["temperature"], body["max_tokens"], body["stream"]) == (0, CAP, False)
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+async def test_trial_rewrites_never_take_a_clients_rewrite_thread(
+        tmp_path: Path, concurrency: int) -> None:
+    """Client rewrites run in at most REWRITE_THREADS threads, and waiting for one counts
+    against the request's rewrite budget. A trial's rewrites (the move forced on) run in their
+    own: while ``concurrency`` trials are rewriting, every client thread is free and a client
+    is rewritten at once; before, each trial held one of the clients' threads (4 trials: a
+    client waited past its budget and went upstream not rewritten)."""
+    import threading
+
+    from prefixgate.proxy.pipeline import rewrite
+
+    policy = _policy(tmp_path, guard={"concurrency": concurrency})
+    up = FaultyTrials("429", at=-1)  # no fault
+    app = build_app(policy, ledger=Ledger(policy.ledger.path),
+                    transport=httpx.MockTransport(up), analyze=False)
+    state = app.state.proxy
+    guard = state.meaning_guard
+    inner, release = guard.rewrite_fn, threading.Event()
+    inside: list[int] = []
+
+    def held(*args: Any) -> Any:  # a trial's rewrite, kept running until released
+        inside.append(1)
+        release.wait(10)
+        return inner(*args)
+
+    await state.upstream.start()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://pg") as c:
+        async def post(i: int, sid: str) -> httpx.Response:
+            return await c.post("/v1/chat/completions", json=_turn(i),
+                                headers={"x-prefixgate-session": sid})
+
+        for k in range(concurrency):  # turn 0: the clock seen (no trial yet)
+            await post(0, f"s{k}")
+            await guard.drain()
+        guard.rewrite_fn = held
+        try:
+            for k in range(concurrency):  # turn 1: a trial each, its rewrite held
+                assert (await post(1, f"s{k}")).status_code == 200
+            for _ in range(500):  # until the trials' rewrites are in their threads
+                if len(inside) == concurrency:
+                    break
+                await asyncio.sleep(0.002)
+            assert len(inside) == concurrency and guard.running == concurrency
+            lim = rewrite._rewrite_limiter()
+            assert lim.available_tokens == lim.total_tokens == rewrite.REWRITE_THREADS
+            answer = await post(0, "another")
+            assert answer.status_code == 200
+        finally:
+            release.set()
+            await guard.drain()
+    assert "over_budget" not in answer.headers.get("x-prefixgate-edits", "")
+    assert len(up.trials) == concurrency * SENDS

@@ -16,9 +16,9 @@ calls :meth:`MeaningGuard.after`), for a request whose rewrite ran:
    bridge as the proxy encodes them; equal bytes: the move did not apply, no trial (in the
    background; with several moves trialling, one rewrite with all of them forced on first,
    :meth:`MeaningGuard._any_applies`: a request none changes costs one rewrite, not one per
-   move). Its memory updates are dropped but the
-   move's own (:meth:`MeaningGuard._learn`: a move off on the client's requests never learns,
-   and ``hoist_volatile`` needs to have seen a line change);
+   move). These rewrites run in the trials' own threads, never a client's. Their memory
+   updates are dropped but the move's own (:meth:`MeaningGuard._learn`: a move off on the
+   client's requests never learns, and ``hoist_volatile`` needs to have seen a line change);
 3. sampled: one in ``sample_every`` of the requests the move changes, per (route, tenant, move);
 4. the day's budget (:class:`prefixgate.cache.guard.budget.BudgetBook`) reserves 3 requests,
    ``3 x (body bytes + max_tokens + 64)`` tokens (bytes bound tokens from above) and the price
@@ -276,6 +276,7 @@ class MeaningGuard:
         self.rewrite_fn, self.send = rewrite_fn, send
         self.decision_of, self.changed = decision_of, changed
         self.tasks: set[asyncio.Task[None]] = set()
+        self._limiter: tuple[asyncio.AbstractEventLoop, anyio.CapacityLimiter] | None = None
         self.running = 0
         self.sampled: dict[tuple[str, str, str], int] = {}
         self.counts = {"trials": 0, "sends": 0, "busy": 0, "no_budget": 0, "not_applied": 0,
@@ -300,6 +301,16 @@ class MeaningGuard:
             task.add_done_callback(self._done)
         except Exception:
             log.exception("meaning-guard trial not started")
+
+    def _threads(self) -> anyio.CapacityLimiter:
+        """The trials' own rewrite threads (``concurrency`` of them, made in the running loop):
+        a trial never holds one of the clients'
+        (:data:`prefixgate.proxy.pipeline.rewrite.REWRITE_THREADS`), whose wait counts against a
+        client's rewrite budget."""
+        loop = asyncio.get_running_loop()
+        if self._limiter is None or self._limiter[0] is not loop:
+            self._limiter = (loop, anyio.CapacityLimiter(int(self.settings.concurrency)))
+        return self._limiter[1]
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
@@ -350,7 +361,8 @@ class MeaningGuard:
         for move in moves:
             ctx = replace(ctx, settings=forced(ctx.settings, move, True))
         view_raw = job.raw if job.view is job.body else orjson.dumps(job.view)
-        rw = await rewrite_off_loop(self.rewrite_fn, job.view, view_raw, job.pass_api, ctx)
+        rw = await rewrite_off_loop(self.rewrite_fn, job.view, view_raw, job.pass_api, ctx,
+                                    self._threads())
         if rw.summary in NOT_REWRITTEN:
             return False
         for move in moves:
@@ -377,7 +389,8 @@ class MeaningGuard:
         rewrite did not finish."""
         view_raw = job.raw if job.view is job.body else orjson.dumps(job.view)
         ctx = replace(job.ctx, settings=forced(job.ctx.settings, move, True))
-        rw = await rewrite_off_loop(self.rewrite_fn, job.view, view_raw, job.pass_api, ctx)
+        rw = await rewrite_off_loop(self.rewrite_fn, job.view, view_raw, job.pass_api, ctx,
+                                    self._threads())
         if rw.summary in NOT_REWRITTEN:
             return None
         await self._learn(state, job, move, rw.edits)
