@@ -13,6 +13,7 @@ broken, each test failing on the code before its fix.
   not by a ValueError at the proxy's start;
 - a Messages trial send drops the client's ``thinking`` / ``top_p`` / ``top_k`` (Claude
   refuses them beside ``temperature: 0`` and a 16-token cap: every trial failed);
+- a Responses trial send drops ``background: true`` (answered at once, queued and empty);
 - a trial's rewrites run in the trials' own threads: they never hold one of the clients'
   rewrite threads (4 trials took all four; a client waited past its rewrite budget);
 - a trial send (not streamed: its head comes after the whole answer) waits for its head as long
@@ -369,3 +370,14 @@ async def test_trial_rewrites_never_take_a_clients_rewrite_thread(
             await guard.drain()
     assert "over_budget" not in answer.headers.get("x-prefixgate-edits", "")
     assert len(up.trials) == concurrency * SENDS
+
+
+@pytest.mark.parametrize("fields", [{"background": True}, {"background": False}, {}])
+def test_a_responses_trial_send_is_answered_in_its_own_reply(fields: dict[str, Any]) -> None:
+    """A Responses body with ``background: true`` is answered at once with an empty queued
+    response (the answer comes later, by polling): kept in a trial send, every trial's original
+    decided nothing and the move never had a verdict. The trial asks for its answer now."""
+    body = orjson.loads(trial_body(orjson.dumps({"model": "gpt-x", "input": "hi", **fields}),
+                                   "responses", CAP))
+    assert "background" not in body
+    assert (body["temperature"], body["max_output_tokens"], body["stream"]) == (0, CAP, False)

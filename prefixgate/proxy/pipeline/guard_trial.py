@@ -168,7 +168,9 @@ MESSAGES_DROPPED = ("thinking", "top_p", "top_k")
 """Messages fields a trial send drops: Claude refuses extended thinking beside a temperature or
 with ``budget_tokens`` not below ``max_tokens`` (1024 at least), and ``temperature`` beside
 ``top_p`` on its recent models (400: every trial of the route would fail). At temperature 0
-sampling settings change nothing; original and variant lose the same fields."""
+sampling settings change nothing; original and variant lose the same fields. A Responses
+trial send drops its ``background`` field (answered at once, queued and empty: nothing to
+compare)."""
 
 
 def trial_body(encoded: bytes, wire: str, max_tokens: int, background: bool = False) -> bytes:
@@ -176,15 +178,16 @@ def trial_body(encoded: bytes, wire: str, max_tokens: int, background: bool = Fa
     body) with ``temperature: 0``, the output cap ``max_tokens`` in the API's own field (Chat:
     each of ``max_tokens`` / ``max_completion_tokens`` the body has, ``max_tokens`` when it has
     neither — backends differ on which one they read; Messages: ``max_tokens``; Responses:
-    ``max_output_tokens``), Chat's :data:`ONE_ANSWER_DROPPED` and Messages'
-    :data:`MESSAGES_DROPPED` dropped, and ``stream: false``
-    (its ``stream_options`` dropped); ``background``: with :data:`BACKGROUND_PRIORITY`. Raises
+    ``max_output_tokens``), Chat's :data:`ONE_ANSWER_DROPPED`, Messages'
+    :data:`MESSAGES_DROPPED` and the Responses ``background`` field dropped, and ``stream:
+    false`` (its ``stream_options`` dropped); ``background``: with :data:`BACKGROUND_PRIORITY`. Raises
     ValueError when ``encoded`` is not a JSON object."""
     body = orjson.loads(encoded)
     if not isinstance(body, dict):
         raise ValueError("not a JSON object")
     if wire == "responses":
         caps = ["max_output_tokens"]
+        body.pop("background", None)
     elif wire == "openai":
         caps = [f for f in ("max_tokens", "max_completion_tokens") if f in body] or ["max_tokens"]
         for f in ONE_ANSWER_DROPPED:
