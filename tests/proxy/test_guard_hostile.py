@@ -32,9 +32,7 @@ import httpx
 import orjson
 import pytest
 
-from prefixgate.cache.guard.budget import BudgetBook, TrialBudget
 from prefixgate.cache.ledger.store import Ledger
-from prefixgate.cache.state.shared_state import LocalState
 from prefixgate.config.guard_settings import MOVES
 from prefixgate.config.loader import PolicyError, parse_policy
 from prefixgate.proxy.app import build_app
@@ -250,21 +248,6 @@ def test_guard_settings_at_the_edges_start_a_guard(guard: dict[str, Any], tmp_pa
     rule = app.state.proxy.meaning_guard.book.rule
     assert (rule.look_every, rule.max_pairs, rule.margin) == (
         policy.meaning_guard.look_every, policy.meaning_guard.max_pairs, policy.meaning_guard.margin)
-
-
-@pytest.mark.parametrize("made", [0, 1, 2, 3, None])
-async def test_settling_gives_back_the_requests_of_the_sends_not_made(made: int | None) -> None:
-    """``BudgetBook.settle``'s ``requests``: the sends made are kept, the rest given back (None:
-    all held are kept, as before); a later trial may use them."""
-    budget = TrialBudget(requests_per_day=4, tokens_per_day=1000)
-    book = BudgetBook(LocalState())
-    r = await book.reserve("r", budget, SENDS, 300, 0.0, False)
-    assert r is not None and await book.reserve("r", budget, SENDS, 300, 0.0, False) is None
-    await book.settle(r, 300, 0.0, made)
-    kept = SENDS if made is None else made
-    assert (await book.spent("r"))["requests"] == kept
-    again = await book.reserve("r", budget, SENDS, 300, 0.0, False)
-    assert (again is not None) == (kept + SENDS <= budget.requests_per_day)
 
 
 @pytest.mark.parametrize("timeouts,head_s", [

@@ -37,7 +37,8 @@ calls :meth:`MeaningGuard.after`), for a request whose rewrite ran:
    JSON object) is not added (an error says nothing about meaning) and the trial sends nothing
    after it (a backend refusing with 429 is not sent more); nor one whose original answer
    decided nothing (an error body, an empty answer:
-   :func:`prefixgate.cache.guard.decisions.decided`; counted as ``undecided``); the budget is
+   :func:`prefixgate.cache.guard.decisions.decided`; counted as ``undecided``), whose repeat
+   and variant are then not sent (there is nothing to compare them with); the budget is
    settled with the usage the backend reported (a failed send: its share of the estimate), the
    requests and tokens of the sends not made given back.
 
@@ -457,12 +458,14 @@ class MeaningGuard:
                                              rows))
                 if sent[-1].decision is None:  # failed: no pair; nothing more to a backend
                     break                       # that refuses (429) or is broken
+                if len(sent) == 1 and not self.decided(sent[0].decision):
+                    break                       # the original decided nothing: no pair either
             got = [x.decision for x in sent]
             first, repeat, moved = got if len(got) == SENDS else (None, None, None)
-            if first is None or repeat is None or moved is None:  # a failed send ended it
-                self.counts["failed"] += 1
-            elif not self.decided(first):
+            if got and got[0] is not None and not self.decided(got[0]):
                 self.counts["undecided"] += 1
+            elif first is None or repeat is None or moved is None:  # a failed send ended it
+                self.counts["failed"] += 1
             else:
                 verdict = await self.book.add_pair(job.route, job.tenant, move,
                                                    self.changed(first, moved),
