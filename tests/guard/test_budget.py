@@ -371,3 +371,17 @@ async def test_settling_gives_back_the_requests_of_the_sends_not_made(made: int 
     assert await book.spent("r") == {"requests": kept, "tokens": 300, "usd": 0}
     again = await book.reserve("r", budget, 3, 300, 0.0, False)
     assert (again is not None) == (kept + 3 <= budget.requests_per_day)
+
+
+async def test_requests_given_back_expire_two_days_after_the_give_back(local: LocalState,
+                                                                       clock: Clock) -> None:
+    book = BudgetBook(local, clock=clock)
+    t0 = clock.now
+    r = await book.reserve(KEY_ROUTE, TrialBudget(10, 5000), 3, 1000, 0.0, priced=False)
+    assert r is not None
+    clock.now = t0 + 3600
+    await book.settle(r, 1000, 0.0, 1)              # one send made: two requests given back
+    clock.now = t0 + 3600 + 2 * DAY - 0.001
+    assert (await held_raw(local, r.day))["requests"] == 1
+    clock.now = t0 + 3600 + 2 * DAY
+    assert (await held_raw(local, r.day))["requests"] == 0
