@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MoveMode = Literal["off", "on", "guarded"]
 """How a move runs: ``off``, ``on`` (every request), ``guarded`` (on per route once a trial
@@ -81,6 +81,11 @@ def _local_budget() -> TrialBudget:
     return TrialBudget(requests_per_day=1200, tokens_per_day=3_000_000, usd_per_day=0.0)
 
 
+MAX_PAIRS_LIMIT = 32766
+"""Largest ``max_pairs``: a trial's counts are packed 16 bits each into one shared counter
+(:mod:`prefixgate.cache.guard.verdicts`, which refuses more)."""
+
+
 class GuardSettings(_Strict):
     """The meaning guard (issue 36; policy key ``meaning_guard:``): per route and tenant, a move
     whose mode is ``guarded`` is trialled on sampled live requests in the background (the
@@ -91,13 +96,13 @@ class GuardSettings(_Strict):
     when ``max_pairs`` pairs decide nothing. ``enabled: false``: every ``guarded`` move is off."""
 
     enabled: bool = True
-    margin: float = Field(0.15, ge=0.0, le=1.0)
-    """Changed-answer rate over the floor's tolerated (0-1)."""
+    margin: float = Field(0.15, gt=0.0, lt=1.0)
+    """Changed-answer rate over the floor's tolerated (strictly between 0 and 1)."""
     confidence: float = Field(0.95, gt=0.5, lt=1.0)
     """One-sided confidence of a verdict, over all looks of a trial."""
     look_every: int = Field(20, ge=1)
-    """Pairs between two looks of the sequential test."""
-    max_pairs: int = Field(200, ge=1)
+    """Pairs between two looks of the sequential test (at most ``max_pairs``)."""
+    max_pairs: int = Field(200, ge=1, le=MAX_PAIRS_LIMIT)
     """Pairs after which an undecided move is off (not proven)."""
     verdict_ttl_s: float = Field(86400.0, gt=0)
     """Seconds a verdict holds; then the move is trialled again (models change behind a route)."""
@@ -116,3 +121,13 @@ class GuardSettings(_Strict):
     """Per-day budget of a priced (hosted) route: none until set (``prefixgate report --guard``
     says what the moves would save there and what a trial would cost). A route's own
     ``routes[].meaning_guard_budget`` overrides either."""
+
+    @model_validator(mode="after")
+    def _looks_fit(self) -> GuardSettings:
+        """The sequential test needs a look within ``max_pairs``
+        (:class:`prefixgate.cache.guard.sequential.TestRule`): refused here, with the policy,
+        rather than when the proxy starts."""
+        if self.look_every > self.max_pairs:
+            raise ValueError(f"look_every ({self.look_every}) must be <= max_pairs "
+                             f"({self.max_pairs})")
+        return self

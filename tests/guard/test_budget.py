@@ -353,3 +353,35 @@ async def test_a_rollback_is_a_change_that_restarts_the_expiry(local: LocalState
     assert await held_raw(local, held.day) == {**kept, "requests": 0}
     clock.now = t1 + 2 * DAY + 3
     assert await held_raw(local, held.day) == {"requests": 0, "tokens": 0, "usd_micros": 0}
+
+
+@pytest.mark.parametrize("made", [-1, 0, 1, 2, 3, None])
+async def test_settling_gives_back_the_requests_of_the_sends_not_made(made: int | None,
+                                                                      local: LocalState,
+                                                                      clock: Clock) -> None:
+    """``settle``'s ``requests``: the sends made are kept and the rest given back (a trial that
+    stopped at a failed or undecided send); None keeps all it held; below zero counts as none.
+    A later trial may use what was given back."""
+    budget = TrialBudget(requests_per_day=4, tokens_per_day=1000)
+    book = BudgetBook(local, clock=clock)
+    r = await book.reserve("r", budget, 3, 300, 0.0, False)
+    assert r is not None and await book.reserve("r", budget, 3, 300, 0.0, False) is None
+    await book.settle(r, 300, 0.0, made)
+    kept = 3 if made is None else max(0, made)
+    assert await book.spent("r") == {"requests": kept, "tokens": 300, "usd": 0}
+    again = await book.reserve("r", budget, 3, 300, 0.0, False)
+    assert (again is not None) == (kept + 3 <= budget.requests_per_day)
+
+
+async def test_requests_given_back_expire_two_days_after_the_give_back(local: LocalState,
+                                                                       clock: Clock) -> None:
+    book = BudgetBook(local, clock=clock)
+    t0 = clock.now
+    r = await book.reserve(KEY_ROUTE, TrialBudget(10, 5000), 3, 1000, 0.0, priced=False)
+    assert r is not None
+    clock.now = t0 + 3600
+    await book.settle(r, 1000, 0.0, 1)              # one send made: two requests given back
+    clock.now = t0 + 3600 + 2 * DAY - 0.001
+    assert (await held_raw(local, r.day))["requests"] == 1
+    clock.now = t0 + 3600 + 2 * DAY
+    assert (await held_raw(local, r.day))["requests"] == 0

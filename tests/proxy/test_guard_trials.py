@@ -374,43 +374,50 @@ async def test_five_trialling_moves_cost_one_background_rewrite_where_none_appli
 
 
 class ScriptedTrials(Upstream):
-    """Answers the trial sends in turn with ``script`` (original, repeat, variant; cycled):
-    each entry a text, or "" for an answer that decided nothing (empty content)."""
+    """Answers each trial's sends with ``script`` (original, repeat, variant): each entry a
+    text, or "" for an answer that decided nothing (empty content). The variant is the send
+    whose system prompt lost its clock; the repeat, a send equal to the one before it."""
 
     def __init__(self, script: tuple[str, str, str]) -> None:
         super().__init__()
-        self.script, self.n = script, 0
+        self.script = script
+        self.last: dict[str, Any] | None = None
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         if body.get("max_tokens") != CAP:
             return super().__call__(request)
         self.seen.append((request.url.path, dict(request.headers), body))
-        text = self.script[self.n % 3]
-        self.n += 1
+        if "Now: 2025-03-04" not in body["messages"][0]["content"]:
+            text = self.script[2]
+        else:
+            text = self.script[1] if body == self.last else self.script[0]
+        self.last = body
         return httpx.Response(200, json=_completion(text))
 
 
-@pytest.mark.parametrize("script,pairs,move_rate,floor_rate,undecided", [
-    (("", "", ""), 0, 0.0, 0.0, 3),            # nothing decided: no evidence either way
-    (("", "", "text"), 0, 0.0, 0.0, 3),        # no original to compare against
-    (("yes", "yes", ""), 3, 1.0, 0.0, 0),      # the variant decided nothing: a change
-    (("yes", "", "yes"), 3, 0.0, 1.0, 0),      # the repeat decided nothing: the floor moved
-    (("yes", "yes", "yes"), 3, 0.0, 0.0, 0),
+@pytest.mark.parametrize("script,sends,pairs,move_rate,floor_rate,undecided", [
+    (("", "", ""), 3, 0, 0.0, 0.0, 3),            # nothing decided: no evidence either way
+    (("", "", "text"), 3, 0, 0.0, 0.0, 3),        # no original to compare against
+    (("yes", "yes", ""), 9, 3, 1.0, 0.0, 0),      # the variant decided nothing: a change
+    (("yes", "", "yes"), 9, 3, 0.0, 1.0, 0),      # the repeat decided nothing: the floor moved
+    (("yes", "yes", "yes"), 9, 3, 0.0, 0.0, 0),
 ])
 async def test_a_trial_whose_original_decided_nothing_adds_no_pair(
-        tmp_path: Path, session: Session, script: tuple[str, str, str], pairs: int,
+        tmp_path: Path, session: Session, script: tuple[str, str, str], sends: int, pairs: int,
         move_rate: float, floor_rate: float, undecided: int) -> None:
     """An empty original answer (a reasoning model whose small trial cap ends inside its
     reasoning answers empty every time) is no evidence that the move keeps answers: counting
-    such pairs as unchanged would turn the move on with nothing compared. Where the original
+    such pairs as unchanged would turn the move on with nothing compared; its repeat and
+    variant are not sent (their requests given back to the budget). Where the original
     decided, an empty repeat or variant is a change."""
     _, up, state = await session(_policy(tmp_path), 4, up=ScriptedTrials(script))
-    assert len(up.trials()) == 3 * 3                       # the sends were made either way
+    assert len(up.trials()) == sends                     # three trials
     got = (await state.meaning_guard.book.verdicts("*", "", ["hoist_volatile"]))["hoist_volatile"]
     assert (got.pairs, got.move_rate, got.floor_rate) == (pairs, move_rate, floor_rate)
     assert state.meaning_guard.counts["undecided"] == undecided
     assert state.meaning_guard.counts["failed"] == 0
+    assert (await state.meaning_guard.budgets.spent("*"))["requests"] == sends
 
 
 async def test_an_anthropic_route_is_trialled_in_its_own_shape(tmp_path: Path) -> None:

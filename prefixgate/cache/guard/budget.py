@@ -119,11 +119,17 @@ class BudgetBook:
         link = getattr(self.shared, "link", None)
         return link is None or bool(getattr(link, "up", True))
 
-    async def settle(self, r: Reservation, tokens: int, usd: float) -> None:
-        """Replace reservation ``r``'s tokens / USD by the actual ``tokens`` / ``usd``: what was
+    async def settle(self, r: Reservation, tokens: int, usd: float,
+                     requests: int | None = None) -> None:
+        """Replace reservation ``r``'s tokens / USD by the actual ``tokens`` / ``usd``, and its
+        requests by ``requests`` when given (the sends made; None: all it held): what was
         held and not used is given back; an actual above the reservation is charged too (the
         record stays true; it can only make later reservations fail). USD is settled only for a
         reservation that held some (a priced route)."""
+        back_requests = 0 if requests is None else r.requests - max(0, requests)
+        if back_requests:
+            await self.shared.incr(self._key(r.route, r.day, FIELDS[0]), -back_requests,
+                                   KEY_TTL_S)
         back_tokens = r.tokens - max(0, tokens)
         if back_tokens:
             await self.shared.incr(self._key(r.route, r.day, FIELDS[1]), -back_tokens, KEY_TTL_S)

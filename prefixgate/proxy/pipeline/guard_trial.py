@@ -16,9 +16,9 @@ calls :meth:`MeaningGuard.after`), for a request whose rewrite ran:
    bridge as the proxy encodes them; equal bytes: the move did not apply, no trial (in the
    background; with several moves trialling, one rewrite with all of them forced on first,
    :meth:`MeaningGuard._any_applies`: a request none changes costs one rewrite, not one per
-   move). Its memory updates are dropped but the
-   move's own (:meth:`MeaningGuard._learn`: a move off on the client's requests never learns,
-   and ``hoist_volatile`` needs to have seen a line change);
+   move). These rewrites run in the trials' own threads, never a client's. Their memory
+   updates are dropped but the move's own (:meth:`MeaningGuard._learn`: a move off on the
+   client's requests never learns, and ``hoist_volatile`` needs to have seen a line change);
 3. sampled: one in ``sample_every`` of the requests the move changes, per (route, tenant, move);
 4. the day's budget (:class:`prefixgate.cache.guard.budget.BudgetBook`) reserves 3 requests,
    ``3 x (body bytes + max_tokens + 64)`` tokens (bytes bound tokens from above) and the price
@@ -33,14 +33,20 @@ calls :meth:`MeaningGuard.after`), for a request whose rewrite ran:
    (never prompt text; excluded from savings, :mod:`prefixgate.cache.savings.trial_cost`);
 6. the answers' decisions (:func:`prefixgate.cache.guard.decisions.decision_of`) give one pair:
    ``add_pair(move_changed=changed(original, variant), floor_changed=changed(original,
-   repeat))``; a pair with a failed send (an error status, a timeout) is not added (an error says
-   nothing about meaning), nor one whose original answer decided nothing (an error body, an
-   empty answer: :func:`prefixgate.cache.guard.decisions.decided`; counted as ``undecided``);
-   the budget is settled with the usage the backend reported.
+   repeat))``; a pair with a failed send (an error status, a timeout, an answer that is not a
+   JSON object) is not added (an error says nothing about meaning) and the trial sends nothing
+   after it (a backend refusing with 429 is not sent more); nor one whose original answer
+   decided nothing (an error body, an empty answer:
+   :func:`prefixgate.cache.guard.decisions.decided`; counted as ``undecided``), whose repeat
+   and variant are then not sent (there is nothing to compare them with); the budget is
+   settled with the usage the backend reported (a failed send: its share of the estimate), the
+   requests and tokens of the sends not made given back.
 
 Bounded: at most ``concurrency`` trials at once per process — a request arriving while they
 run is skipped, never queued; each send has :data:`SEND_TIMEOUT_S` (or the backend's total
-timeout when shorter) for its whole answer, read up to :data:`ANSWER_MAX_BYTES`; every upstream
+timeout when shorter) for its whole answer (within it, the transport waits for the head, which
+a non-streamed answer sends last, as long as a client's send: the backend's first-byte or idle
+timeout, the longer), read up to :data:`ANSWER_MAX_BYTES`; every upstream
 response is closed on every path; nothing raises into the request path and nothing reaches a
 client. The trial tasks are kept in a set (not garbage collected mid-flight) and cancelled at
 the app's shutdown (:meth:`MeaningGuard.close`).
@@ -155,24 +161,44 @@ get it (vLLM refuses a non-zero priority unless started with ``--scheduling-poli
 BACKGROUND_KINDS = frozenset({"local"})
 
 
+ONE_ANSWER_DROPPED = ("n", "best_of", "n_predict")
+"""Chat fields a trial send drops: it asks for ONE answer within the guard's cap (a client's
+``n: 64`` would make each send generate 64 answers the budget never reserved; llama.cpp's
+``n_predict`` outranks ``max_tokens`` there)."""
+MESSAGES_DROPPED = ("thinking", "top_p", "top_k")
+"""Messages fields a trial send drops: Claude refuses extended thinking beside a temperature or
+with ``budget_tokens`` not below ``max_tokens`` (1024 at least), and ``temperature`` beside
+``top_p`` on its recent models (400: every trial of the route would fail). At temperature 0
+sampling settings change nothing; original and variant lose the same fields. A Responses
+trial send drops its ``background`` field (answered at once, queued and empty: nothing to
+compare)."""
+
+
 def trial_body(encoded: bytes, wire: str, max_tokens: int, background: bool = False) -> bytes:
     """The upstream bytes of a trial send: ``encoded`` (the bridge's bytes of the rewritten
     body) with ``temperature: 0``, the output cap ``max_tokens`` in the API's own field (Chat:
-    ``max_completion_tokens`` when the body uses it, else ``max_tokens``; Messages:
-    ``max_tokens``; Responses: ``max_output_tokens``) and ``stream: false`` (its
-    ``stream_options`` dropped); ``background``: with :data:`BACKGROUND_PRIORITY`. Raises
+    each of ``max_tokens`` / ``max_completion_tokens`` the body has, ``max_tokens`` when it has
+    neither — backends differ on which one they read; Messages: ``max_tokens``; Responses:
+    ``max_output_tokens``), Chat's :data:`ONE_ANSWER_DROPPED`, Messages'
+    :data:`MESSAGES_DROPPED` and the Responses ``background`` field dropped, and ``stream:
+    false`` (its ``stream_options`` dropped); ``background``: with :data:`BACKGROUND_PRIORITY`. Raises
     ValueError when ``encoded`` is not a JSON object."""
     body = orjson.loads(encoded)
     if not isinstance(body, dict):
         raise ValueError("not a JSON object")
     if wire == "responses":
-        cap = "max_output_tokens"
-    elif wire == "openai" and "max_completion_tokens" in body:
-        cap = "max_completion_tokens"
+        caps = ["max_output_tokens"]
+        body.pop("background", None)
+    elif wire == "openai":
+        caps = [f for f in ("max_tokens", "max_completion_tokens") if f in body] or ["max_tokens"]
+        for f in ONE_ANSWER_DROPPED:
+            body.pop(f, None)
     else:
-        cap = "max_tokens"
+        caps = ["max_tokens"]
+    for f in MESSAGES_DROPPED if wire == "anthropic" else ():
+        body.pop(f, None)
     body.pop("stream_options", None)
-    body.update({"temperature": 0, cap: max_tokens, "stream": False})
+    body.update({"temperature": 0, **dict.fromkeys(caps, max_tokens), "stream": False})
     if background:
         body["priority"] = BACKGROUND_PRIORITY
     return orjson.dumps(body)
@@ -254,6 +280,7 @@ class MeaningGuard:
         self.rewrite_fn, self.send = rewrite_fn, send
         self.decision_of, self.changed = decision_of, changed
         self.tasks: set[asyncio.Task[None]] = set()
+        self._limiter: tuple[asyncio.AbstractEventLoop, anyio.CapacityLimiter] | None = None
         self.running = 0
         self.sampled: dict[tuple[str, str, str], int] = {}
         self.counts = {"trials": 0, "sends": 0, "busy": 0, "no_budget": 0, "not_applied": 0,
@@ -278,6 +305,16 @@ class MeaningGuard:
             task.add_done_callback(self._done)
         except Exception:
             log.exception("meaning-guard trial not started")
+
+    def _threads(self) -> anyio.CapacityLimiter:
+        """The trials' own rewrite threads (``concurrency`` of them, made in the running loop):
+        a trial never holds one of the clients'
+        (:data:`prefixgate.proxy.pipeline.rewrite.REWRITE_THREADS`), whose wait counts against a
+        client's rewrite budget."""
+        loop = asyncio.get_running_loop()
+        if self._limiter is None or self._limiter[0] is not loop:
+            self._limiter = (loop, anyio.CapacityLimiter(int(self.settings.concurrency)))
+        return self._limiter[1]
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
@@ -328,7 +365,8 @@ class MeaningGuard:
         for move in moves:
             ctx = replace(ctx, settings=forced(ctx.settings, move, True))
         view_raw = job.raw if job.view is job.body else orjson.dumps(job.view)
-        rw = await rewrite_off_loop(self.rewrite_fn, job.view, view_raw, job.pass_api, ctx)
+        rw = await rewrite_off_loop(self.rewrite_fn, job.view, view_raw, job.pass_api, ctx,
+                                    self._threads())
         if rw.summary in NOT_REWRITTEN:
             return False
         for move in moves:
@@ -355,7 +393,8 @@ class MeaningGuard:
         rewrite did not finish."""
         view_raw = job.raw if job.view is job.body else orjson.dumps(job.view)
         ctx = replace(job.ctx, settings=forced(job.ctx.settings, move, True))
-        rw = await rewrite_off_loop(self.rewrite_fn, job.view, view_raw, job.pass_api, ctx)
+        rw = await rewrite_off_loop(self.rewrite_fn, job.view, view_raw, job.pass_api, ctx,
+                                    self._threads())
         if rw.summary in NOT_REWRITTEN:
             return None
         await self._learn(state, job, move, rw.edits)
@@ -417,11 +456,16 @@ class MeaningGuard:
             for body in (original, original, variant):
                 sent.append(await self._send(job, move, body, tokens // SENDS, usd / SENDS,
                                              rows))
-            first, repeat, moved = (x.decision for x in sent)
-            if first is None or repeat is None or moved is None:
-                self.counts["failed"] += 1
-            elif not self.decided(first):
+                if sent[-1].decision is None:  # failed: no pair; nothing more to a backend
+                    break                       # that refuses (429) or is broken
+                if len(sent) == 1 and not self.decided(sent[0].decision):
+                    break                       # the original decided nothing: no pair either
+            got = [x.decision for x in sent]
+            first, repeat, moved = got if len(got) == SENDS else (None, None, None)
+            if got and got[0] is not None and not self.decided(got[0]):
                 self.counts["undecided"] += 1
+            elif first is None or repeat is None or moved is None:  # a failed send ended it
+                self.counts["failed"] += 1
             else:
                 verdict = await self.book.add_pair(job.route, job.tenant, move,
                                                    self.changed(first, moved),
@@ -431,8 +475,9 @@ class MeaningGuard:
                 for row in rows:  # with the verdict the pair gave (report --guard)
                     self._record(state, row, verdict)
                 used = sum(x.tokens for x in sent)  # sends not made give their share back
-                spent = sum(x.usd for x in sent)
-                await self.budgets.settle(reservation, min(used, tokens), min(spent, usd))
+                spent = sum(x.usd for x in sent)    # (and their requests: ``len(rows)`` begun)
+                await self.budgets.settle(reservation, min(used, tokens), min(spent, usd),
+                                          len(rows))
 
     async def _send(self, job: TrialJob, move: str, body: bytes, est_tokens: int,
                     est_usd: float, rows: list[LedgerRow]) -> Sent:
@@ -450,12 +495,12 @@ class MeaningGuard:
         decision: str | None = None
         usage = Usage()
         try:
-            connect, _first, idle, total = t.backend.timeouts_s()
+            connect, first, idle, total = t.backend.timeouts_s()
             limit = SEND_TIMEOUT_S if total is None else min(SEND_TIMEOUT_S, total)
             headers = upstream_headers((), t.backend, t.api_key())
-            async with asyncio.timeout(limit):
+            async with asyncio.timeout(limit):  # not streamed: the head comes after the answer
                 resp = await self.send(job.bridge.url(t.base_url), headers, body,
-                                       max(idle, 1.0), connect_s=connect)
+                                       max(first, idle, 1.0), connect_s=connect)
                 try:
                     content = await read_at_most(resp, ANSWER_MAX_BYTES)
                 finally:

@@ -148,12 +148,15 @@ def _rewrite_limiter() -> anyio.CapacityLimiter:
 
 
 async def rewrite_off_loop(fn: RewriteFn | None, body: dict[str, Any], raw: bytes, api: Api,
-                           ctx: Context | None) -> RewriteOutcome:
+                           ctx: Context | None,
+                           limiter: anyio.CapacityLimiter | None = None) -> RewriteOutcome:
     """:func:`run_rewrite` in a worker thread under ``ctx.settings.time_budget_ms``.
 
     Returns the outcome, or :func:`over_budget` (the client's ``raw`` bytes) when the budget
     passes first — waiting for a thread included. The abandoned worker stops before its next
     pass (``ctx.deadline``) and its result is dropped (memory updates too). Never raises.
+    ``limiter``: the threads it may wait for (default: the clients', :data:`REWRITE_THREADS`;
+    the meaning guard's trials pass their own, so that they never hold a client's).
     """
     if fn is None or ctx is None:
         return run_rewrite(fn, body, raw, api, ctx)
@@ -161,6 +164,7 @@ async def rewrite_off_loop(fn: RewriteFn | None, body: dict[str, Any], raw: byte
     bounded = replace(ctx, deadline=time.monotonic() + budget_ms / 1000)
     with anyio.move_on_after(budget_ms / 1000):
         return await anyio.to_thread.run_sync(run_rewrite, fn, body, raw, api, bounded,
-                                              abandon_on_cancel=True, limiter=_rewrite_limiter())
+                                              abandon_on_cancel=True,
+                                              limiter=limiter or _rewrite_limiter())
     log.warning("rewrite over its %d ms budget; forwarding the original body", budget_ms)
     return over_budget(body, raw, budget_ms)
