@@ -147,6 +147,8 @@ def build_app(policy: Policy, *, ledger: Ledger | None = None,
     state.metrics.watch_resources(lambda: state.upstream.in_use, state.upstream.pool_stats,
                                   lambda: state.loop_lag.last_s)
     state.metrics.watch_ledger(state.ledger.state)  # spool / database reachability (issue 26)
+    if trials is not None:  # trial events and verdicts by state (observe.metrics, issue 36)
+        state.metrics.watch_guard(lambda: trials.counts, trials.state_counts)
     state.metrics.registry.register(KVEventsCollector(lambda: state.kv_events))
 
     @asynccontextmanager

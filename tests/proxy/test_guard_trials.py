@@ -473,3 +473,43 @@ async def test_an_anthropic_route_is_trialled_in_its_own_shape(tmp_path: Path) -
         assert "Now: 2025-03-04" in system and "Now: 2025-03-04" not in v_system
     got = (await state.meaning_guard.book.verdicts("*", "", ["hoist_volatile"]))["hoist_volatile"]
     assert (got.pairs, got.move_rate, got.floor_rate) == (3, 0.0, 0.0)
+
+
+async def test_trials_show_in_their_own_metrics_and_never_in_the_request_metrics(
+        tmp_path: Path, session: Session) -> None:
+    """``/metrics``: the trial runner's events and the verdicts by state (no names); the 9
+    trial sends are not requests there (4 client requests counted, their prompt tokens only)."""
+    policy = _policy(tmp_path)
+    up = Upstream()
+    app = build_app(policy, ledger=Ledger(policy.ledger.path), transport=httpx.MockTransport(up),
+                    analyze=False)
+    await session(policy, 4, app=app, up=up)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://pg") as c:
+        text = (await c.get("/metrics")).text
+    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+               for line in text.splitlines() if line.startswith("prefixgate_")}
+    events = {k.split('"')[1]: v for k, v in samples.items()
+              if k.startswith("prefixgate_guard_trial_events_total{")}
+    assert events == {"trials": 3, "sends": 9, "failed": 0, "undecided": 0, "busy": 0,
+                      "no_budget": 0, "not_applied": 1}
+    states = {k.split('"')[1]: v for k, v in samples.items() if k.startswith("prefixgate_guard_verdicts{")}
+    assert states == {"trialling": 1, "on": 0, "off": 0}
+    requests = sum(v for k, v in samples.items() if k.startswith("prefixgate_requests_total{"))
+    prompt = sum(v for k, v in samples.items() if k.startswith("prefixgate_prompt_tokens_total{"))
+    assert (requests, prompt) == (4, 4 * 900)
+    assert "hoist_volatile" not in text and "Helper" not in text
+
+
+def test_the_guard_series_read_zeros_when_their_source_fails() -> None:
+    from prefixgate.proxy.observe.metrics import GUARD_EVENTS, ProxyMetrics
+
+    def broken() -> dict[str, int]:
+        raise RuntimeError("snapshot failed")
+
+    m = ProxyMetrics()
+    m.watch_guard(broken, lambda: {"on": 2, "gone": 7})
+    text = m.render().decode()
+    for event in GUARD_EVENTS:
+        assert f'prefixgate_guard_trial_events_total{{event="{event}"}} 0.0' in text
+    assert 'prefixgate_guard_verdicts{state="on"} 2.0' in text
+    assert 'prefixgate_guard_verdicts{state="off"} 0.0' in text and "gone" not in text

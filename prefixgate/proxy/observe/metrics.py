@@ -25,6 +25,10 @@ proxy itself), ``upstream_pool_connections{state="active"|"idle"}`` and
 sample of :class:`prefixgate.proxy.observe.health.LoopLagMonitor`).
 ``pd_decisions_total{decision, reason}``: P/D backends' per-request split / colocate decisions
 (:mod:`prefixgate.proxy.routing.pd.drive`).
+Meaning guard (issue 36; :meth:`ProxyMetrics.watch_guard`), read when scraped:
+``guard_trial_events_total{event}`` (this process's trial runner: :data:`GUARD_EVENTS`) and
+``guard_verdicts{state}`` (the (route, tenant, move) verdicts it has seen, by ``trialling`` /
+``on`` / ``off``; no names). Trial sends are never in the request metrics above.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from prefixgate.cache.ledger.store import LedgerRow
@@ -58,6 +62,12 @@ TOKEN_KINDS = ("prompt", "cached", "cache_write", "output", "pruned", "unrewritt
 BASE = ["route", "model", "backend"]
 BREAKERS_OPEN = "breakers open"
 """How a failed row's ``error`` starts when every deployment's breaker was open."""
+GUARD_EVENTS = ("trials", "sends", "failed", "undecided", "busy", "no_budget", "not_applied")
+"""``prefixgate_guard_trial_events_total{event}``: trials begun (a budget reserved), trial sends
+begun, trials ended by a failed send, trials whose original answer decided nothing, requests
+skipped while ``concurrency`` trials ran, trials refused by the day's budget, requests the
+trialling moves did not change (:class:`prefixgate.proxy.pipeline.guard_trial.MeaningGuard`)."""
+GUARD_STATES = ("trialling", "on", "off")
 REJECTING_STATUSES = (429, 529)
 """Upstream answers that refuse the request for load (rate limit, Anthropic's overloaded)."""
 
@@ -255,6 +265,13 @@ class ProxyMetrics:
             Gauge(f"prefixgate_ledger_{name}", doc, registry=r).set_function(
                 _reader(state, key))
 
+    def watch_guard(self, events: Callable[[], dict[str, int]],
+                    states: Callable[[], dict[str, int]]) -> None:
+        """Register the meaning guard's series (module docstring), read at scrape time from
+        ``events()`` (the trial runner's counts) and ``states()`` (``{state: verdicts}``); a
+        callable that fails reads as zeros (a scrape never fails for the guard)."""
+        self.registry.register(GuardCollector(events, states))
+
     def _of(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, kept: a request's dozen label lookups were ~15 % of its
         after-answer work (issue 25; prometheus_client validates and locks on each). The label
@@ -357,6 +374,39 @@ class PDDecisionCollector(Collector):
         for (decision, reason), n in sorted(PD_DECISIONS.items()):
             fam.add_metric([decision, reason], float(n))
         yield fam
+
+
+class GuardCollector(Collector):
+    """``prefixgate_guard_trial_events_total{event}`` over :data:`GUARD_EVENTS` and
+    ``prefixgate_guard_verdicts{state}`` over :data:`GUARD_STATES`, every label value always
+    present (0 until it happens), nothing else: no route, tenant or move names."""
+
+    def __init__(self, events: Callable[[], dict[str, int]],
+                 states: Callable[[], dict[str, int]]) -> None:
+        self.events, self.states = events, states
+
+    def collect(self) -> Iterator[Metric]:
+        fam = CounterMetricFamily("prefixgate_guard_trial_events",
+                                  "Meaning-guard trial events (GUARD_EVENTS)", labels=["event"])
+        got = _safe(self.events)
+        for event in GUARD_EVENTS:
+            fam.add_metric([event], float(got.get(event, 0)))
+        yield fam
+        gauge = GaugeMetricFamily("prefixgate_guard_verdicts",
+                                  "Meaning-guard verdicts this process has seen, by state",
+                                  labels=["state"])
+        got = _safe(self.states)
+        for state in GUARD_STATES:
+            gauge.add_metric([state], float(got.get(state, 0)))
+        yield gauge
+
+
+def _safe(read: Callable[[], dict[str, int]]) -> dict[str, int]:
+    """``read()``, or ``{}`` when it raises."""
+    try:
+        return dict(read())
+    except Exception:
+        return {}
 
 
 def _reader(stats: Callable[[], dict[str, int]], key: str) -> Callable[[], float]:
