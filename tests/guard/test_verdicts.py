@@ -80,7 +80,7 @@ async def test_an_expired_verdict_still_in_shared_state_reads_as_trialling(clock
     await add(book, 20, move_changed=True)
     clock.now += TTL
     assert (await book.verdicts("r", "t", ["hoist_volatile"]))["hoist_volatile"].header() == "trialling (0 pairs)"
-    assert (await add(book, 1)).header() == "trialling (1 pairs)"
+    assert (await add(book, 1)).header() == "trialling (1 pair)"
 
 
 async def test_tenants_and_routes_never_share_verdicts(local: LocalState, clock: Clock) -> None:
@@ -205,7 +205,7 @@ async def test_a_verdict_holds_until_just_before_expires_at_and_leaves_shared_st
     assert await add(book, 1) == v  # still ignored
     clock.now = decided + TTL
     assert await local.get("guard:v:r:t:hoist_volatile") is None  # SharedState forgot it too
-    assert (await add(book, 1)).header() == "trialling (1 pairs)"
+    assert (await add(book, 1)).header() == "trialling (1 pair)"
 
 
 async def test_an_abandoned_trial_is_forgotten_ttl_after_its_last_pair(local: LocalState,
@@ -249,7 +249,7 @@ async def test_a_reset_meeting_an_expired_counter_leaves_nothing_past_ttl(local:
     await add(book, 19, move_changed=True)
     assert (await add(book, 1, move_changed=True)).state == "off"
     clock.now += TTL
-    assert (await add(book, 1)).header() == "trialling (1 pairs)"
+    assert (await add(book, 1)).header() == "trialling (1 pair)"
 
 
 async def test_redis_keeps_the_verdict_and_the_counter_for_ttl(redis_states: Sequence[RedisState],
@@ -409,7 +409,7 @@ async def test_a_trial_decided_during_an_outage_leaves_redis_counting_afresh(
     assert await b.add_pair("r", "t", "m", True, False) == MoveVerdict(
         "m", "trialling", 0, 0.0, 0.0, 0.0, 0.0, DAMAGED)
     assert await redis_states[1].count("guard:c:r:t:m:packed") == 0
-    assert (await add(b, 1, move_changed=True, move="m")).header() == "trialling (1 pairs)"
+    assert (await add(b, 1, move_changed=True, move="m")).header() == "trialling (1 pair)"
 
 
 @pytest.mark.parametrize("left", [
@@ -426,7 +426,7 @@ async def test_a_counter_left_impossible_reads_as_no_pairs_and_is_taken_back(
     assert (await book.verdicts("r", "t", ["m"]))["m"].header() == "trialling (0 pairs)"
     assert (await book.add_pair("r", "t", "m", False, False)).reason == DAMAGED
     assert await local.count("guard:c:r:t:m:packed") == 0
-    assert (await add(book, 1, move="m")).header() == "trialling (1 pairs)"
+    assert (await add(book, 1, move="m")).header() == "trialling (1 pair)"
     assert [(s["route"], s["tenant"], s["move"]) for s in book.snapshot()] == [("r", "t", "m")]
 
 
@@ -449,7 +449,7 @@ async def test_what_a_take_back_leaves_on_an_expired_counter_expires_ttl_later(
     await local.incr("guard:c:r:t:m:packed", -20)
     book = GuardBook(Slow(local, clock, TTL, {"incr"}), RULE, TTL, clock=clock)  # type: ignore[arg-type]
     assert (await book.add_pair("r", "t", "m", False, False)).reason == DAMAGED
-    assert (await book.add_pair("r", "t", "m", False, False)).header() == "trialling (1 pairs)"
+    assert (await book.add_pair("r", "t", "m", False, False)).header() == "trialling (1 pair)"
 
 
 @pytest.mark.parametrize("left", [
@@ -473,7 +473,7 @@ async def test_a_pair_after_a_reset_met_an_expired_counter_restarts_the_trial(lo
     book = GuardBook(Slow(local, clock, TTL, {"put"}), RULE, TTL, clock=clock)  # type: ignore[arg-type]
     await add(book, 20, move_changed=True)
     assert (await add(book, 1)).reason == DAMAGED  # the verdict expired during its slow write
-    assert (await add(book, 1)).header() == "trialling (1 pairs)"
+    assert (await add(book, 1)).header() == "trialling (1 pair)"
 
 
 class DiesAtPut:
@@ -503,3 +503,9 @@ async def test_a_last_look_whose_decision_was_lost_is_trialled_afresh_a_look_lat
     assert await book.add_pair("r", "t", "m", False, False) == MoveVerdict(
         "m", "trialling", 0, 0.0, 0.0, 0.0, 0.0, DAMAGED)
     assert (await add(book, 20, move_changed=True, move="m")).header() == "off (20 pairs, 1.00 vs floor 0.00)"
+
+
+@pytest.mark.parametrize("pairs,want", [(0, "0 pairs"), (1, "1 pair"), (2, "2 pairs"), (20, "20 pairs")])
+def test_the_header_counts_pairs_in_english(pairs: int, want: str) -> None:
+    assert MoveVerdict("m", "trialling", pairs, 0.0, 0.0, 0, 0, "").header() == f"trialling ({want})"
+    assert MoveVerdict("m", "off", pairs, 0.5, 0.25, 1, 2, "").header() == f"off ({want}, 0.50 vs floor 0.25)"

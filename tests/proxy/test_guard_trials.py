@@ -139,7 +139,7 @@ async def test_a_guarded_move_that_applies_gets_trials_no_client_sees(
     assert len(trials) == 3 * 3
     # each answer says the move's standing when it was sent (pipeline.guard_moves)
     assert [r.headers.get("x-prefixgate-guard") for r in answers] == [
-        f"hoist_volatile=trialling ({n} pairs)" for n in (0, 0, 1, 2)]
+        f"hoist_volatile=trialling ({n})" for n in ("0 pairs", "0 pairs", "1 pair", "2 pairs")]
     assert len(up.seen) == len(answers) + 3 * 3
     assert all(r.json()["choices"][0]["message"]["content"] == CLIENT_TEXT for r in answers)
     for t in trials:

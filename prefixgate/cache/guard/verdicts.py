@@ -70,10 +70,12 @@ class MoveVerdict:
     reason: str
 
     def header(self) -> str:
-        """``trialling (12 pairs)`` | ``on (40 pairs, 0.00 vs floor 0.00)`` | ``off (...)``."""
+        """``trialling (12 pairs)`` | ``on (40 pairs, 0.00 vs floor 0.00)`` | ``off (...)``
+        (``1 pair``)."""
+        n = f"{self.pairs} pair" if self.pairs == 1 else f"{self.pairs} pairs"
         if self.state == "trialling":
-            return f"trialling ({self.pairs} pairs)"
-        return f"{self.state} ({self.pairs} pairs, {self.move_rate:.2f} vs floor {self.floor_rate:.2f})"
+            return f"trialling ({n})"
+        return f"{self.state} ({n}, {self.move_rate:.2f} vs floor {self.floor_rate:.2f})"
 
 
 def pack(move_changed: bool, floor_changed: bool) -> int:
