@@ -50,7 +50,7 @@ def answer_doc(text: str) -> dict[str, Any]:
 
 
 def _cases(runs: int, turns: int, max_tokens: int) -> list[list[Any]]:
-    from bench.answer_stability import tau_cases
+    from bench.stability_corpus import tau_cases
 
     sessions: dict[str, list[Any]] = {}
     for c in tau_cases(runs, turns, max_tokens, random.Random(19)):
@@ -61,7 +61,7 @@ def _cases(runs: int, turns: int, max_tokens: int) -> list[list[Any]]:
 def run(model: Path, runs: int, turns: int, max_pairs: int = 200) -> dict[str, Any]:
     """Measure the pairs on the engine and feed the guard (module docstring); returns the
     ``engine`` section of ``meaning_guard.json``."""
-    from bench.answer_stability import rewrite_session
+    from bench.stability_corpus import rewrite_session
     from prefixgate.cache.guard.decisions import changed, decision_of
     from prefixgate.cache.guard.sequential import TestRule
     from prefixgate.cache.guard.verdicts import GuardBook
