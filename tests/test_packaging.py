@@ -7,6 +7,7 @@ its data files (default policy, dashboard page), its licence, URLs and the ``pre
 
 from __future__ import annotations
 
+import fcntl
 import subprocess
 import sys
 import zipfile
@@ -19,12 +20,22 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    # --no-build-isolation: build with this environment's setuptools (no download)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(out), str(REPO)], check=True, capture_output=True, timeout=300)
-    (whl,) = out.glob("prefixgate-*.whl")
+def wheel(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """The wheel, built once per test run: pip builds in the checkout's own ``build/``, so two
+    xdist workers building at once raced there (a flaky setup error); the first builds under a
+    lock in the run's shared temp folder, the others take its wheel."""
+    base = tmp_path_factory.getbasetemp()
+    root = base if worker_id == "master" else base.parent  # this run's, shared by its workers
+    out = root / "prefixgate-wheel"
+    with open(root / "prefixgate-wheel.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not list(out.glob("prefixgate-*.whl")):
+            out.mkdir(exist_ok=True)
+            # --no-build-isolation: build with this environment's setuptools (no download)
+            subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                            "--no-build-isolation", "-w", str(out), str(REPO)],
+                           check=True, capture_output=True, timeout=300)
+        (whl,) = out.glob("prefixgate-*.whl")
     return whl
 
 
