@@ -161,17 +161,19 @@ get it (vLLM refuses a non-zero priority unless started with ``--scheduling-poli
 BACKGROUND_KINDS = frozenset({"local"})
 
 
-ONE_ANSWER_DROPPED = ("n", "best_of", "n_predict")
-"""Chat fields a trial send drops: it asks for ONE answer within the guard's cap (a client's
-``n: 64`` would make each send generate 64 answers the budget never reserved; llama.cpp's
-``n_predict`` outranks ``max_tokens`` there)."""
-MESSAGES_DROPPED = ("thinking", "top_p", "top_k")
-"""Messages fields a trial send drops: Claude refuses extended thinking beside a temperature or
-with ``budget_tokens`` not below ``max_tokens`` (1024 at least), and ``temperature`` beside
-``top_p`` on its recent models (400: every trial of the route would fail). At temperature 0
-sampling settings change nothing; original and variant lose the same fields. A Responses
-trial send drops its ``background`` field (answered at once, queued and empty: nothing to
-compare)."""
+TRIAL_DROPPED: dict[str, tuple[str, ...]] = {
+    "openai": ("n", "best_of", "n_predict"),
+    "anthropic": ("thinking", "top_p", "top_k"),
+    "responses": ("background",),
+}
+"""Fields a trial send drops, by wire. Chat: it asks for ONE answer within the guard's cap (a
+client's ``n: 64`` would make each send generate 64 answers the budget never reserved;
+llama.cpp's ``n_predict`` outranks ``max_tokens`` there). Messages: Claude refuses extended
+thinking beside a temperature or with ``budget_tokens`` not below ``max_tokens`` (1024 at
+least), and ``temperature`` beside ``top_p`` on its recent models (400: every trial of the route
+would fail); at temperature 0 sampling settings change nothing, and original and variant lose
+the same fields. Responses: ``background: true`` is answered at once, queued and empty
+(nothing to compare)."""
 
 
 def trial_body(encoded: bytes, wire: str, max_tokens: int, background: bool = False) -> bytes:
@@ -179,25 +181,20 @@ def trial_body(encoded: bytes, wire: str, max_tokens: int, background: bool = Fa
     body) with ``temperature: 0``, the output cap ``max_tokens`` in the API's own field (Chat:
     each of ``max_tokens`` / ``max_completion_tokens`` the body has, ``max_tokens`` when it has
     neither — backends differ on which one they read; Messages: ``max_tokens``; Responses:
-    ``max_output_tokens``), Chat's :data:`ONE_ANSWER_DROPPED`, Messages'
-    :data:`MESSAGES_DROPPED` and the Responses ``background`` field dropped, and ``stream:
-    false`` (its ``stream_options`` dropped); ``background``: with :data:`BACKGROUND_PRIORITY`. Raises
-    ValueError when ``encoded`` is not a JSON object."""
+    ``max_output_tokens``), the wire's :data:`TRIAL_DROPPED` fields dropped, and ``stream:
+    false`` (its ``stream_options`` dropped); ``background``: with :data:`BACKGROUND_PRIORITY`.
+    Raises ValueError when ``encoded`` is not a JSON object."""
     body = orjson.loads(encoded)
     if not isinstance(body, dict):
         raise ValueError("not a JSON object")
     if wire == "responses":
         caps = ["max_output_tokens"]
-        body.pop("background", None)
     elif wire == "openai":
         caps = [f for f in ("max_tokens", "max_completion_tokens") if f in body] or ["max_tokens"]
-        for f in ONE_ANSWER_DROPPED:
-            body.pop(f, None)
     else:
         caps = ["max_tokens"]
-    for f in MESSAGES_DROPPED if wire == "anthropic" else ():
+    for f in (*TRIAL_DROPPED.get(wire, ()), "stream_options"):
         body.pop(f, None)
-    body.pop("stream_options", None)
     body.update({"temperature": 0, **dict.fromkeys(caps, max_tokens), "stream": False})
     if background:
         body["priority"] = BACKGROUND_PRIORITY
@@ -461,12 +458,12 @@ class MeaningGuard:
                 if len(sent) == 1 and not self.decided(sent[0].decision):
                     break                       # the original decided nothing: no pair either
             got = [x.decision for x in sent]
-            first, repeat, moved = got if len(got) == SENDS else (None, None, None)
-            if got and got[0] is not None and not self.decided(got[0]):
-                self.counts["undecided"] += 1
-            elif first is None or repeat is None or moved is None:  # a failed send ended it
+            if None in got:                     # a failed send ended it
                 self.counts["failed"] += 1
+            elif not self.decided(got[0]):      # the original decided nothing: it ended there
+                self.counts["undecided"] += 1
             else:
+                first, repeat, moved = got
                 verdict = await self.book.add_pair(job.route, job.tenant, move,
                                                    self.changed(first, moved),
                                                    self.changed(first, repeat))
